@@ -1,0 +1,185 @@
+"""Find a checkpoint and stream its safetensors into a model (reference §12).
+
+Checkpoint quirks live here and only here: the ``model.language_model.`` / ``model.`` key
+prefixes, MoE experts stored per expert (stacked on the fly into ``[E, ...]``), optional ``mtp.*``
+and ``model.visual.*`` components. Tensors go straight from the file to their final device and
+dtype one at a time, so the weights never exist twice in full.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from torch import nn
+from tqdm.auto import tqdm
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be found or does not match its config; the message says which tensor or file."""
+
+
+# Tensors kept in fp32 whatever the model dtype (decay parameters of the DeltaNet gates).
+FP32_PARAMS = re.compile(r"\.(A_log|dt_bias)$")
+_PER_EXPERT = re.compile(r"^(.*\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\.weight$")
+_HUB_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "*.txt", "*.model", "tokenizer*"]
+
+
+def resolve_model_path(model: str | os.PathLike[str]) -> Path:
+    """A local checkpoint directory, or a Hub id resolved through huggingface_hub (cache and offline mode honoured)."""
+    path = Path(model).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise CheckpointError(f"{path} is a file; pass the checkpoint directory that holds config.json")
+        return path
+    name = str(model)
+    if name.count("/") != 1 or name.startswith(("/", ".", "~")):
+        raise CheckpointError(f"{name!r} is neither a local directory nor a Hugging Face Hub id (org/name)")
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(repo_id=name, allow_patterns=_HUB_PATTERNS))
+    except Exception as err:  # huggingface_hub raises a family of offline/not-found/HTTP errors
+        raise CheckpointError(
+            f"model {name!r} is not a local directory, is not in the Hugging Face cache, and could not be "
+            f"downloaded ({type(err).__name__}: {err})"
+        ) from None
+
+
+def checkpoint_files(model_dir: Path) -> dict[str, Path]:
+    """Map every tensor name to the safetensors file holding it."""
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = json.loads(index.read_text()).get("weight_map", {})
+        files = {name: model_dir / shard for name, shard in weight_map.items()}
+        missing = sorted({str(p.name) for p in files.values() if not p.is_file()})
+        if missing:
+            raise CheckpointError(f"{index.name} lists shards that are missing from {model_dir}: {missing}")
+        return files
+    shards = sorted(model_dir.glob("*.safetensors"))
+    if not shards:
+        raise CheckpointError(f"no *.safetensors files in {model_dir}")
+    files = {}
+    for shard in shards:
+        with safe_open(shard, framework="pt") as f:
+            files.update({name: shard for name in f.keys()})
+    return files
+
+
+@dataclass
+class LoadReport:
+    """What a load found besides the text model's own tensors."""
+
+    mtp: dict[str, torch.Tensor] = field(default_factory=dict)
+    vision_keys: list[str] = field(default_factory=list)
+    ignored: list[str] = field(default_factory=list)
+
+
+def canonical_name(key: str) -> tuple[str, str]:
+    """``(component, name)``: component is ``text``, ``mtp`` or ``vision``; name drops the layout prefix."""
+    if key.startswith("mtp."):
+        return "mtp", key[len("mtp."):]
+    if key.startswith(("model.visual.", "visual.")):
+        return "vision", key.split("visual.", 1)[1]
+    for prefix in ("model.language_model.", "language_model.model.", "language_model.", "model."):
+        if key.startswith(prefix):
+            return "text", key[len(prefix):]
+    return "text", key
+
+
+def materialize(model: nn.Module, device: torch.device, dtype: torch.dtype) -> None:
+    """Give every parameter of a meta-device model uninitialised storage on ``device`` (fp32 where pinned)."""
+    for module_name, module in model.named_modules():
+        for name, param in list(module.named_parameters(recurse=False)):
+            full = f"{module_name}.{name}" if module_name else name
+            target = torch.float32 if FP32_PARAMS.search(full) else dtype
+            setattr(module, name, nn.Parameter(torch.empty(param.shape, dtype=target, device=device),
+                                               requires_grad=False))
+
+
+def _iter_tensors(files: dict[str, Path], device: torch.device) -> Iterator[tuple[str, torch.Tensor]]:
+    by_file: dict[Path, list[str]] = {}
+    for name, path in files.items():
+        by_file.setdefault(path, []).append(name)
+    load_device = str(device) if device.type in ("cpu", "cuda") else "cpu"
+    for path, names in by_file.items():
+        with safe_open(path, framework="pt", device=load_device) as f:
+            available = set(f.keys())
+            for name in names:
+                if name not in available:
+                    raise CheckpointError(f"tensor {name} is listed in the index but absent from {path.name}")
+                yield name, f.get_tensor(name)
+
+
+def _expert_slice(params: dict[str, nn.Parameter], stacked: str, expert: int, proj: str) -> torch.Tensor:
+    """The view of a stacked expert parameter that one per-expert tensor fills (gate rows first, then up)."""
+    if proj == "down":
+        return params[f"{stacked}.down_proj"][expert]
+    gate_up = params[f"{stacked}.gate_up_proj"][expert]
+    half = gate_up.shape[0] // 2
+    return gate_up[:half] if proj == "gate" else gate_up[half:]
+
+
+def load_weights(
+    model: nn.Module, model_dir: Path, device: torch.device, *, dtype: torch.dtype, tied_lm_head: bool,
+    progress: bool = True,
+) -> LoadReport:
+    """Copy every checkpoint tensor into ``model`` (already materialised); raise on missing or misshapen ones."""
+    params = dict(model.named_parameters())
+    files = checkpoint_files(model_dir)
+    report = LoadReport()
+    filled: set[str] = set()
+    expert_parts: dict[str, int] = {}
+    total = sum(os.path.getsize(p) for p in set(files.values()))
+    bar = tqdm(total=total, unit="B", unit_scale=True, desc="loading weights", disable=not progress or None)
+    for key, tensor in _iter_tensors(files, device):
+        bar.update(tensor.numel() * tensor.element_size())
+        component, name = canonical_name(key)
+        if component == "vision":
+            report.vision_keys.append(key)
+            continue
+        if component == "mtp":
+            report.mtp[name] = tensor.to(torch.float32 if FP32_PARAMS.search(name) else dtype)
+            continue
+        if name == "lm_head.weight" and tied_lm_head:
+            report.ignored.append(key)
+            continue
+        if match := _PER_EXPERT.match(name):
+            stacked, expert, proj = match.group(1), int(match.group(2)), match.group(3)
+            if f"{stacked}.down_proj" not in params:
+                raise CheckpointError(f"unexpected tensor {key}: the config describes no experts there")
+            target = _expert_slice(params, stacked, expert, proj) if expert < params[
+                f"{stacked}.down_proj"].shape[0] else None
+            if target is None:
+                raise CheckpointError(f"tensor {key}: expert {expert} is beyond num_experts in config.json")
+            _copy(key, target, tensor)
+            expert_parts[stacked] = expert_parts.get(stacked, 0) + 1
+            continue
+        if name not in params:
+            raise CheckpointError(f"unexpected tensor {key} (no parameter {name!r} in a model built from config.json)")
+        _copy(key, params[name].data, tensor)
+        filled.add(name)
+    bar.close()
+    for stacked, count in expert_parts.items():
+        expected = 3 * params[f"{stacked}.down_proj"].shape[0]
+        if count != expected:
+            raise CheckpointError(f"{stacked}: found {count} per-expert tensors, expected {expected}")
+        filled.update({f"{stacked}.gate_up_proj", f"{stacked}.down_proj"})
+    missing = sorted(set(params) - filled)
+    if missing:
+        shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
+        raise CheckpointError(f"checkpoint {model_dir} is missing {len(missing)} tensors: {shown}")
+    return report
+
+
+def _copy(key: str, target: torch.Tensor, tensor: torch.Tensor) -> None:
+    if tuple(tensor.shape) != tuple(target.shape):
+        raise CheckpointError(
+            f"tensor {key} has shape {list(tensor.shape)} but config.json implies {list(target.shape)}"
+        )
+    target.copy_(tensor)

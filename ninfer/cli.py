@@ -1,0 +1,161 @@
+"""The ``ninfer`` command: ``generate`` and ``ppl`` subcommands."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+GENERATE_EXAMPLES = """examples:
+  ninfer generate --prompt "Why is the sky blue?"            # bundled tiny default model
+  ninfer generate Qwen/Qwen3.6-27B --prompt "Hi" --no-thinking --max-new 64
+  ninfer generate ./my-model --messages chat.json --greedy
+"""
+
+
+class CliError(Exception):
+    """A user error: printed as ``ninfer: error: ...`` with exit status 2, no traceback."""
+
+
+def _positive(flag: str):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{flag} expects an integer, got {text!r}") from None
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"{flag} must be >= 1, got {value}")
+        return value
+    return parse
+
+
+def _add_model_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", help="torch device, e.g. cuda, cuda:1, cpu (default: cuda if available)")
+    p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], help="compute dtype (default: bf16 on GPU, fp32 on CPU)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ninfer", description="Fast inference for the Qwen3.5 model family.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    gen = sub.add_parser("generate", help="generate a reply to a prompt or a chat",
+                         description="Generate a reply. The answer goes to stdout; reasoning, timings and "
+                                     "tok/s go to stderr.", epilog=GENERATE_EXAMPLES,
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
+    gen.add_argument("model", nargs="?", help="checkpoint directory or Hugging Face id (default: bundled tiny model)")
+    source = gen.add_mutually_exclusive_group(required=True)
+    source.add_argument("--prompt", help="user message text (rendered with the chat template)")
+    source.add_argument("--messages", type=Path, metavar="FILE",
+                        help="JSON file: a list of chat messages, or {\"messages\": [...], \"tools\": [...]}")
+    gen.add_argument("--raw", action="store_true", help="send --prompt as raw text, without the chat template")
+    gen.add_argument("--max-new", type=_positive("--max-new"), default=256, metavar="N",
+                     help="maximum number of generated tokens (default 256)")
+    gen.add_argument("--greedy", action="store_true", help="always take the most likely token")
+    gen.add_argument("--temperature", type=float, metavar="T", help="sampling temperature (default: generation_config)")
+    gen.add_argument("--top-p", type=float, metavar="P", help="nucleus sampling mass (default: generation_config)")
+    gen.add_argument("--top-k", type=int, metavar="K", help="sample among the K most likely tokens, 0 = all")
+    gen.add_argument("--seed", type=int, metavar="N", help="sampling seed (default: random)")
+    gen.add_argument("--no-thinking", action="store_true", help="turn the model's reasoning phase off")
+    _add_model_options(gen)
+
+    ppl = sub.add_parser("ppl", help="perplexity of a text file",
+                         description="Score a UTF-8 text file with sliding windows and print tokens, mean NLL "
+                                     "and perplexity.",
+                         epilog="example:\n  ninfer ppl ./my-model --text wiki.txt --context 4096 --stride 2048 "
+                                "--output report.json", formatter_class=argparse.RawDescriptionHelpFormatter)
+    ppl.add_argument("model", help="checkpoint directory or Hugging Face id")
+    ppl.add_argument("--text", type=Path, required=True, metavar="FILE", help="UTF-8 text to score")
+    ppl.add_argument("--context", type=_positive("--context"), default=4096, metavar="N",
+                     help="window length in tokens (default 4096)")
+    ppl.add_argument("--stride", type=_positive("--stride"), default=2048, metavar="N",
+                     help="window advance in tokens (default 2048)")
+    ppl.add_argument("--output", type=Path, metavar="FILE", help="write a JSON report with per-window numbers")
+    _add_model_options(ppl)
+    return parser
+
+
+def _read_messages(path: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CliError(f"--messages: file {path} not found") from None
+    except json.JSONDecodeError as err:
+        raise CliError(f"--messages: {path} is not valid JSON ({err})") from None
+    messages, tools = (data.get("messages"), data.get("tools")) if isinstance(data, dict) else (data, None)
+    if not isinstance(messages, list) or not all(isinstance(m, dict) and "role" in m for m in messages):
+        raise CliError("--messages: expected a JSON list of {\"role\": ..., \"content\": ...} objects "
+                       "or an object with a \"messages\" list")
+    return messages, tools
+
+
+def _load(args: argparse.Namespace):
+    import ninfer
+
+    return ninfer.load(args.model, device=args.device, dtype=args.dtype)
+
+
+def run_generate(args: argparse.Namespace) -> None:
+    if args.raw and args.messages:
+        raise CliError("--raw applies to --prompt only")
+    for flag, value, ok in (("--temperature", args.temperature, lambda v: v >= 0),
+                            ("--top-p", args.top_p, lambda v: 0 < v <= 1), ("--top-k", args.top_k, lambda v: v >= 0)):
+        if value is not None and not ok(value):
+            raise CliError(f"{flag} is out of range: {value}")
+    messages, tools = _read_messages(args.messages) if args.messages else (
+        [{"role": "user", "content": args.prompt}], None)
+    llm = _load(args)
+    sampling = dict(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
+                    greedy=args.greedy)
+    if args.raw:
+        completion = llm.generate(args.prompt, max_new_tokens=args.max_new, **sampling)
+    else:
+        completion = llm.chat(messages, tools=tools, enable_thinking=not args.no_thinking,
+                              max_new_tokens=args.max_new, **sampling)
+    if completion.reasoning:
+        print(f"[reasoning]\n{completion.reasoning}\n[/reasoning]", file=sys.stderr)
+    print(completion.text)
+    n = len(completion.token_ids)
+    prefill_rate = completion.prompt_tokens / completion.ttft_s if completion.ttft_s else 0.0
+    print(f"prompt {completion.prompt_tokens} tok | generated {n} tok ({completion.finish_reason}) | "
+          f"TTFT {completion.ttft_s * 1000:.1f} ms ({prefill_rate:.0f} tok/s prefill) | "
+          f"decode {completion.decode_tokens_per_s:.1f} tok/s", file=sys.stderr)
+
+
+def run_ppl(args: argparse.Namespace) -> None:
+    import ninfer
+
+    if args.stride > args.context:
+        raise CliError(f"--stride ({args.stride}) must not exceed --context ({args.context})")
+    try:
+        text = args.text.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise CliError(f"--text: file {args.text} not found") from None
+    except UnicodeDecodeError as err:
+        raise CliError(f"--text: {args.text} is not UTF-8 ({err})") from None
+    llm = _load(args)
+    result = ninfer.perplexity(llm, text, context=args.context, stride=args.stride)
+    print(f"tokens {result.tokens}\nmean_nll {result.mean_nll:.6f}\nperplexity {result.perplexity:.4f}")
+    if args.output:
+        report = {"model": str(llm.model_dir), "text": str(args.text), "context": args.context,
+                  "stride": args.stride, "tokens": result.tokens, "mean_nll": result.mean_nll,
+                  "perplexity": result.perplexity, "windows": result.windows}
+        args.output.write_text(json.dumps(report, indent=2))
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    from ninfer.checkpoint import CheckpointError
+    from ninfer.config import ConfigError
+
+    try:
+        {"generate": run_generate, "ppl": run_ppl}[args.command](args)
+    except (CliError, CheckpointError, ConfigError, ValueError) as err:
+        print(f"ninfer: error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except KeyboardInterrupt:
+        raise SystemExit(130) from None
+
+
+if __name__ == "__main__":
+    main()

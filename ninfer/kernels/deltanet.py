@@ -1,0 +1,116 @@
+"""Gated DeltaNet: the gated delta rule over a ragged batch with fp32 state slots (reference §8).
+
+Per token (all fp32), with ``q, k`` L2-normalised and ``q`` scaled by ``dk ** -0.5``::
+
+    S = exp(g) * S;  S += k (beta * (v - S^T k))^T;  o = S^T q
+
+Value head ``j`` reads key/query head ``j // (Hv / Hk)``. Multi-token calls use the chunked
+(WY/UT) form with chunks of 64, single tokens the recurrent form; both compute the same function.
+"""
+from __future__ import annotations
+
+import torch
+
+CHUNK = 64
+
+
+def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
+
+
+def recurrent_rule(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, state: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token-by-token rule. ``q, k [H, T, dk]`` normalised, ``v [H, T, dv]``, ``g, beta [H, T]``, state ``[H, dk, dv]``."""
+    out = torch.empty_like(v)
+    for t in range(v.shape[1]):
+        state = state * g[:, t].exp()[:, None, None]
+        delta = (v[:, t] - (state * k[:, t, :, None]).sum(-2)) * beta[:, t, None]
+        state = state + k[:, t, :, None] * delta[:, None, :]
+        out[:, t] = (state * q[:, t, :, None]).sum(-2)
+    return out, state
+
+
+def chunked_rule(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, state: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Same contract as :func:`recurrent_rule`, computed chunk by chunk in the UT form."""
+    heads, length, _ = q.shape
+    pad = (CHUNK - length % CHUNK) % CHUNK
+    q, k, v = (torch.nn.functional.pad(t, (0, 0, 0, pad)) for t in (q, k, v))
+    g, beta = (torch.nn.functional.pad(t, (0, pad)) for t in (g, beta))
+    n = (length + pad) // CHUNK
+    q, k, v = (t.reshape(heads, n, CHUNK, -1) for t in (q, k, v))
+    g, beta = g.reshape(heads, n, CHUNK), beta.reshape(heads, n, CHUNK)
+
+    gamma = g.cumsum(-1)  # inclusive in-chunk cumulative log decay
+    upper = torch.ones(CHUNK, CHUNK, dtype=torch.bool, device=q.device).triu(1)
+    decay = (gamma[..., :, None] - gamma[..., None, :]).masked_fill(upper, float("-inf")).exp()
+    k_beta = k * beta[..., None]
+    system = (k_beta @ k.transpose(-1, -2)) * decay  # unit lower-triangular after adding I
+    system = system.masked_fill(~torch.ones_like(upper).tril(-1), 0.0) + torch.eye(CHUNK, device=q.device)
+    new_values = torch.linalg.solve_triangular(system, v * beta[..., None], upper=False, unitriangular=True)
+    decayed_keys = torch.linalg.solve_triangular(
+        system, k_beta * gamma.exp()[..., None], upper=False, unitriangular=True
+    )
+    intra = (q @ k.transpose(-1, -2)) * decay
+    q_decayed = q * gamma.exp()[..., None]
+    k_to_end = k * (gamma[..., -1:] - gamma).exp()[..., None]
+    chunk_decay = gamma[..., -1].exp()[..., None, None]
+
+    out = torch.empty_like(v)
+    for c in range(n):
+        v_new = new_values[:, c] - decayed_keys[:, c] @ state
+        out[:, c] = q_decayed[:, c] @ state + intra[:, c] @ v_new
+        state = state * chunk_decay[:, c] + k_to_end[:, c].transpose(-1, -2) @ v_new
+    return out.reshape(heads, n * CHUNK, -1)[:, :length], state
+
+
+def gated_delta_rule_reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    slot_ids: torch.Tensor,
+) -> torch.Tensor:
+    """Gated delta rule for a packed batch.
+
+    ``q, k [N, Hk, dk]`` (not yet normalised), ``v [N, Hv, dv]``, ``g [N, Hv]`` (log decay, fp32),
+    ``beta [N, Hv]``; ``state [S, Hv, dk, dv]`` fp32 is read at ``slot_ids [B]`` and updated in place.
+    Returns ``o [N, Hv, dv]`` in v's dtype.
+    """
+    group = v.shape[1] // k.shape[1]
+    scale = k.shape[-1] ** -0.5
+    out = torch.empty_like(v)
+    bounds = cu_seqlens.tolist()
+    for b, slot in enumerate(slot_ids.tolist()):
+        start, end = bounds[b], bounds[b + 1]
+        if end == start:
+            continue
+
+        def heads_first(t: torch.Tensor) -> torch.Tensor:
+            return t[start:end].float().transpose(0, 1)
+
+        qs = _l2norm(heads_first(q).repeat_interleave(group, 0)) * scale
+        ks = _l2norm(heads_first(k).repeat_interleave(group, 0))
+        rule = recurrent_rule if end - start == 1 else chunked_rule
+        o, new_state = rule(qs, ks, heads_first(v), heads_first(g), heads_first(beta), state[slot].float())
+        out[start:end] = o.transpose(0, 1).to(v.dtype)
+        state[slot] = new_state.to(state.dtype)
+    return out
+
+
+def gated_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    slot_ids: torch.Tensor,
+) -> torch.Tensor:
+    return gated_delta_rule_reference(q, k, v, g, beta, state, cu_seqlens, slot_ids)

@@ -1,0 +1,33 @@
+"""What one forward call computes: a packed batch of new tokens and where their state lives."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class ForwardBatch:
+    """A ragged batch of ``B`` sequences, each contributing ``seqlen_b >= 1`` new tokens.
+
+    ``input_ids [N]`` and ``positions [3, N]`` (M-RoPE axes; equal rows for text) are packed by
+    ``cu_seqlens [B + 1]``. ``context_lens [B]`` counts each sequence's tokens including the new
+    ones; ``block_tables [B, max_pages]`` lists its KV pages and ``slot_mapping [N]`` the flat KV
+    slot of each new token; ``state_slots [B]`` indexes its DeltaNet conv/recurrent state.
+    """
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    cu_seqlens: torch.Tensor
+    context_lens: torch.Tensor
+    block_tables: torch.Tensor
+    slot_mapping: torch.Tensor
+    state_slots: torch.Tensor
+
+    @property
+    def num_tokens(self) -> int:
+        return self.input_ids.shape[0]
+
+    def last_token_indices(self) -> torch.Tensor:
+        """Index of each sequence's last new token in the packed batch (where logits are needed)."""
+        return self.cu_seqlens[1:] - 1

@@ -1,0 +1,49 @@
+"""Device storage for decoding state: paged attention KV and DeltaNet state slots.
+
+The model reads and writes this storage through a :class:`~ninfer.models.batch.ForwardBatch`;
+who owns which page or slot is the runtime's business, not the model's.
+"""
+from __future__ import annotations
+
+import torch
+
+from ninfer.config import ModelConfig
+from ninfer.kernels.attention import PagedKV
+
+
+class ModelCache:
+    """KV pages for every full-attention layer and conv/recurrent state slots for every DeltaNet layer.
+
+    ``kv[i]``: :class:`PagedKV` pages ``[num_pages, page_size, kv_heads, head_dim]`` in ``kv_dtype``;
+    ``conv[i]``: ``[num_slots, conv_dim, kernel - 1]`` (the last pre-conv inputs) in the model dtype;
+    ``recurrent[i]``: ``[num_slots, Hv, dk, dv]`` in fp32.
+    """
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        *,
+        num_pages: int,
+        page_size: int,
+        num_slots: int,
+        device: torch.device | str,
+        dtype: torch.dtype,
+        kv_dtype: torch.dtype | None = None,
+    ) -> None:
+        self.page_size = page_size
+        self.num_pages = num_pages
+        self.num_slots = num_slots
+        self.kv = {
+            i: PagedKV.allocate(num_pages, page_size, config.num_key_value_heads, config.head_dim,
+                                dtype=kv_dtype or dtype, device=device)
+            for i in config.attention_layers
+        }
+        conv_shape = (num_slots, config.conv_dim, config.linear_conv_kernel_dim - 1)
+        rec_shape = (num_slots, config.linear_num_value_heads, config.linear_key_head_dim, config.linear_value_head_dim)
+        self.conv = {i: torch.zeros(conv_shape, dtype=dtype, device=device) for i in config.deltanet_layers}
+        self.recurrent = {i: torch.zeros(rec_shape, dtype=torch.float32, device=device) for i in config.deltanet_layers}
+
+    def reset_slot(self, slot: int) -> None:
+        """Zero a state slot so a new sequence starts from the empty state."""
+        for state in (*self.conv.values(), *self.recurrent.values()):
+            state[slot].zero_()

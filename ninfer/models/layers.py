@@ -1,0 +1,134 @@
+"""Building blocks of the Qwen3.5 text decoder, written to read like the math (reference §4-§8).
+
+Parameter names equal the checkpoint's keys, so loading is a plain name match. Tokens are packed
+``[N, ...]``; a :class:`ForwardBatch` says which sequence each token belongs to.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ninfer.config import ModelConfig
+from ninfer.kernels.activations import swiglu
+from ninfer.kernels.attention import paged_attention, write_kv
+from ninfer.kernels.conv import causal_conv1d
+from ninfer.kernels.deltanet import gated_delta_rule
+from ninfer.kernels.norms import gated_rms_norm, rms_norm
+from ninfer.kernels.rope import apply_rope
+from ninfer.models.batch import ForwardBatch
+from ninfer.models.cache import ModelCache
+
+
+def linear(in_features: int, out_features: int) -> nn.Linear:
+    return nn.Linear(in_features, out_features, bias=False)
+
+
+class RMSNorm(nn.Module):
+    """Zero-centred RMSNorm (``1 + w``), optionally adding the residual first."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        return rms_norm(x, self.weight, self.eps, residual)
+
+
+class GatedRMSNorm(nn.Module):
+    """The DeltaNet output norm: plain scale ``w``, then ``* silu(z)``."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        return gated_rms_norm(x, z, self.weight, self.eps)
+
+
+class MLP(nn.Module):
+    """Dense SwiGLU feed-forward: ``down(silu(gate(x)) * up(x))``."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int) -> None:
+        super().__init__()
+        self.gate_proj = linear(hidden_size, intermediate_size)
+        self.up_proj = linear(hidden_size, intermediate_size)
+        self.down_proj = linear(intermediate_size, hidden_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(swiglu(torch.cat([self.gate_proj(x), self.up_proj(x)], dim=-1)))
+
+
+class GatedAttention(nn.Module):
+    """Full attention with per-head q/k norm, partial RoPE, GQA and a sigmoid output gate (§6)."""
+
+    def __init__(self, config: ModelConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.num_heads, self.num_kv_heads, self.head_dim = (
+            config.num_attention_heads, config.num_key_value_heads, config.head_dim)
+        hidden = config.hidden_size
+        # q_proj rows interleave per head: [query_h | gate_h] blocks of head_dim each.
+        self.q_proj = linear(hidden, 2 * self.num_heads * self.head_dim)
+        self.k_proj = linear(hidden, self.num_kv_heads * self.head_dim)
+        self.v_proj = linear(hidden, self.num_kv_heads * self.head_dim)
+        self.o_proj = linear(self.num_heads * self.head_dim, hidden)
+        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+
+    def forward(
+        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], batch: ForwardBatch, cache: ModelCache
+    ) -> torch.Tensor:
+        n = x.shape[0]
+        q, gate = self.q_proj(x).view(n, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
+        q, _ = self.q_norm(q)
+        k, _ = self.k_norm(self.k_proj(x).view(n, self.num_kv_heads, self.head_dim))
+        v = self.v_proj(x).view(n, self.num_kv_heads, self.head_dim)
+        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+
+        kv = cache.kv[self.layer_idx]
+        write_kv(k, v, kv, batch.slot_mapping)
+        o = paged_attention(q, kv, batch.block_tables, batch.cu_seqlens, batch.context_lens,
+                            self.head_dim ** -0.5)
+        return self.o_proj(o.reshape(n, -1) * torch.sigmoid(gate.reshape(n, -1)))
+
+
+class GatedDeltaNet(nn.Module):
+    """Gated DeltaNet linear attention with causal conv and gated output norm (§8)."""
+
+    def __init__(self, config: ModelConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.num_k_heads, self.num_v_heads = config.linear_num_key_heads, config.linear_num_value_heads
+        self.head_k_dim, self.head_v_dim = config.linear_key_head_dim, config.linear_value_head_dim
+        self.key_dim, self.value_dim = config.key_dim, config.value_dim
+        hidden = config.hidden_size
+        self.in_proj_qkv = linear(hidden, config.conv_dim)  # rows: q, k, v; each head-major
+        self.in_proj_z = linear(hidden, self.value_dim)
+        self.in_proj_b = linear(hidden, self.num_v_heads)
+        self.in_proj_a = linear(hidden, self.num_v_heads)
+        self.conv1d = nn.Module()
+        self.conv1d.weight = nn.Parameter(torch.zeros(config.conv_dim, 1, config.linear_conv_kernel_dim))
+        # Decay parameters stay fp32 whatever the model dtype: exp(A_log) overflows in fp16.
+        self.dt_bias = nn.Parameter(torch.ones(self.num_v_heads, dtype=torch.float32))
+        self.A_log = nn.Parameter(torch.zeros(self.num_v_heads, dtype=torch.float32))
+        self.norm = GatedRMSNorm(self.head_v_dim, config.rms_norm_eps)
+        self.out_proj = linear(self.value_dim, hidden)
+
+    def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: ModelCache) -> torch.Tensor:
+        n = x.shape[0]
+        mixed = causal_conv1d(self.in_proj_qkv(x), self.conv1d.weight[:, 0, :], cache.conv[self.layer_idx],
+                              batch.cu_seqlens, batch.state_slots)
+        q, k, v = mixed.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        beta = torch.sigmoid(self.in_proj_b(x))
+        g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias.float())
+        o = gated_delta_rule(
+            q.reshape(n, self.num_k_heads, self.head_k_dim), k.reshape(n, self.num_k_heads, self.head_k_dim),
+            v.reshape(n, self.num_v_heads, self.head_v_dim), g, beta, cache.recurrent[self.layer_idx],
+            batch.cu_seqlens, batch.state_slots,
+        )
+        z = self.in_proj_z(x).reshape(n * self.num_v_heads, self.head_v_dim)
+        o = self.norm(o.reshape(n * self.num_v_heads, self.head_v_dim), z)
+        return self.out_proj(o.reshape(n, self.value_dim))

@@ -1,0 +1,75 @@
+"""The Qwen3.5 text decoder (dense and MoE): ``(L/4) x [DeltaNet, DeltaNet, DeltaNet, Attention]``.
+
+::
+
+    x = embed(ids)
+    for layer in layers:
+        x = x + mixer(input_layernorm(x))          # Gated DeltaNet or gated attention
+        x = x + ffn(post_attention_layernorm(x))   # SwiGLU MLP or MoE block
+    logits = lm_head(norm(x))
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ninfer.config import ModelConfig
+from ninfer.kernels.rope import mrope_cos_sin, rope_inv_freq
+from ninfer.models.batch import ForwardBatch
+from ninfer.models.cache import ModelCache
+from ninfer.models.layers import MLP, GatedAttention, GatedDeltaNet, RMSNorm, linear
+from ninfer.models.moe import SparseMoeBlock
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.is_attention = config.layer_types[layer_idx] == "full_attention"
+        if self.is_attention:
+            self.self_attn = GatedAttention(config, layer_idx)
+        else:
+            self.linear_attn = GatedDeltaNet(config, layer_idx)
+        self.mlp = SparseMoeBlock(config) if config.is_moe else MLP(config.hidden_size, config.intermediate_size)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor | None,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        batch: ForwardBatch,
+        cache: ModelCache,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Takes the previous layer's output and residual; returns this layer's (the adds are fused into the norms)."""
+        h, residual = self.input_layernorm(x, residual)
+        h = self.self_attn(h, rope, batch, cache) if self.is_attention else self.linear_attn(h, batch, cache)
+        h, residual = self.post_attention_layernorm(h, residual)
+        return self.mlp(h), residual
+
+
+class Qwen3_5TextModel(nn.Module):
+    """Token ids in, final-norm hidden states out; :meth:`logits` applies the LM head."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.lm_head = None if config.tie_word_embeddings else linear(config.hidden_size, config.vocab_size)
+        self.register_buffer("inv_freq", rope_inv_freq(config.rotary_dim, config.rope_theta), persistent=False)
+
+    def forward(self, batch: ForwardBatch, cache: ModelCache) -> torch.Tensor:
+        """Hidden states ``[N, H]`` after the final norm for every token of the batch (the MTP input too)."""
+        x = self.embed_tokens(batch.input_ids)
+        rope = mrope_cos_sin(batch.positions, self.inv_freq, list(self.config.mrope_section), x.dtype)
+        residual = None
+        for layer in self.layers:
+            x, residual = layer(x, residual, rope, batch, cache)
+        hidden, _ = self.norm(x, residual)
+        return hidden
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return torch.nn.functional.linear(hidden, weight)

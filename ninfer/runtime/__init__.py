@@ -1,0 +1,1 @@
+"""Runs the model over sequences: state allocation, prefill/decode steps, sampling."""

@@ -1,0 +1,55 @@
+"""Token sampling: greedy, temperature, top-k, top-p, with per-request seeds."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to pick each next token. ``greedy`` (or ``temperature == 0``) takes the argmax."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    greedy: bool = False
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.greedy or self.temperature == 0
+
+
+def make_generator(params: SamplingParams, device: torch.device) -> torch.Generator | None:
+    if params.is_greedy:
+        return None
+    generator = torch.Generator(device=device)
+    generator.manual_seed(params.seed if params.seed is not None else torch.seed())
+    return generator
+
+
+def sample_reference(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
+    """Pick one token id from ``logits [V]`` (already restricted to valid ids)."""
+    if params.is_greedy:
+        return int(logits.argmax())
+    scores = logits.float() / params.temperature
+    if params.top_k:
+        kth = scores.topk(min(params.top_k, scores.shape[-1])).values[-1]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    probs = scores.softmax(-1)
+    if params.top_p < 1.0:
+        sorted_probs, order = probs.sort(descending=True)
+        # Keep the smallest prefix whose mass reaches top_p (the first token is always kept).
+        drop = sorted_probs.cumsum(-1) - sorted_probs >= params.top_p
+        sorted_probs = sorted_probs.masked_fill(drop, 0.0)
+        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
+    return int(torch.multinomial(probs, 1, generator=generator))

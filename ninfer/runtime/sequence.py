@@ -1,0 +1,65 @@
+"""One sequence at a time through the model: chunked prefill, then single-token decode.
+
+The batched engine with shared KV pools and CUDA graphs replaces this for serving; scoring and
+the simple generate path use it as is.
+"""
+from __future__ import annotations
+
+import torch
+
+from ninfer.models.batch import ForwardBatch
+from ninfer.models.cache import ModelCache
+from ninfer.models.qwen3_5 import Qwen3_5TextModel
+
+
+class SequenceRunner:
+    """Owns a one-slot cache sized for the longest sequence seen so far."""
+
+    def __init__(self, model: Qwen3_5TextModel, *, page_size: int = 16, prefill_chunk: int = 1024) -> None:
+        self.model = model
+        self.page_size = page_size
+        self.prefill_chunk = prefill_chunk
+        self.cache: ModelCache | None = None
+        self.length = 0
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.embed_tokens.weight.device
+
+    def start(self, max_tokens: int) -> None:
+        """Begin a new sequence that will hold at most ``max_tokens`` tokens."""
+        pages = -(-max_tokens // self.page_size)
+        if self.cache is None or self.cache.num_pages < pages:
+            self.cache = None  # free the old pool before allocating the larger one
+            self.cache = ModelCache(self.model.config, num_pages=pages, page_size=self.page_size, num_slots=1,
+                                    device=self.device, dtype=self.model.embed_tokens.weight.dtype)
+        self.cache.reset_slot(0)
+        self.length = 0
+
+    @torch.inference_mode()
+    def extend(self, token_ids: list[int]) -> torch.Tensor:
+        """Append tokens (in prefill chunks) and return their final hidden states ``[T, H]``."""
+        assert self.cache is not None, "call start() first"
+        if self.length + len(token_ids) > self.cache.num_pages * self.page_size:
+            raise ValueError("sequence is longer than the max_tokens given to start()")
+        outputs = []
+        for i in range(0, len(token_ids), self.prefill_chunk):
+            outputs.append(self._step(token_ids[i:i + self.prefill_chunk]))
+        return torch.cat(outputs)
+
+    def _step(self, token_ids: list[int]) -> torch.Tensor:
+        device, n, start = self.device, len(token_ids), self.length
+        assert self.cache is not None
+        positions = torch.arange(start, start + n, device=device)
+        batch = ForwardBatch(
+            input_ids=torch.tensor(token_ids, dtype=torch.long, device=device),
+            positions=positions.expand(3, n),
+            cu_seqlens=torch.tensor([0, n], dtype=torch.int32, device=device),
+            context_lens=torch.tensor([start + n], dtype=torch.int32, device=device),
+            block_tables=torch.arange(self.cache.num_pages, dtype=torch.int32, device=device)[None],
+            slot_mapping=positions,  # pages are laid out in order, so the token index is its slot
+            state_slots=torch.zeros(1, dtype=torch.long, device=device),
+        )
+        hidden = self.model(batch, self.cache)
+        self.length += n
+        return hidden

@@ -1,0 +1,77 @@
+"""Tokenizer and chat template of a checkpoint, through transformers' AutoTokenizer."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+THINK_END = "</think>"
+
+
+class Tokenizer:
+    """Byte-level BPE tokenizer plus the checkpoint's chat template (thinking on by default)."""
+
+    def __init__(self, model_dir: Path) -> None:
+        from transformers import AutoTokenizer
+
+        try:
+            self.hf = AutoTokenizer.from_pretrained(str(model_dir))
+        except Exception as err:
+            raise ValueError(f"cannot load the tokenizer from {model_dir}: {err}") from err
+        self.vocab_size = len(self.hf)
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text``; Qwen tokenizers add no BOS, and special-token text maps to its id."""
+        return self.hf.encode(text, add_special_tokens=False)
+
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = False) -> str:
+        return self.hf.decode(token_ids, skip_special_tokens=skip_special_tokens)
+
+    def token_id(self, token: str) -> int | None:
+        tid = self.hf.convert_tokens_to_ids(token)
+        return tid if isinstance(tid, int) and tid != self.hf.unk_token_id else None
+
+    def apply_chat_template(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        enable_thinking: bool = True,
+        add_generation_prompt: bool = True,
+        **template_kwargs: Any,
+    ) -> str:
+        """Render messages (and tool definitions) into the prompt text the model expects."""
+        if not getattr(self.hf, "chat_template", None):
+            raise ValueError("this checkpoint has no chat template; use generate() with a raw prompt")
+        return self.hf.apply_chat_template(
+            messages, tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt,
+            enable_thinking=enable_thinking, **template_kwargs,
+        )
+
+
+def stop_token_ids(model_dir: Path, tokenizer: Tokenizer, config_eos: tuple[int, ...]) -> set[int]:
+    """Every id that ends a generation: the config's, generation_config's, and the tokenizer's EOS.
+
+    Qwen3.5 needs both ``<|im_end|>`` and ``<|endoftext|>`` (reference §13.1).
+    """
+    ids = set(config_eos)
+    gen_path = model_dir / "generation_config.json"
+    if gen_path.is_file():
+        eos = json.loads(gen_path.read_text()).get("eos_token_id")
+        ids.update(eos if isinstance(eos, list) else [] if eos is None else [eos])
+    for token in ("<|im_end|>", "<|endoftext|>"):
+        if (tid := tokenizer.token_id(token)) is not None:
+            ids.add(tid)
+    if tokenizer.hf.eos_token_id is not None:
+        ids.add(tokenizer.hf.eos_token_id)
+    return ids
+
+
+def split_reasoning(text: str, thinking: bool) -> tuple[str | None, str]:
+    """``(reasoning, answer)`` of a chat completion whose prompt opened ``<think>``."""
+    if not thinking:
+        return None, text
+    if THINK_END not in text:
+        return text.strip(), ""  # still thinking when it stopped
+    reasoning, answer = text.split(THINK_END, 1)
+    return reasoning.strip(), answer.lstrip("\n")
