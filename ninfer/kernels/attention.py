@@ -45,11 +45,13 @@ def paged_attention_reference(
     cu_seqlens: torch.Tensor,
     context_lens: torch.Tensor,
     scale: float,
+    max_seqlen: int | None = None,
 ) -> torch.Tensor:
     """``q [N, q_heads, head_dim]`` packed by ``cu_seqlens [B + 1]`` -> ``o [N, q_heads, head_dim]``.
 
     Softmax in fp32, probabilities cast back to the query dtype before the product with V (the
-    transformers eager path).
+    transformers eager path). ``max_seqlen`` (host int, optional): the longest new-token count,
+    so kernels can pick the decode path without a device sync.
     """
     page_size = kv.page_size
     group = q.shape[1] // kv.k.shape[2]
@@ -81,5 +83,6 @@ def paged_attention(
     cu_seqlens: torch.Tensor,
     context_lens: torch.Tensor,
     scale: float,
+    max_seqlen: int | None = None,
 ) -> torch.Tensor:
-    return paged_attention_reference(q, kv, block_tables, cu_seqlens, context_lens, scale)
+    return paged_attention_reference(q, kv, block_tables, cu_seqlens, context_lens, scale, max_seqlen)

@@ -15,11 +15,13 @@ def causal_conv1d_reference(
     conv_state: torch.Tensor,
     cu_seqlens: torch.Tensor,
     slot_ids: torch.Tensor,
+    max_seqlen: int | None = None,
 ) -> torch.Tensor:
     """``silu(conv(x))`` for ``x [N, C]`` packed by ``cu_seqlens [B + 1]``; weight ``[C, K]``.
 
     ``conv_state [S, C, K - 1]`` is read at ``slot_ids [B]`` as the inputs before each sequence's
-    first token and overwritten with the inputs after its last one. The product runs in the
+    first token and overwritten with the inputs after its last one. ``max_seqlen`` (host int,
+    optional) lets kernels choose the decode path without a device sync. The product runs in the
     weight's dtype, as transformers computes it.
     """
     taps = weight.shape[1]
@@ -42,5 +44,6 @@ def causal_conv1d(
     conv_state: torch.Tensor,
     cu_seqlens: torch.Tensor,
     slot_ids: torch.Tensor,
+    max_seqlen: int | None = None,
 ) -> torch.Tensor:
-    return causal_conv1d_reference(x, weight, conv_state, cu_seqlens, slot_ids)
+    return causal_conv1d_reference(x, weight, conv_state, cu_seqlens, slot_ids, max_seqlen)

@@ -66,28 +66,42 @@ def chunked_rule(
     return out.reshape(heads, n * CHUNK, -1)[:, :length], state
 
 
+def decay_and_beta(
+    a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log decay ``g = -exp(A_log) * softplus(a + dt_bias)`` (fp32, so ``g <= 0``) and ``beta = sigmoid(b)``."""
+    g = -A_log.float().exp() * torch.nn.functional.softplus(a.float() + dt_bias.float())
+    return g, torch.sigmoid(b)
+
+
 def gated_delta_rule_reference(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    g: torch.Tensor,
-    beta: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
     state: torch.Tensor,
     cu_seqlens: torch.Tensor,
     slot_ids: torch.Tensor,
+    max_seqlen: int | None = None,
 ) -> torch.Tensor:
     """Gated delta rule for a packed batch.
 
-    ``q, k [N, Hk, dk]`` (not yet normalised), ``v [N, Hv, dv]``, ``g [N, Hv]`` (log decay, fp32),
-    ``beta [N, Hv]``; ``state [S, Hv, dk, dv]`` fp32 is read at ``slot_ids [B]`` and updated in place.
+    ``q, k [N, Hk, dk]`` (not yet normalised), ``v [N, Hv, dv]``; ``a, b [N, Hv]`` are the raw
+    decay and beta projections, turned into gates with ``A_log, dt_bias [Hv]`` (see
+    :func:`decay_and_beta`). ``state [S, Hv, dk, dv]`` fp32 is read at ``slot_ids [B]`` and updated
+    in place. ``max_seqlen`` (a host int, optional) lets kernels pick the decode path without a sync.
     Returns ``o [N, Hv, dv]`` in v's dtype.
     """
+    g, beta = decay_and_beta(a, b, A_log, dt_bias)
     group = v.shape[1] // k.shape[1]
     scale = k.shape[-1] ** -0.5
     out = torch.empty_like(v)
     bounds = cu_seqlens.tolist()
-    for b, slot in enumerate(slot_ids.tolist()):
-        start, end = bounds[b], bounds[b + 1]
+    for i, slot in enumerate(slot_ids.tolist()):
+        start, end = bounds[i], bounds[i + 1]
         if end == start:
             continue
 
@@ -107,10 +121,13 @@ def gated_delta_rule(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    g: torch.Tensor,
-    beta: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
     state: torch.Tensor,
     cu_seqlens: torch.Tensor,
     slot_ids: torch.Tensor,
+    max_seqlen: int | None = None,
 ) -> torch.Tensor:
-    return gated_delta_rule_reference(q, k, v, g, beta, state, cu_seqlens, slot_ids)
+    return gated_delta_rule_reference(q, k, v, a, b, A_log, dt_bias, state, cu_seqlens, slot_ids, max_seqlen)

@@ -23,6 +23,7 @@ class ForwardBatch:
     block_tables: torch.Tensor
     slot_mapping: torch.Tensor
     state_slots: torch.Tensor
+    max_seqlen: int  # host-side: the most new tokens of any sequence (1 for a pure decode batch)
 
     @property
     def num_tokens(self) -> int:

@@ -6,7 +6,6 @@ Parameter names equal the checkpoint's keys, so loading is a plain name match. T
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ninfer.config import ModelConfig
@@ -91,7 +90,7 @@ class GatedAttention(nn.Module):
         kv = cache.kv[self.layer_idx]
         write_kv(k, v, kv, batch.slot_mapping)
         o = paged_attention(q, kv, batch.block_tables, batch.cu_seqlens, batch.context_lens,
-                            self.head_dim ** -0.5)
+                            self.head_dim ** -0.5, batch.max_seqlen)
         return self.o_proj(o.reshape(n, -1) * torch.sigmoid(gate.reshape(n, -1)))
 
 
@@ -120,14 +119,13 @@ class GatedDeltaNet(nn.Module):
     def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: ModelCache) -> torch.Tensor:
         n = x.shape[0]
         mixed = causal_conv1d(self.in_proj_qkv(x), self.conv1d.weight[:, 0, :], cache.conv[self.layer_idx],
-                              batch.cu_seqlens, batch.state_slots)
+                              batch.cu_seqlens, batch.state_slots, batch.max_seqlen)
         q, k, v = mixed.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
-        beta = torch.sigmoid(self.in_proj_b(x))
-        g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias.float())
         o = gated_delta_rule(
             q.reshape(n, self.num_k_heads, self.head_k_dim), k.reshape(n, self.num_k_heads, self.head_k_dim),
-            v.reshape(n, self.num_v_heads, self.head_v_dim), g, beta, cache.recurrent[self.layer_idx],
-            batch.cu_seqlens, batch.state_slots,
+            v.reshape(n, self.num_v_heads, self.head_v_dim), self.in_proj_a(x), self.in_proj_b(x),
+            self.A_log, self.dt_bias, cache.recurrent[self.layer_idx], batch.cu_seqlens, batch.state_slots,
+            batch.max_seqlen,
         )
         z = self.in_proj_z(x).reshape(n * self.num_v_heads, self.head_v_dim)
         o = self.norm(o.reshape(n * self.num_v_heads, self.head_v_dim), z)

@@ -15,7 +15,7 @@ from ninfer.models.qwen3_5 import Qwen3_5TextModel
 class SequenceRunner:
     """Owns a one-slot cache sized for the longest sequence seen so far."""
 
-    def __init__(self, model: Qwen3_5TextModel, *, page_size: int = 16, prefill_chunk: int = 1024) -> None:
+    def __init__(self, model: Qwen3_5TextModel, *, page_size: int = 64, prefill_chunk: int = 1024) -> None:
         self.model = model
         self.page_size = page_size
         self.prefill_chunk = prefill_chunk
@@ -59,6 +59,7 @@ class SequenceRunner:
             block_tables=torch.arange(self.cache.num_pages, dtype=torch.int32, device=device)[None],
             slot_mapping=positions,  # pages are laid out in order, so the token index is its slot
             state_slots=torch.zeros(1, dtype=torch.long, device=device),
+            max_seqlen=n,
         )
         hidden = self.model(batch, self.cache)
         self.length += n

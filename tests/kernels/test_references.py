@@ -35,15 +35,16 @@ def test_ragged_delta_rule_equals_per_sequence_calls_and_updates_slots() -> None
     lens, hk, hv, d = [5, 1, 70], 2, 4, 8
     n = sum(lens)
     q, k = torch.randn(n, hk, d), torch.randn(n, hk, d)
-    v, g, beta = torch.randn(n, hv, d), -torch.rand(n, hv), torch.rand(n, hv)
+    v, a, bb = torch.randn(n, hv, d), torch.randn(n, hv), torch.randn(n, hv)
+    A_log, dt_bias = torch.rand(hv).log(), torch.randn(hv)
     state = torch.randn(4, hv, d, d)
     slots = torch.tensor([3, 0, 2])
     cu = torch.tensor([0, 5, 6, 76])
     expect_state = state.clone()
-    out = gated_delta_rule_reference(q, k, v, g, beta, state, cu, slots)
+    out = gated_delta_rule_reference(q, k, v, a, bb, A_log, dt_bias, state, cu, slots)
     for b, (start, end) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist())):
         one = expect_state[slots[b]].clone()[None]
-        o = gated_delta_rule_reference(q[start:end], k[start:end], v[start:end], g[start:end], beta[start:end],
+        o = gated_delta_rule_reference(q[start:end], k[start:end], v[start:end], a[start:end], bb[start:end], A_log, dt_bias,
                                        one, torch.tensor([0, end - start]), torch.tensor([0]))
         assert torch.allclose(out[start:end], o, atol=1e-5)
         assert torch.allclose(state[slots[b]], one[0], atol=1e-5)

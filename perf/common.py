@@ -1,0 +1,96 @@
+"""Shared benchmark plumbing: ceilings measured in the same run, timing, and JSON records.
+
+Every benchmark measures the copy bandwidth (and the bf16 matmul peak when it reports FLOP
+rates) at its start, times with ``triton.testing.do_bench`` (median), and appends one JSON line
+per measured point to ``$OUT/perf.jsonl`` (or ``perf/results/latest.jsonl`` when ``OUT`` is unset).
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import subprocess
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+
+def results_path() -> Path:
+    out = os.environ.get("OUT")
+    path = Path(out) / "perf.jsonl" if out else Path(__file__).parent / "results" / "latest.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def bench_ms(fn: Callable[[], Any], warmup: int = 25, rep: int = 100) -> float:
+    """Median milliseconds of ``fn`` (compilation and autotuning happen in the warm-up)."""
+    import triton
+
+    return float(triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
+
+
+def bench_graph_ms(fn: Callable[[], Any], inner: int = 20) -> float:
+    """Median milliseconds of one ``fn`` call, replayed from a CUDA graph of ``inner`` calls (for tiny launches)."""
+    fn()  # compile / autotune outside the graph
+    torch.cuda.synchronize()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(inner):
+            fn()
+    return bench_ms(graph.replay) / inner
+
+
+@lru_cache(maxsize=None)
+def copy_bandwidth_tbps() -> float:
+    """Device-to-device copy of 4 GiB: (bytes read + bytes written) / time, in TB/s."""
+    src = torch.empty(2 ** 31, dtype=torch.int16, device="cuda").random_()
+    dst = torch.empty_like(src)
+    ms = bench_ms(lambda: dst.copy_(src), warmup=5, rep=30)
+    nbytes = 2 * src.numel() * src.element_size()
+    del src, dst
+    torch.cuda.empty_cache()
+    return nbytes / ms / 1e9
+
+
+@lru_cache(maxsize=None)
+def matmul_peak_tflops() -> float:
+    """bf16 8192^3 matmul through torch (cuBLAS), in TFLOP/s."""
+    a = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
+    b = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
+    ms = bench_ms(lambda: a @ b, warmup=10, rep=50)
+    return 2 * 8192 ** 3 / ms / 1e9
+
+
+@lru_cache(maxsize=None)
+def environment() -> dict[str, str]:
+    import triton
+
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                cwd=Path(__file__).parent).stdout.strip() or "unknown"
+    except OSError:
+        commit = "unknown"
+    return {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+            "commit": commit, "date": _dt.date.today().isoformat()}
+
+
+def record(bench: str, shape: str, median_ms: float, *, achieved: float, limit: float, unit: str,
+           baseline: str | None = None, baseline_ms: float | None = None, **extra: Any) -> dict[str, Any]:
+    """Append one measured point and print it as a readable line."""
+    row = {"bench": bench, "shape": shape, "median_ms": round(median_ms, 5), "achieved": round(achieved, 4),
+           "unit": unit, "limit": round(limit, 4), "fraction_of_limit": round(achieved / limit, 4),
+           "baseline": baseline, "baseline_ms": None if baseline_ms is None else round(baseline_ms, 5),
+           "speedup_vs_baseline": None if not baseline_ms else round(baseline_ms / median_ms, 3),
+           **extra, **environment()}
+    with results_path().open("a") as f:
+        f.write(json.dumps(row) + "\n")
+    base = f" | {baseline} {baseline_ms:.4f} ms ({row['speedup_vs_baseline']}x)" if baseline_ms else ""
+    print(f"{bench:28s} {shape:40s} {median_ms:9.4f} ms  {achieved:8.3f} {unit} "
+          f"({100 * row['fraction_of_limit']:5.1f}% of limit){base}", flush=True)
+    return row
