@@ -1,0 +1,85 @@
+"""Triton causal depthwise conv1d + SiLU (CPU interpreter) against the PyTorch reference."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ninfer.kernels.conv import causal_conv1d_reference, causal_conv1d_triton
+from ninfer.kernels.dispatch import INTERPRET
+
+pytestmark = pytest.mark.skipif(not INTERPRET, reason="Triton launchers on CPU need TRITON_INTERPRET=1")
+
+TOL = {torch.float32: 1e-6, torch.float16: 2e-3}
+CHANNELS, TAPS, SLOTS = 48, 4, 8
+
+
+@pytest.fixture(autouse=True)
+def poisoned_outputs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Launchers allocate their outputs: make fresh float allocations NaN so unwritten elements show."""
+    empty, empty_like = torch.empty, torch.empty_like
+
+    def poison(t: torch.Tensor) -> torch.Tensor:
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: poison(empty(*a, **k)))
+    monkeypatch.setattr(torch, "empty_like", lambda *a, **k: poison(empty_like(*a, **k)))
+
+
+def assert_close(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> None:
+    assert out.shape == ref.shape and out.dtype == ref.dtype
+    assert torch.isfinite(out).all()
+    err = (out.double() - ref.double()).norm() / ref.double().norm()
+    assert err < TOL[dtype], f"relative error {err:.2e}"
+
+
+def run_both(x: torch.Tensor, weight: torch.Tensor, state: torch.Tensor, lens: list[int], slots: list[int],
+             max_seqlen: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run kernel and reference on copies of ``state``; check outputs and every slot, return the kernel's."""
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+    slot_ids = torch.tensor(slots)
+    ref_state = state.clone()
+    out = causal_conv1d_triton(x, weight, state, cu, slot_ids, max_seqlen)
+    ref = causal_conv1d_reference(x, weight, ref_state, cu, slot_ids)
+    if x.shape[0]:
+        assert_close(out, ref, x.dtype)
+    assert torch.equal(state, ref_state)  # unused slots and empty sequences untouched, the rest exact
+    return out, state
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("bound", ["exact", "none"])
+def test_ragged_prefill_with_initial_states(dtype: torch.dtype, bound: str) -> None:
+    # Lengths: several tiles (70 = 32 + 32 + 6), below K - 1 (1, 2: old state shifts), K - 1, empty.
+    lens, slots = [5, 1, 2, 70, 3, 0], [3, 0, 6, 2, 5, 1]
+    x = torch.randn(sum(lens), CHANNELS, dtype=dtype)
+    weight = torch.randn(CHANNELS, 1, TAPS, dtype=dtype)[:, 0, :]  # the model passes this strided view
+    state = torch.randn(SLOTS, CHANNELS, TAPS - 1, dtype=dtype)
+    run_both(x, weight, state, lens, slots, max(lens) if bound == "exact" else None)
+
+
+def test_short_multi_token_calls_use_small_tiles() -> None:
+    lens, slots = [3, 2, 1], [4, 7, 0]  # max_seqlen 3 -> BLOCK_T 4
+    x = torch.randn(sum(lens), CHANNELS)
+    run_both(x, torch.randn(CHANNELS, TAPS), torch.randn(SLOTS, CHANNELS, TAPS - 1), lens, slots, 3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_decode_steps_update_slots_in_place(dtype: torch.dtype) -> None:
+    weight = torch.randn(CHANNELS, TAPS, dtype=dtype)
+    state = torch.randn(SLOTS, CHANNELS, TAPS - 1, dtype=dtype)
+    for _ in range(3):  # consecutive steps read what the previous one wrote
+        run_both(torch.randn(3, CHANNELS, dtype=dtype), weight, state, [1, 1, 1], [6, 1, 2], 1)
+
+
+def test_mixed_dtypes_compute_in_weight_dtype() -> None:
+    x = torch.randn(9, CHANNELS, dtype=torch.float16)
+    run_both(x, torch.randn(CHANNELS, TAPS), torch.randn(SLOTS, CHANNELS, TAPS - 1, dtype=torch.float16),
+             [4, 5], [1, 0], 5)
+
+
+def test_chunks_through_the_state_equal_one_call() -> None:
+    x, weight = torch.randn(20, CHANNELS), torch.randn(CHANNELS, TAPS)
+    state = torch.zeros(1, CHANNELS, TAPS - 1)
+    whole, _ = run_both(x, weight, state.clone(), [20], [0], 20)
+    pieces = [run_both(x[a:b], weight, state, [b - a], [0], b - a)[0] for a, b in ((0, 2), (2, 3), (3, 20))]
+    assert torch.allclose(torch.cat(pieces), whole, atol=1e-6)
