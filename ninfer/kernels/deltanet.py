@@ -11,7 +11,14 @@ from __future__ import annotations
 
 import torch
 
+from ninfer.kernels.deltanet_chunk import gated_delta_rule_chunked_triton
+from ninfer.kernels.deltanet_recurrent import gated_delta_rule_recurrent_triton
+from ninfer.kernels.dispatch import use_triton
+
 CHUNK = 64
+# Longest sequence for which the recurrent kernel runs (decode, speculative verification): its cost
+# per token is a full pass over the state slice, while the chunked kernels pay fixed per-chunk work.
+RECURRENT_MAX_SEQLEN = 8
 
 
 def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -130,4 +137,10 @@ def gated_delta_rule(
     slot_ids: torch.Tensor,
     max_seqlen: int | None = None,
 ) -> torch.Tensor:
+    """See :func:`gated_delta_rule_reference`; Triton on CUDA (recurrent when ``max_seqlen`` is small)."""
+    if use_triton(v):
+        args = (q, k, v, a, b, A_log, dt_bias, state, cu_seqlens, slot_ids)
+        if max_seqlen is not None and max_seqlen <= RECURRENT_MAX_SEQLEN:
+            return gated_delta_rule_recurrent_triton(*args)
+        return gated_delta_rule_chunked_triton(*args)
     return gated_delta_rule_reference(q, k, v, a, b, A_log, dt_bias, state, cu_seqlens, slot_ids, max_seqlen)
