@@ -14,7 +14,8 @@ from ninfer.kernels.attention import PagedKV
 class ModelCache:
     """KV pages for every full-attention layer and conv/recurrent state slots for every DeltaNet layer.
 
-    ``kv[i]``: :class:`PagedKV` pages ``[num_pages, page_size, kv_heads, head_dim]`` in ``kv_dtype``;
+    ``kv[i]``: :class:`PagedKV` pages ``[num_pages, page_size, kv_heads, head_dim]`` in ``kv_dtype``
+    (``"auto"`` = the model dtype, ``"bf16"``, ``"fp8"``, ``"int8"``; see :mod:`ninfer.kernels.attention`);
     ``conv[i]``: ``[num_slots, conv_dim, kernel - 1]`` (the last pre-conv inputs) in the model dtype;
     ``recurrent[i]``: ``[num_slots, Hv, dk, dv]`` in fp32.
     """
@@ -28,14 +29,14 @@ class ModelCache:
         num_slots: int,
         device: torch.device | str,
         dtype: torch.dtype,
-        kv_dtype: torch.dtype | None = None,
+        kv_dtype: str = "auto",
     ) -> None:
         self.page_size = page_size
         self.num_pages = num_pages
         self.num_slots = num_slots
         self.kv = {
             i: PagedKV.allocate(num_pages, page_size, config.num_key_value_heads, config.head_dim,
-                                dtype=kv_dtype or dtype, device=device)
+                                dtype=dtype, device=device, kv_dtype=kv_dtype)
             for i in config.attention_layers
         }
         conv_shape = (num_slots, config.conv_dim, config.linear_conv_kernel_dim - 1)

@@ -1,0 +1,190 @@
+"""Decode attention over paged K/V: split-KV (flash-decoding) for up to a few new tokens per sequence.
+
+One program owns one KV head of one sequence and a contiguous range of its keys (a split). Its
+``M`` dimension holds every (new token, query head) pair reading that KV head, ``T * GROUP`` rows
+(6 at T = 1 on the 27B model), so each K/V byte is read from memory once. The splits write a
+normalised partial output and its log-sum-exp; a second kernel merges them per output row.
+
+The number of splits is fixed on the host (enough programs to fill the GPU whatever the batch);
+the keys per split follow each sequence's context length on the device, rounded to
+``SPLIT_ALIGN`` keys, so short sequences simply leave their last splits empty. No host sync.
+Sequences may add up to ``DECODE_MAX_TOKENS`` tokens (speculative verification); the causal mask
+among them is applied per row.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import TYPE_CHECKING
+
+import torch
+import triton
+import triton.language as tl
+
+from ninfer.kernels.attention_common import LOG2E, kernel_args, kv_tile_rows, load_kv_tile, softmax_step, store_output
+from ninfer.kernels.dispatch import autotune_configs
+
+if TYPE_CHECKING:
+    from ninfer.kernels.attention import PagedKV
+
+DECODE_MAX_TOKENS = 8
+SPLIT_ALIGN = tl.constexpr(64)
+MAX_SPLITS = 64
+
+
+def _config(block_n: int, warps: int, stages: int) -> triton.Config:
+    return triton.Config({"BLOCK_N": block_n}, num_warps=warps, num_stages=stages)
+
+
+# K+V per stage at head dim 256 in bf16: 1 KB per key. The first config (64 KB) fits the RTX 5090
+# and is the interpreter's; deeper pipelines keep more bytes in flight on Hopper.
+_CONFIGS = [
+    _config(64, 4, 1),
+    _config(32, 4, 2),
+    _config(32, 4, 3),
+    _config(64, 4, 2),
+    _config(64, 4, 3),
+    _config(64, 8, 3),
+    _config(128, 8, 2),
+]
+
+
+@triton.jit
+def _split_range(ctx, split, num_splits):
+    """Keys ``[lo, hi)`` of ``split``; identical in both kernels, so the merge knows which splits ran."""
+    chunk = tl.cdiv(tl.cdiv(ctx, num_splits), SPLIT_ALIGN) * SPLIT_ALIGN
+    lo = split * chunk
+    return lo, tl.minimum(lo + chunk, ctx), tl.cdiv(ctx, chunk)
+
+
+@triton.autotune(configs=autotune_configs(_CONFIGS), key=["GROUP", "HEAD_DIM", "QUANT", "BLOCK_M"])
+@triton.jit
+def _decode_kernel(
+    q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, o_ptr, g_ptr,
+    stride_qn, stride_qh, stride_on, stride_oh, stride_gn, stride_gh,
+    stride_kp, stride_ks, stride_kh, stride_sp, stride_ss, stride_sh, stride_bt,
+    cu_ptr, ctx_ptr, qk_scale, part_o_ptr, part_lse_ptr, num_splits,
+    GROUP: tl.constexpr, PAGE_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, QUANT: tl.constexpr, NG: tl.constexpr,
+    HAS_GATE: tl.constexpr, DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    kvh = tl.program_id(0)
+    b = tl.program_id(1)
+    split = tl.program_id(2)
+    start = tl.load(cu_ptr + b)
+    seqlen = tl.load(cu_ptr + b + 1) - start
+    ctx = tl.load(ctx_ptr + b)
+    lo, hi, _ = _split_range(ctx, split, num_splits)
+    if (seqlen == 0) | (lo >= hi):
+        return
+
+    offs_r = tl.arange(0, BLOCK_M)
+    t = offs_r // GROUP
+    head = kvh * GROUP + offs_r % GROUP
+    row_ok = t < seqlen
+    offs_d = tl.arange(0, HEAD_DIM)
+    offs_j = tl.arange(0, BLOCK_N)
+    tok = (start + t).to(tl.int64)
+    q = tl.load(q_ptr + tok[:, None] * stride_qn + head[:, None] * stride_qh + offs_d[None, :],
+                mask=row_ok[:, None], other=0)
+    dtype = q_ptr.dtype.element_ty
+    q_pos = ctx - seqlen + t
+    bt_row = bt_ptr + b.to(tl.int64) * stride_bt
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    for n0 in range(lo, hi, BLOCK_N):
+        offs_n = n0 + offs_j
+        valid_n = offs_n < hi
+        rows, page = kv_tile_rows(bt_row, offs_n, valid_n, kvh, stride_kp, stride_ks, stride_kh, PAGE_SIZE)
+        k = load_kv_tile(k_ptr, ks_ptr, rows, page, offs_n, offs_d, valid_n, kvh, stride_sp, stride_ss,
+                         stride_sh, dtype, PAGE_SIZE, QUANT, NG, True)
+        v = load_kv_tile(v_ptr, vs_ptr, rows, page, offs_n, offs_d, valid_n, kvh, stride_sp, stride_ss,
+                         stride_sh, dtype, PAGE_SIZE, QUANT, NG, True)
+        visible = valid_n[None, :] & (offs_n[None, :] <= q_pos[:, None])
+        m_i, l_i, acc = softmax_step(q, k, v, m_i, l_i, acc, visible, qk_scale, DOT_PREC)
+
+    if num_splits == 1:  # folded at compile time: Triton specialises integer arguments equal to 1
+        store_output(o_ptr, g_ptr, acc / l_i[:, None], tok, head, offs_d, row_ok, stride_on, stride_oh,
+                     stride_gn, stride_gh, HAS_GATE)
+    else:
+        # With several new tokens, a split may hold only keys after a row's query: weight 0, output 0.
+        seen = l_i > 0
+        lse = tl.where(seen, m_i + tl.log2(tl.where(seen, l_i, 1.0)), float("-inf"))
+        o = tl.where(seen[:, None], acc / tl.where(seen, l_i, 1.0)[:, None], 0.0)
+        part = (tok * (GROUP * tl.num_programs(0)) + head) * num_splits + split
+        tl.store(part_lse_ptr + part, lse, mask=row_ok)
+        tl.store(part_o_ptr + part[:, None] * HEAD_DIM + offs_d[None, :], o, mask=row_ok[:, None])
+
+
+@triton.jit
+def _merge_kernel(
+    part_o_ptr, part_lse_ptr, o_ptr, g_ptr, cu_ptr, ctx_ptr,
+    stride_on, stride_oh, stride_gn, stride_gh, num_splits,
+    HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, SPLITS_POW2: tl.constexpr, HAS_GATE: tl.constexpr,
+):
+    """One output row (token, head): the lse-weighted mean of its splits' partial outputs."""
+    head = tl.program_id(0)
+    t = tl.program_id(1)
+    b = tl.program_id(2)
+    start = tl.load(cu_ptr + b)
+    if t >= tl.load(cu_ptr + b + 1) - start:
+        return
+    _, _, n_splits = _split_range(tl.load(ctx_ptr + b), 0, num_splits)
+    offs_s = tl.arange(0, SPLITS_POW2)
+    ran = offs_s < n_splits
+    offs_d = tl.arange(0, HEAD_DIM)
+    tok = (start + t).to(tl.int64)
+    part = (tok * HEADS + head) * num_splits + offs_s
+    lse = tl.load(part_lse_ptr + part, mask=ran, other=float("-inf"))
+    w = tl.exp2(lse - tl.max(lse, 0))
+    parts = tl.load(part_o_ptr + part[:, None] * HEAD_DIM + offs_d[None, :], mask=ran[:, None], other=0.0)
+    o = tl.sum(parts * w[:, None], 0) / tl.sum(w, 0)
+    one = tl.full([1], 0, tl.int64)
+    store_output(o_ptr, g_ptr, o[None, :], tok + one, head + one, offs_d, one == 0, stride_on, stride_oh,
+                 stride_gn, stride_gh, HAS_GATE)
+
+
+@lru_cache(maxsize=None)
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
+
+
+def default_num_splits(device: torch.device, batch: int, kv_heads: int) -> int:
+    """About two programs per SM for any batch; 1 when the batch alone fills the GPU."""
+    return max(1, min(MAX_SPLITS, triton.cdiv(2 * _sm_count(device), batch * kv_heads)))
+
+
+def paged_attention_decode_triton(
+    q: torch.Tensor,
+    kv: "PagedKV",
+    block_tables: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+    max_seqlen: int,
+    *,
+    gate: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    num_splits: int | None = None,
+) -> torch.Tensor:
+    """Causal paged attention when every sequence adds at most ``max_seqlen <= DECODE_MAX_TOKENS`` tokens."""
+    assert 1 <= max_seqlen <= DECODE_MAX_TOKENS, max_seqlen
+    out, args, consts = kernel_args(q, kv, block_tables, gate, out)
+    n, heads, head_dim = q.shape
+    batch, kv_heads = context_lens.shape[0], kv.k.shape[2]
+    if n == 0:
+        return out
+    splits = num_splits or default_num_splits(q.device, batch, kv_heads)
+    part_o = torch.empty((n, heads, splits, head_dim) if splits > 1 else (1,), dtype=torch.float32, device=q.device)
+    part_lse = torch.empty((n, heads, splits) if splits > 1 else (1,), dtype=torch.float32, device=q.device)
+    block_m = max(16, triton.next_power_of_2(max_seqlen * consts["GROUP"]))
+    _decode_kernel[(kv_heads, batch, splits)](*args, cu_seqlens, context_lens, scale * LOG2E, part_o, part_lse, splits,
+                                              BLOCK_M=block_m, **consts)
+    if splits > 1:
+        g = out if gate is None else gate
+        _merge_kernel[(heads, max_seqlen, batch)](
+            part_o, part_lse, out, g, cu_seqlens, context_lens, out.stride(0), out.stride(1), g.stride(0),
+            g.stride(1), splits, HEADS=heads, HEAD_DIM=head_dim, SPLITS_POW2=triton.next_power_of_2(splits),
+            HAS_GATE=gate is not None,
+            num_warps=8)
+    return out
