@@ -30,9 +30,26 @@ def _positive(flag: str):
     return parse
 
 
-def _add_model_options(p: argparse.ArgumentParser) -> None:
+def _kv_capacity(text: str) -> int | str:
+    if text == "auto":
+        return text
+    return _positive("--kv-capacity")(text)
+
+
+def _add_model_options(p: argparse.ArgumentParser, engine: bool = False) -> None:
     p.add_argument("--device", help="torch device, e.g. cuda, cuda:1, cpu (default: cuda if available)")
     p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], help="compute dtype (default: bf16 on GPU, fp32 on CPU)")
+    if not engine:
+        return
+    p.add_argument("--max-context", type=_positive("--max-context"), default=4096, metavar="N",
+                   help="most tokens per sequence, prompt + output (default 4096)")
+    p.add_argument("--kv-capacity", type=_kv_capacity, metavar="N|auto",
+                   help="KV pool size in tokens, or 'auto' to fill free GPU memory (default: --max-context)")
+    p.add_argument("--kv-dtype", choices=["auto", "bf16", "fp8", "int8"], default="auto",
+                   help="KV cache storage (default: the model dtype)")
+    p.add_argument("--prefill-chunk", type=_positive("--prefill-chunk"), default=1024, metavar="N",
+                   help="prompt tokens per prefill step (default 1024)")
+    p.add_argument("--no-cuda-graphs", action="store_true", help="run decode steps eagerly")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -57,7 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--top-k", type=int, metavar="K", help="sample among the K most likely tokens, 0 = all")
     gen.add_argument("--seed", type=int, metavar="N", help="sampling seed (default: random)")
     gen.add_argument("--no-thinking", action="store_true", help="turn the model's reasoning phase off")
-    _add_model_options(gen)
+    gen.add_argument("--stop", action="append", metavar="TEXT", help="stop at this text (repeatable)")
+    _add_model_options(gen, engine=True)
 
     ppl = sub.add_parser("ppl", help="perplexity of a text file",
                          description="Score a UTF-8 text file with sliding windows and print tokens, mean NLL "
@@ -89,10 +107,10 @@ def _read_messages(path: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any
     return messages, tools
 
 
-def _load(args: argparse.Namespace):
+def _load(args: argparse.Namespace, **engine):
     import ninfer
 
-    return ninfer.load(args.model, device=args.device, dtype=args.dtype)
+    return ninfer.load(args.model, device=args.device, dtype=args.dtype, **engine)
 
 
 def run_generate(args: argparse.Namespace) -> None:
@@ -104,22 +122,32 @@ def run_generate(args: argparse.Namespace) -> None:
             raise CliError(f"{flag} is out of range: {value}")
     messages, tools = _read_messages(args.messages) if args.messages else (
         [{"role": "user", "content": args.prompt}], None)
-    llm = _load(args)
+    llm = _load(args, max_concurrency=1, max_context=args.max_context, kv_capacity=args.kv_capacity,
+                kv_dtype=args.kv_dtype, prefill_chunk=args.prefill_chunk, cuda_graphs=not args.no_cuda_graphs)
     sampling = dict(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
                     greedy=args.greedy)
     if args.raw:
-        completion = llm.generate(args.prompt, max_new_tokens=args.max_new, **sampling)
+        completion = llm.generate(args.prompt, max_new_tokens=args.max_new, stop=args.stop, **sampling)
     else:
         completion = llm.chat(messages, tools=tools, enable_thinking=not args.no_thinking,
-                              max_new_tokens=args.max_new, **sampling)
+                              max_new_tokens=args.max_new, stop=args.stop, **sampling)
     if completion.reasoning:
         print(f"[reasoning]\n{completion.reasoning}\n[/reasoning]", file=sys.stderr)
     print(completion.text)
+    print(_report(llm, completion), file=sys.stderr)
+
+
+def _report(llm, completion) -> str:
+    import torch
+
     n = len(completion.token_ids)
     prefill_rate = completion.prompt_tokens / completion.ttft_s if completion.ttft_s else 0.0
-    print(f"prompt {completion.prompt_tokens} tok | generated {n} tok ({completion.finish_reason}) | "
-          f"TTFT {completion.ttft_s * 1000:.1f} ms ({prefill_rate:.0f} tok/s prefill) | "
-          f"decode {completion.decode_tokens_per_s:.1f} tok/s", file=sys.stderr)
+    memory = ""
+    if llm.device.type == "cuda":
+        memory = f" | GPU memory {torch.cuda.max_memory_allocated(llm.device) / (1 << 30):.2f} GiB peak"
+    return (f"prompt {completion.prompt_tokens} tok | generated {n} tok ({completion.finish_reason}) | "
+            f"TTFT {completion.ttft_s * 1000:.1f} ms ({prefill_rate:.0f} tok/s prefill) | "
+            f"decode {completion.decode_tokens_per_s:.1f} tok/s{memory}")
 
 
 def run_ppl(args: argparse.Namespace) -> None:

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,16 +13,20 @@ import torch
 from ninfer.checkpoint import LoadReport, load_weights, materialize, resolve_model_path
 from ninfer.config import ModelConfig, load_config
 from ninfer.models.qwen3_5 import Qwen3_5TextModel
-from ninfer.runtime.sampling import SamplingParams, make_generator, sample_reference
+from ninfer.runtime.engine import Engine, EngineConfig
+from ninfer.runtime.output import OutputProcessor
+from ninfer.runtime.request import Request, Status
+from ninfer.runtime.sampling import SamplingParams
+from ninfer.runtime.scheduler import QueueFull
 from ninfer.runtime.sequence import SequenceRunner
-from ninfer.tokenizer import Tokenizer, split_reasoning, stop_token_ids
+from ninfer.tokenizer import Tokenizer, stop_token_ids
 
 SCORE_SLICE = 256  # rows of logits materialised at once while scoring (V is 248k wide)
 
 
 @dataclass
 class Completion:
-    """One generated continuation."""
+    """One generated continuation (``text`` is the answer; ``reasoning`` the thinking of a chat reply)."""
 
     text: str
     token_ids: list[int]
@@ -50,18 +53,21 @@ class ScoreWindow:
 
 
 class LLM:
-    """A loaded Qwen3.5 checkpoint with its tokenizer."""
+    """A loaded Qwen3.5 checkpoint with its tokenizer and its batching engine."""
 
-    def __init__(self, model: Qwen3_5TextModel, tokenizer: Tokenizer, model_dir: Path, report: LoadReport) -> None:
+    def __init__(self, model: Qwen3_5TextModel, tokenizer: Tokenizer, model_dir: Path, report: LoadReport,
+                 engine_config: EngineConfig) -> None:
         self.model = model
         self.config: ModelConfig = model.config
         self.tokenizer = tokenizer
         self.model_dir = model_dir
         self.load_report = report
-        self.stop_ids = stop_token_ids(model_dir, tokenizer, self.config.eos_token_ids)
+        self.stop_ids = frozenset(stop_token_ids(model_dir, tokenizer, self.config.eos_token_ids))
         self.valid_vocab = min(self.config.vocab_size, tokenizer.vocab_size)
         self.defaults = _generation_defaults(model_dir)
-        self.runner = SequenceRunner(model)
+        self.engine = Engine(model, lambda req: OutputProcessor(req, tokenizer, self.stop_ids), engine_config,
+                             vocab_limit=self.valid_vocab)
+        self.runner = SequenceRunner(model, kv_dtype=engine_config.kv_dtype)  # scoring runs outside the engine's pool
 
     @property
     def device(self) -> torch.device:
@@ -88,12 +94,14 @@ class LLM:
         seed: int | None = None,
         greedy: bool = False,
         stop_token_ids: list[int] | None = None,
+        stop: list[str] | None = None,
     ) -> Completion | list[Completion]:
-        """Continue raw prompt text (no chat template); a list of prompts gives a list of completions."""
+        """Continue raw prompt text (no chat template); a list of prompts runs concurrently and gives a list."""
         params = self.sampling_params(temperature, top_p, top_k, seed, greedy)
         prompts = [prompt_or_prompts] if isinstance(prompt_or_prompts, str) else list(prompt_or_prompts)
-        results = [self.generate_ids(self.tokenizer.encode(p), max_new_tokens, params, stop_token_ids)
-                   for p in prompts]
+        requests = [self._request(self.tokenizer.encode(p), max_new_tokens, params, stop_token_ids, stop)
+                    for p in prompts]
+        results = self._run(requests)
         return results[0] if isinstance(prompt_or_prompts, str) else results
 
     def chat(
@@ -103,45 +111,58 @@ class LLM:
         tools: list[dict[str, Any]] | None = None,
         enable_thinking: bool = True,
         max_new_tokens: int = 1024,
+        stop: list[str] | None = None,
         **sampling: Any,
     ) -> Completion:
         """Apply the chat template, generate, and split the reasoning from the answer."""
         prompt = self.tokenizer.apply_chat_template(messages, tools=tools, enable_thinking=enable_thinking)
-        params = self.sampling_params(**sampling)
-        completion = self.generate_ids(self.tokenizer.encode(prompt), max_new_tokens, params)
-        completion.reasoning, completion.text = split_reasoning(completion.text, enable_thinking)
-        return completion
+        req = self._request(self.tokenizer.encode(prompt), max_new_tokens, self.sampling_params(**sampling),
+                            None, stop, thinking=enable_thinking)
+        return self._run([req])[0]
+
+    def stream(self, prompt: str, max_new_tokens: int = 256, **sampling: Any) -> Iterator[str]:
+        """Yield text deltas of one raw-prompt completion as they are produced."""
+        req = self._request(self.tokenizer.encode(prompt), max_new_tokens, self.sampling_params(**sampling))
+        self.engine.add_request(req)
+        try:
+            while req.status != Status.FINISHED:
+                for event in self.engine.step():
+                    if event.request_id == req.request_id and event.text:
+                        yield event.text
+        finally:
+            if req.status != Status.FINISHED:
+                self.engine.cancel(req.request_id)
 
     def generate_ids(self, prompt_ids: list[int], max_new_tokens: int, params: SamplingParams,
                      stop_token_ids: list[int] | None = None) -> Completion:
+        return self._run([self._request(prompt_ids, max_new_tokens, params, stop_token_ids)])[0]
+
+    def _request(self, prompt_ids: list[int], max_new_tokens: int, params: SamplingParams,
+                 stop_token_ids: list[int] | None = None, stop: list[str] | None = None,
+                 thinking: bool | None = None) -> Request:
         if not prompt_ids:
             raise ValueError("the prompt is empty: at least one token is needed")
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        stops = self.stop_ids | set(stop_token_ids or ())
-        generator = make_generator(params, self.device)
-        start = time.perf_counter()
-        self.runner.start(len(prompt_ids) + max_new_tokens)
-        hidden = self.runner.extend(prompt_ids)[-1:]
-        out: list[int] = []
-        finish = "length"
-        ttft = 0.0
-        while True:
-            logits = self.model.logits(hidden)[0, : self.valid_vocab]
-            token = sample_reference(logits, params, generator)
-            out.append(token)
-            if len(out) == 1:
-                ttft = time.perf_counter() - start
-            if token in stops:
-                finish = "stop"
-                break
-            if len(out) == max_new_tokens:
-                break
-            hidden = self.runner.extend([token])
-        text_ids = out[:-1] if finish == "stop" else out
-        return Completion(text=self.tokenizer.decode(text_ids), token_ids=out, finish_reason=finish,
-                          prompt_tokens=len(prompt_ids), ttft_s=ttft,
-                          decode_s=time.perf_counter() - start - ttft)
+        return Request(prompt_ids=prompt_ids, params=params, max_new_tokens=max_new_tokens,
+                       stop_token_ids=frozenset(stop_token_ids or ()), stop_strings=tuple(stop or ()),
+                       thinking=thinking)
+
+    def _run(self, requests: list[Request]) -> list[Completion]:
+        """Run requests to completion through the engine (queueing those beyond its lanes)."""
+        pending = list(requests)
+        texts = {r.request_id: ["", ""] for r in requests}
+        while pending or self.engine.has_work:
+            while pending:
+                try:
+                    self.engine.add_request(pending[0])
+                except QueueFull:
+                    break
+                pending.pop(0)
+            for event in self.engine.step():
+                texts[event.request_id][0] += event.text
+                texts[event.request_id][1] += event.reasoning
+        return [_completion(r, *texts[r.request_id]) for r in requests]
 
     def score(self, token_ids: list[int], context: int | None = None, stride: int | None = None) -> torch.Tensor:
         """Log-probability (fp32) of each token ``1..n-1`` given its prefix.
@@ -179,6 +200,14 @@ class LLM:
             scored_until, start = end, start + stride
 
 
+def _completion(req: Request, text: str, reasoning: str) -> Completion:
+    ttft = (req.first_token_time or req.arrival) - req.arrival
+    decode = (req.finish_time or req.arrival) - (req.first_token_time or req.arrival)
+    return Completion(text=text, token_ids=list(req.output_ids), finish_reason=req.finish_reason or "error",
+                      prompt_tokens=len(req.prompt_ids), reasoning=reasoning if req.thinking else None,
+                      ttft_s=ttft, decode_s=decode)
+
+
 def _generation_defaults(model_dir: Path) -> dict[str, Any]:
     path = model_dir / "generation_config.json"
     if not path.is_file():
@@ -196,11 +225,21 @@ def load(
     device: str | torch.device | None = None,
     dtype: torch.dtype | str | None = None,
     *,
+    max_concurrency: int = 4,
+    max_context: int = 4096,
+    kv_capacity: int | str | None = None,
+    kv_dtype: str = "auto",
+    prefill_chunk: int = 1024,
+    cuda_graphs: bool = True,
     progress: bool = True,
 ) -> LLM:
     """Load a Qwen3.5-family checkpoint (local directory or Hub id; the bundled default model if None).
 
-    Defaults: CUDA when available else CPU; bf16 on GPU, fp32 on CPU.
+    Defaults: CUDA when available else CPU; bf16 on GPU, fp32 on CPU. The engine serves up to
+    ``max_concurrency`` (1-8) sequences of at most ``max_context`` tokens each from one KV pool of
+    ``kv_capacity`` tokens (default ``max_concurrency * max_context``; ``"auto"`` fills free GPU
+    memory); ``kv_dtype`` is "auto" (model dtype), "bf16", "fp8" or "int8"; prompts prefill in
+    chunks of ``prefill_chunk`` tokens; decode steps replay CUDA graphs unless ``cuda_graphs=False``.
     """
     if path_or_hub_id is None:
         from ninfer.default_model import default_model_path
@@ -220,7 +259,9 @@ def load(
     report = load_weights(model, model_dir, device, dtype=dtype, tied_lm_head=config.tie_word_embeddings,
                           progress=progress)
     model.register_buffer("inv_freq", _inv_freq(config, device), persistent=False)
-    return LLM(model.eval(), tokenizer, model_dir, report)
+    engine_config = EngineConfig(max_concurrency=max_concurrency, max_context=max_context, kv_capacity=kv_capacity,
+                                 kv_dtype=kv_dtype, prefill_chunk=prefill_chunk, cuda_graphs=cuda_graphs)
+    return LLM(model.eval(), tokenizer, model_dir, report, engine_config)
 
 
 def _inv_freq(config: ModelConfig, device: torch.device) -> torch.Tensor:

@@ -5,9 +5,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-THINK_END = "</think>"
-
-
 class Tokenizer:
     """Byte-level BPE tokenizer plus the checkpoint's chat template (thinking on by default)."""
 
@@ -65,13 +62,3 @@ def stop_token_ids(model_dir: Path, tokenizer: Tokenizer, config_eos: tuple[int,
     if tokenizer.hf.eos_token_id is not None:
         ids.add(tokenizer.hf.eos_token_id)
     return ids
-
-
-def split_reasoning(text: str, thinking: bool) -> tuple[str | None, str]:
-    """``(reasoning, answer)`` of a chat completion whose prompt opened ``<think>``."""
-    if not thinking:
-        return None, text
-    if THINK_END not in text:
-        return text.strip(), ""  # still thinking when it stopped
-    reasoning, answer = text.split(THINK_END, 1)
-    return reasoning.strip(), answer.lstrip("\n")

@@ -5,7 +5,7 @@ import torch
 
 import ninfer
 from ninfer.runtime.sampling import SamplingParams, sample_reference
-from ninfer.tokenizer import split_reasoning
+from ninfer.runtime.reasoning import split_final
 from tiny_checkpoints import TinyCheckpoint
 
 
@@ -49,8 +49,8 @@ def test_chat_splits_reasoning_and_thinking_switch(dense_ckpt: TinyCheckpoint) -
     assert off.endswith("<think>\n\n</think>\n\n")
     reply = llm.chat(messages, enable_thinking=False, max_new_tokens=4, greedy=True)
     assert reply.reasoning is None and reply.prompt_tokens == len(llm.tokenizer.encode(off))
-    assert split_reasoning("I think.\n</think>\n\nAnswer", True) == ("I think.", "Answer")
-    assert split_reasoning("still going", True) == ("still going", "")
+    assert split_final("I think.\n</think>\n\nAnswer", True) == ("I think.", "Answer")
+    assert split_final("still going", True) == ("still going", "")
 
 
 def test_default_model_loads_and_generates(monkeypatch, tmp_path) -> None:

@@ -14,7 +14,7 @@ from ninfer.kernels.attention import paged_attention, write_kv
 from ninfer.kernels.conv import causal_conv1d
 from ninfer.kernels.deltanet import gated_delta_rule
 from ninfer.kernels.norms import gated_rms_norm, rms_norm
-from ninfer.kernels.rope import apply_rope
+from ninfer.kernels.rope import qk_norm_rope
 from ninfer.models.batch import ForwardBatch
 from ninfer.models.cache import ModelCache
 
@@ -82,16 +82,17 @@ class GatedAttention(nn.Module):
     ) -> torch.Tensor:
         n = x.shape[0]
         q, gate = self.q_proj(x).view(n, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
-        q, _ = self.q_norm(q)
-        k, _ = self.k_norm(self.k_proj(x).view(n, self.num_kv_heads, self.head_dim))
+        k = self.k_proj(x).view(n, self.num_kv_heads, self.head_dim)
         v = self.v_proj(x).view(n, self.num_kv_heads, self.head_dim)
-        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        # Per-head q/k norm, then partial RoPE: one fused op.
+        q, k = qk_norm_rope(q, k, self.q_norm.weight, self.k_norm.weight, *rope, self.q_norm.eps)
 
         kv = cache.kv[self.layer_idx]
         write_kv(k, v, kv, batch.slot_mapping)
+        # The sigmoid output gate is fused into the attention epilogue.
         o = paged_attention(q, kv, batch.block_tables, batch.cu_seqlens, batch.context_lens,
-                            self.head_dim ** -0.5, batch.max_seqlen)
-        return self.o_proj(o.reshape(n, -1) * torch.sigmoid(gate.reshape(n, -1)))
+                            self.head_dim ** -0.5, batch.max_seqlen, gate=gate)
+        return self.o_proj(o.reshape(n, -1))
 
 
 class GatedDeltaNet(nn.Module):

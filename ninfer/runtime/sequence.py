@@ -15,10 +15,12 @@ from ninfer.models.qwen3_5 import Qwen3_5TextModel
 class SequenceRunner:
     """Owns a one-slot cache sized for the longest sequence seen so far."""
 
-    def __init__(self, model: Qwen3_5TextModel, *, page_size: int = 64, prefill_chunk: int = 1024) -> None:
+    def __init__(self, model: Qwen3_5TextModel, *, page_size: int = 64, prefill_chunk: int = 1024,
+                 kv_dtype: str = "auto") -> None:
         self.model = model
         self.page_size = page_size
         self.prefill_chunk = prefill_chunk
+        self.kv_dtype = kv_dtype
         self.cache: ModelCache | None = None
         self.length = 0
 
@@ -32,7 +34,8 @@ class SequenceRunner:
         if self.cache is None or self.cache.num_pages < pages:
             self.cache = None  # free the old pool before allocating the larger one
             self.cache = ModelCache(self.model.config, num_pages=pages, page_size=self.page_size, num_slots=1,
-                                    device=self.device, dtype=self.model.embed_tokens.weight.dtype)
+                                    device=self.device, dtype=self.model.embed_tokens.weight.dtype,
+                                    kv_dtype=self.kv_dtype)
         self.cache.reset_slot(0)
         self.length = 0
 

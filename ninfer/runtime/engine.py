@@ -1,0 +1,172 @@
+"""The engine: continuous batching of up to 8 sequences over one shared KV pool.
+
+``step()`` is the whole loop: the scheduler admits and plans, the model runs one decode batch
+(replayed from a CUDA graph on GPU) and at most one prefill chunk, the sampler picks tokens, and
+each request's output processor turns tokens into text events and decides when it stops.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from ninfer.models.batch import ForwardBatch
+from ninfer.models.cache import ModelCache
+from ninfer.models.qwen3_5 import Qwen3_5TextModel
+from ninfer.runtime.graphs import DecodeGraphs
+from ninfer.runtime.memory import MemoryPlan, plan_memory
+from ninfer.runtime.output import OutputProcessor
+from ninfer.runtime.pools import PagePool, SlotPool
+from ninfer.runtime.request import Request, RequestOutput, Status
+from ninfer.runtime.sampler import Sampler
+from ninfer.runtime.scheduler import Scheduler
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    max_concurrency: int = 1
+    max_context: int = 4096
+    kv_capacity: int | str | None = None  # tokens; "auto" fills free memory; None = max_concurrency * max_context
+    kv_dtype: str = "auto"
+    prefill_chunk: int = 1024
+    cuda_graphs: bool = True
+    page_size: int = 64
+    max_pending: int = 64
+
+
+class Engine:
+    def __init__(self, model: Qwen3_5TextModel, make_output: Callable[[Request], OutputProcessor],
+                 config: EngineConfig, *, vocab_limit: int) -> None:
+        self.model, self.config, self.make_output = model, config, make_output
+        self.device = model.embed_tokens.weight.device
+        self.plan: MemoryPlan = plan_memory(model.config, config, self.device, model.embed_tokens.weight.dtype)
+        self.cache = ModelCache(model.config, num_pages=self.plan.num_pages, page_size=config.page_size,
+                                num_slots=config.max_concurrency, device=self.device,
+                                dtype=model.embed_tokens.weight.dtype, kv_dtype=config.kv_dtype)
+        self.pages, self.slots = PagePool(self.plan.num_pages), SlotPool(config.max_concurrency)
+        self.scheduler = Scheduler(max_concurrency=config.max_concurrency, max_context=config.max_context,
+                                   page_size=config.page_size, prefill_chunk=config.prefill_chunk,
+                                   pages=self.pages, slots=self.slots, max_pending=config.max_pending)
+        max_pages = -(-config.max_context // config.page_size)
+        self.lane_block_tables = torch.zeros(config.max_concurrency, max_pages, dtype=torch.int32, device=self.device)
+        self.sampler = Sampler(config.max_concurrency, model.config.vocab_size, vocab_limit, self.device)
+        self.outputs: dict[str, OutputProcessor] = {}
+        self.requests: dict[str, Request] = {}
+        self.graphs = None
+        if config.cuda_graphs and self.device.type == "cuda":
+            self.graphs = DecodeGraphs(model, self.cache, self.lane_block_tables, config.max_concurrency)
+
+    # -- requests ---------------------------------------------------------------------------
+    def add_request(self, req: Request) -> None:
+        """Queue a request; raises AdmissionError (never runnable) or QueueFull (try later)."""
+        self.scheduler.add(req)
+        self.requests[req.request_id] = req
+        self.outputs[req.request_id] = self.make_output(req)
+
+    def cancel(self, request_id: str) -> RequestOutput | None:
+        req = self.requests.get(request_id)
+        if req is None or req.status == Status.FINISHED:
+            return None
+        return self._finish(req, "cancelled")
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.scheduler.waiting or self.scheduler.running)
+
+    # -- the step -----------------------------------------------------------------------------
+    @torch.inference_mode()
+    def step(self) -> list[RequestOutput]:
+        for req in self.scheduler.admit():
+            self.cache.reset_slot(req.slot)
+            self.sampler.start(req)
+        plan = self.scheduler.plan()
+        events: list[RequestOutput] = []
+        if plan.decode:
+            tokens = self.sampler.sample(self._decode_logits(plan.decode), plan.decode)
+            for req, token in zip(plan.decode, tokens):
+                events.extend(self._append(req, token))
+        if plan.prefill is not None:
+            req = plan.prefill
+            logits = self._prefill_logits(req, plan.prefill_end)
+            if logits is not None:
+                events.extend(self._append(req, self.sampler.sample(logits, [req])[0]))
+        return events
+
+    def run_until_done(self) -> list[RequestOutput]:
+        events = []
+        while self.has_work:
+            events.extend(self.step())
+        return events
+
+    # -- model calls --------------------------------------------------------------------------
+    def _slots_for(self, req: Request, start: int, end: int) -> list[int]:
+        ps = self.config.page_size
+        new_pages = self.scheduler.ensure_pages(req, end)
+        if new_pages:
+            first = len(req.pages) - len(new_pages)
+            self.lane_block_tables[req.lane, first:len(req.pages)] = torch.tensor(new_pages, dtype=torch.int32)
+        return [req.pages[p // ps] * ps + p % ps for p in range(start, end)]
+
+    def _decode_logits(self, reqs: list[Request]) -> torch.Tensor:
+        dev = self.device
+        pos = [r.num_computed for r in reqs]
+        slot_mapping = [self._slots_for(r, p, p + 1)[0] for r, p in zip(reqs, pos)]
+        ids = torch.tensor([r.output_ids[-1] for r in reqs], dtype=torch.long)
+        positions = torch.tensor(pos, dtype=torch.long).expand(3, len(reqs))
+        context = torch.tensor([p + 1 for p in pos], dtype=torch.int32)
+        lanes = torch.tensor([r.lane for r in reqs], dtype=torch.long)
+        state_slots = torch.tensor([r.slot for r in reqs], dtype=torch.long)
+        slots = torch.tensor(slot_mapping, dtype=torch.long)
+        for r in reqs:
+            r.num_computed += 1
+        if self.graphs is not None:
+            return self.graphs.run(ids, positions, context, slots, lanes, state_slots)
+        lanes = lanes.to(dev)
+        batch = ForwardBatch(
+            input_ids=ids.to(dev), positions=positions.to(dev),
+            cu_seqlens=torch.arange(len(reqs) + 1, dtype=torch.int32, device=dev),
+            context_lens=context.to(dev), block_tables=self.lane_block_tables[lanes],
+            slot_mapping=slots.to(dev), state_slots=state_slots.to(dev), max_seqlen=1,
+        )
+        return self.model.logits(self.model(batch, self.cache))
+
+    def _prefill_logits(self, req: Request, end: int) -> torch.Tensor | None:
+        dev, start = self.device, req.num_computed
+        slots = self._slots_for(req, start, end)
+        positions = torch.arange(start, end, device=dev)
+        batch = ForwardBatch(
+            input_ids=torch.tensor(req.prompt_ids[start:end], dtype=torch.long, device=dev),
+            positions=positions.expand(3, end - start),
+            cu_seqlens=torch.tensor([0, end - start], dtype=torch.int32, device=dev),
+            context_lens=torch.tensor([end], dtype=torch.int32, device=dev),
+            block_tables=self.lane_block_tables[req.lane:req.lane + 1],
+            slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
+            state_slots=torch.tensor([req.slot], dtype=torch.long, device=dev), max_seqlen=end - start,
+        )
+        hidden = self.model(batch, self.cache)
+        req.num_computed = end
+        return self.model.logits(hidden[-1:]) if end == len(req.prompt_ids) else None
+
+    # -- outputs --------------------------------------------------------------------------------
+    def _append(self, req: Request, token: int) -> list[RequestOutput]:
+        req.output_ids.append(token)
+        if req.first_token_time is None:
+            req.first_token_time = time.perf_counter()
+        processor = self.outputs[req.request_id]
+        event = processor.push(token)
+        if processor.finish_reason is not None:
+            return [self._finish(req, processor.finish_reason, event)]
+        if len(req.output_ids) >= req.max_new_tokens:
+            return [self._finish(req, "length", event)]
+        return [event] if event.token_ids else []
+
+    def _finish(self, req: Request, reason: str, event: RequestOutput | None = None) -> RequestOutput:
+        self.scheduler.finish(req)
+        self.sampler.finish(req)
+        req.finish_reason, req.finish_time = reason, time.perf_counter()
+        processor = self.outputs.pop(req.request_id)
+        self.requests.pop(req.request_id, None)
+        final = processor.finish(event, reason)
+        return final

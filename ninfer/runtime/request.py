@@ -1,0 +1,70 @@
+"""A generation request and the events it produces."""
+from __future__ import annotations
+
+import enum
+import itertools
+import time
+from dataclasses import dataclass, field
+
+from ninfer.runtime.sampling import SamplingParams
+
+_ids = itertools.count()
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class RequestOutput:
+    """One event of a request's stream: new tokens and text, and on the last event the finish reason."""
+
+    request_id: str
+    token_ids: list[int]
+    text: str = ""
+    reasoning: str = ""
+    finished: bool = False
+    finish_reason: str | None = None  # "stop", "length", "cancelled", or "error"
+    error: str | None = None
+
+
+@dataclass
+class Request:
+    """Everything the engine needs to run one sequence, plus where its state lives while it runs."""
+
+    prompt_ids: list[int]
+    params: SamplingParams
+    max_new_tokens: int
+    stop_token_ids: frozenset[int] = frozenset()
+    stop_strings: tuple[str, ...] = ()
+    thinking: bool | None = None  # None: raw text; True/False: a chat reply (reasoning split applies)
+    request_id: str = field(default_factory=lambda: f"req-{next(_ids)}")
+
+    status: Status = Status.WAITING
+    output_ids: list[int] = field(default_factory=list)
+    num_computed: int = 0  # tokens whose KV and DeltaNet state are in the cache
+    pages: list[int] = field(default_factory=list)
+    reserved_pages: int = 0
+    lane: int | None = None
+    slot: int | None = None
+    finish_reason: str | None = None
+    arrival: float = field(default_factory=time.perf_counter)
+    first_token_time: float | None = None
+    finish_time: float | None = None
+
+    @property
+    def total_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def prefill_done(self) -> bool:
+        return self.num_computed >= len(self.prompt_ids)
+
+    def tokens(self, start: int, end: int) -> list[int]:
+        """Token ids ``[start, end)`` of prompt followed by output."""
+        n = len(self.prompt_ids)
+        if end <= n:
+            return self.prompt_ids[start:end]
+        return (self.prompt_ids[start:] if start < n else []) + self.output_ids[max(0, start - n):end - n]

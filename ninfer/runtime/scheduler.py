@@ -1,0 +1,113 @@
+"""Admission and step planning: which sequences decode and which prompt chunk prefills this step.
+
+Up to ``max_concurrency`` sequences are resident (one lane and one state slot each). Every step
+decodes all resident sequences whose prompt is done and prefills at most one chunk of the oldest
+unfinished prompt, so a long prompt never stalls decoding for more than one chunk.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from ninfer.runtime.pools import PagePool, SlotPool
+from ninfer.runtime.request import Request, Status
+
+
+class AdmissionError(ValueError):
+    """A request the engine can never run (too long for the context or the pool)."""
+
+
+class QueueFull(RuntimeError):
+    """The bounded wait queue is full; the caller may retry later."""
+
+
+@dataclass
+class StepPlan:
+    decode: list[Request]
+    prefill: Request | None
+    prefill_end: int = 0  # the chunk is prompt tokens [prefill.num_computed, prefill_end)
+
+
+class Scheduler:
+    def __init__(self, *, max_concurrency: int, max_context: int, page_size: int, prefill_chunk: int,
+                 pages: PagePool, slots: SlotPool, max_pending: int = 64) -> None:
+        if not 1 <= max_concurrency <= 8:
+            raise ValueError(f"max_concurrency must be in 1..8, got {max_concurrency}")
+        if prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
+        self.max_context = max_context
+        self.page_size = page_size
+        self.prefill_chunk = prefill_chunk
+        self.pages, self.slots = pages, slots
+        self.max_pending = max_pending
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.free_lanes: deque[int] = deque(range(max_concurrency))
+
+    def pages_for(self, tokens: int) -> int:
+        return -(-tokens // self.page_size)
+
+    def add(self, req: Request) -> None:
+        """Validate and enqueue; raises :class:`AdmissionError` or :class:`QueueFull`."""
+        n = len(req.prompt_ids)
+        if n == 0:
+            raise AdmissionError("the prompt is empty: at least one token is needed")
+        if n >= self.max_context:
+            raise AdmissionError(f"the prompt has {n} tokens but max_context is {self.max_context} "
+                                 f"(room is needed for at least one generated token)")
+        pool_tokens = self.pages.num_pages * self.page_size
+        if n >= pool_tokens:
+            raise AdmissionError(f"the prompt has {n} tokens but the KV pool holds only {pool_tokens} tokens")
+        # The sequence never grows past the context or the pool: the rest of the budget is "length".
+        req.max_new_tokens = min(req.max_new_tokens, self.max_context - n, pool_tokens - n)
+        if len(self.waiting) >= self.max_pending:
+            raise QueueFull(f"the wait queue is full ({self.max_pending} requests)")
+        self.waiting.append(req)
+
+    def admit(self) -> list[Request]:
+        """Move waiting requests (in FIFO order) into free lanes while their pages can be reserved."""
+        admitted = []
+        while self.waiting and self.free_lanes and self.slots.num_free:
+            req = self.waiting[0]
+            need = self.pages_for(len(req.prompt_ids) + req.max_new_tokens)
+            if not self.pages.reserve(need):
+                break  # head-of-line: later requests wait their turn rather than overtake
+            self.waiting.popleft()
+            req.reserved_pages = need
+            req.lane, req.slot = self.free_lanes.popleft(), self.slots.acquire()
+            req.status = Status.RUNNING
+            self.running.append(req)
+            admitted.append(req)
+        return admitted
+
+    def plan(self) -> StepPlan:
+        decode = [r for r in self.running if r.prefill_done]
+        prefill = next((r for r in self.running if not r.prefill_done), None)
+        end = min(prefill.num_computed + self.prefill_chunk, len(prefill.prompt_ids)) if prefill else 0
+        return StepPlan(decode, prefill, end)
+
+    def ensure_pages(self, req: Request, upto_tokens: int) -> list[int]:
+        """Take reserved pages until the sequence can hold ``upto_tokens``; returns the new pages."""
+        new = []
+        while len(req.pages) * self.page_size < upto_tokens:
+            assert req.reserved_pages > 0, "sequence outgrew its reservation"
+            req.reserved_pages -= 1
+            page = self.pages.take_reserved()
+            req.pages.append(page)
+            new.append(page)
+        return new
+
+    def finish(self, req: Request) -> None:
+        """Return a resident or waiting request's lane, slot, pages and reservation."""
+        if req in self.running:
+            self.running.remove(req)
+            self.pages.release(req.pages)
+            self.pages.unreserve(req.reserved_pages)
+            req.pages, req.reserved_pages = [], 0
+            assert req.lane is not None and req.slot is not None
+            self.free_lanes.append(req.lane)
+            self.slots.release(req.slot)
+            req.lane = req.slot = None
+        elif req in self.waiting:
+            self.waiting.remove(req)
+        req.status = Status.FINISHED

@@ -1,0 +1,140 @@
+"""The batching engine: batched == one at a time, chunking is invisible, resources always balance."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import ninfer
+from ninfer.runtime.request import Request
+from ninfer.runtime.scheduler import AdmissionError, QueueFull
+from tiny_checkpoints import TinyCheckpoint
+
+
+def _prompts(lengths: list[int], seed: int = 0) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, 448, (n,), generator=g).tolist() for n in lengths]
+
+
+def _assert_balanced(llm: ninfer.LLM) -> None:
+    engine = llm.engine
+    assert not engine.has_work and not engine.requests and not engine.outputs
+    assert engine.pages.num_free == engine.pages.num_pages and engine.pages.reserved == 0
+    assert engine.slots.num_free == engine.slots.num_slots
+    assert len(engine.scheduler.free_lanes) == engine.config.max_concurrency
+
+
+def _greedy(llm: ninfer.LLM, prompt: list[int], n: int = 12, **kw) -> Request:
+    return llm._request(prompt, n, llm.sampling_params(greedy=True), **kw)
+
+
+@pytest.fixture(scope="module")
+def solo(dense_ckpt: TinyCheckpoint) -> ninfer.LLM:
+    return ninfer.load(dense_ckpt.path, device="cpu", max_concurrency=1, progress=False)
+
+
+def test_batched_equals_one_at_a_time_with_staggered_arrivals(dense_ckpt: TinyCheckpoint, solo) -> None:
+    prompts = _prompts([5, 70, 1, 33, 130])
+    expected = [solo._run([_greedy(solo, p)])[0].token_ids for p in prompts]
+    _assert_balanced(solo)
+    llm = ninfer.load(dense_ckpt.path, device="cpu", max_concurrency=3, prefill_chunk=16, progress=False)
+    reqs = [_greedy(llm, p) for p in prompts]
+    llm.engine.add_request(reqs[0])
+    llm.engine.add_request(reqs[1])
+    llm.engine.step()
+    llm.engine.step()
+    for r in reqs[2:]:  # arrive mid-flight, one per step
+        llm.engine.add_request(r)
+        llm.engine.step()
+    llm.engine.run_until_done()
+    assert [r.output_ids for r in reqs] == expected
+    _assert_balanced(llm)
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 64, 1000])
+def test_prefill_chunk_size_is_invisible(moe_ckpt: TinyCheckpoint, chunk: int) -> None:
+    prompt = _prompts([150], seed=1)[0]
+    ref = ninfer.load(moe_ckpt.path, device="cpu", max_concurrency=1, prefill_chunk=4096, progress=False)
+    llm = ninfer.load(moe_ckpt.path, device="cpu", max_concurrency=1, prefill_chunk=chunk, progress=False)
+    assert llm.generate_ids(prompt, 10, llm.sampling_params(greedy=True)).token_ids == \
+        ref.generate_ids(prompt, 10, ref.sampling_params(greedy=True)).token_ids
+    _assert_balanced(llm)
+
+
+def test_full_pool_makes_requests_wait_not_fail(dense_ckpt: TinyCheckpoint, solo) -> None:
+    prompts = _prompts([60, 60, 60], seed=2)
+    expected = [solo._run([_greedy(solo, p, 20)])[0].token_ids for p in prompts]
+    # Room for one 80-token sequence at a time although three lanes exist.
+    llm = ninfer.load(dense_ckpt.path, device="cpu", max_concurrency=3, kv_capacity=128, progress=False)
+    reqs = [_greedy(llm, p, 20) for p in prompts]
+    for r in reqs:
+        llm.engine.add_request(r)
+    llm.engine.step()
+    assert len(llm.engine.scheduler.running) == 1 and len(llm.engine.scheduler.waiting) == 2
+    llm.engine.run_until_done()
+    assert [r.output_ids for r in reqs] == expected
+    _assert_balanced(llm)
+
+
+def test_over_long_prompts_are_rejected_with_both_numbers(dense_ckpt: TinyCheckpoint) -> None:
+    llm = ninfer.load(dense_ckpt.path, device="cpu", max_concurrency=1, max_context=64, progress=False)
+    with pytest.raises(AdmissionError, match="prompt has 64 tokens but max_context is 64"):
+        llm.engine.add_request(_greedy(llm, _prompts([64])[0]))
+    small_pool = ninfer.load(dense_ckpt.path, device="cpu", max_context=1024, kv_capacity=64, progress=False)
+    with pytest.raises(AdmissionError, match="prompt has 100 tokens but the KV pool holds only 64 tokens"):
+        small_pool.engine.add_request(_greedy(small_pool, _prompts([100])[0]))
+    _assert_balanced(llm)
+    _assert_balanced(small_pool)
+
+
+def test_generation_stops_at_max_context(dense_ckpt: TinyCheckpoint) -> None:
+    llm = ninfer.load(dense_ckpt.path, device="cpu", max_concurrency=1, max_context=40, progress=False)
+    out = llm.generate_ids(_prompts([30])[0], 100, llm.sampling_params(greedy=True))
+    assert out.finish_reason == "length" and len(out.token_ids) == 10
+
+
+def test_seeds_reproduce_whatever_else_is_in_the_batch(dense_ckpt: TinyCheckpoint) -> None:
+    llm = ninfer.load(dense_ckpt.path, device="cpu", max_concurrency=3, progress=False)
+    params = ninfer.llm.SamplingParams(temperature=1.0, top_p=1.0, top_k=0, seed=11)
+    prompt = _prompts([9], seed=3)[0]
+    alone = llm._run([llm._request(prompt, 16, params)])[0].token_ids
+    others = [llm._request(p, 16, ninfer.llm.SamplingParams(temperature=1.0, seed=i)) for i, p in
+              enumerate(_prompts([4, 20], seed=4))]
+    together = llm._run([others[0], llm._request(prompt, 16, params), others[1]])
+    assert together[1].token_ids == alone
+    _assert_balanced(llm)
+
+
+def test_cancel_frees_lane_pages_and_slot(dense_ckpt: TinyCheckpoint) -> None:
+    llm = ninfer.load(dense_ckpt.path, device="cpu", max_concurrency=2, progress=False)
+    a, b = (_greedy(llm, p, 50) for p in _prompts([10, 10], seed=5))
+    llm.engine.add_request(a)
+    llm.engine.add_request(b)
+    llm.engine.step()
+    llm.engine.step()
+    final = llm.engine.cancel(a.request_id)
+    assert final is not None and final.finished and final.finish_reason == "cancelled"
+    assert llm.engine.cancel(a.request_id) is None
+    llm.engine.run_until_done()
+    assert b.finish_reason == "length"
+    _assert_balanced(llm)
+
+
+def test_bounded_queue(dense_ckpt: TinyCheckpoint) -> None:
+    llm = ninfer.load(dense_ckpt.path, device="cpu", max_concurrency=1, progress=False)
+    llm.engine.scheduler.max_pending = 2
+    for p in _prompts([3, 3], seed=6):
+        llm.engine.add_request(_greedy(llm, p, 2))
+    with pytest.raises(QueueFull):
+        llm.engine.add_request(_greedy(llm, [1, 2], 2))
+    llm.engine.run_until_done()
+    _assert_balanced(llm)
+
+
+def test_stream_and_stop_strings(dense_ckpt: TinyCheckpoint, solo) -> None:
+    full = solo.generate("hello there", max_new_tokens=20, greedy=True)
+    assert "".join(solo.stream("hello there", max_new_tokens=20, greedy=True)) == full.text
+    if len(full.text) > 6:
+        stop = full.text[3:6]
+        cut = solo.generate("hello there", max_new_tokens=20, greedy=True, stop=[stop])
+        assert cut.finish_reason == "stop" and cut.text == full.text[: full.text.index(stop)]
+    _assert_balanced(solo)
