@@ -28,6 +28,8 @@ class RequestOutput:
     finished: bool = False
     finish_reason: str | None = None  # "stop", "length", "cancelled", or "error"
     error: str | None = None
+    # With SamplingParams.logprobs set: per token, (token_id, logprob, [(alt_id, alt_logprob), ...]).
+    logprobs: list[tuple[int, float, list[tuple[int, float]]]] | None = None
 
 
 @dataclass

@@ -15,6 +15,11 @@ class SamplingParams:
     top_k: int = 0
     greedy: bool = False
     seed: int | None = None
+    min_p: float = 0.0
+    presence_penalty: float = 0.0  # OpenAI semantics, over generated tokens
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0  # HF semantics, over prompt and generated tokens
+    logprobs: int | None = None  # report the sampled token's logprob and this many top alternatives (0..20)
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -23,6 +28,15 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+        if not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2 <= getattr(self, name) <= 2:
+                raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
+        if self.repetition_penalty <= 0:
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        if self.logprobs is not None and not 0 <= self.logprobs <= 20:
+            raise ValueError(f"logprobs must be in [0, 20], got {self.logprobs}")
 
     @property
     def is_greedy(self) -> bool:
