@@ -26,11 +26,16 @@ import torch
 import triton
 import triton.language as tl
 
-from ninfer.kernels.deltanet_recurrent import check_head_dims, decay_beta, fit_block_v, l2_normalize
+from ninfer.kernels.deltanet_recurrent import check_head_dims, decay_beta, l2_normalize
 from ninfer.kernels.dispatch import autotune_configs
 
 CHUNK = 64
 SUB = 16  # side of the blocks of T
+# dv block of the state kernel; not smaller: with 16 or 32 (wgmma N = 16 / 32 in its chain of
+# dots) Triton 3.6 on sm_90 emits wgmma reads past the end of a shared-memory operand (memcheck:
+# invalid __shared__ read at the ``T @ (V - ...)`` dot), so 16-bit inputs fault with an illegal
+# address or, with num_stages = 2, give wrong results. 64 is clean in every config.
+BLOCK_V = 64
 
 
 @triton.jit
@@ -216,12 +221,8 @@ def _inverse_kernel(
 
 
 @triton.autotune(
-    configs=autotune_configs([
-        triton.Config({"BV": bv}, num_warps=w, num_stages=s)
-        for s in (1, 2) for bv in (16, 32, 64) for w in (4, 8)
-    ]),
-    key=["HV", "GROUP", "DK", "DV", "BATCH_LOG2"],
-    prune_configs_by={"early_config_prune": fit_block_v},
+    configs=autotune_configs([triton.Config({}, num_warps=w, num_stages=s) for s in (1, 2) for w in (4, 8)]),
+    key=["HV", "GROUP", "DK", "DV", "BV", "BATCH_LOG2"],
     restore_value=["state"],  # the state is updated in place: benchmarking configs must not advance it
 )
 @triton.jit
@@ -314,9 +315,9 @@ def gated_delta_rule_chunked_triton(
         kn, gam, bet, cu_seqlens, tmat, batch,
         HV=hv, GROUP=group, DK=dk, BK=min(dk, 64), BLOCK_B=block_b, C=CHUNK, BC=SUB,
     )
-    grid = lambda meta: (batch, hv, dv // meta["BV"])  # noqa: E731
-    _state_kernel[grid](
+    block_v = min(BLOCK_V, dv)
+    _state_kernel[(batch, hv, dv // block_v)](
         qn, kn, v, gam, tmat, pmat, state, o, cu_seqlens, slot_ids, v.stride(0), v.stride(1), state.stride(0),
-        batch.bit_length(), HV=hv, GROUP=group, DK=dk, DV=dv, C=CHUNK,
+        batch.bit_length(), HV=hv, GROUP=group, DK=dk, DV=dv, BV=block_v, C=CHUNK,
     )
     return o

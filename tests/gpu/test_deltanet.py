@@ -36,10 +36,16 @@ def _rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
     return ((x.float() - ref.float()).norm() / ref.float().norm()).item()
 
 
-def _tolerance(dtype: torch.dtype) -> float:
-    # bf16 inputs make the matmul operands bf16 (the state S is rounded where it feeds a matmul);
-    # fp32 inputs use tf32 matmuls.
-    return 2e-2 if dtype == torch.bfloat16 else 5e-3
+def _tolerances(launcher, dtype: torch.dtype) -> tuple[float, float]:
+    """(output, state) bounds, about 2.5x the errors measured on an H200.
+
+    Chunked: bf16 inputs make the matmul operands bf16 (the state is rounded where it feeds a
+    matmul): ~4e-3 / 3e-3; fp32 inputs use tf32 matmuls: ~2.2e-3 / 1.5e-3. Recurrent: all fp32,
+    so only the output's rounding to bf16 shows (~1.7e-3); its state matches to ~1e-7.
+    """
+    if launcher is gated_delta_rule_chunked_triton:
+        return (1e-2, 1e-2) if dtype == torch.bfloat16 else (5e-3, 5e-3)
+    return (5e-3 if dtype == torch.bfloat16 else 1e-4), 1e-4
 
 
 def _compare(launcher, lens: list[int], dtype: torch.dtype, seed: int, **kwargs) -> None:
@@ -53,10 +59,10 @@ def _compare(launcher, lens: list[int], dtype: torch.dtype, seed: int, **kwargs)
                                      inp["cu_seqlens"], slot_ids)
     torch.cuda.synchronize()
     assert out.dtype == dtype and torch.isfinite(out).all()
-    tol = _tolerance(dtype)
-    assert _rel_err(out, ref) < tol
+    out_tol, state_tol = _tolerances(launcher, dtype)
+    assert _rel_err(out, ref) < out_tol
     used = slot_ids[torch.tensor(lens, device="cuda") > 0]
-    assert _rel_err(inp["state"][used], expect[used]) < tol
+    assert _rel_err(inp["state"][used], expect[used]) < state_tol
     untouched = torch.ones(slots, dtype=torch.bool, device="cuda")
     untouched[used] = False
     assert torch.equal(inp["state"][untouched], expect[untouched])
@@ -96,8 +102,8 @@ def test_recurrent_state_out_slots() -> None:
             ref = gated_delta_rule_reference(*(inp[x][row].float() for x in KEYS), inp["A_log"], inp["dt_bias"],
                                              running, torch.tensor([0, 1], device="cuda"),
                                              torch.tensor([0], device="cuda"))
-            assert _rel_err(o[row], ref) < 2e-2
-            assert _rel_err(inp["state"][out_slots[b, t]], running[0]) < 1e-2
+            assert _rel_err(o[row], ref) < 5e-3
+            assert _rel_err(inp["state"][out_slots[b, t]], running[0]) < 1e-4
 
 
 def test_dispatch_prefill_then_decode_under_cuda_graph() -> None:
@@ -112,7 +118,7 @@ def test_dispatch_prefill_then_decode_under_cuda_graph() -> None:
     pre = torch.cat([torch.arange(s, s + n) for s, n in zip(starts, lens)]).cuda()
     o = gated_delta_rule(*(inp[x][pre] for x in KEYS), inp["A_log"], inp["dt_bias"], inp["state"],
                          torch.tensor([0, lens[0], sum(lens)], device="cuda", dtype=torch.int32), slot_ids, max(lens))
-    assert _rel_err(o, ref[pre]) < 2e-2
+    assert _rel_err(o, ref[pre]) < 1e-2
 
     step_in = {x: inp[x][:2].clone() for x in KEYS}
     cu = torch.tensor([0, 1, 2], device="cuda", dtype=torch.int32)
@@ -132,5 +138,5 @@ def test_dispatch_prefill_then_decode_under_cuda_graph() -> None:
         for x in KEYS:
             step_in[x].copy_(inp[x][rows])
         graph.replay()
-        assert _rel_err(o_step, ref[rows]) < 2e-2
-    assert _rel_err(inp["state"][slot_ids], expect[slot_ids]) < 2e-2
+        assert _rel_err(o_step, ref[rows]) < 1e-2
+    assert _rel_err(inp["state"][slot_ids], expect[slot_ids]) < 1e-2

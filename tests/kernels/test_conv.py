@@ -49,7 +49,7 @@ def run_both(x: torch.Tensor, weight: torch.Tensor, state: torch.Tensor, lens: l
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("bound", ["exact", "none"])
 def test_ragged_prefill_with_initial_states(dtype: torch.dtype, bound: str) -> None:
-    # Lengths: several tiles (70 = 32 + 32 + 6), below K - 1 (1, 2: old state shifts), K - 1, empty.
+    # Lengths: several tiles (70 = 8 * 8 + 6), below K - 1 (1, 2: old state shifts), K - 1, empty.
     lens, slots = [5, 1, 2, 70, 3, 0], [3, 0, 6, 2, 5, 1]
     x = torch.randn(sum(lens), CHANNELS, dtype=dtype)
     weight = torch.randn(CHANNELS, 1, TAPS, dtype=dtype)[:, 0, :]  # the model passes this strided view
