@@ -1,0 +1,240 @@
+"""Token sampling for a batch of rows of logits: penalties, temperature, min_p / top_k / top_p, draw.
+
+Semantics (vLLM's order), per row:
+
+1. Penalties on the raw logits (fp32): repetition (HF/vLLM: a logit of a token seen in the prompt or
+   output is divided by the penalty when positive, multiplied when not), then frequency and
+   presence (OpenAI: ``logit -= frequency * count + presence * (count > 0)`` over generated tokens).
+2. Temperature: ``u = z / T``. ``T <= 0`` is greedy: the argmax of the penalised logits (lowest id
+   on ties); temperature and filters are ignored, penalties are not.
+3. Filters, each keeping an upper set of ``u``: min_p keeps ``exp(u - max u) >= min_p``; top_k
+   keeps ``u >= the k-th largest u``; top_p keeps the smallest set of highest scores whose mass
+   reaches ``top_p`` of what min_p and top_k kept (the first token always). Ties at a threshold
+   are all kept, so the kept set is a function of the values, not of a sort order.
+4. Draw by inverse CDF from the kept, renormalised ``softmax(u)``, with one uniform per row that
+   depends only on the row's ``(seed, counter)``: a row's token does not depend on the other rows.
+
+Ids ``>= vocab_limit`` (vocabulary padding) are never chosen and are not part of any softmax.
+``logprob`` is the OpenAI convention: the log-probability of the token under the model's raw
+distribution, ``log_softmax`` of the raw logits over ids ``< vocab_limit``, before penalties,
+temperature and filters; ``top_ids/top_logprobs`` are the ``num_logprobs`` best of that same
+distribution (descending, lowest id first on ties).
+
+The caller owns the penalty state: ``seen`` starts with the prompt's ids set, ``output_counts`` at
+zero. Each call advances a row's state in place: ``counter += 1``, ``output_counts[tok] += 1`` and
+``seen[tok] = 1``. The Triton path (``sampling_kernel.py``) does all of it in one CUDA-graph-safe
+launch (its divisions are products with rounded reciprocals, within an ulp of the reference);
+the reference does it in torch and draws its uniform from a ``torch.Generator`` seeded from
+``(seed, counter)``, so it is batch independent too but not bit-equal to the Triton draws.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from ninfer.kernels.dispatch import use_triton
+from ninfer.kernels.sampling_kernel import sample_kernel
+
+MAX_LOGPROBS = 20
+
+
+@dataclass
+class SamplingTensors:
+    """Per-row sampling parameters as device tensors (one entry per row), so a graph can replay them."""
+
+    temperature: torch.Tensor  # fp32, <= 0: greedy
+    top_k: torch.Tensor  # int32, 0: off
+    top_p: torch.Tensor  # fp32, 1: off
+    min_p: torch.Tensor  # fp32, 0: off
+    presence_penalty: torch.Tensor  # fp32
+    frequency_penalty: torch.Tensor  # fp32
+    repetition_penalty: torch.Tensor  # fp32, 1: off
+    seed: torch.Tensor  # int64
+    counter: torch.Tensor  # int64, advanced by one per call
+
+    @classmethod
+    def full(cls, batch: int, device: torch.device | str = "cpu", *, temperature: float = 1.0, top_k: int = 0,
+             top_p: float = 1.0, min_p: float = 0.0, presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
+             repetition_penalty: float = 1.0, seed: int = 0, counter: int = 0) -> SamplingTensors:
+        """Every row with the same parameters (rows are then edited in place)."""
+        def f(v: float) -> torch.Tensor:
+            return torch.full((batch,), v, dtype=torch.float32, device=device)
+
+        def i(v: int, dtype: torch.dtype) -> torch.Tensor:
+            return torch.full((batch,), v, dtype=dtype, device=device)
+
+        return cls(f(temperature), i(top_k, torch.int32), f(top_p), f(min_p), f(presence_penalty),
+                   f(frequency_penalty), f(repetition_penalty), i(seed, torch.int64), i(counter, torch.int64))
+
+
+@dataclass
+class SampleOutput:
+    token_ids: torch.Tensor  # [B] int64
+    logprob: torch.Tensor  # [B] fp32, raw distribution
+    top_ids: torch.Tensor | None = None  # [B, n] int64
+    top_logprobs: torch.Tensor | None = None  # [B, n] fp32
+
+
+def apply_penalties_reference(logits: torch.Tensor, st: SamplingTensors, output_counts: torch.Tensor,
+                              seen: torch.Tensor) -> torch.Tensor:
+    """fp32 penalised logits: repetition (over ``seen``), then frequency and presence (over counts)."""
+    z = logits.float()
+    rep = st.repetition_penalty.float()[:, None]
+    z = torch.where(seen != 0, torch.where(z > 0, z / rep, z * rep), z)
+    z = z - st.frequency_penalty.float()[:, None] * output_counts.float()
+    return z - torch.where(output_counts > 0, st.presence_penalty.float()[:, None], 0.0)
+
+
+def sampling_probs_reference(logits: torch.Tensor, st: SamplingTensors, output_counts: torch.Tensor,
+                             seen: torch.Tensor, *, vocab_limit: int) -> torch.Tensor:
+    """The distribution each row is drawn from, ``[B, vocab_limit]`` fp64 (one-hot for greedy rows)."""
+    z = apply_penalties_reference(logits[:, :vocab_limit], st, output_counts[:, :vocab_limit],
+                                  seen[:, :vocab_limit])
+    probs = torch.zeros(z.shape, dtype=torch.float64, device=z.device)
+    for b in range(z.shape[0]):
+        temp = float(st.temperature[b])
+        if temp <= 0:
+            probs[b, int(z[b].argmax())] = 1.0
+            continue
+        u = z[b] / temp
+        ok = ~u.isnan()
+        w = torch.exp(u - u[ok].max())
+        keep = ok.clone()
+        min_p, top_k, top_p = float(st.min_p[b]), int(st.top_k[b]), float(st.top_p[b])
+        if min_p > 0:
+            keep &= w >= min_p
+        if 0 < top_k < vocab_limit:
+            keep &= u >= u[ok].topk(min(top_k, int(ok.sum()))).values[-1]
+        if top_p < 1:
+            mass = torch.where(keep, w, 0.0).double()
+            order = torch.argsort(torch.where(keep, u, float("-inf")), descending=True, stable=True)
+            cum = mass[order].cumsum(0)
+            cut = int((cum < top_p * cum[-1]).sum().clamp(max=len(cum) - 1))
+            keep &= u >= u[order[cut]]
+        mass = torch.where(keep, w, 0.0).double()
+        probs[b] = mass / mass.sum()
+    return probs
+
+
+def _row_generator(seed: int, counter: int) -> torch.Generator:
+    mixed = (seed * 0x9E3779B97F4A7C15 + counter * 0xBF58476D1CE4E5B9 + 0x94D049BB133111EB) % 2 ** 64
+    return torch.Generator().manual_seed(mixed)
+
+
+def sample_reference(logits: torch.Tensor, st: SamplingTensors, output_counts: torch.Tensor, seen: torch.Tensor,
+                     *, vocab_limit: int, num_logprobs: int = 0) -> SampleOutput:
+    """Torch sampler with the module's semantics (the CPU path); updates the row state in place."""
+    _check(logits, vocab_limit, num_logprobs)
+    probs = sampling_probs_reference(logits, st, output_counts, seen, vocab_limit=vocab_limit)
+    raw = torch.log_softmax(logits[:, :vocab_limit].float(), dim=-1)
+    tokens = []
+    for b in range(logits.shape[0]):
+        if float(st.temperature[b]) <= 0:
+            tokens.append(int(probs[b].argmax()))
+            continue
+        r = float(torch.rand((), dtype=torch.float64, generator=_row_generator(int(st.seed[b]), int(st.counter[b]))))
+        cum = probs[b].cumsum(0)
+        tok = int((cum <= r * float(cum[-1])).sum())
+        tokens.append(min(tok, int(probs[b].nonzero().max())))  # r rounded up to the total
+    token_ids = torch.tensor(tokens, dtype=torch.int64, device=logits.device)
+    rows = torch.arange(logits.shape[0], device=logits.device)
+    out = SampleOutput(token_ids, raw[rows, token_ids])
+    if num_logprobs:
+        # Stable descending sort: on ties the lowest id comes first, as in the kernel.
+        order = torch.argsort(raw, dim=-1, descending=True, stable=True)[:, :num_logprobs]
+        out.top_ids, out.top_logprobs = order, raw.gather(1, order)
+    output_counts[rows, token_ids] += 1
+    seen[rows, token_ids] = 1
+    st.counter += 1
+    return out
+
+
+def _check(logits: torch.Tensor, vocab_limit: int, num_logprobs: int) -> None:
+    if logits.dim() != 2:
+        raise ValueError(f"logits must be [B, V], got {tuple(logits.shape)}")
+    if not 0 < vocab_limit <= logits.shape[1]:
+        raise ValueError(f"vocab_limit must be in [1, {logits.shape[1]}], got {vocab_limit}")
+    if not 0 <= num_logprobs <= MAX_LOGPROBS:
+        raise ValueError(f"num_logprobs must be in [0, {MAX_LOGPROBS}], got {num_logprobs}")
+
+
+_WORKSPACES: dict[tuple, tuple[torch.Tensor, ...]] = {}
+
+
+def _workspace(device: torch.device, batch: int, s_pad: int, kc: int, lp_cap: int) -> tuple[torch.Tensor, ...]:
+    """Scratch kept across calls: the arrival counters must start at zero and are left at zero.
+
+    Allocated on the first call for a shape (do that one outside graph capture); one sampler per
+    stream, as concurrent calls of the same shape would share it.
+    """
+    key = (device, batch, s_pad, kc, lp_cap)
+    if key not in _WORKSPACES:
+        _WORKSPACES[key] = (
+            torch.empty(batch, s_pad * kc, dtype=torch.float32, device=device),  # candidate scores
+            torch.empty(batch, s_pad * kc, dtype=torch.int32, device=device),  # candidate ids
+            torch.empty(batch, s_pad, 4, dtype=torch.float32, device=device),  # raw max/sum, scaled max/sum
+            torch.empty(batch, s_pad, 4, dtype=torch.int32, device=device),  # threshold key, n cand, n top
+            torch.empty(batch, s_pad, max(lp_cap, 1), dtype=torch.float32, device=device),  # raw top values
+            torch.empty(batch, s_pad, max(lp_cap, 1), dtype=torch.int32, device=device),  # raw top ids
+            torch.zeros(batch, dtype=torch.int32, device=device),  # chunks arrived per row
+        )
+    return _WORKSPACES[key]
+
+
+# 16 warps: 8 values per thread of a 4096-id block or of the 4096 merged candidates; the kernel then
+# fits 128 registers (one 16-warp program per SM; 8 warps would need 255 registers and hold fewer
+# warps per SM).
+_NUM_WARPS = 16
+
+
+def sample_triton(logits: torch.Tensor, st: SamplingTensors, output_counts: torch.Tensor, seen: torch.Tensor,
+                  *, vocab_limit: int, num_logprobs: int = 0, chunk: int = 4096,
+                  candidates: int = 64) -> SampleOutput:
+    """One launch of :mod:`sampling_kernel`, grid ``(ceil(vocab_limit / chunk), B)``.
+
+    ``chunk`` ids per program (power of two), ``candidates`` (power of two) kept per chunk; the
+    merged ``next_pow2(n_chunks) * candidates`` slots bound what the last program resolves in
+    registers. The defaults give 61 chunks and 4096 slots at V = 248320.
+    """
+    _check(logits, vocab_limit, num_logprobs)
+    batch = logits.shape[0]
+    token_ids = torch.empty(batch, dtype=torch.int64, device=logits.device)
+    logprob = torch.empty(batch, dtype=torch.float32, device=logits.device)
+    # At least one column, so the kernel never gets a null pointer.
+    top_ids = torch.empty(batch, max(num_logprobs, 1), dtype=torch.int64, device=logits.device)
+    top_lp = torch.empty(batch, max(num_logprobs, 1), dtype=torch.float32, device=logits.device)
+    out = SampleOutput(token_ids, logprob, top_ids if num_logprobs else None, top_lp if num_logprobs else None)
+    if batch == 0:
+        return out
+    if logits.stride(-1) != 1:
+        logits = logits.contiguous()
+    if seen.dtype == torch.bool:
+        seen = seen.view(torch.uint8)
+    lp_cap = triton.next_power_of_2(num_logprobs) if num_logprobs else 0
+    if chunk < max(candidates, lp_cap):  # each chunk is split in that many groups (see _select_top)
+        raise ValueError(f"chunk {chunk} is smaller than candidates {candidates} or next_pow2(num_logprobs)")
+    n_chunks = triton.cdiv(vocab_limit, chunk)
+    s_pad = triton.next_power_of_2(n_chunks)
+    cand_u, cand_id, stat_f, stat_i, lp_v, lp_id, arrive = _workspace(logits.device, batch, s_pad, candidates,
+                                                                      lp_cap)
+    sample_kernel[(n_chunks, batch)](
+        logits, logits.stride(0), output_counts, output_counts.stride(0), seen, seen.stride(0),
+        st.temperature, st.top_k, st.top_p, st.min_p, st.presence_penalty, st.frequency_penalty,
+        st.repetition_penalty, st.seed, st.counter,
+        cand_u, cand_id, stat_f, stat_i, lp_v, lp_id, arrive,
+        token_ids, logprob, top_ids, top_lp,
+        vocab_limit, n_chunks,
+        CHUNK=chunk, KC=candidates, S_PAD=s_pad, NUM_LP=num_logprobs, LP_CAP=max(lp_cap, 1), num_warps=_NUM_WARPS,
+    )
+    return out
+
+
+def sample(logits: torch.Tensor, st: SamplingTensors, output_counts: torch.Tensor, seen: torch.Tensor,
+           *, vocab_limit: int, num_logprobs: int = 0) -> SampleOutput:
+    """Sample one token per row of ``logits [B, V]``; ``output_counts [B, V]`` int32 and ``seen [B, V]``
+    (int8/bool) are the caller's penalty buffers, updated in place with the sampled tokens."""
+    if use_triton(logits):
+        return sample_triton(logits, st, output_counts, seen, vocab_limit=vocab_limit, num_logprobs=num_logprobs)
+    return sample_reference(logits, st, output_counts, seen, vocab_limit=vocab_limit, num_logprobs=num_logprobs)
