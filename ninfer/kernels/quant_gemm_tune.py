@@ -1,0 +1,138 @@
+"""Launch configurations of the quantized GEMM and their per-GPU selection.
+
+Candidates depend on the shape: the skinny decode path (M <= 16) uses 16-token tiles, narrow
+weight tiles and a split-K variant when the weight tiles alone cannot fill the GPU; the tiled
+prefill path uses 32..128-token tiles. On the first call for a key ``(format, dtype, M bucket, N,
+K, epilogue)`` every candidate is benchmarked and the fastest is kept for the process (a tuning
+pass must not happen inside CUDA-graph capture: warm each shape up first; during capture an
+untuned key takes the first candidate, as every key does with ``NINFER_QUANT_TUNE=0``). Split-K
+is chosen here rather than by ``triton.autotune`` because it changes the launch (workspace and
+epilogue kernel), not only the kernel's constants.
+At least one candidate per path fits in 99 KB of shared memory (RTX 5090).
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from functools import cache
+
+import torch
+import triton
+
+from ninfer.kernels.dispatch import INTERPRET, autotune_configs
+
+FMT_CODES = {"fp8": 0, "fp8-b128": 1, "int8-g32": 2, "int8-g64": 2, "int4-g64": 3, "int4-g128": 3, "nvfp4": 4}
+_GROUPS = {"fp8-b128": 128, "int8-g32": 32, "int8-g64": 64, "int4-g64": 64, "int4-g128": 128, "nvfp4": 16}
+SKINNY_MAX_M = 16
+TUNE = os.environ.get("NINFER_QUANT_TUNE", "1") != "0"
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    block_m: int
+    block_n: int
+    block_k: int
+    split_k: int = 1
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+def kernel_params(fmt: str, cfg: GemmConfig) -> dict[str, int]:
+    """Scale geometry of the kernel: columns per scale (group), columns per scale group inside a tile
+    (chunk), rows per scale, and whether the tile is dequantized before the dot (scaled) or the
+    group scale multiplies the product (small M: fewer multiplies; needs chunk >= 16 for tl.dot)."""
+    if fmt not in FMT_CODES:
+        raise ValueError(f"no quantized GEMM kernel for format {fmt!r}")
+    group = _GROUPS.get(fmt, cfg.block_k)
+    if cfg.block_k % group and group % cfg.block_k:
+        raise ValueError(f"block_k {cfg.block_k} neither divides nor is a multiple of {fmt}'s group size {group}")
+    chunk = min(group, cfg.block_k)
+    scaled = fmt == "nvfp4" or (fmt != "fp8" and cfg.block_m > SKINNY_MAX_M)
+    return {"group": group, "chunk": chunk, "row_block": 128 if fmt == "fp8-b128" else 1, "scaled": scaled}
+
+
+def _block_k(fmt: str, bytes_per_row: int) -> int:
+    """K elements per step so that a weight row contributes ``bytes_per_row`` bytes, valid for the format."""
+    bk = bytes_per_row * (2 if fmt.startswith("int4") or fmt == "nvfp4" else 1)
+    group = _GROUPS.get(fmt, 1)
+    if fmt == "fp8-b128":
+        return min(bk, 128)
+    return max(bk, group)
+
+
+def _split(tiles: int, k_steps: int, sms: int) -> int:
+    """Split-K factor that brings the program count near two per SM, keeping >= 2 K steps per split."""
+    if tiles >= sms:
+        return 1
+    return max(1, min(triton.cdiv(2 * sms, tiles), k_steps // 2, 32))
+
+
+def candidates(fmt: str, m: int, n_out: int, k: int, sms: int) -> list[GemmConfig]:
+    """Configs worth trying for this shape, the heuristic favourite first.
+
+    Skinny tiles give each warp 16 weight rows (BLOCK_N = 16 * warps), so no warp dequantizes rows
+    another warp also holds; a K step reads 128 bytes of each weight row.
+    """
+    if m <= SKINNY_MAX_M:
+        bk = _block_k(fmt, 128)
+        base = [GemmConfig(16, 64, bk, 1, 4, 4), GemmConfig(16, 32, bk, 1, 2, 4), GemmConfig(16, 128, bk, 1, 8, 3)]
+    else:
+        bm = 32 if m <= 32 else 64 if m <= 64 else 128
+        base = [GemmConfig(bm, 128, 64, 1, 8, 3), GemmConfig(bm, 256, 64, 1, 8, 3), GemmConfig(bm, 128, 64, 1, 4, 4),
+                GemmConfig(bm, 64, 64, 1, 4, 4)]
+    out: list[GemmConfig] = []
+    for cfg in base:
+        tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n_out, cfg.block_n)
+        split = _split(tiles, triton.cdiv(k, cfg.block_k), sms)
+        # When the tiles cannot fill the GPU, the split-K variant is the favourite.
+        out.extend([replace(cfg, split_k=split), cfg] if split > 1 else [cfg])
+    return out
+
+
+def m_bucket(m: int) -> int:
+    return 1 << max(m - 1, 0).bit_length() if m <= 8192 else 8192
+
+
+@cache
+def sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 4
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+_BEST: dict[tuple, GemmConfig] = {}  # tuned
+_FAVOURITE: dict[tuple, GemmConfig] = {}  # untuned keys: the heuristic favourite
+
+
+def tuned_configs() -> dict[tuple, GemmConfig]:
+    """The configs chosen by benchmarking so far in this process (for reports)."""
+    return dict(_BEST)
+
+
+def select_config(fmt: str, x: torch.Tensor, n_out: int, k: int, swiglu: bool, has_res: bool,
+                  launch: Callable[[GemmConfig], None]) -> GemmConfig:
+    """The config for this call's key: benchmarks the candidates on first sight of the key (CUDA, not
+    capturing, tuning enabled), else the heuristic favourite."""
+    m = x.shape[0]
+    key = (fmt, x.dtype, m_bucket(m), n_out, k, swiglu, has_res, x.device)
+    best = _BEST.get(key)
+    if best is not None:
+        return best
+    tune = TUNE and x.is_cuda and not INTERPRET and not torch.cuda.is_current_stream_capturing()
+    if not tune and key in _FAVOURITE:
+        return _FAVOURITE[key]
+    cands = autotune_configs(candidates(fmt, m, n_out, k, sm_count(x.device)))
+    if not tune or len(cands) == 1:
+        _FAVOURITE[key] = cands[0]
+        return cands[0]
+    timings: dict[GemmConfig, float] = {}
+    for cfg in cands:
+        try:
+            timings[cfg] = triton.testing.do_bench(lambda cfg=cfg: launch(cfg), warmup=5, rep=20)
+        except triton.runtime.errors.OutOfResources:
+            continue  # too much shared memory or too many registers on this GPU
+    if not timings:
+        raise RuntimeError(f"no quantized GEMM config fits this GPU for {key}")
+    best = _BEST[key] = min(timings, key=timings.__getitem__)
+    return best

@@ -1,0 +1,202 @@
+"""Modules holding quantized weights, and the model surgery that installs them.
+
+A :class:`QuantWeight` stores one weight ``[*, N, K]`` as the tensors of its format (``qweight``,
+``scales``, ``global_scale``: see :mod:`ninfer.quant.formats`), registered as frozen parameters
+under those names, so a checkpoint key ``<module>.qweight`` loads by plain name match.
+:class:`QuantLinear` adds the GEMM (Triton on CUDA, dequantize + matmul elsewhere),
+:class:`QuantEmbedding` a row lookup; a bare ``QuantWeight`` replaces stacked expert parameters.
+
+Contract with the loader (``keep_dtype``): every parameter of these modules keeps the dtype its
+format declares (uint8 codes, fp8, fp16 or fp32 scales) whatever the model dtype; ``materialize``
+must allocate ``param.dtype`` for names in ``module.keep_dtype`` instead of the model dtype.
+
+A plan maps weight names to formats. Names are those of :func:`weight_shapes`: a module path for
+``nn.Linear`` / ``nn.Embedding`` weights (``layers.0.mlp.gate_proj``), a parameter path otherwise
+(``layers.0.mlp.experts.gate_up_proj``). ``bf16`` entries leave the module as it is.
+"""
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+from torch import nn
+
+from ninfer.kernels.quant_gemm import quant_matmul
+from ninfer.quant.formats import (
+    FormatError,
+    QuantizedTensor,
+    WeightFormat,
+    get_format,
+    stack_rows,
+)
+
+
+class QuantWeight(nn.Module):
+    """Packed storage of one weight ``[*, N, K]`` in a quantized format."""
+
+    keep_dtype: ClassVar[frozenset[str]] = frozenset({"qweight", "scales", "global_scale"})
+
+    def __init__(self, shape: tuple[int, ...], fmt: str | WeightFormat, device: torch.device | str | None = None,
+                 dtype: torch.dtype = torch.bfloat16) -> None:
+        super().__init__()
+        self.format = get_format(fmt)
+        if self.format.name == "bf16":
+            raise FormatError("bf16 weights stay in their float module; QuantWeight holds quantized formats only")
+        self.shape = tuple(shape)
+        self.format.check_shape(self.shape)
+        self.dtype = dtype  # what dequantized values are produced in (embeddings, experts)
+        for name, spec in self.format.specs(self.shape).items():
+            self.register_parameter(name, nn.Parameter(torch.empty(spec.shape, dtype=spec.dtype, device=device),
+                                                       requires_grad=False))
+
+    def packed(self) -> QuantizedTensor:
+        return QuantizedTensor(self.format, self.shape, dict(self.named_parameters(recurse=False)))
+
+    def dequantize(self, dtype: torch.dtype | None = None) -> torch.Tensor:
+        return self.packed().dequantize(dtype or self.dtype)
+
+    def select(self, index: int) -> QuantizedTensor:
+        """Slice ``index`` of the leading dim (one expert) as a 2-D weight, a view for ``quant_matmul``."""
+        tensors = {name: p[index] for name, p in self.named_parameters(recurse=False)}
+        return QuantizedTensor(self.format, self.shape[1:], tensors)
+
+    def rows_view(self, name: str, start: int, stop: int, index: int | None = None) -> torch.Tensor:
+        """The part of stored tensor ``name`` that holds weight rows ``[start, stop)`` (of slice ``index``
+        of a leading expert dim): what a loader fills from a per-expert or per-projection tensor."""
+        spec = self.format.specs(self.shape)[name]
+        if start % spec.row_block or (stop % spec.row_block and stop != self.shape[-2]):
+            raise FormatError(f"format {self.format.name}: {name} stores {spec.row_block} rows per entry; "
+                              f"rows [{start}, {stop}) do not align")
+        tensor = getattr(self, name).data if index is None else getattr(self, name).data[index]
+        first, last = start // spec.row_block, -(-stop // spec.row_block)
+        return tensor.narrow(spec.row_dim % tensor.dim(), first, last - first)
+
+    @torch.no_grad()
+    def load_float_(self, weight: torch.Tensor, *, index: int | None = None,
+                    rows: tuple[int, int] | None = None) -> None:
+        """Quantize a float ``weight`` into this storage: all of it, or slice ``index`` of the leading dim,
+        or rows ``rows = (start, stop)`` of that (each part gets its own scales: formats are row-separable)."""
+        device = next(iter(self.parameters())).device
+        start, stop = rows if rows is not None else (0, self.shape[-2])
+        packed = self.format.quantize(weight.to(device))
+        for name, tensor in packed.items():
+            whole = rows is None and index is None
+            target = getattr(self, name).data if whole else self.rows_view(name, start, stop, index)
+            if tuple(target.shape) != tuple(tensor.shape):
+                raise FormatError(f"{name}: quantized shape {list(tensor.shape)} does not fit {list(target.shape)}")
+            target.copy_(tensor)
+
+    @classmethod
+    def from_float(cls, weight: torch.Tensor, fmt: str | WeightFormat) -> QuantWeight:
+        module = cls(tuple(weight.shape), fmt, device=weight.device, dtype=weight.dtype)
+        module.load_float_(weight)
+        return module
+
+    def extra_repr(self) -> str:
+        return f"shape={list(self.shape)}, format={self.format.name}"
+
+
+class QuantLinear(QuantWeight):
+    """``y = x @ W^T`` with W quantized; optional fused ``+ residual`` and SwiGLU (stacked gate/up W)."""
+
+    def __init__(self, in_features: int, out_features: int, fmt: str | WeightFormat,
+                 device: torch.device | str | None = None, dtype: torch.dtype = torch.bfloat16) -> None:
+        super().__init__((out_features, in_features), fmt, device, dtype)
+        self.in_features, self.out_features = in_features, out_features
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None, swiglu: bool = False) -> torch.Tensor:
+        return quant_matmul(x, self.packed(), residual, swiglu)
+
+    @classmethod
+    def from_float(cls, weight: torch.Tensor, fmt: str | WeightFormat) -> QuantLinear:
+        module = cls(weight.shape[1], weight.shape[0], fmt, device=weight.device, dtype=weight.dtype)
+        module.load_float_(weight)
+        return module
+
+    @classmethod
+    def stacked(cls, parts: list[QuantLinear]) -> QuantLinear:
+        """One layer whose rows are those of ``parts`` in order (e.g. gate then up, for the SwiGLU epilogue)."""
+        packed = stack_rows([p.packed() for p in parts])
+        module = cls(packed.shape[1], packed.shape[0], packed.format, device="meta", dtype=parts[0].dtype)
+        for name, tensor in packed.tensors.items():
+            setattr(module, name, nn.Parameter(tensor.detach(), requires_grad=False))
+        return module
+
+
+class QuantEmbedding(QuantWeight):
+    """Token embedding with quantized rows; a lookup dequantizes only the rows it reads."""
+
+    def __init__(self, num_embeddings: int, embedding_dim: int, fmt: str | WeightFormat,
+                 device: torch.device | str | None = None, dtype: torch.dtype = torch.bfloat16) -> None:
+        super().__init__((num_embeddings, embedding_dim), fmt, device, dtype)
+
+    @classmethod
+    def from_float(cls, weight: torch.Tensor, fmt: str | WeightFormat) -> QuantEmbedding:
+        module = cls(weight.shape[0], weight.shape[1], fmt, device=weight.device, dtype=weight.dtype)
+        module.load_float_(weight)
+        return module
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        tensors = dict(self.named_parameters(recurse=False))
+        rows = self.format.dequantize_rows(tensors, ids.reshape(-1), self.dtype)
+        return rows.reshape(*ids.shape, self.shape[-1])
+
+    def as_linear(self) -> QuantLinear:
+        """A :class:`QuantLinear` sharing this storage (tied LM head)."""
+        module = QuantLinear(self.shape[1], self.shape[0], self.format, device="meta", dtype=self.dtype)
+        for name, param in self.named_parameters(recurse=False):
+            setattr(module, name, param)
+        return module
+
+
+def weight_shapes(model: nn.Module) -> dict[str, tuple[int, ...]]:
+    """Every parameter as ``name -> shape``, named as plans and recipes name them (``.weight`` dropped)."""
+    return {name.removesuffix(".weight"): tuple(p.shape) for name, p in model.named_parameters()}
+
+
+def _replacement(target: nn.Module | nn.Parameter, name: str, fmt: WeightFormat, device: torch.device,
+                 dtype: torch.dtype) -> QuantWeight:
+    if isinstance(target, nn.Linear):
+        if target.bias is not None:
+            raise FormatError(f"{name}: linear layers with a bias are not supported by QuantLinear")
+        return QuantLinear(target.in_features, target.out_features, fmt, device, dtype)
+    if isinstance(target, nn.Embedding):
+        return QuantEmbedding(target.num_embeddings, target.embedding_dim, fmt, device, dtype)
+    if isinstance(target, nn.Parameter) and target.dim() >= 2:
+        return QuantWeight(tuple(target.shape), fmt, device, dtype)
+    raise FormatError(f"{name}: a {type(target).__name__} of shape {list(getattr(target, 'shape', []))} cannot hold "
+                      f"format {fmt.name} (only nn.Linear, nn.Embedding and >= 2-D weights can)")
+
+
+def _install(model: nn.Module, plan: dict[str, str], dtype: torch.dtype | None, fill: bool) -> None:
+    for name, fmt_name in plan.items():
+        fmt = get_format(fmt_name)
+        if fmt.name == "bf16":
+            continue
+        parent_name, _, attr = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        target = getattr(parent, attr, None)
+        if target is None:
+            raise FormatError(f"plan names {name!r}, which is not a module or parameter of the model")
+        weight = target if isinstance(target, nn.Parameter) else getattr(target, "weight", None)
+        if weight is None:
+            raise FormatError(f"{name}: a {type(target).__name__} has no weight to quantize")
+        new = _replacement(target, name, fmt, weight.device, dtype or weight.dtype)
+        if fill:
+            new.load_float_(weight.data)
+        if isinstance(target, nn.Parameter):
+            delattr(parent, attr)  # a module cannot take a parameter's slot directly
+        setattr(parent, attr, new)
+
+
+def prepare_model_(model: nn.Module, plan: dict[str, str], *, dtype: torch.dtype | None = None) -> None:
+    """Replace the planned weights by empty quantized modules of the right shapes (on the weights' device,
+    typically ``meta``), ready to be materialised and filled from a quantized checkpoint.
+    ``dtype``: what embeddings / experts dequantize to (default: the replaced weight's dtype)."""
+    _install(model, plan, dtype, fill=False)
+
+
+@torch.no_grad()
+def quantize_model_(model: nn.Module, plan: dict[str, str], *, dtype: torch.dtype | None = None) -> None:
+    """Quantize a loaded model's planned weights in place (on their device), one weight at a time."""
+    _install(model, plan, dtype, fill=True)

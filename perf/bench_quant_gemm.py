@@ -1,0 +1,151 @@
+"""Quantized GEMMs at the Qwen3.5-27B projection shapes, every format, decode and prefill batch sizes.
+
+For each shape the bf16 weight is random; each format quantizes it on the GPU and runs
+``quant_matmul_triton`` (tuned on first call). Limits measured in this run:
+
+* decode (M <= 16): bytes moved (packed weight + scales + x + y) / time vs the copy bandwidth; the
+  issue's bar is >= 85 % and <= 0.3x the cuBLAS bf16 time of the same shape (``vs_cublas`` = ratio).
+* prefill (M >= 64): 2*M*N*K / time vs the 8192^3 bf16 matmul peak; the bar is >= 0.8x cuBLAS bf16
+  TFLOP/s on the same shape (``speedup_vs_baseline`` >= 0.8).
+
+cuBLAS bf16 (``torch.nn.functional.linear``) is the baseline of every point; gemlite (a public
+Triton low-bit GEMM library) is timed in the same run when importable, for the formats it has
+(int4 groups, int8/fp8 per-channel, nvfp4), else recorded as None. Decode points are timed from
+CUDA graphs. By default each point runs the heuristic favourite config (the whole sweep then fits in
+about two minutes, compilation included); ``--tune`` benchmarks every candidate first, as the
+runtime does. Run: ``python perf/bench_quant_gemm.py [--tune] [--formats int4-g64,nvfp4] [--m 1,16]
+[--shapes down,lm_head]``.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import bench_ms, copy_bandwidth_tbps, matmul_peak_tflops, record
+
+from ninfer.kernels import quant_gemm_tune
+from ninfer.kernels.quant_gemm import quant_matmul_triton
+from ninfer.quant.formats import FORMATS, quantize, unpack_nibbles
+
+H, I_FF, V = 5120, 17408, 248320
+SHAPES = {  # name: (N, K) of W [N, K]
+    "gate_up": (2 * I_FF, H), "down": (H, I_FF), "q_proj": (12288, H), "kv_proj": (1024, H), "o_proj": (H, 6144),
+    "in_proj_qkv": (10240, H), "in_proj_z": (6144, H), "in_proj_ab": (96, H), "lm_head": (V, H),
+}
+MS = (1, 2, 4, 8, 16, 64, 512, 4096)
+GEMLITE_BUDGET_S = 40.0
+
+
+def _time(fn, graph: bool) -> float:
+    """Median ms; small launches replay from a CUDA graph of 20 calls (launch overhead excluded)."""
+    fn()
+    torch.cuda.synchronize()
+    if not graph:
+        return bench_ms(fn, warmup=5, rep=25)
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(20):
+            fn()
+    return bench_ms(g.replay, warmup=5, rep=25) / 20
+
+
+def _gemlite_layer(fmt: str, qt, w: torch.Tensor):
+    """A gemlite layer holding the same weight in gemlite's closest format, or None."""
+    try:
+        from gemlite import helper
+    except ImportError:
+        return None
+    try:
+        if fmt.startswith("int4"):
+            group = int(fmt.split("-g")[1])
+            codes = unpack_nibbles(qt.tensors["qweight"])
+            scales = qt.tensors["scales"].to(torch.bfloat16)
+            return helper.A16Wn(device="cuda", dtype=torch.bfloat16).from_weights(
+                codes, scales, torch.full_like(scales, 8), W_nbits=4, group_size=group)
+        if fmt == "nvfp4":
+            return helper.A16W4_NVFP(device="cuda", dtype=torch.bfloat16).from_packed_weights(
+                qt.tensors["qweight"], scales=qt.tensors["scales"], meta_scale=1.0 / qt.tensors["global_scale"][0])
+        if fmt.startswith("int8"):  # gemlite's int8 is per channel, not grouped
+            return helper.A16W8_INT8(device="cuda", dtype=torch.bfloat16).from_weights(w.clone())
+        if fmt == "fp8":
+            return helper.A16W8_FP8(device="cuda", dtype=torch.bfloat16).from_weights(w.clone())
+    except Exception as err:  # noqa: BLE001  (a baseline must never stop the benchmark)
+        print(f"  gemlite {fmt}: unavailable ({type(err).__name__}: {err})")
+    return None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--formats", default=",".join(f for f in FORMATS if f != "bf16"))
+    parser.add_argument("--m", default=",".join(map(str, MS)))
+    parser.add_argument("--shapes", default=",".join(SHAPES))
+    parser.add_argument("--no-gemlite", action="store_true")
+    parser.add_argument("--tune", action="store_true", help="benchmark every candidate config per key first")
+    args = parser.parse_args()
+    quant_gemm_tune.TUNE = args.tune
+    formats, ms, shapes = args.formats.split(","), [int(m) for m in args.m.split(",")], args.shapes.split(",")
+    try:
+        import gemlite
+
+        use_gemlite = not args.no_gemlite
+        if "H200" in torch.cuda.get_device_name():  # same chip as H100: reuse gemlite's shipped tunings
+            gemlite.load_config(str(Path(gemlite.__file__).parent / "configs" / "h100.json"))
+    except ImportError:
+        print("gemlite is not installed: its baseline is recorded as None")
+        use_gemlite = False
+    bw, peak = copy_bandwidth_tbps(), matmul_peak_tflops()
+    print(f"copy bandwidth {bw:.2f} TB/s, bf16 matmul peak {peak:.0f} TFLOP/s")
+    start, gemlite_s = time.time(), 0.0
+    torch.manual_seed(0)
+    for shape in shapes:
+        n, k = SHAPES[shape]
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
+        xs = {m: torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for m in ms}
+        cublas = {m: _time(lambda x=xs[m], w=w: F.linear(x, w), m <= 16) for m in ms}
+        gemlite_ms: dict[tuple[str, int], float | None] = {}  # int8-g32 and -g64 share gemlite's int8
+        for fmt in formats:
+            qt = quantize(w, fmt)
+            weight_bytes = sum(t.numel() * t.element_size() for t in qt.tensors.values())
+            kind = fmt.split("-g")[0] if fmt.startswith("int8") else fmt
+            glayer = None
+            if use_gemlite and gemlite_s < GEMLITE_BUDGET_S and (kind, ms[0]) not in gemlite_ms:
+                glayer = _gemlite_layer(fmt, qt, w)
+            for m in ms:
+                x = xs[m]
+                ms_ours = _time(lambda x=x, qt=qt: quant_matmul_triton(x, qt), m <= 16)
+                if glayer is not None and gemlite_s < GEMLITE_BUDGET_S:
+                    t0 = time.time()
+                    try:
+                        gemlite_ms[kind, m] = _time(lambda x=x, layer=glayer: layer(x), m <= 16)
+                    except Exception as err:  # noqa: BLE001
+                        print(f"  gemlite {fmt} M={m}: failed ({type(err).__name__}: {err})")
+                    gemlite_s += time.time() - t0
+                flops = 2 * m * n * k
+                if m <= 16:
+                    moved = weight_bytes + 2 * m * (n + k)
+                    achieved, limit, unit = moved / ms_ours / 1e9, bw, "TB/s"
+                else:
+                    achieved, limit, unit = flops / ms_ours / 1e9, peak, "TFLOP/s"
+                record("quant_gemm", f"{shape} N={n} K={k} M={m} {fmt}", ms_ours, achieved=achieved, limit=limit,
+                       unit=unit, baseline="cublas_bf16", baseline_ms=cublas[m], format=fmt, m=m, n=n, k=k,
+                       weight_bytes=weight_bytes, vs_cublas=round(ms_ours / cublas[m], 4),
+                       cublas_tflops=round(flops / cublas[m] / 1e9, 2), gemlite_ms=gemlite_ms.get((kind, m)))
+        torch.cuda.empty_cache()
+    tuned = len(quant_gemm_tune.tuned_configs())
+    print(f"done in {time.time() - start:.0f} s ({tuned} tuned keys; gemlite {gemlite_s:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()

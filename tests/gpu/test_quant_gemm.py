@@ -1,0 +1,126 @@
+"""Quantized GEMMs on the GPU at Qwen3.5-27B shapes vs the fp32 dequantize-then-matmul reference."""
+from __future__ import annotations
+
+import pytest
+import torch
+import triton
+
+from ninfer.kernels import quant_gemm_tune
+from ninfer.kernels.quant_gemm import (
+    quant_matmul,
+    quant_matmul_reference,
+    quant_matmul_triton,
+)
+from ninfer.kernels.quant_gemm_tune import candidates, sm_count
+from ninfer.quant.formats import quantize
+from ninfer.quant.linear import QuantEmbedding, QuantLinear
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+FORMATS = ["fp8", "fp8-b128", "int8-g32", "int8-g64", "int4-g64", "int4-g128", "nvfp4"]
+SHAPES = {"down": (5120, 17408), "kv_proj": (1024, 5120), "o_proj": (5120, 6144), "in_proj_ab": (96, 5120)}
+TOL = {torch.bfloat16: 1.5e-2, torch.float32: 1e-5}  # relative Frobenius error of the output
+
+
+@pytest.fixture
+def heuristic_configs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The favourite config per key instead of a tuning pass (fewer compilations; every candidate is
+    checked by test_every_candidate_config, and the tuner by test_cuda_graph_replay_matches_eager)."""
+    monkeypatch.setattr(quant_gemm_tune, "TUNE", False)
+
+
+def _weight(n: int, k: int, seed: int) -> torch.Tensor:
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return torch.randn(n, k, generator=g, device="cuda") * 0.02
+
+
+def _err(got: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((got.float() - ref.float()).norm() / ref.float().norm()).item()
+
+
+@pytest.mark.usefixtures("heuristic_configs")
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_real_shapes_ragged_batches(fmt: str, shape: str) -> None:
+    n, k = SHAPES[shape]
+    w = quantize(_weight(n, k, 0), fmt)
+    for dtype in (torch.bfloat16, torch.float32):
+        for m in (1, 3, 16, 17, 300):
+            x = torch.randn(m, k, device="cuda").to(dtype)
+            out = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
+            got = quant_matmul_triton(x, w, out=out)
+            ref = quant_matmul_reference(x, w)
+            assert _err(got, ref) < TOL[dtype], (fmt, shape, dtype, m)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_every_candidate_config(fmt: str) -> None:
+    n, k = 1024, 5120
+    w = quantize(_weight(n, k, 1), fmt)
+    for m in (4, 200):
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        ref = quant_matmul_reference(x, w)
+        for cfg in candidates(fmt, m, n, k, sm_count(x.device)):
+            try:
+                got = quant_matmul_triton(x, w, config=cfg)
+            except triton.runtime.errors.OutOfResources:
+                continue  # too much shared memory / too many registers on this GPU is allowed, wrong results are not
+            assert _err(got, ref) < TOL[torch.bfloat16], (fmt, m, cfg)
+
+
+@pytest.mark.usefixtures("heuristic_configs")
+@pytest.mark.parametrize("fmt", ["int4-g64", "nvfp4", "fp8", "int8-g64"])
+def test_gate_up_swiglu_and_residual_epilogues(fmt: str) -> None:
+    gate = QuantLinear.from_float(_weight(17408, 5120, 2), fmt)
+    up = QuantLinear.from_float(_weight(17408, 5120, 3) * 2, fmt)
+    fused = QuantLinear.stacked([gate, up])
+    down = QuantLinear.from_float(_weight(5120, 17408, 4), fmt)
+    for m in (1, 7, 129):
+        x = torch.randn(m, 5120, device="cuda", dtype=torch.bfloat16)
+        h = fused(x, swiglu=True)
+        ref_h = quant_matmul_reference(x, fused.packed(), swiglu=True)
+        assert _err(h, ref_h) < TOL[torch.bfloat16], (fmt, m)
+        res = torch.randn(m, 5120, device="cuda", dtype=torch.bfloat16)
+        y = down(h, residual=res)
+        assert _err(y, quant_matmul_reference(h, down.packed(), res)) < TOL[torch.bfloat16], (fmt, m)
+
+
+@pytest.mark.usefixtures("heuristic_configs")
+def test_lm_head_shape_and_embedding_lookup() -> None:
+    w = _weight(248320, 5120, 5).to(torch.bfloat16)
+    emb = QuantEmbedding.from_float(w, "fp8")
+    ids = torch.tensor([0, 248319, 77], device="cuda")
+    assert torch.equal(emb(ids), emb.format.dequantize_rows(dict(emb.named_parameters()), ids, torch.bfloat16))
+    head = emb.as_linear()
+    x = torch.randn(3, 5120, device="cuda", dtype=torch.bfloat16)
+    assert _err(head(x), quant_matmul_reference(x, head.packed())) < TOL[torch.bfloat16]
+
+
+def test_cuda_graph_replay_matches_eager() -> None:
+    w = quantize(_weight(5120, 17408, 6), "int4-g64")  # down_proj: split-K favourite at decode
+    x = torch.randn(2, 17408, device="cuda", dtype=torch.bfloat16)
+    eager = quant_matmul(x, w)  # tunes outside the graph
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        quant_matmul(x, w)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = quant_matmul(x, w)
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    assert _err(out, quant_matmul_reference(x, w)) < TOL[torch.bfloat16]
+    assert eager.shape == out.shape
+
+
+@pytest.mark.usefixtures("heuristic_configs")
+@pytest.mark.parametrize("fmt", ["int4-g64", "nvfp4", "fp8-b128"])
+def test_expert_slices_of_stacked_weights(fmt: str) -> None:
+    from ninfer.quant.linear import QuantWeight
+
+    experts = QuantWeight.from_float(_weight(4 * 1024, 2048, 7).view(4, 1024, 2048), fmt)
+    for m in (1, 9, 70):
+        x = torch.randn(m, 2048, device="cuda", dtype=torch.bfloat16)
+        for e in (0, 3):
+            w = experts.select(e)
+            assert _err(quant_matmul_triton(x, w), quant_matmul_reference(x, w)) < TOL[torch.bfloat16], (fmt, m, e)
