@@ -126,11 +126,15 @@ def _finish(out: Path, model: PreTrainedModel) -> TinyCheckpoint:
 
 def make_dense(dir: Path, *, layer_types: list[str] | None = None, tie_word_embeddings: bool = False,
                shard_size: str | None = None, seed: int = 0,
-               dtype: torch.dtype = torch.float32) -> TinyCheckpoint:
-    """Dense text-only ``Qwen3_5ForCausalLM`` (``model.*`` keys); ``shard_size`` e.g. "50KB"."""
+               dtype: torch.dtype = torch.float32, overrides: dict[str, Any] | None = None) -> TinyCheckpoint:
+    """Dense text-only ``Qwen3_5ForCausalLM`` (``model.*`` keys); ``shard_size`` e.g. "50KB".
+
+    ``overrides`` replaces geometry keys (e.g. the real head dims for GPU kernel tests).
+    """
     out = Path(dir)
-    config = Qwen3_5TextConfig(**text_config_kwargs(layer_types=layer_types,
-                                                     tie_word_embeddings=tie_word_embeddings))
+    config = Qwen3_5TextConfig(**{**text_config_kwargs(layer_types=layer_types,
+                                                        tie_word_embeddings=tie_word_embeddings),
+                                  **(overrides or {})})
     model = _build(Qwen3_5ForCausalLM, config, seed, dtype)
     _save(model, out, dtype, shard_size)
     return _finish(out, model)
@@ -138,10 +142,11 @@ def make_dense(dir: Path, *, layer_types: list[str] | None = None, tie_word_embe
 
 def make_moe(dir: Path, *, expert_layout: ExpertLayout = "per_expert",
              layer_types: list[str] | None = None, seed: int = 0,
-             dtype: torch.dtype = torch.float32) -> TinyCheckpoint:
+             dtype: torch.dtype = torch.float32, overrides: dict[str, Any] | None = None) -> TinyCheckpoint:
     """MoE text-only ``Qwen3_5MoeForCausalLM`` (8 experts, top-2) in the chosen expert layout."""
     out = Path(dir)
-    config = Qwen3_5MoeTextConfig(**text_config_kwargs(layer_types=layer_types), **MOE_KWARGS)
+    config = Qwen3_5MoeTextConfig(**{**text_config_kwargs(layer_types=layer_types), **MOE_KWARGS,
+                                     **(overrides or {})})
     model = _build(Qwen3_5MoeForCausalLM, config, seed, dtype)
     _save(model, out, dtype)
     rewrite_expert_layout(out, expert_layout)

@@ -14,14 +14,23 @@ def _prompt(n: int, seed: int = 0) -> list[int]:
     return torch.randint(0, 448, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
+# Few layers and a small hidden size, but the real head geometry the kernels are built for:
+# attention head dim 256 with 6 query heads per KV head, DeltaNet dk = dv = 128 with 3 value
+# heads per key head (27B's ratios).
+REAL_HEADS = dict(hidden_size=256, intermediate_size=512, head_dim=256, num_attention_heads=6,
+                  num_key_value_heads=1, linear_num_key_heads=2, linear_num_value_heads=6,
+                  linear_key_head_dim=128, linear_value_head_dim=128)
+
+
 @pytest.fixture(scope="module")
 def dense(tmp_path_factory) -> TinyCheckpoint:
-    return make_dense(tmp_path_factory.mktemp("gdense"), seed=1)
+    return make_dense(tmp_path_factory.mktemp("gdense"), seed=1, overrides=REAL_HEADS)
 
 
 @pytest.fixture(scope="module")
 def moe(tmp_path_factory) -> TinyCheckpoint:
-    return make_moe(tmp_path_factory.mktemp("gmoe"), expert_layout="fused", seed=2)
+    return make_moe(tmp_path_factory.mktemp("gmoe"), expert_layout="fused", seed=2,
+                    overrides={**REAL_HEADS, "moe_intermediate_size": 128, "shared_expert_intermediate_size": 128})
 
 
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 2e-3), (torch.bfloat16, 0.15)])
