@@ -1,4 +1,4 @@
-"""The ``ninfer`` command: ``generate`` and ``ppl`` subcommands."""
+"""The ``ninfer`` command: ``generate``, ``ppl`` and ``serve`` subcommands."""
 from __future__ import annotations
 
 import argparse
@@ -90,6 +90,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="window advance in tokens (default 2048)")
     ppl.add_argument("--output", type=Path, metavar="FILE", help="write a JSON report with per-window numbers")
     _add_model_options(ppl)
+
+    from ninfer.api.cli import add_serve_parser
+
+    add_serve_parser(sub)
     return parser
 
 
@@ -177,7 +181,12 @@ def main(argv: list[str] | None = None) -> None:
     from ninfer.config import ConfigError
 
     try:
-        {"generate": run_generate, "ppl": run_ppl}[args.command](args)
+        if args.command == "serve":
+            from ninfer.api.cli import run_serve
+
+            run_serve(args)
+        else:
+            {"generate": run_generate, "ppl": run_ppl}[args.command](args)
     except (CliError, CheckpointError, ConfigError, ValueError) as err:
         print(f"ninfer: error: {err}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -21,6 +21,7 @@ class AsyncEngine:
         self._commands: queue.Queue[tuple[str, Any]] = queue.Queue()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._stopped = threading.Event()
+        self.last_error: Exception | None = None
         self._thread = threading.Thread(target=self._loop, name="ninfer-engine", daemon=True)
         self._thread.start()
 
@@ -87,5 +88,23 @@ class AsyncEngine:
             except queue.Empty:
                 pass
             if self.engine.has_work:
-                for event in self.engine.step():
+                try:
+                    events = self.engine.step()
+                except Exception as err:  # a failed step ends every resident request; serving goes on
+                    events = self._fail_all(err)
+                for event in events:
                     self._deliver(event.request_id, event)
+
+    def _fail_all(self, err: Exception) -> list[RequestOutput]:
+        self.last_error = err
+        events = []
+        for request_id in list(self.engine.requests):
+            event = self.engine.cancel(request_id)
+            if event is not None:
+                event.finish_reason, event.error = "error", f"{type(err).__name__}: {err}"
+                events.append(event)
+        return events
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()

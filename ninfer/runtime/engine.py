@@ -20,7 +20,7 @@ from ninfer.runtime.memory import MemoryPlan, plan_memory
 from ninfer.runtime.output import OutputProcessor
 from ninfer.runtime.pools import PagePool, SlotPool
 from ninfer.runtime.request import Request, RequestOutput, Status
-from ninfer.runtime.sampler import Sampler
+from ninfer.runtime.sampler import Sampler, TokenLogprobs
 from ninfer.runtime.scheduler import Scheduler
 
 
@@ -71,6 +71,8 @@ class Engine:
             return None
         return self._finish(req, "cancelled")
 
+    supports_logprobs = True
+
     @property
     def has_work(self) -> bool:
         return bool(self.scheduler.waiting or self.scheduler.running)
@@ -84,14 +86,15 @@ class Engine:
         plan = self.scheduler.plan()
         events: list[RequestOutput] = []
         if plan.decode:
-            tokens = self.sampler.sample(self._decode_logits(plan.decode), plan.decode)
-            for req, token in zip(plan.decode, tokens):
-                events.extend(self._append(req, token))
+            tokens, logprobs = self.sampler.sample(self._decode_logits(plan.decode), plan.decode)
+            for req, token, lp in zip(plan.decode, tokens, logprobs):
+                events.extend(self._append(req, token, lp))
         if plan.prefill is not None:
             req = plan.prefill
             logits = self._prefill_logits(req, plan.prefill_end)
             if logits is not None:
-                events.extend(self._append(req, self.sampler.sample(logits, [req])[0]))
+                tokens, logprobs = self.sampler.sample(logits, [req])
+                events.extend(self._append(req, tokens[0], logprobs[0]))
         return events
 
     def run_until_done(self) -> list[RequestOutput]:
@@ -150,12 +153,14 @@ class Engine:
         return self.model.logits(hidden[-1:]) if end == len(req.prompt_ids) else None
 
     # -- outputs --------------------------------------------------------------------------------
-    def _append(self, req: Request, token: int) -> list[RequestOutput]:
+    def _append(self, req: Request, token: int, logprobs: TokenLogprobs | None = None) -> list[RequestOutput]:
         req.output_ids.append(token)
         if req.first_token_time is None:
             req.first_token_time = time.perf_counter()
         processor = self.outputs[req.request_id]
         event = processor.push(token)
+        if logprobs is not None:
+            event.logprobs = [logprobs]
         if processor.finish_reason is not None:
             return [self._finish(req, processor.finish_reason, event)]
         if len(req.output_ids) >= req.max_new_tokens:

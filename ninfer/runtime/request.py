@@ -53,6 +53,7 @@ class Request:
     slot: int | None = None
     finish_reason: str | None = None
     arrival: float = field(default_factory=time.perf_counter)
+    admit_time: float | None = None
     first_token_time: float | None = None
     finish_time: float | None = None
 

@@ -6,6 +6,7 @@ unfinished prompt, so a long prompt never stalls decoding for more than one chun
 """
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass
 
@@ -76,6 +77,7 @@ class Scheduler:
             req.reserved_pages = need
             req.lane, req.slot = self.free_lanes.popleft(), self.slots.acquire()
             req.status = Status.RUNNING
+            req.admit_time = time.perf_counter()
             self.running.append(req)
             admitted.append(req)
         return admitted

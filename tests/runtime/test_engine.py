@@ -138,3 +138,26 @@ def test_stream_and_stop_strings(dense_ckpt: TinyCheckpoint, solo) -> None:
         cut = solo.generate("hello there", max_new_tokens=20, greedy=True, stop=[stop])
         assert cut.finish_reason == "stop" and cut.text == full.text[: full.text.index(stop)]
     _assert_balanced(solo)
+
+
+def test_logprobs_match_scores_and_penalties_change_choices(solo) -> None:
+    from ninfer.runtime.sampling import SamplingParams
+
+    prompt = _prompts([12], seed=7)[0]
+    req = solo._request(prompt, 4, SamplingParams(greedy=True, logprobs=3))
+    solo.engine.add_request(req)
+    events = solo.engine.run_until_done()
+    entries = [lp for e in events if e.logprobs for lp in e.logprobs]
+    assert [e[0] for e in entries] == req.output_ids
+    # Logprobs are over the tokenizer's ids only (the embedding's padding rows are never valid).
+    solo.runner.start(16 + 4)
+    hidden = solo.runner.extend(prompt + req.output_ids)[len(prompt) - 1:-1]
+    logits = solo.model.logits(hidden)[:, : solo.valid_vocab].float().log_softmax(-1)
+    expected = logits.gather(-1, torch.tensor(req.output_ids)[:, None])[:, 0]
+    assert torch.allclose(torch.tensor([e[1] for e in entries]), expected, atol=1e-4)
+    assert all(len(e[2]) == 3 and e[2][0][0] == e[0] for e in entries)  # greedy token is the top one
+    # A huge repetition penalty forbids reusing any prompt token.
+    banned = solo._request(prompt, 4, SamplingParams(greedy=True, repetition_penalty=1e9))
+    solo._run([banned])
+    assert not set(banned.output_ids) & set(prompt)
+    _assert_balanced(solo)

@@ -1,0 +1,170 @@
+"""The Starlette app: routes, API-key check, per-protocol error shapes, and the engine's lifespan.
+
+``create_app(llm, config)`` starts an :class:`~ninfer.runtime.async_engine.AsyncEngine` (the
+engine on its own thread) when the app starts and stops it when the app stops. Tests may pass
+``engine=`` an object with the same ``generate`` / ``cancel`` / ``call`` / ``shutdown`` methods.
+"""
+from __future__ import annotations
+
+import contextlib
+import hmac
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from ninfer.api import anthropic, openai_chat, openai_responses
+from ninfer.api.config import ServerConfig
+from ninfer.api.convert import new_id
+from ninfer.api.errors import APIError, Protocol
+from ninfer.api.metrics import Metrics
+from ninfer.api.response_store import ResponseStore
+from ninfer.api.service import ClientGone, Service
+
+log = logging.getLogger("ninfer.api")
+Handler = Callable[..., Awaitable[Response]]
+
+
+def _protocol(path: str) -> Protocol:
+    return "anthropic" if path.startswith("/v1/messages") else "openai"
+
+
+def _authorized(request: Request, key: str) -> bool:
+    offered = request.headers.get("x-api-key")
+    auth = request.headers.get("authorization", "")
+    if auth[:7].lower() == "bearer ":
+        offered = offered or auth[7:].strip()
+    return offered is not None and hmac.compare_digest(offered.encode(), key.encode())
+
+
+def _error_response(err: APIError, protocol: Protocol) -> JSONResponse:
+    return JSONResponse(err.body(protocol), status_code=err.status_for(protocol))
+
+
+def _endpoint(handler: Handler, *, auth: bool = True, with_store: bool = False) -> Callable[[Request], Any]:
+    """Wrap a handler: API key, request id header, APIError -> protocol error body, no prompt logging."""
+    async def route(request: Request) -> Response:
+        protocol = _protocol(request.url.path)
+        rid = new_id("req_")
+        state = request.app.state
+        try:
+            if auth and state.config.api_key and not _authorized(request, state.config.api_key):
+                raise APIError(401, "a valid API key is required (Authorization: Bearer KEY or x-api-key: KEY)",
+                               code="invalid_api_key")
+            args = (state.service, state.store) if with_store else (state.service,)
+            response = await handler(request, *args)
+        except APIError as err:
+            if err.status >= 500:
+                log.warning("%s %s -> %d %s", request.method, request.url.path, err.status, err.code)
+            response = _error_response(err, protocol)
+        except ClientGone:
+            response = Response(status_code=499)
+        except Exception:
+            log.exception("internal error on %s %s", request.method, request.url.path)
+            response = _error_response(APIError(500, "internal server error", code="internal_error"), protocol)
+        response.headers["request-id" if protocol == "anthropic" else "x-request-id"] = rid
+        return response
+    return route
+
+
+async def _health(request: Request, service: Service) -> Response:
+    if not service.alive:
+        return JSONResponse({"status": "unavailable"}, status_code=503)
+    return JSONResponse({"status": "ok"})
+
+
+async def _metrics(request: Request, service: Service) -> Response:
+    body = await service.metrics.render(service.engine, service.alive, service.in_flight)
+    return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+def _model_card(service: Service) -> dict[str, Any]:
+    return {"id": service.model_id, "object": "model", "created": service.created, "owned_by": "ninfer",
+            "max_model_len": service.max_context}
+
+
+async def _models(request: Request, service: Service) -> Response:
+    return JSONResponse({"object": "list", "data": [_model_card(service)]})
+
+
+async def _model(request: Request, service: Service) -> Response:
+    model_id = request.path_params["model_id"]
+    if model_id != service.model_id:
+        raise APIError(404, f"model {model_id!r} does not exist; this server serves {service.model_id!r}",
+                       code="model_not_found", param="model")
+    return JSONResponse(_model_card(service))
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+    message = f"{request.method} {request.url.path}: {exc.detail}"
+    return _error_response(APIError(exc.status_code, message, code=code), _protocol(request.url.path))
+
+
+def create_app(llm: Any, config: ServerConfig | None = None, *, engine: Any = None) -> Starlette:
+    """The server app for a loaded ``ninfer.LLM``."""
+    config = config or ServerConfig()
+    model_id = config.model_id or llm.model_dir.name
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        own = engine is None
+        if own:
+            from ninfer.runtime.async_engine import AsyncEngine
+
+            _widen_queue(llm, config)
+            async_engine = AsyncEngine(llm.engine)
+        else:
+            async_engine = engine
+        metrics = Metrics(model_id, llm.engine.config.max_concurrency, llm.engine.config.max_context)
+        service = Service(llm, config, async_engine, metrics, model_id)
+        app.state.service, app.state.config = service, config
+        app.state.store = ResponseStore(config.response_store_max_records, config.response_store_max_bytes)
+        log.info("serving %s: %d lanes, context %d tokens", model_id, service.lanes, service.max_context)
+        try:
+            yield
+        finally:
+            if own:
+                async_engine.shutdown()
+
+    def store_route(path: str, handler: Handler, methods: list[str]) -> Route:
+        return Route(path, _endpoint(handler, with_store=True), methods=methods)
+
+    routes = [
+        Route("/health", _endpoint(_health, auth=False), methods=["GET"]),
+        Route("/metrics", _endpoint(_metrics), methods=["GET"]),
+        Route("/v1/models", _endpoint(_models), methods=["GET"]),
+        Route("/v1/models/{model_id:path}", _endpoint(_model), methods=["GET"]),
+        Route("/v1/chat/completions", _endpoint(openai_chat.handle), methods=["POST"]),
+        store_route("/v1/responses", openai_responses.create, ["POST"]),
+        store_route("/v1/responses/input_tokens", openai_responses.input_tokens, ["POST"]),
+        store_route("/v1/responses/compact", openai_responses.not_supported, ["POST"]),
+        store_route("/v1/responses/{response_id}", openai_responses.get, ["GET"]),
+        Route("/v1/responses/{response_id}", _endpoint(openai_responses.delete, with_store=True),
+              methods=["DELETE"]),
+        store_route("/v1/responses/{response_id}/input_items", openai_responses.list_input_items, ["GET"]),
+        store_route("/v1/responses/{response_id}/cancel", openai_responses.not_supported, ["POST"]),
+        Route("/v1/messages", _endpoint(anthropic.create), methods=["POST"]),
+        Route("/v1/messages/count_tokens", _endpoint(anthropic.count_tokens), methods=["POST"]),
+    ]
+    middleware = []
+    if config.cors:
+        middleware.append(Middleware(CORSMiddleware, allow_origins=["*"], allow_methods=["*"], allow_headers=["*"],
+                                     expose_headers=["x-request-id", "request-id"]))
+    return Starlette(routes=routes, middleware=middleware, lifespan=lifespan,
+                     exception_handlers={HTTPException: _http_error})
+
+
+def _widen_queue(llm: Any, config: ServerConfig) -> None:
+    """The engine's own wait queue must hold at least the server's pending places (QueueFull is a 429 anyway)."""
+    scheduler = getattr(llm.engine, "scheduler", None)
+    if scheduler is not None and getattr(scheduler, "max_pending", None) is not None:
+        scheduler.max_pending = max(scheduler.max_pending, config.max_pending + llm.engine.config.max_concurrency)

@@ -1,0 +1,158 @@
+"""``ninfer serve MODEL``: load a checkpoint and serve it over HTTP.
+
+``add_serve_parser(subparsers)`` adds the subcommand to a parser; ``run_serve(args)`` runs it.
+``python -m ninfer.api.cli serve MODEL ...`` works on its own as well.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+SERVE_EXAMPLES = """examples:
+  ninfer serve Qwen/Qwen3.6-27B --max-concurrency 4 --max-context 32768
+  ninfer serve ./my-model --port 9000 --api-key secret --no-thinking
+  curl http://127.0.0.1:8080/v1/chat/completions -H 'content-type: application/json' \\
+       -d '{"model": "m", "messages": [{"role": "user", "content": "Hi"}]}'
+"""
+
+
+def _int(flag: str, lo: int = 1):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{flag} expects an integer, got {text!r}") from None
+        if value < lo:
+            raise argparse.ArgumentTypeError(f"{flag} must be >= {lo}, got {value}")
+        return value
+    return parse
+
+
+def _float(flag: str, lo: float, hi: float | None = None, lo_open: bool = False):
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{flag} expects a number, got {text!r}") from None
+        if (value <= lo if lo_open else value < lo) or (hi is not None and value > hi):
+            raise argparse.ArgumentTypeError(f"{flag} is out of range: {value}")
+        return value
+    return parse
+
+
+def _kv_capacity(text: str) -> int | str:
+    return text if text == "auto" else _int("--kv-capacity")(text)
+
+
+def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("serve", help="serve a model over HTTP (OpenAI and Anthropic APIs)",
+                              description="Serve OpenAI Chat Completions / Responses and Anthropic Messages.",
+                              epilog=SERVE_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model", nargs="?", help="checkpoint directory or Hugging Face id (default: bundled tiny model)")
+    p.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
+    p.add_argument("--port", type=_int("--port", 0), default=8080, help="listen port (default 8080)")
+    p.add_argument("--api-key", metavar="KEY", help="require 'Authorization: Bearer KEY' or 'x-api-key: KEY'")
+    p.add_argument("--model-id", metavar="ID", help="public model name (default: the checkpoint directory name)")
+    p.add_argument("--max-concurrency", type=_int("--max-concurrency"), default=1, metavar="N",
+                   help="sequences decoded together, 1..8 (default 1)")
+    p.add_argument("--max-pending", "--max-pending-requests", dest="max_pending", type=_int("--max-pending", 0),
+                   default=16, metavar="N", help="waiting requests beyond the lanes; more get 429 (default 16)")
+    p.add_argument("--pending-timeout-ms", type=_int("--pending-timeout-ms"), default=30000, metavar="N",
+                   help="admission deadline; past it 503 (default 30000)")
+    p.add_argument("--max-context", type=_int("--max-context"), default=8192, metavar="N",
+                   help="most tokens per sequence, prompt + output (default 8192)")
+    p.add_argument("--kv-capacity", type=_kv_capacity, metavar="N|auto",
+                   help="KV pool size in tokens, or 'auto' (default: max-concurrency x max-context)")
+    p.add_argument("--kv-dtype", choices=["auto", "bf16", "fp8", "int8"], default="auto",
+                   help="KV cache storage (default: the model dtype)")
+    p.add_argument("--prefill-chunk", type=_int("--prefill-chunk"), default=1024, metavar="N",
+                   help="prompt tokens per prefill step (default 1024)")
+    p.add_argument("--device", help="torch device (default: cuda if available)")
+    p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], help="compute dtype")
+    p.add_argument("--no-cuda-graphs", action="store_true", help="run decode steps eagerly")
+    p.add_argument("--max-request-mib", type=_int("--max-request-mib"), default=384, metavar="N",
+                   help="request body limit; larger bodies get 413 (default 384)")
+    p.add_argument("--default-max-tokens", type=_int("--default-max-tokens"), default=8192, metavar="N",
+                   help="output limit when a request sets none (default 8192)")
+    p.add_argument("--no-thinking", action="store_true", help="thinking off unless a request turns it on")
+    p.add_argument("--preserve-thinking", action="store_true", help="keep reasoning of closed turns in prompts")
+    p.add_argument("--response-store-max-records", type=_int("--response-store-max-records", 0), default=1024,
+                   metavar="N", help="Responses kept for previous_response_id (default 1024)")
+    p.add_argument("--response-store-max-mib", type=_int("--response-store-max-mib", 0), default=256, metavar="N",
+                   help="memory of the Responses store (default 256)")
+    p.add_argument("--cors", action="store_true", help="answer CORS requests from any origin")
+    p.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default="info")
+    s = p.add_argument_group("sampling overrides (request fields win; defaults: the model's preset)")
+    s.add_argument("--temperature", type=_float("--temperature", 0.0, 2.0), metavar="T")
+    s.add_argument("--top-p", type=_float("--top-p", 0.0, 1.0, lo_open=True), metavar="P")
+    s.add_argument("--top-k", type=_int("--top-k", 0), metavar="K")
+    s.add_argument("--min-p", type=_float("--min-p", 0.0, 1.0), metavar="P")
+    s.add_argument("--presence-penalty", type=_float("--presence-penalty", -2.0, 2.0), metavar="X")
+    s.add_argument("--frequency-penalty", type=_float("--frequency-penalty", -2.0, 2.0), metavar="X")
+    s.add_argument("--repetition-penalty", type=_float("--repetition-penalty", 0.0, lo_open=True), metavar="X")
+    s.add_argument("--seed", type=int, metavar="N", help="seed of every request that sets none")
+    s.add_argument("--greedy", action="store_true", help="temperature 0 unless a request sets one")
+    p.set_defaults(func=run_serve)
+    return p
+
+
+def server_config(args: argparse.Namespace):
+    from ninfer.api.config import SamplingOverrides, ServerConfig
+
+    sampling = SamplingOverrides(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                                 min_p=args.min_p, presence_penalty=args.presence_penalty,
+                                 frequency_penalty=args.frequency_penalty,
+                                 repetition_penalty=args.repetition_penalty, seed=args.seed, greedy=args.greedy)
+    return ServerConfig(model_id=args.model_id, api_key=args.api_key, max_pending=args.max_pending,
+                        pending_timeout_ms=args.pending_timeout_ms, max_request_bytes=args.max_request_mib << 20,
+                        default_max_tokens=args.default_max_tokens, thinking=not args.no_thinking,
+                        preserve_thinking=args.preserve_thinking, cors=args.cors,
+                        response_store_max_records=args.response_store_max_records,
+                        response_store_max_bytes=args.response_store_max_mib << 20, sampling=sampling)
+
+
+def run_serve(args: argparse.Namespace) -> None:
+    import uvicorn
+
+    import ninfer
+    from ninfer.api.app import create_app
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s  %(levelname)s  %(message)s")
+    config = server_config(args)
+    if config.model_id is None and args.model:
+        config = _with_model_id(config, args.model)
+    llm = ninfer.load(args.model, device=args.device, dtype=args.dtype, max_concurrency=args.max_concurrency,
+                      max_context=args.max_context, kv_capacity=args.kv_capacity, kv_dtype=args.kv_dtype,
+                      prefill_chunk=args.prefill_chunk, cuda_graphs=not args.no_cuda_graphs)
+    app = create_app(llm, config)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
+
+
+def _with_model_id(config, model: str):
+    import dataclasses
+    from pathlib import Path
+
+    name = model.rstrip("/")
+    return dataclasses.replace(config, model_id=name if "/" in name and not Path(name).exists() else Path(name).name)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="ninfer")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    add_serve_parser(sub)
+    args = parser.parse_args(argv)
+    from ninfer.checkpoint import CheckpointError
+    from ninfer.config import ConfigError
+
+    try:
+        args.func(args)
+    except (CheckpointError, ConfigError, ValueError) as err:
+        print(f"ninfer: error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except KeyboardInterrupt:
+        raise SystemExit(130) from None
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,213 @@
+"""OpenAI Chat Completions: ``POST /v1/chat/completions``, streaming and not.
+
+Stream grammar: an assistant-role chunk, then reasoning (``reasoning_content``), content and
+tool-call deltas, a finish chunk, the optional usage chunk (empty ``choices``), ``[DONE]``.
+Unknown top-level fields are ignored; unsupported non-neutral features are a 400 naming the field.
+"""
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.requests import Request as HTTPRequest
+from starlette.responses import JSONResponse, Response
+
+from ninfer.api import convert
+from ninfer.api.errors import APIError, invalid, unsupported
+from ninfer.api.output import Collected, OutputStream
+from ninfer.api.sampling import parse_fields
+from ninfer.api.service import ChatInput, GenerationSpec, Run, Service
+from ninfer.api.streaming import sse_response
+from ninfer.api.validation import Fields, read_json
+
+ROLES = ("system", "developer", "user", "assistant", "tool", "function")
+
+
+def parse(body: dict[str, Any], max_stop: int) -> tuple[ChatInput, GenerationSpec, bool, bool]:
+    """``(chat, spec, stream, include_usage)`` of a request body."""
+    f = Fields(body)
+    f.str("model")
+    messages = [_message(m) for m in f.items("messages", required=True, nonempty=True)]
+    if f.int("n") not in (None, 1):
+        raise invalid(f"'n' must be 1 (one choice per request), got {body['n']}", "n")
+    _reject_unsupported(f)
+    tools = [convert.function_tool(t.sub("function", required=True).data.get("name"),
+                                   t.data["function"].get("description"), t.data["function"].get("parameters"),
+                                   t.path("function"))
+             for t in _function_tools(f)]
+    enable, preserve, effort = convert.thinking_options(f, f.sub("chat_template_kwargs"))
+    chat = ChatInput(messages, convert.unique_tools(tools, "tools"), convert.tool_choice(body.get("tool_choice")),
+                     enable, preserve, effort)
+    f.bool("parallel_tool_calls")
+    max_tokens = f.int("max_completion_tokens", lo=0)
+    if max_tokens is None:
+        max_tokens = f.int("max_tokens", lo=0)
+    spec = GenerationSpec(max_tokens, f.str_or_list("stop", max_items=max_stop), parse_fields(f),
+                          _logprobs(f))
+    stream = bool(f.bool("stream"))
+    options = f.sub("stream_options")
+    include_usage = bool(options.bool("include_usage")) if options is not None else False
+    return chat, spec, stream, include_usage
+
+
+def _function_tools(f: Fields) -> list[Fields]:
+    tools = f.items("tools")
+    for t in tools:
+        if t.str("type") not in (None, "function"):
+            raise invalid(f"'{t.path('type')}' {t.data['type']!r} is not supported: only function tools are",
+                          t.path("type"))
+    return tools
+
+
+def _message(m: Fields) -> dict[str, Any]:
+    role = m.str("role", required=True, choices=ROLES)
+    content = convert.text_content(m.data.get("content"), m.path("content"), ("text", "refusal"))
+    if role == "function":  # legacy function result
+        role = "tool"
+    out: dict[str, Any] = {"role": role, "content": content}
+    if role == "assistant":
+        reasoning = m.str("reasoning_content")
+        if reasoning is None:
+            reasoning = m.str("reasoning")
+        if reasoning is not None:
+            out["reasoning_content"] = reasoning
+        calls = []
+        for c in m.items("tool_calls"):
+            fn = c.sub("function", required=True)
+            name = fn.str("name", required=True)
+            calls.append({"id": c.str("id") or convert.new_id("call_"), "type": "function",
+                          "function": {"name": name, "arguments": convert.arguments_object(
+                              fn.data.get("arguments"), fn.path("arguments"))}})
+        if calls:
+            out["tool_calls"] = calls
+    elif role == "tool":
+        m.str("tool_call_id")
+    return out
+
+
+def _reject_unsupported(f: Fields) -> None:
+    bias = f.dict("logit_bias")
+    if bias and any(v != 0 for v in bias.values()):
+        raise unsupported("logit_bias", "only an empty or all-zero bias is accepted")
+    if f.has("audio"):
+        raise unsupported("audio")
+    modalities = f.list("modalities")
+    if modalities and modalities != ["text"]:
+        raise unsupported("modalities", "only [\"text\"] is served")
+    fmt = f.sub("response_format")
+    if fmt is not None and fmt.str("type") not in (None, "text"):
+        raise unsupported("response_format", "structured output is not available")
+    if f.has("functions") and f.data["functions"]:
+        raise unsupported("functions", "use 'tools'")
+    if f.bool("store"):
+        raise unsupported("store", "stored completions are not kept")
+    if f.has("web_search_options"):
+        raise unsupported("web_search_options")
+    if f.str("verbosity") not in (None, "medium"):
+        raise unsupported("verbosity", "only 'medium' is accepted")
+    if f.has("prediction"):
+        raise unsupported("prediction")
+
+
+def _logprobs(f: Fields) -> int | None:
+    wanted = f.bool("logprobs")
+    top = f.int("top_logprobs", lo=0, hi=20)
+    if top and not wanted:
+        raise invalid("'top_logprobs' needs 'logprobs': true", "top_logprobs")
+    return (top or 0) if wanted else None
+
+
+def _finish_reason(out: Collected | OutputStream, reason: str) -> str:
+    if reason == "length":
+        return "length"
+    return "tool_calls" if out.tool_calls else "stop"
+
+
+def _tool_call(call: Any) -> dict[str, Any]:
+    return {"id": convert.new_id("call_"), "type": "function",
+            "function": {"name": call.name, "arguments": call.arguments_json}}
+
+
+async def handle(request: HTTPRequest, service: Service) -> Response:
+    body = await read_json(request, service.config.max_request_bytes)
+    chat, spec, stream, include_usage = parse(body, service.config.max_stop)
+    prompt_ids, thinking = await service.prompt_ids(chat)
+    created, cid = int(time.time()), convert.new_id("chatcmpl-")
+    if spec.max_tokens == 0:  # process the prompt only: nothing to generate
+        service.check_context(len(prompt_ids))
+        return JSONResponse(_empty(service, cid, created, len(prompt_ids)))
+    req = service.request(prompt_ids, thinking, spec)
+    out = service.output(req, chat)
+    run = await service.start(req, request)
+    if stream:
+        return sse_response(_stream(service, run, out, cid, created, include_usage, spec.logprobs is not None),
+                            service.config.keepalive_s, run.close)
+    try:
+        async for event in run.events(request):
+            out.push(event)
+    finally:
+        run.close()
+    if (err := convert.engine_failure(out.finish_reason, out.error)) is not None:
+        raise err
+    result = out.collected()
+    message: dict[str, Any] = {"role": "assistant",
+                               "content": result.text if result.text or not result.tool_calls else None,
+                               "refusal": None}
+    if result.reasoning is not None:
+        message["reasoning_content"] = result.reasoning
+    if result.tool_calls:
+        message["tool_calls"] = [_tool_call(c) for c in result.tool_calls]
+    logprobs = {"content": convert.logprob_entries(result.logprobs, service.tokenizer)} if spec.logprobs is not None else None
+    return JSONResponse({
+        "id": cid, "object": "chat.completion", "created": created, "model": service.model_id,
+        "choices": [{"index": 0, "message": message, "logprobs": logprobs,
+                     "finish_reason": _finish_reason(result, result.finish_reason)}],
+        "usage": convert.openai_usage(result.usage), "system_fingerprint": None,
+    })
+
+
+def _empty(service: Service, cid: str, created: int, prompt_tokens: int) -> dict[str, Any]:
+    usage = {"prompt_tokens": prompt_tokens, "completion_tokens": 0, "total_tokens": prompt_tokens,
+             "prompt_tokens_details": {"cached_tokens": 0}, "completion_tokens_details": {"reasoning_tokens": 0}}
+    return {"id": cid, "object": "chat.completion", "created": created, "model": service.model_id,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "", "refusal": None},
+                         "logprobs": None, "finish_reason": "length"}], "usage": usage, "system_fingerprint": None}
+
+
+async def _stream(service: Service, run: Run, out: OutputStream, cid: str, created: int, include_usage: bool,
+                  logprobs: bool) -> AsyncIterator[dict[str, Any]]:
+    base = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": service.model_id,
+            "system_fingerprint": None}
+    if include_usage:
+        base["usage"] = None
+
+    def chunk(delta: dict[str, Any], finish: str | None = None, lp: Any = None) -> dict[str, Any]:
+        return {"data": json.dumps({**base, "choices": [{"index": 0, "delta": delta, "logprobs": lp,
+                                                         "finish_reason": finish}]}, ensure_ascii=False)}
+    try:
+        yield chunk({"role": "assistant", "content": ""})
+        async for event in run.events():
+            lp = ({"content": convert.logprob_entries(event.logprobs, service.tokenizer)}
+                  if logprobs and event.logprobs else None)
+            for kind, value in out.push(event):
+                if kind == "reasoning":
+                    yield chunk({"reasoning_content": value}, lp=lp)
+                elif kind == "text":
+                    yield chunk({"content": value}, lp=lp)
+                else:
+                    yield chunk({"tool_calls": [{"index": value.index, **_tool_call(value)}]}, lp=lp)
+                lp = None
+            if lp is not None:
+                yield chunk({}, lp=lp)
+        if (err := convert.engine_failure(out.finish_reason, out.error)) is not None:
+            raise err
+        yield chunk({}, _finish_reason(out, out.finish_reason or "stop"))
+        if include_usage:
+            yield {"data": json.dumps({**base, "choices": [], "usage": convert.openai_usage(out.usage())})}
+    except APIError as err:
+        yield {"data": json.dumps(err.body("openai"))}
+    finally:
+        run.close()
+    yield {"data": "[DONE]"}

@@ -1,0 +1,87 @@
+"""Per-request sampling: request field > server flag > model preset > generation_config.json.
+
+Presets (feature bar §7) are chosen by model name and the resolved thinking mode; a model with
+no preset uses its ``generation_config.json`` defaults through ``llm.sampling_params()``.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from ninfer.api.config import SamplingOverrides
+from ninfer.api.errors import APIError, invalid
+from ninfer.runtime.sampling import SamplingParams
+
+_THINKING = {"temperature": 1.0, "top_p": 0.95, "top_k": 20, "min_p": 0.0, "presence_penalty": 0.0}
+_NON_THINKING = {"temperature": 0.7, "top_p": 0.80, "top_k": 20, "min_p": 0.0, "presence_penalty": 1.5}
+PRESETS: dict[str, dict[bool, dict[str, float]]] = {
+    "qwen3.6-27b": {True: _THINKING, False: _NON_THINKING},
+    "qwen3.8-27b": {True: _THINKING, False: _NON_THINKING},
+    "qwen3.6-35b-a3b": {True: {**_THINKING, "presence_penalty": 1.5}, False: _NON_THINKING},
+}
+FIELDS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
+          "repetition_penalty", "seed")
+# Values that mean "off": a field the engine lacks may still be sent with these.
+_NEUTRAL: dict[str, Any] = {"min_p": 0.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
+                            "repetition_penalty": 1.0, "logprobs": None}
+
+
+def preset_key(*names: str | None) -> str | None:
+    """The preset matching any of the given model names (alias, path, Hub id), longest key first."""
+    for key in sorted(PRESETS, key=len, reverse=True):
+        if any(name and key in name.lower() for name in names):
+            return key
+    return None
+
+
+def supported_fields() -> frozenset[str]:
+    return frozenset(f.name for f in dataclasses.fields(SamplingParams))
+
+
+def resolve(base: SamplingParams, preset: str | None, thinking: bool, overrides: SamplingOverrides,
+            request: dict[str, Any], logprobs: int | None = None) -> SamplingParams:
+    """Merge the layers; ``request`` holds only the fields the client set (paths as keys' names)."""
+    values: dict[str, Any] = {"temperature": base.temperature, "top_p": base.top_p, "top_k": base.top_k,
+                              "seed": base.seed}
+    if base.greedy:
+        values["temperature"] = 0.0
+    if preset is not None:
+        values.update(PRESETS[preset][thinking])
+    for name in FIELDS:
+        value = getattr(overrides, name)
+        if value is not None:
+            values[name] = value
+    if overrides.greedy:
+        values["temperature"] = 0.0
+    known = supported_fields()
+    for name, value in request.items():
+        if value is None:
+            continue
+        if name not in known and value != _NEUTRAL.get(name):
+            raise invalid(f"'{name}' is not supported by this engine", name, code="unsupported_parameter")
+        values[name] = value
+    if logprobs is not None:
+        values["logprobs"] = logprobs
+    if values.get("top_k", 0) < 0:
+        values["top_k"] = 0  # -1 means "off", as in vLLM
+    kwargs = {k: v for k, v in values.items() if k in known}
+    try:
+        return SamplingParams(**kwargs)
+    except ValueError as err:  # the message names the field
+        raise APIError(400, str(err), code="invalid_request_error", param=str(err).split()[0]) from None
+
+
+def parse_fields(f: Any, names: tuple[str, ...] = FIELDS, temperature_max: float = 2.0) -> dict[str, Any]:
+    """The sampling fields a request sets, range-checked (``f`` is a ``validation.Fields``)."""
+    getters = {
+        "temperature": lambda: f.float("temperature", lo=0, hi=temperature_max),
+        "top_p": lambda: f.float("top_p", lo=0, hi=1, lo_open=True),
+        "top_k": lambda: f.int("top_k", lo=-1),
+        "min_p": lambda: f.float("min_p", lo=0, hi=1),
+        "presence_penalty": lambda: f.float("presence_penalty", lo=-2, hi=2),
+        "frequency_penalty": lambda: f.float("frequency_penalty", lo=-2, hi=2),
+        "repetition_penalty": lambda: f.float("repetition_penalty", lo=0, lo_open=True),
+        "seed": lambda: f.int("seed", lo=-(1 << 63), hi=(1 << 64) - 1),
+    }
+    values = {name: getters[name]() for name in names}
+    return {k: v for k, v in values.items() if v is not None}
