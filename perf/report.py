@@ -1,0 +1,44 @@
+"""Render the benchmark records in perf/results/*.jsonl as markdown tables (for docs/performance.md).
+
+    python perf/report.py > /tmp/tables.md
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def load_records(folder: Path) -> list[dict]:
+    rows: dict[tuple, dict] = {}
+    for path in sorted(folder.glob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            if line.strip():
+                row = json.loads(line)
+                key = (row["bench"], row["shape"], row.get("kv_dtype"), row.get("format"), row.get("config"))
+                rows[key] = row  # a later file supersedes an earlier measurement of the same point
+    return list(rows.values())
+
+
+def table(rows: list[dict]) -> str:
+    out = ["| bench | shape | variant | median ms | achieved | % of limit | baseline | baseline ms | speed-up |",
+           "|---|---|---|---:|---:|---:|---|---:|---:|"]
+    for r in rows:
+        variant = r.get("kv_dtype") or r.get("format") or r.get("config") or ""
+        frac = r.get("fraction_of_limit")
+        frac_s = "" if frac is None or frac != frac else f"{100 * frac:.1f}%"
+        extra = f" ({r['tok_per_s']} tok/s)" if "tok_per_s" in r else ""
+        base_ms = "" if r.get("baseline_ms") is None else f"{r['baseline_ms']:.4f}"
+        speedup = "" if r.get("speedup_vs_baseline") is None else f"{r['speedup_vs_baseline']}x"
+        out.append(f"| {r['bench']} | {r['shape']} | {variant} | {r['median_ms']:.4f} | "
+                   f"{r['achieved']:.3f} {r['unit']}{extra} | {frac_s} | {r.get('baseline') or ''} | "
+                   f"{base_ms} | {speedup} |")
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    records = load_records(Path(__file__).parent / "results")
+    families: dict[str, list[dict]] = {}
+    for r in records:
+        families.setdefault(r["bench"].split("_")[0], []).append(r)
+    for family, rows in families.items():
+        print(f"### {family}\n\n{table(rows)}\n")
