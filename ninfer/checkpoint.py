@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -95,9 +95,10 @@ def canonical_name(key: str) -> tuple[str, str]:
 def materialize(model: nn.Module, device: torch.device, dtype: torch.dtype) -> None:
     """Give every parameter of a meta-device model uninitialised storage on ``device`` (fp32 where pinned)."""
     for module_name, module in model.named_modules():
+        keep = getattr(module, "keep_dtype", ())  # quantized weights declare their packed dtypes
         for name, param in list(module.named_parameters(recurse=False)):
             full = f"{module_name}.{name}" if module_name else name
-            target = torch.float32 if FP32_PARAMS.search(full) else dtype
+            target = param.dtype if name in keep else torch.float32 if FP32_PARAMS.search(full) else dtype
             setattr(module, name, nn.Parameter(torch.empty(param.shape, dtype=target, device=device),
                                                requires_grad=False))
 
@@ -127,43 +128,27 @@ def _expert_slice(params: dict[str, nn.Parameter], stacked: str, expert: int, pr
 
 def load_weights(
     model: nn.Module, model_dir: Path, device: torch.device, *, dtype: torch.dtype, tied_lm_head: bool,
-    progress: bool = True,
+    progress: bool = True, translate: Callable[[str, torch.Tensor], list[tuple[str, torch.Tensor]]] | None = None,
 ) -> LoadReport:
-    """Copy every checkpoint tensor into ``model`` (already materialised); raise on missing or misshapen ones."""
+    """Copy every checkpoint tensor into ``model`` (already materialised); raise on missing or misshapen ones.
+
+    ``translate`` maps a checkpoint tensor to the ``(key, tensor)`` pairs it stands for (pre-quantized
+    checkpoints in public layouts rename and rescale their packed tensors this way).
+    """
     params = dict(model.named_parameters())
     files = checkpoint_files(model_dir)
     report = LoadReport()
+    # Vision weights are not read at all here: the vision tower loads them when vision is enabled.
+    report.vision_keys = sorted(k for k in files if canonical_name(k)[0] == "vision")
+    files = {k: p for k, p in files.items() if canonical_name(k)[0] != "vision"}
     filled: set[str] = set()
     expert_parts: dict[str, int] = {}
-    total = sum(os.path.getsize(p) for p in set(files.values()))
+    total = sum(os.path.getsize(p) for p in set(files.values()))  # vision shards included: an upper bound
     bar = tqdm(total=total, unit="B", unit_scale=True, desc="loading weights", disable=not progress or None)
-    for key, tensor in _iter_tensors(files, device):
-        bar.update(tensor.numel() * tensor.element_size())
-        component, name = canonical_name(key)
-        if component == "vision":
-            report.vision_keys.append(key)
-            continue
-        if component == "mtp":
-            report.mtp[name] = tensor.to(torch.float32 if FP32_PARAMS.search(name) else dtype)
-            continue
-        if name == "lm_head.weight" and tied_lm_head:
-            report.ignored.append(key)
-            continue
-        if match := _PER_EXPERT.match(name):
-            stacked, expert, proj = match.group(1), int(match.group(2)), match.group(3)
-            if f"{stacked}.down_proj" not in params:
-                raise CheckpointError(f"unexpected tensor {key}: the config describes no experts there")
-            target = _expert_slice(params, stacked, expert, proj) if expert < params[
-                f"{stacked}.down_proj"].shape[0] else None
-            if target is None:
-                raise CheckpointError(f"tensor {key}: expert {expert} is beyond num_experts in config.json")
-            _copy(key, target, tensor)
-            expert_parts[stacked] = expert_parts.get(stacked, 0) + 1
-            continue
-        if name not in params:
-            raise CheckpointError(f"unexpected tensor {key} (no parameter {name!r} in a model built from config.json)")
-        _copy(key, params[name].data, tensor)
-        filled.add(name)
+    for raw_key, raw in _iter_tensors(files, device):
+        bar.update(raw.numel() * raw.element_size())
+        for key, tensor in (translate(raw_key, raw) if translate else [(raw_key, raw)]):
+            _place(key, tensor, params, filled, expert_parts, report, dtype, tied_lm_head)
     bar.close()
     for stacked, count in expert_parts.items():
         expected = 3 * params[f"{stacked}.down_proj"].shape[0]
@@ -175,6 +160,33 @@ def load_weights(
         shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
         raise CheckpointError(f"checkpoint {model_dir} is missing {len(missing)} tensors: {shown}")
     return report
+
+
+def _place(key: str, tensor: torch.Tensor, params: dict[str, nn.Parameter], filled: set[str],
+           expert_parts: dict[str, int], report: LoadReport, dtype: torch.dtype, tied_lm_head: bool) -> None:
+    """Put one checkpoint tensor where it belongs: a parameter, a slice of stacked experts, or the report."""
+    component, name = canonical_name(key)
+    if component == "mtp":
+        report.mtp[name] = tensor.to(torch.float32 if FP32_PARAMS.search(name) else dtype)
+        return
+    if name == "lm_head.weight" and tied_lm_head:
+        report.ignored.append(key)
+        return
+    if match := _PER_EXPERT.match(name):
+        stacked, expert, proj = match.group(1), int(match.group(2)), match.group(3)
+        if f"{stacked}.down_proj" not in params:
+            raise CheckpointError(f"unexpected tensor {key}: the config describes no experts there")
+        target = _expert_slice(params, stacked, expert, proj) if expert < params[
+            f"{stacked}.down_proj"].shape[0] else None
+        if target is None:
+            raise CheckpointError(f"tensor {key}: expert {expert} is beyond num_experts in config.json")
+        _copy(key, target, tensor)
+        expert_parts[stacked] = expert_parts.get(stacked, 0) + 1
+        return
+    if name not in params:
+        raise CheckpointError(f"unexpected tensor {key} (no parameter {name!r} in a model built from config.json)")
+    _copy(key, params[name].data, tensor)
+    filled.add(name)
 
 
 def _copy(key: str, target: torch.Tensor, tensor: torch.Tensor) -> None:

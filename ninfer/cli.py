@@ -1,4 +1,4 @@
-"""The ``ninfer`` command: ``generate``, ``ppl`` and ``serve`` subcommands."""
+"""The ``ninfer`` command: ``generate``, ``ppl``, ``convert`` and ``serve`` subcommands."""
 from __future__ import annotations
 
 import argparse
@@ -75,6 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int, metavar="N", help="sampling seed (default: random)")
     gen.add_argument("--no-thinking", action="store_true", help="turn the model's reasoning phase off")
     gen.add_argument("--stop", action="append", metavar="TEXT", help="stop at this text (repeatable)")
+    gen.add_argument("--vision", action="store_true",
+                     help="load the vision tower; --messages may hold image_url / video_url parts")
     _add_model_options(gen, engine=True)
 
     ppl = sub.add_parser("ppl", help="perplexity of a text file",
@@ -90,6 +92,19 @@ def build_parser() -> argparse.ArgumentParser:
                      help="window advance in tokens (default 2048)")
     ppl.add_argument("--output", type=Path, metavar="FILE", help="write a JSON report with per-window numbers")
     _add_model_options(ppl)
+
+    conv = sub.add_parser("convert", help="quantize a bf16 checkpoint with a recipe",
+                          description="Quantize a Hugging Face bf16 checkpoint tensor by tensor into a ninfer "
+                                      "checkpoint directory (safetensors + ninfer.json) that ninfer.load reads "
+                                      "without repacking.",
+                          epilog="examples:\n  ninfer convert --list-recipes\n"
+                                 "  ninfer convert ./Qwen3.6-27B --recipe qwen3_5_27b_int4 --out ./Qwen3.6-27B-int4",
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
+    conv.add_argument("src", nargs="?", help="bf16 checkpoint directory or Hugging Face id")
+    conv.add_argument("--recipe", metavar="NAME_OR_FILE", help="a shipped recipe name or a recipe JSON file")
+    conv.add_argument("--out", type=Path, metavar="DIR", help="output directory (must not exist or be empty)")
+    conv.add_argument("--device", help="where to quantize (default: cuda if available)")
+    conv.add_argument("--list-recipes", action="store_true", help="list the shipped recipes and exit")
 
     from ninfer.api.cli import add_serve_parser
 
@@ -126,8 +141,13 @@ def run_generate(args: argparse.Namespace) -> None:
             raise CliError(f"{flag} is out of range: {value}")
     messages, tools = _read_messages(args.messages) if args.messages else (
         [{"role": "user", "content": args.prompt}], None)
+    if args.messages:
+        from ninfer.vision import rebase_local_paths
+
+        messages = rebase_local_paths(messages, args.messages.parent)  # media paths relative to the file
     llm = _load(args, max_concurrency=1, max_context=args.max_context, kv_capacity=args.kv_capacity,
-                kv_dtype=args.kv_dtype, prefill_chunk=args.prefill_chunk, cuda_graphs=not args.no_cuda_graphs)
+                kv_dtype=args.kv_dtype, prefill_chunk=args.prefill_chunk, cuda_graphs=not args.no_cuda_graphs,
+                vision=args.vision)
     sampling = dict(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
                     greedy=args.greedy)
     if args.raw:
@@ -175,6 +195,22 @@ def run_ppl(args: argparse.Namespace) -> None:
         args.output.write_text(json.dumps(report, indent=2))
 
 
+def run_convert(args: argparse.Namespace) -> None:
+    from ninfer.quant.recipe import list_recipes
+
+    if args.list_recipes:
+        for name, description in list_recipes():
+            print(f"{name:28s} {description}")
+        return
+    for flag, value in (("SRC", args.src), ("--recipe", args.recipe), ("--out", args.out)):
+        if not value:
+            raise CliError(f"{flag} is required (or use --list-recipes)")
+    from ninfer.quant.convert import convert_checkpoint
+
+    out = convert_checkpoint(args.src, args.recipe, args.out, device=args.device)
+    print(f"wrote {out}", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     from ninfer.checkpoint import CheckpointError
@@ -186,7 +222,7 @@ def main(argv: list[str] | None = None) -> None:
 
             run_serve(args)
         else:
-            {"generate": run_generate, "ppl": run_ppl}[args.command](args)
+            {"generate": run_generate, "ppl": run_ppl, "convert": run_convert}[args.command](args)
     except (CliError, CheckpointError, ConfigError, ValueError) as err:
         print(f"ninfer: error: {err}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -56,7 +56,7 @@ class LLM:
     """A loaded Qwen3.5 checkpoint with its tokenizer and its batching engine."""
 
     def __init__(self, model: Qwen3_5TextModel, tokenizer: Tokenizer, model_dir: Path, report: LoadReport,
-                 engine_config: EngineConfig) -> None:
+                 engine_config: EngineConfig, vision: Any = None) -> None:
         self.model = model
         self.config: ModelConfig = model.config
         self.tokenizer = tokenizer
@@ -68,10 +68,11 @@ class LLM:
         self.engine = Engine(model, lambda req: OutputProcessor(req, tokenizer, self.stop_ids), engine_config,
                              vocab_limit=self.valid_vocab)
         self.runner = SequenceRunner(model, kv_dtype=engine_config.kv_dtype)  # scoring runs outside the engine's pool
+        self.vision = vision  # a ninfer.vision.VisionPipeline when loaded with vision=True
 
     @property
     def device(self) -> torch.device:
-        return self.model.embed_tokens.weight.device
+        return self.model.device
 
     def sampling_params(self, temperature: float | None = None, top_p: float | None = None,
                         top_k: int | None = None, seed: int | None = None, greedy: bool = False) -> SamplingParams:
@@ -114,11 +115,40 @@ class LLM:
         stop: list[str] | None = None,
         **sampling: Any,
     ) -> Completion:
-        """Apply the chat template, generate, and split the reasoning from the answer."""
-        prompt = self.tokenizer.apply_chat_template(messages, tools=tools, enable_thinking=enable_thinking)
-        req = self._request(self.tokenizer.encode(prompt), max_new_tokens, self.sampling_params(**sampling),
-                            None, stop, thinking=enable_thinking)
+        """Apply the chat template, generate, and split the reasoning from the answer.
+
+        Message content may be a string or OpenAI-style parts: ``text``, ``image_url`` and
+        ``video_url`` (a path, an http(s) URL or a data URI) when the model was loaded with vision.
+        """
+        prompt_ids, mm = self._chat_prompt(messages, tools, enable_thinking)
+        req = self._request(prompt_ids, max_new_tokens, self.sampling_params(**sampling), None, stop,
+                            thinking=enable_thinking, mm=mm)
         return self._run([req])[0]
+
+    def count_tokens(self, messages: list[dict[str, Any]], *, tools: list[dict[str, Any]] | None = None,
+                     enable_thinking: bool = True) -> int:
+        """Prompt tokens of a chat, media tokens included."""
+        from ninfer.vision import collect_media, reject_media
+
+        if collect_media(messages):
+            if self.vision is None:
+                reject_media(messages)
+            return self.vision.count_tokens(messages, self.tokenizer, tools=tools, enable_thinking=enable_thinking)
+        return len(self.tokenizer.encode(
+            self.tokenizer.apply_chat_template(messages, tools=tools, enable_thinking=enable_thinking)))
+
+    def _chat_prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                     enable_thinking: bool) -> tuple[list[int], Any]:
+        from ninfer.vision import MultimodalInputs, collect_media, reject_media
+
+        if not collect_media(messages):
+            text = self.tokenizer.apply_chat_template(messages, tools=tools, enable_thinking=enable_thinking)
+            return self.tokenizer.encode(text), None
+        if self.vision is None:
+            reject_media(messages)
+        prompt = self.vision.prompt_from_messages(messages, self.tokenizer, tools=tools,
+                                                  enable_thinking=enable_thinking)
+        return list(prompt.input_ids), MultimodalInputs(prompt, self.vision.encode(prompt))
 
     def stream(self, prompt: str, max_new_tokens: int = 256, **sampling: Any) -> Iterator[str]:
         """Yield text deltas of one raw-prompt completion as they are produced."""
@@ -139,14 +169,14 @@ class LLM:
 
     def _request(self, prompt_ids: list[int], max_new_tokens: int, params: SamplingParams,
                  stop_token_ids: list[int] | None = None, stop: list[str] | None = None,
-                 thinking: bool | None = None) -> Request:
+                 thinking: bool | None = None, mm: Any = None) -> Request:
         if not prompt_ids:
             raise ValueError("the prompt is empty: at least one token is needed")
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         return Request(prompt_ids=prompt_ids, params=params, max_new_tokens=max_new_tokens,
                        stop_token_ids=frozenset(stop_token_ids or ()), stop_strings=tuple(stop or ()),
-                       thinking=thinking)
+                       thinking=thinking, mm=mm, rope_delta=mm.rope_delta if mm is not None else 0)
 
     def _run(self, requests: list[Request]) -> list[Completion]:
         """Run requests to completion through the engine (queueing those beyond its lanes)."""
@@ -231,6 +261,9 @@ def load(
     kv_dtype: str = "auto",
     prefill_chunk: int = 1024,
     cuda_graphs: bool = True,
+    quantize: str | None = None,
+    vision: bool = False,
+    vision_limits: Any = None,
     progress: bool = True,
 ) -> LLM:
     """Load a Qwen3.5-family checkpoint (local directory or Hub id; the bundled default model if None).
@@ -240,6 +273,12 @@ def load(
     ``kv_capacity`` tokens (default ``max_concurrency * max_context``; ``"auto"`` fills free GPU
     memory); ``kv_dtype`` is "auto" (model dtype), "bf16", "fp8" or "int8"; prompts prefill in
     chunks of ``prefill_chunk`` tokens; decode steps replay CUDA graphs unless ``cuda_graphs=False``.
+
+    Quantized checkpoints (written by ``ninfer convert``, or NVFP4 / FP8 checkpoints in the ModelOpt
+    and compressed-tensors layouts) load as they are; ``quantize="int4"`` (a recipe name or file, see
+    ``ninfer convert --list-recipes``) quantizes a bf16 checkpoint while loading. ``vision=True``
+    loads the vision tower of a composite checkpoint so chats may hold images and videos
+    (``vision_limits``: a ``ninfer.vision.VisionLimits``).
     """
     if path_or_hub_id is None:
         from ninfer.default_model import default_model_path
@@ -255,13 +294,45 @@ def load(
     tokenizer = Tokenizer(model_dir)
     with torch.device("meta"):
         model = Qwen3_5TextModel(config)
+    plan, translate = _stored_quantization(model_dir)
+    if plan:
+        from ninfer.quant.linear import prepare_model_
+
+        prepare_model_(model, plan, dtype=dtype)
     materialize(model, device, dtype)
     report = load_weights(model, model_dir, device, dtype=dtype, tied_lm_head=config.tie_word_embeddings,
-                          progress=progress)
+                          progress=progress, translate=translate)
+    if quantize is not None:
+        if plan:
+            raise ValueError(f"quantize={quantize!r}: {model_dir} is already quantized; load it without quantize=")
+        from ninfer.quant.linear import quantize_model_, weight_shapes
+        from ninfer.quant.recipe import load_recipe, resolve_plan
+
+        quantize_model_(model, resolve_plan(load_recipe(quantize), weight_shapes(model)), dtype=dtype)
     model.register_buffer("inv_freq", _inv_freq(config, device), persistent=False)
     engine_config = EngineConfig(max_concurrency=max_concurrency, max_context=max_context, kv_capacity=kv_capacity,
                                  kv_dtype=kv_dtype, prefill_chunk=prefill_chunk, cuda_graphs=cuda_graphs)
-    return LLM(model.eval(), tokenizer, model_dir, report, engine_config)
+    pipeline = None
+    if vision:
+        from ninfer.vision import VisionPipeline
+
+        if config.vision is None:
+            raise ValueError(f"vision=True: {model_dir} has no vision_config (a text-only checkpoint)")
+        pipeline = VisionPipeline.from_checkpoint(model_dir, config, tokenizer.token_id, device, dtype, vision_limits)
+    return LLM(model.eval(), tokenizer, model_dir, report, engine_config, vision=pipeline)
+
+
+def _stored_quantization(model_dir: Path) -> tuple[dict[str, str], Any]:
+    """The weight -> format plan of an already-quantized checkpoint, and how to translate its tensors."""
+    from ninfer.checkpoint import checkpoint_files
+    from ninfer.quant.convert import manifest_plan, read_manifest
+    from ninfer.quant.imports import scan_checkpoint
+
+    manifest = read_manifest(model_dir)
+    if manifest is not None:
+        return manifest_plan(manifest, "text"), None
+    imported = scan_checkpoint(checkpoint_files(model_dir))
+    return (imported.plan("text"), imported.translate) if imported else ({}, None)
 
 
 def _inv_freq(config: ModelConfig, device: torch.device) -> torch.Tensor:

@@ -9,6 +9,12 @@ from ninfer.kernels.moe import moe_experts, route_topk
 from ninfer.models.layers import MLP, linear
 
 
+def _dense(w: torch.Tensor | nn.Module) -> torch.Tensor:
+    """Stacked expert weights as a float tensor; quantized stacks are dequantized until grouped
+    quantized expert GEMMs exist."""
+    return w if isinstance(w, torch.Tensor) else w.dequantize()
+
+
 class Experts(nn.Module):
     """Expert weights stacked ``[E, ...]``: ``gate_up_proj [E, 2I, H]`` (gate rows first), ``down_proj [E, H, I]``."""
 
@@ -29,6 +35,6 @@ class SparseMoeBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = route_topk(self.gate(x), self.top_k)
-        routed = moe_experts(x, self.experts.gate_up_proj, self.experts.down_proj, weights, ids)
+        routed = moe_experts(x, _dense(self.experts.gate_up_proj), _dense(self.experts.down_proj), weights, ids)
         shared = torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
         return routed + shared

@@ -60,9 +60,21 @@ class Qwen3_5TextModel(nn.Module):
         self.lm_head = None if config.tie_word_embeddings else linear(config.hidden_size, config.vocab_size)
         self.register_buffer("inv_freq", rope_inv_freq(config.rotary_dim, config.rope_theta), persistent=False)
 
-    def forward(self, batch: ForwardBatch, cache: ModelCache) -> torch.Tensor:
-        """Hidden states ``[N, H]`` after the final norm for every token of the batch (the MTP input too)."""
-        x = self.embed_tokens(batch.input_ids)
+    @property
+    def device(self) -> torch.device:
+        return self.norm.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The compute dtype (norm weights are never quantized)."""
+        return self.norm.weight.dtype
+
+    def forward(self, batch: ForwardBatch, cache: ModelCache, inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
+        """Hidden states ``[N, H]`` after the final norm for every token of the batch (the MTP input too).
+
+        ``inputs_embeds`` replaces the token embeddings (multimodal prompts put vision features there).
+        """
+        x = self.embed_tokens(batch.input_ids) if inputs_embeds is None else inputs_embeds
         rope = mrope_cos_sin(batch.positions, self.inv_freq, list(self.config.mrope_section), x.dtype)
         residual = None
         for layer in self.layers:
@@ -71,5 +83,8 @@ class Qwen3_5TextModel(nn.Module):
         return hidden
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return torch.nn.functional.linear(hidden, weight)
+        if self.lm_head is not None:
+            return self.lm_head(hidden)
+        if isinstance(self.embed_tokens, nn.Embedding):  # tied: the embedding doubles as the head
+            return torch.nn.functional.linear(hidden, self.embed_tokens.weight)
+        return self.embed_tokens.as_linear()(hidden)  # a quantized tied embedding

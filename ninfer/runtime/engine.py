@@ -40,11 +40,11 @@ class Engine:
     def __init__(self, model: Qwen3_5TextModel, make_output: Callable[[Request], OutputProcessor],
                  config: EngineConfig, *, vocab_limit: int) -> None:
         self.model, self.config, self.make_output = model, config, make_output
-        self.device = model.embed_tokens.weight.device
-        self.plan: MemoryPlan = plan_memory(model.config, config, self.device, model.embed_tokens.weight.dtype)
+        self.device = model.device
+        self.plan: MemoryPlan = plan_memory(model.config, config, self.device, model.dtype)
         self.cache = ModelCache(model.config, num_pages=self.plan.num_pages, page_size=config.page_size,
                                 num_slots=config.max_concurrency, device=self.device,
-                                dtype=model.embed_tokens.weight.dtype, kv_dtype=config.kv_dtype)
+                                dtype=model.dtype, kv_dtype=config.kv_dtype)
         self.pages, self.slots = PagePool(self.plan.num_pages), SlotPool(config.max_concurrency)
         self.scheduler = Scheduler(max_concurrency=config.max_concurrency, max_context=config.max_context,
                                    page_size=config.page_size, prefill_chunk=config.prefill_chunk,
@@ -117,7 +117,7 @@ class Engine:
         pos = [r.num_computed for r in reqs]
         slot_mapping = [self._slots_for(r, p, p + 1)[0] for r, p in zip(reqs, pos)]
         ids = torch.tensor([r.output_ids[-1] for r in reqs], dtype=torch.long)
-        positions = torch.tensor(pos, dtype=torch.long).expand(3, len(reqs))
+        positions = torch.tensor([p + r.rope_delta for r, p in zip(reqs, pos)], dtype=torch.long).expand(3, len(reqs))
         context = torch.tensor([p + 1 for p in pos], dtype=torch.int32)
         lanes = torch.tensor([r.lane for r in reqs], dtype=torch.long)
         state_slots = torch.tensor([r.slot for r in reqs], dtype=torch.long)
@@ -138,19 +138,26 @@ class Engine:
     def _prefill_logits(self, req: Request, end: int) -> torch.Tensor | None:
         dev, start = self.device, req.num_computed
         slots = self._slots_for(req, start, end)
-        positions = torch.arange(start, end, device=dev)
+        embeds = None
+        if req.mm is not None:  # media: 3-axis positions and vision features in place of pad embeddings
+            positions, embeds = req.mm.chunk(self.model, start, end)
+        else:
+            positions = torch.arange(start, end, device=dev).expand(3, end - start)
         batch = ForwardBatch(
             input_ids=torch.tensor(req.prompt_ids[start:end], dtype=torch.long, device=dev),
-            positions=positions.expand(3, end - start),
+            positions=positions,
             cu_seqlens=torch.tensor([0, end - start], dtype=torch.int32, device=dev),
             context_lens=torch.tensor([end], dtype=torch.int32, device=dev),
             block_tables=self.lane_block_tables[req.lane:req.lane + 1],
             slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
             state_slots=torch.tensor([req.slot], dtype=torch.long, device=dev), max_seqlen=end - start,
         )
-        hidden = self.model(batch, self.cache)
+        hidden = self.model(batch, self.cache, inputs_embeds=embeds)
         req.num_computed = end
-        return self.model.logits(hidden[-1:]) if end == len(req.prompt_ids) else None
+        if end < len(req.prompt_ids):
+            return None
+        req.mm = None  # the media embeddings are no longer needed once the prompt is in the cache
+        return self.model.logits(hidden[-1:])
 
     # -- outputs --------------------------------------------------------------------------------
     def _append(self, req: Request, token: int, logprobs: TokenLogprobs | None = None) -> list[RequestOutput]:

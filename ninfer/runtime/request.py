@@ -5,6 +5,7 @@ import enum
 import itertools
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from ninfer.runtime.sampling import SamplingParams
 
@@ -42,6 +43,8 @@ class Request:
     stop_token_ids: frozenset[int] = frozenset()
     stop_strings: tuple[str, ...] = ()
     thinking: bool | None = None  # None: raw text; True/False: a chat reply (reasoning split applies)
+    mm: Any = None  # multimodal prompt inputs (ninfer.vision.MultimodalInputs): positions and media embeddings
+    rope_delta: int = 0  # M-RoPE position offset of tokens after the prompt (non-zero after media)
     request_id: str = field(default_factory=lambda: f"req-{next(_ids)}")
 
     status: Status = Status.WAITING

@@ -26,7 +26,7 @@ class SequenceRunner:
 
     @property
     def device(self) -> torch.device:
-        return self.model.embed_tokens.weight.device
+        return self.model.device
 
     def start(self, max_tokens: int) -> None:
         """Begin a new sequence that will hold at most ``max_tokens`` tokens."""
@@ -34,7 +34,7 @@ class SequenceRunner:
         if self.cache is None or self.cache.num_pages < pages:
             self.cache = None  # free the old pool before allocating the larger one
             self.cache = ModelCache(self.model.config, num_pages=pages, page_size=self.page_size, num_slots=1,
-                                    device=self.device, dtype=self.model.embed_tokens.weight.dtype,
+                                    device=self.device, dtype=self.model.dtype,
                                     kv_dtype=self.kv_dtype)
         self.cache.reset_slot(0)
         self.length = 0
