@@ -5,31 +5,14 @@ import pytest
 import torch
 
 from ninfer.kernels.conv import causal_conv1d_reference, causal_conv1d_triton
+from kernel_testing import assert_close, poisoned_outputs  # noqa: F401  (fixture)
 from ninfer.kernels.dispatch import INTERPRET
 
-pytestmark = pytest.mark.skipif(not INTERPRET, reason="Triton launchers on CPU need TRITON_INTERPRET=1")
+pytestmark = [pytest.mark.skipif(not INTERPRET, reason="Triton launchers on CPU need TRITON_INTERPRET=1"),
+              pytest.mark.usefixtures("poisoned_outputs")]
 
 TOL = {torch.float32: 1e-6, torch.float16: 2e-3}
 CHANNELS, TAPS, SLOTS = 48, 4, 8
-
-
-@pytest.fixture(autouse=True)
-def poisoned_outputs(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Launchers allocate their outputs: make fresh float allocations NaN so unwritten elements show."""
-    empty, empty_like = torch.empty, torch.empty_like
-
-    def poison(t: torch.Tensor) -> torch.Tensor:
-        return t.fill_(float("nan")) if t.is_floating_point() else t
-
-    monkeypatch.setattr(torch, "empty", lambda *a, **k: poison(empty(*a, **k)))
-    monkeypatch.setattr(torch, "empty_like", lambda *a, **k: poison(empty_like(*a, **k)))
-
-
-def assert_close(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> None:
-    assert out.shape == ref.shape and out.dtype == ref.dtype
-    assert torch.isfinite(out).all()
-    err = (out.double() - ref.double()).norm() / ref.double().norm()
-    assert err < TOL[dtype], f"relative error {err:.2e}"
 
 
 def run_both(x: torch.Tensor, weight: torch.Tensor, state: torch.Tensor, lens: list[int], slots: list[int],
@@ -41,7 +24,7 @@ def run_both(x: torch.Tensor, weight: torch.Tensor, state: torch.Tensor, lens: l
     out = causal_conv1d_triton(x, weight, state, cu, slot_ids, max_seqlen)
     ref = causal_conv1d_reference(x, weight, ref_state, cu, slot_ids)
     if x.shape[0]:
-        assert_close(out, ref, x.dtype)
+        assert_close(out, ref, TOL[x.dtype])
     assert torch.equal(state, ref_state)  # unused slots and empty sequences untouched, the rest exact
     return out, state
 

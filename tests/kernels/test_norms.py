@@ -4,32 +4,14 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kernel_testing import assert_close, poisoned_outputs  # noqa: F401  (fixture)
 from ninfer.kernels.dispatch import INTERPRET
 from ninfer.kernels.norms import gated_rms_norm_reference, gated_rms_norm_triton, rms_norm_reference, rms_norm_triton
 
-pytestmark = pytest.mark.skipif(not INTERPRET, reason="Triton launchers on CPU need TRITON_INTERPRET=1")
+pytestmark = [pytest.mark.skipif(not INTERPRET, reason="Triton launchers on CPU need TRITON_INTERPRET=1"),
+              pytest.mark.usefixtures("poisoned_outputs")]
 
 TOL = {torch.float32: 1e-6, torch.float16: 2e-3}
-
-
-@pytest.fixture(autouse=True)
-def poisoned_outputs(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Launchers allocate their outputs: make fresh float allocations NaN so unwritten elements show."""
-    empty, empty_like = torch.empty, torch.empty_like
-
-    def poison(t: torch.Tensor) -> torch.Tensor:
-        return t.fill_(float("nan")) if t.is_floating_point() else t
-
-    monkeypatch.setattr(torch, "empty", lambda *a, **k: poison(empty(*a, **k)))
-    monkeypatch.setattr(torch, "empty_like", lambda *a, **k: poison(empty_like(*a, **k)))
-
-
-def assert_close(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> None:
-    assert out.shape == ref.shape and out.dtype == ref.dtype
-    assert torch.isfinite(out).all()
-    err = (out.double() - ref.double()).norm() / ref.double().norm()
-    assert err < TOL[dtype], f"relative error {err:.2e}"
-    assert (out.double() - ref.double()).abs().max() <= 8 * TOL[dtype] * ref.double().abs().max()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
@@ -41,7 +23,7 @@ def test_rms_norm_matches_reference(dtype: torch.dtype, width: int, with_residua
     weight = torch.randn(width) * 0.5
     out, new_res = rms_norm_triton(x, weight, 1e-6, residual)
     ref_out, ref_res = rms_norm_reference(x, weight, 1e-6, residual)
-    assert_close(out, ref_out, dtype)
+    assert_close(out, ref_out, TOL[dtype])
     if with_residual:
         assert torch.equal(new_res, ref_res)  # the sum is rounded to the dtype exactly as torch does
     else:
@@ -54,10 +36,10 @@ def test_per_head_rms_norm_on_strided_query_view(dtype: torch.dtype) -> None:
     q = torch.randn(7, 3, 2 * 64, dtype=dtype)[..., :64]
     weight = torch.randn(64).to(dtype)
     out, _ = rms_norm_triton(q, weight, 1e-6)
-    assert_close(out, rms_norm_reference(q, weight, 1e-6)[0], dtype)
+    assert_close(out, rms_norm_reference(q, weight, 1e-6)[0], TOL[dtype])
     # Leading dims beyond two are flattened.
     x = torch.randn(2, 3, 4, 64, dtype=dtype)
-    assert_close(rms_norm_triton(x, weight, 1e-6)[0], rms_norm_reference(x, weight, 1e-6)[0], dtype)
+    assert_close(rms_norm_triton(x, weight, 1e-6)[0], rms_norm_reference(x, weight, 1e-6)[0], TOL[dtype])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
@@ -68,7 +50,7 @@ def test_gated_rms_norm_matches_reference(dtype: torch.dtype, weight_dtype: str)
     weight = torch.rand(32) + 0.5
     weight = weight.to(dtype) if weight_dtype == "same" else weight
     out = gated_rms_norm_triton(x, z, weight, 1e-6)
-    assert_close(out, gated_rms_norm_reference(x, z, weight, 1e-6), dtype)
+    assert_close(out, gated_rms_norm_reference(x, z, weight, 1e-6), TOL[dtype])
 
 
 def test_empty_input() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kernel_testing import assert_close, poisoned_outputs  # noqa: F401  (fixture)
 from ninfer.kernels.dispatch import INTERPRET
 from ninfer.kernels.rope import (
     apply_rope_reference,
@@ -14,28 +15,10 @@ from ninfer.kernels.rope import (
     rope_inv_freq,
 )
 
-pytestmark = pytest.mark.skipif(not INTERPRET, reason="Triton launchers on CPU need TRITON_INTERPRET=1")
+pytestmark = [pytest.mark.skipif(not INTERPRET, reason="Triton launchers on CPU need TRITON_INTERPRET=1"),
+              pytest.mark.usefixtures("poisoned_outputs")]
 
 TOL = {torch.float32: 1e-6, torch.float16: 2e-3}
-
-
-@pytest.fixture(autouse=True)
-def poisoned_outputs(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Launchers allocate their outputs: make fresh float allocations NaN so unwritten elements show."""
-    empty, empty_like = torch.empty, torch.empty_like
-
-    def poison(t: torch.Tensor) -> torch.Tensor:
-        return t.fill_(float("nan")) if t.is_floating_point() else t
-
-    monkeypatch.setattr(torch, "empty", lambda *a, **k: poison(empty(*a, **k)))
-    monkeypatch.setattr(torch, "empty_like", lambda *a, **k: poison(empty_like(*a, **k)))
-
-
-def assert_close(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> None:
-    assert out.shape == ref.shape and out.dtype == ref.dtype and out.is_contiguous()
-    assert torch.isfinite(out).all()
-    err = (out.double() - ref.double()).norm() / ref.double().norm()
-    assert err < TOL[dtype], f"relative error {err:.2e}"
 
 
 def tables(n: int, rotary_dim: int, dtype: torch.dtype, real: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -53,14 +36,14 @@ def test_apply_rope_partial_on_strided_query_view(dtype: torch.dtype, real_table
     n, heads, head_dim, rot = 11, 3, 64, 16
     q = torch.randn(n, heads, 2 * head_dim, dtype=dtype)[..., :head_dim]  # interleaved q_proj query half
     cos, sin = tables(n, rot, dtype, real_tables)
-    assert_close(apply_rope_triton(q, cos, sin), apply_rope_reference(q, cos, sin), dtype)
+    assert_close(apply_rope_triton(q, cos, sin), apply_rope_reference(q, cos, sin), TOL[dtype])
 
 
 @pytest.mark.parametrize("rot", [32, 24])  # full rotary; a half that is not a power of two
 def test_apply_rope_rotary_widths(rot: int) -> None:
     x = torch.randn(6, 2, 32)
     cos, sin = tables(6, rot, torch.float32, real=False)
-    assert_close(apply_rope_triton(x, cos, sin), apply_rope_reference(x, cos, sin), torch.float32)
+    assert_close(apply_rope_triton(x, cos, sin), apply_rope_reference(x, cos, sin), TOL[torch.float32])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
@@ -72,5 +55,5 @@ def test_qk_norm_rope_matches_norm_then_rope(dtype: torch.dtype) -> None:
     cos, sin = tables(n, rot, dtype, real=False)
     q_out, k_out = qk_norm_rope_triton(q, k, q_w, k_w, cos, sin, 1e-6)
     q_ref, k_ref = qk_norm_rope_reference(q, k, q_w, k_w, cos, sin, 1e-6)
-    assert_close(q_out, q_ref, dtype)
-    assert_close(k_out, k_ref, dtype)
+    assert_close(q_out, q_ref, TOL[dtype])
+    assert_close(k_out, k_ref, TOL[dtype])

@@ -5,23 +5,13 @@ import pytest
 import torch
 
 from ninfer.kernels.activations import swiglu_reference, swiglu_triton
+from kernel_testing import assert_close, poisoned_outputs  # noqa: F401  (fixture)
 from ninfer.kernels.dispatch import INTERPRET
 
-pytestmark = pytest.mark.skipif(not INTERPRET, reason="Triton launchers on CPU need TRITON_INTERPRET=1")
+pytestmark = [pytest.mark.skipif(not INTERPRET, reason="Triton launchers on CPU need TRITON_INTERPRET=1"),
+              pytest.mark.usefixtures("poisoned_outputs")]
 
 TOL = {torch.float32: 1e-6, torch.float16: 1e-3}
-
-
-@pytest.fixture(autouse=True)
-def poisoned_outputs(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Launchers allocate their outputs: make fresh float allocations NaN so unwritten elements show."""
-    empty, empty_like = torch.empty, torch.empty_like
-
-    def poison(t: torch.Tensor) -> torch.Tensor:
-        return t.fill_(float("nan")) if t.is_floating_point() else t
-
-    monkeypatch.setattr(torch, "empty", lambda *a, **k: poison(empty(*a, **k)))
-    monkeypatch.setattr(torch, "empty_like", lambda *a, **k: poison(empty_like(*a, **k)))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
