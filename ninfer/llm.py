@@ -261,6 +261,9 @@ def load(
     kv_dtype: str = "auto",
     prefill_chunk: int = 1024,
     cuda_graphs: bool = True,
+    prefix_cache: bool = False,
+    checkpoint_slots: int = 4,
+    checkpoint_interval: int = 4096,
     quantize: str | None = None,
     vision: bool = False,
     vision_limits: Any = None,
@@ -273,6 +276,9 @@ def load(
     ``kv_capacity`` tokens (default ``max_concurrency * max_context``; ``"auto"`` fills free GPU
     memory); ``kv_dtype`` is "auto" (model dtype), "bf16", "fp8" or "int8"; prompts prefill in
     chunks of ``prefill_chunk`` tokens; decode steps replay CUDA graphs unless ``cuda_graphs=False``.
+    ``prefix_cache=True`` reuses the KV pages and DeltaNet state of earlier prompts: checkpoints sit in
+    ``checkpoint_slots`` extra state slots, one token before each prompt's end, every
+    ``checkpoint_interval`` prompt tokens, and at the end of each generation.
 
     Quantized checkpoints (written by ``ninfer convert``, or NVFP4 / FP8 checkpoints in the ModelOpt
     and compressed-tensors layouts) load as they are; ``quantize="int4"`` (a recipe name or file, see
@@ -311,7 +317,9 @@ def load(
         quantize_model_(model, resolve_plan(load_recipe(quantize), weight_shapes(model)), dtype=dtype)
     model.register_buffer("inv_freq", _inv_freq(config, device), persistent=False)
     engine_config = EngineConfig(max_concurrency=max_concurrency, max_context=max_context, kv_capacity=kv_capacity,
-                                 kv_dtype=kv_dtype, prefill_chunk=prefill_chunk, cuda_graphs=cuda_graphs)
+                                 kv_dtype=kv_dtype, prefill_chunk=prefill_chunk, cuda_graphs=cuda_graphs,
+                                 prefix_cache=prefix_cache, checkpoint_slots=checkpoint_slots,
+                                 checkpoint_interval=checkpoint_interval)
     pipeline = None
     if vision:
         from ninfer.vision import VisionPipeline

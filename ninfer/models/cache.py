@@ -44,6 +44,18 @@ class ModelCache:
         self.conv = {i: torch.zeros(conv_shape, dtype=dtype, device=device) for i in config.deltanet_layers}
         self.recurrent = {i: torch.zeros(rec_shape, dtype=torch.float32, device=device) for i in config.deltanet_layers}
 
+    def copy_page(self, src: int, dst: int) -> None:
+        """Copy one KV page (every attention layer, scales included): copy-on-write of a shared page."""
+        for kv in self.kv.values():
+            for t in (kv.k, kv.v, kv.k_scale, kv.v_scale):
+                if t is not None:
+                    t[dst].copy_(t[src])
+
+    def copy_slot(self, src: int, dst: int) -> None:
+        """Copy the DeltaNet conv + recurrent state of every layer from one slot to another."""
+        for state in (*self.conv.values(), *self.recurrent.values()):
+            state[dst].copy_(state[src])
+
     def reset_slot(self, slot: int) -> None:
         """Zero a state slot so a new sequence starts from the empty state."""
         for state in (*self.conv.values(), *self.recurrent.values()):

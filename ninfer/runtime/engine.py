@@ -19,6 +19,7 @@ from ninfer.runtime.graphs import DecodeGraphs
 from ninfer.runtime.memory import MemoryPlan, plan_memory
 from ninfer.runtime.output import OutputProcessor
 from ninfer.runtime.pools import PagePool, SlotPool
+from ninfer.runtime.prefix_cache import PrefixCache
 from ninfer.runtime.request import Request, RequestOutput, Status
 from ninfer.runtime.sampler import Sampler, TokenLogprobs
 from ninfer.runtime.scheduler import Scheduler
@@ -34,6 +35,13 @@ class EngineConfig:
     cuda_graphs: bool = True
     page_size: int = 64
     max_pending: int = 64
+    prefix_cache: bool = False  # reuse KV pages + DeltaNet state checkpoints of earlier prompts
+    checkpoint_slots: int = 4  # state slots beyond the lanes that hold prefix checkpoints
+    checkpoint_interval: int = 4096  # also checkpoint every this many tokens of a long prompt
+
+    @property
+    def num_state_slots(self) -> int:
+        return self.max_concurrency + (self.checkpoint_slots if self.prefix_cache else 0)
 
 
 class Engine:
@@ -43,12 +51,15 @@ class Engine:
         self.device = model.device
         self.plan: MemoryPlan = plan_memory(model.config, config, self.device, model.dtype)
         self.cache = ModelCache(model.config, num_pages=self.plan.num_pages, page_size=config.page_size,
-                                num_slots=config.max_concurrency, device=self.device,
+                                num_slots=config.num_state_slots, device=self.device,
                                 dtype=model.dtype, kv_dtype=config.kv_dtype)
-        self.pages, self.slots = PagePool(self.plan.num_pages), SlotPool(config.max_concurrency)
+        self.pages, self.slots = PagePool(self.plan.num_pages), SlotPool(config.num_state_slots)
+        self.prefix = PrefixCache(self.cache, self.pages, self.slots, config.page_size,
+                                  config.checkpoint_interval) if config.prefix_cache else None
         self.scheduler = Scheduler(max_concurrency=config.max_concurrency, max_context=config.max_context,
                                    page_size=config.page_size, prefill_chunk=config.prefill_chunk,
-                                   pages=self.pages, slots=self.slots, max_pending=config.max_pending)
+                                   pages=self.pages, slots=self.slots, max_pending=config.max_pending,
+                                   prefix=self.prefix)
         max_pages = -(-config.max_context // config.page_size)
         self.lane_block_tables = torch.zeros(config.max_concurrency, max_pages, dtype=torch.int32, device=self.device)
         self.sampler = Sampler(config.max_concurrency, model.config.vocab_size, vocab_limit, self.device)
@@ -81,7 +92,10 @@ class Engine:
     @torch.inference_mode()
     def step(self) -> list[RequestOutput]:
         for req in self.scheduler.admit():
-            self.cache.reset_slot(req.slot)
+            if req.prefix_hit is not None:
+                self._resume_from_prefix(req)
+            else:
+                self.cache.reset_slot(req.slot)
             self.sampler.start(req)
         plan = self.scheduler.plan()
         events: list[RequestOutput] = []
@@ -92,6 +106,8 @@ class Engine:
         if plan.prefill is not None:
             req = plan.prefill
             logits = self._prefill_logits(req, plan.prefill_end)
+            if self.prefix is not None and logits is None and self._is_checkpoint_mark(req):
+                self.prefix.insert(req.prompt_ids[:req.num_computed], req.slot, req.pages)
             if logits is not None:
                 tokens, logprobs = self.sampler.sample(logits, [req])
                 events.extend(self._append(req, tokens[0], logprobs[0]))
@@ -102,6 +118,25 @@ class Engine:
         while self.has_work:
             events.extend(self.step())
         return events
+
+    # -- prefix cache -------------------------------------------------------------------------
+    def _resume_from_prefix(self, req: Request) -> None:
+        """Start from a checkpoint: shared pages are already the request's; copy the state and the
+        partly filled last page (copy-on-write), and skip the cached tokens."""
+        hit, ps = req.prefix_hit, self.config.page_size
+        self.prefix.record_hit(hit)
+        self.cache.copy_slot(hit.checkpoint.slot, req.slot)
+        if req.pages:
+            self.lane_block_tables[req.lane, :len(req.pages)] = torch.tensor(req.pages, dtype=torch.int32)
+        if hit.length % ps:
+            self._slots_for(req, hit.length, hit.length + 1)  # takes the page that holds position hit.length
+            self.cache.copy_page(hit.checkpoint.pages[hit.length // ps], req.pages[-1])
+        req.num_computed = req.cached_tokens = hit.length
+        req.prefix_hit = None
+
+    def _is_checkpoint_mark(self, req: Request) -> bool:
+        n, done = len(req.prompt_ids), req.num_computed
+        return done == n - 1 or done % self.prefix.interval == 0
 
     # -- model calls --------------------------------------------------------------------------
     def _slots_for(self, req: Request, start: int, end: int) -> list[int]:
@@ -175,6 +210,9 @@ class Engine:
         return [event] if event.token_ids else []
 
     def _finish(self, req: Request, reason: str, event: RequestOutput | None = None) -> RequestOutput:
+        if self.prefix is not None and reason in ("stop", "length") and req.slot is not None and req.prefill_done:
+            # The next turn of a conversation resends all of this: checkpoint where computation stopped.
+            self.prefix.insert(req.tokens(0, req.num_computed), req.slot, req.pages)
         self.scheduler.finish(req)
         self.sampler.finish(req)
         req.finish_reason, req.finish_time = reason, time.perf_counter()

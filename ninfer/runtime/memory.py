@@ -67,7 +67,7 @@ def plan_memory(cfg: ModelConfig, engine: "EngineConfig", device: torch.device, 
         if device.type != "cuda":
             raise ValueError("kv_capacity='auto' sizes the pool from free GPU memory; give a token count on CPU")
         free, _ = torch.cuda.mem_get_info(device)
-        budget = free - HEADROOM_BYTES - engine.max_concurrency * slot_bytes - workspace
+        budget = free - HEADROOM_BYTES - engine.num_state_slots * slot_bytes - workspace
         if budget < page_bytes:
             raise ValueError(f"no GPU memory left for the KV pool: {free / (1 << 30):.2f} GiB free before it")
         tokens = (budget // page_bytes) * engine.page_size

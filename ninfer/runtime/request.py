@@ -57,6 +57,8 @@ class Request:
     finish_reason: str | None = None
     arrival: float = field(default_factory=time.perf_counter)
     admit_time: float | None = None
+    prefix_hit: Any = None  # the PrefixHit this request resumed from, until admission applies it
+    cached_tokens: int = 0  # prompt tokens taken from the prefix cache instead of computed
     first_token_time: float | None = None
     finish_time: float | None = None
 

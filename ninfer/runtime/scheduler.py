@@ -11,6 +11,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from ninfer.runtime.pools import PagePool, SlotPool
+from ninfer.runtime.prefix_cache import PrefixCache
 from ninfer.runtime.request import Request, Status
 
 
@@ -31,7 +32,7 @@ class StepPlan:
 
 class Scheduler:
     def __init__(self, *, max_concurrency: int, max_context: int, page_size: int, prefill_chunk: int,
-                 pages: PagePool, slots: SlotPool, max_pending: int = 64) -> None:
+                 pages: PagePool, slots: SlotPool, max_pending: int = 64, prefix: PrefixCache | None = None) -> None:
         if not 1 <= max_concurrency <= 8:
             raise ValueError(f"max_concurrency must be in 1..8, got {max_concurrency}")
         if prefill_chunk < 1:
@@ -41,6 +42,7 @@ class Scheduler:
         self.prefill_chunk = prefill_chunk
         self.pages, self.slots = pages, slots
         self.max_pending = max_pending
+        self.prefix = prefix
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.free_lanes: deque[int] = deque(range(max_concurrency))
@@ -68,25 +70,51 @@ class Scheduler:
     def admit(self) -> list[Request]:
         """Move waiting requests (in FIFO order) into free lanes while their pages can be reserved."""
         admitted = []
-        while self.waiting and self.free_lanes and self.slots.num_free:
+        while self.waiting and self.free_lanes:
             req = self.waiting[0]
-            need = self.pages_for(len(req.prompt_ids) + req.max_new_tokens)
-            if not self.pages.reserve(need):
+            hit = self.prefix.lookup(req.prompt_ids) if self.prefix is not None else None
+            shared = self.prefix.shared_pages(hit) if hit is not None else []
+            need = self.pages_for(len(req.prompt_ids) + req.max_new_tokens) - len(shared)
+            slot = self._reserve(need)
+            if slot is None:
+                self.pages.release(shared)
                 break  # head-of-line: later requests wait their turn rather than overtake
             self.waiting.popleft()
-            req.reserved_pages = need
-            req.lane, req.slot = self.free_lanes.popleft(), self.slots.acquire()
+            req.reserved_pages, req.pages, req.prefix_hit = need, shared, hit
+            req.lane, req.slot = self.free_lanes.popleft(), slot
             req.status = Status.RUNNING
             req.admit_time = time.perf_counter()
             self.running.append(req)
             admitted.append(req)
         return admitted
 
+    def _reserve(self, pages: int) -> int | None:
+        """Reserve ``pages`` and take a state slot, evicting cached prefixes if needed; the slot or None."""
+        while not self.pages.reserve(pages):
+            if self.prefix is None or not self.prefix.evict_one():
+                return None
+        slot = self.slots.acquire()
+        while slot is None and self.prefix is not None and self.prefix.evict_one():
+            slot = self.slots.acquire()
+        if slot is None:
+            self.pages.unreserve(pages)
+        return slot
+
     def plan(self) -> StepPlan:
         decode = [r for r in self.running if r.prefill_done]
         prefill = next((r for r in self.running if not r.prefill_done), None)
         end = min(prefill.num_computed + self.prefill_chunk, len(prefill.prompt_ids)) if prefill else 0
+        if prefill is not None and self.prefix is not None:
+            end = min(end, self.checkpoint_after(prefill) or end)
         return StepPlan(decode, prefill, end)
+
+    def checkpoint_after(self, req: Request) -> int | None:
+        """The next prompt position (beyond what is computed) where the prefix cache takes a checkpoint:
+        every ``interval`` tokens, and one token before the prompt's end so that a repeated prompt hits."""
+        assert self.prefix is not None
+        start, n = req.num_computed, len(req.prompt_ids)
+        marks = [(start // self.prefix.interval + 1) * self.prefix.interval, n - 1]
+        return min((m for m in marks if start < m < n), default=None)
 
     def ensure_pages(self, req: Request, upto_tokens: int) -> list[int]:
         """Take reserved pages until the sequence can hold ``upto_tokens``; returns the new pages."""

@@ -1,0 +1,92 @@
+"""Prefix cache: outputs identical with and without it, hits where the policy says, resources balance."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import ninfer
+from tiny_checkpoints import TinyCheckpoint
+
+
+def _tokens(n: int, seed: int) -> list[int]:
+    return torch.randint(0, 448, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def _load(ckpt: TinyCheckpoint, **kw) -> ninfer.LLM:
+    kw.setdefault("max_concurrency", 2)
+    return ninfer.load(ckpt.path, device="cpu", progress=False, **kw)
+
+
+def _greedy(llm: ninfer.LLM, prompts: list[list[int]], n: int = 8):
+    reqs = [llm._request(p, n, llm.sampling_params(greedy=True)) for p in prompts]
+    llm._run(reqs)
+    return reqs
+
+
+def _assert_balanced(llm: ninfer.LLM) -> None:
+    engine = llm.engine
+    if engine.prefix is not None:
+        engine.prefix.clear()
+    assert engine.pages.num_free == engine.pages.num_pages and engine.pages.reserved == 0
+    assert engine.slots.num_free == engine.slots.num_slots
+    assert not engine.requests
+
+
+@pytest.fixture(scope="module")
+def plain(dense_ckpt: TinyCheckpoint) -> ninfer.LLM:
+    return _load(dense_ckpt)
+
+
+@pytest.fixture
+def cached(dense_ckpt: TinyCheckpoint) -> ninfer.LLM:
+    return _load(dense_ckpt, prefix_cache=True, checkpoint_interval=16, checkpoint_slots=16)
+
+
+def _expected(plain: ninfer.LLM, prompts: list[list[int]], n: int = 8) -> list[list[int]]:
+    return [_greedy(plain, [p], n)[0].output_ids for p in prompts]
+
+
+def test_repeated_prompt_hits_all_but_its_last_token(plain, cached) -> None:
+    prompt = _tokens(37, 1)  # shorter than two checkpoint intervals, not page-aligned
+    first, second = _greedy(cached, [prompt])[0], _greedy(cached, [prompt])[0]
+    assert first.output_ids == second.output_ids == _expected(plain, [prompt])[0]
+    assert first.cached_tokens == 0 and second.cached_tokens == len(prompt) - 1
+    _assert_balanced(cached)
+
+
+def test_shared_system_prompt_hits_at_an_interval_checkpoint(plain, cached) -> None:
+    system = _tokens(40, 2)
+    a, b = system + _tokens(9, 3), system + _tokens(12, 4)
+    ra, rb = _greedy(cached, [a])[0], _greedy(cached, [b])[0]
+    assert [ra.output_ids, rb.output_ids] == _expected(plain, [a, b])
+    assert rb.cached_tokens == 32  # the last multiple of the interval inside the shared 40 tokens
+    _assert_balanced(cached)
+
+
+def test_next_turn_resumes_where_the_last_generation_stopped(plain, cached) -> None:
+    turn1 = _tokens(30, 5)
+    r1 = _greedy(cached, [turn1], n=10)[0]
+    turn2 = turn1 + r1.output_ids + _tokens(7, 6)
+    r2 = _greedy(cached, [turn2])[0]
+    assert r2.output_ids == _expected(plain, [turn2])[0]
+    assert r2.cached_tokens == len(turn1) + len(r1.output_ids) - 1
+    _assert_balanced(cached)
+
+
+def test_divergence_inside_a_page_and_concurrent_sharing(plain, cached) -> None:
+    base = _tokens(70, 7)
+    prompts = [base + _tokens(5, 8), base[:50] + _tokens(30, 9), base + _tokens(3, 10)]
+    _greedy(cached, [base])  # seeds checkpoints at 16, 32, 48, 64 and 69
+    reqs = _greedy(cached, prompts)  # two lanes: the three run partly concurrently
+    assert [r.output_ids for r in reqs] == _expected(plain, prompts)
+    assert [r.cached_tokens for r in reqs] == [69, 48, 69]
+    _assert_balanced(cached)
+
+
+def test_tiny_pool_evicts_and_still_matches(dense_ckpt: TinyCheckpoint, plain) -> None:
+    llm = _load(dense_ckpt, prefix_cache=True, checkpoint_interval=16, kv_capacity=192, checkpoint_slots=2)
+    prompts = [_tokens(60, s) for s in range(11, 16)] + [_tokens(60, 11)]
+    outs = [_greedy(llm, [p], 20)[0] for p in prompts]
+    assert [o.output_ids for o in outs] == _expected(plain, prompts, 20)
+    assert llm.engine.prefix.stats.evicted > 0
+    _assert_balanced(llm)
