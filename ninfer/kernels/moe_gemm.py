@@ -1,0 +1,247 @@
+"""Routed experts as grouped GEMMs over expert-aligned row blocks (:mod:`ninfer.kernels.moe_align`).
+
+``moe_experts_triton`` runs four launches (three at decode):
+
+1. alignment: (token, slot) pairs grouped by expert, each group padded to ``BLOCK_M`` rows;
+   skipped up to ``DIRECT_MAX_PAIRS`` pairs (decode), where each GEMM program of an expert's
+   first pair collects that expert's pairs from ``ids`` itself (see ``_direct_gemm``);
+2. gate/up GEMM with fused SwiGLU: each program takes one row block (one expert) and ``BLOCK_N``
+   intermediate columns, gathers the block's token rows of x, accumulates the gate rows and the up
+   rows of the same columns (gate rows first in ``gate_up [E, 2I, H]``) in fp32 and writes
+   ``silu(gate) * up`` to ``inter [N*k, I]`` at the pairs' rows;
+3. down GEMM: the same walk over ``down [E, H, I]`` reading ``inter``, times the pair's routing
+   weight, written to ``y [N*k, H]`` (x's dtype);
+4. combine: ``out[t] = sum_j y[t*k + j]`` in fp32, one program per token and column block. A
+   separate reduce instead of atomics keeps the result deterministic and needs no zeroed buffer.
+
+Grids are sized from the upper bound of row blocks (CUDA-graph safe); blocks past the padded
+total read ``-1`` as their expert and return at once, and experts without tokens own no block,
+so only the selected experts' weights are read. Programs walk groups of row blocks across the
+weight tiles (L2 reuse at prefill, see the kernel).
+
+``BLOCK_M`` (fixed before the alignment) is 16 when experts average few rows (decode, short
+prefills: a skinny MMA that wastes nothing on the weight stream, which dominates) and 64 otherwise.
+The other tile sizes are autotuned per GPU and per (kernel, BLOCK_M, pair-count bucket); the
+first config of each list fits the RTX 5090's 99 KB of shared memory and is the interpreter's.
+Tuning runs on the first call of a key: warm up before CUDA-graph capture.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ninfer.kernels.dispatch import autotune_configs
+from ninfer.kernels.moe_align import align_pairs
+
+SKINNY_ROWS = 32  # average rows per expert up to which row blocks are 16 high
+DIRECT_MAX_PAIRS = 64  # (token, slot) pairs up to which the GEMMs find their rows without an alignment
+
+
+def _config(block_n: int, block_k: int, warps: int, stages: int) -> triton.Config:
+    return triton.Config({"BLOCK_N": block_n, "BLOCK_K": block_k}, num_warps=warps, num_stages=stages)
+
+
+# Shared memory per stage in bf16 is (BLOCK_M + 2 * BLOCK_N) * BLOCK_K * 2 bytes for gate/up (two
+# weight tiles) and (BLOCK_M + BLOCK_N) * BLOCK_K * 2 for down; the first config of each list is
+# within 99 KB for both kernels.
+_SKINNY = [  # BLOCK_M = 16: a weight-streaming GEMV; enough bytes in flight per SM matters most
+    _config(32, 128, 4, 4),   # gate/up 80 KB
+    _config(64, 128, 4, 4),
+    _config(32, 256, 4, 4),
+    _config(16, 256, 2, 4),
+    _config(64, 256, 8, 3),
+    _config(128, 128, 8, 4),
+]
+_TILED = [  # BLOCK_M = 64: MMA-bound
+    _config(64, 64, 4, 3),    # gate/up 72 KB
+    _config(128, 64, 4, 3),
+    _config(128, 64, 8, 4),
+    _config(64, 64, 4, 4),
+    _config(256, 64, 8, 3),
+    _config(128, 128, 8, 3),
+]
+_KEY = ["N_OUT", "K", "SWIGLU", "ROUTE_WEIGHT", "tune_m"]
+
+
+@triton.jit
+def _block_gemm(a_ptr, w_ptr, out_ptr, rw_ptr, expert, pairs, pid_n, NK, N_OUT, K, a_div,
+                stride_am, stride_we, stride_wn, stride_om,
+                SWIGLU: tl.constexpr, ROUTE_WEIGHT: tl.constexpr, IEEE: tl.constexpr, EVEN_K: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """``out[pair, n] = f(a[pair // a_div] @ w[expert, n]^T)`` for BLOCK_M pairs of one expert and
+    BLOCK_N output columns. SWIGLU: also the up rows ``n + N_OUT``, ``f = silu(gate) * up``.
+    ROUTE_WEIGHT: times ``rw[pair]``. Padding rows (pair >= NK) read row 0 and are not stored."""
+    row_ok = pairs < NK
+    arow = tl.where(row_ok, pairs // a_div, 0).to(tl.int64)  # int64: N*k*K passes 2^31 for long prompts
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    wrow = tl.minimum(offs_n, N_OUT - 1)  # clamped instead of masked; the store drops them
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + arow[:, None] * stride_am + offs_k[None, :]
+    w_ptrs = w_ptr + expert.to(tl.int64) * stride_we + wrow[None, :] * stride_wn + offs_k[:, None]  # [K, N]
+    up_off = N_OUT * stride_wn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        if EVEN_K:
+            a = tl.load(a_ptrs)
+            w = tl.load(w_ptrs)
+        else:
+            k_ok = offs_k + k0 < K
+            a = tl.load(a_ptrs, mask=k_ok[None, :], other=0.0)
+            w = tl.load(w_ptrs, mask=k_ok[:, None], other=0.0)
+        acc = _mma(a, w.to(a.dtype), acc, IEEE)
+        if SWIGLU:
+            if EVEN_K:
+                wu = tl.load(w_ptrs + up_off)
+            else:
+                wu = tl.load(w_ptrs + up_off, mask=k_ok[:, None], other=0.0)
+            acc_up = _mma(a, wu.to(a.dtype), acc_up, IEEE)
+        a_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+    y = acc
+    if SWIGLU:
+        y = acc / (1.0 + tl.exp(-acc)) * acc_up
+    if ROUTE_WEIGHT:
+        y *= tl.load(rw_ptr + pairs, mask=row_ok, other=0.0).to(tl.float32)[:, None]
+    out_ptrs = out_ptr + pairs.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
+    tl.store(out_ptrs, y.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & (offs_n < N_OUT)[None, :])
+
+
+@triton.jit(do_not_specialize=["NK", "num_blocks", "tune_m"])  # pair counts vary per call: no recompiles
+def _aligned_gemm(
+    a_ptr, w_ptr, out_ptr, rw_ptr, sorted_ptr, block_experts_ptr,
+    NK, N_OUT, K, a_div, num_blocks, tune_m,
+    stride_am, stride_we, stride_wn, stride_om,
+    SWIGLU: tl.constexpr, ROUTE_WEIGHT: tl.constexpr, IEEE: tl.constexpr, EVEN_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):
+    """One program per (aligned row block, column tile)."""
+    # Grouped order: GROUP_M consecutive row blocks (one or two experts at prefill) sweep the
+    # weight tiles together, so a weight tile is read once for all of an expert's blocks and the
+    # blocks' activation rows stay in L2 across the sweep.
+    pid = tl.program_id(0)
+    num_n = tl.cdiv(N_OUT, BLOCK_N)
+    per_group = GROUP_M * num_n
+    first_m = (pid // per_group) * GROUP_M
+    size_m = tl.minimum(num_blocks - first_m, GROUP_M)
+    pid_m = first_m + (pid % per_group) % size_m
+    pid_n = (pid % per_group) // size_m
+    expert = tl.load(block_experts_ptr + pid_m)
+    if expert < 0:
+        return
+    pairs = tl.load(sorted_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+    _block_gemm(a_ptr, w_ptr, out_ptr, rw_ptr, expert, pairs, pid_n, NK, N_OUT, K, a_div,
+                stride_am, stride_we, stride_wn, stride_om, SWIGLU, ROUTE_WEIGHT, IEEE, EVEN_K,
+                BLOCK_M, BLOCK_N, BLOCK_K)
+
+
+@triton.jit(do_not_specialize=["NK", "tune_m"])
+def _direct_gemm(
+    a_ptr, w_ptr, out_ptr, rw_ptr, ids_ptr,
+    NK, N_OUT, K, a_div, tune_m,
+    stride_am, stride_we, stride_wn, stride_om,
+    SWIGLU: tl.constexpr, ROUTE_WEIGHT: tl.constexpr, IEEE: tl.constexpr, EVEN_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PAIRS_BLOCK: tl.constexpr,
+):
+    """Decode without the alignment launch: one program per (pair, column tile). The program of an
+    expert's first pair gathers all of that expert's pairs from ``ids`` (a few dozen, in registers)
+    into row tiles of BLOCK_M; the programs of its other pairs exit."""
+    p = tl.program_id(0)
+    offs = tl.arange(0, PAIRS_BLOCK)
+    ids = tl.load(ids_ptr + offs, mask=offs < NK, other=-1)
+    expert = tl.load(ids_ptr + p)
+    match = ids == expert
+    if tl.sum((match & (offs < p)).to(tl.int32), axis=0) > 0:
+        return
+    rank = tl.cumsum(match.to(tl.int32), axis=0) - 1
+    count = tl.sum(match.to(tl.int32), axis=0)
+    for t0 in range(0, count, BLOCK_M):  # one trip unless an expert has more than BLOCK_M pairs
+        r = t0 + tl.arange(0, BLOCK_M)
+        hit = match[None, :] & (rank[None, :] == r[:, None])  # [BLOCK_M, PAIRS_BLOCK]: row r <- its pair
+        pairs = tl.where(r < count, tl.sum(tl.where(hit, offs[None, :], 0), axis=1), NK)
+        _block_gemm(a_ptr, w_ptr, out_ptr, rw_ptr, expert, pairs, tl.program_id(1), NK, N_OUT, K, a_div,
+                    stride_am, stride_we, stride_wn, stride_om, SWIGLU, ROUTE_WEIGHT, IEEE, EVEN_K,
+                    BLOCK_M, BLOCK_N, BLOCK_K)
+
+
+@triton.jit
+def _mma(a, b, acc, IEEE: tl.constexpr):
+    if IEEE:  # fp32 activations: no silent tf32
+        return tl.dot(a, b, acc, input_precision="ieee")
+    return tl.dot(a, b, acc)
+
+
+# Two tuners over the aligned kernel: the config lists differ with BLOCK_M (fixed by the alignment).
+_gemm_skinny = triton.autotune(configs=autotune_configs(_SKINNY), key=_KEY)(_aligned_gemm)
+_gemm_tiled = triton.autotune(configs=autotune_configs(_TILED), key=_KEY)(_aligned_gemm)
+_gemm_direct = triton.autotune(configs=autotune_configs(_SKINNY), key=_KEY)(_direct_gemm)
+
+
+@triton.jit
+def _combine_kernel(y_ptr, out_ptr, H, TOPK: tl.constexpr, K_BLOCK: tl.constexpr, BLOCK: tl.constexpr):
+    """``out[t, cols] = sum_j y[t * TOPK + j, cols]`` in fp32."""
+    t = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    slots = tl.arange(0, K_BLOCK)
+    mask = (slots < TOPK)[:, None] & (cols < H)[None, :]
+    y = tl.load(y_ptr + (t * TOPK + slots)[:, None] * H + cols[None, :], mask=mask, other=0.0)
+    tl.store(out_ptr + t * H + cols, tl.sum(y.to(tl.float32), axis=0).to(out_ptr.dtype.element_ty), mask=cols < H)
+
+
+def block_m_for(pairs: int, num_experts: int) -> int:
+    return 16 if pairs <= SKINNY_ROWS * num_experts else 64
+
+
+def moe_experts_triton(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, weights: torch.Tensor,
+                       ids: torch.Tensor) -> torch.Tensor:
+    """Triton ``moe_experts_reference``: ``x [N, H]``, ``gate_up [E, 2I, H]`` (gate rows first),
+    ``down [E, H, I]``, ``weights [N, k]``, ``ids [N, k]`` (int32/int64, in [0, E)). Expert
+    weights may be fp32/fp16/bf16 (converted to x's dtype in registers); returns ``[N, H]`` in x's dtype."""
+    n, h = x.shape
+    e, two_i, hk = gate_up.shape
+    inter_size = two_i // 2
+    if hk != h or tuple(down.shape) != (e, h, inter_size) or two_i % 2:
+        raise ValueError(f"expert shapes gate_up {list(gate_up.shape)}, down {list(down.shape)} do not fit H = {h}")
+    if weights.shape != ids.shape or ids.shape[0] != n:
+        raise ValueError(f"weights {list(weights.shape)} and ids {list(ids.shape)} must both be [N = {n}, k]")
+    top_k = ids.shape[1]
+    out = torch.empty_like(x)
+    if n == 0:
+        return out
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    gate_up = gate_up if gate_up.stride(-1) == 1 else gate_up.contiguous()
+    down = down if down.stride(-1) == 1 else down.contiguous()
+    rw = weights.reshape(-1).contiguous()
+    nk = n * top_k
+    tune_m = min(triton.next_power_of_2(nk), 65536)
+    consts = {"IEEE": x.dtype == torch.float32, "EVEN_K": h % 256 == 0 and inter_size % 256 == 0}  # BLOCK_K | 256
+    inter = torch.empty(nk, inter_size, dtype=x.dtype, device=x.device)
+    y = torch.empty(nk, h, dtype=x.dtype, device=x.device)
+    direct = nk <= DIRECT_MAX_PAIRS
+    if direct:
+        flat_ids = ids.reshape(-1).contiguous()
+    else:
+        block_m = block_m_for(nk, e)
+        sorted_pairs, block_experts, _ = align_pairs(ids, e, block_m)
+        blocks = block_experts.numel()
+        gemm = _gemm_skinny if block_m == 16 else _gemm_tiled
+
+    def launch(a: torch.Tensor, w: torch.Tensor, dst: torch.Tensor, k_dim: int, a_div: int, swiglu: bool) -> None:
+        n_out, sizes = dst.shape[1], (nk, dst.shape[1], k_dim, a_div)
+        strides = (a.stride(0), w.stride(0), w.stride(1), dst.stride(0))
+        if direct:
+            _gemm_direct[lambda meta: (nk, triton.cdiv(n_out, meta["BLOCK_N"]))](
+                a, w, dst, rw, flat_ids, *sizes, tune_m, *strides, SWIGLU=swiglu, ROUTE_WEIGHT=not swiglu,
+                BLOCK_M=16, PAIRS_BLOCK=DIRECT_MAX_PAIRS, **consts)
+        else:
+            gemm[lambda meta: (blocks * triton.cdiv(n_out, meta["BLOCK_N"]),)](
+                a, w, dst, rw, sorted_pairs, block_experts, *sizes, blocks, tune_m, *strides, SWIGLU=swiglu,
+                ROUTE_WEIGHT=not swiglu, BLOCK_M=block_m, GROUP_M=8, **consts)
+
+    launch(x, gate_up, inter, h, top_k, True)
+    launch(inter, down, y, inter_size, 1, False)
+    block = min(1024, triton.next_power_of_2(h))
+    _combine_kernel[(n, triton.cdiv(h, block))](y, out, h, TOPK=top_k, K_BLOCK=triton.next_power_of_2(top_k),
+                                               BLOCK=block, num_warps=4)
+    return out
