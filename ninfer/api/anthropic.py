@@ -32,15 +32,17 @@ MAX_STOP_SEQUENCES = 16
 _BILLING_HEADER = "x-anthropic-billing-header:"
 
 
-def parse(body: dict[str, Any], counting: bool = False) -> tuple[ChatInput, GenerationSpec, bool]:
+def parse(body: dict[str, Any], counting: bool = False, media: bool = False
+          ) -> tuple[ChatInput, GenerationSpec, bool]:
+    """``media``: keep image blocks of user turns (the server serves vision)."""
     f = Fields(body)
     f.str("model", required=True)
     max_tokens = None if counting else f.int("max_tokens", required=True, lo=1)
-    system = _system(body.get("system"))
+    system = _system(body.get("system"), media)
     messages = [{"role": "system", "content": system}] if system else []
     items = f.items("messages", required=True, nonempty=True)
     for m in items:
-        messages.extend(_message(m))
+        messages.extend(_message(m, media))
     prefill = None
     last = items[-1]
     if last.data.get("role") == "assistant" and messages[-1]["role"] == "assistant" \
@@ -66,7 +68,7 @@ def parse(body: dict[str, Any], counting: bool = False) -> tuple[ChatInput, Gene
     return chat, GenerationSpec(max_tokens, stops, sampling), bool(f.bool("stream"))
 
 
-def _system(value: Any) -> str:
+def _system(value: Any, served: bool = False) -> str:
     if value is None or isinstance(value, str):
         return value or ""
     if not isinstance(value, list):
@@ -74,10 +76,10 @@ def _system(value: Any) -> str:
     blocks = list(value)
     if blocks and isinstance(blocks[0], dict) and str(blocks[0].get("text", "")).startswith(_BILLING_HEADER):
         blocks = blocks[1:]  # Claude Code's billing header is not part of the prompt
-    return convert.text_content(blocks, "system")
+    return convert.text_content(blocks, "system", served=served)
 
 
-def _message(m: Fields) -> list[dict[str, Any]]:
+def _message(m: Fields, media: bool = False) -> list[dict[str, Any]]:
     role = m.str("role", required=True, choices=("user", "assistant"))
     content = m.data.get("content")
     if isinstance(content, str):
@@ -85,12 +87,16 @@ def _message(m: Fields) -> list[dict[str, Any]]:
     blocks = m.items("content", required=True)
     out: list[dict[str, Any]] = []
     texts: list[str] = []
+    parts: list[dict[str, Any]] = []  # text and media, when the turn has images
     reasoning: list[str] = []
     calls: list[dict[str, Any]] = []
     for b in blocks:
         kind = b.str("type", required=True)
         if kind == "text":
             texts.append(b.str("text", required=True))
+            parts.append({"type": "text", "text": texts[-1]})
+        elif kind == "image" and role == "user" and media:
+            parts.append(convert.media_part(b.data, b.prefix))
         elif kind == "thinking" and role == "assistant":
             reasoning.append(b.str("thinking") or "")
         elif kind == "redacted_thinking" and role == "assistant":
@@ -101,16 +107,24 @@ def _message(m: Fields) -> list[dict[str, Any]]:
                                        "arguments": convert.arguments_object(b.data.get("input"), b.path("input"))}})
         elif kind == "tool_result" and role == "user":
             b.str("tool_use_id", required=True)
-            result = convert.text_content(b.data.get("content"), b.path("content"))
+            result = convert.text_content(b.data.get("content"), b.path("content"), served=media)
             out.append({"role": "tool", "content": ("Error: " + result) if b.bool("is_error") else result,
                         "tool_call_id": b.data["tool_use_id"]})
+        elif kind == "image" and media:
+            raise invalid(f"'{b.path('type')}' image blocks are accepted in user messages only", b.path("type"),
+                          code="invalid_media")
+        elif kind == "document" and media:
+            raise invalid(f"'{b.path('type')}' document blocks are not supported: only images and videos are",
+                          b.path("type"), code="invalid_media")
         elif kind in ("image", "document"):
-            raise invalid(f"'{b.path('type')}' {kind!r} blocks need vision, which this server does not serve",
-                          b.path("type"), code="vision_disabled")
+            raise invalid(f"'{b.path('type')}' {kind!r} blocks need vision, which this server does not serve "
+                          "(start it with --vision)", b.path("type"), code="vision_disabled")
         else:
             raise invalid(f"'{b.path('type')}' {kind!r} is not a supported {role} content block", b.path("type"))
     if role == "user":
-        if texts or not out:
+        if any(p["type"] != "text" for p in parts):
+            out.append({"role": "user", "content": parts})
+        elif texts or not out:
             out.append({"role": "user", "content": "".join(texts)})
         return out
     message: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
@@ -165,16 +179,16 @@ def _tool_use(call: Any) -> dict[str, Any]:
 
 async def count_tokens(request: HTTPRequest, service: Service) -> Response:
     body = await read_json(request, service.config.max_request_bytes)
-    chat, _, _ = parse(body, counting=True)
-    ids, _ = await service.prompt_ids(chat)
-    return JSONResponse({"input_tokens": len(ids)})
+    chat, _, _ = parse(body, counting=True, media=service.vision is not None)
+    prompt = await service.prompt(chat)
+    return JSONResponse({"input_tokens": len(prompt.ids)})
 
 
 async def create(request: HTTPRequest, service: Service) -> Response:
     body = await read_json(request, service.config.max_request_bytes)
-    chat, spec, stream = parse(body)
-    prompt_ids, thinking = await service.prompt_ids(chat)
-    req = service.request(prompt_ids, thinking, spec)
+    chat, spec, stream = parse(body, media=service.vision is not None)
+    prompt = await service.prompt(chat)
+    req = await service.request_for(prompt, spec)
     mid = convert.new_id("msg_")
     out = service.output(req, chat)
     run = await service.start(req, request)

@@ -113,6 +113,7 @@ def create_app(llm: Any, config: ServerConfig | None = None, *, engine: Any = No
     """The server app for a loaded ``ninfer.LLM``."""
     config = config or ServerConfig()
     model_id = config.model_id or llm.model_dir.name
+    _no_local_media(llm)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -161,6 +162,15 @@ def create_app(llm: Any, config: ServerConfig | None = None, *, engine: Any = No
                                      expose_headers=["x-request-id", "request-id"]))
     return Starlette(routes=routes, middleware=middleware, lifespan=lifespan,
                      exception_handlers={HTTPException: _http_error})
+
+
+def _no_local_media(llm: Any) -> None:
+    """Clients may send URLs and data URIs, never server-side paths: local file reads are turned off."""
+    vision = getattr(llm, "vision", None)
+    if vision is not None and vision.limits.allow_local_files:
+        import dataclasses
+
+        vision.limits = dataclasses.replace(vision.limits, allow_local_files=False)
 
 
 def _widen_queue(llm: Any, config: ServerConfig) -> None:

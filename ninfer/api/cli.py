@@ -82,6 +82,21 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
     p.add_argument("--response-store-max-mib", type=_int("--response-store-max-mib", 0), default=256, metavar="N",
                    help="memory of the Responses store (default 256)")
     p.add_argument("--cors", action="store_true", help="answer CORS requests from any origin")
+    v = p.add_argument_group("vision (images and videos; composite checkpoints only)")
+    v.add_argument("--vision", action="store_true",
+                   help="load the vision tower and accept image/video parts (URLs and data URIs; never local files)")
+    v.add_argument("--max-media-bytes", type=_int("--max-media-bytes"), metavar="N",
+                   help="encoded bytes of one image or video (default 64 MiB)")
+    v.add_argument("--max-image-pixels", type=_int("--max-image-pixels"), metavar="N",
+                   help="source width x height of one image (default 8192*8192)")
+    v.add_argument("--max-video-frames", type=_int("--max-video-frames"), metavar="N",
+                   help="frames sampled from one video (default 768)")
+    v.add_argument("--max-media-items", type=_int("--max-media-items"), metavar="N",
+                   help="images + videos per request (default 32)")
+    v.add_argument("--max-media-tokens", type=_int("--max-media-tokens"), metavar="N",
+                   help="merged vision tokens per request (default 16384)")
+    v.add_argument("--media-fetch-timeout-s", type=_float("--media-fetch-timeout-s", 0.0, lo_open=True),
+                   metavar="S", help="timeout of http(s) media fetches (default 15)")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default="info")
     s = p.add_argument_group("sampling overrides (request fields win; defaults: the model's preset)")
     s.add_argument("--temperature", type=_float("--temperature", 0.0, 2.0), metavar="T")
@@ -112,6 +127,20 @@ def server_config(args: argparse.Namespace):
                         response_store_max_bytes=args.response_store_max_mib << 20, sampling=sampling)
 
 
+_LIMIT_FLAGS = {"max_media_bytes": "max_media_bytes", "max_image_pixels": "max_image_pixels",
+                "max_video_frames": "max_video_frames", "max_media_items": "max_media_items",
+                "max_media_tokens": "max_media_tokens", "media_fetch_timeout_s": "fetch_timeout_s"}
+
+
+def vision_limits(args: argparse.Namespace):
+    """``VisionLimits`` of the limit flags (unset flags keep the defaults); local files are never read."""
+    from ninfer.vision import VisionLimits
+
+    given = {field: getattr(args, flag) for flag, field in _LIMIT_FLAGS.items()
+             if getattr(args, flag, None) is not None}
+    return VisionLimits(allow_local_files=False, **given)
+
+
 def run_serve(args: argparse.Namespace) -> None:
     import uvicorn
 
@@ -124,7 +153,8 @@ def run_serve(args: argparse.Namespace) -> None:
         config = _with_model_id(config, args.model)
     llm = ninfer.load(args.model, device=args.device, dtype=args.dtype, max_concurrency=args.max_concurrency,
                       max_context=args.max_context, kv_capacity=args.kv_capacity, kv_dtype=args.kv_dtype,
-                      prefill_chunk=args.prefill_chunk, cuda_graphs=not args.no_cuda_graphs)
+                      prefill_chunk=args.prefill_chunk, cuda_graphs=not args.no_cuda_graphs,
+                      **({"vision": True, "vision_limits": vision_limits(args)} if args.vision else {}))
     app = create_app(llm, config)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
 

@@ -11,14 +11,19 @@ from ninfer.api.validation import Fields, type_name
 EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
 _MEDIA_TYPES = ("image_url", "image", "input_image", "video_url", "video", "input_audio", "input_file", "file",
                 "document", "audio")
+VISION_TYPES = ("image_url", "image", "input_image", "video_url", "video", "input_video")
 
 
 def new_id(prefix: str) -> str:
     return f"{prefix}{secrets.token_hex(12)}"
 
 
-def text_content(value: Any, path: str, text_types: tuple[str, ...] = ("text",)) -> str:
-    """A message content (a string, null, or an array of parts) as plain text; media parts are refused."""
+def text_content(value: Any, path: str, text_types: tuple[str, ...] = ("text",), served: bool = False
+                 ) -> str:
+    """A message content (a string, null, or an array of parts) as plain text; media parts are refused.
+
+    ``served``: the server serves vision, so media here are misplaced (``invalid_media``), not disabled.
+    """
     if value is None:
         return ""
     if isinstance(value, str):
@@ -39,12 +44,98 @@ def text_content(value: Any, path: str, text_types: tuple[str, ...] = ("text",))
             if not isinstance(text, str):
                 raise invalid(f"'{p}.text' must be a string, got {type_name(text)}", f"{p}.text")
             texts.append(text)
+        elif kind in _MEDIA_TYPES and served:
+            where = ("images and videos only as parts of user messages" if kind in VISION_TYPES
+                     else "images and videos only")
+            raise invalid(f"'{p}' is a {kind} part; this server accepts {where}", p, code="invalid_media")
         elif kind in _MEDIA_TYPES:
-            raise invalid(f"'{p}' is a {kind} part, but this server serves text only (vision is disabled)", p,
-                          code="vision_disabled")
+            raise invalid(f"'{p}' is a {kind} part, but this server serves text only (vision is disabled; "
+                          "start it with --vision)", p, code="vision_disabled")
         else:
             raise invalid(f"'{p}.type' {kind!r} is not a supported content part type", f"{p}.type")
     return "".join(texts)
+
+
+def message_content(value: Any, path: str, text_types: tuple[str, ...] = ("text",), media: bool = False,
+                    served: bool | None = None) -> str | list[dict[str, Any]]:
+    """Like :func:`text_content`, but with ``media`` (vision served, a user turn) image and video parts are kept.
+
+    ``served`` (default ``media``): vision is served, so media where ``media`` is off are misplaced.
+
+    The result is a string when there is no media, else a list of ``{"type": "text", "text"}``
+    parts and canonical media parts (``{"type": "image", "image": source}``, see
+    :func:`ninfer.vision.canonical_part`) in order, which the chat template and
+    :func:`ninfer.vision.collect_media` both read.
+    """
+    if not media or not isinstance(value, list) or not any(
+            isinstance(p, dict) and p.get("type") in _MEDIA_TYPES for p in value):
+        return text_content(value, path, text_types, media if served is None else served)
+    parts: list[dict[str, Any]] = []
+    for i, part in enumerate(value):
+        p = f"{path}[{i}]"
+        if isinstance(part, dict) and part.get("type") in VISION_TYPES:
+            parts.append(media_part(part, p))
+            continue
+        if isinstance(part, str):
+            text = part
+        elif isinstance(part, dict):
+            text = _one_text(part, p, text_types)
+        else:
+            raise invalid(f"'{p}' must be an object, got {type_name(part)}", p)
+        if parts and parts[-1].get("type") == "text":
+            parts[-1] = {"type": "text", "text": parts[-1]["text"] + text}
+        else:
+            parts.append({"type": "text", "text": text})
+    return parts
+
+
+def media_part(part: dict[str, Any], path: str) -> dict[str, Any]:
+    """One image/video part (any protocol's shape) in the canonical ``{"type": kind, kind: source}`` shape."""
+    from ninfer.vision import MediaError, canonical_part
+
+    try:
+        canonical = canonical_part(_media_source(part, path))
+    except MediaError as err:
+        raise invalid(f"'{path}': {err}", path, code="invalid_media") from None
+    if canonical is None:
+        raise invalid(f"'{path}' is not an image or video part", path, code="invalid_media")
+    return canonical
+
+
+def _one_text(part: dict[str, Any], p: str, text_types: tuple[str, ...]) -> str:
+    kind = part.get("type")
+    if kind in text_types or (kind is None and "text" in part):
+        text = part.get("text")
+        if not isinstance(text, str):
+            raise invalid(f"'{p}.text' must be a string, got {type_name(text)}", f"{p}.text")
+        return text
+    if kind in _MEDIA_TYPES:
+        raise invalid(f"'{p}' is a {kind} part; this server reads images and videos only", p,
+                      code="invalid_media")
+    raise invalid(f"'{p}.type' {kind!r} is not a supported content part type", f"{p}.type")
+
+
+def _media_source(part: dict[str, Any], p: str) -> dict[str, Any]:
+    """Check the source field of a media part before :func:`canonical_part` reads it."""
+    kind = part.get("type")
+    if kind == "input_image" and part.get("image_url") is None and part.get("file_id") is not None:
+        raise invalid(f"'{p}.file_id' is not supported: send the image as image_url (a URL or data URI)",
+                      f"{p}.file_id", code="unsupported_parameter")
+    source = part.get("source")
+    if kind == "image" and isinstance(source, dict):
+        stype = source.get("type")
+        if stype == "base64":
+            for key in ("media_type", "data"):
+                if not isinstance(source.get(key), str) or not source.get(key):
+                    raise invalid(f"'{p}.source.{key}' must be a non-empty string", f"{p}.source.{key}",
+                                  code="invalid_media")
+        elif stype == "url":
+            if not isinstance(source.get("url"), str) or not source.get("url"):
+                raise invalid(f"'{p}.source.url' must be a non-empty string", f"{p}.source.url", code="invalid_media")
+        else:
+            raise invalid(f"'{p}.source.type' {stype!r} is not supported: use 'base64' or 'url'",
+                          f"{p}.source.type", code="invalid_media")
+    return part
 
 
 def function_tool(name: Any, description: Any, parameters: Any, path: str) -> dict[str, Any]:

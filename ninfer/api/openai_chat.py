@@ -25,11 +25,11 @@ from ninfer.api.validation import Fields, read_json
 ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 
 
-def parse(body: dict[str, Any], max_stop: int) -> tuple[ChatInput, GenerationSpec, bool, bool]:
-    """``(chat, spec, stream, include_usage)`` of a request body."""
+def parse(body: dict[str, Any], max_stop: int, media: bool = False) -> tuple[ChatInput, GenerationSpec, bool, bool]:
+    """``(chat, spec, stream, include_usage)`` of a request body; ``media``: keep image/video parts of user turns."""
     f = Fields(body)
     f.str("model")
-    messages = [_message(m) for m in f.items("messages", required=True, nonempty=True)]
+    messages = [_message(m, media) for m in f.items("messages", required=True, nonempty=True)]
     if f.int("n") not in (None, 1):
         raise invalid(f"'n' must be 1 (one choice per request), got {body['n']}", "n")
     _reject_unsupported(f)
@@ -61,9 +61,10 @@ def _function_tools(f: Fields) -> list[Fields]:
     return tools
 
 
-def _message(m: Fields) -> dict[str, Any]:
+def _message(m: Fields, media: bool = False) -> dict[str, Any]:
     role = m.str("role", required=True, choices=ROLES)
-    content = convert.text_content(m.data.get("content"), m.path("content"), ("text", "refusal"))
+    content = convert.message_content(m.data.get("content"), m.path("content"), ("text", "refusal"),
+                                      media and role == "user", media)
     if role == "function":  # legacy function result
         role = "tool"
     out: dict[str, Any] = {"role": role, "content": content}
@@ -132,13 +133,13 @@ def _tool_call(call: Any) -> dict[str, Any]:
 
 async def handle(request: HTTPRequest, service: Service) -> Response:
     body = await read_json(request, service.config.max_request_bytes)
-    chat, spec, stream, include_usage = parse(body, service.config.max_stop)
-    prompt_ids, thinking = await service.prompt_ids(chat)
+    chat, spec, stream, include_usage = parse(body, service.config.max_stop, service.vision is not None)
+    prompt = await service.prompt(chat)
     created, cid = int(time.time()), convert.new_id("chatcmpl-")
     if spec.max_tokens == 0:  # process the prompt only: nothing to generate
-        service.check_context(len(prompt_ids))
-        return JSONResponse(_empty(service, cid, created, len(prompt_ids)))
-    req = service.request(prompt_ids, thinking, spec)
+        service.check_context(len(prompt.ids))
+        return JSONResponse(_empty(service, cid, created, len(prompt.ids)))
+    req = await service.request_for(prompt, spec)
     out = service.output(req, chat)
     run = await service.start(req, request)
     if stream:

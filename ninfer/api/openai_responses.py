@@ -23,7 +23,7 @@ from ninfer.api import responses_items as items_
 from ninfer.api.errors import APIError, invalid, unsupported
 from ninfer.api.output import OutputStream
 from ninfer.api.sampling import parse_fields
-from ninfer.api.service import ChatInput, GenerationSpec, Run, Service
+from ninfer.api.service import ChatInput, GenerationSpec, Prompt, Run, Service
 from ninfer.api.streaming import sse_response
 from ninfer.api.validation import Fields, check_unknown, read_json
 
@@ -64,7 +64,8 @@ def parse(body: dict[str, Any], service: Service, store: Any) -> Parsed:
     f.str("truncation", choices=("disabled", "auto"))
     f.list("include")
     instructions = f.str("instructions")
-    items = items_.input_items(body.get("input")) if body.get("input") is not None else []
+    media = service.vision is not None
+    items = items_.input_items(body.get("input"), media) if body.get("input") is not None else []
     previous = f.str("previous_response_id")
     if previous is not None:
         record = store.get(previous)
@@ -124,16 +125,15 @@ def response_object(service: Service, rid: str, created: int, p: Parsed, status:
             "top_p": params.top_p if params is not None else None, **p.echo}
 
 
-async def _prepare(request: HTTPRequest, service: Service, store: Any) -> tuple[Parsed, list[int], bool]:
+async def _prepare(request: HTTPRequest, service: Service, store: Any) -> tuple[Parsed, Prompt]:
     body = await read_json(request, service.config.max_request_bytes)
     p = parse(body, service, store)
-    ids, thinking = await service.prompt_ids(p.chat)
-    return p, ids, thinking
+    return p, await service.prompt(p.chat)
 
 
 async def create(request: HTTPRequest, service: Service, store: Any) -> Response:
-    p, prompt_ids, thinking = await _prepare(request, service, store)
-    req = service.request(prompt_ids, thinking, p.spec)
+    p, prompt = await _prepare(request, service, store)
+    req = await service.request_for(prompt, p.spec)
     rid, created = convert.new_id("resp_"), int(time.time())
     out = service.output(req, p.chat)
     run = await service.start(req, request)
@@ -280,8 +280,8 @@ async def _stream(service: Service, store: Any, run: Run, out: OutputStream, p: 
 
 
 async def input_tokens(request: HTTPRequest, service: Service, store: Any) -> Response:
-    _, ids, _ = await _prepare(request, service, store)
-    return JSONResponse({"object": "response.input_tokens", "input_tokens": len(ids)})
+    _, prompt = await _prepare(request, service, store)
+    return JSONResponse({"object": "response.input_tokens", "input_tokens": len(prompt.ids)})
 
 
 def _stored(store: Any, rid: str) -> Any:

@@ -17,8 +17,8 @@ _INPUT_TEXT = ("input_text", "output_text", "text", "refusal")
 _ROLES = ("user", "system", "developer", "assistant")
 
 
-def input_items(value: Any) -> list[dict[str, Any]]:
-    """Normalized input items, each with an id."""
+def input_items(value: Any, media: bool = False) -> list[dict[str, Any]]:
+    """Normalized input items, each with an id; ``media``: keep ``input_image`` parts of user messages."""
     if isinstance(value, str):
         return [_message_item("user", value)]
     if not isinstance(value, list):
@@ -32,8 +32,13 @@ def input_items(value: Any) -> list[dict[str, Any]]:
         kind = f.str("type") or ("message" if "role" in raw else None)
         if kind == "message":
             role = f.str("role", required=True, choices=_ROLES)
-            items.append(_message_item(role, convert.text_content(raw.get("content"), f.path("content"), _INPUT_TEXT),
-                                       f.str("id")))
+            content = convert.message_content(raw.get("content"), f.path("content"), _INPUT_TEXT,
+                                              media and role == "user", media)
+            if isinstance(content, str):
+                items.append(_message_item(role, content, f.str("id")))
+            else:
+                items.append({"type": "message", "id": f.str("id") or convert.new_id("msg_"), "role": role,
+                              "status": "completed", "content": [_stored_part(p) for p in content]})
         elif kind == "function_call":
             convert.arguments_object(f.str("arguments"), f.path("arguments"))
             items.append({"type": "function_call", "id": f.str("id") or convert.new_id("fc_"),
@@ -41,7 +46,7 @@ def input_items(value: Any) -> list[dict[str, Any]]:
                           "arguments": f.str("arguments") or "{}", "status": "completed"})
         elif kind == "function_call_output":
             output = raw.get("output")
-            text = convert.text_content(output, f.path("output"), _INPUT_TEXT)
+            text = convert.text_content(output, f.path("output"), _INPUT_TEXT, media)
             items.append({"type": "function_call_output", "id": f.str("id") or convert.new_id("fco_"),
                           "call_id": f.str("call_id", required=True), "output": text, "status": "completed"})
         elif kind == "reasoning":
@@ -51,6 +56,25 @@ def input_items(value: Any) -> list[dict[str, Any]]:
         else:
             raise invalid(f"'{path}.type' {kind!r} is not a supported input item type", f"{path}.type")
     return items
+
+
+def _stored_part(part: dict[str, Any]) -> dict[str, Any]:
+    """A canonical text/media part as a Responses input content part."""
+    kind = part["type"]
+    if kind == "text":
+        return {"type": "input_text", "text": part["text"]}
+    if kind == "image":
+        return {"type": "input_image", "image_url": part["image"], "detail": "auto"}
+    return {"type": "input_video", "video_url": part["video"]}
+
+
+def _template_content(parts: list[dict[str, Any]]) -> str | list[dict[str, Any]]:
+    """A stored message's content for the chat template: a string, or text + canonical media parts."""
+    from ninfer.vision import canonical_part
+
+    if not any(p.get("type") in ("input_image", "input_video") for p in parts):
+        return "".join(p.get("text", "") for p in parts)
+    return [canonical_part(p) or {"type": "text", "text": p.get("text", "")} for p in parts]
 
 
 def _reasoning_text(f: Fields) -> str:
@@ -108,8 +132,7 @@ def template_messages(items: list[dict[str, Any]], instructions: str | None) -> 
         if kind == "reasoning":
             reasoning = (reasoning or "") + "".join(c.get("text", "") for c in item.get("content") or [])
         elif kind == "message":
-            text = "".join(p.get("text", "") for p in item["content"])
-            message: dict[str, Any] = {"role": item["role"], "content": text}
+            message: dict[str, Any] = {"role": item["role"], "content": _template_content(item["content"])}
             if item["role"] == "assistant" and reasoning is not None:
                 message["reasoning_content"], reasoning = reasoning, None
             messages.append(message)

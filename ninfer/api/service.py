@@ -6,6 +6,13 @@ checks the context, submits to the engine and waits for admission, so that 429/5
 still be answered as HTTP statuses before a stream starts. :class:`Run` yields the engine's
 events and cancels the request when it is closed early (client gone, error), freeing its lane,
 pages and slot.
+
+Images and videos (server started with ``--vision``): the template messages carry canonical
+media parts; :meth:`Service.prompt` expands the rendered ids with
+``llm.vision.prompt_from_ids`` (media are fetched, decoded and preprocessed off the event loop,
+the tower does not run, so token counting stays cheap) and :meth:`Service.request_for` runs the
+tower off the event loop once the prompt has passed the context check, attaching
+``MultimodalInputs`` to the engine request.
 """
 from __future__ import annotations
 
@@ -46,6 +53,23 @@ class ChatInput:
     preserve_thinking: bool | None = None
     reasoning_effort: str | None = None
     prefill: str | None = None  # text the assistant turn starts with (Anthropic prefill)
+
+
+@dataclass
+class Prompt:
+    """A rendered, tokenized prompt; ``media`` is a ``ninfer.vision.MultimodalPrompt`` when it has images/videos."""
+
+    ids: list[int]
+    thinking: bool
+    media: Any = None
+
+
+def media_error(err: Exception, param: str = "messages") -> APIError:
+    """A ``ninfer.vision.MediaError`` as a 400 naming the limit or the problem."""
+    from ninfer.vision import error_code
+
+    limit = getattr(err, "limit", None)
+    return APIError(400, str(err), code=error_code(err), param=limit or param)  # type: ignore[arg-type]
 
 
 @dataclass
@@ -110,12 +134,47 @@ class Service:
             prompt += chat.prefill
         return prompt, thinking
 
-    async def prompt_ids(self, chat: ChatInput) -> tuple[list[int], bool]:
-        """Render and tokenize off the event loop (long prompts take milliseconds)."""
-        def work() -> tuple[list[int], bool]:
-            prompt, thinking = self.render(chat)
-            return self.tokenizer.encode(prompt), thinking
+    @property
+    def vision(self) -> Any:
+        """The ``ninfer.vision.VisionPipeline`` when images and videos are served, else None."""
+        return getattr(self.llm, "vision", None)
+
+    async def prompt(self, chat: ChatInput) -> Prompt:
+        """Render and tokenize off the event loop (long prompts take milliseconds); expand media pads."""
+        from ninfer.vision import MediaError, collect_media, reject_media
+
+        def work() -> Prompt:
+            text, thinking = self.render(chat)
+            ids = self.tokenizer.encode(text)
+            try:
+                refs = collect_media(chat.messages)
+                if not refs:
+                    return Prompt(ids, thinking)
+                if self.vision is None:
+                    reject_media(chat.messages)
+                media = self.vision.prompt_from_ids(ids, refs, self.tokenizer.encode)
+            except MediaError as err:
+                raise media_error(err) from None
+            return Prompt(list(media.input_ids), thinking, media)
         return await asyncio.to_thread(work)
+
+    async def prompt_ids(self, chat: ChatInput) -> tuple[list[int], bool]:
+        prompt = await self.prompt(chat)
+        return prompt.ids, prompt.thinking
+
+    async def request_for(self, prompt: Prompt, spec: GenerationSpec) -> Request:
+        """The engine request of a prompt; media are encoded by the vision tower off the event loop."""
+        req = self.request(prompt.ids, prompt.thinking, spec)
+        if prompt.media is not None:
+            from ninfer.vision import MediaError, MultimodalInputs
+
+            try:
+                embeds = await asyncio.to_thread(self.vision.encode, prompt.media)
+            except MediaError as err:
+                raise media_error(err) from None
+            req.mm = MultimodalInputs(prompt.media, embeds)
+            req.rope_delta = req.mm.rope_delta
+        return req
 
     def check_context(self, n: int) -> None:
         if n >= self.max_context:

@@ -47,7 +47,7 @@ class Server:
 @contextlib.contextmanager
 def serve(llm: Any, config: ServerConfig | None = None, engine: Any = None) -> Iterator[Server]:
     app = create_app(llm, config or ServerConfig(default_max_tokens=8), engine=engine)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # asyncio sets TCP_NODELAY
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]

@@ -1,0 +1,391 @@
+"""HTTP serving benchmark: TTFT and decode tok/s through ``/v1/chat/completions`` against the library API.
+
+Starts the server in-process (uvicorn on a random loopback port, the engine on its own thread, as
+``ninfer serve`` does), then drives it with an asyncio load generator (httpx, streaming): for each
+concurrency level C, N requests with a fixed prompt length and ``max_tokens``, at most C in flight.
+The load generator runs in its own process (a real client's position) unless ``--client-in-process``.
+Per request, TTFT is the time from sending to the first streamed token delta, decode tok/s is
+``(completion_tokens - 1) / (last delta - first delta)``. The same workload (same prompt ids, greedy,
+same output length) then runs through the library API (``llm.engine`` stepped directly, as
+``LLM._run`` does), and the HTTP overhead is reported on TTFT and on decode throughput (p50s).
+
+Random weights never stop early (``llm.stop_ids = frozenset()``), so every request decodes exactly
+``max_tokens`` tokens; checkpoints get the same treatment unless ``--respect-eos``. Levels above the
+engine's lanes (``--lanes``, at most 8) queue in the server and in the library loop alike.
+
+    python perf/bench_server.py --random 27b                         # GPU: levels 1 2 4 8 16
+    python perf/bench_server.py ./my-model --prompt-tokens 1024 --max-tokens 256
+    python perf/bench_server.py --smoke                              # CPU: tiny default model, C = 1, 2
+
+Records (``perf/common.py``): ``server_ttft`` and ``server_decode`` per level, with
+``baseline = "library API"``.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Self
+
+import torch
+
+if not torch.cuda.is_available():  # CPU smoke runs: Triton kernels run in the interpreter
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import common
+from common import record
+
+LIBRARY = "library API"
+
+
+@dataclass
+class Sample:
+    ttft_s: float
+    decode_tok_s: float
+    tokens: int
+    total_s: float = 0.0  # send (library: creation) to the last token
+
+
+# ------------------------------------------------------------------------------------------ workload
+def make_prompts(llm: Any, n: int, prompt_tokens: int) -> list[tuple[str, list[int]]]:
+    """``n`` distinct user messages whose rendered chat prompts (thinking off) all have ``prompt_tokens`` ids.
+
+    Distinct from their first word, so no request shares more than the template's few prefix tokens.
+    """
+    tok = llm.tokenizer
+    words = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet",
+             "kilo", "lima", "mike", "november", "oscar", "papa", "quebec", "romeo", "sierra", "tango"]
+
+    def ids_of(text: str) -> list[int]:
+        return tok.encode(tok.apply_chat_template([{"role": "user", "content": text}], enable_thinking=False))
+
+    out = []
+    for i in range(n):
+        head = f"{i} {words[i % len(words)]} {words[(i * 7 + 3) % len(words)]}:"
+        body = [words[(k * 11 + i) % len(words)] for k in range(4 * prompt_tokens)]
+        lo, hi = 0, len(body)  # the most words that stay within prompt_tokens (binary search)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if len(ids_of(head + " " + " ".join(body[:mid]))) <= prompt_tokens:
+                lo = mid
+            else:
+                hi = mid - 1
+        text = head + " " + " ".join(body[:lo + 1])  # one word too many, then trim by characters
+        while len(ids_of(text)) > prompt_tokens and len(text) > len(head):
+            text = text[:-1]
+        ids = ids_of(text)
+        out.append((text, ids))
+    return out
+
+
+@torch.no_grad()
+def text_tokens_only(llm: Any) -> int:
+    """Zero the LM-head rows of every token that is not plain printable ASCII text; returns the tokens kept.
+
+    Random weights sample from the whole vocabulary: special tokens, partial UTF-8 bytes and tag
+    fragments would render as no text (or be held back), so streamed chunks would not match
+    tokens. With those rows zeroed their logit is exactly 0 and greedy decoding (almost surely)
+    picks a text token, so every token is one streamed delta on both paths.
+    """
+    head = llm.model.lm_head
+    weight = getattr(head, "weight", None)
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+        return 0
+    tok = llm.tokenizer
+    keep = torch.zeros(weight.shape[0], dtype=torch.bool)
+    for i in range(min(llm.valid_vocab, weight.shape[0])):
+        text = tok.decode([i])
+        keep[i] = bool(text) and text.isascii() and text.isprintable() and not any(c in text for c in "<>&")
+    weight[~keep.to(weight.device)] = 0
+    return int(keep.sum())
+
+
+def percentiles(values: list[float]) -> dict[str, float]:
+    t = torch.tensor(values, dtype=torch.float64)
+    q = torch.quantile(t, torch.tensor([0.5, 0.9, 0.99], dtype=torch.float64)).tolist()
+    return {"p50": q[0], "p90": q[1], "p99": q[2]}
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+# ------------------------------------------------------------------------------------------ library API
+def run_library(llm: Any, prompts: list[list[int]], concurrency: int, max_tokens: int) -> list[Sample]:
+    """The same closed loop through ``llm.engine``: at most ``concurrency`` requests submitted at once."""
+    from ninfer.runtime.request import Status
+    from ninfer.runtime.sampling import SamplingParams
+    from ninfer.runtime.scheduler import QueueFull
+
+    engine, params = llm.engine, SamplingParams(greedy=True)
+    todo, live, done = list(prompts), [], []
+    while todo or live:
+        while todo and len(live) < concurrency:
+            req = llm._request(todo[0], max_tokens, params, thinking=False)
+            try:
+                engine.add_request(req)
+            except QueueFull:
+                break
+            todo.pop(0)
+            live.append(req)
+        engine.step()
+        for req in [r for r in live if r.status == Status.FINISHED]:
+            live.remove(req)
+            done.append(req)
+    _sync()
+    samples = []
+    for req in done:
+        ttft = req.first_token_time - req.arrival
+        decode = req.finish_time - req.first_token_time
+        n = len(req.output_ids)
+        samples.append(Sample(ttft, (n - 1) / decode if decode > 0 and n > 1 else 0.0, n,
+                              req.finish_time - req.arrival))
+    return samples
+
+
+# ------------------------------------------------------------------------------------------ HTTP
+class InProcessServer:
+    """``create_app(llm)`` under uvicorn on 127.0.0.1:<free port>, in a background thread."""
+
+    def __init__(self, llm: Any, max_pending: int, max_tokens: int) -> None:
+        import uvicorn
+
+        from ninfer.api import ServerConfig, create_app
+
+        config = ServerConfig(model_id="bench", max_pending=max_pending, pending_timeout_ms=3_600_000,
+                              default_max_tokens=max_tokens, thinking=False)
+        self.app = create_app(llm, config)
+        # proto IPPROTO_TCP: asyncio sets TCP_NODELAY only on such sockets (proto 0 would leave Nagle on,
+        # and small SSE writes on a reused connection would wait for delayed ACKs, ~40 ms)
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        self.sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning", access_log=False, lifespan="on"))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+
+    def __enter__(self) -> Self:
+        self.thread.start()
+        deadline = time.monotonic() + 120
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the server did not start")
+            time.sleep(0.01)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=60)
+        self.sock.close()
+
+
+async def one_http(client: Any, url: str, text: str, max_tokens: int) -> Sample:
+    body = {"model": "bench", "messages": [{"role": "user", "content": text}], "max_tokens": max_tokens,
+            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}, "enable_thinking": False}
+    start = time.perf_counter()
+    first = last = None
+    tokens = 0
+    async with client.stream("POST", url + "/v1/chat/completions", json=body) as r:
+        if r.status_code != 200:
+            raise RuntimeError(f"HTTP {r.status_code}: {(await r.aread()).decode()[:300]}")
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if "error" in chunk:
+                raise RuntimeError(f"stream error: {chunk['error']}")
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
+            for choice in chunk.get("choices", []):
+                delta = choice.get("delta") or {}
+                if delta.get("content") or delta.get("reasoning_content") or delta.get("tool_calls"):
+                    now = time.perf_counter()
+                    first = first or now
+                    last = now
+                elif choice.get("finish_reason") is not None:
+                    last = time.perf_counter()
+    if first is None:
+        raise RuntimeError("the stream carried no token delta")
+    decode = (last or first) - first
+    return Sample(first - start, (tokens - 1) / decode if decode > 0 and tokens > 1 else 0.0, tokens,
+                  (last or first) - start)
+
+
+async def run_http(url: str, texts: list[str], concurrency: int, max_tokens: int) -> list[Sample]:
+    import httpx
+
+    limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
+    gate = asyncio.Semaphore(concurrency)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(3600.0), limits=limits) as client:
+        async def bounded(text: str) -> Sample:
+            async with gate:
+                return await one_http(client, url, text, max_tokens)
+        return list(await asyncio.gather(*(bounded(t) for t in texts)))
+
+
+def _client_main(conn: Any) -> None:
+    """The load generator's own process: (url, texts, concurrency, max_tokens) in, sample tuples out."""
+    while True:
+        job = conn.recv()
+        if job is None:
+            return
+        try:
+            conn.send([tuple(vars(x).values()) for x in asyncio.run(run_http(*job))])
+        except Exception as err:  # noqa: BLE001 - reported in the parent
+            conn.send(err)
+
+
+class Client:
+    """Runs the load generator in a separate process (default), so that client-side JSON parsing does
+    not compete for the server's GIL; ``in_process=True`` runs it on this process's event loop."""
+
+    def __init__(self, in_process: bool = False) -> None:
+        self.proc = None
+        if not in_process:
+            import multiprocessing as mp
+
+            ctx = mp.get_context("spawn")
+            self.conn, child = ctx.Pipe()
+            self.proc = ctx.Process(target=_client_main, args=(child,), daemon=True)
+            self.proc.start()
+
+    def run(self, url: str, texts: list[str], concurrency: int, max_tokens: int) -> list[Sample]:
+        if self.proc is None:
+            return asyncio.run(run_http(url, texts, concurrency, max_tokens))
+        self.conn.send((url, texts, concurrency, max_tokens))
+        result = self.conn.recv()
+        if isinstance(result, Exception):
+            raise result
+        return [Sample(*row) for row in result]
+
+    def close(self) -> None:
+        if self.proc is not None:
+            self.conn.send(None)
+            self.proc.join(timeout=30)
+
+
+# ------------------------------------------------------------------------------------------ report
+def report(label: str, level: int, args: argparse.Namespace, http: list[Sample], lib: list[Sample]) -> dict:
+    shape = f"{label} C={level} P={args.prompt_tokens} T={args.max_tokens}"
+    h_ttft, l_ttft = percentiles([s.ttft_s * 1e3 for s in http]), percentiles([s.ttft_s * 1e3 for s in lib])
+    h_dec, l_dec = percentiles([s.decode_tok_s for s in http]), percentiles([s.decode_tok_s for s in lib])
+    h_e2e, l_e2e = percentiles([s.total_s * 1e3 for s in http]), percentiles([s.total_s * 1e3 for s in lib])
+    ttft_overhead = 100 * (h_ttft["p50"] - l_ttft["p50"]) / l_ttft["p50"] if l_ttft["p50"] > 0 else float("nan")
+    dec_overhead = 100 * (l_dec["p50"] - h_dec["p50"]) / l_dec["p50"] if l_dec["p50"] > 0 else float("nan")
+    r3 = lambda d: {k: round(v, 3) for k, v in d.items()}
+    common_extra = {"concurrency": level, "requests": len(http), "prompt_tokens": args.prompt_tokens,
+                    "max_tokens": args.max_tokens, "lanes": args.lanes,
+                    "tokens_http": sorted({s.tokens for s in http}), "tokens_library": sorted({s.tokens for s in lib}),
+                    "e2e_http_ms": r3(h_e2e), "e2e_library_ms": r3(l_e2e)}
+    record("server_ttft", shape, h_ttft["p50"], achieved=h_ttft["p50"], limit=float("nan"), unit="ms",
+           baseline=LIBRARY, baseline_ms=l_ttft["p50"], http_ms=r3(h_ttft), library_ms=r3(l_ttft),
+           overhead_pct=round(ttft_overhead, 2), **common_extra)
+    per_tok = lambda tok_s: 1e3 / tok_s if tok_s > 0 else float("nan")
+    record("server_decode", shape, per_tok(h_dec["p50"]), achieved=h_dec["p50"], limit=float("nan"),
+           unit="tok/s", baseline=LIBRARY, baseline_ms=per_tok(l_dec["p50"]), http_tok_s=r3(h_dec),
+           library_tok_s=r3(l_dec), overhead_pct=round(dec_overhead, 2), **common_extra)
+    return {"level": level, "ttft_overhead_pct": ttft_overhead, "decode_overhead_pct": dec_overhead}
+
+
+# ------------------------------------------------------------------------------------------ main
+def load(args: argparse.Namespace) -> tuple[Any, str]:
+    from ninfer.runtime.engine import EngineConfig
+
+    max_context = args.prompt_tokens + args.max_tokens + 64
+    graphs = torch.cuda.is_available() and not args.no_cuda_graphs
+    if args.random:
+        from random_model import random_llm
+
+        cfg = EngineConfig(max_concurrency=args.lanes, max_context=max_context, prefill_chunk=args.prefill_chunk,
+                           cuda_graphs=graphs)
+        llm, label = random_llm(args.random, cfg), f"random-{args.random} bf16"
+    else:
+        import ninfer
+
+        llm = ninfer.load(args.model, device=args.device, max_concurrency=args.lanes, max_context=max_context,
+                          prefill_chunk=args.prefill_chunk, cuda_graphs=graphs, progress=False)
+        label = Path(args.model).name if args.model else "tiny-default"
+    if args.random or not args.respect_eos:
+        llm.stop_ids = frozenset()  # never stop early: every request decodes max_tokens tokens
+    if args.random or args.text_tokens:
+        print(f"sampling restricted to {text_tokens_only(llm)} plain-text tokens", flush=True)
+    return llm, label
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model", nargs="?", help="checkpoint directory or Hub id (default: the bundled tiny model)")
+    p.add_argument("--random", metavar="SHAPE", help="random weights at a real shape (27b, 35b-a3b) instead")
+    p.add_argument("--levels", type=int, nargs="+", default=[1, 2, 4, 8, 16], help="concurrency levels")
+    p.add_argument("--requests", type=int, default=0, help="requests per level (default: max(8, 2 x level))")
+    p.add_argument("--prompt-tokens", type=int, default=512)
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--lanes", type=int, default=8, help="engine lanes (max_concurrency, at most 8)")
+    p.add_argument("--prefill-chunk", type=int, default=1024)
+    p.add_argument("--device", help="device of a checkpoint (default: cuda if available)")
+    p.add_argument("--no-cuda-graphs", action="store_true")
+    p.add_argument("--respect-eos", action="store_true", help="let a checkpoint stop at its end-of-sequence ids")
+    p.add_argument("--text-tokens", action="store_true",
+                   help="zero a checkpoint's LM-head rows of non-text tokens (always done for --random)")
+    p.add_argument("--client-in-process", action="store_true",
+                   help="run the load generator on this process's event loop (default: its own process)")
+    p.add_argument("--smoke", action="store_true", help="CPU check: tiny default model, levels 1 2, few tokens")
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.levels, args.prompt_tokens, args.max_tokens, args.lanes = [1, 2], 48, 6, 2
+        args.requests, args.text_tokens = args.requests or 2, True
+        if args.model is None and args.random is None and not torch.cuda.is_available():
+            args.device = "cpu"
+    args.lanes = min(args.lanes, 8)
+    if not torch.cuda.is_available():  # perf/common.py reads the GPU name; CPU runs record where they are
+        common.environment = lambda: {"gpu": "cpu", "torch": torch.__version__, "date": time.strftime("%Y-%m-%d")}
+        if "OUT" not in os.environ:
+            os.environ["OUT"] = tempfile.mkdtemp(prefix="ninfer-bench-server-")
+    print(f"records -> {common.results_path()}", flush=True)
+
+    llm, label = load(args)
+    per_level = {c: args.requests or max(8, 2 * c) for c in args.levels}
+    warm_n = min(max(args.levels), args.lanes)
+    prompts = make_prompts(llm, max(per_level.values()) + warm_n, args.prompt_tokens)
+    warm, prompts = prompts[-warm_n:], prompts[:-warm_n]
+    lengths = sorted({len(ids) for _, ids in prompts})
+    print(f"{label}: prompt {lengths} tokens, max_tokens {args.max_tokens}, lanes {args.lanes}, "
+          f"levels {args.levels}", flush=True)
+
+    # Per level: the library API, then the server (its engine thread owns llm.engine while it runs),
+    # each after an unmeasured warm-up at the level's batch size (kernels, CUDA graphs, allocator).
+    library, http = {}, {}
+    client = Client(in_process=args.client_in_process)
+    for c in args.levels:
+        batch = min(c, warm_n)
+        run_library(llm, [ids for _, ids in warm[:batch]], c, args.max_tokens)
+        library[c] = run_library(llm, [ids for _, ids in prompts[:per_level[c]]], c, args.max_tokens)
+        with InProcessServer(llm, max_pending=max(args.levels) + 8, max_tokens=args.max_tokens) as server:
+            client.run(server.url, [t for t, _ in warm[:batch]], c, args.max_tokens)
+            http[c] = client.run(server.url, [t for t, _ in prompts[:per_level[c]]], c, args.max_tokens)
+        print(f"level {c}: library and HTTP done", flush=True)
+    client.close()
+
+    rows = [report(label, c, args, http[c], library[c]) for c in args.levels]
+    print("\nlevel  TTFT overhead  decode overhead   (HTTP vs library API, p50)")
+    for row in rows:
+        print(f"{row['level']:5d}  {row['ttft_overhead_pct']:+12.1f}%  {row['decode_overhead_pct']:+14.1f}%")
+    bad = [c for c in args.levels for s in http[c] + library[c] if s.tokens != args.max_tokens]
+    if bad and not args.respect_eos:
+        raise SystemExit(f"some requests did not decode exactly {args.max_tokens} tokens (levels {sorted(set(bad))})")
+    return rows
+
+
+if __name__ == "__main__":
+    main()
