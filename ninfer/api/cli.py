@@ -71,6 +71,12 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
     p.add_argument("--device", help="torch device (default: cuda if available)")
     p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], help="compute dtype")
     p.add_argument("--no-cuda-graphs", action="store_true", help="run decode steps eagerly")
+    p.add_argument("--no-prefix-cache", action="store_true",
+                   help="do not reuse KV pages and DeltaNet state of earlier prompts")
+    p.add_argument("--checkpoint-slots", type=_int("--checkpoint-slots"), default=8, metavar="N",
+                   help="DeltaNet state checkpoints kept for prefix reuse, beyond the lanes (default 8)")
+    p.add_argument("--checkpoint-interval", type=_int("--checkpoint-interval"), default=4096, metavar="N",
+                   help="also checkpoint every N tokens of a long prompt (default 4096)")
     p.add_argument("--max-request-mib", type=_int("--max-request-mib"), default=384, metavar="N",
                    help="request body limit; larger bodies get 413 (default 384)")
     p.add_argument("--default-max-tokens", type=_int("--default-max-tokens"), default=8192, metavar="N",
@@ -154,6 +160,8 @@ def run_serve(args: argparse.Namespace) -> None:
     llm = ninfer.load(args.model, device=args.device, dtype=args.dtype, max_concurrency=args.max_concurrency,
                       max_context=args.max_context, kv_capacity=args.kv_capacity, kv_dtype=args.kv_dtype,
                       prefill_chunk=args.prefill_chunk, cuda_graphs=not args.no_cuda_graphs,
+                      prefix_cache=not args.no_prefix_cache, checkpoint_slots=args.checkpoint_slots,
+                      checkpoint_interval=args.checkpoint_interval,
                       **({"vision": True, "vision_limits": vision_limits(args)} if args.vision else {}))
     app = create_app(llm, config)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)

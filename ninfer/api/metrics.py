@@ -18,7 +18,17 @@ def engine_snapshot(engine: Any) -> dict[str, int]:
     s, pages, slots = engine.scheduler, engine.pages, engine.slots
     return {"running": len(s.running), "waiting": len(s.waiting),
             "kv_used": pages.num_pages - pages.num_free, "kv_capacity": pages.num_pages,
-            "slots_used": slots.num_slots - slots.num_free, "slots_capacity": slots.num_slots}
+            "slots_used": slots.num_slots - slots.num_free, "slots_capacity": slots.num_slots,
+            **_prefix_snapshot(engine.prefix)}
+
+
+def _prefix_snapshot(prefix: Any) -> dict[str, int]:
+    """Prefix-cache counters (zeros when the cache is off)."""
+    if prefix is None:
+        return {"prefix_hits": 0, "prefix_hit_tokens": 0, "prefix_evictions": 0, "prefix_checkpoints": 0}
+    st = prefix.stats
+    return {"prefix_hits": st.hits, "prefix_hit_tokens": st.hit_tokens, "prefix_evictions": st.evicted,
+            "prefix_checkpoints": len(prefix)}
 
 
 class Metrics:
@@ -45,10 +55,17 @@ class Metrics:
         names = {"running": "ninfer_requests_running", "waiting": "ninfer_requests_waiting",
                  "kv_used": "ninfer_device_kv_used_pages", "kv_capacity": "ninfer_device_kv_capacity_pages",
                  "slots_used": "ninfer_device_state_used_slots",
-                 "slots_capacity": "ninfer_device_state_capacity_slots"}
+                 "slots_capacity": "ninfer_device_state_capacity_slots",
+                 "prefix_hits": "ninfer_prefix_cache_hits", "prefix_hit_tokens": "ninfer_prefix_cache_hit_tokens",
+                 "prefix_evictions": "ninfer_prefix_cache_evictions",
+                 "prefix_checkpoints": "ninfer_prefix_cache_checkpoints"}
         helps = {"running": "Requests in a lane", "waiting": "Requests in the engine's wait queue",
                  "kv_used": "KV pages in use", "kv_capacity": "KV pages in the pool",
-                 "slots_used": "DeltaNet state slots in use", "slots_capacity": "DeltaNet state slots"}
+                 "slots_used": "DeltaNet state slots in use", "slots_capacity": "DeltaNet state slots",
+                 "prefix_hits": "Requests that resumed from a cached prefix (total)",
+                 "prefix_hit_tokens": "Prompt tokens taken from the prefix cache (total)",
+                 "prefix_evictions": "Prefix checkpoints evicted (total)",
+                 "prefix_checkpoints": "Prefix checkpoints held now"}
         self.engine_gauges = {k: Gauge(n, helps[k], registry=r) for k, n in names.items()}
 
     def rejected(self, outcome: str) -> None:
