@@ -16,7 +16,7 @@ from ninfer.models.qwen3_5 import Qwen3_5TextModel
 from ninfer.runtime.engine import Engine, EngineConfig
 from ninfer.runtime.output import OutputProcessor
 from ninfer.runtime.request import Request, Status
-from ninfer.runtime.sampling import SamplingParams
+from ninfer.runtime.sampling import PRESETS, SamplingParams, preset_key
 from ninfer.runtime.scheduler import QueueFull
 from ninfer.runtime.sequence import SequenceRunner
 from ninfer.tokenizer import Tokenizer, stop_token_ids
@@ -75,15 +75,19 @@ class LLM:
         return self.model.device
 
     def sampling_params(self, temperature: float | None = None, top_p: float | None = None,
-                        top_k: int | None = None, seed: int | None = None, greedy: bool = False) -> SamplingParams:
-        """Explicit arguments override the checkpoint's generation_config.json."""
-        d = self.defaults
-        return SamplingParams(
-            temperature=d.get("temperature", 1.0) if temperature is None else temperature,
-            top_p=d.get("top_p", 1.0) if top_p is None else top_p,
-            top_k=d.get("top_k", 0) if top_k is None else top_k,
-            greedy=greedy or not d.get("do_sample", True), seed=seed,
-        )
+                        top_k: int | None = None, seed: int | None = None, greedy: bool = False,
+                        thinking: bool | None = None, **extra: Any) -> SamplingParams:
+        """Explicit arguments override the model's preset for the thinking mode (chats of known Qwen
+        models), which overrides the checkpoint's generation_config.json. ``extra``: min_p,
+        presence/frequency/repetition penalties, logprobs."""
+        values: dict[str, Any] = {"temperature": self.defaults.get("temperature", 1.0),
+                                  "top_p": self.defaults.get("top_p", 1.0), "top_k": self.defaults.get("top_k", 0)}
+        preset = preset_key(str(self.model_dir)) if thinking is not None else None
+        if preset is not None:
+            values.update(PRESETS[preset][thinking])
+        given = {"temperature": temperature, "top_p": top_p, "top_k": top_k, **extra}
+        values.update({k: v for k, v in given.items() if v is not None})
+        return SamplingParams(greedy=greedy or not self.defaults.get("do_sample", True), seed=seed, **values)
 
     def generate(
         self,
@@ -121,7 +125,8 @@ class LLM:
         ``video_url`` (a path, an http(s) URL or a data URI) when the model was loaded with vision.
         """
         prompt_ids, mm = self._chat_prompt(messages, tools, enable_thinking)
-        req = self._request(prompt_ids, max_new_tokens, self.sampling_params(**sampling), None, stop,
+        params = self.sampling_params(thinking=enable_thinking, **sampling)
+        req = self._request(prompt_ids, max_new_tokens, params, None, stop,
                             thinking=enable_thinking, mm=mm)
         return self._run([req])[0]
 

@@ -59,3 +59,17 @@ def test_default_model_loads_and_generates(monkeypatch, tmp_path) -> None:
     assert llm.config.model_type == "qwen3_5" and llm.load_report.mtp
     out = llm.chat([{"role": "user", "content": "Hello"}], max_new_tokens=6, greedy=True)
     assert out.prompt_tokens > 0 and 1 <= len(out.token_ids) <= 6
+
+
+def test_model_aware_presets_for_chats(dense_ckpt: TinyCheckpoint, tmp_path) -> None:
+    import shutil
+
+    named = tmp_path / "Qwen3.6-35B-A3B-tiny"
+    shutil.copytree(dense_ckpt.path, named)
+    llm = ninfer.load(named, device="cpu", progress=False)
+    thinking, plain = llm.sampling_params(thinking=True), llm.sampling_params(thinking=False)
+    assert (thinking.temperature, thinking.top_p, thinking.top_k, thinking.presence_penalty) == (1.0, 0.95, 20, 1.5)
+    assert (plain.temperature, plain.top_p, plain.presence_penalty) == (0.7, 0.8, 1.5)
+    assert llm.sampling_params(thinking=False, temperature=0.2, presence_penalty=0.0).temperature == 0.2
+    raw = llm.sampling_params()  # raw completions keep generation_config.json's values
+    assert (raw.temperature, raw.top_k, raw.presence_penalty) == (0.6, 20, 0.0)

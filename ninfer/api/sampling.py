@@ -10,28 +10,13 @@ from typing import Any
 
 from ninfer.api.config import SamplingOverrides
 from ninfer.api.errors import APIError, invalid
-from ninfer.runtime.sampling import SamplingParams
+from ninfer.runtime.sampling import PRESETS, SamplingParams, preset_key
 
-_THINKING = {"temperature": 1.0, "top_p": 0.95, "top_k": 20, "min_p": 0.0, "presence_penalty": 0.0}
-_NON_THINKING = {"temperature": 0.7, "top_p": 0.80, "top_k": 20, "min_p": 0.0, "presence_penalty": 1.5}
-PRESETS: dict[str, dict[bool, dict[str, float]]] = {
-    "qwen3.6-27b": {True: _THINKING, False: _NON_THINKING},
-    "qwen3.8-27b": {True: _THINKING, False: _NON_THINKING},
-    "qwen3.6-35b-a3b": {True: {**_THINKING, "presence_penalty": 1.5}, False: _NON_THINKING},
-}
 FIELDS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
           "repetition_penalty", "seed")
 # Values that mean "off": a field the engine lacks may still be sent with these.
 _NEUTRAL: dict[str, Any] = {"min_p": 0.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
                             "repetition_penalty": 1.0, "logprobs": None}
-
-
-def preset_key(*names: str | None) -> str | None:
-    """The preset matching any of the given model names (alias, path, Hub id), longest key first."""
-    for key in sorted(PRESETS, key=len, reverse=True):
-        if any(name and key in name.lower() for name in names):
-            return key
-    return None
 
 
 def supported_fields() -> frozenset[str]:

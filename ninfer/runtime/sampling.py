@@ -43,6 +43,24 @@ class SamplingParams:
         return self.greedy or self.temperature == 0
 
 
+_THINKING = {"temperature": 1.0, "top_p": 0.95, "top_k": 20, "min_p": 0.0, "presence_penalty": 0.0}
+_NON_THINKING = {"temperature": 0.7, "top_p": 0.80, "top_k": 20, "min_p": 0.0, "presence_penalty": 1.5}
+# Model-aware defaults by thinking mode (the Qwen model cards' recommendations), keyed by a name fragment.
+PRESETS: dict[str, dict[bool, dict[str, float]]] = {
+    "qwen3.6-27b": {True: _THINKING, False: _NON_THINKING},
+    "qwen3.8-27b": {True: _THINKING, False: _NON_THINKING},
+    "qwen3.6-35b-a3b": {True: {**_THINKING, "presence_penalty": 1.5}, False: _NON_THINKING},
+}
+
+
+def preset_key(*names: str | None) -> str | None:
+    """The preset matching any of the given model names (alias, path, Hub id), longest key first."""
+    for key in sorted(PRESETS, key=len, reverse=True):
+        if any(name and key in name.lower() for name in names):
+            return key
+    return None
+
+
 def make_generator(params: SamplingParams, device: torch.device) -> torch.Generator | None:
     if params.is_greedy:
         return None
