@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 import ninfer
-from ninfer.runtime.sampling import SamplingParams, sample_reference
+from ninfer.kernels.sampling import SamplingTensors, sample_reference
 from ninfer.runtime.reasoning import split_final
 from tiny_checkpoints import TinyCheckpoint
 
@@ -35,9 +35,13 @@ def test_top_k_one_is_greedy_and_padding_ids_never_sampled(dense_ckpt: TinyCheck
 
 
 def test_top_p_keeps_the_smallest_nucleus() -> None:
-    logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
-    gen = torch.Generator().manual_seed(0)
-    picks = {sample_reference(logits, SamplingParams(top_p=0.7), gen) for _ in range(200)}
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    picks = set()
+    for seed in range(200):
+        st = SamplingTensors.full(1, top_p=0.7, seed=seed)
+        out = sample_reference(logits, st, torch.zeros(1, 4, dtype=torch.int32), torch.zeros(1, 4, dtype=torch.int8),
+                               vocab_limit=4)
+        picks.add(int(out.token_ids[0]))
     assert picks == {0, 1}
 
 

@@ -1,9 +1,8 @@
-"""Token sampling: greedy, temperature, top-k, top-p, with per-request seeds."""
+"""Sampling parameters of a request, and the model-aware presets; the sampling op is ninfer.kernels.sampling."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
 
 
 @dataclass(frozen=True)
@@ -59,29 +58,3 @@ def preset_key(*names: str | None) -> str | None:
         if any(name and key in name.lower() for name in names):
             return key
     return None
-
-
-def make_generator(params: SamplingParams, device: torch.device) -> torch.Generator | None:
-    if params.is_greedy:
-        return None
-    generator = torch.Generator(device=device)
-    generator.manual_seed(params.seed if params.seed is not None else torch.seed())
-    return generator
-
-
-def sample_reference(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
-    """Pick one token id from ``logits [V]`` (already restricted to valid ids)."""
-    if params.is_greedy:
-        return int(logits.argmax())
-    scores = logits.float() / params.temperature
-    if params.top_k:
-        kth = scores.topk(min(params.top_k, scores.shape[-1])).values[-1]
-        scores = scores.masked_fill(scores < kth, float("-inf"))
-    probs = scores.softmax(-1)
-    if params.top_p < 1.0:
-        sorted_probs, order = probs.sort(descending=True)
-        # Keep the smallest prefix whose mass reaches top_p (the first token is always kept).
-        drop = sorted_probs.cumsum(-1) - sorted_probs >= params.top_p
-        sorted_probs = sorted_probs.masked_fill(drop, 0.0)
-        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
-    return int(torch.multinomial(probs, 1, generator=generator))
