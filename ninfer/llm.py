@@ -269,6 +269,7 @@ def load(
     prefix_cache: bool = False,
     checkpoint_slots: int = 4,
     checkpoint_interval: int = 4096,
+    host_cache_gib: float = 0.0,
     quantize: str | None = None,
     vision: bool = False,
     vision_limits: Any = None,
@@ -283,7 +284,8 @@ def load(
     chunks of ``prefill_chunk`` tokens; decode steps replay CUDA graphs unless ``cuda_graphs=False``.
     ``prefix_cache=True`` reuses the KV pages and DeltaNet state of earlier prompts: checkpoints sit in
     ``checkpoint_slots`` extra state slots, one token before each prompt's end, every
-    ``checkpoint_interval`` prompt tokens, and at the end of each generation.
+    ``checkpoint_interval`` prompt tokens, and at the end of each generation; evicted checkpoints
+    move to ``host_cache_gib`` of pinned host memory and are copied back on a hit.
 
     Quantized checkpoints (written by ``ninfer convert``, or NVFP4 / FP8 checkpoints in the ModelOpt
     and compressed-tensors layouts) load as they are; ``quantize="int4"`` (a recipe name or file, see
@@ -324,7 +326,8 @@ def load(
     engine_config = EngineConfig(max_concurrency=max_concurrency, max_context=max_context, kv_capacity=kv_capacity,
                                  kv_dtype=kv_dtype, prefill_chunk=prefill_chunk, cuda_graphs=cuda_graphs,
                                  prefix_cache=prefix_cache, checkpoint_slots=checkpoint_slots,
-                                 checkpoint_interval=checkpoint_interval)
+                                 checkpoint_interval=checkpoint_interval,
+                                 host_cache_bytes=int(host_cache_gib * (1 << 30)))
     pipeline = None
     if vision:
         from ninfer.vision import VisionPipeline

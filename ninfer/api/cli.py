@@ -77,6 +77,9 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
                    help="DeltaNet state checkpoints kept for prefix reuse, beyond the lanes (default 8)")
     p.add_argument("--checkpoint-interval", type=_int("--checkpoint-interval"), default=4096, metavar="N",
                    help="also checkpoint every N tokens of a long prompt (default 4096)")
+    p.add_argument("--host-cache-gib", type=float, default=0.0, metavar="N",
+                   help="pinned host memory that evicted prefix checkpoints move to, and are restored from "
+                        "(default 0: evicted checkpoints are dropped)")
     p.add_argument("--max-request-mib", type=_int("--max-request-mib"), default=384, metavar="N",
                    help="request body limit; larger bodies get 413 (default 384)")
     p.add_argument("--default-max-tokens", type=_int("--default-max-tokens"), default=8192, metavar="N",
@@ -161,7 +164,7 @@ def run_serve(args: argparse.Namespace) -> None:
                       max_context=args.max_context, kv_capacity=args.kv_capacity, kv_dtype=args.kv_dtype,
                       prefill_chunk=args.prefill_chunk, cuda_graphs=not args.no_cuda_graphs,
                       prefix_cache=not args.no_prefix_cache, checkpoint_slots=args.checkpoint_slots,
-                      checkpoint_interval=args.checkpoint_interval,
+                      checkpoint_interval=args.checkpoint_interval, host_cache_gib=args.host_cache_gib,
                       **({"vision": True, "vision_limits": vision_limits(args)} if args.vision else {}))
     app = create_app(llm, config)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)

@@ -25,10 +25,12 @@ def engine_snapshot(engine: Any) -> dict[str, int]:
 def _prefix_snapshot(prefix: Any) -> dict[str, int]:
     """Prefix-cache counters (zeros when the cache is off)."""
     if prefix is None:
-        return {"prefix_hits": 0, "prefix_hit_tokens": 0, "prefix_evictions": 0, "prefix_checkpoints": 0}
+        return dict.fromkeys(("prefix_hits", "prefix_hit_tokens", "prefix_evictions", "prefix_checkpoints",
+                              "prefix_offloads", "prefix_restores", "prefix_host_bytes"), 0)
     st = prefix.stats
     return {"prefix_hits": st.hits, "prefix_hit_tokens": st.hit_tokens, "prefix_evictions": st.evicted,
-            "prefix_checkpoints": len(prefix)}
+            "prefix_checkpoints": len(prefix), "prefix_offloads": st.offloaded, "prefix_restores": st.restored,
+            "prefix_host_bytes": prefix.host_bytes}
 
 
 class Metrics:
@@ -58,14 +60,20 @@ class Metrics:
                  "slots_capacity": "ninfer_device_state_capacity_slots",
                  "prefix_hits": "ninfer_prefix_cache_hits", "prefix_hit_tokens": "ninfer_prefix_cache_hit_tokens",
                  "prefix_evictions": "ninfer_prefix_cache_evictions",
-                 "prefix_checkpoints": "ninfer_prefix_cache_checkpoints"}
+                 "prefix_checkpoints": "ninfer_prefix_cache_checkpoints",
+                 "prefix_offloads": "ninfer_prefix_cache_host_offloads",
+                 "prefix_restores": "ninfer_prefix_cache_host_restores",
+                 "prefix_host_bytes": "ninfer_prefix_cache_host_bytes"}
         helps = {"running": "Requests in a lane", "waiting": "Requests in the engine's wait queue",
                  "kv_used": "KV pages in use", "kv_capacity": "KV pages in the pool",
                  "slots_used": "DeltaNet state slots in use", "slots_capacity": "DeltaNet state slots",
                  "prefix_hits": "Requests that resumed from a cached prefix (total)",
                  "prefix_hit_tokens": "Prompt tokens taken from the prefix cache (total)",
                  "prefix_evictions": "Prefix checkpoints evicted (total)",
-                 "prefix_checkpoints": "Prefix checkpoints held now"}
+                 "prefix_checkpoints": "Prefix checkpoints held now",
+                 "prefix_offloads": "Prefix checkpoints moved to host memory (total)",
+                 "prefix_restores": "Prefix checkpoints copied back from host memory (total)",
+                 "prefix_host_bytes": "Host memory held by prefix checkpoints"}
         self.engine_gauges = {k: Gauge(n, helps[k], registry=r) for k, n in names.items()}
 
     def rejected(self, outcome: str) -> None:

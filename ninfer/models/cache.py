@@ -56,7 +56,38 @@ class ModelCache:
         for state in (*self.conv.values(), *self.recurrent.values()):
             state[dst].copy_(state[src])
 
+    def save_slot(self, slot: int) -> list[torch.Tensor]:
+        """A host copy of one slot's state (pinned when the cache is on a GPU, for fast copies back)."""
+        return [_to_host(state[slot]) for state in (*self.conv.values(), *self.recurrent.values())]
+
+    def restore_slot(self, slot: int, saved: list[torch.Tensor]) -> None:
+        for state, host in zip((*self.conv.values(), *self.recurrent.values()), saved, strict=True):
+            state[slot].copy_(host, non_blocking=True)
+
+    def save_pages(self, pages: list[int]) -> list[torch.Tensor]:
+        """Host copies of some pages of every attention layer: per layer k, v (and scales), ``[len(pages), ...]``."""
+        index = torch.tensor(pages, dtype=torch.long, device=self.device)
+        return [_to_host(t.index_select(0, index)) for t in self._page_tensors()]
+
+    def restore_pages(self, pages: list[int], saved: list[torch.Tensor]) -> None:
+        index = torch.tensor(pages, dtype=torch.long, device=self.device)
+        for tensor, host in zip(self._page_tensors(), saved, strict=True):
+            tensor.index_copy_(0, index, host[: len(pages)].to(tensor.device, non_blocking=True))
+
+    def _page_tensors(self) -> list[torch.Tensor]:
+        return [t for kv in self.kv.values() for t in (kv.k, kv.v, kv.k_scale, kv.v_scale) if t is not None]
+
+    @property
+    def device(self) -> torch.device:
+        return next(iter((*self.conv.values(), *(kv.k for kv in self.kv.values())))).device
+
     def reset_slot(self, slot: int) -> None:
         """Zero a state slot so a new sequence starts from the empty state."""
         for state in (*self.conv.values(), *self.recurrent.values()):
             state[slot].zero_()
+
+
+def _to_host(t: torch.Tensor) -> torch.Tensor:
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=t.is_cuda)
+    host.copy_(t)
+    return host

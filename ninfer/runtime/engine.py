@@ -38,6 +38,7 @@ class EngineConfig:
     prefix_cache: bool = False  # reuse KV pages + DeltaNet state checkpoints of earlier prompts
     checkpoint_slots: int = 4  # state slots beyond the lanes that hold prefix checkpoints
     checkpoint_interval: int = 4096  # also checkpoint every this many tokens of a long prompt
+    host_cache_bytes: int = 0  # host memory that evicted checkpoints move to (0: evicted ones are dropped)
 
     @property
     def num_state_slots(self) -> int:
@@ -54,8 +55,8 @@ class Engine:
                                 num_slots=config.num_state_slots, device=self.device,
                                 dtype=model.dtype, kv_dtype=config.kv_dtype)
         self.pages, self.slots = PagePool(self.plan.num_pages), SlotPool(config.num_state_slots)
-        self.prefix = PrefixCache(self.cache, self.pages, self.slots, config.page_size,
-                                  config.checkpoint_interval) if config.prefix_cache else None
+        self.prefix = PrefixCache(self.cache, self.pages, self.slots, config.page_size, config.checkpoint_interval,
+                                  config.host_cache_bytes) if config.prefix_cache else None
         self.scheduler = Scheduler(max_concurrency=config.max_concurrency, max_context=config.max_context,
                                    page_size=config.page_size, prefill_chunk=config.prefill_chunk,
                                    pages=self.pages, slots=self.slots, max_pending=config.max_pending,
@@ -125,14 +126,18 @@ class Engine:
         partly filled last page (copy-on-write), and skip the cached tokens."""
         hit, ps = req.prefix_hit, self.config.page_size
         self.prefix.record_hit(hit)
+        req.num_computed = req.cached_tokens = hit.length
+        req.prefix_hit = None
+        if hit.checkpoint.host is not None:  # from host memory: the sequence gets its own pages
+            self._slots_for(req, 0, hit.length)
+            self.prefix.restore(hit.checkpoint, req.slot, req.pages)
+            return
         self.cache.copy_slot(hit.checkpoint.slot, req.slot)
         if req.pages:
             self.lane_block_tables[req.lane, :len(req.pages)] = torch.tensor(req.pages, dtype=torch.int32)
         if hit.length % ps:
             self._slots_for(req, hit.length, hit.length + 1)  # takes the page that holds position hit.length
             self.cache.copy_page(hit.checkpoint.pages[hit.length // ps], req.pages[-1])
-        req.num_computed = req.cached_tokens = hit.length
-        req.prefix_hit = None
 
     def _is_checkpoint_mark(self, req: Request) -> bool:
         n, done = len(req.prompt_ids), req.num_computed

@@ -9,11 +9,14 @@ that leaves at least one token to compute (its logits start the generation).
 Checkpoints are taken one token before the end of each prompt (so an identical prompt hits),
 every ``interval`` tokens of a long prompt, and at the end of each generation (so the next turn
 of a chat hits). They live in spare state slots and pinned pages and are evicted least recently
-used when admission needs the memory.
+used when admission needs the memory: moved to a host memory budget when one is set (and copied
+back on a hit), else dropped.
 """
 from __future__ import annotations
 
 import itertools
+
+import torch
 from dataclasses import dataclass, field
 
 from ninfer.models.cache import ModelCache
@@ -21,12 +24,25 @@ from ninfer.runtime.pools import PagePool, SlotPool
 
 
 @dataclass
+class HostCopy:
+    """A checkpoint moved to host memory: its state slot and KV pages, copied off the device."""
+
+    state: list[torch.Tensor]  # conv then recurrent state, one tensor per DeltaNet layer
+    kv: list[torch.Tensor]  # per attention layer: k, v (and scales) of the checkpoint's pages
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (*self.state, *self.kv))
+
+
+@dataclass
 class Checkpoint:
     tokens: tuple[int, ...]
-    slot: int
+    slot: int | None  # None once the checkpoint lives in host memory
     pages: list[int]  # pages covering tokens [0, len(tokens)); the last may be partly filled
     last_used: int = 0
     hits: int = 0
+    host: HostCopy | None = None
 
 
 @dataclass
@@ -41,7 +57,9 @@ class PrefixCacheStats:
     hit_tokens: int = 0
     lookups: int = 0
     inserted: int = 0
-    evicted: int = 0
+    evicted: int = 0  # dropped for good
+    offloaded: int = 0  # moved to host memory
+    restored: int = 0  # resumed from host memory
 
 
 @dataclass
@@ -51,6 +69,7 @@ class PrefixCache:
     slots: SlotPool
     page_size: int
     interval: int = 4096
+    host_bytes_limit: int = 0  # pinned host memory for evicted checkpoints (0: evict means drop)
     stats: PrefixCacheStats = field(default_factory=PrefixCacheStats)
 
     def __post_init__(self) -> None:
@@ -79,7 +98,10 @@ class PrefixCache:
         self.stats.hit_tokens += hit.length
 
     def shared_pages(self, hit: PrefixHit) -> list[int]:
-        """The checkpoint's fully used pages, which a resuming sequence shares by reference."""
+        """The checkpoint's fully used pages, which a resuming sequence shares by reference
+        (none for a checkpoint in host memory: the sequence gets its own copies)."""
+        if hit.checkpoint.host is not None:
+            return []
         full = hit.length // self.page_size
         shared = hit.checkpoint.pages[:full]
         for page in shared:
@@ -106,24 +128,56 @@ class PrefixCache:
         return True
 
     def evict_one(self) -> bool:
-        """Drop the least recently used checkpoint; False when there is none."""
-        entries = [c for group in self._by_length.values() for c in group.values()]
-        if not entries:
+        """Free the device memory of the least recently used device-resident checkpoint: move it to
+        host memory when the host budget allows, else drop it. False when no checkpoint is on the device."""
+        on_device = [c for c in self._entries() if c.host is None]
+        if not on_device:
             return False
-        victim = min(entries, key=lambda c: c.last_used)
-        group = self._by_length[len(victim.tokens)]
-        del group[victim.tokens]
-        if not group:
-            del self._by_length[len(victim.tokens)]
-        self.pages.release(victim.pages)
-        self.slots.release(victim.slot)
-        self.stats.evicted += 1
+        victim = min(on_device, key=lambda c: c.last_used)
+        if not self._offload(victim):
+            self._drop(victim)
         return True
 
+    def restore(self, ckpt: Checkpoint, slot: int, pages: list[int]) -> None:
+        """Copy a host checkpoint into a sequence's state slot and its own KV pages (covering the prefix)."""
+        assert ckpt.host is not None
+        self.cache.restore_slot(slot, ckpt.host.state)
+        self.cache.restore_pages(pages[: len(ckpt.host.kv[0]) if ckpt.host.kv else 0], ckpt.host.kv)
+        self.stats.restored += 1
+
     def clear(self) -> None:
-        while self.evict_one():
-            pass
+        for ckpt in list(self._entries()):
+            self._drop(ckpt)
 
     @property
-    def pinned_pages(self) -> int:
-        return len({p for group in self._by_length.values() for c in group.values() for p in c.pages})
+    def host_bytes(self) -> int:
+        return sum(c.host.nbytes for c in self._entries() if c.host is not None)
+
+    def _entries(self) -> list[Checkpoint]:
+        return [c for group in self._by_length.values() for c in group.values()]
+
+    def _offload(self, ckpt: Checkpoint) -> bool:
+        if self.host_bytes_limit <= 0:
+            return False
+        host = HostCopy(self.cache.save_slot(ckpt.slot), self.cache.save_pages(ckpt.pages))
+        while self.host_bytes + host.nbytes > self.host_bytes_limit:
+            on_host = [c for c in self._entries() if c.host is not None]
+            if not on_host:
+                return False  # larger than the whole budget
+            self._drop(min(on_host, key=lambda c: c.last_used))
+        self.pages.release(ckpt.pages)
+        self.slots.release(ckpt.slot)
+        ckpt.slot, ckpt.pages, ckpt.host = None, [], host
+        self.stats.offloaded += 1
+        return True
+
+    def _drop(self, ckpt: Checkpoint) -> None:
+        group = self._by_length[len(ckpt.tokens)]
+        del group[ckpt.tokens]
+        if not group:
+            del self._by_length[len(ckpt.tokens)]
+        if ckpt.host is None:
+            self.pages.release(ckpt.pages)
+            self.slots.release(ckpt.slot)
+        self.stats.evicted += 1
+

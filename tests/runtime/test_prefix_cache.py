@@ -90,3 +90,18 @@ def test_tiny_pool_evicts_and_still_matches(dense_ckpt: TinyCheckpoint, plain) -
     assert [o.output_ids for o in outs] == _expected(plain, prompts, 20)
     assert llm.engine.prefix.stats.evicted > 0
     _assert_balanced(llm)
+
+
+def test_host_offload_restores_evicted_checkpoints(dense_ckpt: TinyCheckpoint, plain) -> None:
+    # One checkpoint slot: every new checkpoint pushes the previous one to host memory.
+    llm = _load(dense_ckpt, prefix_cache=True, checkpoint_interval=1000, checkpoint_slots=1, host_cache_gib=0.01)
+    a, b = _tokens(50, 21), _tokens(45, 22)
+    _greedy(llm, [a])
+    _greedy(llm, [b])
+    prefix = llm.engine.prefix
+    assert prefix.stats.offloaded > 0 and prefix.host_bytes > 0
+    again = _greedy(llm, [a + _tokens(6, 23)])[0]  # resumes from a's end-of-generation checkpoint on the host
+    assert again.output_ids == _expected(plain, [a + _tokens(6, 23)])[0]
+    assert prefix.stats.restored == 1 and again.cached_tokens == len(a) - 1  # the end-of-prompt checkpoint
+    _assert_balanced(llm)
+    assert prefix.host_bytes == 0
