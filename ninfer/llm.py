@@ -15,6 +15,7 @@ from ninfer.config import ModelConfig, load_config
 from ninfer.models.qwen3_5 import Qwen3_5TextModel
 from ninfer.runtime.engine import Engine, EngineConfig
 from ninfer.runtime.output import OutputProcessor
+from ninfer.runtime.prefix_cache import chat_checkpoint_marks
 from ninfer.runtime.request import Request, Status
 from ninfer.runtime.sampling import PRESETS, SamplingParams, preset_key
 from ninfer.runtime.scheduler import QueueFull
@@ -128,6 +129,7 @@ class LLM:
         params = self.sampling_params(thinking=enable_thinking, **sampling)
         req = self._request(prompt_ids, max_new_tokens, params, None, stop,
                             thinking=enable_thinking, mm=mm)
+        req.checkpoint_marks = chat_checkpoint_marks(prompt_ids, self.tokenizer.token_id("<|im_start|>"))
         return self._run([req])[0]
 
     def count_tokens(self, messages: list[dict[str, Any]], *, tools: list[dict[str, Any]] | None = None,

@@ -31,6 +31,7 @@ from ninfer.api.errors import APIError, invalid
 from ninfer.api.metrics import Metrics
 from ninfer.api.output import OutputStream
 from ninfer.api.sampling import preset_key, resolve
+from ninfer.runtime.prefix_cache import chat_checkpoint_marks
 from ninfer.runtime.request import Request, RequestOutput, Status
 from ninfer.runtime.scheduler import AdmissionError, QueueFull
 
@@ -194,7 +195,8 @@ class Service:
         limit = self.config.default_max_tokens if spec.max_tokens is None else spec.max_tokens
         limit = max(1, min(limit, self.max_context - len(prompt_ids)))
         return Request(prompt_ids=prompt_ids, params=params, max_new_tokens=limit,
-                       stop_strings=tuple(spec.stop), thinking=thinking)
+                       stop_strings=tuple(spec.stop), thinking=thinking,
+                       checkpoint_marks=chat_checkpoint_marks(prompt_ids, self.tokenizer.token_id("<|im_start|>")))
 
     def output(self, req: Request, chat: ChatInput) -> OutputStream:
         return OutputStream(req, self.tokenizer, self.llm.stop_ids, self.tool_schemas(chat))

@@ -141,7 +141,7 @@ class Engine:
 
     def _is_checkpoint_mark(self, req: Request) -> bool:
         n, done = len(req.prompt_ids), req.num_computed
-        return done == n - 1 or done % self.prefix.interval == 0
+        return done == n - 1 or done % self.prefix.interval == 0 or done in req.checkpoint_marks
 
     # -- model calls --------------------------------------------------------------------------
     def _slots_for(self, req: Request, start: int, end: int) -> list[int]:

@@ -181,3 +181,14 @@ class PrefixCache:
             self.slots.release(ckpt.slot)
         self.stats.evicted += 1
 
+
+
+def chat_checkpoint_marks(prompt_ids: list[int], turn_start_id: int | None) -> tuple[int, ...]:
+    """Prompt positions worth a checkpoint in a rendered chat: just before the first turn after the
+    system prompt (a shared system prompt and tools hit) and just before the last turn, the
+    assistant's (the next turn of the conversation starts the same way, also when the template
+    drops the reasoning of earlier turns)."""
+    if turn_start_id is None:
+        return ()
+    starts = [i for i, t in enumerate(prompt_ids) if t == turn_start_id and i > 0]
+    return tuple(sorted(set(starts[:1] + starts[-1:])))

@@ -45,6 +45,7 @@ class Request:
     thinking: bool | None = None  # None: raw text; True/False: a chat reply (reasoning split applies)
     mm: Any = None  # multimodal prompt inputs (ninfer.vision.MultimodalInputs): positions and media embeddings
     rope_delta: int = 0  # M-RoPE position offset of tokens after the prompt (non-zero after media)
+    checkpoint_marks: tuple[int, ...] = ()  # prompt positions where the prefix cache should checkpoint
     request_id: str = field(default_factory=lambda: f"req-{next(_ids)}")
 
     status: Status = Status.WAITING

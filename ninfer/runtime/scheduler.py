@@ -110,10 +110,11 @@ class Scheduler:
 
     def checkpoint_after(self, req: Request) -> int | None:
         """The next prompt position (beyond what is computed) where the prefix cache takes a checkpoint:
-        every ``interval`` tokens, and one token before the prompt's end so that a repeated prompt hits."""
+        every ``interval`` tokens, one token before the prompt's end so that a repeated prompt hits,
+        and the request's own marks (chat turn boundaries)."""
         assert self.prefix is not None
         start, n = req.num_computed, len(req.prompt_ids)
-        marks = [(start // self.prefix.interval + 1) * self.prefix.interval, n - 1]
+        marks = [(start // self.prefix.interval + 1) * self.prefix.interval, n - 1, *req.checkpoint_marks]
         return min((m for m in marks if start < m < n), default=None)
 
     def ensure_pages(self, req: Request, upto_tokens: int) -> list[int]:

@@ -105,3 +105,18 @@ def test_host_offload_restores_evicted_checkpoints(dense_ckpt: TinyCheckpoint, p
     assert prefix.stats.restored == 1 and again.cached_tokens == len(a) - 1  # the end-of-prompt checkpoint
     _assert_balanced(llm)
     assert prefix.host_bytes == 0
+
+
+def test_chat_turn_boundaries_hit_when_the_template_drops_reasoning(dense_ckpt: TinyCheckpoint, plain) -> None:
+    llm = _load(dense_ckpt, prefix_cache=True, checkpoint_slots=8)
+    system = {"role": "system", "content": "You answer briefly and precisely. " * 4}
+    turn1 = [system, {"role": "user", "content": "What is the capital of France?"}]
+    r1 = llm.chat(turn1, max_new_tokens=12, greedy=True)
+    turn2 = turn1 + [{"role": "assistant", "content": r1.text, "reasoning_content": r1.reasoning},
+                     {"role": "user", "content": "And of Italy?"}]
+    r2 = llm.chat(turn2, max_new_tokens=12, greedy=True)
+    assert r2.token_ids == plain.chat(turn2, max_new_tokens=12, greedy=True).token_ids
+    prompt1 = llm.tokenizer.encode(llm.tokenizer.apply_chat_template(turn1))
+    assistant_start = max(i for i, t in enumerate(prompt1) if t == llm.tokenizer.token_id("<|im_start|>"))
+    assert llm.engine.prefix.stats.hit_tokens == assistant_start  # resumed right before turn 1's assistant turn
+    _assert_balanced(llm)
