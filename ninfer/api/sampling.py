@@ -10,7 +10,7 @@ from typing import Any
 
 from ninfer.api.config import SamplingOverrides
 from ninfer.api.errors import APIError, invalid
-from ninfer.runtime.sampling import PRESETS, SamplingParams, preset_key
+from ninfer.runtime.sampling import PRESETS, SamplingParams
 
 FIELDS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
           "repetition_penalty", "seed")

@@ -30,8 +30,9 @@ from ninfer.api.config import ServerConfig
 from ninfer.api.errors import APIError, invalid
 from ninfer.api.metrics import Metrics
 from ninfer.api.output import OutputStream
-from ninfer.api.sampling import preset_key, resolve
+from ninfer.api.sampling import resolve
 from ninfer.runtime.prefix_cache import chat_checkpoint_marks
+from ninfer.runtime.sampling import preset_key
 from ninfer.runtime.request import Request, RequestOutput, Status
 from ninfer.runtime.scheduler import AdmissionError, QueueFull
 

@@ -6,7 +6,8 @@ import pytest
 from ninfer.api.config import SamplingOverrides
 from ninfer.api.errors import APIError
 from ninfer.api.response_store import ResponseStore
-from ninfer.api.sampling import preset_key, resolve
+from ninfer.api.sampling import resolve
+from ninfer.runtime.sampling import preset_key
 from ninfer.api.validation import Fields
 from ninfer.runtime.sampling import SamplingParams
 

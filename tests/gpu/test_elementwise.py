@@ -182,7 +182,6 @@ def test_decode_ops_replay_in_a_cuda_graph() -> None:
 def test_offsets_past_2_pow_31_elements() -> None:
     """Row offsets are 64-bit: a sequence starting beyond 2**31 elements is still correct."""
     first, second = 210_000, 300  # 210000 * 10240 > 2**31
-    lens = [first, second]
     x = torch.randn(first + second, CONV_DIM, device=DEV, dtype=torch.bfloat16)
     w = torch.randn(CONV_DIM, TAPS, device=DEV, dtype=torch.bfloat16)
     state = torch.randn(2, CONV_DIM, TAPS - 1, device=DEV, dtype=torch.bfloat16)
