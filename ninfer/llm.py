@@ -268,7 +268,7 @@ def load(
     kv_dtype: str = "auto",
     prefill_chunk: int = 1024,
     cuda_graphs: bool = True,
-    prefix_cache: bool = False,
+    prefix_cache: bool = True,
     checkpoint_slots: int = 4,
     checkpoint_interval: int = 4096,
     host_cache_gib: float = 0.0,
@@ -284,7 +284,8 @@ def load(
     ``kv_capacity`` tokens (default ``max_concurrency * max_context``; ``"auto"`` fills free GPU
     memory); ``kv_dtype`` is "auto" (model dtype), "bf16", "fp8" or "int8"; prompts prefill in
     chunks of ``prefill_chunk`` tokens; decode steps replay CUDA graphs unless ``cuda_graphs=False``.
-    ``prefix_cache=True`` reuses the KV pages and DeltaNet state of earlier prompts: checkpoints sit in
+    The prefix cache (on unless ``prefix_cache=False``) reuses the KV pages and DeltaNet state of
+    earlier prompts: checkpoints sit in
     ``checkpoint_slots`` extra state slots, one token before each prompt's end, every
     ``checkpoint_interval`` prompt tokens, and at the end of each generation; evicted checkpoints
     move to ``host_cache_gib`` of pinned host memory and are copied back on a hit.

@@ -35,7 +35,7 @@ class EngineConfig:
     cuda_graphs: bool = True
     page_size: int = 64
     max_pending: int = 64
-    prefix_cache: bool = False  # reuse KV pages + DeltaNet state checkpoints of earlier prompts
+    prefix_cache: bool = True  # reuse KV pages + DeltaNet state checkpoints of earlier prompts
     checkpoint_slots: int = 4  # state slots beyond the lanes that hold prefix checkpoints
     checkpoint_interval: int = 4096  # also checkpoint every this many tokens of a long prompt
     host_cache_bytes: int = 0  # host memory that evicted checkpoints move to (0: evicted ones are dropped)
@@ -73,6 +73,7 @@ class Engine:
     # -- requests ---------------------------------------------------------------------------
     def add_request(self, req: Request) -> None:
         """Queue a request; raises AdmissionError (never runnable) or QueueFull (try later)."""
+        req.cacheable = req.cacheable and req.mm is None
         self.scheduler.add(req)
         self.requests[req.request_id] = req
         self.outputs[req.request_id] = self.make_output(req)
@@ -84,6 +85,13 @@ class Engine:
         return self._finish(req, "cancelled")
 
     supports_logprobs = True
+
+    def is_idle(self) -> bool:
+        """No request anywhere, and every page and slot free except those the prefix cache holds."""
+        cached_pages, cached_slots = self.prefix.held() if self.prefix is not None else (0, 0)
+        return (not self.has_work and not self.requests and self.pages.reserved == 0
+                and self.pages.num_used == cached_pages and self.slots.num_slots - self.slots.num_free == cached_slots
+                and len(self.scheduler.free_lanes) == self.config.max_concurrency)
 
     @property
     def has_work(self) -> bool:
@@ -107,7 +115,7 @@ class Engine:
         if plan.prefill is not None:
             req = plan.prefill
             logits = self._prefill_logits(req, plan.prefill_end)
-            if self.prefix is not None and logits is None and self._is_checkpoint_mark(req):
+            if self.prefix is not None and req.cacheable and logits is None and self._is_checkpoint_mark(req):
                 self.prefix.insert(req.prompt_ids[:req.num_computed], req.slot, req.pages)
             if logits is not None:
                 tokens, logprobs = self.sampler.sample(logits, [req])
@@ -215,7 +223,8 @@ class Engine:
         return [event] if event.token_ids else []
 
     def _finish(self, req: Request, reason: str, event: RequestOutput | None = None) -> RequestOutput:
-        if self.prefix is not None and reason in ("stop", "length") and req.slot is not None and req.prefill_done:
+        if (self.prefix is not None and req.cacheable and reason in ("stop", "length") and req.slot is not None
+                and req.prefill_done):
             # The next turn of a conversation resends all of this: checkpoint where computation stopped.
             self.prefix.insert(req.tokens(0, req.num_computed), req.slot, req.pages)
         self.scheduler.finish(req)

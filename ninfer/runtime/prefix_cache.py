@@ -149,6 +149,11 @@ class PrefixCache:
         for ckpt in list(self._entries()):
             self._drop(ckpt)
 
+    def held(self) -> tuple[int, int]:
+        """(distinct KV pages, state slots) the device-resident checkpoints hold."""
+        on_device = [c for c in self._entries() if c.host is None]
+        return len({p for c in on_device for p in c.pages}), len(on_device)
+
     @property
     def host_bytes(self) -> int:
         return sum(c.host.nbytes for c in self._entries() if c.host is not None)

@@ -67,13 +67,12 @@ def serve(llm: Any, config: ServerConfig | None = None, engine: Any = None) -> I
 
 
 def wait_idle(llm: Any, timeout: float = 10.0) -> None:
-    """Wait until the engine holds no request and every lane, page and slot is free again."""
+    """Wait until the engine holds no request and every lane, page and slot is free again (but those
+    the prefix cache keeps)."""
     engine = llm.engine
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if (not engine.has_work and not engine.requests and engine.pages.num_free == engine.pages.num_pages
-                and engine.pages.reserved == 0 and engine.slots.num_free == engine.slots.num_slots
-                and len(engine.scheduler.free_lanes) == engine.config.max_concurrency):
+        if engine.is_idle():
             return
         time.sleep(0.02)
     raise AssertionError(f"engine not idle: running={len(engine.scheduler.running)} "

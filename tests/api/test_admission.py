@@ -155,6 +155,6 @@ def test_metrics_parse_and_cover_the_engine(server: Server, oai) -> None:
                  "ninfer_max_concurrency", "ninfer_max_context_tokens"):
         assert name in families, name
     assert _metric(server, "ninfer_generation_tokens_total") >= 1
-    assert _metric(server, "ninfer_device_state_capacity_slots") == 2
+    assert _metric(server, "ninfer_device_state_capacity_slots") == server.llm.engine.config.num_state_slots
     assert _metric(server, "ninfer_engine_ready") == 1
     assert _metric(server, "ninfer_time_to_first_token_seconds_count") >= 1

@@ -17,6 +17,9 @@ def _prompts(lengths: list[int], seed: int = 0) -> list[list[int]]:
 
 def _assert_balanced(llm: ninfer.LLM) -> None:
     engine = llm.engine
+    assert engine.is_idle()
+    if engine.prefix is not None:
+        engine.prefix.clear()
     assert not engine.has_work and not engine.requests and not engine.outputs
     assert engine.pages.num_free == engine.pages.num_pages and engine.pages.reserved == 0
     assert engine.slots.num_free == engine.slots.num_slots

@@ -27,7 +27,7 @@ def test_chat_with_media_equals_the_multimodal_runner(vision_setup, vision_llm, 
     assert reply.prompt_tokens == len(prompt.input_ids)
     assert reply.token_ids == expected
     assert vision_llm.count_tokens(messages, enable_thinking=False) == len(prompt.input_ids)
-    assert vision_llm.engine.pages.num_free == vision_llm.engine.pages.num_pages
+    assert vision_llm.engine.is_idle()
 
 
 def test_media_without_vision_is_a_clear_error(vision_setup, llm) -> None:
@@ -38,3 +38,13 @@ def test_media_without_vision_is_a_clear_error(vision_setup, llm) -> None:
         from tiny_checkpoints import make_dense
 
         ninfer.load(make_dense(vision_setup.media_dir / "textonly").path, device="cpu", vision=True)
+
+
+def test_media_prompts_bypass_the_prefix_cache(vision_setup, vision_llm) -> None:
+    # Two different images render to the same token ids (one pad id), so token ids cannot key them.
+    media = vision_setup.media_dir
+    ask = lambda name: [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": str(media / name)}},
+                                                     {"type": "text", "text": "Describe it."}]}]
+    before = vision_llm.engine.prefix.stats.inserted
+    vision_llm.chat(ask("wide.png"), enable_thinking=False, max_new_tokens=3, greedy=True)
+    assert vision_llm.engine.prefix.stats.inserted == before
