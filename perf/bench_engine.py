@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> None:
     max_ctx = max(args.contexts + [args.prefill]) + 64
     cfg = EngineConfig(max_concurrency=max(args.lanes), max_context=max_ctx,
                        kv_capacity=max_ctx * max(args.lanes) if max(args.lanes) * max_ctx < 600_000 else "auto",
-                       prefill_chunk=args.chunk, cuda_graphs=True)
+                       prefill_chunk=args.chunk, cuda_graphs=True, prefix_cache=False)  # raw engine speed
     llm = random_llm(shape, cfg)
     llm.stop_ids = frozenset()  # random weights: never stop early
     model_cfg = llm.config

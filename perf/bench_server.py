@@ -308,12 +308,12 @@ def load(args: argparse.Namespace) -> tuple[Any, str]:
         from random_model import random_llm
 
         cfg = EngineConfig(max_concurrency=args.lanes, max_context=max_context, prefill_chunk=args.prefill_chunk,
-                           cuda_graphs=graphs)
+                           cuda_graphs=graphs, prefix_cache=False)
         llm, label = random_llm(args.random, cfg), f"random-{args.random} bf16"
     else:
         import ninfer
 
-        llm = ninfer.load(args.model, device=args.device, max_concurrency=args.lanes, max_context=max_context,
+        llm = ninfer.load(args.model, device=args.device, prefix_cache=False, max_concurrency=args.lanes, max_context=max_context,
                           prefill_chunk=args.prefill_chunk, cuda_graphs=graphs, progress=False)
         label = Path(args.model).name if args.model else "tiny-default"
     if args.random or not args.respect_eos:
