@@ -73,7 +73,8 @@ class Engine:
     # -- requests ---------------------------------------------------------------------------
     def add_request(self, req: Request) -> None:
         """Queue a request; raises AdmissionError (never runnable) or QueueFull (try later)."""
-        req.cacheable = req.cacheable and req.mm is None
+        if req.mm is not None:
+            req.media_keys = req.mm.media_keys
         self.scheduler.add(req)
         self.requests[req.request_id] = req
         self.outputs[req.request_id] = self.make_output(req)
@@ -115,8 +116,8 @@ class Engine:
         if plan.prefill is not None:
             req = plan.prefill
             logits = self._prefill_logits(req, plan.prefill_end)
-            if self.prefix is not None and req.cacheable and logits is None and self._is_checkpoint_mark(req):
-                self.prefix.insert(req.prompt_ids[:req.num_computed], req.slot, req.pages)
+            if self.prefix is not None and logits is None and self._is_checkpoint_mark(req):
+                self.prefix.insert(req.prompt_ids[:req.num_computed], req.slot, req.pages, req.media_keys)
             if logits is not None:
                 tokens, logprobs = self.sampler.sample(logits, [req])
                 events.extend(self._append(req, tokens[0], logprobs[0]))
@@ -223,10 +224,9 @@ class Engine:
         return [event] if event.token_ids else []
 
     def _finish(self, req: Request, reason: str, event: RequestOutput | None = None) -> RequestOutput:
-        if (self.prefix is not None and req.cacheable and reason in ("stop", "length") and req.slot is not None
-                and req.prefill_done):
+        if self.prefix is not None and reason in ("stop", "length") and req.slot is not None and req.prefill_done:
             # The next turn of a conversation resends all of this: checkpoint where computation stopped.
-            self.prefix.insert(req.tokens(0, req.num_computed), req.slot, req.pages)
+            self.prefix.insert(req.tokens(0, req.num_computed), req.slot, req.pages, req.media_keys)
         self.scheduler.finish(req)
         self.sampler.finish(req)
         req.finish_reason, req.finish_time = reason, time.perf_counter()

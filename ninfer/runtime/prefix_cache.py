@@ -35,9 +35,16 @@ class HostCopy:
         return sum(t.numel() * t.element_size() for t in (*self.state, *self.kv))
 
 
+def cache_key(tokens: list[int] | tuple[int, ...], media_keys: tuple[tuple[int, str], ...] = ()) -> tuple:
+    """Token ids plus the content hashes of the media that start inside them (pad ids alone are ambiguous)."""
+    n = len(tokens)
+    return tuple(tokens), tuple(key for start, key in media_keys if start < n)
+
+
 @dataclass
 class Checkpoint:
-    tokens: tuple[int, ...]
+    key: tuple
+    length: int
     slot: int | None  # None once the checkpoint lives in host memory
     pages: list[int]  # pages covering tokens [0, len(tokens)); the last may be partly filled
     last_used: int = 0
@@ -80,13 +87,13 @@ class PrefixCache:
         return sum(len(v) for v in self._by_length.values())
 
     # -- lookup -------------------------------------------------------------------------------
-    def lookup(self, prompt: list[int]) -> PrefixHit | None:
-        """The longest checkpoint whose tokens prefix ``prompt`` and leave at least one token to compute."""
+    def lookup(self, prompt: list[int], media_keys: tuple[tuple[int, str], ...] = ()) -> PrefixHit | None:
+        """The longest checkpoint whose tokens (and media) prefix ``prompt`` and leave a token to compute."""
         self.stats.lookups += 1
         for length in sorted(self._by_length, reverse=True):
             if length >= len(prompt):
                 continue
-            ckpt = self._by_length[length].get(tuple(prompt[:length]))
+            ckpt = self._by_length[length].get(cache_key(prompt[:length], media_keys))
             if ckpt is not None:
                 ckpt.last_used = next(self._clock)  # the newest entry: the last one eviction would pick
                 return PrefixHit(length, ckpt)
@@ -109,9 +116,10 @@ class PrefixCache:
         return shared
 
     # -- insert / evict -----------------------------------------------------------------------
-    def insert(self, tokens: list[int], slot: int, pages: list[int]) -> bool:
+    def insert(self, tokens: list[int], slot: int, pages: list[int],
+               media_keys: tuple[tuple[int, str], ...] = ()) -> bool:
         """Checkpoint the state in ``slot`` after ``tokens`` (whose KV is in ``pages``); False if no slot is free."""
-        key, length = tuple(tokens), len(tokens)
+        key, length = cache_key(tokens, media_keys), len(tokens)
         if length == 0 or key in self._by_length.get(length, {}):
             return False
         target = self.slots.acquire()
@@ -123,7 +131,7 @@ class PrefixCache:
         needed = pages[: -(-length // self.page_size)]
         for page in needed:
             self.pages.incref(page)
-        self._by_length.setdefault(length, {})[key] = Checkpoint(key, target, list(needed), next(self._clock))
+        self._by_length.setdefault(length, {})[key] = Checkpoint(key, length, target, list(needed), next(self._clock))
         self.stats.inserted += 1
         return True
 
@@ -177,10 +185,10 @@ class PrefixCache:
         return True
 
     def _drop(self, ckpt: Checkpoint) -> None:
-        group = self._by_length[len(ckpt.tokens)]
-        del group[ckpt.tokens]
+        group = self._by_length[ckpt.length]
+        del group[ckpt.key]
         if not group:
-            del self._by_length[len(ckpt.tokens)]
+            del self._by_length[ckpt.length]
         if ckpt.host is None:
             self.pages.release(ckpt.pages)
             self.slots.release(ckpt.slot)

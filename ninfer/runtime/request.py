@@ -46,9 +46,9 @@ class Request:
     mm: Any = None  # multimodal prompt inputs (ninfer.vision.MultimodalInputs): positions and media embeddings
     rope_delta: int = 0  # M-RoPE position offset of tokens after the prompt (non-zero after media)
     checkpoint_marks: tuple[int, ...] = ()  # prompt positions where the prefix cache should checkpoint
-    # Media prompts bypass the prefix cache: their pad tokens share one id whatever the image, so the
-    # token ids alone do not identify the prefix (keying by media digests is still to do).
-    cacheable: bool = True
+    # (first token index, content hash) of each media item: the prefix cache keys media by content,
+    # since all pad tokens share one id whatever the image.
+    media_keys: tuple[tuple[int, str], ...] = ()
     request_id: str = field(default_factory=lambda: f"req-{next(_ids)}")
 
     status: Status = Status.WAITING

@@ -72,7 +72,7 @@ class Scheduler:
         admitted = []
         while self.waiting and self.free_lanes:
             req = self.waiting[0]
-            hit = self.prefix.lookup(req.prompt_ids) if self.prefix is not None and req.cacheable else None
+            hit = self.prefix.lookup(req.prompt_ids, req.media_keys) if self.prefix is not None else None
             shared = self.prefix.shared_pages(hit) if hit is not None else []
             need = self.pages_for(len(req.prompt_ids) + req.max_new_tokens) - len(shared)
             slot = self._reserve(need)
@@ -104,7 +104,7 @@ class Scheduler:
         decode = [r for r in self.running if r.prefill_done]
         prefill = next((r for r in self.running if not r.prefill_done), None)
         end = min(prefill.num_computed + self.prefill_chunk, len(prefill.prompt_ids)) if prefill else 0
-        if prefill is not None and self.prefix is not None and prefill.cacheable:
+        if prefill is not None and self.prefix is not None:
             end = min(end, self.checkpoint_after(prefill) or end)
         return StepPlan(decode, prefill, end)
 

@@ -58,6 +58,21 @@ class MultimodalInputs:
     def rope_delta(self) -> int:
         return self.prompt.rope_delta
 
+    @property
+    def media_keys(self) -> tuple[tuple[int, str], ...]:
+        """``(first token index, content hash)`` of each media item: what the prefix cache keys media by,
+        since every pad token of every image has the same id."""
+        media, index = self.prompt.media, self.prompt.media_index
+        if not media:
+            return ()
+        patches = [t * h * w for t, h, w in (m.grid for m in media)]
+        per_token = sum(patches) // int((index >= 0).sum())  # merge**2 patches make one token
+        keys, row = [], 0
+        for item, n in zip(media, patches):
+            keys.append((int((index == row).nonzero()[0, 0]), item.key))
+            row += n // per_token
+        return tuple(keys)
+
     def chunk(self, model: Qwen3_5TextModel, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``(positions [3, n], inputs_embeds [n, H])`` of prompt tokens ``[start, end)`` on the model's device."""
         positions = self.prompt.positions[:, start:end].to(model.device)

@@ -40,11 +40,26 @@ def test_media_without_vision_is_a_clear_error(vision_setup, llm) -> None:
         ninfer.load(make_dense(vision_setup.media_dir / "textonly").path, device="cpu", vision=True)
 
 
-def test_media_prompts_bypass_the_prefix_cache(vision_setup, vision_llm) -> None:
-    # Two different images render to the same token ids (one pad id), so token ids cannot key them.
-    media = vision_setup.media_dir
-    ask = lambda name: [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": str(media / name)}},
-                                                     {"type": "text", "text": "Describe it."}]}]
-    before = vision_llm.engine.prefix.stats.inserted
-    vision_llm.chat(ask("wide.png"), enable_thinking=False, max_new_tokens=3, greedy=True)
-    assert vision_llm.engine.prefix.stats.inserted == before
+def test_prefix_cache_keys_media_by_content(vision_setup, vision_llm, tmp_path) -> None:
+    from vision_helpers import make_image
+
+    # Two different images of one size render to the same token ids (one pad id for all images).
+    make_image(64, 64, 31).save(tmp_path / "a.png")
+    make_image(64, 64, 32).save(tmp_path / "b.png")
+    ask = lambda name: [{"role": "user", "content": [{"type": "text", "text": "Look: "},
+                                                     {"type": "image_url", "image_url": {"url": str(tmp_path / name)}},
+                                                     {"type": "text", "text": " Describe it."}]}]
+    fresh = ninfer.load(vision_setup.ckpt.path, device="cpu", vision=True, prefix_cache=False, progress=False)
+    expected = {n: fresh.chat(ask(n), enable_thinking=False, max_new_tokens=6, greedy=True).token_ids
+                for n in ("a.png", "b.png")}
+    stats = vision_llm.engine.prefix.stats
+    first = vision_llm.chat(ask("a.png"), enable_thinking=False, max_new_tokens=6, greedy=True)
+    hit_tokens = stats.hit_tokens
+    other = vision_llm.chat(ask("b.png"), enable_thinking=False, max_new_tokens=6, greedy=True)
+    image_start = vision_llm.tokenizer.encode(vision_llm.tokenizer.apply_chat_template(
+        ask("a.png"), enable_thinking=False)).index(vision_llm.tokenizer.token_id("<|image_pad|>"))
+    assert stats.hit_tokens - hit_tokens <= image_start  # b never reuses a's image
+    again = vision_llm.chat(ask("a.png"), enable_thinking=False, max_new_tokens=6, greedy=True)
+    assert again.prompt_tokens > 0 and stats.hit_tokens - hit_tokens > image_start  # a's own image hits
+    assert first.token_ids == again.token_ids == expected["a.png"] and other.token_ids == expected["b.png"]
+    assert vision_llm.engine.is_idle()
