@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: GPU tests, then the benchmarks named on the command line (default: all kernels).
-#   perf/gpu_suite.sh tests elementwise deltanet attention sampling quant_gemm engine
+#   perf/gpu_suite.sh tests elementwise deltanet attention sampling quant_gemm moe prefix_cache server engine
 # Logs and JSON records land in $OUT (the device tool brings them back).
 set -uo pipefail
 cd "$(dirname "$0")/.."
