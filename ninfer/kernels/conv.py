@@ -29,12 +29,15 @@ def causal_conv1d_reference(
     cu_seqlens: torch.Tensor,
     slot_ids: torch.Tensor,
     max_seqlen: int | None = None,
+    state_out_slots: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``silu(conv(x))`` for ``x [N, C]`` packed by ``cu_seqlens [B + 1]``; weight ``[C, K]``.
 
     ``conv_state [S, C, K - 1]`` is read at ``slot_ids [B]`` as the inputs before each sequence's
     first token and overwritten with the inputs after its last one. ``max_seqlen`` (host int,
-    optional) lets kernels choose the decode path without a device sync. The product runs in the
+    optional) lets kernels choose the decode path without a device sync. With ``state_out_slots [B, max_T]``
+    the window after token ``t`` goes to slot ``state_out_slots[b, t]`` and the input slot is only
+    read (per-token windows for speculative verification). The product runs in the
     weight's dtype, as transformers computes it.
     """
     taps = weight.shape[1]
@@ -48,7 +51,11 @@ def causal_conv1d_reference(
         # The depthwise conv as a sum over the taps: torch's grouped conv1d is slow on small CPU inputs.
         y = (window.unfold(-1, taps, 1) * weight[:, None, :]).sum(-1)  # [C, T]
         out[start:end] = F.silu(y).t().to(x.dtype)
-        conv_state[slot] = window[:, -(taps - 1):].to(conv_state.dtype)
+        if state_out_slots is not None:
+            for t in range(end - start):  # the window after token t ends at window column t + taps - 1
+                conv_state[int(state_out_slots[b, t])] = window[:, t + 1:t + taps].to(conv_state.dtype)
+        else:
+            conv_state[slot] = window[:, -(taps - 1):].to(conv_state.dtype)
     return out
 
 
@@ -164,7 +171,9 @@ def causal_conv1d(
     cu_seqlens: torch.Tensor,
     slot_ids: torch.Tensor,
     max_seqlen: int | None = None,
+    state_out_slots: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    if use_triton(x):
+    # Per-token windows exist only in the reference so far (a host loop: not for CUDA graphs).
+    if use_triton(x) and state_out_slots is None:
         return causal_conv1d_triton(x, weight, conv_state, cu_seqlens, slot_ids, max_seqlen)
-    return causal_conv1d_reference(x, weight, conv_state, cu_seqlens, slot_ids, max_seqlen)
+    return causal_conv1d_reference(x, weight, conv_state, cu_seqlens, slot_ids, max_seqlen, state_out_slots)

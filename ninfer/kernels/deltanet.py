@@ -93,6 +93,7 @@ def gated_delta_rule_reference(
     cu_seqlens: torch.Tensor,
     slot_ids: torch.Tensor,
     max_seqlen: int | None = None,
+    state_out_slots: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Gated delta rule for a packed batch.
 
@@ -100,6 +101,9 @@ def gated_delta_rule_reference(
     decay and beta projections, turned into gates with ``A_log, dt_bias [Hv]`` (see
     :func:`decay_and_beta`). ``state [S, Hv, dk, dv]`` fp32 is read at ``slot_ids [B]`` and updated
     in place. ``max_seqlen`` (a host int, optional) lets kernels pick the decode path without a sync.
+    With ``state_out_slots [B, max_T]`` the state after token ``t`` of sequence ``b`` goes to slot
+    ``state_out_slots[b, t]`` and the input slot is only read (speculative verification keeps one
+    state per drafted token, so a rejected draft rolls back without recomputation).
     Returns ``o [N, Hv, dv]`` in v's dtype.
     """
     g, beta = decay_and_beta(a, b, A_log, dt_bias)
@@ -117,8 +121,17 @@ def gated_delta_rule_reference(
 
         qs = _l2norm(heads_first(q).repeat_interleave(group, 0)) * scale
         ks = _l2norm(heads_first(k).repeat_interleave(group, 0))
+        vs, gs, bs = heads_first(v), heads_first(g), heads_first(beta)
+        if state_out_slots is not None:
+            s_t = state[slot].float()
+            for t in range(end - start):  # one token at a time, keeping every intermediate state
+                o, s_t = recurrent_rule(qs[:, t:t + 1], ks[:, t:t + 1], vs[:, t:t + 1], gs[:, t:t + 1],
+                                        bs[:, t:t + 1], s_t)
+                out[start + t] = o[:, 0].to(v.dtype)
+                state[int(state_out_slots[i, t])] = s_t.to(state.dtype)
+            continue
         rule = recurrent_rule if end - start == 1 else chunked_rule
-        o, new_state = rule(qs, ks, heads_first(v), heads_first(g), heads_first(beta), state[slot].float())
+        o, new_state = rule(qs, ks, vs, gs, bs, state[slot].float())
         out[start:end] = o.transpose(0, 1).to(v.dtype)
         state[slot] = new_state.to(state.dtype)
     return out
@@ -136,11 +149,14 @@ def gated_delta_rule(
     cu_seqlens: torch.Tensor,
     slot_ids: torch.Tensor,
     max_seqlen: int | None = None,
+    state_out_slots: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """See :func:`gated_delta_rule_reference`; Triton on CUDA (recurrent when ``max_seqlen`` is small)."""
+    """See :func:`gated_delta_rule_reference`; Triton on CUDA (recurrent when ``max_seqlen`` is small or
+    per-token states are asked for)."""
     if use_triton(v):
         args = (q, k, v, a, b, A_log, dt_bias, state, cu_seqlens, slot_ids)
-        if max_seqlen is not None and max_seqlen <= RECURRENT_MAX_SEQLEN:
-            return gated_delta_rule_recurrent_triton(*args)
+        if state_out_slots is not None or (max_seqlen is not None and max_seqlen <= RECURRENT_MAX_SEQLEN):
+            return gated_delta_rule_recurrent_triton(*args, state_out_slots=state_out_slots)
         return gated_delta_rule_chunked_triton(*args)
-    return gated_delta_rule_reference(q, k, v, a, b, A_log, dt_bias, state, cu_seqlens, slot_ids, max_seqlen)
+    return gated_delta_rule_reference(q, k, v, a, b, A_log, dt_bias, state, cu_seqlens, slot_ids, max_seqlen,
+                                      state_out_slots)

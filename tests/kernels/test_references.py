@@ -96,3 +96,31 @@ def test_text_mrope_is_plain_partial_rope() -> None:
     assert torch.allclose(y[..., :4], x1 * c - x2 * s, atol=1e-6)
     assert torch.allclose(y[..., 4:8], x2 * c + x1 * s, atol=1e-6)
     assert torch.equal(y[..., 8:], x[..., 8:])
+
+
+def test_per_token_states_for_speculative_rollback() -> None:
+    """With state_out_slots, the state (and conv window) after token t equals running tokens [0, t] alone."""
+    torch.manual_seed(5)
+    lens, hk, hv, d, taps = [4, 2], 2, 4, 8, 4
+    n, channels = sum(lens), 6
+    q, k, v = torch.randn(n, hk, d), torch.randn(n, hk, d), torch.randn(n, hv, d)
+    a, bb, A_log, dt_bias = torch.randn(n, hv), torch.randn(n, hv), torch.rand(hv).log(), torch.randn(hv)
+    x, w = torch.randn(n, channels), torch.randn(channels, taps)
+    cu, slots = torch.tensor([0, 4, 6]), torch.tensor([0, 1])
+    out_slots = torch.tensor([[2, 3, 4, 5], [6, 7, -1, -1]])
+    state, conv = torch.randn(8, hv, d, d), torch.randn(8, channels, taps - 1)
+    initial, initial_conv = state.clone(), conv.clone()
+    o = gated_delta_rule_reference(q, k, v, a, bb, A_log, dt_bias, state, cu, slots, state_out_slots=out_slots)
+    y = causal_conv1d_reference(x, w, conv, cu, slots, state_out_slots=out_slots)
+    assert torch.equal(state[:2], initial[:2]) and torch.equal(conv[:2], initial_conv[:2])  # inputs only read
+    for b, (start, length) in enumerate(((0, 4), (4, 2))):
+        for t in range(length):
+            ref_state, ref_conv = initial[b:b + 1].clone(), initial_conv[b:b + 1].clone()
+            end = start + t + 1
+            ref_o = gated_delta_rule_reference(q[start:end], k[start:end], v[start:end], a[start:end], bb[start:end],
+                                               A_log, dt_bias, ref_state, torch.tensor([0, t + 1]), torch.tensor([0]))
+            ref_y = causal_conv1d_reference(x[start:end], w, ref_conv, torch.tensor([0, t + 1]), torch.tensor([0]))
+            slot = int(out_slots[b, t])
+            assert torch.allclose(state[slot], ref_state[0], atol=1e-5)
+            assert torch.allclose(conv[slot], ref_conv[0], atol=1e-6)
+            assert torch.allclose(o[end - 1], ref_o[-1], atol=1e-5) and torch.allclose(y[end - 1], ref_y[-1], atol=1e-6)
