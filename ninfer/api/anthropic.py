@@ -194,14 +194,7 @@ async def create(request: HTTPRequest, service: Service) -> Response:
     run = await service.start(req, request)
     if stream:
         return sse_response(_stream(service, run, out, mid), service.config.keepalive_s, run.close)
-    try:
-        async for event in run.events(request):
-            out.push(event)
-    finally:
-        run.close()
-    if (err := convert.engine_failure(out.finish_reason, out.error)) is not None:
-        raise err
-    result = out.collected()
+    result = await run.collect(out, request)
     content: list[dict[str, Any]] = []
     if result.reasoning:
         content.append({"type": "thinking", "thinking": result.reasoning, "signature": _signature(result.reasoning)})

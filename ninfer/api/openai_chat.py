@@ -145,14 +145,7 @@ async def handle(request: HTTPRequest, service: Service) -> Response:
     if stream:
         return sse_response(_stream(service, run, out, cid, created, include_usage, spec.logprobs is not None),
                             service.config.keepalive_s, run.close)
-    try:
-        async for event in run.events(request):
-            out.push(event)
-    finally:
-        run.close()
-    if (err := convert.engine_failure(out.finish_reason, out.error)) is not None:
-        raise err
-    result = out.collected()
+    result = await run.collect(out, request)
     message: dict[str, Any] = {"role": "assistant",
                                "content": result.text if result.text or not result.tool_calls else None,
                                "refusal": None}

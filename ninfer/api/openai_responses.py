@@ -140,14 +140,7 @@ async def create(request: HTTPRequest, service: Service, store: Any) -> Response
     if p.stream:
         return sse_response(_stream(service, store, run, out, p, rid, created), service.config.keepalive_s,
                             run.close)
-    try:
-        async for event in run.events(request):
-            out.push(event)
-    finally:
-        run.close()
-    if (err := convert.engine_failure(out.finish_reason, out.error)) is not None:
-        raise err
-    result = out.collected()
+    result = await run.collect(out, request)
     incomplete = result.finish_reason == "length"
     logprobs = convert.logprob_entries(result.logprobs, service.tokenizer) if p.spec.logprobs is not None else None
     output = items_.output_items(result, incomplete, logprobs)

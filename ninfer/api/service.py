@@ -27,6 +27,7 @@ from jinja2 import TemplateError
 from starlette.requests import Request as HTTPRequest
 
 from ninfer.api.config import ServerConfig
+from ninfer.api.convert import engine_failure
 from ninfer.api.errors import APIError, invalid
 from ninfer.api.metrics import Metrics
 from ninfer.api.output import OutputStream
@@ -312,6 +313,17 @@ class Run:
         finally:
             if watch is not None:
                 watch.cancel()
+
+    async def collect(self, out: OutputStream, http: HTTPRequest | None = None) -> Any:
+        """Run a non-streaming request to its end and return the collected output; an engine failure raises."""
+        try:
+            async for event in self.events(http):
+                out.push(event)
+        finally:
+            self.close()
+        if (err := engine_failure(out.finish_reason, out.error)) is not None:
+            raise err
+        return out.collected()
 
     def close(self, outcome: str = "cancelled", count: bool = True) -> None:
         """Cancel the request if it still runs. Idempotent, and never awaits: safe while being cancelled."""
