@@ -23,6 +23,7 @@ class SequenceRunner:
         self.kv_dtype = kv_dtype
         self.cache: ModelCache | None = None
         self.length = 0
+        self.rope_delta = 0  # position offset of tokens after a multimodal prompt
 
     @property
     def device(self) -> torch.device:
@@ -37,33 +38,39 @@ class SequenceRunner:
                                     device=self.device, dtype=self.model.dtype,
                                     kv_dtype=self.kv_dtype)
         self.cache.reset_slot(0)
-        self.length = 0
+        self.length, self.rope_delta = 0, 0
 
     @torch.inference_mode()
     def extend(self, token_ids: list[int]) -> torch.Tensor:
         """Append tokens (in prefill chunks) and return their final hidden states ``[T, H]``."""
         assert self.cache is not None, "call start() first"
         if self.length + len(token_ids) > self.cache.num_pages * self.page_size:
-            raise ValueError("sequence is longer than the max_tokens given to start()")
+            raise ValueError("sequence is longer than the max_tokens given to start()")  # before any step
         outputs = []
         for i in range(0, len(token_ids), self.prefill_chunk):
             outputs.append(self._step(token_ids[i:i + self.prefill_chunk]))
         return torch.cat(outputs)
 
-    def _step(self, token_ids: list[int]) -> torch.Tensor:
+    def _step(self, token_ids: list[int], positions: torch.Tensor | None = None,
+              inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
+        """One forward call over ``token_ids``; text positions (``index + rope_delta``) unless given."""
         device, n, start = self.device, len(token_ids), self.length
-        assert self.cache is not None
-        positions = torch.arange(start, start + n, device=device)
+        assert self.cache is not None, "call start() first"
+        if start + n > self.cache.num_pages * self.page_size:
+            raise ValueError("sequence is longer than the max_tokens given to start()")
+        slots = torch.arange(start, start + n, device=device)  # pages are laid out in order
+        if positions is None:
+            positions = (slots + self.rope_delta).expand(3, n)
         batch = ForwardBatch(
             input_ids=torch.tensor(token_ids, dtype=torch.long, device=device),
-            positions=positions.expand(3, n),
+            positions=positions.to(device),
             cu_seqlens=torch.tensor([0, n], dtype=torch.int32, device=device),
             context_lens=torch.tensor([start + n], dtype=torch.int32, device=device),
             block_tables=torch.arange(self.cache.num_pages, dtype=torch.int32, device=device)[None],
-            slot_mapping=positions,  # pages are laid out in order, so the token index is its slot
+            slot_mapping=slots,
             state_slots=torch.zeros(1, dtype=torch.long, device=device),
             max_seqlen=n,
         )
-        hidden = self.model(batch, self.cache)
+        hidden = self.model(batch, self.cache, inputs_embeds=inputs_embeds)
         self.length += n
         return hidden

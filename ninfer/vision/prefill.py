@@ -18,6 +18,7 @@ import torch
 from ninfer.models.batch import ForwardBatch
 from ninfer.models.cache import ModelCache
 from ninfer.models.qwen3_5 import Qwen3_5TextModel
+from ninfer.runtime.sequence import SequenceRunner
 from ninfer.models.vision import VisionTransformer
 from ninfer.vision.prompt import MultimodalPrompt, PreparedMedia
 
@@ -85,41 +86,8 @@ def forward_embeds(model: Qwen3_5TextModel, inputs_embeds: torch.Tensor, batch: 
     return model(batch, cache, inputs_embeds=inputs_embeds)
 
 
-class MultimodalRunner:
-    """One sequence at a time through a one-slot cache: chunked multimodal prefill, then decode."""
-
-    def __init__(self, model: Qwen3_5TextModel, *, page_size: int = 64, kv_dtype: str = "auto") -> None:
-        self.model, self.page_size, self.kv_dtype = model, page_size, kv_dtype
-        self.cache: ModelCache | None = None
-        self.length = 0
-        self.rope_delta = 0
-
-    @property
-    def device(self) -> torch.device:
-        return self.model.device
-
-    def start(self, max_tokens: int) -> None:
-        pages = -(-max_tokens // self.page_size)
-        if self.cache is None or self.cache.num_pages < pages:
-            self.cache = None  # free the old pool before allocating the larger one
-            self.cache = ModelCache(self.model.config, num_pages=pages, page_size=self.page_size, num_slots=1,
-                                    device=self.device, dtype=self.model.dtype,
-                                    kv_dtype=self.kv_dtype)
-        self.cache.reset_slot(0)
-        self.length, self.rope_delta = 0, 0
-
-    def _batch(self, ids: torch.Tensor, positions: torch.Tensor) -> ForwardBatch:
-        assert self.cache is not None, "call start() first"
-        n, dev = ids.shape[0], self.device
-        if self.length + n > self.cache.num_pages * self.page_size:
-            raise ValueError("sequence is longer than the max_tokens given to start()")
-        slots = torch.arange(self.length, self.length + n, device=dev)  # pages are laid out in order
-        return ForwardBatch(
-            input_ids=ids.to(dev), positions=positions.to(dev),
-            cu_seqlens=torch.tensor([0, n], dtype=torch.int32, device=dev),
-            context_lens=torch.tensor([self.length + n], dtype=torch.int32, device=dev),
-            block_tables=torch.arange(self.cache.num_pages, dtype=torch.int32, device=dev)[None],
-            slot_mapping=slots, state_slots=torch.zeros(1, dtype=torch.long, device=dev), max_seqlen=n)
+class MultimodalRunner(SequenceRunner):
+    """One sequence at a time through a one-slot cache: chunked multimodal prefill, then text decode."""
 
     @torch.inference_mode()
     def prefill(self, prompt: MultimodalPrompt, media_embeds: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
@@ -130,20 +98,9 @@ class MultimodalRunner:
         for s in range(0, len(prompt.input_ids), chunk):
             e = min(s + chunk, len(prompt.input_ids))
             positions, x = inputs.chunk(self.model, s, e)  # what the engine's prefill step does per chunk
-            batch = self._batch(torch.tensor(prompt.input_ids[s:e]), positions)
-            outputs.append(forward_embeds(self.model, x, batch, self.cache))
-            self.length = e
-        self.rope_delta = prompt.rope_delta
+            outputs.append(self._step(prompt.input_ids[s:e], positions, x))
+        self.rope_delta = prompt.rope_delta  # later tokens continue after the media's compressed positions
         return torch.cat(outputs)
-
-    @torch.inference_mode()
-    def extend(self, token_ids: list[int]) -> torch.Tensor:
-        """Append text tokens after the prompt; their positions are ``index + rope_delta`` on all axes."""
-        ids = torch.tensor(token_ids, dtype=torch.long)
-        pos = torch.arange(self.length, self.length + len(token_ids)) + self.rope_delta
-        hidden = self.model(self._batch(ids, pos.expand(3, -1)), self.cache)
-        self.length += len(token_ids)
-        return hidden
 
     @torch.inference_mode()
     def greedy(self, prompt: MultimodalPrompt, media_embeds: torch.Tensor, max_new_tokens: int,
