@@ -77,7 +77,6 @@ class LoadReport:
 
     mtp: dict[str, torch.Tensor] = field(default_factory=dict)
     vision_keys: list[str] = field(default_factory=list)
-    ignored: list[str] = field(default_factory=list)
 
 
 def canonical_name(key: str) -> tuple[str, str]:
@@ -170,8 +169,7 @@ def _place(key: str, tensor: torch.Tensor, params: dict[str, nn.Parameter], fill
         report.mtp[name] = tensor.to(torch.float32 if FP32_PARAMS.search(name) else dtype)
         return
     if name == "lm_head.weight" and tied_lm_head:
-        report.ignored.append(key)
-        return
+        return  # tied models use the embedding; a stored copy of the head is redundant
     if match := _PER_EXPERT.match(name):
         stacked, expert, proj = match.group(1), int(match.group(2)), match.group(3)
         if f"{stacked}.down_proj" not in params:

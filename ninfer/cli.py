@@ -166,9 +166,9 @@ def _report(llm, completion) -> str:
 
     n = len(completion.token_ids)
     prefill_rate = completion.prompt_tokens / completion.ttft_s if completion.ttft_s else 0.0
-    memory = ""
+    memory = f"\nmemory: {llm.engine.plan.describe(llm.engine.config.page_size)}"
     if llm.device.type == "cuda":
-        memory = f" | GPU memory {torch.cuda.max_memory_allocated(llm.device) / (1 << 30):.2f} GiB peak"
+        memory += f", GPU peak {torch.cuda.max_memory_allocated(llm.device) / (1 << 30):.2f} GiB"
     return (f"prompt {completion.prompt_tokens} tok | generated {n} tok ({completion.finish_reason}) | "
             f"TTFT {completion.ttft_s * 1000:.1f} ms ({prefill_rate:.0f} tok/s prefill) | "
             f"decode {completion.decode_tokens_per_s:.1f} tok/s{memory}")

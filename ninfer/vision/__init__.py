@@ -23,7 +23,6 @@ from ninfer.vision.prefill import (
     MultimodalRunner,
     chunk_embeds,
     encode_media,
-    forward_embeds,
 )
 from ninfer.vision.processor import (
     ProcessorConfig,
@@ -46,7 +45,7 @@ from ninfer.vision.prompt import (
 __all__ = [
     "ByteLRU", "MediaError", "MediaLimitError", "MediaRef", "MultimodalInputs", "MultimodalPrompt", "MultimodalRunner",
     "PreparedMedia", "ProcessorConfig", "VisionDisabledError", "VisionLimits", "VisionPipeline", "VisionTokens",
-    "build_prompt", "build_vision_tower", "canonical_part", "chunk_embeds", "collect_media", "encode_media", "error_code", "forward_embeds",
+    "build_prompt", "build_vision_tower", "canonical_part", "chunk_embeds", "collect_media", "encode_media", "error_code",
     "has_media", "iter_vision_tensors", "load_processor_config", "load_vision_tensors", "load_vision_tower",
     "preprocess_image", "preprocess_video", "rebase_local_paths", "reject_media", "rope_index",
 ]

@@ -1,9 +1,9 @@
 """Running a multimodal prompt through the text model: vision embeddings scattered into the token rows.
 
-``forward_embeds`` is ``Qwen3_5TextModel.forward`` with the embedding lookup replaced by given
-``inputs_embeds`` (the M-RoPE tables come from ``batch.positions``, which for a multimodal prompt
-are the 3-axis positions of :func:`ninfer.vision.prompt.rope_index`). Prefill chunks are built by
-:func:`chunk_embeds`, so a prompt can be split anywhere, even inside an image.
+The text model takes ``inputs_embeds`` in place of the embedding lookup (the M-RoPE tables come from
+``batch.positions``, which for a multimodal prompt are the 3-axis positions of
+:func:`ninfer.vision.prompt.rope_index`). Prefill chunks are built by :func:`chunk_embeds`, so a
+prompt can be split anywhere, even inside an image.
 
 :class:`MultimodalRunner` is the one-sequence driver (like ``runtime.sequence.SequenceRunner``):
 prefill, then decode steps at ``len + rope_delta``; scoring and the parity tests use it.
@@ -15,11 +15,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ninfer.models.batch import ForwardBatch
-from ninfer.models.cache import ModelCache
 from ninfer.models.qwen3_5 import Qwen3_5TextModel
-from ninfer.runtime.sequence import SequenceRunner
 from ninfer.models.vision import VisionTransformer
+from ninfer.runtime.sequence import SequenceRunner
 from ninfer.vision.prompt import MultimodalPrompt, PreparedMedia
 
 
@@ -78,12 +76,6 @@ class MultimodalInputs:
         """``(positions [3, n], inputs_embeds [n, H])`` of prompt tokens ``[start, end)`` on the model's device."""
         positions = self.prompt.positions[:, start:end].to(model.device)
         return positions, chunk_embeds(model, self.prompt, self.embeds, start, end)
-
-
-def forward_embeds(model: Qwen3_5TextModel, inputs_embeds: torch.Tensor, batch: ForwardBatch,
-                   cache: ModelCache) -> torch.Tensor:
-    """``Qwen3_5TextModel.forward`` from embeddings instead of ids: final-norm hidden states ``[N, H]``."""
-    return model(batch, cache, inputs_embeds=inputs_embeds)
 
 
 class MultimodalRunner(SequenceRunner):
