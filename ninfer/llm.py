@@ -36,6 +36,8 @@ class Completion:
     reasoning: str | None = None
     ttft_s: float = 0.0
     decode_s: float = 0.0
+    cached_tokens: int = 0  # prompt tokens reused from the prefix cache
+    speculation: dict[str, Any] | None = None  # with spec="mtp": rounds, drafted, accepted, acceptance
 
     @property
     def decode_tokens_per_s(self) -> float:
@@ -57,7 +59,7 @@ class LLM:
     """A loaded Qwen3.5 checkpoint with its tokenizer and its batching engine."""
 
     def __init__(self, model: Qwen3_5TextModel, tokenizer: Tokenizer, model_dir: Path, report: LoadReport,
-                 engine_config: EngineConfig, vision: Any = None) -> None:
+                 engine_config: EngineConfig, vision: Any = None, mtp_head: Any = None) -> None:
         self.model = model
         self.config: ModelConfig = model.config
         self.tokenizer = tokenizer
@@ -67,7 +69,7 @@ class LLM:
         self.valid_vocab = min(self.config.vocab_size, tokenizer.vocab_size)
         self.defaults = _generation_defaults(model_dir)
         self.engine = Engine(model, lambda req: OutputProcessor(req, tokenizer, self.stop_ids), engine_config,
-                             vocab_limit=self.valid_vocab)
+                             vocab_limit=self.valid_vocab, mtp_head=mtp_head)
         self.runner = SequenceRunner(model, kv_dtype=engine_config.kv_dtype)  # scoring runs outside the engine's pool
         self.vision = vision  # a ninfer.vision.VisionPipeline when loaded with vision=True
 
@@ -242,7 +244,8 @@ def _completion(req: Request, text: str, reasoning: str) -> Completion:
     decode = (req.finish_time or req.arrival) - (req.first_token_time or req.arrival)
     return Completion(text=text, token_ids=list(req.output_ids), finish_reason=req.finish_reason or "error",
                       prompt_tokens=len(req.prompt_ids), reasoning=reasoning if req.thinking else None,
-                      ttft_s=ttft, decode_s=decode)
+                      ttft_s=ttft, decode_s=decode, cached_tokens=req.cached_tokens,
+                      speculation=req.spec_stats.as_dict() if req.spec_stats is not None else None)
 
 
 def _generation_defaults(model_dir: Path) -> dict[str, Any]:
@@ -275,6 +278,8 @@ def load(
     quantize: str | None = None,
     vision: bool = False,
     vision_limits: Any = None,
+    spec: str | None = None,
+    draft_tokens: int = 3,
     progress: bool = True,
 ) -> LLM:
     """Load a Qwen3.5-family checkpoint (local directory or Hub id; the bundled default model if None).
@@ -295,7 +300,13 @@ def load(
     ``ninfer convert --list-recipes``) quantizes a bf16 checkpoint while loading. ``vision=True``
     loads the vision tower of a composite checkpoint so chats may hold images and videos
     (``vision_limits``: a ``ninfer.vision.VisionLimits``).
+
+    ``spec="mtp"`` turns on speculative decoding with the checkpoint's MTP head: each step drafts
+    ``draft_tokens`` (1-7) tokens and verifies them in one target pass; outputs are those of
+    plain decoding (greedy: token for token; sampling: the same distribution).
     """
+    if spec not in (None, "mtp"):
+        raise ValueError(f"spec must be None or 'mtp', got {spec!r}")
     if path_or_hub_id is None:
         from ninfer.default_model import default_model_path
 
@@ -330,7 +341,13 @@ def load(
                                  kv_dtype=kv_dtype, prefill_chunk=prefill_chunk, cuda_graphs=cuda_graphs,
                                  prefix_cache=prefix_cache, checkpoint_slots=checkpoint_slots,
                                  checkpoint_interval=checkpoint_interval,
-                                 host_cache_bytes=int(host_cache_gib * (1 << 30)))
+                                 host_cache_bytes=int(host_cache_gib * (1 << 30)),
+                                 draft_tokens=draft_tokens if spec else 0)
+    mtp_head = None
+    if spec == "mtp":
+        from ninfer.models.mtp import MTPHead
+
+        mtp_head = MTPHead.from_report(model, report.mtp)
     pipeline = None
     if vision:
         from ninfer.vision import VisionPipeline
@@ -338,7 +355,7 @@ def load(
         if config.vision is None:
             raise ValueError(f"vision=True: {model_dir} has no vision_config (a text-only checkpoint)")
         pipeline = VisionPipeline.from_checkpoint(model_dir, config, tokenizer.token_id, device, dtype, vision_limits)
-    return LLM(model.eval(), tokenizer, model_dir, report, engine_config, vision=pipeline)
+    return LLM(model.eval(), tokenizer, model_dir, report, engine_config, vision=pipeline, mtp_head=mtp_head)
 
 
 def _stored_quantization(model_dir: Path) -> tuple[dict[str, str], Any]:

@@ -11,6 +11,10 @@ Only tile 0 of a sequence touches its state slot: it reads the old state as its 
 block barrier, writes the new one. Because ``BLOCK_T >= K - 1``, no other tile's halo reaches
 before the sequence start, so no program can read a slot another program is rewriting. Decode
 (``max_seqlen == 1``) is the ``BLOCK_T = 1`` specialisation of the same kernel.
+
+Speculative verification (``state_out_slots``) needs the window after *every* token: then one
+tile covers the whole sequence (at most ``BLOCK_T`` tokens), the input slot is only read, and the
+register history after token ``t`` is stored to slot ``state_out_slots[b, t]``.
 """
 from __future__ import annotations
 
@@ -20,6 +24,8 @@ import triton
 import triton.language as tl
 
 from ninfer.kernels.dispatch import use_triton
+
+PER_TOKEN_MAX_SEQLEN = 8  # verification steps: 1 + at most 7 draft tokens
 
 
 def causal_conv1d_reference(
@@ -61,9 +67,9 @@ def causal_conv1d_reference(
 
 @triton.jit
 def _causal_conv1d_kernel(
-    x_ptr, w_ptr, state_ptr, cu_ptr, slot_ptr, out_ptr,
-    C, sx_n, sw_c, sw_k, ss_s, ss_c, ss_k,
-    K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr,
+    x_ptr, w_ptr, state_ptr, cu_ptr, slot_ptr, out_ptr, out_slot_ptr,
+    C, sx_n, sw_c, sw_k, ss_s, ss_c, ss_k, so_b,
+    K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, PER_TOKEN: tl.constexpr,
 ):
     seq, tile, cblk = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     start = tl.load(cu_ptr + seq).to(tl.int64)
@@ -108,7 +114,11 @@ def _causal_conv1d_kernel(
             tl.store(out_ptr + (start + t0 + i) * C + chans, y.to(out_ptr.dtype.element_ty),
                      mask=cmask & (t0 + i < length))
             hist = hist[1:] + (cur,)
-        if tile == 0:
+            if PER_TOKEN:  # the window after token i goes to its own slot
+                out_row = state_ptr + tl.load(out_slot_ptr + seq * so_b + i).to(tl.int64) * ss_s + chans * ss_c
+                for j in tl.static_range(K - 1):
+                    tl.store(out_row + j * ss_k, hist[j].to(state_ptr.dtype.element_ty), mask=cmask & (i < length))
+        if tile == 0 and not PER_TOKEN:
             tl.debug_barrier()  # every read of the old slot in this block happens before any write
             for j in tl.static_range(K - 1):
                 tl.store(slot_row + j * ss_k, new[j].to(state_ptr.dtype.element_ty), mask=cmask)
@@ -138,11 +148,13 @@ def causal_conv1d_triton(
     cu_seqlens: torch.Tensor,
     slot_ids: torch.Tensor,
     max_seqlen: int | None = None,
+    state_out_slots: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Triton :func:`causal_conv1d_reference`; updates ``conv_state`` in place, no host sync.
 
     ``max_seqlen`` must bound every sequence's length (``None`` means ``x.shape[0]``); ``1`` selects
-    the decode specialisation.
+    the decode specialisation. With ``state_out_slots [B, >= max_seqlen]`` (at most
+    ``PER_TOKEN_MAX_SEQLEN`` tokens per sequence) every token's window goes to its own slot.
     """
     n, channels = x.shape
     taps = weight.shape[1]
@@ -154,12 +166,18 @@ def causal_conv1d_triton(
         x = x.contiguous()
     bound = n if max_seqlen is None else max_seqlen
     block_t, block_c, num_warps = _conv_config(bound, taps, channels)
+    per_token = state_out_slots is not None
+    if per_token:  # one tile must see the whole sequence to emit every window
+        if bound > PER_TOKEN_MAX_SEQLEN:
+            raise ValueError(f"per-token conv states need max_seqlen <= {PER_TOKEN_MAX_SEQLEN}, got {bound}")
+        block_t = max(block_t, triton.next_power_of_2(bound))
+    out_slots = state_out_slots if per_token else slot_ids
     grid = (batch, triton.cdiv(bound, block_t), triton.cdiv(channels, block_c))
     _causal_conv1d_kernel[grid](
-        x, weight, conv_state, cu_seqlens, slot_ids, out,
+        x, weight, conv_state, cu_seqlens, slot_ids, out, out_slots,
         channels, x.stride(0), weight.stride(0), weight.stride(1),
-        conv_state.stride(0), conv_state.stride(1), conv_state.stride(2),
-        K=taps, BLOCK_T=block_t, BLOCK_C=block_c, num_warps=num_warps,
+        conv_state.stride(0), conv_state.stride(1), conv_state.stride(2), out_slots.stride(0),
+        K=taps, BLOCK_T=block_t, BLOCK_C=block_c, PER_TOKEN=per_token, num_warps=num_warps,
     )
     return out
 
@@ -173,7 +191,6 @@ def causal_conv1d(
     max_seqlen: int | None = None,
     state_out_slots: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    # Per-token windows exist only in the reference so far (a host loop: not for CUDA graphs).
-    if use_triton(x) and state_out_slots is None:
-        return causal_conv1d_triton(x, weight, conv_state, cu_seqlens, slot_ids, max_seqlen)
+    if use_triton(x):
+        return causal_conv1d_triton(x, weight, conv_state, cu_seqlens, slot_ids, max_seqlen, state_out_slots)
     return causal_conv1d_reference(x, weight, conv_state, cu_seqlens, slot_ids, max_seqlen, state_out_slots)

@@ -14,6 +14,10 @@ class ForwardBatch:
     ``cu_seqlens [B + 1]``. ``context_lens [B]`` counts each sequence's tokens including the new
     ones; ``block_tables [B, max_pages]`` lists its KV pages and ``slot_mapping [N]`` the flat KV
     slot of each new token; ``state_slots [B]`` indexes its DeltaNet conv/recurrent state.
+
+    ``state_out_slots [B, T]`` (speculative verification, every sequence ``T`` tokens): the DeltaNet
+    state after token ``t`` of sequence ``b`` goes to slot ``state_out_slots[b, t]`` and
+    ``state_slots`` are only read, so a rejected suffix is undone by choosing a slot.
     """
 
     input_ids: torch.Tensor
@@ -24,6 +28,7 @@ class ForwardBatch:
     slot_mapping: torch.Tensor
     state_slots: torch.Tensor
     max_seqlen: int  # host-side: the most new tokens of any sequence (1 for a pure decode batch)
+    state_out_slots: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -18,6 +18,10 @@ class ModelCache:
     (``"auto"`` = the model dtype, ``"bf16"``, ``"fp8"``, ``"int8"``; see :mod:`ninfer.kernels.attention`);
     ``conv[i]``: ``[num_slots, conv_dim, kernel - 1]`` (the last pre-conv inputs) in the model dtype;
     ``recurrent[i]``: ``[num_slots, Hv, dk, dv]`` in fp32.
+
+    ``with_mtp`` adds the MTP layer's K/V as ``kv[num_hidden_layers]`` (the index the layer would
+    have after the decoder's): its entry for position ``t`` lives in the same page slot as the
+    target's token ``t``, so page copies, host offload and prefix sharing carry it along.
     """
 
     def __init__(
@@ -30,6 +34,7 @@ class ModelCache:
         device: torch.device | str,
         dtype: torch.dtype,
         kv_dtype: str = "auto",
+        with_mtp: bool = False,
     ) -> None:
         self.page_size = page_size
         self.num_pages = num_pages
@@ -37,12 +42,21 @@ class ModelCache:
         self.kv = {
             i: PagedKV.allocate(num_pages, page_size, config.num_key_value_heads, config.head_dim,
                                 dtype=dtype, device=device, kv_dtype=kv_dtype)
-            for i in config.attention_layers
+            for i in (*config.attention_layers, *((config.num_hidden_layers,) if with_mtp else ()))
         }
+        self.mtp_layer = config.num_hidden_layers if with_mtp else None
         conv_shape = (num_slots, config.conv_dim, config.linear_conv_kernel_dim - 1)
         rec_shape = (num_slots, config.linear_num_value_heads, config.linear_key_head_dim, config.linear_value_head_dim)
         self.conv = {i: torch.zeros(conv_shape, dtype=dtype, device=device) for i in config.deltanet_layers}
         self.recurrent = {i: torch.zeros(rec_shape, dtype=torch.float32, device=device) for i in config.deltanet_layers}
+
+    def mtp_view(self) -> ModelCache:
+        """The MTP layer's K/V as the ``kv[0]`` of a cache the MTP head reads (same tensors, no copy)."""
+        assert self.mtp_layer is not None, "this cache was built without MTP storage"
+        view = object.__new__(ModelCache)
+        view.page_size, view.num_pages, view.num_slots = self.page_size, self.num_pages, 0
+        view.kv, view.conv, view.recurrent, view.mtp_layer = {0: self.kv[self.mtp_layer]}, {}, {}, None
+        return view
 
     def copy_page(self, src: int, dst: int) -> None:
         """Copy one KV page (every attention layer, scales included): copy-on-write of a shared page."""

@@ -14,6 +14,7 @@ import torch
 
 from ninfer.models.batch import ForwardBatch
 from ninfer.models.cache import ModelCache
+from ninfer.models.mtp import MTPHead
 from ninfer.models.qwen3_5 import Qwen3_5TextModel
 from ninfer.runtime.graphs import DecodeGraphs
 from ninfer.runtime.memory import MemoryPlan, plan_memory
@@ -23,6 +24,7 @@ from ninfer.runtime.prefix_cache import PrefixCache
 from ninfer.runtime.request import Request, RequestOutput, Status
 from ninfer.runtime.sampler import Sampler, TokenLogprobs
 from ninfer.runtime.scheduler import Scheduler
+from ninfer.runtime.speculative import MTPSpeculator, SpecStats, committed_tokens
 
 
 @dataclass(frozen=True)
@@ -39,35 +41,46 @@ class EngineConfig:
     checkpoint_slots: int = 4  # state slots beyond the lanes that hold prefix checkpoints
     checkpoint_interval: int = 4096  # also checkpoint every this many tokens of a long prompt
     host_cache_bytes: int = 0  # host memory that evicted checkpoints move to (0: evicted ones are dropped)
+    draft_tokens: int = 0  # speculative decoding with the MTP head: K drafts per round (0: off)
+    forced_accept: int | None = None  # benchmarks only: accept exactly this many drafts per round
 
     @property
     def num_state_slots(self) -> int:
-        return self.max_concurrency + (self.checkpoint_slots if self.prefix_cache else 0)
+        per_lane = 1 + (self.draft_tokens + 1 if self.draft_tokens else 0)  # + per-token verify states
+        return self.max_concurrency * per_lane + (self.checkpoint_slots if self.prefix_cache else 0)
 
 
 class Engine:
     def __init__(self, model: Qwen3_5TextModel, make_output: Callable[[Request], OutputProcessor],
-                 config: EngineConfig, *, vocab_limit: int) -> None:
+                 config: EngineConfig, *, vocab_limit: int, mtp_head: MTPHead | None = None) -> None:
+        if config.draft_tokens and mtp_head is None:
+            raise ValueError("draft_tokens > 0 needs the checkpoint's MTP head (mtp_head=...)")
         self.model, self.config, self.make_output = model, config, make_output
         self.device = model.device
         self.plan: MemoryPlan = plan_memory(model.config, config, self.device, model.dtype)
         self.cache = ModelCache(model.config, num_pages=self.plan.num_pages, page_size=config.page_size,
                                 num_slots=config.num_state_slots, device=self.device,
-                                dtype=model.dtype, kv_dtype=config.kv_dtype)
+                                dtype=model.dtype, kv_dtype=config.kv_dtype, with_mtp=bool(config.draft_tokens))
         self.pages, self.slots = PagePool(self.plan.num_pages), SlotPool(config.num_state_slots)
         self.prefix = PrefixCache(self.cache, self.pages, self.slots, config.page_size, config.checkpoint_interval,
                                   config.host_cache_bytes) if config.prefix_cache else None
         self.scheduler = Scheduler(max_concurrency=config.max_concurrency, max_context=config.max_context,
                                    page_size=config.page_size, prefill_chunk=config.prefill_chunk,
                                    pages=self.pages, slots=self.slots, max_pending=config.max_pending,
-                                   prefix=self.prefix)
-        max_pages = -(-config.max_context // config.page_size)
+                                   prefix=self.prefix, lookahead=config.draft_tokens)
+        max_pages = -(-(config.max_context + config.draft_tokens) // config.page_size)
         self.lane_block_tables = torch.zeros(config.max_concurrency, max_pages, dtype=torch.int32, device=self.device)
         self.sampler = Sampler(config.max_concurrency, model.config.vocab_size, vocab_limit, self.device)
         self.outputs: dict[str, OutputProcessor] = {}
         self.requests: dict[str, Request] = {}
-        self.graphs = None
-        if config.cuda_graphs and self.device.type == "cuda":
+        self.graphs = self.spec = None
+        self.spec_totals = SpecStats()
+        if config.draft_tokens:
+            self.spec = MTPSpeculator(model, mtp_head, self.cache, self.lane_block_tables,
+                                      max_lanes=config.max_concurrency, draft_tokens=config.draft_tokens,
+                                      vocab_limit=vocab_limit, forced_accept=config.forced_accept,
+                                      cuda_graphs=config.cuda_graphs)
+        elif config.cuda_graphs and self.device.type == "cuda":
             self.graphs = DecodeGraphs(model, self.cache, self.lane_block_tables, config.max_concurrency)
 
     # -- requests ---------------------------------------------------------------------------
@@ -107,9 +120,13 @@ class Engine:
             else:
                 self.cache.reset_slot(req.slot)
             self.sampler.start(req)
+            if self.spec is not None:
+                req.spec_stats = SpecStats()
         plan = self.scheduler.plan()
         events: list[RequestOutput] = []
-        if plan.decode:
+        if plan.decode and self.spec is not None:
+            events.extend(self._speculative_round(plan.decode))
+        elif plan.decode:
             tokens, logprobs = self.sampler.sample(self._decode_logits(plan.decode), plan.decode)
             for req, token, lp in zip(plan.decode, tokens, logprobs):
                 events.extend(self._append(req, token, lp))
@@ -120,6 +137,8 @@ class Engine:
                 self.prefix.insert(req.prompt_ids[:req.num_computed], req.slot, req.pages, req.media_keys)
             if logits is not None:
                 tokens, logprobs = self.sampler.sample(logits, [req])
+                if self.spec is not None:
+                    self.spec.begin(req, tokens[0])
                 events.extend(self._append(req, tokens[0], logprobs[0]))
         return events
 
@@ -202,11 +221,42 @@ class Engine:
             state_slots=torch.tensor([req.slot], dtype=torch.long, device=dev), max_seqlen=end - start,
         )
         hidden = self.model(batch, self.cache, inputs_embeds=embeds)
+        if self.spec is not None:
+            self.spec.prefill(req, hidden, batch, start, end)
         req.num_computed = end
         if end < len(req.prompt_ids):
             return None
         req.mm = None  # the media embeddings are no longer needed once the prompt is in the cache
         return self.model.logits(hidden[-1:])
+
+    def _speculative_round(self, reqs: list[Request]) -> list[RequestOutput]:
+        """Draft K tokens per sequence, verify them in one target step, commit the accepted run."""
+        spec, t = self.spec, self.spec.t
+        for r in reqs:  # the verification writes KV at positions n .. n + K
+            self._slots_for(r, r.num_computed, r.num_computed + t)
+        drafts, logits, hidden, n = spec.run(reqs)
+        draw = self.sampler.draw_rows(logits, reqs, drafts)
+        sampled = draw.out.token_ids.view(len(reqs), t)
+        accepted = spec.acceptance(sampled, drafts)
+        committed = committed_tokens(sampled, drafts, accepted)
+        spec.advance(reqs, hidden, committed, accepted, n)
+        self.sampler.commit(draw, accepted)
+        rows = torch.cat([committed, accepted[:, None]], 1).tolist()  # the round's one host sync
+        tokens = [row[:row[-1] + 1] for row in rows]
+        logprobs = self.sampler.logprobs(draw, tokens) if draw.want_logprobs else [[None] * len(x) for x in tokens]
+        events: list[RequestOutput] = []
+        for req, toks, lps in zip(reqs, tokens, logprobs):
+            req.spec_stats.record(spec.k, len(toks) - 1)
+            n0, slots, outs = req.num_computed, [req.slot, *req.spare_slots], list(req.spare_slots)
+            for i, (tok, lp) in enumerate(zip(toks, lps)):
+                # After committing token i, x_n .. (token i - 1) are computed and the state is the
+                # slot written after verify token i: rolling back is choosing that slot.
+                req.num_computed = n0 + i + 1
+                req.slot, req.spare_slots = outs[i], [s for s in slots if s != outs[i]]
+                events.extend(self._append(req, tok, lp))
+                if req.status == Status.FINISHED:
+                    break
+        return events
 
     # -- outputs --------------------------------------------------------------------------------
     def _append(self, req: Request, token: int, logprobs: TokenLogprobs | None = None) -> list[RequestOutput]:
@@ -227,6 +277,8 @@ class Engine:
         if self.prefix is not None and reason in ("stop", "length") and req.slot is not None and req.prefill_done:
             # The next turn of a conversation resends all of this: checkpoint where computation stopped.
             self.prefix.insert(req.tokens(0, req.num_computed), req.slot, req.pages, req.media_keys)
+        if req.spec_stats is not None:
+            self.spec_totals.add(req.spec_stats)
         self.scheduler.finish(req)
         self.sampler.finish(req)
         req.finish_reason, req.finish_time = reason, time.perf_counter()

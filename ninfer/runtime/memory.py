@@ -33,10 +33,11 @@ class MemoryPlan:
                 f"state {self.slot_bytes / (1 << 20):.1f} MiB per slot, workspace ~{self.workspace_bytes / gib:.2f} GiB")
 
 
-def kv_bytes_per_token(cfg: ModelConfig, kv_dtype: str, model_dtype: torch.dtype) -> float:
+def kv_bytes_per_token(cfg: ModelConfig, kv_dtype: str, model_dtype: torch.dtype, mtp: bool = False) -> float:
+    """K and V of every full-attention layer (plus the MTP layer's when speculating)."""
     elem = KV_ELEMENT_BYTES.get(kv_dtype, torch.finfo(model_dtype).bits / 8)
     scale = {"fp8": 4 / cfg.head_dim, "int8": 4 / 64}.get(kv_dtype, 0.0)  # fp32 scales per row / per 64 values
-    return len(cfg.attention_layers) * 2 * cfg.num_key_value_heads * cfg.head_dim * (elem + scale)
+    return (len(cfg.attention_layers) + int(mtp)) * 2 * cfg.num_key_value_heads * cfg.head_dim * (elem + scale)
 
 
 def state_bytes_per_slot(cfg: ModelConfig, model_dtype: torch.dtype) -> int:
@@ -51,12 +52,12 @@ def workspace_bytes(cfg: ModelConfig, engine: "EngineConfig", model_dtype: torch
     widest = max(cfg.conv_dim + cfg.value_dim, 2 * cfg.num_attention_heads * cfg.head_dim,
                  2 * (cfg.intermediate_size or 0), cfg.num_experts_per_tok * 2 * cfg.moe_intermediate_size)
     activations = engine.prefill_chunk * (widest + 4 * cfg.hidden_size) * max(elem, 4) * 4
-    logits = (engine.max_concurrency + 1) * cfg.vocab_size * 4 * 2
+    logits = (engine.max_concurrency * (engine.draft_tokens + 1) + 1) * cfg.vocab_size * 4 * 2
     return activations + logits
 
 
 def plan_memory(cfg: ModelConfig, engine: "EngineConfig", device: torch.device, model_dtype: torch.dtype) -> MemoryPlan:
-    per_token = kv_bytes_per_token(cfg, engine.kv_dtype, model_dtype)
+    per_token = kv_bytes_per_token(cfg, engine.kv_dtype, model_dtype, mtp=engine.draft_tokens > 0)
     page_bytes = max(1, int(per_token * engine.page_size))
     slot_bytes = state_bytes_per_slot(cfg, model_dtype)
     workspace = workspace_bytes(cfg, engine, model_dtype)

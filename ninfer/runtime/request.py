@@ -58,6 +58,7 @@ class Request:
     reserved_pages: int = 0
     lane: int | None = None
     slot: int | None = None
+    spare_slots: list[int] = field(default_factory=list)  # speculative decoding: per-token state slots
     finish_reason: str | None = None
     arrival: float = field(default_factory=time.perf_counter)
     admit_time: float | None = None
@@ -65,6 +66,7 @@ class Request:
     cached_tokens: int = 0  # prompt tokens taken from the prefix cache instead of computed
     first_token_time: float | None = None
     finish_time: float | None = None
+    spec_stats: Any = None  # a runtime.speculative.SpecStats when the engine speculates
 
     @property
     def total_tokens(self) -> int:

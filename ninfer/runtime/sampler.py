@@ -12,7 +12,7 @@ import random
 
 import torch
 
-from ninfer.kernels.sampling import SamplingTensors, sample
+from ninfer.kernels.sampling import SampleOutput, SamplingTensors, sample
 from ninfer.runtime.request import Request
 
 TokenLogprobs = tuple[int, float, list[tuple[int, float]]]
@@ -52,30 +52,87 @@ class Sampler:
 
     def sample(self, logits: torch.Tensor, reqs: list[Request]) -> tuple[list[int], list[TokenLogprobs | None]]:
         """Tokens for each row of ``logits [b, V]`` (row i belongs to ``reqs[i]``), plus logprobs where asked."""
-        b = len(reqs)
+        draw = self._draw(logits, reqs, 1, None)
+        self.commit(draw, torch.zeros(len(reqs), dtype=torch.long, device=self.device))
+        tokens = draw.out.token_ids.tolist()
+        if not draw.want_logprobs:
+            return tokens, [None] * len(reqs)
+        return tokens, [lps[0] for lps in self.logprobs(draw, [[t] for t in tokens])]
+
+    def draw_rows(self, logits: torch.Tensor, reqs: list[Request], drafts: torch.Tensor) -> Draw:
+        """Speculative verification: row ``j`` of request ``b`` (``logits [b * T, V]``, ``T = K + 1``)
+        is sampled as the token that would follow drafts ``d_1 .. d_j``, with the RNG counter and the
+        penalty state it would have then; nothing is committed until :meth:`commit` picks a row."""
+        return self._draw(logits, reqs, drafts.shape[1] + 1, drafts)
+
+    def _draw(self, logits: torch.Tensor, reqs: list[Request], rows_per_req: int, drafts: torch.Tensor | None) -> Draw:
+        b, t = len(reqs), rows_per_req
         lanes = torch.tensor([r.lane for r in reqs], dtype=torch.long, device=self.device)
-        st = SamplingTensors(**{f.name: getattr(self.st, f.name)[lanes] for f in dataclasses.fields(self.st)})
+        rows = lanes.repeat_interleave(t)
+        st = SamplingTensors(**{f.name: getattr(self.st, f.name)[rows] for f in dataclasses.fields(self.st)})
+        st.counter += torch.arange(t, device=self.device).repeat(b)
         penalties = any(_uses_penalties(r) for r in reqs)
-        counts = self.counts[lanes] if penalties else self._scratch_counts[:b]
-        seen = self.seen[lanes] if penalties else self._scratch_seen[:b]
-        n_logprobs = max((r.params.logprobs or 0) for r in reqs)
-        want_logprobs = any(r.params.logprobs is not None for r in reqs)
-        out = sample(logits, st, counts, seen, vocab_limit=self.vocab_limit, num_logprobs=n_logprobs)
-        self.st.counter[lanes] = st.counter
         if penalties:
-            self.counts[lanes] = counts
-            self.seen[lanes] = seen
-        tokens = out.token_ids.tolist()
-        if not want_logprobs:
-            return tokens, [None] * b
-        logprob = out.logprob.tolist()
-        top_ids = out.top_ids.tolist() if out.top_ids is not None else [[] for _ in reqs]
-        top_lps = out.top_logprobs.tolist() if out.top_logprobs is not None else [[] for _ in reqs]
-        result: list[TokenLogprobs | None] = []
-        for i, r in enumerate(reqs):
-            if r.params.logprobs is None:
-                result.append(None)
-            else:
-                n = r.params.logprobs
-                result.append((tokens[i], logprob[i], list(zip(top_ids[i][:n], top_lps[i][:n]))))
-        return tokens, result
+            counts, seen = self.counts[rows], self.seen[rows]
+            if drafts is not None and t > 1:  # row j has already seen drafts d_1 .. d_j
+                vocab = counts.shape[1]
+                extra = torch.zeros(b, t - 1, vocab, dtype=counts.dtype, device=self.device)
+                extra.scatter_(2, drafts[:, :, None], 1)
+                extra = extra.cumsum(1)
+                counts.view(b, t, vocab)[:, 1:] += extra
+                seen.view(b, t, vocab)[:, 1:] |= (extra > 0).to(seen.dtype)
+        else:
+            counts, seen = self._scratch(b * t)
+        want_logprobs = any(r.params.logprobs is not None for r in reqs)
+        n_logprobs = max((r.params.logprobs or 0) for r in reqs)
+        out = sample(logits, st, counts, seen, vocab_limit=self.vocab_limit, num_logprobs=n_logprobs)
+        return Draw(reqs, lanes, t, out, st, counts if penalties else None, seen if penalties else None,
+                    want_logprobs)
+
+    def commit(self, draw: Draw, rows: torch.Tensor) -> None:
+        """Keep, per request, the sampler state after its row ``rows[b]`` (the last committed token)."""
+        pick = torch.arange(len(draw.reqs), device=self.device) * draw.rows_per_req + rows
+        self.st.counter[draw.lanes] = draw.st.counter[pick]
+        if draw.counts is not None:
+            self.counts[draw.lanes] = draw.counts[pick]
+            self.seen[draw.lanes] = draw.seen[pick]
+
+    @staticmethod
+    def logprobs(draw: Draw, tokens: list[list[int]]) -> list[list[TokenLogprobs | None]]:
+        """Per request, the logprobs of its committed tokens (row j for the j-th), or Nones where not asked."""
+        t = draw.rows_per_req
+        logprob = draw.out.logprob.tolist()
+        n = draw.out.top_ids.shape[1] if draw.out.top_ids is not None else 0
+        top_ids = draw.out.top_ids.tolist() if n else None
+        top_lps = draw.out.top_logprobs.tolist() if n else None
+        result = []
+        for b, (req, toks) in enumerate(zip(draw.reqs, tokens)):
+            k = req.params.logprobs
+            if k is None:
+                result.append([None] * len(toks))
+                continue
+            rows = range(b * t, b * t + len(toks))
+            result.append([(tok, logprob[r], list(zip(top_ids[r][:k], top_lps[r][:k])) if n else [])
+                           for tok, r in zip(toks, rows)])
+        return result
+
+    def _scratch(self, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Zero penalty state for ``rows`` rows (no request in the batch uses penalties)."""
+        if self._scratch_counts.shape[0] < rows:
+            self._scratch_counts = torch.zeros(rows, self.counts.shape[1], dtype=torch.int32, device=self.device)
+            self._scratch_seen = torch.zeros(rows, self.counts.shape[1], dtype=torch.int8, device=self.device)
+        return self._scratch_counts[:rows], self._scratch_seen[:rows]
+
+
+@dataclasses.dataclass
+class Draw:
+    """Rows drawn for a batch of requests, before the caller commits one row per request."""
+
+    reqs: list[Request]
+    lanes: torch.Tensor
+    rows_per_req: int
+    out: SampleOutput
+    st: SamplingTensors
+    counts: torch.Tensor | None
+    seen: torch.Tensor | None
+    want_logprobs: bool

@@ -32,7 +32,8 @@ class StepPlan:
 
 class Scheduler:
     def __init__(self, *, max_concurrency: int, max_context: int, page_size: int, prefill_chunk: int,
-                 pages: PagePool, slots: SlotPool, max_pending: int = 64, prefix: PrefixCache | None = None) -> None:
+                 pages: PagePool, slots: SlotPool, max_pending: int = 64, prefix: PrefixCache | None = None,
+                 lookahead: int = 0) -> None:
         if not 1 <= max_concurrency <= 8:
             raise ValueError(f"max_concurrency must be in 1..8, got {max_concurrency}")
         if prefill_chunk < 1:
@@ -43,6 +44,9 @@ class Scheduler:
         self.pages, self.slots = pages, slots
         self.max_pending = max_pending
         self.prefix = prefix
+        # Speculative decoding verifies `lookahead` tokens beyond the last committed one: their KV
+        # needs pages, and each token's DeltaNet state a spare slot.
+        self.lookahead = lookahead
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.free_lanes: deque[int] = deque(range(max_concurrency))
@@ -58,7 +62,7 @@ class Scheduler:
         if n >= self.max_context:
             raise AdmissionError(f"the prompt has {n} tokens but max_context is {self.max_context} "
                                  f"(room is needed for at least one generated token)")
-        pool_tokens = self.pages.num_pages * self.page_size
+        pool_tokens = self.pages.num_pages * self.page_size - self.lookahead
         if n >= pool_tokens:
             raise AdmissionError(f"the prompt has {n} tokens but the KV pool holds only {pool_tokens} tokens")
         # The sequence never grows past the context or the pool: the rest of the budget is "length".
@@ -74,31 +78,33 @@ class Scheduler:
             req = self.waiting[0]
             hit = self.prefix.lookup(req.prompt_ids, req.media_keys) if self.prefix is not None else None
             shared = self.prefix.shared_pages(hit) if hit is not None else []
-            need = self.pages_for(len(req.prompt_ids) + req.max_new_tokens) - len(shared)
-            slot = self._reserve(need)
-            if slot is None:
+            need = self.pages_for(len(req.prompt_ids) + req.max_new_tokens + self.lookahead) - len(shared)
+            slots = self._reserve(need)
+            if slots is None:
                 self.pages.release(shared)
                 break  # head-of-line: later requests wait their turn rather than overtake
             self.waiting.popleft()
             req.reserved_pages, req.pages, req.prefix_hit = need, shared, hit
-            req.lane, req.slot = self.free_lanes.popleft(), slot
+            req.lane, req.slot, req.spare_slots = self.free_lanes.popleft(), slots[0], slots[1:]
             req.status = Status.RUNNING
             req.admit_time = time.perf_counter()
             self.running.append(req)
             admitted.append(req)
         return admitted
 
-    def _reserve(self, pages: int) -> int | None:
-        """Reserve ``pages`` and take a state slot, evicting cached prefixes if needed; the slot or None."""
+    def _reserve(self, pages: int) -> list[int] | None:
+        """Reserve ``pages`` and take the state slots of a sequence (one, plus ``lookahead + 1`` spares),
+        evicting cached prefixes if needed; the slots or None."""
         while not self.pages.reserve(pages):
             if self.prefix is None or not self.prefix.evict_one():
                 return None
-        slot = self.slots.acquire()
-        while slot is None and self.prefix is not None and self.prefix.evict_one():
-            slot = self.slots.acquire()
-        if slot is None:
+        want = 1 + (self.lookahead + 1 if self.lookahead else 0)
+        while self.slots.num_free < want and self.prefix is not None and self.prefix.evict_one():
+            pass
+        if self.slots.num_free < want:
             self.pages.unreserve(pages)
-        return slot
+            return None
+        return [self.slots.acquire() for _ in range(want)]
 
     def plan(self) -> StepPlan:
         decode = [r for r in self.running if r.prefill_done]
@@ -137,8 +143,10 @@ class Scheduler:
             req.pages, req.reserved_pages = [], 0
             assert req.lane is not None and req.slot is not None
             self.free_lanes.append(req.lane)
-            self.slots.release(req.slot)
+            for slot in (req.slot, *req.spare_slots):
+                self.slots.release(slot)
             req.lane = req.slot = None
+            req.spare_slots = []
         elif req in self.waiting:
             self.waiting.remove(req)
         req.status = Status.FINISHED

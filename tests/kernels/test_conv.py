@@ -66,3 +66,32 @@ def test_chunks_through_the_state_equal_one_call() -> None:
     whole, _ = run_both(x, weight, state.clone(), [20], [0], 20)
     pieces = [run_both(x[a:b], weight, state, [b - a], [0], b - a)[0] for a, b in ((0, 2), (2, 3), (3, 20))]
     assert torch.allclose(torch.cat(pieces), whole, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_per_token_windows_match_the_reference(dtype: torch.dtype) -> None:
+    """Verification: the window after each token lands in its own slot; the input slots are only read."""
+    lens, slots = [4, 1, 2, 6], [0, 1, 2, 3]  # 1 and 2 tokens: windows still hold old state
+    out_slots = torch.tensor([[4, 5, 6, 7, 15, 15], [8, 15, 15, 15, 15, 15], [9, 10, 15, 15, 15, 15],
+                              [11, 12, 13, 14, 16, 17]], dtype=torch.int32)  # 15: never written
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+    x = torch.randn(sum(lens), CHANNELS, dtype=dtype)
+    weight = torch.randn(CHANNELS, TAPS, dtype=dtype)
+    state = torch.randn(18, CHANNELS, TAPS - 1, dtype=dtype)
+    state[4:] = float("nan")
+    ref_state = state.clone()
+    out = causal_conv1d_triton(x, weight, state, cu, torch.tensor(slots), max(lens), state_out_slots=out_slots)
+    ref = causal_conv1d_reference(x, weight, ref_state, cu, torch.tensor(slots), state_out_slots=out_slots)
+    assert_close(out, ref, TOL[dtype])
+    assert torch.equal(state[:4], ref_state[:4])  # input slots untouched
+    assert torch.isnan(state[15]).all()
+    written = [int(s) for b, n in enumerate(lens) for s in out_slots[b, :n]]
+    assert torch.equal(state[written], ref_state[written])
+
+
+def test_per_token_windows_reject_long_sequences() -> None:
+    x = torch.randn(9, CHANNELS)
+    with pytest.raises(ValueError, match="max_seqlen <= 8"):
+        causal_conv1d_triton(x, torch.randn(CHANNELS, TAPS), torch.randn(2, CHANNELS, TAPS - 1),
+                             torch.tensor([0, 9], dtype=torch.int32), torch.tensor([0]), 9,
+                             state_out_slots=torch.ones(1, 9, dtype=torch.int32))

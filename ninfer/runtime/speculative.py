@@ -1,0 +1,243 @@
+"""Speculative decoding with the MTP head: draft K tokens, verify them in one target step, keep the
+longest prefix the target agrees with (reference §10, docs/speculative.md).
+
+One round for every decoding lane at once, all on the device (one CUDA graph per batch size)::
+
+    catch-up   the head over K+1 pairs (h_t, x_{t+1}) from the previous round's verification
+               (the valid ones are t = start .. start + a; the rest are padding whose MTP K/V is
+               overwritten later), which fixes the MTP K/V of the accepted tokens and gives d_1
+    draft      K - 1 more single-token head steps: d_2 .. d_K (greedy, argmax)
+    verify     the target over [x_n, d_1 .. d_K] at positions n .. n+K in one batch; every DeltaNet
+               layer writes the state after each token to its own slot (``state_out_slots``)
+
+The engine then samples every verify row with the request's own sampler settings (row ``j`` as
+the token after ``d_1 .. d_j``, with the RNG counter and penalty state it would have then) and
+accepts ``a`` drafts: the longest prefix with ``y_j == d_{j+1}``, plus the target's own token
+``y_a``. Because the drafts are point masses, "accept ``d`` iff the target's sample equals it" is
+exactly speculative rejection sampling (accept with probability ``p(d)``, else draw from
+``p`` without ``d``, renormalised), so outputs follow the target distribution; with the
+counter-based RNG the committed token at each index even uses the same uniform as without
+speculation. Rollback is a choice of slot: the sequence's state becomes the slot after token ``a``.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from ninfer.models.batch import ForwardBatch
+from ninfer.models.cache import ModelCache
+from ninfer.models.mtp import MTPHead
+from ninfer.models.qwen3_5 import Qwen3_5TextModel
+from ninfer.runtime.request import Request
+
+MAX_DRAFT_TOKENS = 7  # verification runs K + 1 <= 8 tokens per sequence through the decode kernels
+
+
+@dataclass
+class SpecStats:
+    """Per-request speculation counters (also summed engine-wide for metrics)."""
+
+    rounds: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    accepted_at: list[int] = field(default_factory=list)  # [i]: rounds that accepted draft i + 1
+
+    def record(self, drafted: int, accepted: int) -> None:
+        self.rounds += 1
+        self.drafted += drafted
+        self.accepted += accepted
+        if len(self.accepted_at) < drafted:
+            self.accepted_at.extend([0] * (drafted - len(self.accepted_at)))
+        for i in range(accepted):
+            self.accepted_at[i] += 1
+
+    def add(self, other: SpecStats) -> None:
+        self.rounds += other.rounds
+        self.drafted += other.drafted
+        self.accepted += other.accepted
+        if len(self.accepted_at) < len(other.accepted_at):
+            self.accepted_at.extend([0] * (len(other.accepted_at) - len(self.accepted_at)))
+        for i, n in enumerate(other.accepted_at):
+            self.accepted_at[i] += n
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def tokens_per_round(self) -> float:
+        """Mean tokens committed per verification round (accepted drafts + the target's own token)."""
+        return (self.accepted + self.rounds) / self.rounds if self.rounds else 0.0
+
+    def as_dict(self) -> dict[str, object]:
+        per_position = [n / self.rounds if self.rounds else 0.0 for n in self.accepted_at]
+        return {"rounds": self.rounds, "drafted": self.drafted, "accepted": self.accepted,
+                "acceptance_rate": round(self.acceptance_rate, 4), "tokens_per_round": round(self.tokens_per_round, 4),
+                "acceptance_per_position": [round(p, 4) for p in per_position]}
+
+
+def accepted_drafts(sampled: torch.Tensor, drafts: torch.Tensor) -> torch.Tensor:
+    """``[B]`` drafts accepted: the leading run of ``sampled[:, j] == drafts[:, j]`` (``sampled [B, K+1]``)."""
+    return (sampled[:, :-1] == drafts).long().cumprod(1).sum(1)
+
+
+def committed_tokens(sampled: torch.Tensor, drafts: torch.Tensor, accepted: torch.Tensor) -> torch.Tensor:
+    """``[B, K+1]``: ``d_1 .. d_a`` then the target's ``y_a``; entries after ``a`` are padding (``y``)."""
+    j = torch.arange(sampled.shape[1], device=sampled.device)
+    padded = torch.cat([drafts, sampled[:, -1:]], 1)
+    return torch.where(j[None] < accepted[:, None], padded, sampled)
+
+
+class MTPSpeculator:
+    """Device buffers per lane and the draft + verify round; rounds replay CUDA graphs on GPU."""
+
+    def __init__(self, model: Qwen3_5TextModel, head: MTPHead, cache: ModelCache, lane_block_tables: torch.Tensor,
+                 *, max_lanes: int, draft_tokens: int, vocab_limit: int, forced_accept: int | None = None,
+                 cuda_graphs: bool = True) -> None:
+        if not 1 <= draft_tokens <= MAX_DRAFT_TOKENS:
+            raise ValueError(f"draft_tokens must be in 1..{MAX_DRAFT_TOKENS}, got {draft_tokens}")
+        if forced_accept is not None and not 0 <= forced_accept <= draft_tokens:
+            raise ValueError(f"forced_accept must be in 0..{draft_tokens}, got {forced_accept}")
+        self.model, self.head, self.cache, self.lane_block_tables = model, head, cache, lane_block_tables
+        self.mtp_cache = cache.mtp_view()
+        self.k, self.t = draft_tokens, draft_tokens + 1
+        self.vocab_limit, self.forced_accept = vocab_limit, forced_accept
+        dev, t, hidden = lane_block_tables.device, self.t, model.config.hidden_size
+        long = dict(dtype=torch.long, device=dev)
+        # What the previous round left per lane: the target's hidden states at positions
+        # start .. start + K, the tokens after them, and how many drafts it accepted.
+        self.hidden = torch.zeros(max_lanes, t, hidden, dtype=model.dtype, device=dev)
+        self.tokens = torch.zeros(max_lanes, t, **long)
+        self.start = torch.zeros(max_lanes, **long)
+        self.accepted = torch.zeros(max_lanes, **long)
+        self.rope_delta = torch.zeros(max_lanes, **long)
+        # Graph inputs of one round (the first b rows are used).
+        self.lanes = torch.zeros(max_lanes, **long)
+        self.state_slots = torch.zeros(max_lanes, **long)
+        self.out_slots = torch.zeros(max_lanes, t, **long)
+        self.block_tables = torch.zeros(max_lanes, lane_block_tables.shape[1], dtype=torch.int32, device=dev)
+        self._steps = torch.arange(t, **long)
+        self._rows = torch.arange(max_lanes, **long)
+        self._cu = {n: torch.arange(max_lanes + 1, dtype=torch.int32, device=dev) * n for n in (1, t)}
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[int, tuple[torch.Tensor, ...]] = {}
+        self._last_hidden: dict[int, torch.Tensor] = {}  # lane -> prompt's last hidden state, until begin()
+        # Test hook: ``propose(lanes [b], n [b], drafts [b, K]) -> drafts`` replaces the head's drafts
+        # (tests drive full acceptance and every rejection path with it; eager rounds only).
+        self.propose: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+        if cuda_graphs and dev.type == "cuda":
+            pool = None
+            for b in range(max_lanes, 0, -1):  # largest first, so smaller graphs reuse its memory pool
+                pool = self._capture(b, pool)
+
+    # -- per request --------------------------------------------------------------------------------
+    def prefill(self, req: Request, hidden: torch.Tensor, batch: ForwardBatch, start: int, end: int) -> None:
+        """After the target prefilled prompt tokens ``[start, end)``: write their MTP K/V (pairs whose
+        next token is known, i.e. all but the prompt's last) and keep the last hidden state."""
+        n = len(req.prompt_ids)
+        pairs = min(end, n - 1) - start
+        if pairs > 0:
+            dev = hidden.device
+            ids = torch.tensor(req.prompt_ids[start + 1:start + 1 + pairs], dtype=torch.long, device=dev)
+            mtp_batch = ForwardBatch(
+                input_ids=ids, positions=batch.positions[:, :pairs],
+                cu_seqlens=torch.tensor([0, pairs], dtype=torch.int32, device=dev),
+                context_lens=torch.tensor([start + pairs], dtype=torch.int32, device=dev),
+                block_tables=batch.block_tables, slot_mapping=batch.slot_mapping[:pairs],
+                state_slots=batch.state_slots, max_seqlen=pairs)
+            self.head(hidden[:pairs], ids, mtp_batch, self.mtp_cache)
+        if end == n:
+            self._last_hidden[req.lane] = hidden[-1]
+
+    def begin(self, req: Request, token: int) -> None:
+        """The prompt is in; ``token`` (x_n) was sampled from its last hidden state: the first round's
+        catch-up is the single pair (h_{n-1}, x_n) at position n - 1."""
+        lane = req.lane
+        self.hidden[lane, 0] = self._last_hidden.pop(lane)
+        self.tokens[lane] = token
+        self.start[lane] = len(req.prompt_ids) - 1
+        self.accepted[lane] = 0
+        self.rope_delta[lane] = req.rope_delta
+
+    # -- one round ----------------------------------------------------------------------------------
+    def run(self, reqs: list[Request]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Draft and verify for ``reqs`` (their pages must cover ``num_computed + K + 1`` tokens).
+
+        Returns ``(drafts [b, K], verify logits [b * (K+1), V], verify hidden [b * (K+1), H],
+        n [b])``, valid until the next round.
+        """
+        b = len(reqs)
+        self.lanes[:b].copy_(torch.tensor([r.lane for r in reqs]), non_blocking=True)
+        self.state_slots[:b].copy_(torch.tensor([r.slot for r in reqs]), non_blocking=True)
+        self.out_slots[:b].copy_(torch.tensor([r.spare_slots for r in reqs]), non_blocking=True)
+        if b in self.graphs and self.propose is None:
+            self.graphs[b].replay()
+            return self.outputs[b]
+        return self._forward(b)
+
+    def acceptance(self, sampled: torch.Tensor, drafts: torch.Tensor) -> torch.Tensor:
+        if self.forced_accept is not None:  # benchmarks: random weights accept nothing
+            return torch.full((drafts.shape[0],), self.forced_accept, dtype=torch.long, device=drafts.device)
+        return accepted_drafts(sampled, drafts)
+
+    def advance(self, reqs: list[Request], hidden: torch.Tensor, committed: torch.Tensor, accepted: torch.Tensor,
+                n: torch.Tensor) -> None:
+        """Keep this round's verification for the next round's catch-up."""
+        lanes = self.lanes[:len(reqs)]
+        self.hidden.index_copy_(0, lanes, hidden.view(len(reqs), self.t, -1))
+        self.tokens.index_copy_(0, lanes, committed)
+        self.start.index_copy_(0, lanes, n)
+        self.accepted.index_copy_(0, lanes, accepted)
+
+    # -- the device computation ---------------------------------------------------------------------
+    def _batch(self, b: int, positions: torch.Tensor, ids: torch.Tensor,
+               state_out_slots: torch.Tensor | None = None) -> ForwardBatch:
+        """A batch of ``b`` sequences with ``positions [b, T]`` (token indices; T equal for all)."""
+        t, ps = positions.shape[1], self.cache.page_size
+        bt = self.block_tables[:b]
+        slots = bt.gather(1, positions // ps).long() * ps + positions % ps
+        rope = (positions + self.rope_delta.index_select(0, self.lanes[:b])[:, None]).reshape(1, -1).expand(3, -1)
+        return ForwardBatch(input_ids=ids.reshape(-1), positions=rope, cu_seqlens=self._cu[t][:b + 1],
+                            context_lens=(positions[:, -1] + 1).int(), block_tables=bt,
+                            slot_mapping=slots.reshape(-1), state_slots=self.state_slots[:b], max_seqlen=t,
+                            state_out_slots=state_out_slots)
+
+    def _forward(self, b: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        lanes, t, limit = self.lanes[:b], self.t, self.vocab_limit
+        torch.index_select(self.lane_block_tables, 0, lanes, out=self.block_tables[:b])
+        tokens, start, acc = self.tokens[lanes], self.start[lanes], self.accepted[lanes]
+        # Catch-up: all K+1 pairs of the last verification; the draft comes from pair a.
+        positions = start[:, None] + self._steps
+        h, logits = self.head(self.hidden[lanes].reshape(b * t, -1), tokens.reshape(-1),
+                              self._batch(b, positions, tokens), self.mtp_cache)
+        pick = self._rows[:b] * t + acc
+        h, draft = h[pick], logits[pick, :limit].argmax(-1)
+        drafts = [draft]
+        n = start + acc + 1  # position of x_n, the last committed token (not yet computed)
+        for i in range(1, self.k):
+            h, logits = self.head(h, draft, self._batch(b, (n + i - 1)[:, None], draft), self.mtp_cache)
+            draft = logits[:, :limit].argmax(-1)
+            drafts.append(draft)
+        drafts_t = torch.stack(drafts, 1)
+        if self.propose is not None:
+            drafts_t = self.propose(lanes, n, drafts_t)
+        ids = torch.cat([tokens.gather(1, acc[:, None]), drafts_t], 1)
+        batch = self._batch(b, n[:, None] + self._steps, ids, state_out_slots=self.out_slots[:b])
+        hidden = self.model(batch, self.cache)
+        return drafts_t, self.model.logits(hidden), hidden, n
+
+    @torch.inference_mode()
+    def _capture(self, b: int, pool: object) -> object:
+        # Warm-up and capture run on lane 0, slot 0 and page 0: scratch that a real sequence resets.
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            self._forward(b)  # compile and autotune every kernel outside the capture
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool):
+            self.outputs[b] = self._forward(b)
+        self.graphs[b] = graph
+        return graph.pool()
