@@ -30,6 +30,13 @@ def _positive(flag: str):
     return parse
 
 
+def _draft_tokens(text: str) -> int:
+    k = _positive("--draft-tokens")(text)
+    if k > 7:
+        raise argparse.ArgumentTypeError(f"--draft-tokens must be 1-7, got {k}")
+    return k
+
+
 def _kv_capacity(text: str) -> int | str:
     if text == "auto":
         return text
@@ -50,6 +57,9 @@ def _add_model_options(p: argparse.ArgumentParser, engine: bool = False) -> None
     p.add_argument("--prefill-chunk", type=_positive("--prefill-chunk"), default=1024, metavar="N",
                    help="prompt tokens per prefill step (default 1024)")
     p.add_argument("--no-cuda-graphs", action="store_true", help="run decode steps eagerly")
+    p.add_argument("--spec", choices=["mtp"], help="speculative decoding with the checkpoint's MTP head")
+    p.add_argument("--draft-tokens", type=_draft_tokens, default=3, metavar="K",
+                   help="tokens drafted per speculative round, 1-7 (default 3; needs --spec)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -147,7 +157,7 @@ def run_generate(args: argparse.Namespace) -> None:
         messages = rebase_local_paths(messages, args.messages.parent)  # media paths relative to the file
     llm = _load(args, max_concurrency=1, max_context=args.max_context, kv_capacity=args.kv_capacity,
                 kv_dtype=args.kv_dtype, prefill_chunk=args.prefill_chunk, cuda_graphs=not args.no_cuda_graphs,
-                vision=args.vision)
+                vision=args.vision, spec=args.spec, draft_tokens=args.draft_tokens)
     sampling = dict(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
                     greedy=args.greedy)
     if args.raw:
@@ -169,9 +179,16 @@ def _report(llm, completion) -> str:
     memory = f"\nmemory: {llm.engine.plan.describe(llm.engine.config.page_size)}"
     if llm.device.type == "cuda":
         memory += f", GPU peak {torch.cuda.max_memory_allocated(llm.device) / (1 << 30):.2f} GiB"
+    spec = ""
+    if completion.speculation is not None:
+        st = completion.speculation
+        per_position = " ".join(f"{p:.2f}" for p in st["acceptance_per_position"])
+        spec = (f"\nspeculation: {st['rounds']} rounds, {st['accepted']}/{st['drafted']} drafts accepted "
+                f"({100 * st['acceptance_rate']:.1f}%), {st['tokens_per_round']:.2f} tok/round, "
+                f"per position [{per_position}]")
     return (f"prompt {completion.prompt_tokens} tok | generated {n} tok ({completion.finish_reason}) | "
             f"TTFT {completion.ttft_s * 1000:.1f} ms ({prefill_rate:.0f} tok/s prefill) | "
-            f"decode {completion.decode_tokens_per_s:.1f} tok/s{memory}")
+            f"decode {completion.decode_tokens_per_s:.1f} tok/s{spec}{memory}")
 
 
 def run_ppl(args: argparse.Namespace) -> None:

@@ -47,6 +47,8 @@ def test_generate_messages_file_and_raw(capsys, dense_ckpt: TinyCheckpoint, tmp_
     (["generate", "--prompt", "x", "--top-p", "1.5"], "--top-p is out of range"),
     (["generate", "--messages", "/no/such/file.json"], "--messages: file /no/such/file.json not found"),
     (["ppl", "m", "--text", "t.txt", "--context", "8", "--stride", "9"], "--stride (9) must not exceed --context (8)"),
+    (["generate", "--prompt", "x", "--spec", "mtp", "--draft-tokens", "9"], "--draft-tokens must be 1-7"),
+    (["generate", "--prompt", "x", "--spec", "eagle"], "--spec: invalid choice"),
 ])
 def test_flag_errors_name_the_flag(capsys, argv: list[str], message: str) -> None:
     code, _, err = _run(capsys, *argv)
@@ -79,3 +81,17 @@ def test_ppl_prints_numbers_and_writes_report(capsys, dense_ckpt: TinyCheckpoint
     assert len(data["windows"]) > 1 and sum(w["tokens"] for w in data["windows"]) == data["tokens"]
     llm = ninfer.load(dense_ckpt.path, device="cpu", progress=False)
     assert data["tokens"] == len(llm.tokenizer.encode(text.read_text())) - 1
+
+
+def test_generate_with_mtp_speculation_reports_its_statistics(capsys, composite_ckpt: TinyCheckpoint,
+                                                              dense_ckpt: TinyCheckpoint) -> None:
+    args = ["generate", str(composite_ckpt.path), "--prompt", "Hello", "--max-new", "12", "--greedy", "--device", "cpu"]
+    code, plain, err = _run(capsys, *args)
+    assert code == 0, err
+    assert "speculation" not in err
+    code, out, err = _run(capsys, *args, "--spec", "mtp", "--draft-tokens", "2")
+    assert code == 0, err
+    assert out == plain
+    assert "speculation:" in err and "drafts accepted" in err and "per position [" in err
+    code, _, err = _run(capsys, "generate", str(dense_ckpt.path), "--prompt", "x", "--spec", "mtp", "--device", "cpu")
+    assert code == 2 and "no mtp.* tensors" in err and "Traceback" not in err

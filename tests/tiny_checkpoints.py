@@ -155,7 +155,7 @@ def make_moe(dir: Path, *, expert_layout: ExpertLayout = "per_expert",
 
 def make_composite(dir: Path, *, moe: bool = False, seed: int = 0,
                    expert_layout: ExpertLayout = "fused", with_mtp: bool = True,
-                   dtype: torch.dtype = torch.float32) -> TinyCheckpoint:
+                   dtype: torch.dtype = torch.float32, overrides: dict | None = None) -> TinyCheckpoint:
     """Composite ``Qwen3_5(Moe)ForConditionalGeneration`` in the official layout.
 
     Keys are ``model.language_model.*``, ``model.visual.*``, ``lm_head.weight`` and (unless
@@ -166,6 +166,7 @@ def make_composite(dir: Path, *, moe: bool = False, seed: int = 0,
     text = text_config_kwargs(head_dim=32, mrope=True)
     if moe:
         text.update(MOE_KWARGS)
+    text.update(overrides or {})
     config_cls = Qwen3_5MoeConfig if moe else Qwen3_5Config
     config = config_cls(
         text_config=text, vision_config=dict(VISION_KWARGS),

@@ -71,6 +71,9 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
     p.add_argument("--device", help="torch device (default: cuda if available)")
     p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], help="compute dtype")
     p.add_argument("--no-cuda-graphs", action="store_true", help="run decode steps eagerly")
+    p.add_argument("--spec", choices=["mtp"], help="speculative decoding with the checkpoint's MTP head")
+    p.add_argument("--draft-tokens", type=_int("--draft-tokens"), default=3, metavar="K",
+                   help="tokens drafted per speculative round, 1-7 (default 3; needs --spec)")
     p.add_argument("--no-prefix-cache", action="store_true",
                    help="do not reuse KV pages and DeltaNet state of earlier prompts")
     p.add_argument("--checkpoint-slots", type=_int("--checkpoint-slots"), default=8, metavar="N",
@@ -165,6 +168,7 @@ def run_serve(args: argparse.Namespace) -> None:
                       prefill_chunk=args.prefill_chunk, cuda_graphs=not args.no_cuda_graphs,
                       prefix_cache=not args.no_prefix_cache, checkpoint_slots=args.checkpoint_slots,
                       checkpoint_interval=args.checkpoint_interval, host_cache_gib=args.host_cache_gib,
+                      spec=args.spec, draft_tokens=args.draft_tokens,
                       **({"vision": True, "vision_limits": vision_limits(args)} if args.vision else {}))
     app = create_app(llm, config)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)

@@ -232,7 +232,9 @@ def openai_usage(usage: Any) -> dict[str, Any]:
     return {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
             "total_tokens": usage.total_tokens,
             "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
-            "completion_tokens_details": {"reasoning_tokens": usage.reasoning_tokens}}
+            "completion_tokens_details": {"reasoning_tokens": usage.reasoning_tokens,
+                                          "accepted_prediction_tokens": usage.accepted_prediction_tokens,
+                                          "rejected_prediction_tokens": usage.rejected_prediction_tokens}}
 
 
 def engine_failure(reason: str | None, error: str | None) -> APIError | None:

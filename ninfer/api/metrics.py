@@ -19,7 +19,14 @@ def engine_snapshot(engine: Any) -> dict[str, int]:
     return {"running": len(s.running), "waiting": len(s.waiting),
             "kv_used": pages.num_pages - pages.num_free, "kv_capacity": pages.num_pages,
             "slots_used": slots.num_slots - slots.num_free, "slots_capacity": slots.num_slots,
-            **_prefix_snapshot(engine.prefix)}
+            **_prefix_snapshot(engine.prefix), **_spec_snapshot(engine)}
+
+
+def _spec_snapshot(engine: Any) -> dict[str, int]:
+    """Speculative-decoding totals of finished requests (zeros when speculation is off)."""
+    st = getattr(engine, "spec_totals", None)
+    return {"spec_rounds": st.rounds if st else 0, "spec_drafted": st.drafted if st else 0,
+            "spec_accepted": st.accepted if st else 0}
 
 
 def _prefix_snapshot(prefix: Any) -> dict[str, int]:
@@ -63,7 +70,9 @@ class Metrics:
                  "prefix_checkpoints": "ninfer_prefix_cache_checkpoints",
                  "prefix_offloads": "ninfer_prefix_cache_host_offloads",
                  "prefix_restores": "ninfer_prefix_cache_host_restores",
-                 "prefix_host_bytes": "ninfer_prefix_cache_host_bytes"}
+                 "prefix_host_bytes": "ninfer_prefix_cache_host_bytes",
+                 "spec_rounds": "ninfer_spec_decode_rounds", "spec_drafted": "ninfer_spec_decode_draft_tokens",
+                 "spec_accepted": "ninfer_spec_decode_accepted_tokens"}
         helps = {"running": "Requests in a lane", "waiting": "Requests in the engine's wait queue",
                  "kv_used": "KV pages in use", "kv_capacity": "KV pages in the pool",
                  "slots_used": "DeltaNet state slots in use", "slots_capacity": "DeltaNet state slots",
@@ -73,7 +82,10 @@ class Metrics:
                  "prefix_checkpoints": "Prefix checkpoints held now",
                  "prefix_offloads": "Prefix checkpoints moved to host memory (total)",
                  "prefix_restores": "Prefix checkpoints copied back from host memory (total)",
-                 "prefix_host_bytes": "Host memory held by prefix checkpoints"}
+                 "prefix_host_bytes": "Host memory held by prefix checkpoints",
+                 "spec_rounds": "Speculative draft + verify rounds of finished requests (total)",
+                 "spec_drafted": "Tokens drafted by the MTP head (total)",
+                 "spec_accepted": "Drafted tokens the target accepted (total)"}
         self.engine_gauges = {k: Gauge(n, helps[k], registry=r) for k, n in names.items()}
 
     def rejected(self, outcome: str) -> None:

@@ -16,7 +16,7 @@ from starlette.responses import JSONResponse, Response
 
 from ninfer.api import convert
 from ninfer.api.errors import APIError, invalid, unsupported
-from ninfer.api.output import Collected, OutputStream
+from ninfer.api.output import Collected, OutputStream, Usage
 from ninfer.api.sampling import parse_fields
 from ninfer.api.service import ChatInput, GenerationSpec, Run, Service
 from ninfer.api.streaming import sse_response
@@ -163,8 +163,7 @@ async def handle(request: HTTPRequest, service: Service) -> Response:
 
 
 def _empty(service: Service, cid: str, created: int, prompt_tokens: int) -> dict[str, Any]:
-    usage = {"prompt_tokens": prompt_tokens, "completion_tokens": 0, "total_tokens": prompt_tokens,
-             "prompt_tokens_details": {"cached_tokens": 0}, "completion_tokens_details": {"reasoning_tokens": 0}}
+    usage = convert.openai_usage(Usage(prompt_tokens=prompt_tokens))
     return {"id": cid, "object": "chat.completion", "created": created, "model": service.model_id,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": "", "refusal": None},
                          "logprobs": None, "finish_reason": "length"}], "usage": usage, "system_fingerprint": None}

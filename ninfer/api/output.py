@@ -22,6 +22,8 @@ class Usage:
     completion_tokens: int = 0
     reasoning_tokens: int = 0
     cached_tokens: int = 0
+    accepted_prediction_tokens: int = 0  # speculative decoding: drafts the target confirmed
+    rejected_prediction_tokens: int = 0  # drafts it did not
 
     @property
     def total_tokens(self) -> int:
@@ -116,9 +118,12 @@ class OutputStream:
         reasoning = "".join(self.reasoning_parts)
         # An estimate: the reasoning text re-tokenized, never more than was generated.
         reasoning_tokens = min(len(self.tokenizer.encode(reasoning)), len(self.token_ids)) if reasoning else 0
+        spec = getattr(self.req, "spec_stats", None)
         return Usage(prompt_tokens=len(self.req.prompt_ids), completion_tokens=len(self.token_ids),
                      reasoning_tokens=reasoning_tokens,
-                     cached_tokens=int(getattr(self.req, "cached_tokens", 0) or 0))
+                     cached_tokens=int(getattr(self.req, "cached_tokens", 0) or 0),
+                     accepted_prediction_tokens=spec.accepted if spec is not None else 0,
+                     rejected_prediction_tokens=spec.drafted - spec.accepted if spec is not None else 0)
 
     def collected(self) -> Collected:
         return Collected(self.reasoning, self.text, list(self.tool_calls), self.finish_reason or "stop",
