@@ -18,5 +18,7 @@ def use_triton(x: torch.Tensor) -> bool:
 
 
 def autotune_configs(configs: list) -> list:
-    """All configs on a GPU; only the first under the interpreter, which cannot benchmark."""
-    return configs[:1] if INTERPRET else configs
+    """All configs on a GPU; only the first (the portable one, inside 99 KB of shared memory) under
+    the interpreter, which cannot benchmark, or with ``NINFER_AUTOTUNE=off`` (read at import), which
+    trades speed for start-up time: engine-level GPU tests compile each kernel once, not per config."""
+    return configs[:1] if INTERPRET or os.environ.get("NINFER_AUTOTUNE") == "off" else configs
