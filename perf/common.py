@@ -76,7 +76,8 @@ def environment() -> dict[str, str]:
                                 cwd=Path(__file__).parent).stdout.strip() or "unknown"
     except OSError:
         commit = "unknown"
-    return {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu (no CUDA device)"
+    return {"gpu": gpu, "torch": torch.__version__, "triton": triton.__version__,
             "commit": commit, "date": _dt.date.today().isoformat()}
 
 
@@ -94,3 +95,32 @@ def record(bench: str, shape: str, median_ms: float, *, achieved: float, limit: 
     print(f"{bench:28s} {shape:40s} {median_ms:9.4f} ms  {achieved:8.3f} {unit} "
           f"({100 * row['fraction_of_limit']:5.1f}% of limit){base}", flush=True)
     return row
+
+
+def sync(device: torch.device | str | None = None) -> None:
+    """Wait for queued device work (a no-op on CPU), so host timers measure it."""
+    if torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu")).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def copy_bandwidth_for(device: torch.device | str) -> float:
+    """:func:`copy_bandwidth_tbps` on CUDA; on CPU (smoke tests only) a 64 MiB host copy timed the same way."""
+    if torch.device(device).type == "cuda":
+        return copy_bandwidth_tbps()
+    import time
+
+    src = torch.empty(2 ** 25, dtype=torch.int16).random_()
+    dst = torch.empty_like(src)
+    times = []
+    for _ in range(5):
+        start = time.perf_counter()
+        dst.copy_(src)
+        times.append(time.perf_counter() - start)
+    return 2 * src.numel() * src.element_size() / sorted(times)[2] / 1e12
+
+
+def check_target(name: str, measured: float, target: float, unit: str) -> dict[str, Any]:
+    """Print an issue target next to the measured value; returns fields to add to the record."""
+    status = "met" if measured >= target else "MISSED"
+    print(f"    target {name}: >= {target:g} {unit}, measured {measured:.4g} {unit} -> {status}", flush=True)
+    return {f"target_{name}": target, f"target_{name}_met": measured >= target}
