@@ -7,6 +7,8 @@
 #   engine_moe    35B-A3B with each recipe in $RECIPES_35B (default "qwen3_5_35b_a3b_int4"; "bf16" = no recipe)
 #   hf            transformers floor, batch-1 decode, for each shape in $HF_SHAPES (default "27b 35b-a3b")
 #   vision        perf/bench_vision.py $VISION_ARGS (default: 27B ViT, 1024² image, 32x448² video, TTFT)
+#   spec          perf/bench_spec.py $SPEC_ARGS (default: 27B bf16, K=3, C=1 and 8, forced acceptance n=0..K)
+# Engine-level GPU tests compile faster with NINFER_AUTOTUNE=off (one config per kernel).
 # Logs and JSON records land in $OUT (the device tool brings them back).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -23,8 +25,10 @@ parts=${*:-tests elementwise deltanet attention sampling quant_gemm}
 for part in $parts; do
   echo "=== $part ($(date +%T)) ==="
   case $part in
-    tests) timeout 420 python3 -m pytest -m gpu tests/gpu -q -x --timeout=300 -p no:cacheprovider 2>&1 | tail -60 | tee "$OUT/gpu_tests.log" ;;
-    tests:*) timeout 420 python3 -m pytest -m gpu "tests/gpu/test_${part#tests:}.py" -q -p no:cacheprovider 2>&1 | tail -40 | tee -a "$OUT/gpu_tests.log" ;;
+    # Test logs are written as they come (a killed run keeps its partial log); $TESTS_TIMEOUT bounds each.
+    tests) timeout ${TESTS_TIMEOUT:-420} python3 -m pytest -m gpu tests/gpu -v -x --durations=15 -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" | tail -60 ;;
+    tests:*) timeout ${TESTS_TIMEOUT:-420} python3 -m pytest -m gpu "tests/gpu/test_${part#tests:}.py" -v --durations=10 -p no:cacheprovider 2>&1 | tee -a "$OUT/gpu_tests.log" | tail -40 ;;
+    spec) timeout 420 python3 perf/bench_spec.py ${SPEC_ARGS:-} 2>&1 | tee -a "$OUT/bench.log" ;;
     engine) timeout 480 python3 perf/bench_engine.py ${ENGINE_ARGS:-} 2>&1 | tee -a "$OUT/bench.log" ;;
     engine_4bit)
       for recipe in ${RECIPES_27B:-int4 qwen3_5_27b_int4}; do

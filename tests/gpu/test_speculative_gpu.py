@@ -60,9 +60,14 @@ def _saboteur(llm: ninfer.LLM, reqs_tokens: dict[int, list[int]], k: int) -> Non
     llm.engine.spec.propose = propose
 
 
-@pytest.mark.parametrize("k", [1, 3, 5])
-def test_speculative_greedy_equals_plain_with_graphs(ckpt: TinyCheckpoint, k: int) -> None:
-    want = _run(_load(ckpt))
+@pytest.fixture(scope="module")
+def plain(ckpt: TinyCheckpoint) -> list[list[int]]:
+    return _run(_load(ckpt))
+
+
+@pytest.mark.parametrize("k", [1, 4])
+def test_speculative_greedy_equals_plain_with_graphs(ckpt: TinyCheckpoint, plain: list[list[int]], k: int) -> None:
+    want = plain
     graphs = _load(ckpt, spec="mtp", draft_tokens=k)
     assert graphs.engine.spec.graphs  # the rounds replay CUDA graphs
     assert _run(graphs) == want
@@ -73,7 +78,7 @@ def test_speculative_greedy_equals_plain_with_graphs(ckpt: TinyCheckpoint, k: in
     assert 0 < stats.accepted < stats.drafted
 
 
-@pytest.mark.parametrize("kv_dtype", ["fp8", "int8"])
+@pytest.mark.parametrize("kv_dtype", ["fp8"])
 def test_speculative_bf16_runs_with_quantized_kv(ckpt: TinyCheckpoint, kv_dtype: str) -> None:
     llm = _load(ckpt, spec="mtp", draft_tokens=3, dtype=torch.bfloat16, kv_dtype=kv_dtype)
     outs = _run(llm, max_new=64)
