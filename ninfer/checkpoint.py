@@ -2,8 +2,9 @@
 
 Checkpoint quirks live here and only here: the ``model.language_model.`` / ``model.`` key
 prefixes, MoE experts stored per expert (stacked on the fly into ``[E, ...]``, float weights or
-the packed tensors of pre-quantized checkpoints), optional ``mtp.*`` and ``model.visual.*`` components. Tensors go straight from the file to their final device and
-dtype one at a time, so the weights never exist twice in full.
+the packed tensors of pre-quantized checkpoints), optional ``mtp.*`` and ``model.visual.*``
+components. Tensors go straight from the file to their final device and dtype one at a time, so
+the weights never exist twice in full.
 """
 from __future__ import annotations
 
@@ -118,14 +119,14 @@ def _iter_tensors(files: dict[str, Path], device: torch.device) -> Iterator[tupl
 
 
 def _expert_slice(params: dict[str, nn.Parameter], stacks: dict[str, nn.Module], stacked: str, expert: int,
-                  proj: str, field: str) -> torch.Tensor:
+                  proj: str, part: str) -> torch.Tensor:
     """The view of a stacked expert parameter that one per-expert tensor fills (gate rows first, then up).
 
     Float stacks are 3-D parameters; a quantized stack is a module whose ``rows_view`` knows where
     each packed field keeps a row range (and refuses ranges that split a shared scale block).
     """
     owner = f"{stacked}.{'down' if proj == 'down' else 'gate_up'}_proj"
-    if field == "weight":
+    if part == "weight":
         rows = params[owner][expert]
         half = rows.shape[0] // 2
         return rows if proj == "down" else rows[:half] if proj == "gate" else rows[half:]
@@ -133,7 +134,7 @@ def _expert_slice(params: dict[str, nn.Parameter], stacks: dict[str, nn.Module],
     n = module.shape[-2]
     start, stop = (0, n) if proj == "down" else (0, n // 2) if proj == "gate" else (n // 2, n)
     try:
-        return module.rows_view(field, start, stop, index=expert)
+        return module.rows_view(part, start, stop, index=expert)
     except ValueError as err:
         raise CheckpointError(f"per-expert {proj}_proj tensors of {stacked} cannot be stacked: {err}") from None
 
@@ -163,11 +164,11 @@ def load_weights(
         for key, tensor in (translate(raw_key, raw) if translate else [(raw_key, raw)]):
             _place(key, tensor, params, stacks, filled, expert_parts, report, dtype, tied_lm_head)
     bar.close()
-    for (stacked, field), count in expert_parts.items():
-        suffix = "" if field == "weight" else f".{field}"
+    for (stacked, part), count in expert_parts.items():
+        suffix = "" if part == "weight" else f".{part}"
         expected = 3 * params[f"{stacked}.down_proj{suffix}"].shape[0]
         if count != expected:
-            raise CheckpointError(f"{stacked}: found {count} per-expert {field} tensors, expected {expected}")
+            raise CheckpointError(f"{stacked}: found {count} per-expert {part} tensors, expected {expected}")
         filled.update({f"{stacked}.gate_up_proj{suffix}", f"{stacked}.down_proj{suffix}"})
     missing = sorted(set(params) - filled)
     if missing:
@@ -187,15 +188,15 @@ def _place(key: str, tensor: torch.Tensor, params: dict[str, nn.Parameter], stac
     if name == "lm_head.weight" and tied_lm_head:
         return  # tied models use the embedding; a stored copy of the head is redundant
     if match := _PER_EXPERT.match(name):
-        stacked, expert, proj, field = match.group(1), int(match.group(2)), match.group(3), match.group(4)
-        down = f"{stacked}.down_proj" + ("" if field == "weight" else f".{field}")
+        stacked, expert, proj, part = match.group(1), int(match.group(2)), match.group(3), match.group(4)
+        down = f"{stacked}.down_proj" + ("" if part == "weight" else f".{part}")
         if down not in params:
             what = "no experts" if f"{stacked}.down_proj" not in stacks | params else "experts in another format"
             raise CheckpointError(f"unexpected tensor {key}: the config describes {what} there")
         if expert >= params[down].shape[0]:
             raise CheckpointError(f"tensor {key}: expert {expert} is beyond num_experts in config.json")
-        _copy(key, _expert_slice(params, stacks, stacked, expert, proj, field), tensor)
-        expert_parts[(stacked, field)] = expert_parts.get((stacked, field), 0) + 1
+        _copy(key, _expert_slice(params, stacks, stacked, expert, proj, part), tensor)
+        expert_parts[(stacked, part)] = expert_parts.get((stacked, part), 0) + 1
         return
     if name not in params:
         raise CheckpointError(f"unexpected tensor {key} (no parameter {name!r} in a model built from config.json)")

@@ -32,7 +32,13 @@ import triton
 import triton.language as tl
 
 from ninfer.kernels.dispatch import autotune_configs
-from ninfer.kernels.moe_align import ExpertRows, aligned_tile, expert_rows, pair_group, pair_rows
+from ninfer.kernels.moe_align import (
+    ExpertRows,
+    aligned_tile,
+    expert_rows,
+    pair_group,
+    pair_rows,
+)
 from ninfer.kernels.moe_quant_gemm import launch_quant_experts
 from ninfer.quant.formats import QuantizedTensor
 

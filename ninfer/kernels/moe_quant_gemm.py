@@ -72,8 +72,9 @@ def _quant_block(x_ptr, q_ptr, s_ptr, rs_ptr, out_ptr, rw_ptr, expert, pairs, pi
     """``out[pair, n] = f(x[pair // a_div] @ W[expert, n]^T)`` for BLOCK_M pairs of one expert and
     BLOCK_N output columns, W packed. SWIGLU: also the up rows ``n + N_OUT``, ``f = silu(gate) * up``.
     ROUTE_WEIGHT: times ``rw[pair]``. Padding rows (pair >= NK) read row 0 and are not stored."""
-    # Columns per scale group inside a K step (GROUP 0: no groups along K, fp8 rows).
-    CHUNK: tl.constexpr = BLOCK_K if GROUP == 0 else (GROUP if GROUP < BLOCK_K else BLOCK_K)
+    # Columns per scale group inside a K step (GROUP 0: no groups along K, fp8 rows); a conditional
+    # expression on constexprs, the form quant_gemm's kernel already relies on, rather than min().
+    CHUNK: tl.constexpr = BLOCK_K if GROUP == 0 else (GROUP if GROUP < BLOCK_K else BLOCK_K)  # noqa: FURB136
     SUB: tl.constexpr = BLOCK_K if SCALED else CHUNK  # columns per dot
     row_ok = pairs < NK
     xrows = tl.where(row_ok, pairs // a_div, 0).to(tl.int64)  # int64: N*k*K passes 2^31 for long prompts
@@ -84,7 +85,7 @@ def _quant_block(x_ptr, q_ptr, s_ptr, rs_ptr, out_ptr, rw_ptr, expert, pairs, pi
     s_ptr += e64 * stride_se
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     acc_up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    for step in range(0, tl.cdiv(K, BLOCK_K)):
+    for step in range(tl.cdiv(K, BLOCK_K)):
         for sub in tl.static_range(BLOCK_K // SUB):
             k0 = step * BLOCK_K + sub * SUB
             xt = _x_tile(x_ptr, xrows, k0, K, stride_xm, SUB, EVEN_K)

@@ -115,6 +115,28 @@ def test_mixed_stacks(n: int) -> None:
     assert _err(got, ref) < TOL[torch.float32]
 
 
+@pytest.mark.parametrize("fmt", ["int8-g32", "nvfp4", "fp8", "fp8-b128"])
+@pytest.mark.parametrize("path", list(PATHS))
+def test_experts_without_tokens_are_never_read(monkeypatch: pytest.MonkeyPatch, fmt: str, path: str) -> None:
+    """NaN in every scale of experts 0 and 5 (no tokens): the output is exactly the clean one."""
+    n, patches = PATHS[path]
+    for name, value in patches.items():
+        monkeypatch.setattr(moe_gemm, name, value)
+    h, i = SHAPES[fmt]
+    stacks = _stacks(fmt, h, i, seed=9)
+    weights, ids = _routing(n)
+    assert not ((ids == 0) | (ids == 5)).any()
+    poisoned = []
+    for stack in stacks:
+        tensors = {name: t.clone() for name, t in stack.tensors.items()}
+        for t in tensors.values():
+            if t.is_floating_point():
+                t[[0, 5]] = float("nan")
+        poisoned.append(QuantizedTensor(stack.format, stack.shape, tensors))
+    x = torch.randn(n, h)
+    assert torch.equal(moe_experts_triton(x, *poisoned, weights, ids), moe_experts_triton(x, *stacks, weights, ids))
+
+
 def test_reference_and_cpu_dispatch_dequantize_only_used_experts() -> None:
     """The quantized reference equals the reference on dequantized stacks, and is the CPU path."""
     gate_up, down = _stacks("int8-g32", 64, 32, seed=7)

@@ -117,7 +117,7 @@ def test_per_expert_prequantized_experts_load_as_packed_stacks(moe_ckpt: TinyChe
     e, gate_key = 3, "model.layers.1.mlp.experts.3.gate_proj.weight"
     half = experts.gate_up_proj.shape[1] // 2
     got = experts.gate_up_proj.dequantize(torch.float32)[e, :half]
-    assert torch.allclose(got, dequantized[gate_key], rtol=1e-6, atol=0)  # the same values, scales multiplied in another order
+    assert torch.allclose(got, dequantized[gate_key], rtol=1e-6, atol=0)  # scales multiplied in another order
     oracle = _float_oracle(ckpt, dequantized).score(PROMPT)
     assert (llm.score(PROMPT) - oracle).abs().max().item() < 1e-4
 
@@ -147,5 +147,5 @@ def test_missing_expert_is_reported(moe_ckpt: TinyCheckpoint, tmp_path: Path) ->
     file = next((tmp_path / "q").glob("*.safetensors"))
     tensors = {k: t for k, t in load_file(file).items() if ".layers.2.mlp.experts.5.up_proj." not in k}
     save_file(tensors, str(file))
-    with pytest.raises(CheckpointError, match=r"layers.2.mlp.experts: found 23 per-expert qweight tensors, expected 24"):
+    with pytest.raises(CheckpointError, match="layers.2.mlp.experts: found 23 per-expert qweight tensors, expected 24"):
         ninfer.load(tmp_path / "q", device="cpu", progress=False)
