@@ -17,7 +17,11 @@
 Grids are sized from the upper bound of row blocks (CUDA-graph safe); blocks past the padded
 total read ``-1`` as their expert and return at once, and experts without tokens own no block,
 so only the selected experts' weights are read. Programs walk groups of row blocks across the
-weight tiles (L2 reuse at prefill, see the kernel).
+weight tiles (L2 reuse at prefill, see ``moe_align.aligned_tile``).
+
+Steps 2 and 3 run these float kernels for a float stack and the kernels of
+:mod:`ninfer.kernels.moe_quant_gemm` for a quantized one (``QuantizedTensor``, read packed and
+dequantized in the K loop); the two GEMMs of a call may differ, the rows are found the same way.
 
 ``BLOCK_M`` (fixed before the alignment) is 16 when experts average few rows (decode, short
 prefills: a skinny MMA that wastes nothing on the weight stream, which dominates) and 64 otherwise.
