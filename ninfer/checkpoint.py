@@ -1,9 +1,10 @@
 """Find a checkpoint and stream its safetensors into a model (reference §12).
 
 Checkpoint quirks live here and only here: the ``model.language_model.`` / ``model.`` key
-prefixes, MoE experts stored per expert (stacked on the fly into ``[E, ...]``), optional ``mtp.*``
-and ``model.visual.*`` components. Tensors go straight from the file to their final device and
-dtype one at a time, so the weights never exist twice in full.
+prefixes, MoE experts stored per expert (stacked on the fly into ``[E, ...]``, float weights or
+the packed tensors of pre-quantized checkpoints), optional ``mtp.*`` and ``model.visual.*``
+components. Tensors go straight from the file to their final device and dtype one at a time, so
+the weights never exist twice in full.
 """
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ class CheckpointError(ValueError):
 
 # Tensors kept in fp32 whatever the model dtype (decay parameters of the DeltaNet gates).
 FP32_PARAMS = re.compile(r"\.(A_log|dt_bias)$")
-_PER_EXPERT = re.compile(r"^(.*\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\.weight$")
+# A float ``weight``, or a packed field of a quantized one (names as ninfer.quant.imports translates them).
+_PER_EXPERT = re.compile(r"^(.*\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\.(weight|qweight|scales|global_scale)$")
 _HUB_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "*.txt", "*.model", "tokenizer*"]
 
 
@@ -116,13 +118,25 @@ def _iter_tensors(files: dict[str, Path], device: torch.device) -> Iterator[tupl
                 yield name, f.get_tensor(name)
 
 
-def _expert_slice(params: dict[str, nn.Parameter], stacked: str, expert: int, proj: str) -> torch.Tensor:
-    """The view of a stacked expert parameter that one per-expert tensor fills (gate rows first, then up)."""
-    if proj == "down":
-        return params[f"{stacked}.down_proj"][expert]
-    gate_up = params[f"{stacked}.gate_up_proj"][expert]
-    half = gate_up.shape[0] // 2
-    return gate_up[:half] if proj == "gate" else gate_up[half:]
+def _expert_slice(params: dict[str, nn.Parameter], stacks: dict[str, nn.Module], stacked: str, expert: int,
+                  proj: str, part: str) -> torch.Tensor:
+    """The view of a stacked expert parameter that one per-expert tensor fills (gate rows first, then up).
+
+    Float stacks are 3-D parameters; a quantized stack is a module whose ``rows_view`` knows where
+    each packed field keeps a row range (and refuses ranges that split a shared scale block).
+    """
+    owner = f"{stacked}.{'down' if proj == 'down' else 'gate_up'}_proj"
+    if part == "weight":
+        rows = params[owner][expert]
+        half = rows.shape[0] // 2
+        return rows if proj == "down" else rows[:half] if proj == "gate" else rows[half:]
+    module = stacks[owner]
+    n = module.shape[-2]
+    start, stop = (0, n) if proj == "down" else (0, n // 2) if proj == "gate" else (n // 2, n)
+    try:
+        return module.rows_view(part, start, stop, index=expert)
+    except ValueError as err:
+        raise CheckpointError(f"per-expert {proj}_proj tensors of {stacked} cannot be stacked: {err}") from None
 
 
 def load_weights(
@@ -135,25 +149,27 @@ def load_weights(
     checkpoints in public layouts rename and rescale their packed tensors this way).
     """
     params = dict(model.named_parameters())
+    stacks = {name: m for name, m in model.named_modules() if hasattr(m, "rows_view")}  # quantized weights
     files = checkpoint_files(model_dir)
     report = LoadReport()
     # Vision weights are not read at all here: the vision tower loads them when vision is enabled.
     report.vision_keys = sorted(k for k in files if canonical_name(k)[0] == "vision")
     files = {k: p for k, p in files.items() if canonical_name(k)[0] != "vision"}
     filled: set[str] = set()
-    expert_parts: dict[str, int] = {}
+    expert_parts: dict[tuple[str, str], int] = {}  # (stacked experts, field) -> per-expert tensors placed
     total = sum(os.path.getsize(p) for p in set(files.values()))  # vision shards included: an upper bound
     bar = tqdm(total=total, unit="B", unit_scale=True, desc="loading weights", disable=not progress or None)
     for raw_key, raw in _iter_tensors(files, device):
         bar.update(raw.numel() * raw.element_size())
         for key, tensor in (translate(raw_key, raw) if translate else [(raw_key, raw)]):
-            _place(key, tensor, params, filled, expert_parts, report, dtype, tied_lm_head)
+            _place(key, tensor, params, stacks, filled, expert_parts, report, dtype, tied_lm_head)
     bar.close()
-    for stacked, count in expert_parts.items():
-        expected = 3 * params[f"{stacked}.down_proj"].shape[0]
+    for (stacked, part), count in expert_parts.items():
+        suffix = "" if part == "weight" else f".{part}"
+        expected = 3 * params[f"{stacked}.down_proj{suffix}"].shape[0]
         if count != expected:
-            raise CheckpointError(f"{stacked}: found {count} per-expert tensors, expected {expected}")
-        filled.update({f"{stacked}.gate_up_proj", f"{stacked}.down_proj"})
+            raise CheckpointError(f"{stacked}: found {count} per-expert {part} tensors, expected {expected}")
+        filled.update({f"{stacked}.gate_up_proj{suffix}", f"{stacked}.down_proj{suffix}"})
     missing = sorted(set(params) - filled)
     if missing:
         shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
@@ -161,8 +177,9 @@ def load_weights(
     return report
 
 
-def _place(key: str, tensor: torch.Tensor, params: dict[str, nn.Parameter], filled: set[str],
-           expert_parts: dict[str, int], report: LoadReport, dtype: torch.dtype, tied_lm_head: bool) -> None:
+def _place(key: str, tensor: torch.Tensor, params: dict[str, nn.Parameter], stacks: dict[str, nn.Module],
+           filled: set[str], expert_parts: dict[tuple[str, str], int], report: LoadReport, dtype: torch.dtype,
+           tied_lm_head: bool) -> None:
     """Put one checkpoint tensor where it belongs: a parameter, a slice of stacked experts, or the report."""
     component, name = canonical_name(key)
     if component == "mtp":
@@ -171,15 +188,15 @@ def _place(key: str, tensor: torch.Tensor, params: dict[str, nn.Parameter], fill
     if name == "lm_head.weight" and tied_lm_head:
         return  # tied models use the embedding; a stored copy of the head is redundant
     if match := _PER_EXPERT.match(name):
-        stacked, expert, proj = match.group(1), int(match.group(2)), match.group(3)
-        if f"{stacked}.down_proj" not in params:
-            raise CheckpointError(f"unexpected tensor {key}: the config describes no experts there")
-        target = _expert_slice(params, stacked, expert, proj) if expert < params[
-            f"{stacked}.down_proj"].shape[0] else None
-        if target is None:
+        stacked, expert, proj, part = match.group(1), int(match.group(2)), match.group(3), match.group(4)
+        down = f"{stacked}.down_proj" + ("" if part == "weight" else f".{part}")
+        if down not in params:
+            what = "no experts" if f"{stacked}.down_proj" not in stacks | params else "experts in another format"
+            raise CheckpointError(f"unexpected tensor {key}: the config describes {what} there")
+        if expert >= params[down].shape[0]:
             raise CheckpointError(f"tensor {key}: expert {expert} is beyond num_experts in config.json")
-        _copy(key, target, tensor)
-        expert_parts[stacked] = expert_parts.get(stacked, 0) + 1
+        _copy(key, _expert_slice(params, stacks, stacked, expert, proj, part), tensor)
+        expert_parts[(stacked, part)] = expert_parts.get((stacked, part), 0) + 1
         return
     if name not in params:
         raise CheckpointError(f"unexpected tensor {key} (no parameter {name!r} in a model built from config.json)")

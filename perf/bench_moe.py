@@ -1,22 +1,26 @@
-"""The Qwen3.5-35B-A3B routed-expert block (E = 256, top-8, H = 2048, I = 512, bf16).
+"""The Qwen3.5-35B-A3B routed-expert block (E = 256, top-8, H = 2048, I = 512), bf16 activations.
 
-Points, each against a limit measured in this run and the torch reference loop
-(``moe_experts_reference``, which syncs on ``ids.unique()``) as the baseline:
+Expert stacks in bf16 and in quantized formats (``--formats``, default int4-g64 and nvfp4, read by
+the grouped quantized GEMMs). Points, each against a limit measured in this run:
 
 * decode (1, 2, 4, 8 tokens, and 64 for the aligned 16-row path): router + experts replayed from
   a CUDA graph that cycles through 8 routings, so that consecutive calls select different experts
-  (the 48 MB of one token's experts would otherwise stay in the 50 MB L2). Bytes = the distinct
-  selected experts' weights (3 * I * H bf16 each) + x + out + logits; limit: the copy bandwidth
-  (issue bar: >= 70 %).
+  (the 48 MB of one token's bf16 experts would otherwise stay in the 50 MB L2). Bytes = the
+  distinct selected experts' stored bytes (bf16: 3 * I * H * 2 each; quantized: packed codes and
+  scales) + x + out + logits; limit: the copy bandwidth (issue bar: >= 70 %). Baseline: the torch
+  reference loop for bf16, the bf16 grouped GEMM on the same routings for quantized stacks.
 * prefill (8192 tokens): FLOPs ``2 * N*k * 3 * I * H``; limit: cuBLAS bf16 running dense GEMMs of
   the same shapes (``[N*k, H] x [H, 2I]`` and ``[N*k, I] x [I, H]``) in this run (bar: >= 0.6x).
+  Baselines as at decode.
 * router alone at decode and prefill: logits read + weights/ids written vs the copy bandwidth.
 
-Run: ``python perf/bench_moe.py``.
+Run: ``python perf/bench_moe.py [--formats int4-g64,nvfp4] [--no-bf16]`` (``--formats ''``: bf16 only).
 """
 from __future__ import annotations
 
+import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -37,54 +41,81 @@ from ninfer.kernels.moe import (
     route_topk_reference,
     route_topk_triton,
 )
-from ninfer.kernels.moe_gemm import moe_experts_triton
+from ninfer.kernels.moe_gemm import Weight, moe_experts_triton
+from ninfer.quant.formats import QuantizedTensor, quantize
 
 E, TOP_K, H, I = 256, 8, 2048, 512
 DECODE = (1, 2, 4, 8, 64)  # 1..8: the alignment-free path; 64 tokens: aligned 16-row blocks
 PREFILL = 8192
 ROUTINGS = 8
-EXPERT_BYTES = 3 * I * H * 2
+DEVICE, DTYPE = "cuda", torch.bfloat16  # activations and the float stacks
+QUANT_FORMATS = "int4-g64,nvfp4"
+
+
+def expert_bytes(gate_up: Weight, down: Weight) -> int:
+    """Stored bytes of one expert: bf16 weights, or packed codes plus every scale."""
+    parts = [w.tensors.values() if isinstance(w, QuantizedTensor) else [w] for w in (gate_up, down)]
+    return sum(t[0].numel() * t.element_size() for tensors in parts for t in tensors)
+
+
+def label(w: Weight) -> str:
+    return w.format.name if isinstance(w, QuantizedTensor) else "bf16"
 
 
 def _logits(n: int, seed: int) -> torch.Tensor:
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    return torch.randn(n, E, generator=g, device="cuda").to(torch.bfloat16)
+    g = torch.Generator(device=DEVICE).manual_seed(seed)
+    return torch.randn(n, E, generator=g, device=DEVICE).to(DTYPE)
 
 
-def decode(n: int, gate_up: torch.Tensor, down: torch.Tensor, bw: float) -> None:
+def decode(n: int, gate_up: Weight, down: Weight, bw: float, bf16: tuple[torch.Tensor, torch.Tensor]) -> None:
+    """Router + experts at ``n`` tokens; ``bf16``: the bf16 stacks (the quantized points' baseline)."""
     logits = [_logits(n, 100 * n + r) for r in range(ROUTINGS)]
-    xs = [torch.randn(n, H, device="cuda", dtype=torch.bfloat16) for _ in range(ROUTINGS)]
+    xs = [torch.randn(n, H, device=DEVICE, dtype=DTYPE) for _ in range(ROUTINGS)]
     unique = sum(int(route_topk_reference(lg, TOP_K)[1].unique().numel()) for lg in logits) / ROUTINGS
-    nbytes = unique * EXPERT_BYTES + 2 * n * H * 2 + n * E * 2
+    nbytes = unique * expert_bytes(gate_up, down) + 2 * n * H * 2 + n * E * 2
     calls = [0]
 
-    def step(route, experts) -> torch.Tensor:
+    def step(route: Callable, experts: Callable, stacks: tuple[Weight, Weight]) -> torch.Tensor:
         r = calls[0] % ROUTINGS
         calls[0] += 1
         weights, ids = route(logits[r], TOP_K)
-        return experts(xs[r], gate_up, down, weights, ids)
+        return experts(xs[r], *stacks, weights, ids)
 
-    ms = bench_graph_ms(lambda: step(route_topk_triton, moe_experts_triton), inner=2 * ROUTINGS)
-    base_ms = bench_ms(lambda: step(route_topk_reference, moe_experts_reference), warmup=5, rep=50)
-    record("moe_decode", f"N={n} E={E} k={TOP_K} H={H} I={I} bf16", ms, achieved=nbytes / ms / 1e9,
-           limit=bw, unit="TB/s", baseline="torch reference loop", baseline_ms=base_ms, unique_experts=unique)
+    fmt = label(gate_up)
+    ms = bench_graph_ms(lambda: step(route_topk_triton, moe_experts_triton, (gate_up, down)), inner=2 * ROUTINGS)
+    if fmt == "bf16":
+        baseline = "torch reference loop"
+        base_ms = bench_ms(lambda: step(route_topk_reference, moe_experts_reference, bf16), warmup=5, rep=50)
+    else:
+        baseline = "bf16 grouped GEMM (moe_experts_triton)"
+        base_ms = bench_graph_ms(lambda: step(route_topk_triton, moe_experts_triton, bf16), inner=2 * ROUTINGS)
+    record("moe_decode", f"N={n} E={E} k={TOP_K} H={H} I={I} {fmt}", ms, achieved=nbytes / ms / 1e9,
+           limit=bw, unit="TB/s", baseline=baseline, baseline_ms=base_ms, unique_experts=unique,
+           bytes_moved=int(nbytes), **({} if fmt == "bf16" else {"format": fmt}))
 
 
-def prefill(gate_up: torch.Tensor, down: torch.Tensor) -> None:
+def prefill(gate_up: Weight, down: Weight, bf16: tuple[torch.Tensor, torch.Tensor]) -> None:
     n = PREFILL
     nk = n * TOP_K
-    x = torch.randn(n, H, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(n, H, device=DEVICE, dtype=DTYPE)
     weights, ids = route_topk_triton(_logits(n, 7), TOP_K)
     flops = 2 * nk * 3 * I * H
     ms = bench_ms(lambda: moe_experts_triton(x, gate_up, down, weights, ids), warmup=25, rep=100)
-    a1 = torch.randn(nk, H, device="cuda", dtype=torch.bfloat16)
-    a2 = torch.randn(nk, I, device="cuda", dtype=torch.bfloat16)
-    w1, w2 = gate_up[0], down[0]
+    a1 = torch.randn(nk, H, device=DEVICE, dtype=DTYPE)
+    a2 = torch.randn(nk, I, device=DEVICE, dtype=DTYPE)
+    w1, w2 = bf16[0][0], bf16[1][0]
     dense_ms = bench_ms(lambda: (a1 @ w1.t(), a2 @ w2.t()), warmup=10, rep=50)
-    base_ms = bench_ms(lambda: moe_experts_reference(x, gate_up, down, weights, ids), warmup=5, rep=50)
-    record("moe_prefill", f"N={n} E={E} k={TOP_K} H={H} I={I} bf16", ms, achieved=flops / ms / 1e9,
-           limit=flops / dense_ms / 1e9, unit="TFLOP/s", baseline="torch reference loop", baseline_ms=base_ms,
-           dense_cublas_ms=dense_ms, matmul_peak_tflops=matmul_peak_tflops())
+    fmt = label(gate_up)
+    if fmt == "bf16":
+        baseline = "torch reference loop"
+        base_ms = bench_ms(lambda: moe_experts_reference(x, *bf16, weights, ids), warmup=5, rep=50)
+    else:
+        baseline = "bf16 grouped GEMM (moe_experts_triton)"
+        base_ms = bench_ms(lambda: moe_experts_triton(x, *bf16, weights, ids), warmup=25, rep=100)
+    record("moe_prefill", f"N={n} E={E} k={TOP_K} H={H} I={I} {fmt}", ms, achieved=flops / ms / 1e9,
+           limit=flops / dense_ms / 1e9, unit="TFLOP/s", baseline=baseline, baseline_ms=base_ms,
+           dense_cublas_ms=dense_ms, matmul_peak_tflops=matmul_peak_tflops(),
+           **({} if fmt == "bf16" else {"format": fmt}))
 
 
 def router(n: int, bw: float) -> None:
@@ -98,15 +129,29 @@ def router(n: int, bw: float) -> None:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--formats", default=QUANT_FORMATS, help="quantized expert formats, comma-separated")
+    parser.add_argument("--no-bf16", action="store_true", help="skip the bf16 stacks and the router points")
+    args = parser.parse_args()
+    formats = [f for f in args.formats.split(",") if f]
     bw = copy_bandwidth_tbps()
-    g = torch.Generator(device="cuda").manual_seed(0)
-    gate_up = (torch.randn(E, 2 * I, H, generator=g, device="cuda") * H ** -0.5).to(torch.bfloat16)
-    down = (torch.randn(E, H, I, generator=g, device="cuda") * I ** -0.5).to(torch.bfloat16)
-    for n in (8, PREFILL):
-        router(n, bw)
-    for n in DECODE:
-        decode(n, gate_up, down, bw)
-    prefill(gate_up, down)
+    g = torch.Generator(device=DEVICE).manual_seed(0)
+    gate_up = (torch.randn(E, 2 * I, H, generator=g, device=DEVICE) * H ** -0.5).to(DTYPE)
+    down = (torch.randn(E, H, I, generator=g, device=DEVICE) * I ** -0.5).to(DTYPE)
+    bf16 = (gate_up, down)
+    if not args.no_bf16:
+        for n in (8, PREFILL):
+            router(n, bw)
+        for n in DECODE:
+            decode(n, gate_up, down, bw, bf16)
+        prefill(gate_up, down, bf16)
+    for fmt in formats:
+        stacks = (quantize(gate_up, fmt), quantize(down, fmt))
+        for n in DECODE:
+            decode(n, *stacks, bw, bf16)
+        prefill(*stacks, bf16)
+        del stacks
+        torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":

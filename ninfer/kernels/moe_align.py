@@ -18,8 +18,16 @@ sums, and a pair's rank among earlier same-expert pairs is an exclusive column c
 ``CHUNK`` pairs (decode, small prefills) one program does everything in one launch; beyond that
 three launches: per-chunk counts, a one-program plan (prefix over chunks and experts), and
 per-chunk placement.
+
+At decode the alignment is skipped: :func:`pair_group` lets the GEMM program of an expert's first
+pair collect that expert's pairs straight from ``ids``. :class:`ExpertRows` records which of the
+two a call uses; the jit helpers below are how every grouped GEMM (float or quantized weights)
+maps its programs to one expert's rows.
 """
 from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -152,3 +160,78 @@ def align_pairs(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torc
     _place_kernel[(chunks,)](flat, counts, starts, sorted_pairs, nk, num_experts,
                              CHUNK=CHUNK, SUB=sub, E_BLOCK=e_block, num_warps=4)
     return sorted_pairs, block_experts, post
+
+
+@dataclass
+class ExpertRows:
+    """How the grouped GEMM programs of one call find each expert's (token, slot) pairs: from
+    ``ids`` directly (``direct``: one program per pair and column tile, decode) or from the
+    alignment (one program per row block of ``block_m`` pairs and column tile)."""
+
+    pairs: int  # N * k
+    block_m: int
+    direct: bool
+    flat_ids: torch.Tensor | None = None  # direct: ids [N*k]
+    pairs_block: int = 0  # direct: pairs held in registers (a power of two >= pairs)
+    sorted_pairs: torch.Tensor | None = None  # aligned: see align_pairs
+    block_experts: torch.Tensor | None = None
+
+    @property
+    def blocks(self) -> int:
+        return 0 if self.block_experts is None else self.block_experts.numel()
+
+    @property
+    def tune_m(self) -> int:
+        """Autotuning bucket of the pair count (one tuning per power of two)."""
+        return min(triton.next_power_of_2(self.pairs), 65536)
+
+    def grid(self, n_out: int) -> Callable[[dict], tuple[int, ...]]:
+        if self.direct:
+            return lambda meta: (self.pairs, triton.cdiv(n_out, meta["BLOCK_N"]))
+        return lambda meta: (self.blocks * triton.cdiv(n_out, meta["BLOCK_N"]),)
+
+
+def expert_rows(ids: torch.Tensor, num_experts: int, direct_max_pairs: int, block_m: int) -> ExpertRows:
+    """Plan one call: alignment-free up to ``direct_max_pairs`` pairs (16-row tiles), else aligned
+    to ``block_m``. Fixed-size outputs only, nothing read back: CUDA-graph safe."""
+    nk = ids.numel()
+    if nk <= direct_max_pairs:
+        return ExpertRows(nk, 16, True, flat_ids=ids.reshape(-1).contiguous(), pairs_block=direct_max_pairs)
+    sorted_pairs, block_experts, _ = align_pairs(ids, num_experts, block_m)
+    return ExpertRows(nk, block_m, False, sorted_pairs=sorted_pairs, block_experts=block_experts)
+
+
+@triton.jit
+def aligned_tile(pid, num_blocks, N_OUT, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """``(row block, column tile)`` of aligned GEMM program ``pid``, in grouped order: GROUP_M
+    consecutive row blocks (one or two experts at prefill) sweep the weight tiles together, so a
+    weight tile is read once for all of an expert's blocks and their activation rows stay in L2."""
+    num_n = tl.cdiv(N_OUT, BLOCK_N)
+    per_group = GROUP_M * num_n
+    first_m = (pid // per_group) * GROUP_M
+    size_m = tl.minimum(num_blocks - first_m, GROUP_M)
+    return first_m + (pid % per_group) % size_m, (pid % per_group) // size_m
+
+
+@triton.jit
+def pair_group(ids_ptr, p, NK, PAIRS_BLOCK: tl.constexpr):
+    """Alignment-free grouping for the program of pair ``p`` (all NK <= PAIRS_BLOCK ids in registers):
+    ``(expert, match, rank, count, earlier)``: its expert, which pairs share it, their ranks among
+    them, how many, and how many come before ``p`` (the program with none computes the expert; the
+    others exit, so each selected expert is computed once and no other expert is read)."""
+    offs = tl.arange(0, PAIRS_BLOCK)
+    ids = tl.load(ids_ptr + offs, mask=offs < NK, other=-1)
+    expert = tl.load(ids_ptr + p)
+    match = ids == expert
+    earlier = tl.sum((match & (offs < p)).to(tl.int32), axis=0)
+    rank = tl.cumsum(match.to(tl.int32), axis=0) - 1
+    return expert, match, rank, tl.sum(match.to(tl.int32), axis=0), earlier
+
+
+@triton.jit
+def pair_rows(match, rank, count, t0, NK, BLOCK_M: tl.constexpr, PAIRS_BLOCK: tl.constexpr):
+    """The pairs of ranks ``[t0, t0 + BLOCK_M)`` among ``match`` as a row tile, ``NK`` past ``count``."""
+    offs = tl.arange(0, PAIRS_BLOCK)
+    r = t0 + tl.arange(0, BLOCK_M)
+    hit = match[None, :] & (rank[None, :] == r[:, None])  # [BLOCK_M, PAIRS_BLOCK]: row r <- its pair
+    return tl.where(r < count, tl.sum(tl.where(hit, offs[None, :], 0), axis=1), NK)

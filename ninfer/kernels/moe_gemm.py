@@ -17,7 +17,11 @@
 Grids are sized from the upper bound of row blocks (CUDA-graph safe); blocks past the padded
 total read ``-1`` as their expert and return at once, and experts without tokens own no block,
 so only the selected experts' weights are read. Programs walk groups of row blocks across the
-weight tiles (L2 reuse at prefill, see the kernel).
+weight tiles (L2 reuse at prefill, see ``moe_align.aligned_tile``).
+
+Steps 2 and 3 run these float kernels for a float stack and the kernels of
+:mod:`ninfer.kernels.moe_quant_gemm` for a quantized one (``QuantizedTensor``, read packed and
+dequantized in the K loop); the two GEMMs of a call may differ, the rows are found the same way.
 
 ``BLOCK_M`` (fixed before the alignment) is 16 when experts average few rows (decode, short
 prefills: a skinny MMA that wastes nothing on the weight stream, which dominates) and 64 otherwise.
@@ -32,7 +36,17 @@ import triton
 import triton.language as tl
 
 from ninfer.kernels.dispatch import autotune_configs
-from ninfer.kernels.moe_align import align_pairs
+from ninfer.kernels.moe_align import (
+    ExpertRows,
+    aligned_tile,
+    expert_rows,
+    pair_group,
+    pair_rows,
+)
+from ninfer.kernels.moe_quant_gemm import launch_quant_experts
+from ninfer.quant.formats import QuantizedTensor
+
+Weight = torch.Tensor | QuantizedTensor  # an expert stack [E, N, K]
 
 SKINNY_ROWS = 32  # average rows per expert up to which row blocks are 16 high
 DIRECT_MAX_PAIRS = 64  # (token, slot) pairs up to which the GEMMs find their rows without an alignment
@@ -117,16 +131,7 @@ def _aligned_gemm(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
     """One program per (aligned row block, column tile)."""
-    # Grouped order: GROUP_M consecutive row blocks (one or two experts at prefill) sweep the
-    # weight tiles together, so a weight tile is read once for all of an expert's blocks and the
-    # blocks' activation rows stay in L2 across the sweep.
-    pid = tl.program_id(0)
-    num_n = tl.cdiv(N_OUT, BLOCK_N)
-    per_group = GROUP_M * num_n
-    first_m = (pid // per_group) * GROUP_M
-    size_m = tl.minimum(num_blocks - first_m, GROUP_M)
-    pid_m = first_m + (pid % per_group) % size_m
-    pid_n = (pid % per_group) // size_m
+    pid_m, pid_n = aligned_tile(tl.program_id(0), num_blocks, N_OUT, BLOCK_N, GROUP_M)
     expert = tl.load(block_experts_ptr + pid_m)
     if expert < 0:
         return
@@ -147,19 +152,11 @@ def _direct_gemm(
     """Decode without the alignment launch: one program per (pair, column tile). The program of an
     expert's first pair gathers all of that expert's pairs from ``ids`` (a few dozen, in registers)
     into row tiles of BLOCK_M; the programs of its other pairs exit."""
-    p = tl.program_id(0)
-    offs = tl.arange(0, PAIRS_BLOCK)
-    ids = tl.load(ids_ptr + offs, mask=offs < NK, other=-1)
-    expert = tl.load(ids_ptr + p)
-    match = ids == expert
-    if tl.sum((match & (offs < p)).to(tl.int32), axis=0) > 0:
+    expert, match, rank, count, earlier = pair_group(ids_ptr, tl.program_id(0), NK, PAIRS_BLOCK)
+    if earlier > 0:
         return
-    rank = tl.cumsum(match.to(tl.int32), axis=0) - 1
-    count = tl.sum(match.to(tl.int32), axis=0)
     for t0 in range(0, count, BLOCK_M):  # one trip unless an expert has more than BLOCK_M pairs
-        r = t0 + tl.arange(0, BLOCK_M)
-        hit = match[None, :] & (rank[None, :] == r[:, None])  # [BLOCK_M, PAIRS_BLOCK]: row r <- its pair
-        pairs = tl.where(r < count, tl.sum(tl.where(hit, offs[None, :], 0), axis=1), NK)
+        pairs = pair_rows(match, rank, count, t0, NK, BLOCK_M, PAIRS_BLOCK)
         _block_gemm(a_ptr, w_ptr, out_ptr, rw_ptr, expert, pairs, tl.program_id(1), NK, N_OUT, K, a_div,
                     stride_am, stride_we, stride_wn, stride_om, SWIGLU, ROUTE_WEIGHT, IEEE, EVEN_K,
                     BLOCK_M, BLOCK_N, BLOCK_K)
@@ -193,11 +190,13 @@ def block_m_for(pairs: int, num_experts: int) -> int:
     return 16 if pairs <= SKINNY_ROWS * num_experts else 64
 
 
-def moe_experts_triton(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, weights: torch.Tensor,
+def moe_experts_triton(x: torch.Tensor, gate_up: Weight, down: Weight, weights: torch.Tensor,
                        ids: torch.Tensor) -> torch.Tensor:
     """Triton ``moe_experts_reference``: ``x [N, H]``, ``gate_up [E, 2I, H]`` (gate rows first),
-    ``down [E, H, I]``, ``weights [N, k]``, ``ids [N, k]`` (int32/int64, in [0, E)). Expert
-    weights may be fp32/fp16/bf16 (converted to x's dtype in registers); returns ``[N, H]`` in x's dtype."""
+    ``down [E, H, I]``, ``weights [N, k]``, ``ids [N, k]`` (int32/int64, in [0, E)). Each expert
+    stack is a float tensor (fp32/fp16/bf16, converted to x's dtype in registers) or a
+    :class:`QuantizedTensor` in any format of the quantized GEMM (dequantized in the K loop, see
+    :mod:`ninfer.kernels.moe_quant_gemm`); returns ``[N, H]`` in x's dtype."""
     n, h = x.shape
     e, two_i, hk = gate_up.shape
     inter_size = two_i // 2
@@ -210,38 +209,36 @@ def moe_experts_triton(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tenso
     if n == 0:
         return out
     x = x if x.stride(-1) == 1 else x.contiguous()
-    gate_up = gate_up if gate_up.stride(-1) == 1 else gate_up.contiguous()
-    down = down if down.stride(-1) == 1 else down.contiguous()
     rw = weights.reshape(-1).contiguous()
     nk = n * top_k
-    tune_m = min(triton.next_power_of_2(nk), 65536)
-    consts = {"IEEE": x.dtype == torch.float32, "EVEN_K": h % 256 == 0 and inter_size % 256 == 0}  # BLOCK_K | 256
+    rows = expert_rows(ids, e, DIRECT_MAX_PAIRS, block_m_for(nk, e))
     inter = torch.empty(nk, inter_size, dtype=x.dtype, device=x.device)
     y = torch.empty(nk, h, dtype=x.dtype, device=x.device)
-    direct = nk <= DIRECT_MAX_PAIRS
-    if direct:
-        flat_ids = ids.reshape(-1).contiguous()
-    else:
-        block_m = block_m_for(nk, e)
-        sorted_pairs, block_experts, _ = align_pairs(ids, e, block_m)
-        blocks = block_experts.numel()
-        gemm = _gemm_skinny if block_m == 16 else _gemm_tiled
-
-    def launch(a: torch.Tensor, w: torch.Tensor, dst: torch.Tensor, k_dim: int, a_div: int, swiglu: bool) -> None:
-        n_out, sizes = dst.shape[1], (nk, dst.shape[1], k_dim, a_div)
-        strides = (a.stride(0), w.stride(0), w.stride(1), dst.stride(0))
-        if direct:
-            _gemm_direct[lambda meta: (nk, triton.cdiv(n_out, meta["BLOCK_N"]))](
-                a, w, dst, rw, flat_ids, *sizes, tune_m, *strides, SWIGLU=swiglu, ROUTE_WEIGHT=not swiglu,
-                BLOCK_M=16, PAIRS_BLOCK=DIRECT_MAX_PAIRS, **consts)
-        else:
-            gemm[lambda meta: (blocks * triton.cdiv(n_out, meta["BLOCK_N"]),)](
-                a, w, dst, rw, sorted_pairs, block_experts, *sizes, blocks, tune_m, *strides, SWIGLU=swiglu,
-                ROUTE_WEIGHT=not swiglu, BLOCK_M=block_m, GROUP_M=8, **consts)
-
-    launch(x, gate_up, inter, h, top_k, True)
-    launch(inter, down, y, inter_size, 1, False)
+    _launch(rows, x, gate_up, inter, rw, a_div=top_k, swiglu=True)
+    _launch(rows, inter, down, y, rw, a_div=1, swiglu=False)
     block = min(1024, triton.next_power_of_2(h))
     _combine_kernel[(n, triton.cdiv(h, block))](y, out, h, TOPK=top_k, K_BLOCK=triton.next_power_of_2(top_k),
                                                BLOCK=block, num_warps=4)
     return out
+
+
+def _launch(rows: ExpertRows, a: torch.Tensor, w: Weight, dst: torch.Tensor, rw: torch.Tensor, *, a_div: int,
+            swiglu: bool) -> None:
+    """``dst[pair] = f(a[pair // a_div] @ w[expert]^T)``: SwiGLU for gate/up, the routing weight for down."""
+    if isinstance(w, QuantizedTensor) and w.format.name == "bf16":
+        w = w.tensors["weight"]
+    if isinstance(w, QuantizedTensor):
+        launch_quant_experts(rows, a, w, dst, rw, a_div=a_div, swiglu=swiglu)
+        return
+    w = w if w.stride(-1) == 1 else w.contiguous()
+    n_out, k_dim = dst.shape[1], a.shape[1]
+    sizes, strides = (rows.pairs, n_out, k_dim, a_div), (a.stride(0), w.stride(0), w.stride(1), dst.stride(0))
+    consts = {"SWIGLU": swiglu, "ROUTE_WEIGHT": not swiglu, "IEEE": a.dtype == torch.float32,
+              "EVEN_K": k_dim % 256 == 0}  # every BLOCK_K divides 256
+    if rows.direct:
+        _gemm_direct[rows.grid(n_out)](a, w, dst, rw, rows.flat_ids, *sizes, rows.tune_m, *strides,
+                                       BLOCK_M=16, PAIRS_BLOCK=rows.pairs_block, **consts)
+    else:
+        gemm = _gemm_skinny if rows.block_m == 16 else _gemm_tiled
+        gemm[rows.grid(n_out)](a, w, dst, rw, rows.sorted_pairs, rows.block_experts, *sizes, rows.blocks,
+                               rows.tune_m, *strides, BLOCK_M=rows.block_m, GROUP_M=8, **consts)

@@ -1,6 +1,8 @@
 """The Qwen3.5 MoE feed-forward block: top-k routed experts plus a sigmoid-gated shared expert (§9)."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
@@ -8,11 +10,15 @@ from ninfer.config import ModelConfig
 from ninfer.kernels.moe import moe_experts, route_topk
 from ninfer.models.layers import MLP, linear
 
+if TYPE_CHECKING:
+    from ninfer.quant.formats import QuantizedTensor
+    from ninfer.quant.linear import QuantWeight
 
-def _dense(w: torch.Tensor | nn.Module) -> torch.Tensor:
-    """Stacked expert weights as a float tensor; quantized stacks are dequantized until grouped
-    quantized expert GEMMs exist."""
-    return w if isinstance(w, torch.Tensor) else w.dequantize()
+
+def _stack(w: torch.Tensor | QuantWeight) -> torch.Tensor | QuantizedTensor:
+    """Stacked expert weights as the kernels take them: a float tensor, or the packed tensors of a
+    quantized stack (read in place by the grouped GEMMs, never dequantized as a whole)."""
+    return w if isinstance(w, torch.Tensor) else w.packed()
 
 
 class Experts(nn.Module):
@@ -35,6 +41,6 @@ class SparseMoeBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = route_topk(self.gate(x), self.top_k)
-        routed = moe_experts(x, _dense(self.experts.gate_up_proj), _dense(self.experts.down_proj), weights, ids)
+        routed = moe_experts(x, _stack(self.experts.gate_up_proj), _stack(self.experts.down_proj), weights, ids)
         shared = torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
         return routed + shared

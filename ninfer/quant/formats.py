@@ -74,6 +74,13 @@ class QuantizedTensor:
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         return self.format.dequantize(self.tensors, dtype)
 
+    def select(self, index: int) -> QuantizedTensor:
+        """Slice ``index`` of the leading dim (one expert of a stack) as views: every stored tensor
+        carries the leading dims of the weight, so no format needs to know about experts."""
+        if len(self.shape) < 3:
+            raise FormatError(f"select takes a slice of a stacked weight [E, N, K]; this one is {list(self.shape)}")
+        return QuantizedTensor(self.format, self.shape[1:], {name: t[index] for name, t in self.tensors.items()})
+
 
 class WeightFormat:
     """Base class: subclasses define the stored tensors and the (de)quantization math."""

@@ -20,6 +20,12 @@ scale becomes ninfer's per-row ``global_scale`` (the compressed-tensors divisor 
 Block FP8 keeps its block scales (``fp8-b128`` has kernel support), so nothing is requantized.
 Activation scales (``input_scale``, ``input_global_scale``) and KV scales are dropped: ninfer runs
 these weights with bf16 activations.
+
+MoE experts stored per expert (``mlp.experts.{e}.{gate,up,down}_proj``) are planned under their
+stacked name; the loader writes each expert's translated tensors into its rows of the packed
+``[E, 2I, H]`` / ``[E, H, I]`` stack (per-row global scales let gate and up keep their own), which
+the grouped expert GEMMs read as they are. 128-block FP8 experts need ``I`` divisible by 128, so
+that gate and up never share a scale block.
 """
 from __future__ import annotations
 

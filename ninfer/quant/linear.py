@@ -57,8 +57,7 @@ class QuantWeight(nn.Module):
 
     def select(self, index: int) -> QuantizedTensor:
         """Slice ``index`` of the leading dim (one expert) as a 2-D weight, a view for ``quant_matmul``."""
-        tensors = {name: p[index] for name, p in self.named_parameters(recurse=False)}
-        return QuantizedTensor(self.format, self.shape[1:], tensors)
+        return self.packed().select(index)
 
     def rows_view(self, name: str, start: int, stop: int, index: int | None = None) -> torch.Tensor:
         """The part of stored tensor ``name`` that holds weight rows ``[start, stop)`` (of slice ``index``

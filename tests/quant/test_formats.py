@@ -68,6 +68,19 @@ def test_specs_match_quantized_tensors_with_expert_dim(name: str) -> None:
                                single[key].view(torch.uint8) if single[key].dtype.itemsize == 1 else single[key])
 
 
+@pytest.mark.parametrize("name", list(FORMATS))
+def test_select_one_expert_of_a_stack(name: str) -> None:
+    stack = quantize(_weight(1, (3, 256, 128)), name)
+    whole = stack.dequantize()
+    for e in range(3):
+        one = stack.select(e)
+        assert one.shape == (256, 128)
+        assert all(t.data_ptr() == stack.tensors[k][e].data_ptr() for k, t in one.tensors.items())  # views
+        assert torch.equal(one.dequantize(), whole[e])
+    with pytest.raises(FormatError, match="stacked"):
+        stack.select(0).select(0)
+
+
 def _int_bound(fmt: IntGroupFormat, scales: torch.Tensor) -> torch.Tensor:
     # Half a step, plus the clamp when the fp16 scale rounded below amax / qmax.
     return scales.float().repeat_interleave(fmt.group_size, -1) * (0.5 + fmt.qmax * 2.0 ** -11) + 1e-12

@@ -1,0 +1,201 @@
+"""Grouped expert GEMMs over quantized expert stacks, dequantized in the K loop.
+
+The quantized counterpart of the float kernels in :mod:`ninfer.kernels.moe_gemm`, launched by
+``moe_experts_triton`` for a stack that is a :class:`QuantizedTensor` (``[E, N, K]`` in any format
+of :mod:`ninfer.kernels.quant_gemm`: int4 g64/g128, int8 g32/g64, nvfp4, fp8 rows, fp8 128-blocks).
+Programs find their expert and rows exactly as the float kernels do (:mod:`ninfer.kernels.moe_align`:
+alignment-free at decode, aligned row blocks otherwise), so experts without tokens own no program
+and only the selected experts' packed bytes are read; no dequantized copy of a stack ever exists.
+
+Inside a program the work is the dense quantized GEMM's, reusing its helpers: the program holds a
+``[BLOCK_N, BLOCK_M]`` tile of ``y^T`` for BLOCK_N weight rows of its expert, so the weight rows
+(the dominant traffic) take the MMA's M side and a 16-row tile of pairs wastes nothing on them.
+Each K step loads packed rows, dequantizes them in registers (bit-pattern tricks, no int->float
+conversions) and feeds the dot. 16-row tiles (decode, short prefills) multiply each group's scale
+into the partial product (exact codes go to the MMA); 64-row tiles dequantize the tile once (one
+multiply per weight, amortised over 64 rows); nvfp4's 16-wide groups always scale the tile. Per-row
+scales (fp8 rows, the nvfp4 global scale) multiply the accumulator once, then SwiGLU (gate/up,
+gate rows first) or the routing weight (down), and the tile is stored at its pairs' rows.
+
+Tile sizes are autotuned per (format, shapes, pair-count bucket) as for the float kernels; the
+first config of each list fits the RTX 5090's 99 KB of shared memory and is the interpreter's.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ninfer.kernels.dispatch import autotune_configs
+from ninfer.kernels.moe_align import ExpertRows, aligned_tile, pair_group, pair_rows
+
+# The dense quantized GEMM's building blocks (private there; this family is their second user).
+from ninfer.kernels.quant_gemm import _finish, _k_step, _x_tile
+from ninfer.kernels.quant_gemm_tune import FMT_CODES
+from ninfer.quant.formats import QuantizedTensor
+
+QUANT_FORMATS = frozenset(FMT_CODES)  # formats these kernels read
+
+
+def _config(block_n: int, block_k: int, warps: int, stages: int) -> triton.Config:
+    return triton.Config({"BLOCK_N": block_n, "BLOCK_K": block_k}, num_warps=warps, num_stages=stages)
+
+
+# Shared memory per stage, gate/up (two weight tiles) in bf16: 2 * BLOCK_N * BLOCK_K * bytes per
+# code (1/2 for 4-bit, 1 for 8-bit) + BLOCK_K * BLOCK_M * 2 for the activations, plus the dequantized
+# tiles on their way to the MMA. The first config of each list stays far below 99 KB in every format.
+_SKINNY = [  # BLOCK_M = 16: weight streaming; BLOCK_N = 16 rows per warp, as the dense skinny path
+    _config(32, 128, 2, 4),   # int8 gate/up: 4 * (8 + 4) KB staged
+    _config(64, 128, 4, 4),
+    _config(32, 256, 2, 4),
+    _config(64, 256, 4, 3),
+    _config(16, 256, 1, 4),
+    _config(128, 128, 8, 3),
+]
+_TILED = [  # BLOCK_M = 64: MMA-bound, the tile dequantized once per 64 pairs
+    _config(64, 64, 4, 3),    # int8 gate/up: 3 * (8 + 8) KB staged
+    _config(128, 64, 4, 3),
+    _config(128, 64, 8, 4),
+    _config(64, 128, 4, 3),
+    _config(256, 64, 8, 3),
+    _config(128, 128, 8, 3),
+]
+_KEY = ["N_OUT", "K", "FMT", "GROUP", "SWIGLU", "ROUTE_WEIGHT", "tune_m"]
+
+
+@triton.jit
+def _quant_block(x_ptr, q_ptr, s_ptr, rs_ptr, out_ptr, rw_ptr, expert, pairs, pid_n, NK, N_OUT, K, a_div,
+                 stride_xm, stride_qe, stride_qn, stride_se, stride_sn, stride_re, stride_om,
+                 FMT: tl.constexpr, GROUP: tl.constexpr, ROW_BLOCK: tl.constexpr, SCALED: tl.constexpr,
+                 ROW_SCALE: tl.constexpr, SWIGLU: tl.constexpr, ROUTE_WEIGHT: tl.constexpr, IEEE: tl.constexpr,
+                 EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """``out[pair, n] = f(x[pair // a_div] @ W[expert, n]^T)`` for BLOCK_M pairs of one expert and
+    BLOCK_N output columns, W packed. SWIGLU: also the up rows ``n + N_OUT``, ``f = silu(gate) * up``.
+    ROUTE_WEIGHT: times ``rw[pair]``. Padding rows (pair >= NK) read row 0 and are not stored."""
+    # Columns per scale group inside a K step (GROUP 0: no groups along K, fp8 rows); a conditional
+    # expression on constexprs, the form quant_gemm's kernel already relies on, rather than min().
+    CHUNK: tl.constexpr = BLOCK_K if GROUP == 0 else (GROUP if GROUP < BLOCK_K else BLOCK_K)  # noqa: FURB136
+    SUB: tl.constexpr = BLOCK_K if SCALED else CHUNK  # columns per dot
+    row_ok = pairs < NK
+    xrows = tl.where(row_ok, pairs // a_div, 0).to(tl.int64)  # int64: N*k*K passes 2^31 for long prompts
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows = tl.minimum(offs_n, N_OUT - 1)  # clamped instead of masked; the store drops them
+    e64 = expert.to(tl.int64)
+    q_ptr += e64 * stride_qe
+    s_ptr += e64 * stride_se
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    acc_up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for step in range(tl.cdiv(K, BLOCK_K)):
+        for sub in tl.static_range(BLOCK_K // SUB):
+            k0 = step * BLOCK_K + sub * SUB
+            xt = _x_tile(x_ptr, xrows, k0, K, stride_xm, SUB, EVEN_K)
+            acc = _k_step(acc, xt, q_ptr, s_ptr, rows, k0, K, stride_qn, stride_sn, FMT, GROUP, CHUNK, ROW_BLOCK,
+                          SCALED, BLOCK_N, SUB, EVEN_K, IEEE)
+            if SWIGLU:  # the up rows of the same output columns, N_OUT rows further down
+                acc_up = _k_step(acc_up, xt, q_ptr, s_ptr, rows + N_OUT, k0, K, stride_qn, stride_sn, FMT, GROUP,
+                                 CHUNK, ROW_BLOCK, SCALED, BLOCK_N, SUB, EVEN_K, IEEE)
+    n_ok = offs_n < N_OUT
+    if ROW_SCALE:
+        rs_ptr += e64 * stride_re
+        acc *= tl.load(rs_ptr + offs_n, mask=n_ok, other=0.0)[:, None]
+        if SWIGLU:
+            acc_up *= tl.load(rs_ptr + N_OUT + offs_n, mask=n_ok, other=0.0)[:, None]
+    if ROUTE_WEIGHT:
+        acc *= tl.load(rw_ptr + pairs, mask=row_ok, other=0.0).to(tl.float32)[None, :]
+    mask = n_ok[:, None] & row_ok[None, :]
+    _finish(acc, acc_up, pairs, offs_n, mask, out_ptr, 0, out_ptr, stride_om, SWIGLU, False)
+
+
+@triton.jit(do_not_specialize=["NK", "num_blocks", "tune_m"])  # pair counts vary per call: no recompiles
+def _aligned_quant_gemm(
+    x_ptr, q_ptr, s_ptr, rs_ptr, out_ptr, rw_ptr, sorted_ptr, block_experts_ptr,
+    NK, N_OUT, K, a_div, num_blocks, tune_m,
+    stride_xm, stride_qe, stride_qn, stride_se, stride_sn, stride_re, stride_om,
+    FMT: tl.constexpr, GROUP: tl.constexpr, ROW_BLOCK: tl.constexpr, SCALED: tl.constexpr,
+    ROW_SCALE: tl.constexpr, SWIGLU: tl.constexpr, ROUTE_WEIGHT: tl.constexpr, IEEE: tl.constexpr,
+    EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):
+    """One program per (aligned row block, column tile)."""
+    pid_m, pid_n = aligned_tile(tl.program_id(0), num_blocks, N_OUT, BLOCK_N, GROUP_M)
+    expert = tl.load(block_experts_ptr + pid_m)
+    if expert < 0:
+        return
+    pairs = tl.load(sorted_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+    _quant_block(x_ptr, q_ptr, s_ptr, rs_ptr, out_ptr, rw_ptr, expert, pairs, pid_n, NK, N_OUT, K, a_div,
+                 stride_xm, stride_qe, stride_qn, stride_se, stride_sn, stride_re, stride_om,
+                 FMT, GROUP, ROW_BLOCK, SCALED, ROW_SCALE, SWIGLU, ROUTE_WEIGHT, IEEE, EVEN_K,
+                 BLOCK_M, BLOCK_N, BLOCK_K)
+
+
+@triton.jit(do_not_specialize=["NK", "tune_m"])
+def _direct_quant_gemm(
+    x_ptr, q_ptr, s_ptr, rs_ptr, out_ptr, rw_ptr, ids_ptr,
+    NK, N_OUT, K, a_div, tune_m,
+    stride_xm, stride_qe, stride_qn, stride_se, stride_sn, stride_re, stride_om,
+    FMT: tl.constexpr, GROUP: tl.constexpr, ROW_BLOCK: tl.constexpr, SCALED: tl.constexpr,
+    ROW_SCALE: tl.constexpr, SWIGLU: tl.constexpr, ROUTE_WEIGHT: tl.constexpr, IEEE: tl.constexpr,
+    EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    PAIRS_BLOCK: tl.constexpr,
+):
+    """Decode without the alignment launch: the program of an expert's first pair computes that
+    expert for all its pairs; the programs of its other pairs exit."""
+    expert, match, rank, count, earlier = pair_group(ids_ptr, tl.program_id(0), NK, PAIRS_BLOCK)
+    if earlier > 0:
+        return
+    for t0 in range(0, count, BLOCK_M):  # one trip unless an expert has more than BLOCK_M pairs
+        pairs = pair_rows(match, rank, count, t0, NK, BLOCK_M, PAIRS_BLOCK)
+        _quant_block(x_ptr, q_ptr, s_ptr, rs_ptr, out_ptr, rw_ptr, expert, pairs, tl.program_id(1), NK, N_OUT, K,
+                     a_div, stride_xm, stride_qe, stride_qn, stride_se, stride_sn, stride_re, stride_om,
+                     FMT, GROUP, ROW_BLOCK, SCALED, ROW_SCALE, SWIGLU, ROUTE_WEIGHT, IEEE, EVEN_K,
+                     BLOCK_M, BLOCK_N, BLOCK_K)
+
+
+_gemm_skinny = triton.autotune(configs=autotune_configs(_SKINNY), key=_KEY)(_aligned_quant_gemm)
+_gemm_tiled = triton.autotune(configs=autotune_configs(_TILED), key=_KEY)(_aligned_quant_gemm)
+_gemm_direct = triton.autotune(configs=autotune_configs(_SKINNY), key=_KEY)(_direct_quant_gemm)
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    """fp8 codes and scales travel as bytes and are bitcast in the kernel (portable loads and masks)."""
+    return t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t
+
+
+def launch_quant_experts(rows: ExpertRows, a: torch.Tensor, w: QuantizedTensor, dst: torch.Tensor,
+                         rw: torch.Tensor, *, a_div: int, swiglu: bool) -> None:
+    """``dst[pair] = f(a[pair // a_div] @ dequantize(w)[expert]^T)`` for every routed pair, ``w`` a
+    quantized stack ``[E, N, K]``: SwiGLU over the two row halves (gate/up, ``dst`` has N / 2
+    columns) or times the routing weight ``rw[pair]`` (down)."""
+    name = w.format.name
+    if name not in QUANT_FORMATS or len(w.shape) != 3:
+        raise ValueError(f"no grouped expert GEMM for a {name} weight of shape {list(w.shape)}")
+    n_out, k_dim = dst.shape[1], a.shape[1]
+    if w.shape[1] != n_out * (2 if swiglu else 1) or w.shape[2] != k_dim:
+        raise ValueError(f"expert stack {list(w.shape)} does not fit activations [*, {k_dim}] -> [*, {n_out}]")
+    q, scales = _bytes(w.tensors["qweight"]), _bytes(w.tensors["scales"])
+    if q.stride(-1) != 1 or scales.stride(-1) != 1:
+        raise ValueError("packed expert tensors must be contiguous along K")
+    row_scale = {"fp8": scales, "nvfp4": w.tensors.get("global_scale")}.get(name)
+    fmt = w.format
+    consts = {
+        "FMT": FMT_CODES[name],
+        "GROUP": fmt.group_size or getattr(fmt, "block", 0),  # columns per scale; 0: one scale per row
+        "ROW_BLOCK": getattr(fmt, "block", 1),  # rows per scale (fp8 128-blocks)
+        # 16-row tiles scale the partial products (exact codes to the MMA; fp8 rows scale at the end),
+        # 64-row tiles the dequantized weights; nvfp4's 16-wide groups are too narrow for a dot each.
+        "SCALED": name == "nvfp4" or (name != "fp8" and rows.block_m > 16),
+        "ROW_SCALE": row_scale is not None, "SWIGLU": swiglu, "ROUTE_WEIGHT": not swiglu,
+        "IEEE": a.dtype == torch.float32, "EVEN_K": k_dim % 256 == 0,  # every BLOCK_K divides 256
+    }
+    rs = row_scale if row_scale is not None else scales
+    sizes = (rows.pairs, n_out, k_dim, a_div)
+    strides = (a.stride(0), q.stride(0), q.stride(1), scales.stride(0), scales.stride(1) if scales.dim() == 3 else 0,
+               rs.stride(0), dst.stride(0))
+    tensors = (a, q, scales, rs, dst, rw)
+    if rows.direct:
+        _gemm_direct[rows.grid(n_out)](*tensors, rows.flat_ids, *sizes, rows.tune_m, *strides,
+                                       BLOCK_M=16, PAIRS_BLOCK=rows.pairs_block, **consts)
+    else:
+        gemm = _gemm_skinny if rows.block_m == 16 else _gemm_tiled
+        gemm[rows.grid(n_out)](*tensors, rows.sorted_pairs, rows.block_experts, *sizes, rows.blocks, rows.tune_m,
+                               *strides, BLOCK_M=rows.block_m, GROUP_M=8, **consts)

@@ -1,0 +1,171 @@
+"""Grouped expert GEMMs over quantized stacks on the GPU, Qwen3.5-35B-A3B shapes, vs dequantize + the fp32 reference.
+
+Run: ``python -m pytest -m gpu tests/gpu/test_moe_quant.py``. Most tests pin each tuner to its first
+config (fewer compilations; that config is also the one that must fit an RTX 5090's 99 KB of shared
+memory, checked on the compiled kernels); ``test_every_config`` covers the others.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import triton
+
+from ninfer.kernels import moe_gemm, moe_quant_gemm
+from ninfer.kernels.moe import (
+    moe_experts,
+    moe_experts_reference,
+    route_topk,
+    route_topk_reference,
+)
+from ninfer.kernels.moe_gemm import moe_experts_triton
+from ninfer.quant.formats import QuantizedTensor, quantize
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+E, TOP_K, H, I = 256, 8, 2048, 512
+FORMATS = ["int4-g64", "int4-g128", "int8-g32", "int8-g64", "nvfp4", "fp8", "fp8-b128"]
+TOL = {torch.bfloat16: 1.5e-2, torch.float32: 1e-5}  # relative Frobenius error of the output
+TUNERS = {"direct": moe_quant_gemm._gemm_direct, "skinny": moe_quant_gemm._gemm_skinny,
+          "tiled": moe_quant_gemm._gemm_tiled}
+RTX_5090_SHARED = 99 * 1024
+
+
+@pytest.fixture(scope="module")
+def float_experts() -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator(device="cuda").manual_seed(0)
+    gate_up = torch.randn(E, 2 * I, H, generator=g, device="cuda") * H ** -0.5
+    down = torch.randn(E, H, I, generator=g, device="cuda") * I ** -0.5
+    return gate_up, down
+
+
+_STACKS: dict[str, tuple[QuantizedTensor, QuantizedTensor]] = {}
+
+
+def _stacks(fmt: str, float_experts: tuple[torch.Tensor, torch.Tensor]) -> tuple[QuantizedTensor, QuantizedTensor]:
+    if fmt not in _STACKS:
+        _STACKS.clear()  # one format resident at a time
+        _STACKS[fmt] = tuple(quantize(w, fmt) for w in float_experts)
+    return _STACKS[fmt]
+
+
+@pytest.fixture
+def first_configs(monkeypatch: pytest.MonkeyPatch) -> list:
+    """Each tuner runs its first config only; returns the compiled kernels launched (for their metadata)."""
+    launched = []
+    for tuner in TUNERS.values():
+        run = tuner.run
+
+        def spy(*args, _run=run, **kwargs):
+            kernel = _run(*args, **kwargs)
+            launched.append(kernel)
+            return kernel
+
+        monkeypatch.setattr(tuner, "configs", tuner.configs[:1])
+        monkeypatch.setattr(tuner, "run", spy)
+    return launched
+
+
+def _route(n: int, seed: int, skew: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    logits = torch.randn(n, E, generator=g, device="cuda")
+    if skew:  # expert 7 in every token's top k, half the experts never chosen
+        logits[:, 7] = 20.0
+        logits[:, E // 2:] = -20.0
+    return route_topk_reference(logits.to(torch.bfloat16), TOP_K)
+
+
+def _check(gate_up: QuantizedTensor, down: QuantizedTensor, n: int, dtype: torch.dtype, seed: int,
+           skew: bool = False) -> None:
+    weights, ids = _route(n, seed, skew)
+    x = torch.randn(n, H, device="cuda").to(dtype)
+    got = moe_experts_triton(x, gate_up, down, weights.to(dtype), ids)
+    ref = moe_experts_reference(x.float(), gate_up.dequantize(), down.dequantize(), weights.float(), ids)
+    assert got.dtype == dtype and torch.isfinite(got).all()
+    err = ((got.float() - ref).norm() / ref.norm()).item()
+    assert err < TOL[dtype], (gate_up.format.name, n, dtype, err)
+
+
+# 1, 8 tokens: no alignment launch; 512 tokens (4096 pairs): 16-row blocks; 2048 (16384 pairs): 64-row blocks.
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_real_shapes(float_experts, first_configs: list, fmt: str) -> None:
+    gate_up, down = _stacks(fmt, float_experts)
+    for n in (1, 8, 512, 2048):
+        _check(gate_up, down, n, torch.bfloat16, seed=n)
+    assert len(first_configs) == 8  # two GEMMs at each size
+    for kernel in first_configs:
+        assert kernel.metadata.shared <= RTX_5090_SHARED, (fmt, kernel.metadata.shared)
+
+
+@pytest.mark.parametrize("fmt", ["int4-g64", "nvfp4", "fp8"])
+def test_fp32_activations_and_skewed_routing(float_experts, first_configs: list, fmt: str) -> None:
+    gate_up, down = _stacks(fmt, float_experts)
+    _check(gate_up, down, 8, torch.float32, seed=3)
+    for n in (4, 5000):
+        _check(gate_up, down, n, torch.bfloat16, seed=11, skew=True)
+
+
+@pytest.mark.parametrize("fmt", ["int4-g64", "int8-g32", "nvfp4", "fp8", "fp8-b128"])
+@pytest.mark.parametrize("direct_max", [0, 64])
+def test_unselected_experts_are_never_read(float_experts, first_configs: list, monkeypatch: pytest.MonkeyPatch,
+                                           fmt: str, direct_max: int) -> None:
+    """Every scale of every expert no token selected is NaN: the output stays finite and exact."""
+    monkeypatch.setattr(moe_gemm, "DIRECT_MAX_PAIRS", direct_max)
+    clean_gate_up, clean_down = _stacks(fmt, float_experts)
+    for n in (1, 8):
+        weights, ids = _route(n, 40 + n)
+        unused = torch.ones(E, dtype=torch.bool, device="cuda")
+        unused[ids.flatten()] = False
+        poisoned = []
+        for stack in (clean_gate_up, clean_down):
+            tensors = {name: t.clone() for name, t in stack.tensors.items()}
+            for t in tensors.values():
+                if t.is_floating_point():
+                    t[unused] = float("nan")
+            poisoned.append(QuantizedTensor(stack.format, stack.shape, tensors))
+        x = torch.randn(n, H, device="cuda", dtype=torch.bfloat16)
+        got = moe_experts_triton(x, *poisoned, weights, ids)
+        ref = moe_experts_triton(x, clean_gate_up, clean_down, weights, ids)
+        assert torch.equal(got, ref), (fmt, n, direct_max)
+
+
+@pytest.mark.parametrize("fmt", ["int4-g64", "nvfp4"])
+def test_every_config(float_experts, monkeypatch: pytest.MonkeyPatch, fmt: str) -> None:
+    """Each config of each tuner alone: a config the tuner may pick must be right, whatever its speed."""
+    gate_up, down = _stacks(fmt, float_experts)
+    cases = {"direct": 4, "skinny": 300, "tiled": 1500}
+    for path, tuner in TUNERS.items():
+        for cfg in list(tuner.configs):
+            monkeypatch.setattr(tuner, "configs", [cfg])
+            try:
+                _check(gate_up, down, cases[path], torch.bfloat16, seed=7)
+            except triton.runtime.errors.OutOfResources:
+                continue  # too much shared memory / too many registers on this GPU is allowed, wrong results are not
+
+
+def test_dispatch_and_graph_replay(float_experts) -> None:
+    """moe_experts takes the quantized kernels on CUDA; a captured decode step replays exactly."""
+    gate_up, down = _stacks("int4-g64", float_experts)
+    n = 4
+    logits = torch.randn(n, E, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(n, H, device="cuda", dtype=torch.bfloat16)
+
+    def step() -> torch.Tensor:
+        weights, ids = route_topk(logits, TOP_K)
+        return moe_experts(x, gate_up, down, weights, ids)
+
+    first = step()  # compiles and tunes outside the graph
+    weights, ids = route_topk(logits, TOP_K)
+    assert torch.equal(first, moe_experts_triton(x, gate_up, down, weights, ids))
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    logits.copy_(torch.randn_like(logits))
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, step())
