@@ -20,8 +20,10 @@ from pathlib import Path
 
 import torch
 
-from common import record
+from bench_engine import prefill, weight_bytes_per_step
+from common import copy_bandwidth_for, record
 from random_model import SHAPES, random_model
+from ninfer.runtime.memory import kv_bytes_per_token, state_bytes_per_slot
 from ninfer.checkpoint import LoadReport, materialize
 from ninfer.kernels.rope import rope_inv_freq
 from ninfer.llm import LLM
@@ -93,15 +95,28 @@ def step_seconds(llm: LLM, lanes: int, context: int, steps: int) -> float:
 
 
 def run(args: argparse.Namespace) -> None:
-    model = random_model(args.shape, recipe=args.recipe)  # quantized part by part (the MTP head stays bf16)
+    model = random_model(args.shape, device=args.device, recipe=args.recipe)  # quantized part by part (the MTP head stays bf16)
     label = args.recipe or "bf16"
     head = random_head(model)
     k, ctx = args.draft_tokens, args.context
+    bw = copy_bandwidth_for(args.device)
+    kv_tok, state = kv_bytes_per_token(model.config, "auto", model.dtype), state_bytes_per_slot(model.config, model.dtype)
     for lanes in args.lanes:
-        common = dict(max_concurrency=lanes, max_context=ctx + 4096, kv_capacity=lanes * (ctx + 4096),
-                      cuda_graphs=True, prefix_cache=False)
+        max_context = max(ctx, args.prefill) + 4096
+        common = dict(max_concurrency=lanes, max_context=max_context, kv_capacity=lanes * max_context,
+                      cuda_graphs=args.device == "cuda", prefix_cache=False)
         plain = make_llm(model, None, args.shape, EngineConfig(**common))
         base = step_seconds(plain, lanes, ctx, args.steps)
+        # The plain engine's own numbers (issue 5): decode against the roofline of the bytes a step reads.
+        floor = weight_bytes_per_step(model, lanes) + lanes * (ctx * kv_tok + 2 * state)
+        record("engine_decode_b1" if lanes == 1 else "engine_decode_throughput",
+               f"{args.shape} {label} C={lanes} ctx={ctx}", base * 1e3, achieved=floor / base / 1e12, limit=bw,
+               unit="TB/s", tok_per_s=round(lanes / base, 1), roofline_ms=round(floor / bw / 1e9, 4))
+        if args.prefill and lanes == max(args.lanes):
+            prefill(plain, 1024)  # warm the prefill kernels' autotuning
+            seconds, ttft = prefill(plain, args.prefill)
+            record("engine_prefill", f"{args.shape} {label} T={args.prefill} chunk=1024", seconds * 1e3,
+                   achieved=args.prefill / seconds, limit=float("nan"), unit="tok/s", ttft_ms=round(ttft * 1e3, 1))
         del plain
         record("spec_plain_decode", f"{args.shape} {label} C={lanes} ctx={ctx}", base * 1e3,
                achieved=lanes / base, limit=float("nan"), unit="tok/s")
@@ -126,7 +141,8 @@ def run(args: argparse.Namespace) -> None:
                    achieved=lanes * tpr / t, limit=target or float("nan"), unit="tok/s",
                    baseline="plain decode, same tokens", baseline_ms=tpr * base * 1e3)
         del llm
-        torch.cuda.empty_cache()
+        if args.device == "cuda":
+            torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":
@@ -137,4 +153,6 @@ if __name__ == "__main__":
     parser.add_argument("--lanes", type=int, nargs="*", default=[1, 8])
     parser.add_argument("--context", type=int, default=1024)
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--device", default="cuda", help="cpu: a smoke test with --shape tiny / tiny-moe")
+    parser.add_argument("--prefill", type=int, default=0, help="also time a prompt of this many tokens (plain engine)")
     run(parser.parse_args())
