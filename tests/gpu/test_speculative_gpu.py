@@ -65,7 +65,8 @@ def plain(ckpt: TinyCheckpoint) -> list[list[int]]:
     return _run(_load(ckpt))
 
 
-@pytest.mark.parametrize("k", [1, 4])
+# One K per checkpoint: each new (dtype, shape) compiles every kernel again, which dominates the run.
+@pytest.mark.parametrize("k", [3])
 def test_speculative_greedy_equals_plain_with_graphs(ckpt: TinyCheckpoint, plain: list[list[int]], k: int) -> None:
     want = plain
     graphs = _load(ckpt, spec="mtp", draft_tokens=k)
@@ -80,6 +81,8 @@ def test_speculative_greedy_equals_plain_with_graphs(ckpt: TinyCheckpoint, plain
 
 @pytest.mark.parametrize("kv_dtype", ["fp8"])
 def test_speculative_bf16_runs_with_quantized_kv(ckpt: TinyCheckpoint, kv_dtype: str) -> None:
+    """bf16 verification rounds (4 tokens through M = 4 GEMMs) need not match plain bf16 decoding bit for
+    bit, so this checks that the Triton bf16 path runs, replays its graphs and keeps the pools balanced."""
     llm = _load(ckpt, spec="mtp", draft_tokens=3, dtype=torch.bfloat16, kv_dtype=kv_dtype)
     outs = _run(llm, max_new=64)
     assert all(len(o) > 0 for o in outs)
