@@ -63,3 +63,17 @@ def test_prefix_cache_keys_media_by_content(vision_setup, vision_llm, tmp_path) 
     assert again.prompt_tokens > 0 and stats.hit_tokens - hit_tokens > image_start  # a's own image hits
     assert first.token_ids == again.token_ids == expected["a.png"] and other.token_ids == expected["b.png"]
     assert vision_llm.engine.is_idle()
+
+
+@pytest.mark.parametrize("case", ["one_image", "text_between"])
+def test_speculative_chat_with_media_equals_plain(vision_setup, vision_llm, case: str) -> None:
+    """MTP drafting after a multimodal prompt: the prompt's 3-axis positions feed the head's prefill and
+    rope_delta its rounds; the reply equals plain decoding."""
+    messages = _cases(vision_setup.media_dir)[case]
+    want = vision_llm.chat(messages, enable_thinking=False, max_new_tokens=10, greedy=True).token_ids
+    spec = ninfer.load(vision_setup.ckpt.path, device="cpu", vision=True, max_concurrency=2, prefill_chunk=32,
+                       spec="mtp", draft_tokens=3, progress=False)
+    reply = spec.chat(messages, enable_thinking=False, max_new_tokens=10, greedy=True)
+    assert reply.token_ids == want
+    assert reply.speculation["rounds"] > 0
+    assert spec.engine.is_idle()
