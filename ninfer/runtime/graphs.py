@@ -6,11 +6,31 @@ inputs; the graph computes the logits of every sequence into a static output.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TypeVar
+
 import torch
 
 from ninfer.models.batch import ForwardBatch
 from ninfer.models.cache import ModelCache
 from ninfer.models.qwen3_5 import Qwen3_5TextModel
+
+T = TypeVar("T")
+
+
+@torch.inference_mode()
+def capture(fn: Callable[[], T], pool: object = None) -> tuple[torch.cuda.CUDAGraph, T]:
+    """Run ``fn`` once on a side stream (compiling and autotuning every kernel outside the capture),
+    then capture it into a graph that shares ``pool``; returns the graph and ``fn``'s static outputs."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        outputs = fn()
+    return graph, outputs
 
 
 class DecodeGraphs:
@@ -44,18 +64,9 @@ class DecodeGraphs:
         )
         return self.model.logits(self.model(batch, self.cache))
 
-    @torch.inference_mode()
     def _capture(self, b: int) -> None:
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            self._forward(b)  # compile and autotune every kernel outside the capture
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            self.logits[b] = self._forward(b)
-        self.pool = graph.pool()
-        self.graphs[b] = graph
+        self.graphs[b], self.logits[b] = capture(lambda: self._forward(b), self.pool)
+        self.pool = self.graphs[b].pool()
 
     def run(self, input_ids: torch.Tensor, positions: torch.Tensor, context_lens: torch.Tensor,
             slot_mapping: torch.Tensor, lanes: torch.Tensor, state_slots: torch.Tensor) -> torch.Tensor:

@@ -30,6 +30,7 @@ from ninfer.models.batch import ForwardBatch
 from ninfer.models.cache import ModelCache
 from ninfer.models.mtp import MTPHead
 from ninfer.models.qwen3_5 import Qwen3_5TextModel
+from ninfer.runtime.graphs import capture
 from ninfer.runtime.request import Request
 
 MAX_DRAFT_TOKENS = 7  # verification runs K + 1 <= 8 tokens per sequence through the decode kernels
@@ -228,16 +229,7 @@ class MTPSpeculator:
         hidden = self.model(batch, self.cache)
         return drafts_t, self.model.logits(hidden), hidden, n
 
-    @torch.inference_mode()
     def _capture(self, b: int, pool: object) -> object:
         # Warm-up and capture run on lane 0, slot 0 and page 0: scratch that a real sequence resets.
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            self._forward(b)  # compile and autotune every kernel outside the capture
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool):
-            self.outputs[b] = self._forward(b)
-        self.graphs[b] = graph
-        return graph.pool()
+        self.graphs[b], self.outputs[b] = capture(lambda: self._forward(b), pool)
+        return self.graphs[b].pool()
