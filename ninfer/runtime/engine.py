@@ -18,6 +18,7 @@ from ninfer.models.qwen3_5 import Qwen3_5TextModel
 from ninfer.runtime.graphs import DecodeGraphs
 from ninfer.runtime.memory import MemoryPlan, plan_memory
 from ninfer.runtime.output import OutputProcessor
+from ninfer.runtime.pause import Pauser
 from ninfer.runtime.pools import PagePool, SlotPool
 from ninfer.runtime.prefix_cache import PrefixCache
 from ninfer.runtime.request import Request, RequestOutput, Status
@@ -39,6 +40,7 @@ class EngineConfig:
     checkpoint_slots: int = 4  # state slots beyond the lanes that hold prefix checkpoints
     checkpoint_interval: int = 4096  # also checkpoint every this many tokens of a long prompt
     host_cache_bytes: int = 0  # host memory that evicted checkpoints move to (0: evicted ones are dropped)
+    pause_host_bytes: int = 4 << 30  # host memory for snapshots of paused requests (beyond it: recompute)
 
     @property
     def num_state_slots(self) -> int:
@@ -64,6 +66,7 @@ class Engine:
         max_pages = -(-config.max_context // config.page_size)
         self.lane_block_tables = torch.zeros(config.max_concurrency, max_pages, dtype=torch.int32, device=self.device)
         self.sampler = Sampler(config.max_concurrency, model.config.vocab_size, vocab_limit, self.device)
+        self.pauser = Pauser(self.scheduler, self.cache, self.sampler, self.lane_block_tables, config.pause_host_bytes)
         self.outputs: dict[str, OutputProcessor] = {}
         self.requests: dict[str, Request] = {}
         self.graphs = None
@@ -101,12 +104,16 @@ class Engine:
     # -- the step -----------------------------------------------------------------------------
     @torch.inference_mode()
     def step(self) -> list[RequestOutput]:
+        self.pauser.make_room()  # growing sequences first: pauses the newest resident requests if pages ran out
         for req in self.scheduler.admit():
             if req.prefix_hit is not None:
                 self._resume_from_prefix(req)
             else:
                 self.cache.reset_slot(req.slot)
-            self.sampler.start(req)
+            if req.paused is not None:
+                self.pauser.resume(req)  # its snapshot, or nothing (it prefills again); its sampler lane
+            else:
+                self.sampler.start(req)
         plan = self.scheduler.plan()
         events: list[RequestOutput] = []
         if plan.decode:
@@ -117,7 +124,7 @@ class Engine:
             req = plan.prefill
             logits = self._prefill_logits(req, plan.prefill_end)
             if self.prefix is not None and logits is None and self._is_checkpoint_mark(req):
-                self.prefix.insert(req.prompt_ids[:req.num_computed], req.slot, req.pages, req.media_keys)
+                self.prefix.insert(req.tokens(0, req.num_computed), req.slot, req.pages, req.media_keys)
             if logits is not None:
                 tokens, logprobs = self.sampler.sample(logits, [req])
                 events.extend(self._append(req, tokens[0], logprobs[0]))
@@ -193,7 +200,7 @@ class Engine:
         else:
             positions = torch.arange(start, end, device=dev).expand(3, end - start)
         batch = ForwardBatch(
-            input_ids=torch.tensor(req.prompt_ids[start:end], dtype=torch.long, device=dev),
+            input_ids=torch.tensor(req.tokens(start, end), dtype=torch.long, device=dev),
             positions=positions,
             cu_seqlens=torch.tensor([0, end - start], dtype=torch.int32, device=dev),
             context_lens=torch.tensor([end], dtype=torch.int32, device=dev),
@@ -203,7 +210,7 @@ class Engine:
         )
         hidden = self.model(batch, self.cache, inputs_embeds=embeds)
         req.num_computed = end
-        if end < len(req.prompt_ids):
+        if end < req.prefill_target:  # a paused request's replay ends with its last output token
             return None
         req.mm = None  # the media embeddings are no longer needed once the prompt is in the cache
         return self.model.logits(hidden[-1:])

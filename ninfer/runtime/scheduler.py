@@ -3,6 +3,10 @@
 Up to ``max_concurrency`` sequences are resident (one lane and one state slot each). Every step
 decodes all resident sequences whose prompt is done and prefills at most one chunk of the oldest
 unfinished prompt, so a long prompt never stalls decoding for more than one chunk.
+
+Admission reserves the pages a request needs now plus a growth margin (:meth:`Scheduler.admission_pages`);
+sequences take more as they grow, and when the pool runs dry ``pause.Pauser`` sends the newest resident
+request back to the head of the queue (:meth:`Scheduler.pause`).
 """
 from __future__ import annotations
 
@@ -13,6 +17,8 @@ from dataclasses import dataclass
 from ninfer.runtime.pools import PagePool, SlotPool
 from ninfer.runtime.prefix_cache import PrefixCache
 from ninfer.runtime.request import Request, Status
+
+GROWTH_PAGES = 1  # pages reserved at admission beyond the next token: a sequence grows a while before asking
 
 
 class AdmissionError(ValueError):
@@ -62,19 +68,24 @@ class Scheduler:
         if n >= pool_tokens:
             raise AdmissionError(f"the prompt has {n} tokens but the KV pool holds only {pool_tokens} tokens")
         # The sequence never grows past the context or the pool: the rest of the budget is "length".
+        # So a request alone in the engine always fits, and pausing others for it cannot deadlock.
         req.max_new_tokens = min(req.max_new_tokens, self.max_context - n, pool_tokens - n)
         if len(self.waiting) >= self.max_pending:
             raise QueueFull(f"the wait queue is full ({self.max_pending} requests)")
         self.waiting.append(req)
 
     def admit(self) -> list[Request]:
-        """Move waiting requests (in FIFO order) into free lanes while their pages can be reserved."""
+        """Move waiting requests (in FIFO order, paused ones first) into free lanes while their pages can be
+        reserved. A request resuming from a snapshot (``num_computed > 0``) skips the prefix cache."""
         admitted = []
         while self.waiting and self.free_lanes:
             req = self.waiting[0]
-            hit = self.prefix.lookup(req.prompt_ids, req.media_keys) if self.prefix is not None else None
+            hit = None
+            if self.prefix is not None and req.num_computed == 0:
+                tokens = req.tokens(0, req.replay_until) if req.replay_until else req.prompt_ids
+                hit = self.prefix.lookup(tokens, req.media_keys)
             shared = self.prefix.shared_pages(hit) if hit is not None else []
-            need = self.pages_for(len(req.prompt_ids) + req.max_new_tokens) - len(shared)
+            need = self.admission_pages(req) - len(shared)
             slot = self._reserve(need)
             if slot is None:
                 self.pages.release(shared)
@@ -88,11 +99,23 @@ class Scheduler:
             admitted.append(req)
         return admitted
 
-    def _reserve(self, pages: int) -> int | None:
-        """Reserve ``pages`` and take a state slot, evicting cached prefixes if needed; the slot or None."""
+    def admission_pages(self, req: Request) -> int:
+        """Pages for everything the request holds now and its next token, plus a growth margin, but never
+        more than it can ever use: the rest it takes while it grows."""
+        ceiling = self.pages_for(len(req.prompt_ids) + req.max_new_tokens)
+        return min(self.pages_for(req.total_tokens + 1) + GROWTH_PAGES, ceiling)
+
+    def reserve_pages(self, pages: int) -> bool:
+        """Reserve ``pages``, evicting cached prefixes while they are short."""
         while not self.pages.reserve(pages):
             if self.prefix is None or not self.prefix.evict_one():
-                return None
+                return False
+        return True
+
+    def _reserve(self, pages: int) -> int | None:
+        """Reserve ``pages`` and take a state slot, evicting cached prefixes if needed; the slot or None."""
+        if not self.reserve_pages(pages):
+            return None
         slot = self.slots.acquire()
         while slot is None and self.prefix is not None and self.prefix.evict_one():
             slot = self.slots.acquire()
@@ -103,7 +126,7 @@ class Scheduler:
     def plan(self) -> StepPlan:
         decode = [r for r in self.running if r.prefill_done]
         prefill = next((r for r in self.running if not r.prefill_done), None)
-        end = min(prefill.num_computed + self.prefill_chunk, len(prefill.prompt_ids)) if prefill else 0
+        end = min(prefill.num_computed + self.prefill_chunk, prefill.prefill_target) if prefill else 0
         if prefill is not None and self.prefix is not None:
             end = min(end, self.checkpoint_after(prefill) or end)
         return StepPlan(decode, prefill, end)
@@ -128,17 +151,27 @@ class Scheduler:
             new.append(page)
         return new
 
+    def pause(self, req: Request) -> None:
+        """Send a resident request back to the head of the queue (the caller saved what resuming needs)."""
+        self._release(req)
+        req.status = Status.PAUSED
+        self.waiting.appendleft(req)
+
     def finish(self, req: Request) -> None:
-        """Return a resident or waiting request's lane, slot, pages and reservation."""
+        """Return a resident or waiting request's lane, slot, pages and reservation (or its host snapshot)."""
         if req in self.running:
-            self.running.remove(req)
-            self.pages.release(req.pages)
-            self.pages.unreserve(req.reserved_pages)
-            req.pages, req.reserved_pages = [], 0
-            assert req.lane is not None and req.slot is not None
-            self.free_lanes.append(req.lane)
-            self.slots.release(req.slot)
-            req.lane = req.slot = None
+            self._release(req)
         elif req in self.waiting:
             self.waiting.remove(req)
+            req.paused = None
         req.status = Status.FINISHED
+
+    def _release(self, req: Request) -> None:
+        self.running.remove(req)
+        self.pages.release(req.pages)
+        self.pages.unreserve(req.reserved_pages)
+        req.pages, req.reserved_pages = [], 0
+        assert req.lane is not None and req.slot is not None
+        self.free_lanes.append(req.lane)
+        self.slots.release(req.slot)
+        req.lane = req.slot = None
