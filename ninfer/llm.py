@@ -270,11 +270,13 @@ def load(
     kv_capacity: int | str | None = None,
     kv_dtype: str = "auto",
     prefill_chunk: int = 1024,
+    page_size: int = 64,
     cuda_graphs: bool = True,
     prefix_cache: bool = True,
     checkpoint_slots: int = 4,
     checkpoint_interval: int = 4096,
     host_cache_gib: float = 0.0,
+    pause_host_gib: float = 4.0,
     quantize: str | None = None,
     vision: bool = False,
     vision_limits: Any = None,
@@ -287,13 +289,16 @@ def load(
     Defaults: CUDA when available else CPU; bf16 on GPU, fp32 on CPU. The engine serves up to
     ``max_concurrency`` (1-8) sequences of at most ``max_context`` tokens each from one KV pool of
     ``kv_capacity`` tokens (default ``max_concurrency * max_context``; ``"auto"`` fills free GPU
-    memory); ``kv_dtype`` is "auto" (model dtype), "bf16", "fp8" or "int8"; prompts prefill in
-    chunks of ``prefill_chunk`` tokens; decode steps replay CUDA graphs unless ``cuda_graphs=False``.
-    The prefix cache (on unless ``prefix_cache=False``) reuses the KV pages and DeltaNet state of
-    earlier prompts: checkpoints sit in
+    memory); ``kv_dtype`` is "auto" (model dtype), "bf16", "fp8" or "int8"; KV pages hold
+    ``page_size`` tokens; prompts prefill in chunks of ``prefill_chunk`` tokens; decode steps replay
+    CUDA graphs unless ``cuda_graphs=False``. The prefix cache (on unless ``prefix_cache=False``)
+    reuses the KV pages and DeltaNet state of earlier prompts: checkpoints sit in
     ``checkpoint_slots`` extra state slots, one token before each prompt's end, every
     ``checkpoint_interval`` prompt tokens, and at the end of each generation; evicted checkpoints
-    move to ``host_cache_gib`` of pinned host memory and are copied back on a hit.
+    move to ``host_cache_gib`` of pinned host memory and are copied back on a hit. Admission reserves
+    KV pages for the prompt and a small margin; when growing sequences exhaust the pool the newest
+    request is paused: its state and KV are snapshotted to at most ``pause_host_gib`` of pinned host
+    memory (beyond that it is recomputed from its tokens) and it resumes when memory frees up.
 
     Quantized checkpoints (written by ``ninfer convert``, or NVFP4 / FP8 checkpoints in the ModelOpt
     and compressed-tensors layouts) load as they are; ``quantize="int4"`` (a recipe name or file, see
@@ -338,11 +343,12 @@ def load(
         quantize_model_(model, resolve_plan(load_recipe(quantize), weight_shapes(model)), dtype=dtype)
     model.register_buffer("inv_freq", _inv_freq(config, device), persistent=False)
     engine_config = EngineConfig(max_concurrency=max_concurrency, max_context=max_context, kv_capacity=kv_capacity,
-                                 kv_dtype=kv_dtype, prefill_chunk=prefill_chunk, cuda_graphs=cuda_graphs,
-                                 prefix_cache=prefix_cache, checkpoint_slots=checkpoint_slots,
+                                 kv_dtype=kv_dtype, prefill_chunk=prefill_chunk, page_size=page_size,
+                                 cuda_graphs=cuda_graphs, prefix_cache=prefix_cache, checkpoint_slots=checkpoint_slots,
                                  checkpoint_interval=checkpoint_interval,
                                  host_cache_bytes=int(host_cache_gib * (1 << 30)),
-                                 draft_tokens=draft_tokens if spec else 0)
+                                 draft_tokens=draft_tokens if spec else 0,
+                                 pause_host_bytes=int(pause_host_gib * (1 << 30)))
     mtp_head = None
     if spec == "mtp":
         from ninfer.models.mtp import MTPHead

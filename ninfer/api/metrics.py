@@ -19,7 +19,8 @@ def engine_snapshot(engine: Any) -> dict[str, int]:
     return {"running": len(s.running), "waiting": len(s.waiting),
             "kv_used": pages.num_pages - pages.num_free, "kv_capacity": pages.num_pages,
             "slots_used": slots.num_slots - slots.num_free, "slots_capacity": slots.num_slots,
-            **_prefix_snapshot(engine.prefix), **_spec_snapshot(engine)}
+            **_prefix_snapshot(engine.prefix), **_spec_snapshot(engine),
+            **_pause_snapshot(getattr(engine, "pauser", None))}
 
 
 def _spec_snapshot(engine: Any) -> dict[str, int]:
@@ -38,6 +39,13 @@ def _prefix_snapshot(prefix: Any) -> dict[str, int]:
     return {"prefix_hits": st.hits, "prefix_hit_tokens": st.hit_tokens, "prefix_evictions": st.evicted,
             "prefix_checkpoints": len(prefix), "prefix_offloads": st.offloaded, "prefix_restores": st.restored,
             "prefix_host_bytes": prefix.host_bytes}
+
+
+def _pause_snapshot(pauser: Any) -> dict[str, int]:
+    """Requests paused under memory pressure and resumed (totals), and the host memory of their snapshots."""
+    if pauser is None:
+        return dict.fromkeys(("pauses", "resumes", "pause_host_bytes"), 0)
+    return {"pauses": pauser.stats.pauses, "resumes": pauser.stats.resumes, "pause_host_bytes": pauser.host_bytes}
 
 
 class Metrics:
@@ -72,7 +80,9 @@ class Metrics:
                  "prefix_restores": "ninfer_prefix_cache_host_restores",
                  "prefix_host_bytes": "ninfer_prefix_cache_host_bytes",
                  "spec_rounds": "ninfer_spec_decode_rounds", "spec_drafted": "ninfer_spec_decode_draft_tokens",
-                 "spec_accepted": "ninfer_spec_decode_accepted_tokens"}
+                 "spec_accepted": "ninfer_spec_decode_accepted_tokens",
+                 "pauses": "ninfer_requests_paused", "resumes": "ninfer_requests_resumed",
+                 "pause_host_bytes": "ninfer_paused_host_bytes"}
         helps = {"running": "Requests in a lane", "waiting": "Requests in the engine's wait queue",
                  "kv_used": "KV pages in use", "kv_capacity": "KV pages in the pool",
                  "slots_used": "DeltaNet state slots in use", "slots_capacity": "DeltaNet state slots",
@@ -85,7 +95,10 @@ class Metrics:
                  "prefix_host_bytes": "Host memory held by prefix checkpoints",
                  "spec_rounds": "Speculative draft + verify rounds of finished requests (total)",
                  "spec_drafted": "Tokens drafted by the MTP head (total)",
-                 "spec_accepted": "Drafted tokens the target accepted (total)"}
+                 "spec_accepted": "Drafted tokens the target accepted (total)",
+                 "pauses": "Requests paused to free KV pages (total)",
+                 "resumes": "Paused requests resumed (total)",
+                 "pause_host_bytes": "Host memory held by snapshots of paused requests"}
         self.engine_gauges = {k: Gauge(n, helps[k], registry=r) for k, n in names.items()}
 
     def rejected(self, outcome: str) -> None:

@@ -88,6 +88,16 @@ class ModelCache:
         for tensor, host in zip(self._page_tensors(), saved, strict=True):
             tensor.index_copy_(0, index, host[: len(pages)].to(tensor.device, non_blocking=True))
 
+    @property
+    def slot_nbytes(self) -> int:
+        """Bytes of one state slot (every DeltaNet layer): what :meth:`save_slot` copies."""
+        return sum(s[0].numel() * s.element_size() for s in (*self.conv.values(), *self.recurrent.values()))
+
+    @property
+    def page_nbytes(self) -> int:
+        """Bytes of one KV page (every attention layer, scales included): what :meth:`save_pages` copies per page."""
+        return sum(t[0].numel() * t.element_size() for t in self._page_tensors())
+
     def _page_tensors(self) -> list[torch.Tensor]:
         return [t for kv in self.kv.values() for t in (kv.k, kv.v, kv.k_scale, kv.v_scale) if t is not None]
 

@@ -19,6 +19,7 @@ from ninfer.models.qwen3_5 import Qwen3_5TextModel
 from ninfer.runtime.graphs import DecodeGraphs
 from ninfer.runtime.memory import MemoryPlan, plan_memory
 from ninfer.runtime.output import OutputProcessor
+from ninfer.runtime.pause import Pauser
 from ninfer.runtime.pools import PagePool, SlotPool
 from ninfer.runtime.prefix_cache import PrefixCache
 from ninfer.runtime.request import Request, RequestOutput, Status
@@ -43,6 +44,7 @@ class EngineConfig:
     host_cache_bytes: int = 0  # host memory that evicted checkpoints move to (0: evicted ones are dropped)
     draft_tokens: int = 0  # speculative decoding with the MTP head: K drafts per round (0: off)
     forced_accept: int | None = None  # benchmarks only: accept exactly this many drafts per round
+    pause_host_bytes: int = 4 << 30  # host memory for snapshots of paused requests (beyond it: recompute)
 
     @property
     def num_state_slots(self) -> int:
@@ -71,6 +73,7 @@ class Engine:
         max_pages = -(-(config.max_context + config.draft_tokens) // config.page_size)
         self.lane_block_tables = torch.zeros(config.max_concurrency, max_pages, dtype=torch.int32, device=self.device)
         self.sampler = Sampler(config.max_concurrency, model.config.vocab_size, vocab_limit, self.device)
+        self.pauser = Pauser(self.scheduler, self.cache, self.sampler, self.lane_block_tables, config.pause_host_bytes)
         self.outputs: dict[str, OutputProcessor] = {}
         self.requests: dict[str, Request] = {}
         self.graphs = self.spec = None
@@ -82,6 +85,7 @@ class Engine:
                                       cuda_graphs=config.cuda_graphs)
         elif config.cuda_graphs and self.device.type == "cuda":
             self.graphs = DecodeGraphs(model, self.cache, self.lane_block_tables, config.max_concurrency)
+        self.pauser.spec = self.spec
 
     # -- requests ---------------------------------------------------------------------------
     def add_request(self, req: Request) -> None:
@@ -114,13 +118,19 @@ class Engine:
     # -- the step -----------------------------------------------------------------------------
     @torch.inference_mode()
     def step(self) -> list[RequestOutput]:
+        # Growing sequences first (a verification writes K tokens ahead): pauses the newest resident
+        # requests if pages ran out.
+        self.pauser.make_room(lookahead=self.config.draft_tokens)
         for req in self.scheduler.admit():
             if req.prefix_hit is not None:
                 self._resume_from_prefix(req)
             else:
                 self.cache.reset_slot(req.slot)
-            self.sampler.start(req)
-            if self.spec is not None:
+            if req.paused is not None:
+                self.pauser.resume(req)  # its snapshot, or nothing (it prefills again); its sampler lane
+            else:
+                self.sampler.start(req)
+            if self.spec is not None and req.spec_stats is None:
                 req.spec_stats = SpecStats()
         plan = self.scheduler.plan()
         events: list[RequestOutput] = []
@@ -134,7 +144,7 @@ class Engine:
             req = plan.prefill
             logits = self._prefill_logits(req, plan.prefill_end)
             if self.prefix is not None and logits is None and self._is_checkpoint_mark(req):
-                self.prefix.insert(req.prompt_ids[:req.num_computed], req.slot, req.pages, req.media_keys)
+                self.prefix.insert(req.tokens(0, req.num_computed), req.slot, req.pages, req.media_keys)
             if logits is not None:
                 tokens, logprobs = self.sampler.sample(logits, [req])
                 if self.spec is not None:
@@ -212,7 +222,7 @@ class Engine:
         else:
             positions = torch.arange(start, end, device=dev).expand(3, end - start)
         batch = ForwardBatch(
-            input_ids=torch.tensor(req.prompt_ids[start:end], dtype=torch.long, device=dev),
+            input_ids=torch.tensor(req.tokens(start, end), dtype=torch.long, device=dev),
             positions=positions,
             cu_seqlens=torch.tensor([0, end - start], dtype=torch.int32, device=dev),
             context_lens=torch.tensor([end], dtype=torch.int32, device=dev),
@@ -224,7 +234,7 @@ class Engine:
         if self.spec is not None:
             self.spec.prefill(req, hidden, batch, start, end)
         req.num_computed = end
-        if end < len(req.prompt_ids):
+        if end < req.prefill_target:  # a paused request's replay ends with its last output token
             return None
         req.mm = None  # the media embeddings are no longer needed once the prompt is in the cache
         return self.model.logits(hidden[-1:])

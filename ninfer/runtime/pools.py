@@ -1,8 +1,9 @@
 """Owners of the fixed device storage: KV pages and DeltaNet state slots.
 
 Pages are reference counted so that a later prefix cache can share them between sequences;
-a page returns to the free list when its last owner lets go. Admission reserves the pages a
-request may ever need, so a running sequence can always grow and requests wait, never fail.
+a page returns to the free list when its last owner lets go. Admission reserves what a request
+needs now plus a margin; a growing sequence reserves more, and when none is left the runtime pauses
+another request (``ninfer.runtime.pause``) rather than fail.
 """
 from __future__ import annotations
 

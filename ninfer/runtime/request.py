@@ -15,6 +15,7 @@ _ids = itertools.count()
 class Status(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
+    PAUSED = "paused"  # admitted once, then sent back to the wait queue to free memory (see pause.py)
     FINISHED = "finished"
 
 
@@ -63,6 +64,8 @@ class Request:
     arrival: float = field(default_factory=time.perf_counter)
     admit_time: float | None = None
     prefix_hit: Any = None  # the PrefixHit this request resumed from, until admission applies it
+    paused: Any = None  # the PausedState (sampler lane, host snapshot) of a paused request, until it resumes
+    replay_until: int = 0  # after a pause without snapshot: tokens [0, replay_until) of prompt + output prefill again
     cached_tokens: int = 0  # prompt tokens taken from the prefix cache instead of computed
     first_token_time: float | None = None
     finish_time: float | None = None
@@ -73,8 +76,13 @@ class Request:
         return len(self.prompt_ids) + len(self.output_ids)
 
     @property
+    def prefill_target(self) -> int:
+        """Where prefilling stops: the prompt's end, or the end of the replayed tokens after a pause."""
+        return max(len(self.prompt_ids), self.replay_until)
+
+    @property
     def prefill_done(self) -> bool:
-        return self.num_computed >= len(self.prompt_ids)
+        return self.num_computed >= self.prefill_target
 
     def tokens(self, start: int, end: int) -> list[int]:
         """Token ids ``[start, end)`` of prompt followed by output."""

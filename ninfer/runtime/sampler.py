@@ -16,6 +16,7 @@ from ninfer.kernels.sampling import SampleOutput, SamplingTensors, sample
 from ninfer.runtime.request import Request
 
 TokenLogprobs = tuple[int, float, list[tuple[int, float]]]
+LaneState = tuple[int, int]  # (seed, counter) of the counter-based RNG
 
 
 def _uses_penalties(req: Request) -> bool:
@@ -33,19 +34,30 @@ class Sampler:
         self._scratch_counts = torch.zeros_like(self.counts)
         self._scratch_seen = torch.zeros_like(self.seen)
 
-    def start(self, req: Request) -> None:
-        """Load a newly admitted request's parameters into its lane."""
+    def start(self, req: Request, resume: LaneState | None = None) -> None:
+        """Load a newly admitted request's parameters into its lane; ``resume`` (from :meth:`lane_state`)
+        continues the random stream of a paused request where it stopped."""
         p, lane = req.params, req.lane
+        seed, counter = resume if resume is not None else (
+            p.seed if p.seed is not None else random.getrandbits(62), 0)
         values = dict(temperature=0.0 if p.is_greedy else p.temperature, top_k=p.top_k, top_p=p.top_p,
                       min_p=p.min_p, presence_penalty=p.presence_penalty, frequency_penalty=p.frequency_penalty,
-                      repetition_penalty=p.repetition_penalty,
-                      seed=p.seed if p.seed is not None else random.getrandbits(62), counter=0)
+                      repetition_penalty=p.repetition_penalty, seed=seed, counter=counter)
         for name, value in values.items():
             getattr(self.st, name)[lane] = value
         if _uses_penalties(req):
+            # The penalty state is a function of the tokens, so a resumed lane rebuilds it exactly.
+            seen = torch.tensor(req.prompt_ids + req.output_ids, device=self.device)
             self.counts[lane].zero_()
+            if req.output_ids:
+                out = torch.tensor(req.output_ids, device=self.device)
+                self.counts[lane] = torch.bincount(out, minlength=self.counts.shape[1]).to(self.counts.dtype)
             self.seen[lane].zero_()
-            self.seen[lane, torch.tensor(req.prompt_ids, device=self.device)] = 1
+            self.seen[lane, seen] = 1
+
+    def lane_state(self, req: Request) -> LaneState:
+        """The (seed, counter) of a request's lane, for :meth:`start` after a pause (one host sync)."""
+        return int(self.st.seed[req.lane]), int(self.st.counter[req.lane])
 
     def finish(self, req: Request) -> None:
         """Nothing to free: lane state is overwritten by the next request that takes the lane."""

@@ -3,6 +3,10 @@
 Up to ``max_concurrency`` sequences are resident (one lane and one state slot each). Every step
 decodes all resident sequences whose prompt is done and prefills at most one chunk of the oldest
 unfinished prompt, so a long prompt never stalls decoding for more than one chunk.
+
+Admission reserves the pages a request needs now plus a growth margin (:meth:`Scheduler.admission_pages`);
+sequences take more as they grow, and when the pool runs dry ``pause.Pauser`` sends the newest resident
+request back to the head of the queue (:meth:`Scheduler.pause`).
 """
 from __future__ import annotations
 
@@ -13,6 +17,8 @@ from dataclasses import dataclass
 from ninfer.runtime.pools import PagePool, SlotPool
 from ninfer.runtime.prefix_cache import PrefixCache
 from ninfer.runtime.request import Request, Status
+
+GROWTH_PAGES = 1  # pages reserved at admission beyond the next token: a sequence grows a while before asking
 
 
 class AdmissionError(ValueError):
@@ -66,19 +72,24 @@ class Scheduler:
         if n >= pool_tokens:
             raise AdmissionError(f"the prompt has {n} tokens but the KV pool holds only {pool_tokens} tokens")
         # The sequence never grows past the context or the pool: the rest of the budget is "length".
+        # So a request alone in the engine always fits, and pausing others for it cannot deadlock.
         req.max_new_tokens = min(req.max_new_tokens, self.max_context - n, pool_tokens - n)
         if len(self.waiting) >= self.max_pending:
             raise QueueFull(f"the wait queue is full ({self.max_pending} requests)")
         self.waiting.append(req)
 
     def admit(self) -> list[Request]:
-        """Move waiting requests (in FIFO order) into free lanes while their pages can be reserved."""
+        """Move waiting requests (in FIFO order, paused ones first) into free lanes while their pages can be
+        reserved. A request resuming from a snapshot (``num_computed > 0``) skips the prefix cache."""
         admitted = []
         while self.waiting and self.free_lanes:
             req = self.waiting[0]
-            hit = self.prefix.lookup(req.prompt_ids, req.media_keys) if self.prefix is not None else None
+            hit = None
+            if self.prefix is not None and req.num_computed == 0:
+                tokens = req.tokens(0, req.replay_until) if req.replay_until else req.prompt_ids
+                hit = self.prefix.lookup(tokens, req.media_keys)
             shared = self.prefix.shared_pages(hit) if hit is not None else []
-            need = self.pages_for(len(req.prompt_ids) + req.max_new_tokens + self.lookahead) - len(shared)
+            need = self.admission_pages(req) - len(shared)
             slots = self._reserve(need)
             if slots is None:
                 self.pages.release(shared)
@@ -92,12 +103,25 @@ class Scheduler:
             admitted.append(req)
         return admitted
 
-    def _reserve(self, pages: int) -> list[int] | None:
-        """Reserve ``pages`` and take the state slots of a sequence (one, plus ``lookahead + 1`` spares),
-        evicting cached prefixes if needed; the slots or None."""
+    def admission_pages(self, req: Request) -> int:
+        """Pages for everything the request holds now and its next token (plus the ``lookahead`` tokens a
+        speculative verification writes), plus a growth margin, but never more than it can ever use: the
+        rest it takes while it grows."""
+        ceiling = self.pages_for(len(req.prompt_ids) + req.max_new_tokens + self.lookahead)
+        return min(self.pages_for(req.total_tokens + 1 + self.lookahead) + GROWTH_PAGES, ceiling)
+
+    def reserve_pages(self, pages: int) -> bool:
+        """Reserve ``pages``, evicting cached prefixes while they are short."""
         while not self.pages.reserve(pages):
             if self.prefix is None or not self.prefix.evict_one():
-                return None
+                return False
+        return True
+
+    def _reserve(self, pages: int) -> list[int] | None:
+        """Reserve ``pages`` and take the state slots of a sequence (one, plus ``lookahead + 1`` spares for
+        speculative verification), evicting cached prefixes if needed; the slots or None."""
+        if not self.reserve_pages(pages):
+            return None
         want = 1 + (self.lookahead + 1 if self.lookahead else 0)
         while self.slots.num_free < want and self.prefix is not None and self.prefix.evict_one():
             pass
@@ -109,7 +133,7 @@ class Scheduler:
     def plan(self) -> StepPlan:
         decode = [r for r in self.running if r.prefill_done]
         prefill = next((r for r in self.running if not r.prefill_done), None)
-        end = min(prefill.num_computed + self.prefill_chunk, len(prefill.prompt_ids)) if prefill else 0
+        end = min(prefill.num_computed + self.prefill_chunk, prefill.prefill_target) if prefill else 0
         if prefill is not None and self.prefix is not None:
             end = min(end, self.checkpoint_after(prefill) or end)
         return StepPlan(decode, prefill, end)
@@ -134,19 +158,29 @@ class Scheduler:
             new.append(page)
         return new
 
+    def pause(self, req: Request) -> None:
+        """Send a resident request back to the head of the queue (the caller saved what resuming needs)."""
+        self._release(req)
+        req.status = Status.PAUSED
+        self.waiting.appendleft(req)
+
     def finish(self, req: Request) -> None:
-        """Return a resident or waiting request's lane, slot, pages and reservation."""
+        """Return a resident or waiting request's lane, slot, pages and reservation (or its host snapshot)."""
         if req in self.running:
-            self.running.remove(req)
-            self.pages.release(req.pages)
-            self.pages.unreserve(req.reserved_pages)
-            req.pages, req.reserved_pages = [], 0
-            assert req.lane is not None and req.slot is not None
-            self.free_lanes.append(req.lane)
-            for slot in (req.slot, *req.spare_slots):
-                self.slots.release(slot)
-            req.lane = req.slot = None
-            req.spare_slots = []
+            self._release(req)
         elif req in self.waiting:
             self.waiting.remove(req)
+            req.paused = None
         req.status = Status.FINISHED
+
+    def _release(self, req: Request) -> None:
+        self.running.remove(req)
+        self.pages.release(req.pages)
+        self.pages.unreserve(req.reserved_pages)
+        req.pages, req.reserved_pages = [], 0
+        assert req.lane is not None and req.slot is not None
+        self.free_lanes.append(req.lane)
+        for slot in (req.slot, *req.spare_slots):
+            self.slots.release(slot)
+        req.lane = req.slot = None
+        req.spare_slots = []

@@ -135,13 +135,14 @@ class MTPSpeculator:
 
     # -- per request --------------------------------------------------------------------------------
     def prefill(self, req: Request, hidden: torch.Tensor, batch: ForwardBatch, start: int, end: int) -> None:
-        """After the target prefilled prompt tokens ``[start, end)``: write their MTP K/V (pairs whose
-        next token is known, i.e. all but the prompt's last) and keep the last hidden state."""
-        n = len(req.prompt_ids)
+        """After the target prefilled tokens ``[start, end)`` (of the prompt, or of a paused request's
+        replay): write their MTP K/V (pairs whose next token is known, i.e. all but the last of the
+        prefill) and keep the last hidden state."""
+        n = req.prefill_target
         pairs = min(end, n - 1) - start
         if pairs > 0:
             dev = hidden.device
-            ids = torch.tensor(req.prompt_ids[start + 1:start + 1 + pairs], dtype=torch.long, device=dev)
+            ids = torch.tensor(req.tokens(start + 1, start + 1 + pairs), dtype=torch.long, device=dev)
             mtp_batch = ForwardBatch(
                 input_ids=ids, positions=batch.positions[:, :pairs],
                 cu_seqlens=torch.tensor([0, pairs], dtype=torch.int32, device=dev),
@@ -153,14 +154,23 @@ class MTPSpeculator:
             self._last_hidden[req.lane] = hidden[-1]
 
     def begin(self, req: Request, token: int) -> None:
-        """The prompt is in; ``token`` (x_n) was sampled from its last hidden state: the first round's
-        catch-up is the single pair (h_{n-1}, x_n) at position n - 1."""
+        """The prompt (or a replay) is in; ``token`` (x_n) was sampled from its last hidden state: the
+        first round's catch-up is the single pair (h_{n-1}, x_n) at position n - 1."""
         lane = req.lane
         self.hidden[lane, 0] = self._last_hidden.pop(lane)
         self.tokens[lane] = token
-        self.start[lane] = len(req.prompt_ids) - 1
+        self.start[lane] = req.prefill_target - 1
         self.accepted[lane] = 0
         self.rope_delta[lane] = req.rope_delta
+
+    def save_lane(self, lane: int) -> tuple[torch.Tensor, ...]:
+        """A lane's draft state (a paused request keeps it with its snapshot)."""
+        return tuple(t[lane].clone() for t in (self.hidden, self.tokens, self.start, self.accepted))
+
+    def restore_lane(self, lane: int, saved: tuple[torch.Tensor, ...], rope_delta: int) -> None:
+        for t, value in zip((self.hidden, self.tokens, self.start, self.accepted), saved, strict=True):
+            t[lane] = value
+        self.rope_delta[lane] = rope_delta
 
     # -- one round ----------------------------------------------------------------------------------
     def run(self, reqs: list[Request]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
