@@ -36,6 +36,7 @@ class GemmConfig:
     split_k: int = 1
     num_warps: int = 4
     num_stages: int = 3
+    kind: str = "dot"  # "dot": quant_gemm's tl.dot kernel; "gemv": quant_gemv's decode GEMV (M <= 8)
 
 
 def kernel_params(fmt: str, cfg: GemmConfig) -> dict[str, int]:
