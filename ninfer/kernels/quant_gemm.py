@@ -8,6 +8,11 @@ weight side (the dominant traffic) and the dequantized tile never goes back to m
 
 * Skinny path (M <= 16, decode): ``BLOCK_M = 16``, narrow weight tiles, optional split-K that
   accumulates fp32 partials with atomics into a zeroed workspace, then a small epilogue kernel.
+* GEMV path (M <= 8, ``GemmConfig(kind="gemv")``, :mod:`ninfer.kernels.quant_gemv`): no ``tl.dot``;
+  each program dequantizes a wide slab of weight rows in registers and reduces it against each
+  token row with ``tl.sum``. The MMA tile pads a 1-token decode to 16 rows and measured 16-47 % of
+  copy bandwidth; the GEMV spends nothing on padding. The tuner measures it after the dot
+  candidates (never the untuned default); ``_launch`` hands such configs to ``launch_gemv``.
 * Tiled path (large M, prefill): ``BLOCK_M`` 32..128 and grouped tile order for L2 reuse of x.
 * Dequantization avoids int->float conversion instructions (bit-pattern tricks, see the helpers):
   at decode the ALU work per weight byte, not the MMA, competes with the memory stream.

@@ -31,7 +31,15 @@ import torch
 import triton
 import triton.language as tl
 
-from ninfer.kernels.quant_gemm import FMT_FP8, FMT_INT4, FMT_INT8, FMT_NVFP4, _e2m1_values, _finish, _group_scales
+from ninfer.kernels.quant_gemm import (
+    FMT_FP8,
+    FMT_INT4,
+    FMT_INT8,
+    FMT_NVFP4,
+    _e2m1_values,
+    _finish,
+    _group_scales,
+)
 from ninfer.kernels.quant_gemm_tune import GemmConfig
 
 TWO_63 = tl.constexpr(9.223372036854775808e18)  # 2^63

@@ -12,7 +12,14 @@ import torch
 from kernel_testing import poisoned_outputs  # noqa: F401  (fixture)
 
 from ninfer.kernels.quant_gemm import quant_matmul_reference, quant_matmul_triton
-from ninfer.kernels.quant_gemm_tune import GEMV_MAX_M, GemmConfig, candidates, gemv_candidates, kernel_params, m_bucket
+from ninfer.kernels.quant_gemm_tune import (
+    GEMV_MAX_M,
+    GemmConfig,
+    candidates,
+    gemv_candidates,
+    kernel_params,
+    m_bucket,
+)
 from ninfer.quant.formats import quantize
 
 FORMATS = ["fp8", "fp8-b128", "int8-g32", "int8-g64", "int4-g64", "int4-g128", "nvfp4"]
