@@ -13,7 +13,11 @@ Triton low-bit GEMM library) is timed in the same run when importable, for the f
 (int4 groups, int8/fp8 per-channel, nvfp4), else recorded as None. Decode points are timed from
 CUDA graphs. By default each point runs the heuristic favourite config (the whole sweep then fits in
 about two minutes, compilation included); ``--tune`` benchmarks every candidate first, as the
-runtime does. Run: ``python perf/bench_quant_gemm.py [--tune] [--formats int4-g64,nvfp4] [--m 1,16]
+runtime does. ``--path`` pins the kernel path per point, several side by side (comma list):
+``default`` (the above), ``dot`` (the heuristic ``tl.dot`` favourite), ``gemv`` (M <= 8: every GEMV
+candidate of ``quant_gemv`` timed, the fastest recorded), ``tuned`` (the runtime tuner over all
+candidates, whichever path wins). Records carry ``path`` and ``config``. Run:
+``python perf/bench_quant_gemm.py [--tune] [--path dot,gemv,tuned] [--formats int4-g64,nvfp4] [--m 1,16]
 [--shapes down,lm_head]``.
 """
 from __future__ import annotations
@@ -41,6 +45,7 @@ SHAPES = {  # name: (N, K) of W [N, K]
     "in_proj_qkv": (10240, H), "in_proj_z": (6144, H), "in_proj_ab": (96, H), "lm_head": (V, H),
 }
 MS = (1, 2, 4, 8, 16, 64, 512, 4096)
+PATHS = ("default", "dot", "gemv", "tuned")
 GEMLITE_BUDGET_S = 40.0
 
 
@@ -59,6 +64,49 @@ def _time(fn, graph: bool) -> float:
         for _ in range(20):
             fn()
     return bench_ms(g.replay, warmup=5, rep=25) / 20
+
+
+def _config_name(cfg: quant_gemm_tune.GemmConfig) -> str:
+    return (f"{cfg.kind} bm{cfg.block_m} bn{cfg.block_n} bk{cfg.block_k} split{cfg.split_k} "
+            f"w{cfg.num_warps} st{cfg.num_stages}")
+
+
+def _run_path(path: str, fmt: str, x: torch.Tensor, qt, tune: bool) -> tuple[float, quant_gemm_tune.GemmConfig] | None:
+    """(ms, config) of one point on one path; None where the path does not apply (gemv for M > 8)."""
+    m, k = x.shape
+    n = qt.shape[0]
+    graph = m <= 16
+    scratch = torch.empty(m, n, device=x.device, dtype=x.dtype)
+
+    def time_cfg(cfg: quant_gemm_tune.GemmConfig) -> float:
+        return _time(lambda: quant_matmul_triton(x, qt, out=scratch, config=cfg), graph)
+
+    sms = quant_gemm_tune.sm_count(x.device)
+    if path == "dot":
+        cfg = quant_gemm_tune.candidates(fmt, m, n, k, sms)[0]
+        return time_cfg(cfg), cfg
+    if path == "gemv":
+        if m > quant_gemm_tune.GEMV_MAX_M:
+            return None
+        timings = {}
+        for cfg in quant_gemm_tune.gemv_candidates(fmt, m, n, k, sms):
+            try:
+                timings[cfg] = time_cfg(cfg)
+            except Exception as err:  # noqa: BLE001  (out of resources on this GPU: skip the config)
+                print(f"  gemv {_config_name(cfg)}: {type(err).__name__}")
+        if not timings:
+            return None
+        best = min(timings, key=timings.__getitem__)
+        print("  gemv candidates: " + ", ".join(f"{_config_name(c)} {t:.4f} ms" for c, t in timings.items()))
+        return timings[best], best
+    saved = quant_gemm_tune.TUNE
+    quant_gemm_tune.TUNE = tune if path == "default" else True
+    try:
+        cfg = quant_gemm_tune.select_config(
+            fmt, x, n, k, False, False, lambda c: quant_matmul_triton(x, qt, out=scratch, config=c))
+    finally:
+        quant_gemm_tune.TUNE = saved
+    return time_cfg(cfg), cfg
 
 
 def _gemlite_layer(fmt: str, qt, w: torch.Tensor):
@@ -93,8 +141,12 @@ def main() -> None:
     parser.add_argument("--shapes", default=",".join(SHAPES))
     parser.add_argument("--no-gemlite", action="store_true")
     parser.add_argument("--tune", action="store_true", help="benchmark every candidate config per key first")
+    parser.add_argument("--path", default="default",
+                        help=f"comma list of kernel paths to time per point: {', '.join(PATHS)}")
     args = parser.parse_args()
-    quant_gemm_tune.TUNE = args.tune
+    paths = [p for p in PATHS if p in args.path.split(",")]  # default before tuned: tuning is cached
+    if not set(args.path.split(",")) <= set(PATHS):
+        parser.error(f"--path takes {', '.join(PATHS)}; got {args.path}")
     formats, ms, shapes = args.formats.split(","), [int(m) for m in args.m.split(",")], args.shapes.split(",")
     try:
         import gemlite
@@ -124,7 +176,7 @@ def main() -> None:
                 glayer = _gemlite_layer(fmt, qt, w)
             for m in ms:
                 x = xs[m]
-                ms_ours = _time(lambda x=x, qt=qt: quant_matmul_triton(x, qt), m <= 16)
+                points = {path: _run_path(path, fmt, x, qt, args.tune) for path in paths}
                 if glayer is not None and gemlite_s < GEMLITE_BUDGET_S:
                     t0 = time.time()
                     try:
@@ -133,15 +185,21 @@ def main() -> None:
                         print(f"  gemlite {fmt} M={m}: failed ({type(err).__name__}: {err})")
                     gemlite_s += time.time() - t0
                 flops = 2 * m * n * k
-                if m <= 16:
-                    moved = weight_bytes + 2 * m * (n + k)
-                    achieved, limit, unit = moved / ms_ours / 1e9, bw, "TB/s"
-                else:
-                    achieved, limit, unit = flops / ms_ours / 1e9, peak, "TFLOP/s"
-                record("quant_gemm", f"{shape} N={n} K={k} M={m} {fmt}", ms_ours, achieved=achieved, limit=limit,
-                       unit=unit, baseline="cublas_bf16", baseline_ms=cublas[m], format=fmt, m=m, n=n, k=k,
-                       weight_bytes=weight_bytes, vs_cublas=round(ms_ours / cublas[m], 4),
-                       cublas_tflops=round(flops / cublas[m] / 1e9, 2), gemlite_ms=gemlite_ms.get((kind, m)))
+                for path, point in points.items():
+                    if point is None:
+                        continue
+                    ms_ours, cfg = point
+                    if m <= 16:
+                        moved = weight_bytes + 2 * m * (n + k)
+                        achieved, limit, unit = moved / ms_ours / 1e9, bw, "TB/s"
+                    else:
+                        achieved, limit, unit = flops / ms_ours / 1e9, peak, "TFLOP/s"
+                    label = f"{shape} N={n} K={k} M={m} {fmt}" + ("" if path == "default" else f" [{path}]")
+                    record("quant_gemm", label, ms_ours, achieved=achieved, limit=limit,
+                           unit=unit, baseline="cublas_bf16", baseline_ms=cublas[m], format=fmt, m=m, n=n, k=k,
+                           weight_bytes=weight_bytes, vs_cublas=round(ms_ours / cublas[m], 4),
+                           cublas_tflops=round(flops / cublas[m] / 1e9, 2), gemlite_ms=gemlite_ms.get((kind, m)),
+                           path=path, config=_config_name(cfg))
         torch.cuda.empty_cache()
     tuned = len(quant_gemm_tune.tuned_configs())
     print(f"done in {time.time() - start:.0f} s ({tuned} tuned keys; gemlite {gemlite_s:.0f} s)")

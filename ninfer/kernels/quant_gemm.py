@@ -8,6 +8,11 @@ weight side (the dominant traffic) and the dequantized tile never goes back to m
 
 * Skinny path (M <= 16, decode): ``BLOCK_M = 16``, narrow weight tiles, optional split-K that
   accumulates fp32 partials with atomics into a zeroed workspace, then a small epilogue kernel.
+* GEMV path (M <= 8, ``GemmConfig(kind="gemv")``, :mod:`ninfer.kernels.quant_gemv`): no ``tl.dot``;
+  each program dequantizes a wide slab of weight rows in registers and reduces it against each
+  token row with ``tl.sum``. The MMA tile pads a 1-token decode to 16 rows and measured 16-47 % of
+  copy bandwidth; the GEMV spends nothing on padding. The tuner measures it after the dot
+  candidates (never the untuned default); ``_launch`` hands such configs to ``launch_gemv``.
 * Tiled path (large M, prefill): ``BLOCK_M`` 32..128 and grouped tile order for L2 reuse of x.
 * Dequantization avoids int->float conversion instructions (bit-pattern tricks, see the helpers):
   at decode the ALU work per weight byte, not the MMA, competes with the memory stream.
@@ -316,6 +321,11 @@ def _launch(x: torch.Tensor, w: QuantizedTensor, res: torch.Tensor | None, out: 
     q = q.view(torch.uint8) if q.dtype == torch.float8_e4m3fn else q
     scales = scales.view(torch.uint8) if scales.dtype == torch.float8_e4m3fn else scales
     row_scale = {"fp8": scales, "nvfp4": w.tensors.get("global_scale")}.get(name)
+    if cfg.kind == "gemv":  # decode GEMV without tl.dot (quant_gemv imports this module's helpers)
+        from ninfer.kernels.quant_gemv import launch_gemv
+
+        launch_gemv(x, q, scales, row_scale, res, out, swiglu, FMT_CODES[name], p["group"], p["row_block"], cfg)
+        return
     k_steps = triton.cdiv(k, cfg.block_k)
     per_split = triton.cdiv(k_steps, cfg.split_k)
     splits = triton.cdiv(k_steps, per_split)

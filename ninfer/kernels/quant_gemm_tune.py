@@ -8,6 +8,8 @@ pass must not happen inside CUDA-graph capture: warm each shape up first; during
 untuned key takes the first candidate, as every key does with ``NINFER_QUANT_TUNE=0``). Split-K
 is chosen here rather than by ``triton.autotune`` because it changes the launch (workspace and
 epilogue kernel), not only the kernel's constants.
+For M <= 8 the GEMV configs of :mod:`ninfer.kernels.quant_gemv` (``kind="gemv"``, no ``tl.dot``)
+follow the dot configs, so they are chosen only by measurement, never as the untuned default.
 At least one candidate per path fits in 99 KB of shared memory (RTX 5090).
 """
 from __future__ import annotations
@@ -25,6 +27,7 @@ from ninfer.kernels.dispatch import INTERPRET, autotune_configs
 FMT_CODES = {"fp8": 0, "fp8-b128": 1, "int8-g32": 2, "int8-g64": 2, "int4-g64": 3, "int4-g128": 3, "nvfp4": 4}
 _GROUPS = {"fp8-b128": 128, "int8-g32": 32, "int8-g64": 64, "int4-g64": 64, "int4-g128": 128, "nvfp4": 16}
 SKINNY_MAX_M = 16
+GEMV_MAX_M = 8
 TUNE = os.environ.get("NINFER_QUANT_TUNE", "1") != "0"
 
 
@@ -36,6 +39,7 @@ class GemmConfig:
     split_k: int = 1
     num_warps: int = 4
     num_stages: int = 3
+    kind: str = "dot"  # "dot": quant_gemm's tl.dot kernel; "gemv": quant_gemv's decode GEMV (M <= 8)
 
 
 def kernel_params(fmt: str, cfg: GemmConfig) -> dict[str, int]:
@@ -87,6 +91,37 @@ def candidates(fmt: str, m: int, n_out: int, k: int, sms: int) -> list[GemmConfi
         split = _split(tiles, triton.cdiv(k, cfg.block_k), sms)
         # When the tiles cannot fill the GPU, the split-K variant is the favourite.
         out.extend([replace(cfg, split_k=split), cfg] if split > 1 else [cfg])
+    if m <= GEMV_MAX_M:  # after the dot favourite: untuned keys keep it, the tuner picks by measurement
+        out.extend(gemv_candidates(fmt, m, n_out, k, sms))
+    return out
+
+
+def _gemv_split(tiles: int, k_steps: int, sms: int) -> int:
+    """Split-K factor that brings the GEMV grid near four programs per SM (latency hiding needs many
+    loads in flight per SM), at least one K step per split."""
+    if tiles >= 4 * sms:
+        return 1
+    return max(1, min(triton.cdiv(4 * sms, tiles), k_steps, 64))
+
+
+def gemv_candidates(fmt: str, m: int, n_out: int, k: int, sms: int) -> list[GemmConfig]:
+    """GEMV configs (:mod:`ninfer.kernels.quant_gemv`) for M <= 8: ``(rows, packed bytes per row per
+    K step, warps, stages)``; 1-2 tokens afford wide per-thread slabs (4 x 16-byte loads), 3-8 tokens
+    keep the dequantized slab small because it stays live across the token rows. One stage leaves
+    the loads in registers; three let Triton prefetch them through shared memory (<= 48 KB)."""
+    if fmt not in FMT_CODES:
+        raise ValueError(f"no quantized GEMM kernel for format {fmt!r}")
+    bm = m_bucket(min(max(m, 1), GEMV_MAX_M))
+    if bm <= 2:
+        shapes = [(32, 256, 4, 1), (32, 256, 4, 3), (64, 128, 4, 3), (16, 512, 4, 1), (64, 256, 8, 3)]
+    else:
+        shapes = [(16, 128, 4, 1), (16, 128, 4, 3), (32, 128, 4, 3), (16, 256, 4, 1)]
+    four_bit = fmt.startswith("int4") or fmt == "nvfp4"
+    out = []
+    for bn, row_bytes, warps, stages in shapes:
+        bk = max(row_bytes * (2 if four_bit else 1), _GROUPS.get(fmt, 1))
+        split = _gemv_split(triton.cdiv(n_out, bn) * triton.cdiv(m, bm), triton.cdiv(k, bk), sms)
+        out.append(GemmConfig(bm, bn, bk, split, warps, stages, "gemv"))
     return out
 
 

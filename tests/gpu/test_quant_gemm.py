@@ -11,7 +11,7 @@ from ninfer.kernels.quant_gemm import (
     quant_matmul_reference,
     quant_matmul_triton,
 )
-from ninfer.kernels.quant_gemm_tune import candidates, sm_count
+from ninfer.kernels.quant_gemm_tune import candidates, gemv_candidates, sm_count
 from ninfer.quant.formats import quantize
 from ninfer.quant.linear import QuantEmbedding, QuantLinear
 
@@ -124,3 +124,45 @@ def test_expert_slices_of_stacked_weights(fmt: str) -> None:
         for e in (0, 3):
             w = experts.select(e)
             assert _err(quant_matmul_triton(x, w), quant_matmul_reference(x, w)) < TOL[torch.bfloat16], (fmt, m, e)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_gemv_configs_at_real_shapes(fmt: str) -> None:
+    """Every GEMV candidate (split-K or not, per the shape) in bf16 at decode batch sizes, with the
+    residual epilogue on down_proj and SwiGLU on a stacked gate/up weight (N_OUT = 17408)."""
+    sms = sm_count(torch.device("cuda"))
+    cases = [("kv_proj", 1024, 5120, False, False), ("down", 5120, 17408, False, True),
+             ("gate_up", 2 * 17408, 5120, True, False)]
+    for name, n, k, swiglu, residual in cases:
+        w = quantize(_weight(n, k, 8), fmt)
+        n_out = n // 2 if swiglu else n
+        for m in (1, 3, 8):
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            res = torch.randn(m, n_out, device="cuda", dtype=torch.bfloat16) if residual else None
+            ref = quant_matmul_reference(x, w, res, swiglu)
+            for cfg in gemv_candidates(fmt, m, n_out, k, sms):
+                out = torch.full((m, n_out), float("nan"), device="cuda", dtype=torch.bfloat16)
+                got = quant_matmul_triton(x, w, res, swiglu, out=out, config=cfg)
+                assert torch.isfinite(got).all(), (fmt, name, m, cfg)
+                assert _err(got, ref) < TOL[torch.bfloat16], (fmt, name, m, cfg)
+
+
+def test_gemv_split_k_in_cuda_graph() -> None:
+    w = quantize(_weight(1024, 5120, 9), "int4-g64")
+    cfg = gemv_candidates("int4-g64", 2, 1024, 5120, sm_count(torch.device("cuda")))[0]
+    assert cfg.kind == "gemv" and cfg.split_k > 1
+    x = torch.randn(2, 5120, device="cuda", dtype=torch.bfloat16)
+    res = torch.randn(2, 1024, device="cuda", dtype=torch.bfloat16)
+    eager = quant_matmul_triton(x, w, res, config=cfg)
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        quant_matmul_triton(x, w, res, config=cfg)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = quant_matmul_triton(x, w, res, config=cfg)
+    graph.replay()
+    assert torch.equal(out, eager)  # scratch + ordered reduce: deterministic
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    assert _err(out, quant_matmul_reference(x, w, res)) < TOL[torch.bfloat16]

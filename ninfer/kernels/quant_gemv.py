@@ -1,0 +1,203 @@
+"""Decode GEMV for quantized weights: ``y = x @ W^T`` for a few tokens (M <= 8), without ``tl.dot``.
+
+At decode the weight bytes are the whole cost, so this path is built for the memory stream rather
+than the MMA: the ``tl.dot`` path pads M to 16 (its MMA tile) and spends registers, shared memory
+and issue slots on a tile that is mostly empty, which measured 16-47 % of copy bandwidth on an H200.
+
+* Each program owns ``BLOCK_N`` weight rows and one K range (split-K over ``program_id(1)``, chosen
+  by the tuner so that the grid has >= ~4 programs per SM) and walks it ``BLOCK_K`` columns at a
+  time. A step loads a ``[BLOCK_N, BLOCK_K bytes-per-row]`` slab of packed bytes (K contiguous, so
+  16-byte vector loads of whole packed words), dequantizes it in registers once, and for each of
+  the BLOCK_M activation rows multiplies it by the broadcast x row and reduces along K with
+  ``tl.sum`` (fp32). The dequantized slab stays in registers across the rows.
+* Scales never multiply single weights: the products are summed per scale group first, and the
+  group sum is scaled (``[BLOCK_N, groups]`` multiplies per row of x). int4 nibbles become
+  ``v = 1 + nibble / 16`` from one shift and one bit-or (no subtraction per weight) and the group
+  sum is corrected as ``16 * sum(v x) - 24 * sum(x)`` (``= sum((nibble - 8) x)``), with ``sum(x)``
+  shared by all rows. e2m1 values keep their ``2^-126`` factor from the bit trick of
+  :mod:`ninfer.kernels.quant_gemm`; ``2^63`` goes into x and ``2^63`` into the scale.
+* fp8 row scales and the nvfp4 global scale multiply the accumulator once. Split-K partials go to
+  an fp32 scratch ``[splits, M, N_OUT (x2 for SwiGLU)]`` that every program writes in full (no
+  zeroing, no atomics: deterministic), and a second small kernel sums the splits in order and
+  applies the epilogue (SwiGLU, residual) of :func:`ninfer.kernels.quant_gemm._finish`. Without a
+  split the GEMV kernel applies the epilogue itself. No host syncs: CUDA-graph safe.
+
+Activation rows beyond BLOCK_M take more programs along ``program_id(2)`` (each re-reads the weight),
+so any M is correct; the tuner offers these configs only for M <= 8.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ninfer.kernels.quant_gemm import (
+    FMT_FP8,
+    FMT_INT4,
+    FMT_INT8,
+    FMT_NVFP4,
+    _e2m1_values,
+    _finish,
+    _group_scales,
+)
+from ninfer.kernels.quant_gemm_tune import GemmConfig
+
+TWO_63 = tl.constexpr(9.223372036854775808e18)  # 2^63
+
+
+@triton.jit
+def _gemv_weights(q_ptr, rows, k0, K, stride_qn, FMT: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+    """fp32 tiles of weight rows ``rows`` at columns ``[k0, k0 + BLOCK_K)``, before scales.
+
+    4-bit formats: ``(even, odd)`` columns ``[BLOCK_N, BLOCK_K / 2]`` (low and high nibbles of each
+    byte): int4 as ``1 + nibble / 16``, e2m1 as ``value * 2^-126``. 8-bit: ``(w, w)`` ``[BLOCK_N, BLOCK_K]``.
+    """
+    if FMT == FMT_INT4 or FMT == FMT_NVFP4:
+        offs = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+        ptrs = q_ptr + rows[:, None] * stride_qn + offs[None, :]
+        p = tl.load(ptrs) if EVEN_K else tl.load(ptrs, mask=offs[None, :] < K // 2, other=0)
+        p = p.to(tl.int32)
+        if FMT == FMT_INT4:  # nibble into the top mantissa bits of 1.0
+            lo = (((p << 19) & 0x780000) | 0x3F800000).to(tl.float32, bitcast=True)
+            hi = (((p << 15) & 0x780000) | 0x3F800000).to(tl.float32, bitcast=True)
+        else:
+            lo, hi = _e2m1_values(p & 0xF), _e2m1_values(p >> 4)
+    else:
+        offs = k0 + tl.arange(0, BLOCK_K)
+        ptrs = q_ptr + rows[:, None] * stride_qn + offs[None, :]
+        q = tl.load(ptrs) if EVEN_K else tl.load(ptrs, mask=offs[None, :] < K, other=0)
+        if FMT == FMT_INT8:
+            lo = (q.to(tl.int32) + 0x4B000080).to(tl.float32, bitcast=True) - 8388736.0  # exact, no cvt
+        else:
+            lo = q.to(tl.float8e4nv, bitcast=True).to(tl.float32)  # fp8 travels as uint8
+        hi = lo
+    return lo, hi
+
+
+@triton.jit
+def _gemv_step(acc, x_ptr, q_ptr, s_ptr, rows, m0, M, k0, K, stride_xm, stride_qn, stride_sn,
+               FMT: tl.constexpr, GROUP: tl.constexpr, ROW_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr,
+               BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+    """``acc[:, i] += W[rows, k0:k0+BLOCK_K] . x[m0 + i, k0:k0+BLOCK_K]`` for i < BLOCK_M (fp32)."""
+    NG: tl.constexpr = BLOCK_K // GROUP
+    FOUR_BIT: tl.constexpr = FMT == FMT_INT4 or FMT == FMT_NVFP4
+    a, b = _gemv_weights(q_ptr, rows, k0, K, stride_qn, FMT, BLOCK_K, EVEN_K)
+    if FMT != FMT_FP8:
+        scale = _group_scales(s_ptr, rows, k0, K, stride_sn, FMT, GROUP, ROW_BLOCK, NG, EVEN_K)
+        if FMT == FMT_NVFP4:
+            scale = scale * TWO_63
+    cols = tl.arange(0, BLOCK_M)
+    offs_k = k0 + tl.arange(0, BLOCK_K)
+    for i in tl.static_range(BLOCK_M):
+        xrow = tl.minimum(m0 + i, M - 1)  # rows past M compute a copy that the store drops
+        xp = x_ptr + xrow.to(tl.int64) * stride_xm + offs_k
+        xt = (tl.load(xp) if EVEN_K else tl.load(xp, mask=offs_k < K, other=0.0)).to(tl.float32)
+        if FOUR_BIT:
+            if FMT == FMT_NVFP4:
+                xt = xt * TWO_63
+            xe, xo = tl.split(tl.reshape(xt, (BLOCK_K // 2, 2)))
+            prod = a * xe[None, :] + b * xo[None, :]
+            part = tl.sum(tl.reshape(prod, (BLOCK_N, NG, GROUP // 2)), axis=2)
+            if FMT == FMT_INT4:
+                sx = tl.sum(tl.reshape(xe + xo, (NG, GROUP // 2)), axis=1)
+                part = part * 16.0 - 24.0 * sx[None, :]
+        else:
+            part = tl.sum(tl.reshape(a * xt[None, :], (BLOCK_N, NG, GROUP)), axis=2)
+        if FMT != FMT_FP8:
+            part = part * scale
+        y = tl.sum(part, axis=1)
+        acc += tl.where(cols[None, :] == i, y[:, None], 0.0)
+    return acc
+
+
+@triton.jit(do_not_specialize=["M", "k_per_split"])
+def _quant_gemv_kernel(
+    x_ptr, q_ptr, s_ptr, rs_ptr, res_ptr, out_ptr, ws_ptr,
+    M, N_OUT, K, k_per_split,
+    stride_xm, stride_qn, stride_sn, stride_rm, stride_om,
+    FMT: tl.constexpr, GROUP: tl.constexpr, ROW_BLOCK: tl.constexpr, ROW_SCALE: tl.constexpr,
+    SWIGLU: tl.constexpr, HAS_RES: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    pid_s = tl.program_id(1)
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    m0 = tl.program_id(2) * BLOCK_M
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    rows = tl.minimum(offs_n, N_OUT - 1)  # clamped rows load valid memory; the store drops them
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    acc_up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    k_first = pid_s * k_per_split
+    k_last = tl.minimum(k_first + k_per_split, K)
+    for k0 in range(k_first, k_last, BLOCK_K):
+        acc = _gemv_step(acc, x_ptr, q_ptr, s_ptr, rows, m0, M, k0, K, stride_xm, stride_qn, stride_sn,
+                         FMT, GROUP, ROW_BLOCK, BLOCK_N, BLOCK_M, BLOCK_K, EVEN_K)
+        if SWIGLU:  # the up rows of the same output columns, N_OUT rows further down
+            acc_up = _gemv_step(acc_up, x_ptr, q_ptr, s_ptr, rows + N_OUT, m0, M, k0, K, stride_xm, stride_qn,
+                                stride_sn, FMT, GROUP, ROW_BLOCK, BLOCK_N, BLOCK_M, BLOCK_K, EVEN_K)
+    n_ok = offs_n < N_OUT
+    if ROW_SCALE:
+        acc *= tl.load(rs_ptr + offs_n, mask=n_ok, other=0.0)[:, None]
+        if SWIGLU:
+            acc_up *= tl.load(rs_ptr + N_OUT + offs_n, mask=n_ok, other=0.0)[:, None]
+    mask = n_ok[:, None] & (offs_m < M)[None, :]
+    if SPLIT:  # scratch [splits, M, N_OUT * (2 if SWIGLU)]: gate columns first, then up
+        n_cols = N_OUT * (1 + SWIGLU)
+        ptrs = ws_ptr + (pid_s * M + offs_m).to(tl.int64)[None, :] * n_cols + offs_n[:, None]
+        tl.store(ptrs, acc, mask=mask)
+        if SWIGLU:
+            tl.store(ptrs + N_OUT, acc_up, mask=mask)
+    else:
+        _finish(acc, acc_up, offs_m, offs_n, mask, res_ptr, stride_rm, out_ptr, stride_om, SWIGLU, HAS_RES)
+
+
+@triton.jit(do_not_specialize=["M", "splits"])
+def _gemv_reduce_kernel(ws_ptr, res_ptr, out_ptr, M, N_OUT, splits, stride_rm, stride_om,
+                        SWIGLU: tl.constexpr, HAS_RES: tl.constexpr, BLOCK_M: tl.constexpr,
+                        BLOCK_N: tl.constexpr):
+    """Sums the split-K partials in split order (deterministic), then the epilogue."""
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    mask = (offs_n < N_OUT)[:, None] & (offs_m < M)[None, :]
+    n_cols = N_OUT * (1 + SWIGLU)
+    ptrs = ws_ptr + offs_m.to(tl.int64)[None, :] * n_cols + offs_n[:, None]
+    plane = M.to(tl.int64) * n_cols
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    acc_up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for s in range(splits):
+        acc += tl.load(ptrs + s * plane, mask=mask, other=0.0)
+        if SWIGLU:
+            acc_up += tl.load(ptrs + s * plane + N_OUT, mask=mask, other=0.0)
+    _finish(acc, acc_up, offs_m, offs_n, mask, res_ptr, stride_rm, out_ptr, stride_om, SWIGLU, HAS_RES)
+
+
+def launch_gemv(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, row_scale: torch.Tensor | None,
+                res: torch.Tensor | None, out: torch.Tensor, swiglu: bool, fmt_code: int, group: int,
+                row_block: int, cfg: GemmConfig) -> None:
+    """Launch the GEMV path with the tensors ``quant_gemm._launch`` prepared (fp8 as bytes)."""
+    m, k = x.shape
+    n_out = out.shape[1]
+    if cfg.block_k % group:
+        raise ValueError(f"gemv block_k {cfg.block_k} must be a multiple of the scale group {group}")
+    if cfg.block_m & (cfg.block_m - 1) or cfg.block_n & (cfg.block_n - 1) or cfg.block_k & (cfg.block_k - 1):
+        raise ValueError(f"gemv blocks must be powers of two: {cfg}")
+    k_steps = triton.cdiv(k, cfg.block_k)
+    per_split = triton.cdiv(k_steps, cfg.split_k)
+    splits = triton.cdiv(k_steps, per_split)
+    n_cols = n_out * (2 if swiglu else 1)
+    ws = torch.empty(splits, m, n_cols, dtype=torch.float32, device=x.device) if splits > 1 else out
+    res_arg = res if res is not None else out
+    grid = (triton.cdiv(n_out, cfg.block_n), splits, triton.cdiv(m, cfg.block_m))
+    _quant_gemv_kernel[grid](
+        x, q, scales, row_scale if row_scale is not None else scales, res_arg, out, ws,
+        m, n_out, k, per_split * cfg.block_k,
+        x.stride(0), q.stride(-2), scales.stride(-2) if scales.dim() >= 2 else 0, res_arg.stride(0), out.stride(0),
+        FMT=fmt_code, GROUP=group, ROW_BLOCK=row_block, ROW_SCALE=row_scale is not None, SWIGLU=swiglu,
+        HAS_RES=res is not None, SPLIT=splits > 1, EVEN_K=k % cfg.block_k == 0,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    if splits > 1:
+        bm = min(cfg.block_m, 8)
+        fin = (triton.cdiv(n_out, 128), triton.cdiv(m, bm))
+        _gemv_reduce_kernel[fin](ws, res_arg, out, m, n_out, splits, res_arg.stride(0), out.stride(0),
+                                 SWIGLU=swiglu, HAS_RES=res is not None, BLOCK_M=bm, BLOCK_N=128, num_warps=4)
