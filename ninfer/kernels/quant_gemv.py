@@ -126,7 +126,10 @@ def _quant_gemv_kernel(
     rows = tl.minimum(offs_n, N_OUT - 1)  # clamped rows load valid memory; the store drops them
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     acc_up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    k_first = pid_s * k_per_split
+    # k_per_split is a multiple of BLOCK_K. Writing k_first as a product with BLOCK_K lets the
+    # compiler prove that every k0 is too, hence the packed rows' 16-byte alignment: without it each
+    # weight byte is loaded on its own (k_per_split is not specialised, so it carries no divisibility).
+    k_first = pid_s * (k_per_split // BLOCK_K) * BLOCK_K
     k_last = tl.minimum(k_first + k_per_split, K)
     for k0 in range(k_first, k_last, BLOCK_K):
         acc = _gemv_step(acc, x_ptr, q_ptr, s_ptr, rows, m0, M, k0, K, stride_xm, stride_qn, stride_sn,
