@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from ninfer.kernels.attention_common import LOG2E, kernel_args, kv_tile_rows, load_kv_tile, softmax_step, store_output
-from ninfer.kernels.dispatch import autotune_configs
+from ninfer.kernels.dispatch import autotune_configs, fp32_first_config
 
 if TYPE_CHECKING:
     from ninfer.kernels.attention import PagedKV
@@ -56,7 +56,8 @@ def _split_range(ctx, split, num_splits):
     return lo, tl.minimum(lo + chunk, ctx), tl.cdiv(ctx, chunk)
 
 
-@triton.autotune(configs=autotune_configs(_CONFIGS), key=["GROUP", "HEAD_DIM", "QUANT", "BLOCK_M"])
+@triton.autotune(configs=autotune_configs(_CONFIGS), key=["GROUP", "HEAD_DIM", "QUANT", "BLOCK_M"],
+                 prune_configs_by=fp32_first_config("q_ptr"))
 @triton.jit
 def _decode_kernel(
     q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, o_ptr, g_ptr,

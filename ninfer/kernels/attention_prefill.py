@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from ninfer.kernels.attention_common import LOG2E, kernel_args, kv_tile_rows, load_kv_tile, softmax_step, store_output
-from ninfer.kernels.dispatch import autotune_configs
+from ninfer.kernels.dispatch import autotune_configs, fp32_first_config
 
 if TYPE_CHECKING:
     from ninfer.kernels.attention import PagedKV
@@ -39,7 +39,8 @@ _CONFIGS = [
 ]
 
 
-@triton.autotune(configs=autotune_configs(_CONFIGS), key=["GROUP", "HEAD_DIM", "QUANT", "tune_len"])
+@triton.autotune(configs=autotune_configs(_CONFIGS), key=["GROUP", "HEAD_DIM", "QUANT", "tune_len"],
+                 prune_configs_by=fp32_first_config("q_ptr"))
 @triton.jit
 def _prefill_kernel(
     q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, o_ptr, g_ptr,
