@@ -319,3 +319,33 @@ def test_stochastic_acceptance_preserves_the_target_distribution() -> None:
     assert chi2 < _chi2_threshold(vocab * vocab - 1), chi2
     # The test has power: the same statistic rejects the drafts' own distribution.
     assert float(((naive - expected) ** 2 / expected).sum()) > 10 * _chi2_threshold(vocab * vocab - 1)
+
+
+def test_logprobs_of_committed_tokens_equal_plain(composite_ckpt) -> None:
+    """Each committed token reports the logprobs of its own verification row."""
+    params = SamplingParams(greedy=True, logprobs=3)
+    plain = _load(composite_ckpt)
+    want = _requests(plain, params, max_new=20)
+    outs = {r.request_id: [] for r in want}
+    plain_ids = [r.request_id for r in want]
+    for r in want:
+        plain.engine.add_request(r)
+    while plain.engine.has_work:
+        for ev in plain.engine.step():
+            outs[ev.request_id].extend(ev.logprobs or [])
+    llm = _load(composite_ckpt, spec="mtp", draft_tokens=3)
+    reqs = _requests(llm, params, max_new=20)
+    _install(llm, reqs, [r.output_ids for r in want], itertools.cycle(range(4)))
+    got = {r.request_id: [] for r in reqs}
+    for r in reqs:
+        llm.engine.add_request(r)
+    while llm.engine.has_work:
+        for ev in llm.engine.step():
+            got[ev.request_id].extend(ev.logprobs or [])
+    assert llm.engine.spec_totals.accepted > 0
+    for pid, r in zip(plain_ids, reqs):
+        a, b = outs[pid], got[r.request_id]
+        assert [x[0] for x in a] == [x[0] for x in b] and len(a) == len(r.output_ids)
+        for (_, lp_a, top_a), (_, lp_b, top_b) in zip(a, b):
+            assert abs(lp_a - lp_b) < 1e-4
+            assert [t for t, _ in top_a] == [t for t, _ in top_b]
