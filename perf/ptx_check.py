@@ -66,8 +66,8 @@ def main(args: argparse.Namespace) -> None:
                           SPLIT=cfg.split_k > 1, EVEN_K=True, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                           BLOCK_K=cfg.block_k)
             kp = kernel_params(fmt, cfg)
-            if cfg.kind == "gemv":
-                consts = dict(common, GROUP=kp["group"], ROW_BLOCK=kp["row_block"])
+            if cfg.kind.startswith("gemv"):
+                consts = dict(common, GROUP=kp["group"], ROW_BLOCK=kp["row_block"], PREFETCH=cfg.kind == "gemv-prefetch")
                 fn, split_arg = quant_gemv._quant_gemv_kernel, "k_per_split"
             else:
                 consts = dict(common, GROUP=kp["group"], CHUNK=kp["chunk"], ROW_BLOCK=kp["row_block"],
@@ -75,7 +75,7 @@ def main(args: argparse.Namespace) -> None:
                 fn, split_arg = quant_gemm._quant_gemm_kernel, "steps_per_split"
             try:
                 kernel = compile_kernel(fn, split_arg, fmt, consts, cfg.num_warps, cfg.num_stages, args.arch)
-                print(f"{fmt:9s} {cfg.kind:4s} m={cfg.block_m:<3d} n={cfg.block_n:<4d} k={cfg.block_k:<4d} "
+                print(f"{fmt:9s} {cfg.kind:13s} m={cfg.block_m:<3d} n={cfg.block_n:<4d} k={cfg.block_k:<4d} "
                       f"split={cfg.split_k:<3d} w={cfg.num_warps} s={cfg.num_stages} | {describe(kernel)}", flush=True)
             except Exception as err:  # noqa: BLE001
                 print(f"{fmt:9s} {cfg}: FAILED {type(err).__name__}: {str(err).splitlines()[0][:200]}", flush=True)
@@ -85,7 +85,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--arch", type=int, default=90, help="compute capability, e.g. 90 (H100/H200), 120 (RTX 5090)")
     parser.add_argument("--formats", default="int4-g64,nvfp4,int8-g64,fp8")
-    parser.add_argument("--kinds", default="gemv,dot")
+    parser.add_argument("--kinds", default="gemv,gemv-prefetch,dot")
     parser.add_argument("--m", type=int, default=1)
     parser.add_argument("--n", type=int, default=34816)
     parser.add_argument("--k", type=int, default=5120)

@@ -321,7 +321,7 @@ def _launch(x: torch.Tensor, w: QuantizedTensor, res: torch.Tensor | None, out: 
     q = q.view(torch.uint8) if q.dtype == torch.float8_e4m3fn else q
     scales = scales.view(torch.uint8) if scales.dtype == torch.float8_e4m3fn else scales
     row_scale = {"fp8": scales, "nvfp4": w.tensors.get("global_scale")}.get(name)
-    if cfg.kind == "gemv":  # decode GEMV without tl.dot (quant_gemv imports this module's helpers)
+    if cfg.kind.startswith("gemv"):  # decode GEMV without tl.dot (quant_gemv imports this module's helpers)
         from ninfer.kernels.quant_gemv import launch_gemv
 
         launch_gemv(x, q, scales, row_scale, res, out, swiglu, FMT_CODES[name], p["group"], p["row_block"], cfg)

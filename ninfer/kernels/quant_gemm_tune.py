@@ -39,7 +39,7 @@ class GemmConfig:
     split_k: int = 1
     num_warps: int = 4
     num_stages: int = 3
-    kind: str = "dot"  # "dot": quant_gemm's tl.dot kernel; "gemv": quant_gemv's decode GEMV (M <= 8)
+    kind: str = "dot"  # "dot": quant_gemm's tl.dot kernel; "gemv" / "gemv-prefetch": quant_gemv's decode GEMV (M <= 8)
 
 
 def kernel_params(fmt: str, cfg: GemmConfig) -> dict[str, int]:
@@ -118,10 +118,14 @@ def gemv_candidates(fmt: str, m: int, n_out: int, k: int, sms: int) -> list[Gemm
         shapes = [(16, 128, 4, 1), (16, 128, 4, 3), (32, 128, 4, 3), (16, 256, 4, 1)]
     four_bit = fmt.startswith("int4") or fmt == "nvfp4"
     out = []
-    for bn, row_bytes, warps, stages in shapes:
-        bk = max(row_bytes * (2 if four_bit else 1), _GROUPS.get(fmt, 1))
-        split = _gemv_split(triton.cdiv(n_out, bn) * triton.cdiv(m, bm), triton.cdiv(k, bk), sms)
-        out.append(GemmConfig(bm, bn, bk, split, warps, stages, "gemv"))
+    # Two more with a register prefetch of the next K step (twice the bytes in flight per thread: the
+    # pipeliner does not stage loads that feed no tl.dot, so one-stage GEMVs keep one step in flight).
+    prefetch = [(32, 256, 4, 1), (64, 128, 4, 1)] if bm <= 2 else [(16, 128, 4, 1)]
+    for kind, group in (("gemv", shapes), ("gemv-prefetch", prefetch)):
+        for bn, row_bytes, warps, stages in group:
+            bk = max(row_bytes * (2 if four_bit else 1), _GROUPS.get(fmt, 1))
+            split = _gemv_split(triton.cdiv(n_out, bn) * triton.cdiv(m, bm), triton.cdiv(k, bk), sms)
+            out.append(GemmConfig(bm, bn, bk, split, warps, stages, kind))
     return out
 
 

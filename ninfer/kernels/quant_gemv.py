@@ -22,6 +22,11 @@ and issue slots on a tile that is mostly empty, which measured 16-47 % of copy b
   applies the epilogue (SwiGLU, residual) of :func:`ninfer.kernels.quant_gemm._finish`. Without a
   split the GEMV kernel applies the epilogue itself. No host syncs: CUDA-graph safe.
 
+* ``GemmConfig(kind="gemv-prefetch")`` requests the next K step's packed bytes before this step's
+  arithmetic (loop-carried registers), so two steps' loads are in flight per thread: Triton's
+  pipeliner stages only loads that feed a ``tl.dot``, so the plain GEMV has one step in flight
+  whatever ``num_stages`` says (offline sm_90 PTX: 4 vs 8 16-byte loads per loop trip).
+
 Activation rows beyond BLOCK_M take more programs along ``program_id(2)`` (each re-reads the weight),
 so any M is correct; the tuner offers these configs only for M <= 8.
 """
@@ -46,42 +51,55 @@ TWO_63 = tl.constexpr(9.223372036854775808e18)  # 2^63
 
 
 @triton.jit
-def _gemv_weights(q_ptr, rows, k0, K, stride_qn, FMT: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
-    """fp32 tiles of weight rows ``rows`` at columns ``[k0, k0 + BLOCK_K)``, before scales.
+def _gemv_raw(q_ptr, rows, k0, K, stride_qn, FMT: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+    """The packed bytes of weight rows ``rows`` at columns ``[k0, k0 + BLOCK_K)`` (loaded, not decoded)."""
+    # One return after a static if/else: compiled Triton checks the types of every return statement.
+    if FMT == FMT_INT4 or FMT == FMT_NVFP4:
+        offs = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+        limit = K // 2
+    else:
+        offs = k0 + tl.arange(0, BLOCK_K)
+        limit = K
+    ptrs = q_ptr + rows[:, None] * stride_qn + offs[None, :]
+    if EVEN_K:
+        raw = tl.load(ptrs)
+    else:
+        raw = tl.load(ptrs, mask=offs[None, :] < limit, other=0)
+    return raw
+
+
+@triton.jit
+def _gemv_decode(raw, FMT: tl.constexpr):
+    """fp32 weights of a packed tile, before scales.
 
     4-bit formats: ``(even, odd)`` columns ``[BLOCK_N, BLOCK_K / 2]`` (low and high nibbles of each
     byte): int4 as ``1 + nibble / 16``, e2m1 as ``value * 2^-126``. 8-bit: ``(w, w)`` ``[BLOCK_N, BLOCK_K]``.
     """
     if FMT == FMT_INT4 or FMT == FMT_NVFP4:
-        offs = k0 // 2 + tl.arange(0, BLOCK_K // 2)
-        ptrs = q_ptr + rows[:, None] * stride_qn + offs[None, :]
-        p = tl.load(ptrs) if EVEN_K else tl.load(ptrs, mask=offs[None, :] < K // 2, other=0)
-        p = p.to(tl.int32)
+        p = raw.to(tl.int32)
         if FMT == FMT_INT4:  # nibble into the top mantissa bits of 1.0
             lo = (((p << 19) & 0x780000) | 0x3F800000).to(tl.float32, bitcast=True)
             hi = (((p << 15) & 0x780000) | 0x3F800000).to(tl.float32, bitcast=True)
         else:
             lo, hi = _e2m1_values(p & 0xF), _e2m1_values(p >> 4)
     else:
-        offs = k0 + tl.arange(0, BLOCK_K)
-        ptrs = q_ptr + rows[:, None] * stride_qn + offs[None, :]
-        q = tl.load(ptrs) if EVEN_K else tl.load(ptrs, mask=offs[None, :] < K, other=0)
         if FMT == FMT_INT8:
-            lo = (q.to(tl.int32) + 0x4B000080).to(tl.float32, bitcast=True) - 8388736.0  # exact, no cvt
+            lo = (raw.to(tl.int32) + 0x4B000080).to(tl.float32, bitcast=True) - 8388736.0  # exact, no cvt
         else:
-            lo = q.to(tl.float8e4nv, bitcast=True).to(tl.float32)  # fp8 travels as uint8
+            lo = raw.to(tl.float8e4nv, bitcast=True).to(tl.float32)  # fp8 travels as uint8
         hi = lo
     return lo, hi
 
 
 @triton.jit
-def _gemv_step(acc, x_ptr, q_ptr, s_ptr, rows, m0, M, k0, K, stride_xm, stride_qn, stride_sn,
+def _gemv_step(acc, raw, x_ptr, s_ptr, rows, m0, M, k0, K, stride_xm, stride_sn,
                FMT: tl.constexpr, GROUP: tl.constexpr, ROW_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
-    """``acc[:, i] += W[rows, k0:k0+BLOCK_K] . x[m0 + i, k0:k0+BLOCK_K]`` for i < BLOCK_M (fp32)."""
+    """``acc[:, i] += W[rows, k0:k0+BLOCK_K] . x[m0 + i, k0:k0+BLOCK_K]`` for i < BLOCK_M (fp32); ``raw``
+    holds the packed bytes of that weight tile (:func:`_gemv_raw`)."""
     NG: tl.constexpr = BLOCK_K // GROUP
     FOUR_BIT: tl.constexpr = FMT == FMT_INT4 or FMT == FMT_NVFP4
-    a, b = _gemv_weights(q_ptr, rows, k0, K, stride_qn, FMT, BLOCK_K, EVEN_K)
+    a, b = _gemv_decode(raw, FMT)
     if FMT != FMT_FP8:
         scale = _group_scales(s_ptr, rows, k0, K, stride_sn, FMT, GROUP, ROW_BLOCK, NG, EVEN_K)
         if FMT == FMT_NVFP4:
@@ -117,7 +135,7 @@ def _quant_gemv_kernel(
     stride_xm, stride_qn, stride_sn, stride_rm, stride_om,
     FMT: tl.constexpr, GROUP: tl.constexpr, ROW_BLOCK: tl.constexpr, ROW_SCALE: tl.constexpr,
     SWIGLU: tl.constexpr, HAS_RES: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     pid_s = tl.program_id(1)
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -130,13 +148,35 @@ def _quant_gemv_kernel(
     # compiler prove that every k0 is too, hence the packed rows' 16-byte alignment: without it each
     # weight byte is loaded on its own (k_per_split is not specialised, so it carries no divisibility).
     k_first = pid_s * (k_per_split // BLOCK_K) * BLOCK_K
-    k_last = tl.minimum(k_first + k_per_split, K)
-    for k0 in range(k_first, k_last, BLOCK_K):
-        acc = _gemv_step(acc, x_ptr, q_ptr, s_ptr, rows, m0, M, k0, K, stride_xm, stride_qn, stride_sn,
-                         FMT, GROUP, ROW_BLOCK, BLOCK_N, BLOCK_M, BLOCK_K, EVEN_K)
-        if SWIGLU:  # the up rows of the same output columns, N_OUT rows further down
-            acc_up = _gemv_step(acc_up, x_ptr, q_ptr, s_ptr, rows + N_OUT, m0, M, k0, K, stride_xm, stride_qn,
-                                stride_sn, FMT, GROUP, ROW_BLOCK, BLOCK_N, BLOCK_M, BLOCK_K, EVEN_K)
+    steps = tl.cdiv(tl.minimum(k_per_split, K - k_first), BLOCK_K)
+    up_rows = rows + N_OUT  # SwiGLU: the up rows of the same output columns, N_OUT rows further down
+    if PREFETCH:  # the next step's bytes are requested before this step's arithmetic: twice the loads in flight
+        raw = _gemv_raw(q_ptr, rows, k_first, K, stride_qn, FMT, BLOCK_K, EVEN_K)
+        raw_up = raw
+        if SWIGLU:
+            raw_up = _gemv_raw(q_ptr, up_rows, k_first, K, stride_qn, FMT, BLOCK_K, EVEN_K)
+        for step in range(0, steps):
+            k0 = k_first + step * BLOCK_K
+            k_next = k_first + tl.minimum(step + 1, steps - 1) * BLOCK_K  # the last step reloads itself
+            nxt = _gemv_raw(q_ptr, rows, k_next, K, stride_qn, FMT, BLOCK_K, EVEN_K)
+            acc = _gemv_step(acc, raw, x_ptr, s_ptr, rows, m0, M, k0, K, stride_xm, stride_sn,
+                             FMT, GROUP, ROW_BLOCK, BLOCK_N, BLOCK_M, BLOCK_K, EVEN_K)
+            raw = nxt
+            if SWIGLU:
+                nxt_up = _gemv_raw(q_ptr, up_rows, k_next, K, stride_qn, FMT, BLOCK_K, EVEN_K)
+                acc_up = _gemv_step(acc_up, raw_up, x_ptr, s_ptr, up_rows, m0, M, k0, K, stride_xm, stride_sn,
+                                    FMT, GROUP, ROW_BLOCK, BLOCK_N, BLOCK_M, BLOCK_K, EVEN_K)
+                raw_up = nxt_up
+    else:
+        for step in range(0, steps):
+            k0 = k_first + step * BLOCK_K
+            raw = _gemv_raw(q_ptr, rows, k0, K, stride_qn, FMT, BLOCK_K, EVEN_K)
+            acc = _gemv_step(acc, raw, x_ptr, s_ptr, rows, m0, M, k0, K, stride_xm, stride_sn,
+                             FMT, GROUP, ROW_BLOCK, BLOCK_N, BLOCK_M, BLOCK_K, EVEN_K)
+            if SWIGLU:
+                raw_up = _gemv_raw(q_ptr, up_rows, k0, K, stride_qn, FMT, BLOCK_K, EVEN_K)
+                acc_up = _gemv_step(acc_up, raw_up, x_ptr, s_ptr, up_rows, m0, M, k0, K, stride_xm, stride_sn,
+                                    FMT, GROUP, ROW_BLOCK, BLOCK_N, BLOCK_M, BLOCK_K, EVEN_K)
     n_ok = offs_n < N_OUT
     if ROW_SCALE:
         acc *= tl.load(rs_ptr + offs_n, mask=n_ok, other=0.0)[:, None]
@@ -196,7 +236,7 @@ def launch_gemv(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, row_scal
         x.stride(0), q.stride(-2), scales.stride(-2) if scales.dim() >= 2 else 0, res_arg.stride(0), out.stride(0),
         FMT=fmt_code, GROUP=group, ROW_BLOCK=row_block, ROW_SCALE=row_scale is not None, SWIGLU=swiglu,
         HAS_RES=res is not None, SPLIT=splits > 1, EVEN_K=k % cfg.block_k == 0,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, PREFETCH=cfg.kind == "gemv-prefetch",
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if splits > 1:

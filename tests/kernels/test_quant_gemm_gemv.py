@@ -96,3 +96,13 @@ def test_gemv_candidates_follow_the_dot_favourite() -> None:
                     programs = -(-n // c.block_n) * c.split_k
                     assert programs >= 4 * 132 or c.split_k == -(-k // c.block_k), (fmt, m, n, k, c)
     assert gemv_candidates("nvfp4", 1, 1024, 5120, 132)[0].split_k > 1
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("m", [1, 3])
+def test_gemv_prefetch(fmt: str, m: int) -> None:
+    """The register-prefetch variant: several K steps per split (ragged K too), with SwiGLU and a residual."""
+    prefetch = lambda bn, bk, split: GemmConfig(m_bucket(m), bn, bk, split, 4, 1, "gemv-prefetch")  # noqa: E731
+    _check(fmt, torch.float32, m, 48, 512, prefetch(32, 128, 1), seed=m)  # four steps, one split
+    _check(fmt, torch.float32, m, 200, 640, prefetch(16, 128, 2), residual=True, seed=m + 1)  # ragged last step
+    _check(fmt, torch.float16, m, 96, 768, prefetch(16, 128, 3), swiglu=True, seed=m + 2)
