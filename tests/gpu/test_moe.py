@@ -14,6 +14,7 @@ from ninfer.kernels.moe import (
 )
 from ninfer.kernels.moe_align import align_pairs
 from ninfer.kernels.moe_gemm import moe_experts_triton
+from ninfer.runtime.graphs import capture
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -154,14 +155,7 @@ def test_deterministic_and_graph_replay(experts: tuple[torch.Tensor, torch.Tenso
 
     first = step()  # compiles and tunes outside the graph
     assert torch.equal(first, step())
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        step()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = step()
+    graph, out = capture(step)
     logits.copy_(torch.randn_like(logits))
     x.copy_(torch.randn_like(x))
     graph.replay()

@@ -19,6 +19,7 @@ from ninfer.kernels.moe import (
 )
 from ninfer.kernels.moe_gemm import moe_experts_triton
 from ninfer.quant.formats import QuantizedTensor, quantize
+from ninfer.runtime.graphs import capture
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -158,14 +159,7 @@ def test_dispatch_and_graph_replay(float_experts) -> None:
     first = step()  # compiles and tunes outside the graph
     weights, ids = route_topk(logits, TOP_K)
     assert torch.equal(first, moe_experts_triton(x, gate_up, down, weights, ids))
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        step()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = step()
+    graph, out = capture(step)
     logits.copy_(torch.randn_like(logits))
     x.copy_(torch.randn_like(x))
     graph.replay()
