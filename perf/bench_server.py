@@ -309,7 +309,7 @@ def load(args: argparse.Namespace) -> tuple[Any, str]:
 
         cfg = EngineConfig(max_concurrency=args.lanes, max_context=max_context, prefill_chunk=args.prefill_chunk,
                            cuda_graphs=graphs, prefix_cache=False)
-        llm, label = random_llm(args.random, cfg), f"random-{args.random} bf16"
+        llm, label = random_llm(args.random, cfg, recipe=args.recipe), f"random-{args.random} {args.recipe or 'bf16'}"
     else:
         import ninfer
 
@@ -327,6 +327,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", nargs="?", help="checkpoint directory or Hub id (default: the bundled tiny model)")
     p.add_argument("--random", metavar="SHAPE", help="random weights at a real shape (27b, 35b-a3b) instead")
+    p.add_argument("--recipe", help="with --random: quantize the random model with this recipe (e.g. int4)")
     p.add_argument("--levels", type=int, nargs="+", default=[1, 2, 4, 8, 16], help="concurrency levels")
     p.add_argument("--requests", type=int, default=0, help="requests per level (default: max(8, 2 x level))")
     p.add_argument("--prompt-tokens", type=int, default=512)
