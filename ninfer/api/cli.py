@@ -17,14 +17,15 @@ SERVE_EXAMPLES = """examples:
 """
 
 
-def _int(flag: str, lo: int = 1):
+def _int(flag: str, lo: int = 1, hi: int | None = None):
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{flag} expects an integer, got {text!r}") from None
-        if value < lo:
-            raise argparse.ArgumentTypeError(f"{flag} must be >= {lo}, got {value}")
+        if value < lo or (hi is not None and value > hi):
+            bound = f">= {lo}" if hi is None else f"{lo}-{hi}"
+            raise argparse.ArgumentTypeError(f"{flag} must be {bound}, got {value}")
         return value
     return parse
 
@@ -72,7 +73,7 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
     p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], help="compute dtype")
     p.add_argument("--no-cuda-graphs", action="store_true", help="run decode steps eagerly")
     p.add_argument("--spec", choices=["mtp"], help="speculative decoding with the checkpoint's MTP head")
-    p.add_argument("--draft-tokens", type=_int("--draft-tokens"), default=3, metavar="K",
+    p.add_argument("--draft-tokens", type=_int("--draft-tokens", 1, 7), default=3, metavar="K",
                    help="tokens drafted per speculative round, 1-7 (default 3; needs --spec)")
     p.add_argument("--no-prefix-cache", action="store_true",
                    help="do not reuse KV pages and DeltaNet state of earlier prompts")

@@ -40,7 +40,7 @@ def test_flags_map_onto_the_server_config() -> None:
 
 
 @pytest.mark.parametrize("argv", [["--max-concurrency", "0"], ["--top-p", "0"], ["--temperature", "hot"],
-                                  ["--kv-capacity", "lots"]])
+                                  ["--kv-capacity", "lots"], ["--draft-tokens", "8"], ["--spec", "eagle"]])
 def test_bad_flags_are_refused(argv: list[str], capsys) -> None:
     with pytest.raises(SystemExit):
         _parse("m", *argv)
