@@ -30,7 +30,7 @@ from ninfer.kernels.dispatch import autotune_configs
 from ninfer.kernels.moe_align import ExpertRows, aligned_tile, pair_group, pair_rows
 
 # The dense quantized GEMM's building blocks (private there; this family is their second user).
-from ninfer.kernels.quant_gemm import _finish, _k_step, _x_tile
+from ninfer.kernels.quant_gemm import _finish, _k_loop
 from ninfer.kernels.quant_gemm_tune import FMT_CODES
 from ninfer.quant.formats import QuantizedTensor
 
@@ -85,15 +85,9 @@ def _quant_block(x_ptr, q_ptr, s_ptr, rs_ptr, out_ptr, rw_ptr, expert, pairs, pi
     s_ptr += e64 * stride_se
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     acc_up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    for step in range(tl.cdiv(K, BLOCK_K)):
-        for sub in tl.static_range(BLOCK_K // SUB):
-            k0 = step * BLOCK_K + sub * SUB
-            xt = _x_tile(x_ptr, xrows, k0, K, stride_xm, SUB, EVEN_K)
-            acc = _k_step(acc, xt, q_ptr, s_ptr, rows, k0, K, stride_qn, stride_sn, FMT, GROUP, CHUNK, ROW_BLOCK,
-                          SCALED, BLOCK_N, SUB, EVEN_K, IEEE)
-            if SWIGLU:  # the up rows of the same output columns, N_OUT rows further down
-                acc_up = _k_step(acc_up, xt, q_ptr, s_ptr, rows + N_OUT, k0, K, stride_qn, stride_sn, FMT, GROUP,
-                                 CHUNK, ROW_BLOCK, SCALED, BLOCK_N, SUB, EVEN_K, IEEE)
+    acc, acc_up = _k_loop(acc, acc_up, x_ptr, xrows, q_ptr, s_ptr, rows, 0, tl.cdiv(K, BLOCK_K), N_OUT, K, stride_xm,
+                          stride_qn, stride_sn, FMT, GROUP, CHUNK, ROW_BLOCK, SCALED, SWIGLU, BLOCK_N, BLOCK_K, SUB,
+                          EVEN_K, IEEE)
     n_ok = offs_n < N_OUT
     if ROW_SCALE:
         rs_ptr += e64 * stride_re

@@ -170,6 +170,25 @@ def _finish(acc, acc_up, offs_m, offs_n, mask, res_ptr, stride_rm, out_ptr, stri
     tl.store(out_ptr + m64 * stride_om + offs_n[:, None], y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _k_loop(acc, acc_up, x_ptr, xrows, q_ptr, s_ptr, rows, first, last, N_OUT, K, stride_xm, stride_qn, stride_sn,
+            FMT: tl.constexpr, GROUP: tl.constexpr, CHUNK: tl.constexpr, ROW_BLOCK: tl.constexpr,
+            SCALED: tl.constexpr, SWIGLU: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+            SUB: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr):
+    """K steps ``[first, last)`` of a ``[BLOCK_N, BLOCK_M]`` tile of ``y^T``, SUB columns per dot; with
+    SWIGLU the up rows (N_OUT rows further down) accumulate into ``acc_up`` from the same x tile."""
+    for step in range(first, last):
+        for sub in tl.static_range(BLOCK_K // SUB):
+            k0 = step * BLOCK_K + sub * SUB
+            xt = _x_tile(x_ptr, xrows, k0, K, stride_xm, SUB, EVEN_K)
+            acc = _k_step(acc, xt, q_ptr, s_ptr, rows, k0, K, stride_qn, stride_sn, FMT, GROUP, CHUNK, ROW_BLOCK,
+                          SCALED, BLOCK_N, SUB, EVEN_K, IEEE)
+            if SWIGLU:
+                acc_up = _k_step(acc_up, xt, q_ptr, s_ptr, rows + N_OUT, k0, K, stride_qn, stride_sn, FMT, GROUP,
+                                 CHUNK, ROW_BLOCK, SCALED, BLOCK_N, SUB, EVEN_K, IEEE)
+    return acc, acc_up
+
+
 @triton.jit(do_not_specialize=["M", "steps_per_split"])  # M = 1 and one step per split: no extra compiles
 def _quant_gemm_kernel(
     x_ptr, q_ptr, s_ptr, rs_ptr, res_ptr, out_ptr, ws_ptr,
@@ -200,15 +219,8 @@ def _quant_gemm_kernel(
     SUB: tl.constexpr = BLOCK_K if SCALED else CHUNK  # columns per dot
     first = tl.program_id(1) * steps_per_split
     last = tl.minimum(first + steps_per_split, tl.cdiv(K, BLOCK_K))
-    for step in range(first, last):
-        for sub in tl.static_range(BLOCK_K // SUB):
-            k0 = step * BLOCK_K + sub * SUB
-            xt = _x_tile(x_ptr, xrows, k0, K, stride_xm, SUB, EVEN_K)
-            acc = _k_step(acc, xt, q_ptr, s_ptr, rows, k0, K, stride_qn, stride_sn, FMT, GROUP, CHUNK, ROW_BLOCK,
-                          SCALED, BLOCK_N, SUB, EVEN_K, IEEE)
-            if SWIGLU:  # the up rows of the same output columns, N_OUT rows further down
-                acc_up = _k_step(acc_up, xt, q_ptr, s_ptr, rows + N_OUT, k0, K, stride_qn, stride_sn, FMT, GROUP,
-                                 CHUNK, ROW_BLOCK, SCALED, BLOCK_N, SUB, EVEN_K, IEEE)
+    acc, acc_up = _k_loop(acc, acc_up, x_ptr, xrows, q_ptr, s_ptr, rows, first, last, N_OUT, K, stride_xm, stride_qn,
+                          stride_sn, FMT, GROUP, CHUNK, ROW_BLOCK, SCALED, SWIGLU, BLOCK_N, BLOCK_K, SUB, EVEN_K, IEEE)
     n_ok = offs_n < N_OUT
     m_ok = offs_m < M
     if ROW_SCALE:
