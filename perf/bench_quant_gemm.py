@@ -33,7 +33,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import bench_ms, copy_bandwidth_tbps, matmul_peak_tflops, record
+from common import bench_graph_ms, bench_ms, copy_bandwidth_tbps, matmul_peak_tflops, record
 
 from ninfer.kernels import quant_gemm_tune
 from ninfer.kernels.quant_gemm import quant_matmul_triton
@@ -51,19 +51,11 @@ GEMLITE_BUDGET_S = 40.0
 
 def _time(fn, graph: bool) -> float:
     """Median ms; small launches replay from a CUDA graph of 20 calls (launch overhead excluded)."""
+    if graph:
+        return bench_graph_ms(fn, warmup=5, rep=25)
     fn()
     torch.cuda.synchronize()
-    if not graph:
-        return bench_ms(fn, warmup=5, rep=25)
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(20):
-            fn()
-    return bench_ms(g.replay, warmup=5, rep=25) / 20
+    return bench_ms(fn, warmup=5, rep=25)
 
 
 def _config_name(cfg: quant_gemm_tune.GemmConfig) -> str:

@@ -13,26 +13,19 @@ MTP K=3 accepts 37-91%, i.e. 2.1-3.7 tokens per round; the issue's target is 2.7
 from __future__ import annotations
 
 import argparse
-import json
-import tempfile
-import time
-from pathlib import Path
 
 import torch
-
-from bench_engine import prefill, weight_bytes_per_step
+from bench_engine import prefill, steady_decode, weight_bytes_per_step
 from common import copy_bandwidth_for, record
-from random_model import SHAPES, random_model
-from ninfer.runtime.memory import kv_bytes_per_token, state_bytes_per_slot
-from ninfer.checkpoint import LoadReport, materialize
+from random_model import SHAPES, random_llm, random_model
+
+from ninfer.checkpoint import materialize
 from ninfer.kernels.rope import rope_inv_freq
 from ninfer.llm import LLM
 from ninfer.models.mtp import MTPHead
 from ninfer.runtime.engine import EngineConfig
-from ninfer.runtime.sampling import SamplingParams
-from ninfer.tokenizer import Tokenizer
+from ninfer.runtime.memory import kv_bytes_per_token, state_bytes_per_slot
 
-GREEDY = SamplingParams(greedy=True)
 TOKENS_PER_ROUND = (2.1, 2.7, 3.7)
 TARGETS = {("27b", 1): 470.0, ("35b-a3b", 1): 1100.0}  # tok/s at C=1, K=3, 2.7 tokens per round (4-bit)
 
@@ -53,45 +46,9 @@ def random_head(model) -> MTPHead:
 
 
 def make_llm(model, head, shape: str, cfg: EngineConfig) -> LLM:
-    from ninfer.default_model import build_tokenizer, write_generation_config
-
-    tmp = Path(tempfile.mkdtemp(prefix=f"ninfer-spec-{shape}-"))
-    build_tokenizer(tmp)
-    write_generation_config(tmp)
-    (tmp / "config.json").write_text(json.dumps(SHAPES[shape]))
-    llm = LLM(model, Tokenizer(tmp), tmp, LoadReport(), cfg, mtp_head=head)
+    llm = random_llm(shape, cfg, model=model, mtp_head=head)
     llm.stop_ids = frozenset()  # random weights: never stop early
     return llm
-
-
-def _prompt(n: int, seed: int) -> list[int]:
-    return torch.randint(0, 448, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
-
-
-def _sync() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
-def step_seconds(llm: LLM, lanes: int, context: int, steps: int) -> float:
-    """Seconds per engine step once ``lanes`` sequences of ~``context`` tokens are all decoding."""
-    engine = llm.engine
-    reqs = [llm._request(_prompt(context, seed=i), 10 ** 6, GREEDY) for i in range(lanes)]
-    for r in reqs:
-        engine.add_request(r)
-    while any(not r.output_ids for r in reqs):
-        engine.step()
-    for _ in range(3):
-        engine.step()
-    _sync()
-    start = time.perf_counter()
-    for _ in range(steps):
-        engine.step()
-    _sync()
-    elapsed = (time.perf_counter() - start) / steps
-    for r in reqs:
-        engine.cancel(r.request_id)
-    return elapsed
 
 
 def run(args: argparse.Namespace) -> None:
@@ -106,7 +63,7 @@ def run(args: argparse.Namespace) -> None:
         common = dict(max_concurrency=lanes, max_context=max_context, kv_capacity=lanes * max_context,
                       cuda_graphs=args.device == "cuda", prefix_cache=False)
         plain = make_llm(model, None, args.shape, EngineConfig(**common))
-        base = step_seconds(plain, lanes, ctx, args.steps)
+        base = steady_decode(plain, lanes, ctx, args.steps)
         # The plain engine's own numbers (issue 5): decode against the roofline of the bytes a step reads.
         floor = weight_bytes_per_step(model, lanes) + lanes * (ctx * kv_tok + 2 * state)
         record("engine_decode_b1" if lanes == 1 else "engine_decode_throughput",
@@ -124,7 +81,7 @@ def run(args: argparse.Namespace) -> None:
         rounds = {}
         for n in range(k + 1):
             llm.engine.spec.forced_accept = n
-            rounds[n] = step_seconds(llm, lanes, ctx, args.steps)
+            rounds[n] = steady_decode(llm, lanes, ctx, args.steps)
             record("spec_forced_accept", f"{args.shape} {label} C={lanes} K={k} n={n} ctx={ctx}", rounds[n] * 1e3,
                    achieved=lanes * (n + 1) / rounds[n], limit=float("nan"), unit="tok/s",
                    baseline="plain decode step", baseline_ms=base * 1e3, tokens_per_round=n + 1,

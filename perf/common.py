@@ -31,7 +31,7 @@ def bench_ms(fn: Callable[[], Any], warmup: int = 25, rep: int = 100) -> float:
     return float(triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
 
 
-def bench_graph_ms(fn: Callable[[], Any], inner: int = 20) -> float:
+def bench_graph_ms(fn: Callable[[], Any], inner: int = 20, warmup: int = 25, rep: int = 100) -> float:
     """Median milliseconds of one ``fn`` call, replayed from a CUDA graph of ``inner`` calls (for tiny launches)."""
     fn()  # compile / autotune outside the graph
     torch.cuda.synchronize()
@@ -43,7 +43,7 @@ def bench_graph_ms(fn: Callable[[], Any], inner: int = 20) -> float:
     with torch.cuda.graph(graph):
         for _ in range(inner):
             fn()
-    return bench_ms(graph.replay) / inner
+    return bench_ms(graph.replay, warmup=warmup, rep=rep) / inner
 
 
 @lru_cache(maxsize=None)

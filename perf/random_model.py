@@ -147,16 +147,18 @@ def model_bytes(model: nn.Module) -> int:
     return sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
 
 
-def random_llm(shape: str, engine: EngineConfig, **kw) -> LLM:
-    """An LLM over a random model, with the bundled tiny tokenizer (only its ids are sampled)."""
+def random_llm(shape: str, engine: EngineConfig, *, model: Qwen3_5TextModel | None = None, mtp_head=None,
+               **kw) -> LLM:
+    """An LLM over a random model (``model``, or a new one built with ``kw``), with the bundled tiny
+    tokenizer (only its ids are sampled); ``mtp_head`` lets the engine speculate."""
     from ninfer.default_model import build_tokenizer, write_generation_config
 
-    model = random_model(shape, **kw)
+    model = model if model is not None else random_model(shape, **kw)
     tmp = Path(tempfile.mkdtemp(prefix=f"ninfer-{shape}-"))
     build_tokenizer(tmp)
     write_generation_config(tmp)
     (tmp / "config.json").write_text(json.dumps(SHAPES[shape]))
-    return LLM(model, Tokenizer(tmp), tmp, LoadReport(), engine)
+    return LLM(model, Tokenizer(tmp), tmp, LoadReport(), engine, mtp_head=mtp_head)
 
 
 @torch.no_grad()
