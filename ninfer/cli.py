@@ -31,10 +31,19 @@ def _positive(flag: str):
 
 
 def _draft_tokens(text: str) -> int:
+    from ninfer.runtime.speculative import MAX_DRAFT_TOKENS
+
     k = _positive("--draft-tokens")(text)
-    if k > 7:
-        raise argparse.ArgumentTypeError(f"--draft-tokens must be 1-7, got {k}")
+    if k > MAX_DRAFT_TOKENS:
+        raise argparse.ArgumentTypeError(f"--draft-tokens must be 1-{MAX_DRAFT_TOKENS}, got {k}")
     return k
+
+
+def add_spec_options(p: argparse.ArgumentParser) -> None:
+    """``--spec`` and ``--draft-tokens``, shared by ``generate`` and ``serve``."""
+    p.add_argument("--spec", choices=["mtp"], help="speculative decoding with the checkpoint's MTP head")
+    p.add_argument("--draft-tokens", type=_draft_tokens, default=3, metavar="K",
+                   help="tokens drafted per speculative round, 1-7 (default 3; needs --spec)")
 
 
 def _kv_capacity(text: str) -> int | str:
@@ -57,9 +66,7 @@ def _add_model_options(p: argparse.ArgumentParser, engine: bool = False) -> None
     p.add_argument("--prefill-chunk", type=_positive("--prefill-chunk"), default=1024, metavar="N",
                    help="prompt tokens per prefill step (default 1024)")
     p.add_argument("--no-cuda-graphs", action="store_true", help="run decode steps eagerly")
-    p.add_argument("--spec", choices=["mtp"], help="speculative decoding with the checkpoint's MTP head")
-    p.add_argument("--draft-tokens", type=_draft_tokens, default=3, metavar="K",
-                   help="tokens drafted per speculative round, 1-7 (default 3; needs --spec)")
+    add_spec_options(p)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -17,15 +17,14 @@ SERVE_EXAMPLES = """examples:
 """
 
 
-def _int(flag: str, lo: int = 1, hi: int | None = None):
+def _int(flag: str, lo: int = 1):
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{flag} expects an integer, got {text!r}") from None
-        if value < lo or (hi is not None and value > hi):
-            bound = f">= {lo}" if hi is None else f"{lo}-{hi}"
-            raise argparse.ArgumentTypeError(f"{flag} must be {bound}, got {value}")
+        if value < lo:
+            raise argparse.ArgumentTypeError(f"{flag} must be >= {lo}, got {value}")
         return value
     return parse
 
@@ -47,6 +46,8 @@ def _kv_capacity(text: str) -> int | str:
 
 
 def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    from ninfer.cli import add_spec_options  # the ninfer command imports this module while it builds
+
     p = subparsers.add_parser("serve", help="serve a model over HTTP (OpenAI and Anthropic APIs)",
                               description="Serve OpenAI Chat Completions / Responses and Anthropic Messages.",
                               epilog=SERVE_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -72,9 +73,7 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
     p.add_argument("--device", help="torch device (default: cuda if available)")
     p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], help="compute dtype")
     p.add_argument("--no-cuda-graphs", action="store_true", help="run decode steps eagerly")
-    p.add_argument("--spec", choices=["mtp"], help="speculative decoding with the checkpoint's MTP head")
-    p.add_argument("--draft-tokens", type=_int("--draft-tokens", 1, 7), default=3, metavar="K",
-                   help="tokens drafted per speculative round, 1-7 (default 3; needs --spec)")
+    add_spec_options(p)
     p.add_argument("--no-prefix-cache", action="store_true",
                    help="do not reuse KV pages and DeltaNet state of earlier prompts")
     p.add_argument("--checkpoint-slots", type=_int("--checkpoint-slots"), default=8, metavar="N",

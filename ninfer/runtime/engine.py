@@ -118,9 +118,7 @@ class Engine:
     # -- the step -----------------------------------------------------------------------------
     @torch.inference_mode()
     def step(self) -> list[RequestOutput]:
-        # Growing sequences first (a verification writes K tokens ahead): pauses the newest resident
-        # requests if pages ran out.
-        self.pauser.make_room(lookahead=self.config.draft_tokens)
+        self.pauser.make_room()  # growing sequences first: pauses the newest resident requests if pages ran out
         for req in self.scheduler.admit():
             if req.prefix_hit is not None:
                 self._resume_from_prefix(req)

@@ -75,13 +75,13 @@ class Pauser:
         states = [r.paused for r in list(self.scheduler.waiting)]
         return sum(s.nbytes for s in states if s is not None)
 
-    def make_room(self, lookahead: int = 0) -> None:
+    def make_room(self) -> None:
         """Reserve, for every decoding request (oldest first), the pages of its next ``1 + lookahead``
-        tokens, pausing the newest resident requests when free pages and cached prefixes run out.
+        tokens (the scheduler's lookahead: a speculative verification writes K tokens ahead), pausing the newest resident requests when free pages and cached prefixes run out.
 
         Plain bookkeeping while nothing is short: no device work and no host sync.
         """
-        running = self.scheduler.running
+        running, lookahead = self.scheduler.running, self.scheduler.lookahead
         for req in list(running):
             if req.status is not Status.RUNNING or not req.prefill_done:
                 continue  # paused a moment ago, or prefilling inside its admission reservation

@@ -46,20 +46,13 @@ class SpecStats:
     accepted_at: list[int] = field(default_factory=list)  # [i]: rounds that accepted draft i + 1
 
     def record(self, drafted: int, accepted: int) -> None:
-        self.rounds += 1
-        self.drafted += drafted
-        self.accepted += accepted
-        if len(self.accepted_at) < drafted:
-            self.accepted_at.extend([0] * (drafted - len(self.accepted_at)))
-        for i in range(accepted):
-            self.accepted_at[i] += 1
+        self.add(SpecStats(1, drafted, accepted, [1] * accepted + [0] * (drafted - accepted)))
 
     def add(self, other: SpecStats) -> None:
         self.rounds += other.rounds
         self.drafted += other.drafted
         self.accepted += other.accepted
-        if len(self.accepted_at) < len(other.accepted_at):
-            self.accepted_at.extend([0] * (len(other.accepted_at) - len(self.accepted_at)))
+        self.accepted_at.extend([0] * (len(other.accepted_at) - len(self.accepted_at)))
         for i, n in enumerate(other.accepted_at):
             self.accepted_at[i] += n
 
