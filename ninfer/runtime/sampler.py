@@ -65,7 +65,7 @@ class Sampler:
     def sample(self, logits: torch.Tensor, reqs: list[Request]) -> tuple[list[int], list[TokenLogprobs | None]]:
         """Tokens for each row of ``logits [b, V]`` (row i belongs to ``reqs[i]``), plus logprobs where asked."""
         draw = self._draw(logits, reqs, 1, None)
-        self.commit(draw, torch.zeros(len(reqs), dtype=torch.long, device=self.device))
+        self.commit(draw)
         tokens = draw.out.token_ids.tolist()
         if not draw.want_logprobs:
             return tokens, [None] * len(reqs)
@@ -80,9 +80,10 @@ class Sampler:
     def _draw(self, logits: torch.Tensor, reqs: list[Request], rows_per_req: int, drafts: torch.Tensor | None) -> Draw:
         b, t = len(reqs), rows_per_req
         lanes = torch.tensor([r.lane for r in reqs], dtype=torch.long, device=self.device)
-        rows = lanes.repeat_interleave(t)
+        rows = lanes.repeat_interleave(t) if t > 1 else lanes
         st = SamplingTensors(**{f.name: getattr(self.st, f.name)[rows] for f in dataclasses.fields(self.st)})
-        st.counter += torch.arange(t, device=self.device).repeat(b)
+        if t > 1:  # row j draws with the counter of the j-th next token
+            st.counter += torch.arange(t, device=self.device).repeat(b)
         penalties = any(_uses_penalties(r) for r in reqs)
         if penalties:
             counts, seen = self.counts[rows], self.seen[rows]
@@ -101,9 +102,14 @@ class Sampler:
         return Draw(reqs, lanes, t, out, st, counts if penalties else None, seen if penalties else None,
                     want_logprobs)
 
-    def commit(self, draw: Draw, rows: torch.Tensor) -> None:
-        """Keep, per request, the sampler state after its row ``rows[b]`` (the last committed token)."""
-        pick = torch.arange(len(draw.reqs), device=self.device) * draw.rows_per_req + rows
+    def commit(self, draw: Draw, rows: torch.Tensor | None = None) -> None:
+        """Keep, per request, the sampler state after its row ``rows[b]`` (the last committed token; the
+        only row when each request drew one)."""
+        if rows is None:
+            assert draw.rows_per_req == 1
+            pick = slice(None)
+        else:
+            pick = torch.arange(len(draw.reqs), device=self.device) * draw.rows_per_req + rows
         self.st.counter[draw.lanes] = draw.st.counter[pick]
         if draw.counts is not None:
             self.counts[draw.lanes] = draw.counts[pick]
