@@ -86,7 +86,7 @@ def steady_decode(llm, lanes: int, context: int, steps: int) -> float:
     for _ in range(steps):
         engine.step()
     sync(llm.device)
-    elapsed = (time.perf_counter() - start) / steps
+    elapsed = (time.perf_counter() - start) / max(steps, 1)
     for r in reqs:
         engine.cancel(r.request_id)
     return elapsed

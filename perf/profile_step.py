@@ -1,0 +1,115 @@
+"""Where a decode step's GPU time goes: kernel time per step, by kernel and by op family.
+
+Builds the random-weight model (optionally quantized with a recipe, optionally with an MTP head for
+speculative rounds), times the steady step with CUDA graphs on, then runs the same steps with graphs
+off under ``torch.profiler`` and sums each kernel's device time per step. The difference between the
+graph step and the summed kernel time is what the step spends between kernels (launch gaps and
+bubbles inside the graph). Writes one ``profile_step`` record per run to the JSON results.
+
+    python perf/profile_step.py --shape 27b --recipe int4 [--lanes 1] [--draft-tokens 3] [--top 25]
+    python perf/profile_step.py --shape tiny --device cpu --steps 2   # smoke test (no kernel times on a CPU)
+"""
+from __future__ import annotations
+
+import argparse
+import re
+from collections import defaultdict
+
+import torch
+from bench_engine import steady_decode
+from bench_spec import make_llm, random_head
+from common import record
+from random_model import SHAPES, random_model
+
+from ninfer.runtime.engine import EngineConfig
+
+# Op families by kernel name (first match wins); names are Triton kernel names or cuBLAS/torch kernels.
+FAMILIES = [
+    ("quant GEMV", r"gemv"),
+    ("quant GEMM (tl.dot)", r"quant_gemm|split_finish"),
+    ("MoE experts", r"moe|expert|route|router|topk"),
+    ("bf16 GEMM (cuBLAS)", r"gemm|sm90_xmma|cutlass|nvjet|splitK"),
+    ("attention", r"attn|attention|paged|merge"),
+    ("Gated DeltaNet", r"delta|gdn|recurrent|chunk"),
+    ("causal conv", r"conv"),
+    ("norms / RoPE / SwiGLU", r"norm|rope|rotary|swiglu|silu"),
+    ("sampling", r"sampl|argmax|softmax|penalt|logprob"),
+    ("copies / other torch", r"copy|fill|elementwise|reduce|index|gather|scatter|cat"),
+]
+
+
+def family(name: str) -> str:
+    low = name.lower()
+    for fam, pattern in FAMILIES:
+        if re.search(pattern, low):
+            return fam
+    return "other"
+
+
+def kernel_times(llm, lanes: int, context: int, steps: int) -> dict[str, tuple[float, int]]:
+    """{kernel name: (device ms per step, launches per step)} over ``steps`` eager steps."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=acts) as prof:
+        steady_decode(llm, lanes, context, steps)
+    events = [e for e in prof.events() if e.device_type.name == "CUDA"]
+    totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    for e in events:
+        t = totals[e.name]
+        t[0] += e.device_time / 1e3  # µs -> ms
+        t[1] += 1
+    return {name: (ms, n) for name, (ms, n) in totals.items()}  # prefill and warm steps included (see run)
+
+
+def run(args: argparse.Namespace) -> None:
+    model = random_model(args.shape, device=args.device, recipe=args.recipe)
+    label = f"{args.shape} {args.recipe or 'bf16'} C={args.lanes} ctx={args.context}"
+    head = random_head(model) if args.draft_tokens else None
+    common = dict(max_concurrency=args.lanes, max_context=args.context + 4096,
+                  kv_capacity=args.lanes * (args.context + 4096), prefix_cache=False)
+    spec = dict(draft_tokens=args.draft_tokens, forced_accept=args.draft_tokens) if args.draft_tokens else {}
+    if args.draft_tokens:
+        label += f" K={args.draft_tokens} (round)"
+    graphs = args.device == "cuda"
+    step_s = steady_decode(make_llm(model, head, args.shape, EngineConfig(**common, **spec, cuda_graphs=graphs)),
+                           args.lanes, args.context, args.steps)
+    eager_llm = make_llm(model, head, args.shape, EngineConfig(**common, **spec, cuda_graphs=False))
+    steady_decode(eager_llm, args.lanes, args.context, 2)  # compile and tune outside the profile
+    # Profile prefill + 3 warm + N steps, then the same with 0 timed steps: the difference is N steps.
+    long = kernel_times(eager_llm, args.lanes, args.context, args.steps)
+    short = kernel_times(eager_llm, args.lanes, args.context, 0)
+    per_step = {}
+    for name, (ms, n) in long.items():
+        ms0, n0 = short.get(name, (0.0, 0))
+        if ms - ms0 > 0:
+            per_step[name] = ((ms - ms0) / args.steps, (n - n0) / args.steps)
+    kernel_ms = sum(ms for ms, _ in per_step.values())
+    fams: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    for name, (ms, n) in per_step.items():
+        fams[family(name)][0] += ms
+        fams[family(name)][1] += n
+    print(f"\n{label}: step {step_s * 1e3:.3f} ms with CUDA graphs; kernels {kernel_ms:.3f} ms per step "
+          f"({sum(n for _, n in per_step.values()):.0f} launches); between kernels {step_s * 1e3 - kernel_ms:.3f} ms")
+    print(f"{'family':28s} {'ms/step':>9s} {'share':>7s} {'launches':>9s}")
+    for fam, (ms, n) in sorted(fams.items(), key=lambda kv: -kv[1][0]):
+        print(f"{fam:28s} {ms:9.3f} {100 * ms / max(step_s * 1e3, 1e-9):6.1f}% {n:9.0f}")
+    print(f"\ntop {args.top} kernels (ms per step, launches per step):")
+    for name, (ms, n) in sorted(per_step.items(), key=lambda kv: -kv[1][0])[:args.top]:
+        print(f"  {ms:8.3f} ms {n:6.0f}x  {name[:110]}")
+    record("profile_step", label, step_s * 1e3, achieved=kernel_ms, limit=step_s * 1e3, unit="kernel ms",
+           families={k: round(v[0], 4) for k, v in fams.items()},
+           top={k[:120]: round(v[0], 4) for k, v in sorted(per_step.items(), key=lambda kv: -kv[1][0])[:args.top]})
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="27b")
+    parser.add_argument("--recipe", default=None, help="quantize the random model with this recipe first")
+    parser.add_argument("--lanes", type=int, default=1)
+    parser.add_argument("--context", type=int, default=1024)
+    parser.add_argument("--draft-tokens", type=int, default=0, help="profile speculative rounds (all drafts accepted)")
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--device", default="cuda", help="cpu: a smoke test with --shape tiny / tiny-moe")
+    run(parser.parse_args())
