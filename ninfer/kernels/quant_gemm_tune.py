@@ -3,7 +3,8 @@
 Candidates depend on the shape: the skinny decode path (M <= 16) uses 16-token tiles, narrow
 weight tiles and a split-K variant when the weight tiles alone cannot fill the GPU; the tiled
 prefill path uses 32..128-token tiles. On the first call for a key ``(format, dtype, M bucket, N,
-K, epilogue)`` every candidate is benchmarked and the fastest is kept for the process (a tuning
+K, epilogue)`` every candidate is benchmarked (decode sizes from CUDA-graph replays, as the engine
+runs them) and the fastest is kept for the process (a tuning
 pass must not happen inside CUDA-graph capture: warm each shape up first; during capture an
 untuned key takes the first candidate, as every key does with ``NINFER_QUANT_TUNE=0``). Split-K
 is chosen here rather than by ``triton.autotune`` because it changes the launch (workspace and
@@ -129,6 +130,53 @@ def gemv_candidates(fmt: str, m: int, n_out: int, k: int, sms: int) -> list[Gemm
     return out
 
 
+def _time_candidates(cands: list[GemmConfig], launch: Callable[[GemmConfig], None],
+                     graphs: bool) -> dict[GemmConfig, float]:
+    """Milliseconds per launch of each candidate that fits the GPU.
+
+    Decode-sized calls (``graphs``) are timed from CUDA-graph replays, as the engine runs them: their
+    kernels take 5-50 µs, less than Python needs to launch them, so eager timing measured the launch
+    overhead instead (it made the tuner prefer one-launch ``tl.dot`` configs over two-launch split-K
+    GEMVs that are up to 2x faster on the GPU). Falls back to eager timing if a capture fails."""
+    timings: dict[GemmConfig, float] = {}
+    for cfg in cands:
+        try:
+            fn = lambda cfg=cfg: launch(cfg)  # noqa: E731
+            timings[cfg] = _graph_ms(fn) if graphs else triton.testing.do_bench(fn, warmup=5, rep=20)
+        except triton.runtime.errors.OutOfResources:
+            continue  # too much shared memory or too many registers on this GPU
+        except RuntimeError:  # a capture that failed: time every candidate the same (eager) way
+            if not graphs:
+                raise
+            torch.cuda.synchronize()
+            return _time_candidates(cands, launch, graphs=False)
+    return timings
+
+
+def _graph_ms(fn: Callable[[], None], launches: int = 20, replays: int = 5) -> float:
+    """Median time per call of ``fn`` over replays of a graph of ``launches`` back-to-back calls."""
+    fn()  # compile and allocate outside the capture
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream):
+        fn()
+        with torch.cuda.graph(graph, stream=stream):
+            for _ in range(launches):
+                fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph.replay()  # warm
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / launches)
+    return sorted(times)[len(times) // 2]
+
+
 def m_bucket(m: int) -> int:
     return 1 << max(m - 1, 0).bit_length() if m <= 8192 else 8192
 
@@ -165,12 +213,7 @@ def select_config(fmt: str, x: torch.Tensor, n_out: int, k: int, swiglu: bool, h
     if not tune or len(cands) == 1:
         _FAVOURITE[key] = cands[0]
         return cands[0]
-    timings: dict[GemmConfig, float] = {}
-    for cfg in cands:
-        try:
-            timings[cfg] = triton.testing.do_bench(lambda cfg=cfg: launch(cfg), warmup=5, rep=20)
-        except triton.runtime.errors.OutOfResources:
-            continue  # too much shared memory or too many registers on this GPU
+    timings = _time_candidates(cands, launch, graphs=m <= SKINNY_MAX_M)
     if not timings:
         raise RuntimeError(f"no quantized GEMM config fits this GPU for {key}")
     best = _BEST[key] = min(timings, key=timings.__getitem__)

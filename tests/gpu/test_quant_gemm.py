@@ -166,3 +166,20 @@ def test_gemv_split_k_in_cuda_graph() -> None:
     x.copy_(torch.randn_like(x))
     graph.replay()
     assert _err(out, quant_matmul_reference(x, w, res)) < TOL[torch.bfloat16]
+
+
+def test_decode_tuning_times_graphs_and_keeps_a_working_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The tuner times decode-sized keys from graph replays (quant_gemm_tune._graph_ms); the winner must
+    # compute the right product, also when the output aliases the residual.
+    monkeypatch.setattr(quant_gemm_tune, "TUNE", True)
+    monkeypatch.setattr(quant_gemm_tune, "_BEST", {})
+    used = []
+    real = quant_gemm_tune._graph_ms
+    monkeypatch.setattr(quant_gemm_tune, "_graph_ms", lambda fn: used.append(1) or real(fn))
+    w = quantize(_weight(5120, 6144, 11), "int4-g64")
+    x = torch.randn(1, 6144, device="cuda", dtype=torch.bfloat16)
+    res = torch.randn(1, 5120, device="cuda", dtype=torch.bfloat16)
+    ref = quant_matmul_reference(x, w, res)
+    got = quant_matmul_triton(x, w, res, out=res)
+    assert used and len(quant_gemm_tune.tuned_configs()) == 1
+    assert _err(got, ref) < TOL[torch.bfloat16]
