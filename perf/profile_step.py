@@ -23,13 +23,13 @@ from random_model import SHAPES, random_model
 
 from ninfer.runtime.engine import EngineConfig
 
-# Op families by kernel name (first match wins); names are Triton kernel names or cuBLAS/torch kernels.
+# Op families by lower-cased kernel name (first match wins): Triton kernel names, cuBLAS and torch kernels.
 FAMILIES = [
     ("quant GEMV", r"gemv"),
     ("quant GEMM (tl.dot)", r"quant_gemm|split_finish"),
     ("MoE experts", r"moe|expert|route|router|topk"),
-    ("bf16 GEMM (cuBLAS)", r"gemm|sm90_xmma|cutlass|nvjet|splitK"),
-    ("attention", r"attn|attention|paged|merge"),
+    ("bf16 GEMM (cuBLAS)", r"gemm|sm90_xmma|cutlass|nvjet|splitk"),
+    ("attention", r"attn|attention|paged|merge|^_decode_kernel|^_prefill_kernel|write_kv"),
     ("Gated DeltaNet", r"delta|gdn|recurrent|chunk"),
     ("causal conv", r"conv"),
     ("norms / RoPE / SwiGLU", r"norm|rope|rotary|swiglu|silu"),

@@ -1,11 +1,17 @@
 """Render the benchmark records in perf/results/*.jsonl as markdown tables (for docs/performance.md).
 
     python perf/report.py > /tmp/tables.md
+
+Files are read in name order and a later record of the same point supersedes an earlier one, so a
+later run of the same day is named ``DATE.2-...jsonl`` (``.`` sorts after ``-``).
 """
 from __future__ import annotations
 
 import json
 from pathlib import Path
+
+
+MAX_ROWS = 150  # a family with more records is listed by count and file
 
 
 def load_records(folder: Path) -> list[dict]:
@@ -15,6 +21,7 @@ def load_records(folder: Path) -> list[dict]:
             if line.strip():
                 row = json.loads(line)
                 key = (row["bench"], row["shape"], row.get("kv_dtype"), row.get("format"), row.get("config"))
+                row["file"] = f"`perf/results/{path.name}`"
                 rows[key] = row  # a later file supersedes an earlier measurement of the same point
     return list(rows.values())
 
@@ -41,4 +48,8 @@ if __name__ == "__main__":
     for r in records:
         families.setdefault(r["bench"].split("_")[0], []).append(r)
     for family, rows in families.items():
+        if len(rows) > MAX_ROWS:  # the quantized GEMM sweeps: summarised in the prose tables instead
+            files = sorted({r.get("file", "") for r in rows})
+            print(f"### {family}\n\n{len(rows)} points: see the summary tables above and {', '.join(files)}.\n")
+            continue
         print(f"### {family}\n\n{table(rows)}\n")
