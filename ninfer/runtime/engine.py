@@ -1,8 +1,9 @@
 """The engine: continuous batching of up to 8 sequences over one shared KV pool.
 
-``step()`` is the whole loop: the scheduler admits and plans, the model runs one decode batch
-(replayed from a CUDA graph on GPU) and at most one prefill chunk, the sampler picks tokens, and
-each request's output processor turns tokens into text events and decides when it stops.
+``step()`` is the whole loop: the scheduler admits and plans, the model runs the decode batch
+(replayed from a CUDA graph on GPU) or, when prompt chunks are due, one forward over the decode rows
+and the chunks together, the sampler picks tokens, and each request's output processor turns tokens
+into text events and decides when it stops.
 """
 from __future__ import annotations
 
@@ -26,6 +27,11 @@ from ninfer.runtime.request import Request, RequestOutput, Status
 from ninfer.runtime.sampler import Sampler, TokenLogprobs
 from ninfer.runtime.scheduler import Scheduler
 from ninfer.runtime.speculative import MTPSpeculator, SpecStats, committed_tokens
+
+
+# Decode rows join a step's prompt chunks in one forward while their contexts are shorter than this:
+# beyond it their attention (prefill kernel, no split-KV) costs more than the separate decode step saved.
+MIXED_MAX_CONTEXT = 16384
 
 
 @dataclass(frozen=True)
@@ -86,6 +92,7 @@ class Engine:
         elif config.cuda_graphs and self.device.type == "cuda":
             self.graphs = DecodeGraphs(model, self.cache, self.lane_block_tables, config.max_concurrency)
         self.pauser.spec = self.spec
+        self.scheduler.pack_prefills = self.spec is None  # the speculator's prefill hook takes one prompt at a time
 
     # -- requests ---------------------------------------------------------------------------
     def add_request(self, req: Request) -> None:
@@ -132,23 +139,91 @@ class Engine:
                 req.spec_stats = SpecStats()
         plan = self.scheduler.plan()
         events: list[RequestOutput] = []
+        if plan.prefills and self.spec is None and plan.prefills[0][0].mm is None:
+            # Decode rows ride along with the prompt chunks unless their contexts are long: the prefill
+            # attention kernel gives a one-token query no split-KV parallelism.
+            ride = all(r.num_computed < MIXED_MAX_CONTEXT for r in plan.decode)
+            if not ride:
+                events.extend(self._decode(plan.decode))
+            return events + self._mixed_step(plan.decode if ride else [], plan.prefills)
         if plan.decode and self.spec is not None:
             events.extend(self._speculative_round(plan.decode))
         elif plan.decode:
-            tokens, logprobs = self.sampler.sample(self._decode_logits(plan.decode), plan.decode)
-            for req, token, lp in zip(plan.decode, tokens, logprobs):
-                events.extend(self._append(req, token, lp))
-        if plan.prefill is not None:
-            req = plan.prefill
-            logits = self._prefill_logits(req, plan.prefill_end)
-            if self.prefix is not None and logits is None and self._is_checkpoint_mark(req):
-                self.prefix.insert(req.tokens(0, req.num_computed), req.slot, req.pages, req.media_keys)
+            events.extend(self._decode(plan.decode))
+        for req, end in plan.prefills:  # one (speculation, media); see Scheduler.plan
+            logits = self._prefill_logits(req, end)
+            self._maybe_checkpoint(req, logits is not None)
             if logits is not None:
                 tokens, logprobs = self.sampler.sample(logits, [req])
                 if self.spec is not None:
                     self.spec.begin(req, tokens[0])
                 events.extend(self._append(req, tokens[0], logprobs[0]))
         return events
+
+    def _decode(self, reqs: list[Request]) -> list[RequestOutput]:
+        tokens, logprobs = self.sampler.sample(self._decode_logits(reqs), reqs)
+        events: list[RequestOutput] = []
+        for req, token, lp in zip(reqs, tokens, logprobs):
+            events.extend(self._append(req, token, lp))
+        return events
+
+    def _mixed_step(self, decode: list[Request], prefills: list[tuple[Request, int]]) -> list[RequestOutput]:
+        """One forward over the decode rows and the prompt chunks together: the step reads the weights once
+        instead of twice (a decode graph, then the prefill), the decode rows being sequences of one new
+        token in the ragged batch. Runs eagerly, as every prefill does."""
+        dev = self.device
+        ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        lengths: list[int] = []
+        context: list[int] = []
+        for req in decode:
+            p = req.num_computed
+            slots += self._slots_for(req, p, p + 1)
+            ids.append(req.output_ids[-1])
+            positions.append(p + req.rope_delta)
+            lengths.append(1)
+            context.append(p + 1)
+            req.num_computed = p + 1
+        for req, end in prefills:
+            start = req.num_computed
+            slots += self._slots_for(req, start, end)
+            ids += req.tokens(start, end)
+            positions += range(start, end)
+            lengths.append(end - start)
+            context.append(end)
+        reqs = decode + [req for req, _ in prefills]
+        lanes = torch.tensor([r.lane for r in reqs], dtype=torch.long, device=dev)
+        cu = torch.tensor([0, *lengths], dtype=torch.int32).cumsum(0, dtype=torch.int32)
+        batch = ForwardBatch(
+            input_ids=torch.tensor(ids, dtype=torch.long, device=dev),
+            positions=torch.tensor(positions, dtype=torch.long, device=dev).expand(3, len(ids)),
+            cu_seqlens=cu.to(dev), context_lens=torch.tensor(context, dtype=torch.int32, device=dev),
+            block_tables=self.lane_block_tables[lanes],
+            slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
+            state_slots=torch.tensor([r.slot for r in reqs], dtype=torch.long, device=dev), max_seqlen=max(lengths),
+        )
+        hidden = self.model(batch, self.cache)
+        rows, sampled = list(range(len(decode))), list(decode)  # the rows that sample a token, in order
+        for i, (req, end) in enumerate(prefills, start=len(decode)):
+            req.num_computed = end
+            done = end >= req.prefill_target
+            self._maybe_checkpoint(req, done)
+            if done:
+                rows.append(int(cu[i + 1]) - 1)
+                sampled.append(req)
+        events: list[RequestOutput] = []
+        if sampled:
+            logits = self.model.logits(hidden[torch.tensor(rows, device=dev)])
+            tokens, logprobs = self.sampler.sample(logits, sampled)
+            for req, token, lp in zip(sampled, tokens, logprobs):
+                events.extend(self._append(req, token, lp))
+        return events
+
+    def _maybe_checkpoint(self, req: Request, prompt_done: bool) -> None:
+        """After a prompt chunk that stopped at a checkpoint mark, let the prefix cache keep the state."""
+        if self.prefix is not None and not prompt_done and self._is_checkpoint_mark(req):
+            self.prefix.insert(req.tokens(0, req.num_computed), req.slot, req.pages, req.media_keys)
 
     def run_until_done(self) -> list[RequestOutput]:
         events = []

@@ -1,8 +1,9 @@
-"""Admission and step planning: which sequences decode and which prompt chunk prefills this step.
+"""Admission and step planning: which sequences decode and which prompt chunks prefill this step.
 
 Up to ``max_concurrency`` sequences are resident (one lane and one state slot each). Every step
-decodes all resident sequences whose prompt is done and prefills at most one chunk of the oldest
-unfinished prompt, so a long prompt never stalls decoding for more than one chunk.
+decodes all resident sequences whose prompt is done and prefills at most ``prefill_chunk`` prompt
+tokens, taken from the oldest unfinished prompts in order (prompts that arrive together share a
+step), so a long prompt never stalls decoding for more than one chunk.
 
 Admission reserves the pages a request needs now plus a growth margin (:meth:`Scheduler.admission_pages`);
 sequences take more as they grow, and when the pool runs dry ``pause.Pauser`` sends the newest resident
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ninfer.runtime.pools import PagePool, SlotPool
 from ninfer.runtime.prefix_cache import PrefixCache
@@ -32,8 +33,7 @@ class QueueFull(RuntimeError):
 @dataclass
 class StepPlan:
     decode: list[Request]
-    prefill: Request | None
-    prefill_end: int = 0  # the chunk is prompt tokens [prefill.num_computed, prefill_end)
+    prefills: list[tuple[Request, int]] = field(default_factory=list)  # (request, end): prompt [num_computed, end)
 
 
 class Scheduler:
@@ -47,6 +47,7 @@ class Scheduler:
         self.max_context = max_context
         self.page_size = page_size
         self.prefill_chunk = prefill_chunk
+        self.pack_prefills = True  # the engine turns packing off when speculating (its prefill hook takes one prompt)
         self.pages, self.slots = pages, slots
         self.max_pending = max_pending
         self.prefix = prefix
@@ -131,12 +132,26 @@ class Scheduler:
         return [self.slots.acquire() for _ in range(want)]
 
     def plan(self) -> StepPlan:
+        """Every prefilled sequence decodes; prompt chunks of the oldest unfinished prompts fill a budget of
+        ``prefill_chunk`` tokens (several short prompts that arrive together prefill in one step). With
+        ``pack_prefills`` off, and for a prompt with media, a step prefills one chunk of one prompt."""
         decode = [r for r in self.running if r.prefill_done]
-        prefill = next((r for r in self.running if not r.prefill_done), None)
-        end = min(prefill.num_computed + self.prefill_chunk, prefill.prefill_target) if prefill else 0
-        if prefill is not None and self.prefix is not None:
-            end = min(end, self.checkpoint_after(prefill) or end)
-        return StepPlan(decode, prefill, end)
+        prefills: list[tuple[Request, int]] = []
+        budget = self.prefill_chunk
+        for req in self.running:
+            if req.prefill_done:
+                continue
+            alone = req.mm is not None or not self.pack_prefills
+            if budget <= 0 or (prefills and alone):
+                break
+            end = min(req.num_computed + budget, req.prefill_target)
+            if self.prefix is not None:
+                end = min(end, self.checkpoint_after(req) or end)
+            prefills.append((req, end))
+            budget -= end - req.num_computed
+            if alone:
+                break
+        return StepPlan(decode, prefills)
 
     def checkpoint_after(self, req: Request) -> int | None:
         """The next prompt position (beyond what is computed) where the prefix cache takes a checkpoint:

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import ninfer
+from ninfer.runtime import engine as engine_module
 from ninfer.runtime.request import Request
 from ninfer.runtime.scheduler import AdmissionError, QueueFull
 from tiny_checkpoints import TinyCheckpoint
@@ -50,6 +51,41 @@ def test_batched_equals_one_at_a_time_with_staggered_arrivals(dense_ckpt: TinyCh
         llm.engine.step()
     llm.engine.run_until_done()
     assert [r.output_ids for r in reqs] == expected
+    _assert_balanced(llm)
+
+
+@pytest.mark.parametrize("ckpt_name,ride", [("dense_ckpt", True), ("moe_ckpt", True), ("dense_ckpt", False)])
+def test_prompts_arriving_together_prefill_packed_with_decode_rows(ckpt_name: str, ride: bool, request, solo,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    # One forward carries the decode rows and the chunks of several prompts (a 40-token budget splits the
+    # third prompt across steps); the tokens must equal one-at-a-time generation. Without riding (long
+    # contexts) the decode rows take their own forward and the chunks are still packed.
+    if not ride:
+        monkeypatch.setattr(engine_module, "MIXED_MAX_CONTEXT", 0)
+    ckpt = request.getfixturevalue(ckpt_name)
+    ref = solo if ckpt_name == "dense_ckpt" else ninfer.load(ckpt.path, device="cpu", max_concurrency=1, progress=False)
+    prompts = _prompts([5, 12, 30, 9, 3], seed=3)
+    expected = [ref._run([_greedy(ref, p, 8)])[0].token_ids for p in prompts]
+    # (prefix cache off: its checkpoint one token before each prompt's end would cut the chunks too)
+    llm = ninfer.load(ckpt.path, device="cpu", max_concurrency=4, prefill_chunk=40, prefix_cache=False, progress=False)
+    reqs = [_greedy(llm, p, 8) for p in prompts]
+    for r in reqs[:4]:
+        llm.engine.add_request(r)
+    packed = []
+    real_plan = llm.engine.scheduler.plan
+
+    def spy():
+        plan = real_plan()
+        packed.append([(r.request_id, end - r.num_computed) for r, end in plan.prefills])
+        return plan
+
+    llm.engine.scheduler.plan = spy
+    llm.engine.step()
+    llm.engine.add_request(reqs[4])  # arrives while the others decode
+    llm.engine.run_until_done()
+    assert [r.output_ids for r in reqs] == expected
+    assert [n for _, n in packed[0]] == [5, 12, 23]  # three prompts in the first step, the third cut at the budget
+    assert [n for _, n in packed[1]] == [7, 9]  # the rest of the third prompt and the fourth, next to 3 decode rows
     _assert_balanced(llm)
 
 
