@@ -38,8 +38,19 @@ import torch
 import triton
 import triton.language as tl
 
-from ninfer.kernels.quant_gemm import FMT_FP8, _group_scales, _split_finish_kernel, _weight_tile, kernel_tensors
-from ninfer.kernels.quant_gemm_tune import DEQUANT_MAX_ELEMENTS, FMT_CODES, GemmConfig, kernel_params
+from ninfer.kernels.quant_gemm import (
+    FMT_FP8,
+    _group_scales,
+    _split_finish_kernel,
+    _weight_tile,
+    kernel_tensors,
+)
+from ninfer.kernels.quant_gemm_tune import (
+    DEQUANT_MAX_ELEMENTS,
+    FMT_CODES,
+    GemmConfig,
+    kernel_params,
+)
 from ninfer.quant.formats import QuantizedTensor
 
 DEFAULT_CONFIG = GemmConfig(128, 32, 256, 1, 4, 1, "dequant")

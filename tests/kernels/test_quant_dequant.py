@@ -13,7 +13,12 @@ import torch
 from ninfer.kernels import quant_dequant
 from ninfer.kernels.quant_dequant import dequantize_triton, workspace, workspace_bytes
 from ninfer.kernels.quant_gemm import quant_matmul_reference, quant_matmul_triton
-from ninfer.kernels.quant_gemm_tune import DEQUANT_MAX_ELEMENTS, GemmConfig, candidates, kernel_params
+from ninfer.kernels.quant_gemm_tune import (
+    DEQUANT_MAX_ELEMENTS,
+    GemmConfig,
+    candidates,
+    kernel_params,
+)
 from ninfer.quant.formats import quantize
 
 K_FOR = {"fp8": 320, "fp8-b128": 320, "int8-g32": 352, "int8-g64": 320, "int4-g64": 320, "int4-g128": 384,

@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 import torch
-from torch import nn
 from tiny_checkpoints import text_config_kwargs
+from torch import nn
 
 from ninfer.config import parse_config
 from ninfer.quant.linear import QuantLinear
