@@ -67,7 +67,8 @@ def _config_name(cfg: quant_gemm_tune.GemmConfig) -> str:
             f"w{cfg.num_warps} st{cfg.num_stages}")
 
 
-def _best(kind: str, cfgs: list[quant_gemm_tune.GemmConfig], time_cfg) -> tuple[float, quant_gemm_tune.GemmConfig] | None:
+def _best(kind: str, cfgs: list[quant_gemm_tune.GemmConfig],
+          time_cfg) -> tuple[float, quant_gemm_tune.GemmConfig] | None:
     """The fastest of ``cfgs`` (configs this GPU cannot run are skipped), all timings printed."""
     timings = {}
     for cfg in cfgs:

@@ -7,9 +7,9 @@ For each kernel, format and candidate config: shared memory and the global loads
 pipelined tiles. A decode kernel whose weight loads are bytes cannot approach the copy bandwidth;
 this catches that on a CPU (it found the GEMV kernel's byte loads: an unspecialised split length
 hid the rows' alignment). The prefill dequant kernel (``--kinds dequant``, whatever ``--m``) also
-shows its global stores (``st.global.v4.b32`` = 16-byte vectors of the bf16 workspace). Pointers and strides are declared 16-byte divisible, as Triton
-specialises them at run time for the model's shapes. Needs a Triton with the NVIDIA backend
-(compiling needs ptxas, not a driver).
+shows its global stores (``st.global.v4.b32`` = 16-byte vectors of the bf16 workspace). Pointers
+and strides are declared 16-byte divisible, as Triton specialises them at run time for the model's
+shapes. Needs a Triton with the NVIDIA backend (compiling needs ptxas, not a driver).
 """
 from __future__ import annotations
 
@@ -119,7 +119,8 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--arch", type=int, default=90, help="compute capability, e.g. 90 (H100/H200), 120 (RTX 5090)")
     parser.add_argument("--formats", default="int4-g64,nvfp4,int8-g64,fp8")
-    parser.add_argument("--kinds", default="gemv,gemv-prefetch,dot", help="comma list of gemv, gemv-prefetch, dot, dequant")
+    parser.add_argument("--kinds", default="gemv,gemv-prefetch,dot",
+                        help="comma list of gemv, gemv-prefetch, dot, dequant")
     parser.add_argument("--m", type=int, default=1)
     parser.add_argument("--n", type=int, default=34816)
     parser.add_argument("--k", type=int, default=5120)

@@ -106,7 +106,8 @@ def dequantize_triton(w: QuantizedTensor, out: torch.Tensor, config: GemmConfig 
     _dequant_kernel[grid](
         q, scales, row_scale if row_scale is not None else scales, out, n, k,
         q.stride(-2), scales.stride(-2) if scales.dim() >= 2 else 0, out.stride(0),
-        FMT=FMT_CODES[name], GROUP=p["group"], CHUNK=p["chunk"], ROW_BLOCK=p["row_block"], ROW_SCALE=row_scale is not None, EVEN_K=k % cfg.block_k == 0, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        FMT=FMT_CODES[name], GROUP=p["group"], CHUNK=p["chunk"], ROW_BLOCK=p["row_block"],
+        ROW_SCALE=row_scale is not None, EVEN_K=k % cfg.block_k == 0, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out
