@@ -15,10 +15,13 @@ CUDA graphs. By default each point runs the heuristic favourite config (the whol
 about two minutes, compilation included); ``--tune`` benchmarks every candidate first, as the
 runtime does. ``--path`` pins the kernel path per point, several side by side (comma list):
 ``default`` (the above), ``dot`` (the heuristic ``tl.dot`` favourite), ``gemv`` (M <= 8: every GEMV
-candidate of ``quant_gemv`` timed, the fastest recorded), ``tuned`` (the runtime tuner over all
-candidates, whichever path wins). Records carry ``path`` and ``config``. Run:
-``python perf/bench_quant_gemm.py [--tune] [--path dot,gemv,tuned] [--formats int4-g64,nvfp4] [--m 1,16]
-[--shapes down,lm_head]``.
+candidate of ``quant_gemv`` timed, the fastest recorded), ``dequant`` (M > 16, weights the tuner
+offers it for: every ``quant_dequant`` candidate timed, whole-weight dequantization + cuBLAS, the
+fastest recorded with the dequant kernel's own time and bandwidth as ``dequant_ms`` /
+``dequant_tbps``), ``tuned`` (the runtime tuner over all candidates, whichever path wins). Records
+carry ``path`` and ``config``. Run:
+``python perf/bench_quant_gemm.py [--tune] [--path dot,gemv,dequant,tuned] [--formats int4-g64,nvfp4]
+[--m 1,16] [--shapes down,lm_head]``.
 """
 from __future__ import annotations
 
@@ -36,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import bench_graph_ms, bench_ms, copy_bandwidth_tbps, matmul_peak_tflops, record
 
 from ninfer.kernels import quant_gemm_tune
+from ninfer.kernels.quant_dequant import dequantize_triton, workspace
 from ninfer.kernels.quant_gemm import quant_matmul_triton
 from ninfer.quant.formats import FORMATS, quantize, unpack_nibbles
 
@@ -45,7 +49,7 @@ SHAPES = {  # name: (N, K) of W [N, K]
     "in_proj_qkv": (10240, H), "in_proj_z": (6144, H), "in_proj_ab": (96, H), "lm_head": (V, H),
 }
 MS = (1, 2, 4, 8, 16, 64, 512, 4096)
-PATHS = ("default", "dot", "gemv", "tuned")
+PATHS = ("default", "dot", "gemv", "dequant", "tuned")
 GEMLITE_BUDGET_S = 40.0
 
 
@@ -63,8 +67,34 @@ def _config_name(cfg: quant_gemm_tune.GemmConfig) -> str:
             f"w{cfg.num_warps} st{cfg.num_stages}")
 
 
-def _run_path(path: str, fmt: str, x: torch.Tensor, qt, tune: bool) -> tuple[float, quant_gemm_tune.GemmConfig] | None:
-    """(ms, config) of one point on one path; None where the path does not apply (gemv for M > 8)."""
+def _best(kind: str, cfgs: list[quant_gemm_tune.GemmConfig],
+          time_cfg) -> tuple[float, quant_gemm_tune.GemmConfig] | None:
+    """The fastest of ``cfgs`` (configs this GPU cannot run are skipped), all timings printed."""
+    timings = {}
+    for cfg in cfgs:
+        try:
+            timings[cfg] = time_cfg(cfg)
+        except Exception as err:  # noqa: BLE001  (out of resources on this GPU: skip the config)
+            print(f"  {kind} {_config_name(cfg)}: {type(err).__name__}")
+    if not timings:
+        return None
+    best = min(timings, key=timings.__getitem__)
+    print(f"  {kind} candidates: " + ", ".join(f"{_config_name(c)} {t:.4f} ms" for c, t in timings.items()))
+    return timings[best], best
+
+
+def _dequant_extra(qt, x: torch.Tensor, cfg: quant_gemm_tune.GemmConfig, weight_bytes: int) -> dict:
+    """The dequant kernel alone: ms and TB/s (packed weight read + workspace written)."""
+    n, k = qt.shape
+    buf = workspace(n, k, x.dtype, x.device)
+    ms = _time(lambda: dequantize_triton(qt, buf, cfg), False)
+    moved = weight_bytes + n * k * x.element_size()
+    return {"dequant_ms": round(ms, 5), "dequant_tbps": round(moved / ms / 1e9, 3)}
+
+
+def _run_path(path: str, fmt: str, x: torch.Tensor, qt, tune: bool) -> tuple | None:
+    """(ms, config[, extra record fields]) of one point on one path; None where the path does not apply
+    (gemv for M > 8, dequant for M <= 16 or a weight too large for its workspace)."""
     m, k = x.shape
     n = qt.shape[0]
     graph = m <= 16
@@ -80,17 +110,14 @@ def _run_path(path: str, fmt: str, x: torch.Tensor, qt, tune: bool) -> tuple[flo
     if path == "gemv":
         if m > quant_gemm_tune.GEMV_MAX_M:
             return None
-        timings = {}
-        for cfg in quant_gemm_tune.gemv_candidates(fmt, m, n, k, sms):
-            try:
-                timings[cfg] = time_cfg(cfg)
-            except Exception as err:  # noqa: BLE001  (out of resources on this GPU: skip the config)
-                print(f"  gemv {_config_name(cfg)}: {type(err).__name__}")
-        if not timings:
+        return _best("gemv", quant_gemm_tune.gemv_candidates(fmt, m, n, k, sms), time_cfg)
+    if path == "dequant":
+        cfgs = [c for c in quant_gemm_tune.candidates(fmt, m, n, k, sms) if c.kind == "dequant"]
+        point = _best("dequant", cfgs, time_cfg) if cfgs else None
+        if point is None:
             return None
-        best = min(timings, key=timings.__getitem__)
-        print("  gemv candidates: " + ", ".join(f"{_config_name(c)} {t:.4f} ms" for c, t in timings.items()))
-        return timings[best], best
+        weight_bytes = sum(t.numel() * t.element_size() for t in qt.tensors.values())
+        return (*point, _dequant_extra(qt, x, point[1], weight_bytes))
     saved = quant_gemm_tune.TUNE
     quant_gemm_tune.TUNE = tune if path == "default" else True
     try:
@@ -180,7 +207,7 @@ def main() -> None:
                 for path, point in points.items():
                     if point is None:
                         continue
-                    ms_ours, cfg = point
+                    ms_ours, cfg, *more = point
                     if m <= 16:
                         moved = weight_bytes + 2 * m * (n + k)
                         achieved, limit, unit = moved / ms_ours / 1e9, bw, "TB/s"
@@ -191,7 +218,7 @@ def main() -> None:
                            unit=unit, baseline="cublas_bf16", baseline_ms=cublas[m], format=fmt, m=m, n=n, k=k,
                            weight_bytes=weight_bytes, vs_cublas=round(ms_ours / cublas[m], 4),
                            cublas_tflops=round(flops / cublas[m] / 1e9, 2), gemlite_ms=gemlite_ms.get((kind, m)),
-                           path=path, config=_config_name(cfg))
+                           path=path, config=_config_name(cfg), **(more[0] if more else {}))
         torch.cuda.empty_cache()
     tuned = len(quant_gemm_tune.tuned_configs())
     print(f"done in {time.time() - start:.0f} s ({tuned} tuned keys; gemlite {gemlite_s:.0f} s)")

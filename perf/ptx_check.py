@@ -1,14 +1,15 @@
 """Compile the quantized GEMM kernels for a GPU target without a GPU, and show how they load memory.
 
-    python perf/ptx_check.py [--arch 90] [--formats int4-g64,nvfp4] [--kinds gemv,dot]
+    python perf/ptx_check.py [--arch 90] [--formats int4-g64,nvfp4] [--kinds gemv,dot,dequant]
 
 For each kernel, format and candidate config: shared memory and the global loads of the PTX
 (``ld.global.v4.b32`` = 16-byte vectors; ``ld.global.b8`` = one byte each), and the async copies of
 pipelined tiles. A decode kernel whose weight loads are bytes cannot approach the copy bandwidth;
 this catches that on a CPU (it found the GEMV kernel's byte loads: an unspecialised split length
-hid the rows' alignment). Pointers and strides are declared 16-byte divisible, as Triton
-specialises them at run time for the model's shapes. Needs a Triton with the NVIDIA backend
-(compiling needs ptxas, not a driver).
+hid the rows' alignment). The prefill dequant kernel (``--kinds dequant``, whatever ``--m``) also
+shows its global stores (``st.global.v4.b32`` = 16-byte vectors of the bf16 workspace). Pointers
+and strides are declared 16-byte divisible, as Triton specialises them at run time for the model's
+shapes. Needs a Triton with the NVIDIA backend (compiling needs ptxas, not a driver).
 """
 from __future__ import annotations
 
@@ -26,8 +27,8 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from ninfer.kernels import quant_gemm, quant_gemv  # noqa: E402
-from ninfer.kernels.quant_gemm_tune import FMT_CODES, candidates, kernel_params  # noqa: E402
+from ninfer.kernels import quant_dequant, quant_gemm, quant_gemv  # noqa: E402
+from ninfer.kernels.quant_gemm_tune import FMT_CODES, candidates, dequant_candidates, kernel_params  # noqa: E402
 
 TYPES = {"int4-g64": ("*u8", "*fp16"), "int4-g128": ("*u8", "*fp16"), "int8-g32": ("*i8", "*fp16"),
          "int8-g64": ("*i8", "*fp16"), "nvfp4": ("*u8", "*u8"), "fp8": ("*u8", "*fp32"), "fp8-b128": ("*u8", "*fp32")}
@@ -48,24 +49,57 @@ def compile_kernel(fn, split_arg: str, fmt: str, consts: dict, warps: int, stage
                           options={"num_warps": warps, "num_stages": stages})
 
 
-def describe(kernel) -> str:
+def compile_dequant(fmt: str, cfg, arch: int):
+    """quant_dequant's kernel, bf16 workspace, K a multiple of BLOCK_K."""
+    q_type, s_type = TYPES[fmt]
+    row_scale = fmt in ("fp8", "nvfp4")
+    kp = kernel_params(fmt, cfg)
+    sig = {"q_ptr": q_type, "s_ptr": s_type, "rs_ptr": "*fp32" if row_scale else s_type, "w_ptr": "*bf16",
+           "N": "i32", "K": "i32", "stride_qn": "i32", "stride_sn": "i32", "stride_wn": "i32"}
+    consts = dict(FMT=FMT_CODES[fmt], GROUP=kp["group"], CHUNK=kp["chunk"], ROW_BLOCK=kp["row_block"],
+                  ROW_SCALE=row_scale, EVEN_K=True, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k)
+    sig.update(dict.fromkeys(consts, "constexpr"))
+    names = list(sig)
+    aligned = ("q_ptr", "s_ptr", "rs_ptr", "w_ptr", "K", "stride_qn", "stride_sn", "stride_wn")
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned}
+    return triton.compile(ASTSource(quant_dequant._dequant_kernel, sig, consts, attrs),
+                          target=GPUTarget("cuda", arch, 32),
+                          options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
+
+
+def describe(kernel, stores: bool = False) -> str:
     ptx = kernel.asm["ptx"]
     loads = Counter(re.findall(r"ld\.global(?:\.\w+)*", ptx))
     copies = Counter(f"cp.async {m}B" for m in re.findall(r"cp\.async\.c[ag]\.shared\.global[^,]*,[^,]*, (0x\w+)", ptx))
     parts = [f"{n}x {op.removeprefix('ld.global.')}" for op, n in loads.most_common()]
+    if stores:
+        parts += [f"{n}x {op.removeprefix('st.global.')} store"
+                  for op, n in Counter(re.findall(r"st\.global(?:\.\w+)*", ptx)).most_common()]
     parts += [f"{n}x {op.replace('0x10', '16').replace('0x8', '8').replace('0x4', '4')}" for op, n in copies.items()]
     return f"shared {kernel.metadata.shared / 1024:5.1f} KB | " + ", ".join(parts)
 
 
 def main(args: argparse.Namespace) -> None:
+    kinds = args.kinds.split(",")
     for fmt in args.formats.split(","):
-        for cfg in candidates(fmt, args.m, args.n, args.k, args.sms):
-            if cfg.kind not in args.kinds.split(","):
+        cfgs = candidates(fmt, args.m, args.n, args.k, args.sms)
+        if "dequant" in kinds and not any(c.kind == "dequant" for c in cfgs):  # decode M: not offered there
+            cfgs += dequant_candidates(fmt, 128)
+        for cfg in cfgs:
+            if cfg.kind not in kinds:
                 continue
             common = dict(FMT=FMT_CODES[fmt], ROW_SCALE=fmt in ("fp8", "nvfp4"), SWIGLU=False, HAS_RES=False,
                           SPLIT=cfg.split_k > 1, EVEN_K=True, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                           BLOCK_K=cfg.block_k)
             kp = kernel_params(fmt, cfg)
+            if cfg.kind == "dequant":
+                try:
+                    kernel = compile_dequant(fmt, cfg, args.arch)
+                    print(f"{fmt:9s} {cfg.kind:13s} n={cfg.block_n:<4d} k={cfg.block_k:<4d} w={cfg.num_warps} "
+                          f"s={cfg.num_stages} | {describe(kernel, stores=True)}", flush=True)
+                except Exception as err:  # noqa: BLE001
+                    print(f"{fmt:9s} {cfg}: FAILED {type(err).__name__}: {str(err).splitlines()[0][:200]}", flush=True)
+                continue
             if cfg.kind.startswith("gemv"):
                 consts = dict(common, GROUP=kp["group"], ROW_BLOCK=kp["row_block"], PREFETCH=cfg.kind == "gemv-prefetch")
                 fn, split_arg = quant_gemv._quant_gemv_kernel, "k_per_split"
@@ -85,7 +119,8 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--arch", type=int, default=90, help="compute capability, e.g. 90 (H100/H200), 120 (RTX 5090)")
     parser.add_argument("--formats", default="int4-g64,nvfp4,int8-g64,fp8")
-    parser.add_argument("--kinds", default="gemv,gemv-prefetch,dot")
+    parser.add_argument("--kinds", default="gemv,gemv-prefetch,dot",
+                        help="comma list of gemv, gemv-prefetch, dot, dequant")
     parser.add_argument("--m", type=int, default=1)
     parser.add_argument("--n", type=int, default=34816)
     parser.add_argument("--k", type=int, default=5120)

@@ -14,6 +14,12 @@ weight side (the dominant traffic) and the dequantized tile never goes back to m
   copy bandwidth; the GEMV spends nothing on padding. The tuner measures it after the dot
   candidates (never the untuned default); ``_launch`` hands such configs to ``launch_gemv``.
 * Tiled path (large M, prefill): ``BLOCK_M`` 32..128 and grouped tile order for L2 reuse of x.
+* Dequant path (M > 16, ``GemmConfig(kind="dequant")``, :mod:`ninfer.kernels.quant_dequant`): the
+  whole weight is dequantized into a shared workspace in the activation dtype, then cuBLAS multiplies
+  (``mm`` / ``addmm`` for the residual, the split-K epilogue kernel below for SwiGLU). The tiled path
+  re-dequantizes each weight tile per BLOCK_M rows and measured 0.33-0.5x of cuBLAS at M = 512-4096.
+  Offered after the tiled candidates and not for the LM head (workspace size); ``_launch`` hands such
+  configs to ``launch_dequant_gemm``, except during CUDA-graph capture (tiled favourite instead).
 * Dequantization avoids int->float conversion instructions (bit-pattern tricks, see the helpers):
   at decode the ALU work per weight byte, not the MMA, competes with the memory stream.
 * Scales: per-row scales (fp8 rows, nvfp4 global scale) multiply the fp32 accumulator once in the
@@ -38,8 +44,10 @@ from ninfer.kernels.dispatch import use_triton
 from ninfer.kernels.quant_gemm_tune import (
     FMT_CODES,
     GemmConfig,
+    candidates,
     kernel_params,
     select_config,
+    sm_count,
 )
 from ninfer.quant.formats import QuantizedTensor
 
@@ -246,10 +254,10 @@ def _split_finish_kernel(ws_ptr, res_ptr, out_ptr, M, N_OUT, stride_rm, stride_o
     offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     mask = (offs_n < N_OUT)[:, None] & (offs_m < M)[None, :]
     ptrs = ws_ptr + offs_m.to(tl.int64)[None, :] * (N_OUT * (1 + SWIGLU)) + offs_n[:, None]
-    acc = tl.load(ptrs, mask=mask, other=0.0)
+    acc = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)  # fp32 split-K partials, or the dequant path's y
     acc_up = acc
     if SWIGLU:
-        acc_up = tl.load(ptrs + N_OUT, mask=mask, other=0.0)
+        acc_up = tl.load(ptrs + N_OUT, mask=mask, other=0.0).to(tl.float32)
     _finish(acc, acc_up, offs_m, offs_n, mask, res_ptr, stride_rm, out_ptr, stride_om, SWIGLU, HAS_RES)
 
 
@@ -321,18 +329,34 @@ def quant_matmul_triton(x: torch.Tensor, w: QuantizedTensor, residual: torch.Ten
     return result
 
 
+def kernel_tensors(w: QuantizedTensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """``(codes, scales, row_scale)`` as the kernels take them: fp8 codes and scales as bytes, bitcast in
+    the kernel (portable loads and masks); per-row scales (fp8 rows, nvfp4 global scale) or None."""
+    q = w.tensors["qweight"]
+    scales = w.tensors["scales"]
+    q = q.view(torch.uint8) if q.dtype == torch.float8_e4m3fn else q
+    scales = scales.view(torch.uint8) if scales.dtype == torch.float8_e4m3fn else scales
+    row_scale = {"fp8": scales, "nvfp4": w.tensors.get("global_scale")}.get(w.format.name)
+    return q, scales, row_scale
+
+
 def _launch(x: torch.Tensor, w: QuantizedTensor, res: torch.Tensor | None, out: torch.Tensor, swiglu: bool,
             cfg: GemmConfig) -> None:
     m, k = x.shape
     n_out = out.shape[1]
     name = w.format.name
+    if cfg.kind == "dequant":  # prefill: dequantize W into a workspace, then cuBLAS (quant_dequant)
+        from ninfer.kernels.quant_dequant import launch_dequant_gemm
+
+        if not (x.is_cuda and torch.cuda.is_current_stream_capturing()):
+            launch_dequant_gemm(x, w, res, out, swiglu, cfg)
+            return
+        # A captured graph would keep the shared workspace's address, which a later, larger weight frees
+        # (the buffer grows by reallocation): graphs take the tiled favourite instead (compiled already:
+        # the tuner ran it when it chose this config).
+        cfg = candidates(name, m, n_out, k, sm_count(x.device))[0]
     p = kernel_params(name, cfg)
-    q = w.tensors["qweight"]
-    scales = w.tensors["scales"]
-    # fp8 codes and scales are passed as bytes and bitcast in the kernel (portable loads and masks).
-    q = q.view(torch.uint8) if q.dtype == torch.float8_e4m3fn else q
-    scales = scales.view(torch.uint8) if scales.dtype == torch.float8_e4m3fn else scales
-    row_scale = {"fp8": scales, "nvfp4": w.tensors.get("global_scale")}.get(name)
+    q, scales, row_scale = kernel_tensors(w)
     if cfg.kind.startswith("gemv"):  # decode GEMV without tl.dot (quant_gemv imports this module's helpers)
         from ninfer.kernels.quant_gemv import launch_gemv
 

@@ -10,7 +10,10 @@ untuned key takes the first candidate, as every key does with ``NINFER_QUANT_TUN
 is chosen here rather than by ``triton.autotune`` because it changes the launch (workspace and
 epilogue kernel), not only the kernel's constants.
 For M <= 8 the GEMV configs of :mod:`ninfer.kernels.quant_gemv` (``kind="gemv"``, no ``tl.dot``)
-follow the dot configs, so they are chosen only by measurement, never as the untuned default.
+follow the dot configs, so they are chosen only by measurement, never as the untuned default. So do,
+for M > 16, the configs of :mod:`ninfer.kernels.quant_dequant` (``kind="dequant"``: dequantize the
+whole weight into a workspace, then cuBLAS), offered only for weights of at most
+``DEQUANT_MAX_ELEMENTS`` (the workspace is part of the memory plan; the LM head stays out).
 At least one candidate per path fits in 99 KB of shared memory (RTX 5090).
 """
 from __future__ import annotations
@@ -29,6 +32,9 @@ FMT_CODES = {"fp8": 0, "fp8-b128": 1, "int8-g32": 2, "int8-g64": 2, "int4-g64": 
 _GROUPS = {"fp8-b128": 128, "int8-g32": 32, "int8-g64": 64, "int4-g64": 64, "int4-g128": 128, "nvfp4": 16}
 SKINNY_MAX_M = 16
 GEMV_MAX_M = 8
+# Largest weight (rows x K) the dequant path takes: 512 MiB of bf16 workspace. Every dense projection of
+# Qwen3.5-27B fits (gate_up 34816 x 5120 = 356 MB); the 248320 x 5120 LM head (2.5 GB) does not.
+DEQUANT_MAX_ELEMENTS = 256 << 20
 TUNE = os.environ.get("NINFER_QUANT_TUNE", "1") != "0"
 
 
@@ -40,7 +46,9 @@ class GemmConfig:
     split_k: int = 1
     num_warps: int = 4
     num_stages: int = 3
-    kind: str = "dot"  # "dot": quant_gemm's tl.dot kernel; "gemv" / "gemv-prefetch": quant_gemv's decode GEMV (M <= 8)
+    # "dot": quant_gemm's tl.dot kernel; "gemv" / "gemv-prefetch": quant_gemv's decode GEMV (M <= 8);
+    # "dequant": quant_dequant's whole-weight dequantization (block_n x block_k tiles) + cuBLAS (M > 16)
+    kind: str = "dot"
 
 
 def kernel_params(fmt: str, cfg: GemmConfig) -> dict[str, int]:
@@ -73,8 +81,9 @@ def _split(tiles: int, k_steps: int, sms: int) -> int:
     return max(1, min(triton.cdiv(2 * sms, tiles), k_steps // 2, 32))
 
 
-def candidates(fmt: str, m: int, n_out: int, k: int, sms: int) -> list[GemmConfig]:
-    """Configs worth trying for this shape, the heuristic favourite first.
+def candidates(fmt: str, m: int, n_out: int, k: int, sms: int, *, swiglu: bool = False) -> list[GemmConfig]:
+    """Configs worth trying for this shape, the heuristic favourite first (``swiglu``: the weight has
+    ``2 * n_out`` rows).
 
     Skinny tiles give each warp 16 weight rows (BLOCK_N = 16 * warps), so no warp dequantizes rows
     another warp also holds; a K step reads 128 bytes of each weight row.
@@ -94,7 +103,19 @@ def candidates(fmt: str, m: int, n_out: int, k: int, sms: int) -> list[GemmConfi
         out.extend([replace(cfg, split_k=split), cfg] if split > 1 else [cfg])
     if m <= GEMV_MAX_M:  # after the dot favourite: untuned keys keep it, the tuner picks by measurement
         out.extend(gemv_candidates(fmt, m, n_out, k, sms))
+    if m > SKINNY_MAX_M and n_out * (2 if swiglu else 1) * k <= DEQUANT_MAX_ELEMENTS:  # likewise last
+        out.extend(dequant_candidates(fmt, out[0].block_m))
     return out
+
+
+def dequant_candidates(fmt: str, block_m: int) -> list[GemmConfig]:
+    """Tiles of the whole-weight dequantization (:mod:`ninfer.kernels.quant_dequant`), 8192 weights
+    each: the bf16 writes (2-4x the packed reads) dominate, so rows x columns matters little; one
+    stage (no shared-memory pipeline: nothing feeds a ``tl.dot``). ``block_m`` is informational
+    (the GEMM is cuBLAS's); block_k 128 and 256 suit every format's group size."""
+    if fmt not in FMT_CODES:
+        raise ValueError(f"no quantized GEMM kernel for format {fmt!r}")
+    return [GemmConfig(block_m, 32, 256, 1, 4, 1, "dequant"), GemmConfig(block_m, 64, 128, 1, 4, 1, "dequant")]
 
 
 def _gemv_split(tiles: int, k_steps: int, sms: int) -> int:
@@ -209,7 +230,7 @@ def select_config(fmt: str, x: torch.Tensor, n_out: int, k: int, swiglu: bool, h
     tune = TUNE and x.is_cuda and not INTERPRET and not torch.cuda.is_current_stream_capturing()
     if not tune and key in _FAVOURITE:
         return _FAVOURITE[key]
-    cands = autotune_configs(candidates(fmt, m, n_out, k, sm_count(x.device)))
+    cands = autotune_configs(candidates(fmt, m, n_out, k, sm_count(x.device), swiglu=swiglu))
     if not tune or len(cands) == 1:
         _FAVOURITE[key] = cands[0]
         return cands[0]

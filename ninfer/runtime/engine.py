@@ -18,7 +18,7 @@ from ninfer.models.cache import ModelCache
 from ninfer.models.mtp import MTPHead
 from ninfer.models.qwen3_5 import Qwen3_5TextModel
 from ninfer.runtime.graphs import DecodeGraphs
-from ninfer.runtime.memory import MemoryPlan, plan_memory
+from ninfer.runtime.memory import MemoryPlan, dequant_workspace_bytes, plan_memory
 from ninfer.runtime.output import OutputProcessor
 from ninfer.runtime.pause import Pauser
 from ninfer.runtime.pools import PagePool, SlotPool
@@ -65,7 +65,8 @@ class Engine:
             raise ValueError("draft_tokens > 0 needs the checkpoint's MTP head (mtp_head=...)")
         self.model, self.config, self.make_output = model, config, make_output
         self.device = model.device
-        self.plan: MemoryPlan = plan_memory(model.config, config, self.device, model.dtype)
+        self.plan: MemoryPlan = plan_memory(model.config, config, self.device, model.dtype,
+                                            dequant_workspace_bytes([model, mtp_head], model.dtype))
         self.cache = ModelCache(model.config, num_pages=self.plan.num_pages, page_size=config.page_size,
                                 num_slots=config.num_state_slots, device=self.device,
                                 dtype=model.dtype, kv_dtype=config.kv_dtype, with_mtp=bool(config.draft_tokens))

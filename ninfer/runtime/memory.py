@@ -1,17 +1,23 @@
 """The memory plan made at startup: how many KV pages fit, from sizes rather than trial allocation.
 
 Order of claims on device memory: weights (already resident), DeltaNet state slots (one per lane),
-a workspace estimate for the largest prefill chunk and the logits, a fixed headroom, then the KV
-pool takes what is left (``kv_capacity="auto"``) or exactly what was asked for.
+a workspace estimate for the largest prefill chunk and the logits, plus the buffer that quantized
+prefill GEMMs dequantize weights into (:mod:`ninfer.kernels.quant_dequant`, allocated on first use
+and kept), a fixed headroom, then the KV pool takes what is left (``kv_capacity="auto"``) or exactly
+what was asked for.
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
+from torch import nn
 
 from ninfer.config import ModelConfig
+from ninfer.kernels.quant_dequant import workspace_bytes as dequant_bytes
+from ninfer.quant.linear import QuantLinear
 
 if TYPE_CHECKING:
     from ninfer.runtime.engine import EngineConfig
@@ -56,11 +62,21 @@ def workspace_bytes(cfg: ModelConfig, engine: "EngineConfig", model_dtype: torch
     return activations + logits
 
 
-def plan_memory(cfg: ModelConfig, engine: "EngineConfig", device: torch.device, model_dtype: torch.dtype) -> MemoryPlan:
+def dequant_workspace_bytes(modules: Iterable[nn.Module | None], model_dtype: torch.dtype) -> int:
+    """The dequantization buffer of quantized prefill GEMMs: the largest ``QuantLinear`` weight that the
+    tuner may send down that path (``quant_dequant``; not the LM head), in the activation dtype.
+    0 without quantized linear layers."""
+    shapes = [m.shape for root in modules if root is not None for m in root.modules() if isinstance(m, QuantLinear)]
+    return dequant_bytes(shapes, model_dtype)
+
+
+def plan_memory(cfg: ModelConfig, engine: "EngineConfig", device: torch.device, model_dtype: torch.dtype,
+                dequant_bytes: int = 0) -> MemoryPlan:
+    """``dequant_bytes``: :func:`dequant_workspace_bytes` of the model (part of the workspace)."""
     per_token = kv_bytes_per_token(cfg, engine.kv_dtype, model_dtype, mtp=engine.draft_tokens > 0)
     page_bytes = max(1, int(per_token * engine.page_size))
     slot_bytes = state_bytes_per_slot(cfg, model_dtype)
-    workspace = workspace_bytes(cfg, engine, model_dtype)
+    workspace = workspace_bytes(cfg, engine, model_dtype) + dequant_bytes
     capacity = engine.kv_capacity
     if capacity is None:
         tokens = engine.max_concurrency * engine.max_context

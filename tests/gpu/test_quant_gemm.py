@@ -5,13 +5,19 @@ import pytest
 import torch
 import triton
 
-from ninfer.kernels import quant_gemm_tune
+from ninfer.kernels import quant_dequant, quant_gemm_tune
+from ninfer.kernels.quant_dequant import dequantize_triton
 from ninfer.kernels.quant_gemm import (
     quant_matmul,
     quant_matmul_reference,
     quant_matmul_triton,
 )
-from ninfer.kernels.quant_gemm_tune import candidates, gemv_candidates, sm_count
+from ninfer.kernels.quant_gemm_tune import (
+    candidates,
+    dequant_candidates,
+    gemv_candidates,
+    sm_count,
+)
 from ninfer.quant.formats import quantize
 from ninfer.quant.linear import QuantEmbedding, QuantLinear
 
@@ -183,3 +189,50 @@ def test_decode_tuning_times_graphs_and_keeps_a_working_config(monkeypatch: pyte
     got = quant_matmul_triton(x, w, res, out=res)
     assert used and len(quant_gemm_tune.tuned_configs()) == 1
     assert _err(got, ref) < TOL[torch.bfloat16]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_dequant_path_at_real_shapes(fmt: str) -> None:
+    """The dequantize-then-cuBLAS prefill path in bf16 (test_every_candidate_config covers its plain
+    GEMM): a bit-exact workspace for every dequant config, SwiGLU on the stacked gate/up weight, the
+    residual added in place (``out`` is the residual: cuBLAS ``addmm_``)."""
+    gate_up = quantize(_weight(2 * 17408, 5120, 10), fmt)
+    down = quantize(_weight(5120, 17408, 11), fmt)
+    ref_w = gate_up.dequantize(torch.bfloat16)
+    for cfg in dequant_candidates(fmt, 128):
+        buf = torch.full(ref_w.shape, float("nan"), device="cuda", dtype=torch.bfloat16)
+        assert torch.equal(dequantize_triton(gate_up, buf, cfg), ref_w), (fmt, cfg)
+    del ref_w, buf
+    cfg = dequant_candidates(fmt, 128)[0]
+    for m in (17, 300):
+        x = torch.randn(m, 5120, device="cuda", dtype=torch.bfloat16)
+        h = quant_matmul_triton(x, gate_up, swiglu=True, config=cfg)
+        assert _err(h, quant_matmul_reference(x, gate_up, swiglu=True)) < TOL[torch.bfloat16], (fmt, m)
+        res = torch.randn(m, 5120, device="cuda", dtype=torch.bfloat16)
+        ref = quant_matmul_reference(h, down, res)
+        y = quant_matmul_triton(h, down, res, out=res, config=cfg)
+        assert y.data_ptr() == res.data_ptr()
+        assert _err(y, ref) < TOL[torch.bfloat16], (fmt, m)
+    quant_dequant.release_workspaces()
+
+
+def test_dequant_config_in_cuda_graph_takes_the_tiled_kernel() -> None:
+    """Capture must not record the shared workspace (a later, larger weight reallocates it): a dequant
+    config captures the tiled favourite instead, and replays correctly after the buffer moved."""
+    w = quantize(_weight(1024, 5120, 12), "int4-g64")
+    cfg = dequant_candidates("int4-g64", 32)[0]
+    x = torch.randn(32, 5120, device="cuda", dtype=torch.bfloat16)
+    quant_matmul_triton(x, w, config=candidates("int4-g64", 32, 1024, 5120, sm_count(x.device))[0])  # compile it
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        quant_matmul_triton(x, w, config=cfg)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = quant_matmul_triton(x, w, config=cfg)
+    quant_dequant.release_workspaces()
+    quant_dequant.workspace(4096, 8192, torch.bfloat16, x.device).fill_(float("nan"))
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    assert _err(out, quant_matmul_reference(x, w)) < TOL[torch.bfloat16]
+    quant_dequant.release_workspaces()
