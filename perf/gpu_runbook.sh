@@ -10,12 +10,13 @@ export OUT=${OUT:-perf/results/tmp} PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
 suite() { bash perf/gpu_suite.sh "$@" >> "$OUT/runbook.log" 2>&1; tail -25 "$OUT/runbook.log"; }
 case ${1:-1} in
-  1)  # issues 4, 5, 8: the int4 decode GEMMs, where a 27B int4 step's time goes, the 27B int4 engine
-      # and speculation
-      NINFER_AUTOTUNE=off TESTS_TIMEOUT=90 suite tests:quant_gemm
-      QUANT_ARGS="--path dot,tuned --m 1,2,4,8,16,512 --shapes gate_up,down,q_proj --formats int4-g64,int4-g128 --no-gemlite"
-      PYTHONPATH=/tmp/site:$PWD:$PWD/perf timeout 90 python3 perf/bench_quant_gemm.py $QUANT_ARGS >> "$OUT/runbook.log" 2>&1
-      PYTHONPATH=$PWD:$PWD/perf timeout 140 python3 perf/profile_step.py --shape 27b --recipe int4 >> "$OUT/runbook.log" 2>&1
+  1)  # issues 4, 5, 8: graph-timed tuner picks at decode, the dequant + cuBLAS prefill path, where a 27B
+      # int4 step's time goes now, and the 27B int4 engine (mixed prefill/decode steps) and speculation
+      NINFER_AUTOTUNE=off TESTS_TIMEOUT=120 suite tests:quant_gemm
+      export PYTHONPATH=/tmp/site:$PWD:$PWD/perf
+      timeout 150 python3 perf/bench_quant_gemm.py --path dot,dequant,tuned --m 1,4,512,4096 \
+        --shapes gate_up,down,q_proj --formats int4-g64,nvfp4 --no-gemlite >> "$OUT/runbook.log" 2>&1
+      timeout 140 python3 perf/profile_step.py --shape 27b --recipe int4 >> "$OUT/runbook.log" 2>&1
       SPEC_ARGS="--shape 27b --recipe int4 --lanes 1 8 --steps 12 --prefill 8192" timeout 230 \
         bash perf/gpu_suite.sh spec >> "$OUT/runbook.log" 2>&1; tail -25 "$OUT/runbook.log"
       ;;
