@@ -14,6 +14,15 @@ case ${1:-1} in
       # int4 step's time goes now, and the 27B int4 engine (mixed prefill/decode steps) and speculation
       NINFER_AUTOTUNE=off TESTS_TIMEOUT=120 suite tests:quant_gemm
       export PYTHONPATH=/tmp/site:$PWD:$PWD/perf
+      ncu_one() {  # path, M, kernel: why the 4-bit decode GEMMs stay under half the bandwidth (stall reasons)
+        local args="--shape gate_up --format int4-g64 --m $2 --path $1" i
+        i=$(timeout 60 python3 perf/ncu_gemm.py $args --best 2>> "$OUT/runbook.log")
+        timeout 120 ncu -k "regex:$3" --launch-skip 2 --launch-count 1 --section SpeedOfLight --section WarpStateStats \
+          --section InstructionStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+          python3 perf/ncu_gemm.py $args --pick "${i:-0}" > "$OUT/ncu_$1_m$2.txt" 2>&1
+      }
+      if command -v ncu > /dev/null; then ncu_one gemv 1 _quant_gemv_kernel; ncu_one dot 4 _quant_gemm_kernel
+      else echo "ncu not found" >> "$OUT/runbook.log"; fi
       timeout 150 python3 perf/bench_quant_gemm.py --path dot,dequant,tuned --m 1,4,512,4096 \
         --shapes gate_up,down,q_proj --formats int4-g64,nvfp4 --no-gemlite >> "$OUT/runbook.log" 2>&1
       timeout 140 python3 perf/profile_step.py --shape 27b --recipe int4 >> "$OUT/runbook.log" 2>&1

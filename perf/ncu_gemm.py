@@ -1,0 +1,70 @@
+"""A few launches of one quantized GEMM path at a 27B shape, for Nsight Compute to profile.
+
+The decode GEMMs are the step's cost (see ``perf/profile_step.py``) and 4-bit formats stay under half
+the copy bandwidth; this answers *why* on the GPU (stall reasons, issue slots, memory throughput):
+
+    i=$(python perf/ncu_gemm.py --shape gate_up --format int4-g64 --m 1 --path gemv --best)
+    ncu -k regex:_quant_gemv_kernel --launch-skip 2 --launch-count 1 --section SpeedOfLight \\
+        --section WarpStateStats --section InstructionStats --section MemoryWorkloadAnalysis \\
+        python perf/ncu_gemm.py --shape gate_up --format int4-g64 --m 1 --path gemv --pick $i
+
+``--best`` times every candidate of the path (``gemv``: the GEMV configs, ``dot``: the ``tl.dot``
+configs, ``dequant``: dequantization + cuBLAS, M > 16) from CUDA-graph replays and prints the index
+of the fastest (its config and time on stderr); ``--pick I`` then only launches candidate I, once to
+compile and ``--launches`` times more, so that the profiled launch is not a timing run.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from ninfer.kernels.quant_gemm import quant_matmul_triton  # noqa: E402
+from ninfer.kernels.quant_gemm_tune import _graph_ms, candidates, gemv_candidates, sm_count  # noqa: E402
+from ninfer.quant.formats import quantize  # noqa: E402
+
+SHAPES = {"gate_up": (34816, 5120, True), "down": (5120, 17408, False), "q_proj": (12288, 5120, False),
+          "in_proj_qkv": (10240, 5120, False), "o_proj": (5120, 6144, False)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="gate_up")
+    parser.add_argument("--format", default="int4-g64")
+    parser.add_argument("--m", type=int, default=1)
+    parser.add_argument("--path", choices=["gemv", "dot", "dequant"], default="gemv")
+    parser.add_argument("--launches", type=int, default=8)
+    parser.add_argument("--best", action="store_true", help="time the candidates, print the fastest's index")
+    parser.add_argument("--pick", type=int, default=0, help="launch this candidate only")
+    args = parser.parse_args()
+    n, k, swiglu = SHAPES[args.shape]
+    n_out = n // 2 if swiglu else n
+    w = quantize(torch.randn(n, k, device="cuda") * 0.02, args.format)
+    x = torch.randn(args.m, k, device="cuda", dtype=torch.bfloat16)
+    sms = sm_count(x.device)
+    if args.path == "gemv":
+        cands = gemv_candidates(args.format, args.m, n_out, k, sms)
+    else:
+        cands = [c for c in candidates(args.format, args.m, n_out, k, sms, swiglu=swiglu) if c.kind == args.path]
+    if not cands:
+        parser.error(f"no {args.path} config for M = {args.m}")
+    if args.best:
+        times = [_graph_ms(lambda c=c: quant_matmul_triton(x, w, swiglu=swiglu, config=c)) for c in cands]
+        best = min(range(len(cands)), key=times.__getitem__)
+        print(f"{args.shape} N={n} K={k} M={args.m} {args.format} [{args.path}]: {cands[best]} "
+              f"{times[best] * 1e3:.1f} us", file=sys.stderr)
+        print(best)
+        return
+    cfg = cands[args.pick]
+    for _ in range(1 + args.launches):
+        quant_matmul_triton(x, w, swiglu=swiglu, config=cfg)
+    torch.cuda.synchronize()
+    print(f"profiled {cfg}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
