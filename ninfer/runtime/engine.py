@@ -164,11 +164,11 @@ class Engine:
         self.prefix.record_hit(hit)
         req.num_computed = req.cached_tokens = hit.length
         req.prefix_hit = None
-        if hit.checkpoint.host is not None:  # from host memory: the sequence gets its own pages
+        if hit.checkpoint.kv_on_host:  # the KV comes back from host memory into the sequence's own pages
             self._slots_for(req, 0, hit.length)
             self.prefix.restore(hit.checkpoint, req.slot, req.pages)
             return
-        self.cache.copy_slot(hit.checkpoint.slot, req.slot)
+        self.prefix.restore(hit.checkpoint, req.slot)  # the state, from its slot or host memory
         if req.pages:
             self.lane_block_tables[req.lane, :len(req.pages)] = torch.tensor(req.pages, dtype=torch.int32)
         if hit.length % ps:
