@@ -13,6 +13,8 @@ from typing import Callable
 
 import torch
 
+from ninfer.kernels.attention_decode import DECODE_MAX_TOKENS
+from ninfer.kernels.deltanet import RECURRENT_MAX_SEQLEN
 from ninfer.models.batch import ForwardBatch
 from ninfer.models.cache import ModelCache
 from ninfer.models.mtp import MTPHead
@@ -51,11 +53,22 @@ class EngineConfig:
     draft_tokens: int = 0  # speculative decoding with the MTP head: K drafts per round (0: off)
     forced_accept: int | None = None  # benchmarks only: accept exactly this many drafts per round
     pause_host_bytes: int = 4 << 30  # host memory for snapshots of paused requests (beyond it: recompute)
+    warmup: bool = True  # on CUDA, compile and autotune for every prefill chunk length class at start-up
 
     @property
     def num_state_slots(self) -> int:
         per_lane = 1 + (self.draft_tokens + 1 if self.draft_tokens else 0)  # + per-token verify states
         return self.max_concurrency * per_lane + (self.checkpoint_slots if self.prefix_cache else 0)
+
+
+def warmup_chunk_lengths(longest: int) -> list[int]:
+    """Prefill chunk lengths (up to ``longest``) that reach every autotune key one prompt's chunks can:
+    each length the short-chunk kernels take (decode attention sizes its tile by the length; recurrent
+    DeltaNet) and each power of two, since prefill attention (``tune_len``), quantized GEMMs (M bucket) and
+    MoE GEMMs (``tune_m``) tune once per power-of-two bucket; ``longest`` reaches the bucket above it."""
+    short = max(DECODE_MAX_TOKENS, RECURRENT_MAX_SEQLEN)
+    lengths = {*range(1, short + 1), *(1 << i for i in range(longest.bit_length())), longest}
+    return sorted(n for n in lengths if n <= longest)
 
 
 class Engine:
@@ -94,6 +107,42 @@ class Engine:
             self.graphs = DecodeGraphs(model, self.cache, self.lane_block_tables, config.max_concurrency)
         self.pauser.spec = self.spec
         self.scheduler.pack_prefills = self.spec is None  # the speculator's prefill hook takes one prompt at a time
+        if config.warmup and self.device.type == "cuda":
+            self.warm_up()
+
+    @torch.inference_mode()
+    def warm_up(self) -> None:
+        """Prefill one chunk of each length in :func:`warmup_chunk_lengths` on scratch pages and a scratch
+        slot (given back after), so that Triton compiles and autotunes at start-up. On a GPU the first
+        chunk of a new length class costs seconds of compiling and benchmarking configs, and prompts meet
+        new classes late: a short turn after long prompts, the 1-token chunk before an end-of-prompt
+        checkpoint, the remainder up to a checkpoint interval."""
+        ps = self.config.page_size
+        # A mixed step adds up to max_concurrency decode rows to a full chunk: its GEMMs reach the bucket above.
+        riders = self.config.max_concurrency if self.scheduler.pack_prefills else 0
+        longest = min(self.config.prefill_chunk + riders, self.config.max_context - 1, self.pages.num_available * ps)
+        if longest < 1 or self.slots.num_free == 0:
+            return
+        lengths = warmup_chunk_lengths(longest)
+        num_pages = -(-longest // ps)
+        self.pages.reserve(num_pages)
+        pages, slot, dev = [self.pages.take_reserved() for _ in range(num_pages)], self.slots.acquire(), self.device
+        self.lane_block_tables[0, :num_pages] = torch.tensor(pages, dtype=torch.int32)
+        slot_mapping = torch.tensor([pages[p // ps] * ps + p % ps for p in range(longest)], dtype=torch.long, device=dev)
+        for n in lengths:
+            self.cache.reset_slot(slot)
+            batch = ForwardBatch(
+                input_ids=torch.zeros(n, dtype=torch.long, device=dev),
+                positions=torch.arange(n, device=dev).expand(3, n),
+                cu_seqlens=torch.tensor([0, n], dtype=torch.int32, device=dev),
+                context_lens=torch.tensor([n], dtype=torch.int32, device=dev),
+                block_tables=self.lane_block_tables[:1], slot_mapping=slot_mapping[:n],
+                state_slots=torch.tensor([slot], dtype=torch.long, device=dev), max_seqlen=n,
+            )
+            self.model.logits(self.model(batch, self.cache)[-1:])
+        self.cache.reset_slot(slot)
+        self.slots.release(slot)
+        self.pages.release(pages)
 
     # -- requests ---------------------------------------------------------------------------
     def add_request(self, req: Request) -> None:
@@ -240,11 +289,11 @@ class Engine:
         self.prefix.record_hit(hit)
         req.num_computed = req.cached_tokens = hit.length
         req.prefix_hit = None
-        if hit.checkpoint.host is not None:  # from host memory: the sequence gets its own pages
+        if hit.checkpoint.kv_on_host:  # the KV comes back from host memory into the sequence's own pages
             self._slots_for(req, 0, hit.length)
             self.prefix.restore(hit.checkpoint, req.slot, req.pages)
             return
-        self.cache.copy_slot(hit.checkpoint.slot, req.slot)
+        self.prefix.restore(hit.checkpoint, req.slot)  # the state, from its slot or host memory
         if req.pages:
             self.lane_block_tables[req.lane, :len(req.pages)] = torch.tensor(req.pages, dtype=torch.int32)
         if hit.length % ps:

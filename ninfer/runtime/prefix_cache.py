@@ -10,7 +10,11 @@ Checkpoints are taken one token before the end of each prompt (so an identical p
 every ``interval`` tokens of a long prompt, and at the end of each generation (so the next turn
 of a chat hits). They live in spare state slots and pinned pages and are evicted least recently
 used when admission needs the memory: moved to a host memory budget when one is set (and copied
-back on a hit), else dropped.
+back on a hit), else dropped. Slots are scarce (a few per engine) and pages plentiful, and the
+checkpoints of one conversation share most of their pages, so eviction takes two steps: freeing a
+slot moves only the state to the host (~150 MB at 27B) and leaves the KV pages shared on the device;
+the KV follows only when admission runs short of pages (64 KiB per token at 27B: copying it with every
+slot eviction cost 2 GiB per 32k-token checkpoint, seconds per turn of a long chat).
 """
 from __future__ import annotations
 
@@ -25,14 +29,15 @@ from ninfer.runtime.pools import PagePool, SlotPool
 
 @dataclass
 class HostCopy:
-    """A checkpoint moved to host memory: its state slot and KV pages, copied off the device."""
+    """What a checkpoint (or a paused request) keeps in host memory: its state slot and, unless its KV
+    pages are still on the device, their contents."""
 
     state: list[torch.Tensor]  # conv then recurrent state, one tensor per DeltaNet layer
-    kv: list[torch.Tensor]  # per attention layer: k, v (and scales) of the checkpoint's pages
+    kv: list[torch.Tensor] | None  # per attention layer: k, v (and scales) of the pages; None: on the device
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (*self.state, *self.kv))
+        return sum(t.numel() * t.element_size() for t in (*self.state, *(self.kv or ())))
 
 
 def cache_key(tokens: list[int] | tuple[int, ...], media_keys: tuple[tuple[int, str], ...] = ()) -> tuple:
@@ -45,11 +50,15 @@ def cache_key(tokens: list[int] | tuple[int, ...], media_keys: tuple[tuple[int, 
 class Checkpoint:
     key: tuple
     length: int
-    slot: int | None  # None once the checkpoint lives in host memory
-    pages: list[int]  # pages covering tokens [0, len(tokens)); the last may be partly filled
+    slot: int | None  # None once the state lives in host memory
+    pages: list[int]  # device pages covering tokens [0, length), the last maybe partly filled; [] once on the host
     last_used: int = 0
     hits: int = 0
-    host: HostCopy | None = None
+    host: HostCopy | None = None  # the state (and maybe the KV) in host memory
+
+    @property
+    def kv_on_host(self) -> bool:
+        return self.host is not None and self.host.kv is not None
 
 
 @dataclass
@@ -65,8 +74,9 @@ class PrefixCacheStats:
     lookups: int = 0
     inserted: int = 0
     evicted: int = 0  # dropped for good
-    offloaded: int = 0  # moved to host memory
-    restored: int = 0  # resumed from host memory
+    offloaded: int = 0  # state moved to host memory (a slot freed)
+    kv_offloaded: int = 0  # KV pages moved to host memory too (pages freed)
+    restored: int = 0  # resumed from host memory (the state, and the KV when it was there)
 
 
 @dataclass
@@ -106,8 +116,8 @@ class PrefixCache:
 
     def shared_pages(self, hit: PrefixHit) -> list[int]:
         """The checkpoint's fully used pages, which a resuming sequence shares by reference
-        (none for a checkpoint in host memory: the sequence gets its own copies)."""
-        if hit.checkpoint.host is not None:
+        (none when its KV is in host memory: the sequence gets its own copies)."""
+        if hit.checkpoint.kv_on_host:
             return []
         full = hit.length // self.page_size
         shared = hit.checkpoint.pages[:full]
@@ -123,7 +133,7 @@ class PrefixCache:
         if length == 0 or key in self._by_length.get(length, {}):
             return False
         target = self.slots.acquire()
-        if target is None and self.evict_one():
+        if target is None and self.free_slot():
             target = self.slots.acquire()
         if target is None:
             return False
@@ -135,22 +145,41 @@ class PrefixCache:
         self.stats.inserted += 1
         return True
 
-    def evict_one(self) -> bool:
-        """Free the device memory of the least recently used device-resident checkpoint: move it to
-        host memory when the host budget allows, else drop it. False when no checkpoint is on the device."""
-        on_device = [c for c in self._entries() if c.host is None]
-        if not on_device:
+    def free_slot(self) -> bool:
+        """Free one state slot: the least recently used checkpoint holding one moves its state to host
+        memory and keeps its KV pages on the device (when the host budget allows), or is dropped.
+        False when no checkpoint holds a slot."""
+        holders = [c for c in self._entries() if c.slot is not None]
+        if not holders:
             return False
-        victim = min(on_device, key=lambda c: c.last_used)
-        if not self._offload(victim):
+        victim = min(holders, key=lambda c: c.last_used)
+        if not self._offload(victim, kv=False):
             self._drop(victim)
         return True
 
-    def restore(self, ckpt: Checkpoint, slot: int, pages: list[int]) -> None:
-        """Copy a host checkpoint into a sequence's state slot and its own KV pages (covering the prefix)."""
+    def evict_one(self) -> bool:
+        """Free all the device memory (state slot and KV pages) of the least recently used checkpoint
+        holding any: move it to host memory when the host budget allows, else drop it. False when no
+        checkpoint holds device memory."""
+        holders = [c for c in self._entries() if c.slot is not None or c.pages]
+        if not holders:
+            return False
+        victim = min(holders, key=lambda c: c.last_used)
+        if not self._offload(victim, kv=True):
+            self._drop(victim)
+        return True
+
+    def restore(self, ckpt: Checkpoint, slot: int, pages: list[int] | None = None) -> None:
+        """Copy a checkpoint's state into a sequence's ``slot`` (from its slot or host memory) and, when its
+        KV is in host memory, into the sequence's own ``pages`` (covering the prefix)."""
+        if ckpt.slot is not None:
+            self.cache.copy_slot(ckpt.slot, slot)
+            return
         assert ckpt.host is not None
         self.cache.restore_slot(slot, ckpt.host.state)
-        self.cache.restore_pages(pages[: len(ckpt.host.kv[0]) if ckpt.host.kv else 0], ckpt.host.kv)
+        if ckpt.host.kv is not None:
+            assert pages is not None, "a checkpoint with its KV on the host needs the sequence's pages"
+            self.cache.restore_pages(pages[: len(ckpt.host.kv[0]) if ckpt.host.kv else 0], ckpt.host.kv)
         self.stats.restored += 1
 
     def clear(self) -> None:
@@ -158,9 +187,9 @@ class PrefixCache:
             self._drop(ckpt)
 
     def held(self) -> tuple[int, int]:
-        """(distinct KV pages, state slots) the device-resident checkpoints hold."""
-        on_device = [c for c in self._entries() if c.host is None]
-        return len({p for c in on_device for p in c.pages}), len(on_device)
+        """(distinct KV pages, state slots) the checkpoints hold on the device."""
+        entries = self._entries()
+        return len({p for c in entries for p in c.pages}), sum(c.slot is not None for c in entries)
 
     @property
     def host_bytes(self) -> int:
@@ -169,19 +198,40 @@ class PrefixCache:
     def _entries(self) -> list[Checkpoint]:
         return [c for group in self._by_length.values() for c in group.values()]
 
-    def _offload(self, ckpt: Checkpoint) -> bool:
-        if self.host_bytes_limit <= 0:
+    def _offload(self, ckpt: Checkpoint, kv: bool) -> bool:
+        """Move the checkpoint's state (if on the device) and, with ``kv``, its KV pages to host memory,
+        dropping older host copies to fit; False (nothing moved) when the budget cannot hold them."""
+        state_bytes = self.cache.slot_nbytes if ckpt.slot is not None else 0
+        kv_pages = ckpt.pages if kv else []
+        if not self._host_room(state_bytes + len(kv_pages) * self.cache.page_nbytes, keep=ckpt):
             return False
-        host = HostCopy(self.cache.save_slot(ckpt.slot), self.cache.save_pages(ckpt.pages))
-        while self.host_bytes + host.nbytes > self.host_bytes_limit:
-            on_host = [c for c in self._entries() if c.host is not None]
+        if ckpt.slot is not None:
+            state = self.cache.save_slot(ckpt.slot)
+            self.slots.release(ckpt.slot)
+            ckpt.slot = None
+            self.stats.offloaded += 1
+        else:
+            assert ckpt.host is not None
+            state = ckpt.host.state
+        kv_copy = ckpt.host.kv if ckpt.host is not None else None
+        if kv_pages:
+            kv_copy = self.cache.save_pages(kv_pages)
+            self.pages.release(kv_pages)
+            ckpt.pages = []
+            self.stats.kv_offloaded += 1
+        ckpt.host = HostCopy(state, kv_copy)
+        return True
+
+    def _host_room(self, nbytes: int, keep: Checkpoint) -> bool:
+        """Make ``nbytes`` of the host budget free by dropping the least recently used host copies other
+        than ``keep``'s; False when the budget is off or cannot hold them."""
+        if self.host_bytes_limit <= 0 or nbytes > self.host_bytes_limit:
+            return False
+        while self.host_bytes + nbytes > self.host_bytes_limit:
+            on_host = [c for c in self._entries() if c.host is not None and c is not keep]
             if not on_host:
-                return False  # larger than the whole budget
+                return False
             self._drop(min(on_host, key=lambda c: c.last_used))
-        self.pages.release(ckpt.pages)
-        self.slots.release(ckpt.slot)
-        ckpt.slot, ckpt.pages, ckpt.host = None, [], host
-        self.stats.offloaded += 1
         return True
 
     def _drop(self, ckpt: Checkpoint) -> None:
@@ -189,8 +239,8 @@ class PrefixCache:
         del group[ckpt.key]
         if not group:
             del self._by_length[ckpt.length]
-        if ckpt.host is None:
-            self.pages.release(ckpt.pages)
+        self.pages.release(ckpt.pages)
+        if ckpt.slot is not None:
             self.slots.release(ckpt.slot)
         self.stats.evicted += 1
 

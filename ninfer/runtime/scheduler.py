@@ -124,7 +124,7 @@ class Scheduler:
         if not self.reserve_pages(pages):
             return None
         want = 1 + (self.lookahead + 1 if self.lookahead else 0)
-        while self.slots.num_free < want and self.prefix is not None and self.prefix.evict_one():
+        while self.slots.num_free < want and self.prefix is not None and self.prefix.free_slot():
             pass
         if self.slots.num_free < want:
             self.pages.unreserve(pages)

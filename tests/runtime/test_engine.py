@@ -200,3 +200,25 @@ def test_logprobs_match_scores_and_penalties_change_choices(solo) -> None:
     solo._run([banned])
     assert not set(banned.output_ids) & set(prompt)
     _assert_balanced(solo)
+
+
+def test_warmup_lengths_reach_every_tuning_bucket() -> None:
+    from ninfer.runtime.engine import warmup_chunk_lengths
+
+    assert warmup_chunk_lengths(4096) == [1, 2, 3, 4, 5, 6, 7, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096]
+    assert warmup_chunk_lengths(100) == [1, 2, 3, 4, 5, 6, 7, 8, 16, 32, 64, 100]
+    assert warmup_chunk_lengths(3) == [1, 2, 3]
+
+
+def test_warmup_is_off_on_cpu_and_leaves_nothing_behind(dense_ckpt: TinyCheckpoint, solo, monkeypatch) -> None:
+    from ninfer.runtime.engine import Engine
+
+    calls = []
+    monkeypatch.setattr(Engine, "warm_up", lambda self: calls.append(self))
+    llm = ninfer.load(dense_ckpt.path, device="cpu", max_concurrency=1, prefill_chunk=40, progress=False)
+    assert calls == []  # CPU: no start-up work
+    monkeypatch.undo()
+    llm.engine.warm_up()  # what a CUDA engine runs at start-up, here on the reference kernels
+    _assert_balanced(llm)
+    prompt = _prompts([50], seed=3)[0]
+    assert llm._run([_greedy(llm, prompt)])[0].token_ids == solo._run([_greedy(solo, prompt)])[0].token_ids

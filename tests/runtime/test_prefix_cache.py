@@ -32,6 +32,14 @@ def _assert_balanced(llm: ninfer.LLM) -> None:
     assert not engine.requests
 
 
+def _page_copies(llm: ninfer.LLM) -> list[int]:
+    """The KV pages the engine copies to host memory from now on (a list that grows)."""
+    copied: list[int] = []
+    save_pages = llm.engine.cache.save_pages
+    llm.engine.cache.save_pages = lambda pages: copied.extend(pages) or save_pages(pages)
+    return copied
+
+
 @pytest.fixture(scope="module")
 def plain(dense_ckpt: TinyCheckpoint) -> ninfer.LLM:
     return _load(dense_ckpt)
@@ -120,3 +128,41 @@ def test_chat_turn_boundaries_hit_when_the_template_drops_reasoning(dense_ckpt: 
     assistant_start = max(i for i, t in enumerate(prompt1) if t == llm.tokenizer.token_id("<|im_start|>"))
     assert llm.engine.prefix.stats.hit_tokens == assistant_start  # resumed right before turn 1's assistant turn
     _assert_balanced(llm)
+
+
+def test_agent_loop_moves_only_states_to_host_while_pages_last(dense_ckpt: TinyCheckpoint, plain) -> None:
+    # Each turn resends the history plus new tokens and checkpoints its prompt's end and its generation's
+    # end, so with two checkpoint slots older checkpoints leave their slots every turn. Their KV pages are
+    # shared with newer checkpoints and the pool has room: only the state may move to the host, not the
+    # whole prefix's KV (at 27B, 64 KiB per token against ~150 MiB of state).
+    llm = _load(dense_ckpt, prefix_cache=True, checkpoint_interval=1000, checkpoint_slots=2, host_cache_gib=0.01)
+    copied = _page_copies(llm)
+    history, prompts = [], []
+    for turn in range(4):
+        history = history + _tokens(20, 30 + turn)
+        prompts.append(history)
+    outs = [_greedy(llm, [p], 1)[0] for p in prompts]
+    assert [o.output_ids for o in outs] == _expected(plain, prompts, 1)
+    assert [o.cached_tokens for o in outs] == [0, 20, 40, 60]
+    prefix = llm.engine.prefix
+    assert prefix.stats.offloaded > 0 and copied == []
+    branch = prompts[1] + _tokens(5, 40)  # resumes from turn 1's end: state on the host, KV pages on the device
+    again = _greedy(llm, [branch], 4)[0]
+    assert again.output_ids == _expected(plain, [branch], 4)[0]
+    assert again.cached_tokens == 40 and prefix.stats.restored == 1 and copied == []
+    _assert_balanced(llm)
+    assert prefix.host_bytes == 0
+
+
+def test_page_pressure_moves_kv_to_host_and_restores_it(dense_ckpt: TinyCheckpoint, plain) -> None:
+    llm = _load(dense_ckpt, prefix_cache=True, checkpoint_interval=16, kv_capacity=192, checkpoint_slots=2,
+                host_cache_gib=0.01, max_concurrency=1)
+    copied = _page_copies(llm)
+    prompts = [_tokens(60, s) for s in range(61, 65)] + [_tokens(60, 61) + _tokens(4, 66)]
+    outs = [_greedy(llm, [p], 20)[0] for p in prompts]
+    assert [o.output_ids for o in outs] == _expected(plain, prompts, 20)
+    prefix = llm.engine.prefix
+    assert copied  # admission ran short of pages: checkpoints' KV moved to the host
+    assert outs[-1].cached_tokens == 59 and prefix.stats.restored == 1  # the first prompt's KV came back from the host
+    _assert_balanced(llm)
+    assert prefix.host_bytes == 0
