@@ -46,8 +46,9 @@ class GemmConfig:
     split_k: int = 1
     num_warps: int = 4
     num_stages: int = 3
-    # "dot": quant_gemm's tl.dot kernel; "gemv" / "gemv-prefetch": quant_gemv's decode GEMV (M <= 8);
-    # "dequant": quant_dequant's whole-weight dequantization (block_n x block_k tiles) + cuBLAS (M > 16)
+    # "dot": quant_gemm's tl.dot kernel; "gemv" / "gemv-prefetch" / "gemv-w32" (int4 codes as 32-bit
+    # words): quant_gemv's decode GEMV (M <= 8); "dequant": quant_dequant's whole-weight dequantization
+    # (block_n x block_k tiles) + cuBLAS (M > 16)
     kind: str = "dot"
 
 
@@ -143,7 +144,9 @@ def gemv_candidates(fmt: str, m: int, n_out: int, k: int, sms: int) -> list[Gemm
     # Two more with a register prefetch of the next K step (twice the bytes in flight per thread: the
     # pipeliner does not stage loads that feed no tl.dot, so one-stage GEMVs keep one step in flight).
     prefetch = [(32, 256, 4, 1), (64, 128, 4, 1)] if bm <= 2 else [(16, 128, 4, 1)]
-    for kind, group in (("gemv", shapes), ("gemv-prefetch", prefetch)):
+    # int4 codes read as 32-bit words (fewer instructions per weight; quant_gemv's module docstring).
+    words = ([(32, 256, 4, 1), (64, 128, 4, 1)] if bm <= 2 else [(16, 128, 4, 1)]) if fmt.startswith("int4") else []
+    for kind, group in (("gemv", shapes), ("gemv-prefetch", prefetch), ("gemv-w32", words)):
         for bn, row_bytes, warps, stages in group:
             bk = max(row_bytes * (2 if four_bit else 1), _GROUPS.get(fmt, 1))
             split = _gemv_split(triton.cdiv(n_out, bn) * triton.cdiv(m, bm), triton.cdiv(k, bk), sms)

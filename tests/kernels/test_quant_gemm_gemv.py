@@ -106,3 +106,21 @@ def test_gemv_prefetch(fmt: str, m: int) -> None:
     _check(fmt, torch.float32, m, 48, 512, prefetch(32, 128, 1), seed=m)  # four steps, one split
     _check(fmt, torch.float32, m, 200, 640, prefetch(16, 128, 2), residual=True, seed=m + 1)  # ragged last step
     _check(fmt, torch.float16, m, 96, 768, prefetch(16, 128, 3), swiglu=True, seed=m + 2)
+
+
+@pytest.mark.parametrize("fmt", ["int4-g64", "int4-g128"])
+@pytest.mark.parametrize("m", [1, 3, 8])
+def test_gemv_on_32_bit_words(fmt: str, m: int) -> None:
+    """int4 codes read as 32-bit words (``gemv-w32``): several K steps per split, a ragged last step,
+    split-K with a residual, SwiGLU in fp16; nibble j of a word is column 8 w + j."""
+    words = lambda bn, bk, split: GemmConfig(m_bucket(m), bn, bk, split, 4, 1, "gemv-w32")  # noqa: E731
+    _check(fmt, torch.float32, m, 48, 512, words(32, 128, 1), seed=m)  # four steps, one split
+    _check(fmt, torch.float32, m, 200, 640, words(16, 128, 2), residual=True, seed=m + 1)  # ragged last step
+    _check(fmt, torch.float16, m, 96, 768, words(16, 256, 3), swiglu=True, seed=m + 2)
+
+
+def test_gemv_words_only_for_int4() -> None:
+    assert any(c.kind == "gemv-w32" for c in gemv_candidates("int4-g64", 1, 5120, 17408, 132))
+    assert not any(c.kind == "gemv-w32" for c in gemv_candidates("nvfp4", 1, 5120, 17408, 132))
+    with pytest.raises(ValueError, match="32-bit words"):
+        _check("nvfp4", torch.float32, 1, 48, 512, GemmConfig(1, 32, 128, 1, 4, 1, "gemv-w32"))
