@@ -38,6 +38,8 @@ ALIGNED = ("x_ptr", "q_ptr", "s_ptr", "rs_ptr", "res_ptr", "out_ptr", "ws_ptr", 
 
 def compile_kernel(fn, split_arg: str, fmt: str, consts: dict, warps: int, stages: int, arch: int):
     q_type, s_type = TYPES[fmt]
+    if consts.get("WORDS"):  # int4 codes read as 32-bit words
+        q_type = "*i32"
     row_scale = fmt in ("fp8", "nvfp4")
     sig = {"x_ptr": "*bf16", "q_ptr": q_type, "s_ptr": s_type, "rs_ptr": "*fp32" if row_scale else s_type,
            "res_ptr": "*bf16", "out_ptr": "*bf16", "ws_ptr": "*fp32", "M": "i32", "N_OUT": "i32", "K": "i32",
@@ -101,7 +103,8 @@ def main(args: argparse.Namespace) -> None:
                     print(f"{fmt:9s} {cfg}: FAILED {type(err).__name__}: {str(err).splitlines()[0][:200]}", flush=True)
                 continue
             if cfg.kind.startswith("gemv"):
-                consts = dict(common, GROUP=kp["group"], ROW_BLOCK=kp["row_block"], PREFETCH=cfg.kind == "gemv-prefetch")
+                consts = dict(common, GROUP=kp["group"], ROW_BLOCK=kp["row_block"], PREFETCH=cfg.kind == "gemv-prefetch",
+                              WORDS=cfg.kind == "gemv-w32")
                 fn, split_arg = quant_gemv._quant_gemv_kernel, "k_per_split"
             else:
                 consts = dict(common, GROUP=kp["group"], CHUNK=kp["chunk"], ROW_BLOCK=kp["row_block"],
