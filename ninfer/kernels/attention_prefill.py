@@ -27,9 +27,12 @@ def _config(block_m: int, block_n: int, warps: int, stages: int) -> triton.Confi
     return triton.Config({"BLOCK_M": block_m, "BLOCK_N": block_n}, num_warps=warps, num_stages=stages)
 
 
-# Shared memory at head dim 256 in bf16: Q 512 B/row, K+V 1 KB/key per stage. The first config
-# (64 KB) fits the RTX 5090's 99 KB and is the interpreter's; the larger ones are for Hopper.
+# Shared memory at head dim 256 in bf16: Q 512 B/row, K+V 1 KB/key per stage. The first config is the
+# interpreter's, fp32's (tests) and NINFER_AUTOTUNE=off's: small tiles, because ptxas takes 1.4 s on an
+# fp32 head-dim-256 tile of 16 x 16 and 19 s on 64 x 32 (offline sm_90 compile); it fits the RTX 5090's
+# 99 KB (24 KB in bf16) as does the next; the larger ones are for Hopper.
 _CONFIGS = [
+    _config(16, 16, 4, 1),
     _config(64, 32, 4, 1),
     _config(64, 32, 4, 2),
     _config(64, 64, 4, 2),
