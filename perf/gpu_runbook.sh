@@ -29,13 +29,12 @@ case ${1:-1} in
       SPEC_ARGS="--shape 27b --recipe int4 --lanes 1 8 --steps 12 --prefill 8192" timeout 230 \
         bash perf/gpu_suite.sh spec >> "$OUT/runbook.log" 2>&1; tail -25 "$OUT/runbook.log"
       ;;
-  2)  # issues 6, 8, 7, 9, 10: 35B-A3B int4 engine and speculation, server overhead, vision, prefix cache
+  2)  # issues 6, 8, 7, 10: 35B-A3B int4 engine and speculation, server overhead (1..16), prefix cache at the issue's scale
       part() { local t=$1; shift; timeout "$t" "$@" >> "$OUT/runbook.log" 2>&1; echo "--- rc=$? $*" >> "$OUT/runbook.log"; }
       SPEC_ARGS="--shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --lanes 1 8 --steps 12 --prefill 8192" part 200 bash perf/gpu_suite.sh spec
       export PYTHONPATH=/tmp/site:$PWD:$PWD/perf
-      part 130 python3 perf/bench_server.py --random 27b --recipe int4 --levels 1 4 8 --max-tokens 64
-      part 120 python3 perf/bench_vision.py --shape 27b --reps 3
-      part 100 python3 perf/bench_prefix_cache.py --context 32768 --turns 8 --growth 2000
+      part 150 python3 perf/bench_server.py --random 27b --recipe int4 --levels 1 2 4 8 16 --max-tokens 64
+      part 240 python3 perf/bench_prefix_cache.py --context 65536 --turns 20 --growth 5000
       tail -40 "$OUT/runbook.log" ;;
   3)  # issues 5, 8: transformers floor, compute-sanitizer over speculation, whole-model GPU tests
       HF_SHAPES=27b suite hf
