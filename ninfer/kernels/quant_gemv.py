@@ -169,38 +169,62 @@ def _gemv_decode(raw, FMT: tl.constexpr):
 
 
 @triton.jit
+def _gemv_scales(s_ptr, rows, k0, K, stride_sn, FMT: tl.constexpr, GROUP: tl.constexpr, ROW_BLOCK: tl.constexpr,
+                 BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+    """fp32 group scales ``[BLOCK_N, BLOCK_K / GROUP]`` of a K step (nvfp4's times 2^63, see the module
+    docstring); fp8 rows have none (their row scale multiplies the accumulator): a placeholder."""
+    if FMT == FMT_FP8:
+        scale = tl.zeros((1, 1), dtype=tl.float32)  # never read: _gemv_dot skips the scale for fp8
+    else:
+        scale = _group_scales(s_ptr, rows, k0, K, stride_sn, FMT, GROUP, ROW_BLOCK, BLOCK_K // GROUP, EVEN_K)
+        if FMT == FMT_NVFP4:
+            scale = scale * TWO_63
+    return scale
+
+
+@triton.jit
+def _gemv_x(x_ptr, xrow, k0, K, stride_xm, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+    """Columns ``[k0, k0 + BLOCK_K)`` of activation row ``xrow`` in fp32."""
+    offs_k = k0 + tl.arange(0, BLOCK_K)
+    xp = x_ptr + xrow.to(tl.int64) * stride_xm + offs_k
+    return (tl.load(xp) if EVEN_K else tl.load(xp, mask=offs_k < K, other=0.0)).to(tl.float32)
+
+
+@triton.jit
+def _gemv_dot(a, b, scale, xt, FMT: tl.constexpr, GROUP: tl.constexpr, BLOCK_N: tl.constexpr,
+              BLOCK_K: tl.constexpr):
+    """``W . x`` ``[BLOCK_N]`` (fp32) of one K step for one activation row ``xt [BLOCK_K]``, from the
+    decoded weights ``(a, b)`` (:func:`_gemv_decode`) and the group scales (:func:`_gemv_scales`)."""
+    NG: tl.constexpr = BLOCK_K // GROUP
+    if FMT == FMT_INT4 or FMT == FMT_NVFP4:
+        if FMT == FMT_NVFP4:
+            xt = xt * TWO_63
+        xe, xo = tl.split(tl.reshape(xt, (BLOCK_K // 2, 2)))
+        prod = a * xe[None, :] + b * xo[None, :]
+        part = tl.sum(tl.reshape(prod, (BLOCK_N, NG, GROUP // 2)), axis=2)
+        if FMT == FMT_INT4:
+            sx = tl.sum(tl.reshape(xe + xo, (NG, GROUP // 2)), axis=1)
+            part = part * 16.0 - 24.0 * sx[None, :]
+    else:
+        part = tl.sum(tl.reshape(a * xt[None, :], (BLOCK_N, NG, GROUP)), axis=2)
+    if FMT != FMT_FP8:
+        part = part * scale
+    return tl.sum(part, axis=1)
+
+
+@triton.jit
 def _gemv_step(acc, raw, x_ptr, s_ptr, rows, m0, M, k0, K, stride_xm, stride_sn,
                FMT: tl.constexpr, GROUP: tl.constexpr, ROW_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
     """``acc[:, i] += W[rows, k0:k0+BLOCK_K] . x[m0 + i, k0:k0+BLOCK_K]`` for i < BLOCK_M (fp32); ``raw``
-    holds the packed bytes of that weight tile (:func:`_gemv_raw`)."""
-    NG: tl.constexpr = BLOCK_K // GROUP
-    FOUR_BIT: tl.constexpr = FMT == FMT_INT4 or FMT == FMT_NVFP4
+    holds the packed bytes of that weight tile (:func:`_gemv_raw`). The slab is decoded once for all rows."""
     a, b = _gemv_decode(raw, FMT)
-    if FMT != FMT_FP8:
-        scale = _group_scales(s_ptr, rows, k0, K, stride_sn, FMT, GROUP, ROW_BLOCK, NG, EVEN_K)
-        if FMT == FMT_NVFP4:
-            scale = scale * TWO_63
+    scale = _gemv_scales(s_ptr, rows, k0, K, stride_sn, FMT, GROUP, ROW_BLOCK, BLOCK_K, EVEN_K)
     cols = tl.arange(0, BLOCK_M)
-    offs_k = k0 + tl.arange(0, BLOCK_K)
     for i in tl.static_range(BLOCK_M):
         xrow = tl.minimum(m0 + i, M - 1)  # rows past M compute a copy that the store drops
-        xp = x_ptr + xrow.to(tl.int64) * stride_xm + offs_k
-        xt = (tl.load(xp) if EVEN_K else tl.load(xp, mask=offs_k < K, other=0.0)).to(tl.float32)
-        if FOUR_BIT:
-            if FMT == FMT_NVFP4:
-                xt = xt * TWO_63
-            xe, xo = tl.split(tl.reshape(xt, (BLOCK_K // 2, 2)))
-            prod = a * xe[None, :] + b * xo[None, :]
-            part = tl.sum(tl.reshape(prod, (BLOCK_N, NG, GROUP // 2)), axis=2)
-            if FMT == FMT_INT4:
-                sx = tl.sum(tl.reshape(xe + xo, (NG, GROUP // 2)), axis=1)
-                part = part * 16.0 - 24.0 * sx[None, :]
-        else:
-            part = tl.sum(tl.reshape(a * xt[None, :], (BLOCK_N, NG, GROUP)), axis=2)
-        if FMT != FMT_FP8:
-            part = part * scale
-        y = tl.sum(part, axis=1)
+        y = _gemv_dot(a, b, scale, _gemv_x(x_ptr, xrow, k0, K, stride_xm, BLOCK_K, EVEN_K), FMT, GROUP, BLOCK_N,
+                      BLOCK_K)
         acc += tl.where(cols[None, :] == i, y[:, None], 0.0)
     return acc
 
