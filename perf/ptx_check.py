@@ -1,13 +1,15 @@
 """Compile the quantized GEMM kernels for a GPU target without a GPU, and show how they load memory.
 
-    python perf/ptx_check.py [--arch 90] [--formats int4-g64,nvfp4] [--kinds gemv,dot,dequant]
+    python perf/ptx_check.py [--arch 90] [--formats int4-g64,nvfp4] [--kinds gemv,dot,dequant,moe-gemv]
 
 For each kernel, format and candidate config: shared memory and the global loads of the PTX
 (``ld.global.v4.b32`` = 16-byte vectors; ``ld.global.b8`` = one byte each), and the async copies of
 pipelined tiles. A decode kernel whose weight loads are bytes cannot approach the copy bandwidth;
 this catches that on a CPU (it found the GEMV kernel's byte loads: an unspecialised split length
 hid the rows' alignment). The prefill dequant kernel (``--kinds dequant``, whatever ``--m``) also
-shows its global stores (``st.global.v4.b32`` = 16-byte vectors of the bf16 workspace). Pointers
+shows its global stores (``st.global.v4.b32`` = 16-byte vectors of the bf16 workspace). The expert
+GEMV (``--kinds moe-gemv``) compiles its candidates for the 35B-A3B experts (gate/up with SwiGLU:
+N = 512, K = 2048; down: N = 2048, K = 512; 8 and 64 routed pairs), ignoring ``--m/--n/--k``. Pointers
 and strides are declared 16-byte divisible, as Triton specialises them at run time for the model's
 shapes. Needs a Triton with the NVIDIA backend (compiling needs ptxas, not a driver).
 """
@@ -27,7 +29,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from ninfer.kernels import quant_dequant, quant_gemm, quant_gemv  # noqa: E402
+from ninfer.kernels import moe_quant_gemv, quant_dequant, quant_gemm, quant_gemv  # noqa: E402
 from ninfer.kernels.quant_gemm_tune import FMT_CODES, candidates, dequant_candidates, kernel_params  # noqa: E402
 
 TYPES = {"int4-g64": ("*u8", "*fp16"), "int4-g128": ("*u8", "*fp16"), "int8-g32": ("*i8", "*fp16"),
@@ -69,6 +71,39 @@ def compile_dequant(fmt: str, cfg, arch: int):
                           options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
 
 
+def compile_moe_gemv(fmt: str, cfg, swiglu: bool, arch: int):
+    """moe_quant_gemv's kernel, bf16 activations, K a multiple of BLOCK_K (the 35B shapes)."""
+    q_type, s_type = TYPES[fmt]
+    row_scale = fmt in ("fp8", "nvfp4")
+    kp = kernel_params(fmt, cfg)
+    strides = ("stride_xm", "stride_qe", "stride_qn", "stride_se", "stride_sn", "stride_re", "stride_om")
+    sig = {"x_ptr": "*bf16", "q_ptr": q_type, "s_ptr": s_type, "rs_ptr": "*fp32" if row_scale else s_type,
+           "out_ptr": "*bf16", "rw_ptr": "*bf16", "ws_ptr": "*fp32", "ids_ptr": "*i64", "NK": "i32", "N_OUT": "i32",
+           "K": "i32", "a_div": "i32", "k_per_split": "i32", **dict.fromkeys(strides, "i32")}
+    consts = dict(FMT=FMT_CODES[fmt], GROUP=kp["group"], ROW_BLOCK=kp["row_block"], ROW_SCALE=row_scale,
+                  SWIGLU=swiglu, ROUTE_WEIGHT=not swiglu, SPLIT=cfg.split_k > 1, EVEN_K=True, BLOCK_M=cfg.block_m,
+                  BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, PAIRS_BLOCK=64, PREFETCH=cfg.kind == "gemv-prefetch")
+    sig.update(dict.fromkeys(consts, "constexpr"))
+    names = list(sig)
+    aligned = ("x_ptr", "q_ptr", "s_ptr", "rs_ptr", "out_ptr", "rw_ptr", "ws_ptr", "ids_ptr", "N_OUT", "K", *strides)
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned}
+    return triton.compile(ASTSource(moe_quant_gemv._moe_gemv_kernel, sig, consts, attrs),
+                          target=GPUTarget("cuda", arch, 32),
+                          options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
+
+
+def moe_gemv(fmt: str, arch: int, sms: int) -> None:
+    for name, n_out, k, swiglu in (("gate_up", 512, 2048, True), ("down", 2048, 512, False)):
+        for pairs in (8, 64):
+            for cfg in moe_quant_gemv.expert_gemv_candidates(fmt, pairs, n_out, k, sms):
+                head = (f"{fmt:9s} moe-{name:7s} {cfg.kind:13s} pairs={pairs:<2d} m={cfg.block_m} n={cfg.block_n:<3d} "
+                        f"k={cfg.block_k:<4d} split={cfg.split_k:<2d} w={cfg.num_warps} s={cfg.num_stages}")
+                try:
+                    print(f"{head} | {describe(compile_moe_gemv(fmt, cfg, swiglu, arch))}", flush=True)
+                except Exception as err:  # noqa: BLE001
+                    print(f"{head}: FAILED {type(err).__name__}: {str(err).splitlines()[0][:200]}", flush=True)
+
+
 def describe(kernel, stores: bool = False) -> str:
     ptx = kernel.asm["ptx"]
     loads = Counter(re.findall(r"ld\.global(?:\.\w+)*", ptx))
@@ -84,6 +119,8 @@ def describe(kernel, stores: bool = False) -> str:
 def main(args: argparse.Namespace) -> None:
     kinds = args.kinds.split(",")
     for fmt in args.formats.split(","):
+        if "moe-gemv" in kinds:
+            moe_gemv(fmt, args.arch, args.sms)
         cfgs = candidates(fmt, args.m, args.n, args.k, args.sms)
         if "dequant" in kinds and not any(c.kind == "dequant" for c in cfgs):  # decode M: not offered there
             cfgs += dequant_candidates(fmt, 128)
@@ -123,7 +160,7 @@ if __name__ == "__main__":
     parser.add_argument("--arch", type=int, default=90, help="compute capability, e.g. 90 (H100/H200), 120 (RTX 5090)")
     parser.add_argument("--formats", default="int4-g64,nvfp4,int8-g64,fp8")
     parser.add_argument("--kinds", default="gemv,gemv-prefetch,dot",
-                        help="comma list of gemv, gemv-prefetch, dot, dequant")
+                        help="comma list of gemv, gemv-prefetch, dot, dequant, moe-gemv")
     parser.add_argument("--m", type=int, default=1)
     parser.add_argument("--n", type=int, default=34816)
     parser.add_argument("--k", type=int, default=5120)

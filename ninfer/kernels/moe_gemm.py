@@ -44,6 +44,7 @@ from ninfer.kernels.moe_align import (
     pair_rows,
 )
 from ninfer.kernels.moe_quant_gemm import launch_quant_experts
+from ninfer.kernels.quant_gemm_tune import GemmConfig
 from ninfer.quant.formats import QuantizedTensor
 
 Weight = torch.Tensor | QuantizedTensor  # an expert stack [E, N, K]
@@ -191,12 +192,14 @@ def block_m_for(pairs: int, num_experts: int) -> int:
 
 
 def moe_experts_triton(x: torch.Tensor, gate_up: Weight, down: Weight, weights: torch.Tensor,
-                       ids: torch.Tensor) -> torch.Tensor:
+                       ids: torch.Tensor, *, path: str | GemmConfig | None = None) -> torch.Tensor:
     """Triton ``moe_experts_reference``: ``x [N, H]``, ``gate_up [E, 2I, H]`` (gate rows first),
     ``down [E, H, I]``, ``weights [N, k]``, ``ids [N, k]`` (int32/int64, in [0, E)). Each expert
     stack is a float tensor (fp32/fp16/bf16, converted to x's dtype in registers) or a
     :class:`QuantizedTensor` in any format of the quantized GEMM (dequantized in the K loop, see
-    :mod:`ninfer.kernels.moe_quant_gemm`); returns ``[N, H]`` in x's dtype."""
+    :mod:`ninfer.kernels.moe_quant_gemm`); returns ``[N, H]`` in x's dtype. ``path`` picks the
+    quantized stacks' kernels (``launch_quant_experts``: auto, dot, gemv or a config; float stacks
+    ignore it)."""
     n, h = x.shape
     e, two_i, hk = gate_up.shape
     inter_size = two_i // 2
@@ -214,8 +217,8 @@ def moe_experts_triton(x: torch.Tensor, gate_up: Weight, down: Weight, weights: 
     rows = expert_rows(ids, e, DIRECT_MAX_PAIRS, block_m_for(nk, e))
     inter = torch.empty(nk, inter_size, dtype=x.dtype, device=x.device)
     y = torch.empty(nk, h, dtype=x.dtype, device=x.device)
-    _launch(rows, x, gate_up, inter, rw, a_div=top_k, swiglu=True)
-    _launch(rows, inter, down, y, rw, a_div=1, swiglu=False)
+    _launch(rows, x, gate_up, inter, rw, a_div=top_k, swiglu=True, path=path)
+    _launch(rows, inter, down, y, rw, a_div=1, swiglu=False, path=path)
     block = min(1024, triton.next_power_of_2(h))
     _combine_kernel[(n, triton.cdiv(h, block))](y, out, h, TOPK=top_k, K_BLOCK=triton.next_power_of_2(top_k),
                                                BLOCK=block, num_warps=4)
@@ -223,12 +226,12 @@ def moe_experts_triton(x: torch.Tensor, gate_up: Weight, down: Weight, weights: 
 
 
 def _launch(rows: ExpertRows, a: torch.Tensor, w: Weight, dst: torch.Tensor, rw: torch.Tensor, *, a_div: int,
-            swiglu: bool) -> None:
+            swiglu: bool, path: str | GemmConfig | None = None) -> None:
     """``dst[pair] = f(a[pair // a_div] @ w[expert]^T)``: SwiGLU for gate/up, the routing weight for down."""
     if isinstance(w, QuantizedTensor) and w.format.name == "bf16":
         w = w.tensors["weight"]
     if isinstance(w, QuantizedTensor):
-        launch_quant_experts(rows, a, w, dst, rw, a_div=a_div, swiglu=swiglu)
+        launch_quant_experts(rows, a, w, dst, rw, a_div=a_div, swiglu=swiglu, path=path)
         return
     w = w if w.stride(-1) == 1 else w.contiguous()
     n_out, k_dim = dst.shape[1], a.shape[1]

@@ -22,6 +22,8 @@ first config of each list fits the RTX 5090's 99 KB of shared memory and is the 
 """
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -31,10 +33,14 @@ from ninfer.kernels.moe_align import ExpertRows, aligned_tile, pair_group, pair_
 
 # The dense quantized GEMM's building blocks (private there; this family is their second user).
 from ninfer.kernels.quant_gemm import _finish, _k_loop
-from ninfer.kernels.quant_gemm_tune import FMT_CODES
+from ninfer.kernels.moe_quant_gemv import GROUPED_DOT, choose_config, expert_gemv_candidates, launch_expert_gemv
+from ninfer.kernels.quant_gemm_tune import FMT_CODES, GemmConfig, sm_count
 from ninfer.quant.formats import QuantizedTensor
 
 QUANT_FORMATS = frozenset(FMT_CODES)  # formats these kernels read
+# Default of launch_quant_experts' path: "auto" (measure dot vs GEMV per decode key), "dot" or "gemv"
+# (pinned everywhere, e.g. to compare whole engine runs: NINFER_MOE_PATH=dot perf/bench_engine.py ...).
+DEFAULT_PATH = os.environ.get("NINFER_MOE_PATH", "auto")
 
 
 def _config(block_n: int, block_k: int, warps: int, stages: int) -> triton.Config:
@@ -156,19 +162,52 @@ def _bytes(t: torch.Tensor) -> torch.Tensor:
 
 
 def launch_quant_experts(rows: ExpertRows, a: torch.Tensor, w: QuantizedTensor, dst: torch.Tensor,
-                         rw: torch.Tensor, *, a_div: int, swiglu: bool) -> None:
+                         rw: torch.Tensor, *, a_div: int, swiglu: bool, path: str | GemmConfig | None = None) -> None:
     """``dst[pair] = f(a[pair // a_div] @ dequantize(w)[expert]^T)`` for every routed pair, ``w`` a
     quantized stack ``[E, N, K]``: SwiGLU over the two row halves (gate/up, ``dst`` has N / 2
-    columns) or times the routing weight ``rw[pair]`` (down)."""
+    columns) or times the routing weight ``rw[pair]`` (down).
+
+    ``path``: "auto" (None: ``DEFAULT_PATH``) measures the ``tl.dot`` kernels here against the GEMV of
+    :mod:`ninfer.kernels.moe_quant_gemv` per key at decode (:func:`moe_quant_gemv.choose_config`);
+    "dot" pins the ``tl.dot`` kernels, "gemv" the GEMV's first candidate wherever it applies
+    (alignment-free decode rows; the dot elsewhere); a ``GemmConfig`` of either kind pins exactly that
+    (tests, benchmarks; a GEMV config raises on aligned rows)."""
     name = w.format.name
     if name not in QUANT_FORMATS or len(w.shape) != 3:
         raise ValueError(f"no grouped expert GEMM for a {name} weight of shape {list(w.shape)}")
     n_out, k_dim = dst.shape[1], a.shape[1]
     if w.shape[1] != n_out * (2 if swiglu else 1) or w.shape[2] != k_dim:
         raise ValueError(f"expert stack {list(w.shape)} does not fit activations [*, {k_dim}] -> [*, {n_out}]")
-    q, scales = _bytes(w.tensors["qweight"]), _bytes(w.tensors["scales"])
-    if q.stride(-1) != 1 or scales.stride(-1) != 1:
+    if w.tensors["qweight"].stride(-1) != 1 or w.tensors["scales"].stride(-1) != 1:
         raise ValueError("packed expert tensors must be contiguous along K")
+
+    def launch(cfg: GemmConfig) -> None:
+        if cfg.kind == "dot":
+            _launch_dot(rows, a, w, dst, rw, a_div=a_div, swiglu=swiglu)
+        else:
+            launch_expert_gemv(rows, a, w, dst, rw, a_div=a_div, swiglu=swiglu, cfg=cfg)
+
+    path = DEFAULT_PATH if path is None else path
+    if isinstance(path, GemmConfig):
+        cfg = path
+    elif path == "auto":
+        cfg = choose_config(name, a, rows, n_out, k_dim, swiglu, launch)
+    elif path == "dot":
+        cfg = GROUPED_DOT
+    elif path == "gemv":  # where it applies (alignment-free decode rows), else the dot
+        cfg = expert_gemv_candidates(name, rows.pairs, n_out, k_dim, sm_count(a.device))[0] if rows.direct \
+            else GROUPED_DOT
+    else:
+        raise ValueError(f"expert GEMM path must be auto, dot, gemv or a GemmConfig, got {path!r}")
+    launch(cfg)
+
+
+def _launch_dot(rows: ExpertRows, a: torch.Tensor, w: QuantizedTensor, dst: torch.Tensor, rw: torch.Tensor, *,
+                a_div: int, swiglu: bool) -> None:
+    """The ``tl.dot`` kernels above (alignment-free at decode, aligned row blocks otherwise)."""
+    name = w.format.name
+    n_out, k_dim = dst.shape[1], a.shape[1]
+    q, scales = _bytes(w.tensors["qweight"]), _bytes(w.tensors["scales"])
     row_scale = {"fp8": scales, "nvfp4": w.tensors.get("global_scale")}.get(name)
     fmt = w.format
     consts = {

@@ -1,0 +1,273 @@
+"""Decode GEMV over routed (token, expert) pairs for quantized expert stacks, without ``tl.dot``.
+
+The expert counterpart of :mod:`ninfer.kernels.quant_gemv`. At decode (<= ``MAX_PAIRS`` pairs) the
+expert GEMMs move only the selected experts' packed bytes, and the ``tl.dot`` kernels of
+:mod:`ninfer.kernels.moe_quant_gemm` pad each expert's one or two pairs to a 16-row MMA tile: they
+measured 10-24 % of copy bandwidth at 1-8 tokens on an H200, where the dense GEMV reached 37-47 %
+(4-bit) and 69-94 % (8-bit) against 16-47 % for its ``tl.dot`` path.
+
+* Rows come from ``ids`` as in the alignment-free ``tl.dot`` path (:func:`moe_align.pair_group`):
+  grid ``(pairs, column tiles, K splits)``; the program of an expert's first pair serves all pairs
+  of that expert (BLOCK_M at a time) and the others exit, so each selected expert's rows are read
+  once per column tile and no other expert is read.
+* A K step loads a ``[BLOCK_N, BLOCK_K]`` slab of packed rows (16-byte vectors), decodes it in
+  registers once (:func:`quant_gemv._gemv_decode`, group scales from ``_gemv_scales``) and reduces
+  it against each of the group's activation rows ``a[pair // a_div]`` (``_gemv_dot``: ``tl.sum``
+  per scale group, fp32). Rows of a BLOCK_M tile past the group's count are skipped at run time
+  (most experts have one pair at decode), not computed and dropped.
+* Epilogues as the ``tl.dot`` expert kernels: per-row scales (fp8 rows, nvfp4 global scale) on the
+  accumulator, then the routing weight ``rw[pair]`` (down) or SwiGLU over the stacked ``[E, 2I, K]``
+  weight (gate rows first; ``dst`` has I columns). Split-K writes fp32 partials (the routing weight
+  already applied: it is linear) to a scratch ``[splits, pairs, N (x2 for SwiGLU)]`` that every
+  program writes in full, and quant_gemv's reduce kernel sums the splits in order, then SwiGLU:
+  deterministic, no atomics, no host syncs, nothing sized by data (CUDA-graph safe).
+
+Selection (:func:`choose_config`): never blind. The first call of a key ``(format, dtype,
+pair-count bucket, N, K, swiglu)`` on CUDA, outside graph capture and the interpreter, times the
+``tl.dot`` path (``GROUPED_DOT``) and the GEMV candidates from CUDA-graph replays (the dense
+tuner's ``_time_candidates``) and keeps the fastest. During capture, or with tuning off, a key takes
+what was chosen for it, else the ``tl.dot`` path: warm decode shapes before capturing.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import triton
+import triton.language as tl
+
+from ninfer.kernels import quant_gemm_tune
+from ninfer.kernels.dispatch import INTERPRET
+from ninfer.kernels.moe_align import ExpertRows, pair_group, pair_rows
+from ninfer.kernels.quant_gemm import _finish, kernel_tensors
+
+# quant_gemv's building blocks (private there; this kernel is their second user).
+from ninfer.kernels.quant_gemv import _gemv_decode, _gemv_dot, _gemv_raw, _gemv_reduce_kernel, _gemv_scales, _gemv_x
+from ninfer.kernels.quant_gemm_tune import FMT_CODES, GemmConfig, kernel_params, sm_count
+from ninfer.quant.formats import QuantizedTensor
+
+MAX_PAIRS = 64  # routed pairs up to which the GEMV is a candidate (8 tokens at top-8)
+# The tl.dot grouped GEMM of moe_quant_gemm; its tile sizes come from its own triton.autotune.
+GROUPED_DOT = GemmConfig(16, 0, 0, kind="dot")
+
+
+@triton.jit
+def _pair_row(acc, a, b, scale, x_ptr, xrows, i: tl.constexpr, k0, K, stride_xm, FMT: tl.constexpr,
+              GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+              EVEN_K: tl.constexpr):
+    """``acc[:, i] +=`` the decoded slab times activation row ``xrows[i]``."""
+    cols = tl.arange(0, BLOCK_M)
+    xrow = tl.sum(tl.where(cols == i, xrows, 0), axis=0)  # element i of the gathered rows
+    y = _gemv_dot(a, b, scale, _gemv_x(x_ptr, xrow, k0, K, stride_xm, BLOCK_K, EVEN_K), FMT, GROUP, BLOCK_N, BLOCK_K)
+    return acc + tl.where(cols[None, :] == i, y[:, None], 0.0)
+
+
+@triton.jit
+def _pairs_step(acc, raw, x_ptr, xrows, n_rows, s_ptr, rows, k0, K, stride_xm, stride_sn,
+                FMT: tl.constexpr, GROUP: tl.constexpr, ROW_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+    """``acc[:, i] += W[rows, k0:k0+BLOCK_K] . x[xrows[i], k0:k0+BLOCK_K]`` for i < n_rows; ``raw``: the
+    packed slab (:func:`_gemv_raw`), decoded once for all rows."""
+    a, b = _gemv_decode(raw, FMT)
+    scale = _gemv_scales(s_ptr, rows, k0, K, stride_sn, FMT, GROUP, ROW_BLOCK, BLOCK_K, EVEN_K)
+    for i in tl.static_range(BLOCK_M):
+        # Row 0 always exists (a program only runs for a group with pairs); later rows only when the
+        # expert has that many pairs left: a run-time branch, so lone pairs cost one row of arithmetic.
+        if i == 0:
+            acc = _pair_row(acc, a, b, scale, x_ptr, xrows, i, k0, K, stride_xm, FMT, GROUP, BLOCK_N, BLOCK_M,
+                            BLOCK_K, EVEN_K)
+        elif i < n_rows:
+            acc = _pair_row(acc, a, b, scale, x_ptr, xrows, i, k0, K, stride_xm, FMT, GROUP, BLOCK_N, BLOCK_M,
+                            BLOCK_K, EVEN_K)
+    return acc
+
+
+@triton.jit
+def _k_range(acc, acc_up, x_ptr, xrows, n_rows, q_ptr, s_ptr, rows, k_first, steps, N_OUT, K, stride_xm,
+             stride_qn, stride_sn, FMT: tl.constexpr, GROUP: tl.constexpr, ROW_BLOCK: tl.constexpr,
+             SWIGLU: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+             EVEN_K: tl.constexpr, PREFETCH: tl.constexpr):
+    """``steps`` K steps from ``k_first``; SWIGLU: the up rows (N_OUT further down) into ``acc_up``."""
+    up_rows = rows + N_OUT
+    if PREFETCH:  # the next step's bytes are requested before this step's arithmetic (see quant_gemv)
+        raw = _gemv_raw(q_ptr, rows, k_first, K, stride_qn, FMT, BLOCK_K, EVEN_K)
+        raw_up = raw
+        if SWIGLU:
+            raw_up = _gemv_raw(q_ptr, up_rows, k_first, K, stride_qn, FMT, BLOCK_K, EVEN_K)
+        for step in range(0, steps):
+            k0 = k_first + step * BLOCK_K
+            k_next = k_first + tl.minimum(step + 1, steps - 1) * BLOCK_K  # the last step reloads itself
+            nxt = _gemv_raw(q_ptr, rows, k_next, K, stride_qn, FMT, BLOCK_K, EVEN_K)
+            acc = _pairs_step(acc, raw, x_ptr, xrows, n_rows, s_ptr, rows, k0, K, stride_xm, stride_sn,
+                              FMT, GROUP, ROW_BLOCK, BLOCK_N, BLOCK_M, BLOCK_K, EVEN_K)
+            raw = nxt
+            if SWIGLU:
+                nxt_up = _gemv_raw(q_ptr, up_rows, k_next, K, stride_qn, FMT, BLOCK_K, EVEN_K)
+                acc_up = _pairs_step(acc_up, raw_up, x_ptr, xrows, n_rows, s_ptr, up_rows, k0, K, stride_xm,
+                                     stride_sn, FMT, GROUP, ROW_BLOCK, BLOCK_N, BLOCK_M, BLOCK_K, EVEN_K)
+                raw_up = nxt_up
+    else:
+        for step in range(0, steps):
+            k0 = k_first + step * BLOCK_K
+            raw = _gemv_raw(q_ptr, rows, k0, K, stride_qn, FMT, BLOCK_K, EVEN_K)
+            acc = _pairs_step(acc, raw, x_ptr, xrows, n_rows, s_ptr, rows, k0, K, stride_xm, stride_sn,
+                              FMT, GROUP, ROW_BLOCK, BLOCK_N, BLOCK_M, BLOCK_K, EVEN_K)
+            if SWIGLU:
+                raw_up = _gemv_raw(q_ptr, up_rows, k0, K, stride_qn, FMT, BLOCK_K, EVEN_K)
+                acc_up = _pairs_step(acc_up, raw_up, x_ptr, xrows, n_rows, s_ptr, up_rows, k0, K, stride_xm,
+                                     stride_sn, FMT, GROUP, ROW_BLOCK, BLOCK_N, BLOCK_M, BLOCK_K, EVEN_K)
+    return acc, acc_up
+
+
+@triton.jit(do_not_specialize=["NK", "k_per_split"])  # pair counts and split lengths vary: no recompiles
+def _moe_gemv_kernel(
+    x_ptr, q_ptr, s_ptr, rs_ptr, out_ptr, rw_ptr, ws_ptr, ids_ptr,
+    NK, N_OUT, K, a_div, k_per_split,
+    stride_xm, stride_qe, stride_qn, stride_se, stride_sn, stride_re, stride_om,
+    FMT: tl.constexpr, GROUP: tl.constexpr, ROW_BLOCK: tl.constexpr, ROW_SCALE: tl.constexpr,
+    SWIGLU: tl.constexpr, ROUTE_WEIGHT: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PAIRS_BLOCK: tl.constexpr,
+    PREFETCH: tl.constexpr,
+):
+    """``out[pair, n] = f(x[pair // a_div] . W[expert(pair), n])`` for BLOCK_N columns and one K range
+    of every pair whose expert is that of pair ``program_id(0)``, if that pair is the expert's first."""
+    expert, match, rank, count, earlier = pair_group(ids_ptr, tl.program_id(0), NK, PAIRS_BLOCK)
+    if earlier > 0:
+        return
+    pid_s = tl.program_id(2)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows = tl.minimum(offs_n, N_OUT - 1)  # clamped rows load valid memory; the store drops them
+    n_ok = offs_n < N_OUT
+    e64 = expert.to(tl.int64)
+    q_ptr += e64 * stride_qe
+    s_ptr += e64 * stride_se
+    rs_ptr += e64 * stride_re
+    # k_per_split is a multiple of BLOCK_K; written as a product with BLOCK_K, every k0 provably is too,
+    # which keeps the packed loads 16-byte vectors (as in quant_gemv).
+    k_first = pid_s * (k_per_split // BLOCK_K) * BLOCK_K
+    steps = tl.cdiv(tl.minimum(k_per_split, K - k_first), BLOCK_K)
+    for t0 in range(0, count, BLOCK_M):  # one trip unless the expert has more than BLOCK_M pairs
+        pairs = pair_rows(match, rank, count, t0, NK, BLOCK_M, PAIRS_BLOCK)
+        row_ok = pairs < NK
+        xrows = tl.where(row_ok, pairs // a_div, 0)
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        acc_up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        acc, acc_up = _k_range(acc, acc_up, x_ptr, xrows, count - t0, q_ptr, s_ptr, rows, k_first, steps, N_OUT,
+                               K, stride_xm, stride_qn, stride_sn, FMT, GROUP, ROW_BLOCK, SWIGLU, BLOCK_N, BLOCK_M,
+                               BLOCK_K, EVEN_K, PREFETCH)
+        if ROW_SCALE:
+            acc *= tl.load(rs_ptr + offs_n, mask=n_ok, other=0.0)[:, None]
+            if SWIGLU:
+                acc_up *= tl.load(rs_ptr + N_OUT + offs_n, mask=n_ok, other=0.0)[:, None]
+        if ROUTE_WEIGHT:  # before the split-K sum: it is linear, so the reduce needs no pair indexing
+            acc *= tl.load(rw_ptr + pairs, mask=row_ok, other=0.0).to(tl.float32)[None, :]
+        mask = n_ok[:, None] & row_ok[None, :]
+        if SPLIT:  # scratch [splits, NK, N_OUT * (2 if SWIGLU)]: gate columns first, then up
+            n_cols = N_OUT * (1 + SWIGLU)
+            ptrs = ws_ptr + (pid_s * NK + pairs).to(tl.int64)[None, :] * n_cols + offs_n[:, None]
+            tl.store(ptrs, acc, mask=mask)
+            if SWIGLU:
+                tl.store(ptrs + N_OUT, acc_up, mask=mask)
+        else:
+            _finish(acc, acc_up, pairs, offs_n, mask, out_ptr, 0, out_ptr, stride_om, SWIGLU, False)
+
+
+def launch_expert_gemv(rows: ExpertRows, a: torch.Tensor, w: QuantizedTensor, dst: torch.Tensor, rw: torch.Tensor,
+                       *, a_div: int, swiglu: bool, cfg: GemmConfig) -> None:
+    """``dst[pair] = f(a[pair // a_div] @ dequantize(w)[expert]^T)`` as ``launch_quant_experts`` defines it,
+    through the GEMV kernel with ``cfg`` (``kind`` "gemv" or "gemv-prefetch"; ``block_m``: pairs of one
+    expert per pass over its rows). Needs the alignment-free rows (``rows.direct``)."""
+    if not rows.direct:
+        raise ValueError(f"the expert GEMV needs alignment-free decode rows, got {rows.pairs} aligned pairs")
+    if not cfg.kind.startswith("gemv"):
+        raise ValueError(f"not a GEMV config: {cfg}")
+    name = w.format.name
+    p = kernel_params(name, cfg)
+    if cfg.block_k % p["group"]:
+        raise ValueError(f"gemv block_k {cfg.block_k} must be a multiple of the scale group {p['group']}")
+    if any(b & (b - 1) for b in (cfg.block_m, cfg.block_n, cfg.block_k)):
+        raise ValueError(f"gemv blocks must be powers of two: {cfg}")
+    q, scales, row_scale = kernel_tensors(w)
+    n_out, k = dst.shape[1], a.shape[1]
+    k_steps = triton.cdiv(k, cfg.block_k)
+    per_split = triton.cdiv(k_steps, cfg.split_k)
+    splits = triton.cdiv(k_steps, per_split)
+    nk = rows.pairs
+    ws = torch.empty(splits, nk, n_out * (2 if swiglu else 1), dtype=torch.float32, device=a.device) \
+        if splits > 1 else dst
+    rs = row_scale if row_scale is not None else scales
+    grid = (nk, triton.cdiv(n_out, cfg.block_n), splits)
+    _moe_gemv_kernel[grid](
+        a, q, scales, rs, dst, rw, ws, rows.flat_ids, nk, n_out, k, a_div, per_split * cfg.block_k,
+        a.stride(0), q.stride(0), q.stride(1), scales.stride(0), scales.stride(1) if scales.dim() == 3 else 0,
+        rs.stride(0), dst.stride(0),
+        FMT=FMT_CODES[name], GROUP=p["group"], ROW_BLOCK=p["row_block"], ROW_SCALE=row_scale is not None,
+        SWIGLU=swiglu, ROUTE_WEIGHT=not swiglu, SPLIT=splits > 1, EVEN_K=k % cfg.block_k == 0,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, PAIRS_BLOCK=rows.pairs_block,
+        PREFETCH=cfg.kind == "gemv-prefetch", num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    if splits > 1:
+        bm = min(triton.next_power_of_2(nk), 8)
+        _gemv_reduce_kernel[(triton.cdiv(n_out, 128), triton.cdiv(nk, bm))](
+            ws, dst, dst, nk, n_out, splits, dst.stride(0), dst.stride(0),
+            SWIGLU=swiglu, HAS_RES=False, BLOCK_M=bm, BLOCK_N=128, num_warps=4)
+
+
+def expert_gemv_candidates(fmt: str, pairs: int, n_out: int, k: int, sms: int) -> list[GemmConfig]:
+    """GEMV configs for ``pairs`` routed pairs: ``(rows, packed bytes per row per K step, warps,
+    stages)``, each with the split-K that brings the grid near four programs per SM (assuming every
+    pair its own expert) and, where that split is > 1, without it. At top-8 one token's pairs have
+    distinct experts (one pass each); from two tokens on an expert may hold several pairs, taken
+    two per pass. One stage: the slab stays in registers (Triton stages only loads that feed a
+    ``tl.dot``); the prefetch kind keeps two K steps in flight instead. All fit 99 KB (sm_120)."""
+    if fmt not in FMT_CODES:
+        raise ValueError(f"no quantized GEMM kernel for format {fmt!r}")
+    block_m = 1 if pairs <= 8 else 2
+    four_bit = fmt.startswith("int4") or fmt == "nvfp4"
+    shapes = [("gemv", 32, 256, 4, 1), ("gemv", 16, 256, 4, 1), ("gemv", 64, 128, 4, 1),
+              ("gemv-prefetch", 32, 128, 4, 1), ("gemv", 32, 128, 4, 3)]
+    out: list[GemmConfig] = []
+    for kind, bn, row_bytes, warps, stages in shapes:
+        bk = max(row_bytes * (2 if four_bit else 1), quant_gemm_tune._GROUPS.get(fmt, 1))
+        cfg = GemmConfig(block_m, bn, bk, 1, warps, stages, kind)
+        split = quant_gemm_tune._gemv_split(pairs * triton.cdiv(n_out, bn), triton.cdiv(k, bk), sms)
+        out.extend([GemmConfig(block_m, bn, bk, split, warps, stages, kind), cfg] if split > 1 else [cfg])
+    return out
+
+
+_CHOSEN: dict[tuple, GemmConfig] = {}  # measured: the faster of GROUPED_DOT and the GEMV candidates
+
+
+def chosen_configs() -> dict[tuple, GemmConfig]:
+    """What :func:`choose_config` measured so far in this process, per key (for reports)."""
+    return dict(_CHOSEN)
+
+
+def _on_gpu(a: torch.Tensor) -> bool:
+    return a.is_cuda and not INTERPRET
+
+
+def _tunable(a: torch.Tensor) -> bool:
+    """Whether this call may benchmark: CUDA outside the interpreter, tuning on, no graph being captured."""
+    return quant_gemm_tune.TUNE and _on_gpu(a) and not torch.cuda.is_current_stream_capturing()
+
+
+def choose_config(fmt: str, a: torch.Tensor, rows: ExpertRows, n_out: int, k: int, swiglu: bool,
+                  launch: Callable[[GemmConfig], None]) -> GemmConfig:
+    """``GROUPED_DOT`` or a GEMV config for this call. Only alignment-free calls of <= MAX_PAIRS pairs
+    are candidates; their first tunable call per key times ``launch`` of each candidate (graph replays)
+    and keeps the fastest. Untuned keys (capture, interpreter, CPU, ``NINFER_QUANT_TUNE=0``): the dot."""
+    if not rows.direct or rows.pairs > MAX_PAIRS:
+        return GROUPED_DOT
+    key = (fmt, a.dtype, rows.tune_m, n_out, k, swiglu, a.device)
+    chosen = _CHOSEN.get(key)
+    if chosen is not None:
+        return chosen
+    if not _tunable(a):
+        return GROUPED_DOT
+    cands = [GROUPED_DOT, *expert_gemv_candidates(fmt, rows.pairs, n_out, k, sm_count(a.device))]
+    timings = quant_gemm_tune._time_candidates(cands, launch, graphs=True)
+    if not timings:
+        raise RuntimeError(f"no expert GEMM config fits this GPU for {key}")
+    chosen = _CHOSEN[key] = min(timings, key=timings.__getitem__)
+    return chosen

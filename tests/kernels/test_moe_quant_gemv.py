@@ -1,0 +1,264 @@
+"""The expert decode GEMV (:mod:`ninfer.kernels.moe_quant_gemv`) in the Triton interpreter, and its selection.
+
+Every quantized format against dequantize + ``moe_experts_reference`` in fp32, fp32 and fp16
+activations, 1..8 tokens, both epilogues (gate/up SwiGLU, down times the routing weight). H and I
+are multiples of each format's group but mostly not of BLOCK_K (ragged K steps; fp8-b128 also a
+partial 128-block); routing leaves experts 0 and 5 without tokens and sends most tokens to expert 3,
+so experts hold several pairs (more than BLOCK_M in places). Outputs, intermediates and the split-K
+scratch are NaN-poisoned. The selection tests fake the timings and the GPU.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+from kernel_testing import poisoned_outputs  # noqa: F401  (fixture)
+
+from ninfer.kernels import moe_quant_gemm, moe_quant_gemv, quant_gemm_tune
+from ninfer.kernels.dispatch import INTERPRET
+from ninfer.kernels.moe import moe_experts_reference, route_topk_reference
+from ninfer.kernels.moe_align import ExpertRows, expert_rows
+from ninfer.kernels.moe_gemm import moe_experts_triton
+from ninfer.kernels.moe_quant_gemv import GROUPED_DOT, MAX_PAIRS, choose_config, expert_gemv_candidates
+from ninfer.kernels.quant_gemm_tune import GemmConfig
+from ninfer.quant.formats import QuantizedTensor, quantize
+
+pytestmark = [pytest.mark.skipif(not INTERPRET, reason="Triton launchers on CPU need TRITON_INTERPRET=1"),
+              pytest.mark.usefixtures("poisoned_outputs")]
+
+E, K = 8, 2
+SHAPES = {  # format: (H, I), as in test_moe_quant
+    "fp8": (192, 96), "fp8-b128": (192, 96), "int8-g32": (160, 96), "int8-g64": (192, 64),
+    "int4-g64": (192, 64), "int4-g128": (256, 128), "nvfp4": (176, 48),
+}
+TOL = {torch.float32: 1e-5, torch.float16: 3e-3}
+BK = {"int4-g128": 128, "fp8-b128": 128}  # K step: the format's group where it exceeds 64
+
+
+def _gemv(fmt: str, block_m: int, block_n: int, split: int, kind: str = "gemv") -> GemmConfig:
+    return GemmConfig(block_m, block_n, BK.get(fmt, 64), split, 4, 1, kind)
+
+
+# (tokens, config): one pair per pass, two (a partial second row), four with prefetch; split-K 1 and > 1
+CASES = [(1, (1, 16, 1)), (3, (2, 32, 2)), (8, (4, 16, 3, "gemv-prefetch"))]
+
+
+@pytest.fixture
+def no_dot(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pinned GEMV must not fall back to the tl.dot kernels."""
+    def fail(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the tl.dot expert GEMM ran")
+
+    monkeypatch.setattr(moe_quant_gemm, "_launch_dot", fail)
+
+
+def _stacks(fmt: str, h: int, i: int, seed: int = 0) -> tuple[QuantizedTensor, QuantizedTensor]:
+    g = torch.Generator().manual_seed(seed)
+    gate_up = torch.randn(E, 2 * i, h, generator=g) * h ** -0.5
+    down = torch.randn(E, h, i, generator=g) * i ** -0.5
+    return quantize(gate_up, fmt), quantize(down, fmt)
+
+
+def _routing(n: int, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(n, E, generator=g)
+    logits[:, [0, 5]] = -30.0
+    logits[: max(1, 2 * n // 3), 3] = 30.0
+    return route_topk_reference(logits, K)
+
+
+def _check(fmt: str, dtype: torch.dtype, n: int, path: str | GemmConfig, seed: int = 0,
+           ids: torch.Tensor | None = None) -> None:
+    h, i = SHAPES[fmt]
+    gate_up, down = _stacks(fmt, h, i, seed)
+    weights, routed = _routing(n, seed + 1)
+    ids = routed if ids is None else ids
+    x = torch.randn(n, h, generator=torch.Generator().manual_seed(seed + 2)).to(dtype)
+    got = moe_experts_triton(x, gate_up, down, weights.to(dtype), ids, path=path)
+    ref = moe_experts_reference(x.float(), gate_up.dequantize(), down.dequantize(), weights.float(), ids.long())
+    assert got.shape == (n, h) and got.dtype == dtype and torch.isfinite(got).all(), (fmt, n, path)
+    err = ((got.double() - ref.double()).norm() / ref.double().norm()).item()
+    assert err < TOL[dtype], (fmt, dtype, n, path, err)
+
+
+@pytest.mark.usefixtures("no_dot")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("fmt", list(SHAPES))
+def test_gemv_matches_reference(fmt: str, dtype: torch.dtype) -> None:
+    for n, cfg in CASES:
+        _check(fmt, dtype, n, _gemv(fmt, *cfg), seed=n)
+
+
+@pytest.mark.usefixtures("no_dot")
+@pytest.mark.parametrize("n", range(1, 9))
+def test_one_to_eight_tokens_default_candidate(n: int) -> None:
+    """path="gemv": the first candidate (one K step of 512 here: H and I are single ragged steps)."""
+    _check("int4-g64", torch.float32, n, "gemv", seed=10 + n)
+    _check("fp8-b128", torch.float16, n, _gemv("fp8-b128", 2, 16, 2), seed=20 + n)
+
+
+@pytest.mark.usefixtures("no_dot")
+@pytest.mark.parametrize("fmt", ["int4-g64", "nvfp4", "fp8"])
+def test_shared_expert_and_repeated_slot(fmt: str) -> None:
+    """Hand-made int32 ids: five tokens on expert 6 (nine pairs: passes of 2, the last partial), a
+    token listing expert 6 in both slots, one pair on expert 2; all other experts idle."""
+    ids = torch.full((5, K), 6, dtype=torch.int32)
+    ids[0, 1] = 2
+    for cfg in [(2, 16, 1), (4, 32, 2, "gemv-prefetch"), (1, 16, 3)]:
+        _check(fmt, torch.float32, 5, _gemv(fmt, *cfg), seed=3, ids=ids)
+
+
+@pytest.mark.usefixtures("no_dot")
+@pytest.mark.parametrize("fmt", ["int8-g32", "nvfp4", "fp8", "fp8-b128"])
+def test_experts_without_tokens_are_never_read(fmt: str) -> None:
+    """NaN in every float tensor of experts 0 and 5 (no tokens): the output is exactly the clean one."""
+    h, i = SHAPES[fmt]
+    stacks = _stacks(fmt, h, i, seed=9)
+    weights, ids = _routing(4)
+    assert not ((ids == 0) | (ids == 5)).any()
+    poisoned = []
+    for stack in stacks:
+        tensors = {name: t.clone() for name, t in stack.tensors.items()}
+        for t in tensors.values():
+            if t.is_floating_point():
+                t[[0, 5]] = float("nan")
+        poisoned.append(QuantizedTensor(stack.format, stack.shape, tensors))
+    x = torch.randn(4, h)
+    cfg = _gemv(fmt, 2, 16, 2)
+    assert torch.equal(moe_experts_triton(x, *poisoned, weights, ids, path=cfg),
+                       moe_experts_triton(x, *stacks, weights, ids, path=cfg))
+
+
+def test_path_pins(monkeypatch: pytest.MonkeyPatch) -> None:
+    """"dot" never runs the GEMV; "gemv" on aligned rows (prefill) runs the dot; a GEMV config there
+    raises; unknown paths raise."""
+    h, i = SHAPES["int8-g64"]
+    gate_up, down = _stacks("int8-g64", h, i)
+    weights, ids = _routing(3)
+    x = torch.randn(3, h)
+    ran: list[str] = []
+    dot, gemv = moe_quant_gemm._launch_dot, moe_quant_gemm.launch_expert_gemv
+    monkeypatch.setattr(moe_quant_gemm, "_launch_dot", lambda *a, **k: (ran.append("dot"), dot(*a, **k)))
+    monkeypatch.setattr(moe_quant_gemm, "launch_expert_gemv", lambda *a, **k: (ran.append("gemv"), gemv(*a, **k)))
+    ref = moe_experts_reference(x, gate_up.dequantize(), down.dequantize(), weights, ids)
+    for path, want in (("dot", "dot"), ("gemv", "gemv"), (None, "dot")):  # None: auto, untuned on CPU
+        ran.clear()
+        got = moe_experts_triton(x, gate_up, down, weights, ids, path=path)
+        assert ran == [want, want] and (got - ref).norm() / ref.norm() < TOL[torch.float32], path
+    monkeypatch.setattr("ninfer.kernels.moe_gemm.DIRECT_MAX_PAIRS", 0)  # aligned 16-row blocks
+    ran.clear()
+    moe_experts_triton(x, gate_up, down, weights, ids, path="gemv")
+    assert ran == ["dot", "dot"]
+    with pytest.raises(ValueError, match="alignment-free"):
+        moe_experts_triton(x, gate_up, down, weights, ids, path=_gemv("int8-g64", 1, 16, 1))
+    with pytest.raises(ValueError, match="path must be"):
+        moe_experts_triton(x, gate_up, down, weights, ids, path="fast")
+
+
+def test_candidates() -> None:
+    """35B shapes: valid for every format, one token's pairs one per pass, splits fill an H200."""
+    for fmt in SHAPES:
+        for pairs in (8, 16, 64):
+            for n_out, k in ((512, 2048), (2048, 512)):
+                cands = expert_gemv_candidates(fmt, pairs, n_out, k, 132)
+                assert len(set(cands)) == len(cands) >= 5 and all(c.kind.startswith("gemv") for c in cands)
+                for c in cands:
+                    assert c.block_m == (1 if pairs <= 8 else 2) and c.num_stages <= 3
+                    assert c.block_k % quant_gemm_tune._GROUPS.get(fmt, 1) == 0
+                    tiles = pairs * -(-n_out // c.block_n)
+                    assert c.split_k == 1 or (tiles < 4 * 132 and c.split_k <= -(-k // c.block_k))
+    assert any(c.split_k > 1 for c in expert_gemv_candidates("int4-g64", 8, 512, 2048, 132))
+
+
+def _rows(pairs: int, direct: bool = True) -> ExpertRows:
+    ids = torch.arange(pairs).reshape(-1, 1) % E
+    return expert_rows(ids, E, MAX_PAIRS if direct else 0, 16)
+
+
+def test_selection_keeps_the_faster_path_per_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    """First tunable call of a key times GROUPED_DOT and the GEMV candidates from graph replays and keeps
+    the fastest; later calls, and calls under capture, reuse it; untuned keys under capture, calls with
+    tuning off, aligned rows and > MAX_PAIRS pairs take the dot without timing anything."""
+    monkeypatch.setattr(moe_quant_gemv, "_CHOSEN", {})
+    monkeypatch.setattr(moe_quant_gemv, "_on_gpu", lambda a: True)
+    capturing = [False]
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
+    monkeypatch.setattr(quant_gemm_tune, "TUNE", True)
+    fast_gemv: dict[str, GemmConfig | None] = {"cfg": None}  # the GEMV candidate made faster than the dot
+    launched: list[GemmConfig] = []
+
+    def graph_ms(fn) -> float:
+        assert not capturing[0]
+        fn()
+        cfg = launched[-1]
+        if cfg == GROUPED_DOT:
+            return 1.0
+        return 0.5 if cfg == fast_gemv["cfg"] else 2.0
+
+    monkeypatch.setattr(quant_gemm_tune, "_graph_ms", graph_ms)
+    a = torch.zeros(1, 64)
+
+    def choose(rows, swiglu: bool, n_out: int = 32, dtype: torch.dtype = torch.float32) -> GemmConfig:
+        return choose_config("int4-g64", a.to(dtype), rows, n_out, 64, swiglu, launched.append)
+
+    rows8 = _rows(8)
+    fast = fast_gemv["cfg"] = expert_gemv_candidates("int4-g64", 8, 32, 64, quant_gemm_tune.sm_count(a.device))[2]
+    assert choose(rows8, swiglu=True) == fast
+    n_cands = len(launched)
+    assert launched[0] == GROUPED_DOT and n_cands == 1 + len(expert_gemv_candidates("int4-g64", 8, 32, 64, 4))
+    fast_gemv["cfg"] = None
+    assert choose(rows8, swiglu=False) == GROUPED_DOT  # down key: every GEMV slower
+    assert len(launched) == 2 * n_cands
+    launched.clear()
+    assert choose(_rows(7), swiglu=True) == fast and not launched  # same bucket: no re-timing
+    capturing[0] = True
+    assert choose(rows8, swiglu=True) == fast  # capture: what was chosen
+    assert choose(_rows(16), swiglu=True) == GROUPED_DOT  # capture, untuned key: the dot
+    assert choose(rows8, swiglu=True, dtype=torch.float16) == GROUPED_DOT
+    assert not launched
+    capturing[0] = False
+    many = expert_rows(torch.arange(MAX_PAIRS + 1).reshape(-1, 1) % E, E, 2 * MAX_PAIRS, 16)
+    assert many.direct and choose(many, swiglu=True) == GROUPED_DOT
+    assert choose(_rows(16, direct=False), swiglu=True) == GROUPED_DOT
+    monkeypatch.setattr(quant_gemm_tune, "TUNE", False)
+    assert choose(_rows(16), swiglu=True) == GROUPED_DOT and not launched
+    assert set(moe_quant_gemv.chosen_configs().values()) == {fast, GROUPED_DOT}
+
+
+def test_auto_path_runs_the_chosen_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """launch_quant_experts with path=None: the selection's candidates really launch (fake timings make
+    the prefetch GEMV the fastest for gate/up, the dot for down) and the chosen kernels give the output."""
+    monkeypatch.setattr(moe_quant_gemv, "_CHOSEN", {})
+    monkeypatch.setattr(moe_quant_gemv, "_tunable", lambda a: True)
+    ran: list[tuple[GemmConfig, bool]] = []
+    dot, gemv = moe_quant_gemm._launch_dot, moe_quant_gemm.launch_expert_gemv
+
+    def spy_dot(*a: object, **k: object) -> None:
+        ran.append((GROUPED_DOT, k["swiglu"]))
+        dot(*a, **k)
+
+    def spy_gemv(*a: object, cfg: GemmConfig, **k: object) -> None:
+        ran.append((cfg, k["swiglu"]))
+        gemv(*a, cfg=cfg, **k)
+
+    def graph_ms(fn) -> float:
+        fn()
+        cfg, swiglu = ran[-1]
+        return 1.0 if cfg == GROUPED_DOT else 0.5 if swiglu and cfg.kind == "gemv-prefetch" else 3.0
+
+    monkeypatch.setattr(moe_quant_gemm, "_launch_dot", spy_dot)
+    monkeypatch.setattr(moe_quant_gemm, "launch_expert_gemv", spy_gemv)
+    monkeypatch.setattr(quant_gemm_tune, "_graph_ms", graph_ms)
+    fmt = "nvfp4"
+    h, i = SHAPES[fmt]
+    gate_up, down = _stacks(fmt, h, i, seed=4)
+    weights, ids = _routing(2)
+    x = torch.randn(2, h)
+    got = moe_experts_triton(x, gate_up, down, weights, ids)
+    picked = {key[5]: cfg for key, cfg in moe_quant_gemv.chosen_configs().items()}  # by swiglu
+    assert len(picked) == 2 and picked[True].kind == "gemv-prefetch" and picked[False] == GROUPED_DOT
+    assert ran[-1] == (GROUPED_DOT, False) and (picked[True], True) in ran  # the real launches after timing
+    ref = moe_experts_reference(x, gate_up.dequantize(), down.dequantize(), weights, ids)
+    assert (got - ref).norm() / ref.norm() < TOL[torch.float32]
+    ran.clear()
+    assert torch.equal(moe_experts_triton(x, gate_up, down, weights, ids), got)
+    assert ran == [(picked[True], True), (GROUPED_DOT, False)]  # tuned once per key
