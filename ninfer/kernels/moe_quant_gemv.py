@@ -40,10 +40,22 @@ from ninfer.kernels import quant_gemm_tune
 from ninfer.kernels.dispatch import INTERPRET
 from ninfer.kernels.moe_align import ExpertRows, pair_group, pair_rows
 from ninfer.kernels.quant_gemm import _finish, kernel_tensors
+from ninfer.kernels.quant_gemm_tune import (
+    FMT_CODES,
+    GemmConfig,
+    kernel_params,
+    sm_count,
+)
 
 # quant_gemv's building blocks (private there; this kernel is their second user).
-from ninfer.kernels.quant_gemv import _gemv_decode, _gemv_dot, _gemv_raw, _gemv_reduce_kernel, _gemv_scales, _gemv_x
-from ninfer.kernels.quant_gemm_tune import FMT_CODES, GemmConfig, kernel_params, sm_count
+from ninfer.kernels.quant_gemv import (
+    _gemv_decode,
+    _gemv_dot,
+    _gemv_raw,
+    _gemv_reduce_kernel,
+    _gemv_scales,
+    _gemv_x,
+)
 from ninfer.quant.formats import QuantizedTensor
 
 MAX_PAIRS = 64  # routed pairs up to which the GEMV is a candidate (8 tokens at top-8)
@@ -236,11 +248,18 @@ def expert_gemv_candidates(fmt: str, pairs: int, n_out: int, k: int, sms: int) -
 
 
 _CHOSEN: dict[tuple, GemmConfig] = {}  # measured: the faster of GROUPED_DOT and the GEMV candidates
+_TIMINGS: dict[tuple, dict[GemmConfig, float]] = {}  # every candidate's ms behind each choice
 
 
 def chosen_configs() -> dict[tuple, GemmConfig]:
-    """What :func:`choose_config` measured so far in this process, per key (for reports)."""
+    """What :func:`choose_config` chose so far in this process, per key ``(format, dtype, pair-count
+    bucket, N, K, swiglu, device)`` (for reports)."""
     return dict(_CHOSEN)
+
+
+def tuning_timings() -> dict[tuple, dict[GemmConfig, float]]:
+    """Milliseconds per launch (graph replays) of every candidate timed for each key (for reports)."""
+    return {key: dict(t) for key, t in _TIMINGS.items()}
 
 
 def _on_gpu(a: torch.Tensor) -> bool:
@@ -266,7 +285,7 @@ def choose_config(fmt: str, a: torch.Tensor, rows: ExpertRows, n_out: int, k: in
     if not _tunable(a):
         return GROUPED_DOT
     cands = [GROUPED_DOT, *expert_gemv_candidates(fmt, rows.pairs, n_out, k, sm_count(a.device))]
-    timings = quant_gemm_tune._time_candidates(cands, launch, graphs=True)
+    timings = _TIMINGS[key] = quant_gemm_tune._time_candidates(cands, launch, graphs=True)
     if not timings:
         raise RuntimeError(f"no expert GEMM config fits this GPU for {key}")
     chosen = _CHOSEN[key] = min(timings, key=timings.__getitem__)

@@ -18,7 +18,12 @@ from ninfer.kernels.dispatch import INTERPRET
 from ninfer.kernels.moe import moe_experts_reference, route_topk_reference
 from ninfer.kernels.moe_align import ExpertRows, expert_rows
 from ninfer.kernels.moe_gemm import moe_experts_triton
-from ninfer.kernels.moe_quant_gemv import GROUPED_DOT, MAX_PAIRS, choose_config, expert_gemv_candidates
+from ninfer.kernels.moe_quant_gemv import (
+    GROUPED_DOT,
+    MAX_PAIRS,
+    choose_config,
+    expert_gemv_candidates,
+)
 from ninfer.kernels.quant_gemm_tune import GemmConfig
 from ninfer.quant.formats import QuantizedTensor, quantize
 
@@ -179,6 +184,7 @@ def test_selection_keeps_the_faster_path_per_key(monkeypatch: pytest.MonkeyPatch
     the fastest; later calls, and calls under capture, reuse it; untuned keys under capture, calls with
     tuning off, aligned rows and > MAX_PAIRS pairs take the dot without timing anything."""
     monkeypatch.setattr(moe_quant_gemv, "_CHOSEN", {})
+    monkeypatch.setattr(moe_quant_gemv, "_TIMINGS", {})
     monkeypatch.setattr(moe_quant_gemv, "_on_gpu", lambda a: True)
     capturing = [False]
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
@@ -222,12 +228,15 @@ def test_selection_keeps_the_faster_path_per_key(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(quant_gemm_tune, "TUNE", False)
     assert choose(_rows(16), swiglu=True) == GROUPED_DOT and not launched
     assert set(moe_quant_gemv.chosen_configs().values()) == {fast, GROUPED_DOT}
+    timings = moe_quant_gemv.tuning_timings()
+    assert len(timings) == 2 and all(len(t) == n_cands and t[GROUPED_DOT] == 1.0 for t in timings.values())
 
 
 def test_auto_path_runs_the_chosen_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
     """launch_quant_experts with path=None: the selection's candidates really launch (fake timings make
     the prefetch GEMV the fastest for gate/up, the dot for down) and the chosen kernels give the output."""
     monkeypatch.setattr(moe_quant_gemv, "_CHOSEN", {})
+    monkeypatch.setattr(moe_quant_gemv, "_TIMINGS", {})
     monkeypatch.setattr(moe_quant_gemv, "_tunable", lambda a: True)
     ran: list[tuple[GemmConfig, bool]] = []
     dot, gemv = moe_quant_gemm._launch_dot, moe_quant_gemm.launch_expert_gemv
