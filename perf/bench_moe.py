@@ -14,14 +14,24 @@ the grouped quantized GEMMs). Points, each against a limit measured in this run:
   Baselines as at decode.
 * router alone at decode and prefill: logits read + weights/ids written vs the copy bandwidth.
 
-Run: ``python perf/bench_moe.py [--formats int4-g64,nvfp4] [--no-bf16]`` (``--formats ''``: bf16 only).
+``--path`` (comma list) times the quantized decode points per expert-GEMM path side by side:
+``auto`` (the default, what the runtime does: per GEMM and pair-count bucket the faster of the
+``tl.dot`` kernels and the expert GEMV, measured on first use; records carry the choice and every
+candidate's tuner time), ``dot`` (the ``tl.dot`` grouped GEMMs pinned) and ``gemv`` (the expert GEMV
+of :mod:`ninfer.kernels.moe_quant_gemv`, each GEMM's first candidate; the 64-token point is past
+the GEMV's pair limit and runs the dot). Labels of pinned paths end in ``[dot]`` / ``[gemv]``.
+
+Run: ``python perf/bench_moe.py [--formats int4-g64,nvfp4] [--no-bf16] [--path auto,dot,gemv]``
+(``--formats ''``: bf16 only).
 """
 from __future__ import annotations
 
 import argparse
 import sys
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -36,12 +46,14 @@ from common import (
     record,
 )
 
+from ninfer.kernels import moe_quant_gemv
 from ninfer.kernels.moe import (
     moe_experts_reference,
     route_topk_reference,
     route_topk_triton,
 )
 from ninfer.kernels.moe_gemm import Weight, moe_experts_triton
+from ninfer.kernels.quant_gemm_tune import GemmConfig
 from ninfer.quant.formats import QuantizedTensor, quantize
 
 E, TOP_K, H, I = 256, 8, 2048, 512
@@ -50,6 +62,7 @@ PREFILL = 8192
 ROUTINGS = 8
 DEVICE, DTYPE = "cuda", torch.bfloat16  # activations and the float stacks
 QUANT_FORMATS = "int4-g64,nvfp4"
+PATHS = ("auto", "dot", "gemv")  # expert-GEMM paths of the quantized decode points (--path)
 
 
 def expert_bytes(gate_up: Weight, down: Weight) -> int:
@@ -67,8 +80,30 @@ def _logits(n: int, seed: int) -> torch.Tensor:
     return torch.randn(n, E, generator=g, device=DEVICE).to(DTYPE)
 
 
-def decode(n: int, gate_up: Weight, down: Weight, bw: float, bf16: tuple[torch.Tensor, torch.Tensor]) -> None:
-    """Router + experts at ``n`` tokens; ``bf16``: the bf16 stacks (the quantized points' baseline)."""
+def _config_name(cfg: GemmConfig) -> str:
+    if cfg == moe_quant_gemv.GROUPED_DOT:
+        return "dot (autotuned tiles)"
+    return (f"{cfg.kind} bm{cfg.block_m} bn{cfg.block_n} bk{cfg.block_k} split{cfg.split_k} "
+            f"w{cfg.num_warps} st{cfg.num_stages}")
+
+
+def _tuner_record(fmt: str, n: int) -> dict[str, Any]:
+    """The auto path's choice per GEMM at this point and every candidate's tuner time (graph replays)."""
+    bucket = min(1 << max(n * TOP_K - 1, 0).bit_length(), 65536)  # ExpertRows.tune_m
+    chosen, timings = moe_quant_gemv.chosen_configs(), moe_quant_gemv.tuning_timings()
+    out: dict[str, Any] = {"expert_configs": {}, "tuner_ms": {}}
+    for key, cfg in chosen.items():
+        if key[0] == fmt and key[1] == DTYPE and key[2] == bucket:
+            gemm = "gate_up" if key[5] else "down"
+            out["expert_configs"][gemm] = _config_name(cfg)
+            out["tuner_ms"][gemm] = {_config_name(c): round(ms, 5) for c, ms in timings.get(key, {}).items()}
+    return out
+
+
+def decode(n: int, gate_up: Weight, down: Weight, bw: float, bf16: tuple[torch.Tensor, torch.Tensor],
+           paths: tuple[str, ...] = ("auto",)) -> None:
+    """Router + experts at ``n`` tokens; ``bf16``: the bf16 stacks (the quantized points' baseline);
+    ``paths``: the quantized stacks' expert-GEMM paths, one point each (float stacks: one point)."""
     logits = [_logits(n, 100 * n + r) for r in range(ROUTINGS)]
     xs = [torch.randn(n, H, device=DEVICE, dtype=DTYPE) for _ in range(ROUTINGS)]
     unique = sum(int(route_topk_reference(lg, TOP_K)[1].unique().numel()) for lg in logits) / ROUTINGS
@@ -82,16 +117,25 @@ def decode(n: int, gate_up: Weight, down: Weight, bw: float, bf16: tuple[torch.T
         return experts(xs[r], *stacks, weights, ids)
 
     fmt = label(gate_up)
-    ms = bench_graph_ms(lambda: step(route_topk_triton, moe_experts_triton, (gate_up, down)), inner=2 * ROUTINGS)
     if fmt == "bf16":
+        paths = ("auto",)
         baseline = "torch reference loop"
         base_ms = bench_ms(lambda: step(route_topk_reference, moe_experts_reference, bf16), warmup=5, rep=50)
     else:
         baseline = "bf16 grouped GEMM (moe_experts_triton)"
         base_ms = bench_graph_ms(lambda: step(route_topk_triton, moe_experts_triton, bf16), inner=2 * ROUTINGS)
-    record("moe_decode", f"N={n} E={E} k={TOP_K} H={H} I={I} {fmt}", ms, achieved=nbytes / ms / 1e9,
-           limit=bw, unit="TB/s", baseline=baseline, baseline_ms=base_ms, unique_experts=unique,
-           bytes_moved=int(nbytes), **({} if fmt == "bf16" else {"format": fmt}))
+    for path in paths:
+        experts = partial(moe_experts_triton, path=None if path == "auto" else path)
+        ms = bench_graph_ms(lambda experts=experts: step(route_topk_triton, experts, (gate_up, down)),
+                            inner=2 * ROUTINGS)
+        extra: dict[str, Any] = {}
+        if fmt != "bf16":
+            extra = {"format": fmt, "path": path, **(_tuner_record(fmt, n) if path == "auto" else {})}
+        shape = f"N={n} E={E} k={TOP_K} H={H} I={I} {fmt}" + ("" if path == "auto" else f" [{path}]")
+        record("moe_decode", shape, ms, achieved=nbytes / ms / 1e9, limit=bw, unit="TB/s", baseline=baseline,
+               baseline_ms=base_ms, unique_experts=unique, bytes_moved=int(nbytes), **extra)
+        if extra.get("expert_configs"):
+            print(f"    auto chose {extra['expert_configs']}", flush=True)
 
 
 def prefill(gate_up: Weight, down: Weight, bf16: tuple[torch.Tensor, torch.Tensor]) -> None:
@@ -132,7 +176,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--formats", default=QUANT_FORMATS, help="quantized expert formats, comma-separated")
     parser.add_argument("--no-bf16", action="store_true", help="skip the bf16 stacks and the router points")
+    parser.add_argument("--path", default="auto",
+                        help=f"comma list of expert-GEMM paths for the quantized decode points: {', '.join(PATHS)}")
     args = parser.parse_args()
+    paths = tuple(p for p in PATHS if p in args.path.split(","))  # auto first: what the runtime does
+    if not paths or not set(args.path.split(",")) <= set(PATHS):
+        parser.error(f"--path takes {', '.join(PATHS)}; got {args.path}")
     formats = [f for f in args.formats.split(",") if f]
     bw = copy_bandwidth_tbps()
     g = torch.Generator(device=DEVICE).manual_seed(0)
@@ -148,7 +197,7 @@ def main() -> None:
     for fmt in formats:
         stacks = (quantize(gate_up, fmt), quantize(down, fmt))
         for n in DECODE:
-            decode(n, *stacks, bw, bf16)
+            decode(n, *stacks, bw, bf16, paths)
         prefill(*stacks, bf16)
         del stacks
         torch.cuda.empty_cache()
