@@ -2,7 +2,10 @@
 
 Run: ``python -m pytest -m gpu tests/gpu/test_moe_quant.py``. Most tests pin each tuner to its first
 config (fewer compilations; that config is also the one that must fit an RTX 5090's 99 KB of shared
-memory, checked on the compiled kernels); ``test_every_config`` covers the others.
+memory, checked on the compiled kernels); ``test_every_config`` covers the others. Those tests pin
+the ``tl.dot`` kernels (``moe_quant_gemm.DEFAULT_PATH = "dot"``); the ``test_expert_gemv_*`` tests
+cover the decode GEMV of :mod:`ninfer.kernels.moe_quant_gemv` (every candidate, CUDA graphs) and
+the measured selection between the two.
 """
 from __future__ import annotations
 
@@ -10,7 +13,7 @@ import pytest
 import torch
 import triton
 
-from ninfer.kernels import moe_gemm, moe_quant_gemm
+from ninfer.kernels import moe_gemm, moe_quant_gemm, moe_quant_gemv
 from ninfer.kernels.moe import (
     moe_experts,
     moe_experts_reference,
@@ -50,7 +53,13 @@ def _stacks(fmt: str, float_experts: tuple[torch.Tensor, torch.Tensor]) -> tuple
 
 
 @pytest.fixture
-def first_configs(monkeypatch: pytest.MonkeyPatch) -> list:
+def dot_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tl.dot expert kernels at every size (no measured choice of the decode GEMV)."""
+    monkeypatch.setattr(moe_quant_gemm, "DEFAULT_PATH", "dot")
+
+
+@pytest.fixture
+def first_configs(monkeypatch: pytest.MonkeyPatch, dot_path: None) -> list:
     """Each tuner runs its first config only; returns the compiled kernels launched (for their metadata)."""
     launched = []
     for tuner in TUNERS.values():
@@ -76,14 +85,14 @@ def _route(n: int, seed: int, skew: bool = False) -> tuple[torch.Tensor, torch.T
 
 
 def _check(gate_up: QuantizedTensor, down: QuantizedTensor, n: int, dtype: torch.dtype, seed: int,
-           skew: bool = False) -> None:
+           skew: bool = False, path: str | moe_quant_gemv.GemmConfig | None = None) -> None:
     weights, ids = _route(n, seed, skew)
     x = torch.randn(n, H, device="cuda").to(dtype)
-    got = moe_experts_triton(x, gate_up, down, weights.to(dtype), ids)
+    got = moe_experts_triton(x, gate_up, down, weights.to(dtype), ids, path=path)
     ref = moe_experts_reference(x.float(), gate_up.dequantize(), down.dequantize(), weights.float(), ids)
     assert got.dtype == dtype and torch.isfinite(got).all()
     err = ((got.float() - ref).norm() / ref.norm()).item()
-    assert err < TOL[dtype], (gate_up.format.name, n, dtype, err)
+    assert err < TOL[dtype], (gate_up.format.name, n, dtype, path, err)
 
 
 # 1, 8 tokens: no alignment launch; 512 tokens (4096 pairs): 16-row blocks; 2048 (16384 pairs): 64-row blocks.
@@ -131,6 +140,7 @@ def test_unselected_experts_are_never_read(float_experts, first_configs: list, m
         assert torch.equal(got, ref), (fmt, n, direct_max)
 
 
+@pytest.mark.usefixtures("dot_path")
 @pytest.mark.parametrize("fmt", ["int4-g64", "nvfp4"])
 def test_every_config(float_experts, monkeypatch: pytest.MonkeyPatch, fmt: str) -> None:
     """Each config of each tuner alone: a config the tuner may pick must be right, whatever its speed."""
@@ -165,3 +175,107 @@ def test_dispatch_and_graph_replay(float_experts) -> None:
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, step())
+
+
+@pytest.fixture
+def gemv_kernels(monkeypatch: pytest.MonkeyPatch) -> list:
+    """The expert GEMV's compiled kernels as they launch (for their metadata); the dot must not run."""
+    launched = []
+    kernel = moe_quant_gemv._moe_gemv_kernel
+    run = kernel.run
+
+    def spy(*args, **kwargs):
+        compiled = run(*args, **kwargs)
+        launched.append(compiled)
+        return compiled
+
+    def no_dot(*args, **kwargs) -> None:
+        raise AssertionError("the tl.dot expert GEMM ran")
+
+    monkeypatch.setattr(kernel, "run", spy)
+    monkeypatch.setattr(moe_quant_gemm, "_launch_dot", no_dot)
+    return launched
+
+
+# 1 token (8 pairs, one per expert) and 8 tokens (64 pairs: experts shared); bf16 and fp32 activations.
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_expert_gemv_real_shapes(float_experts, gemv_kernels: list, fmt: str) -> None:
+    gate_up, down = _stacks(fmt, float_experts)
+    for n in (1, 8):
+        _check(gate_up, down, n, torch.bfloat16, seed=n, path="gemv")
+    _check(gate_up, down, 8, torch.float32, seed=5, path="gemv")
+    _check(gate_up, down, 6, torch.bfloat16, seed=6, skew=True, path="gemv")  # expert 7: six pairs
+    assert len(gemv_kernels) == 8
+    for kernel in gemv_kernels:
+        assert kernel.metadata.shared <= RTX_5090_SHARED, (fmt, kernel.metadata.shared)
+
+
+@pytest.mark.parametrize("fmt", ["int4-g64", "nvfp4", "int8-g64", "fp8-b128"])
+def test_expert_gemv_every_candidate(float_experts, gemv_kernels: list, fmt: str) -> None:
+    """Every candidate the selection may pick, pinned for both GEMMs (split-K as sized for gate/up)."""
+    gate_up, down = _stacks(fmt, float_experts)
+    for n in (1, 8):
+        for cfg in moe_quant_gemv.expert_gemv_candidates(fmt, n * TOP_K, I, H, torch.cuda.get_device_properties(0)
+                                                         .multi_processor_count):
+            _check(gate_up, down, n, torch.bfloat16, seed=7, path=cfg)
+    for kernel in gemv_kernels:
+        assert kernel.metadata.shared <= RTX_5090_SHARED, (fmt, kernel.metadata.shared)
+
+
+@pytest.mark.parametrize("fmt", ["int4-g64", "nvfp4", "fp8"])
+def test_expert_gemv_unselected_experts_are_never_read(float_experts, gemv_kernels: list, fmt: str) -> None:
+    clean = _stacks(fmt, float_experts)
+    for n in (1, 8):
+        weights, ids = _route(n, 50 + n)
+        unused = torch.ones(E, dtype=torch.bool, device="cuda")
+        unused[ids.flatten()] = False
+        poisoned = []
+        for stack in clean:
+            tensors = {name: t.clone() for name, t in stack.tensors.items()}
+            for t in tensors.values():
+                if t.dtype == torch.float8_e4m3fn:
+                    t.view(torch.uint8)[unused] = 0x7F
+                elif t.is_floating_point():
+                    t[unused] = float("nan")
+            poisoned.append(QuantizedTensor(stack.format, stack.shape, tensors))
+        x = torch.randn(n, H, device="cuda", dtype=torch.bfloat16)
+        got = moe_experts_triton(x, *poisoned, weights, ids, path="gemv")
+        assert torch.equal(got, moe_experts_triton(x, *clean, weights, ids, path="gemv")), (fmt, n)
+
+
+@pytest.mark.parametrize("path", ["gemv", None])  # None: auto, measured on the eager call before capture
+@pytest.mark.parametrize("fmt", ["int4-g64", "nvfp4"])
+def test_expert_gemv_in_cuda_graph(float_experts, monkeypatch: pytest.MonkeyPatch, fmt: str,
+                                   path: str | None) -> None:
+    """A captured decode step (router + experts) replays exactly what eager calls compute, at 1 and 8
+    tokens; auto: the first (eager) call measured both paths per GEMM, the capture reuses the choice."""
+    monkeypatch.setattr(moe_quant_gemv, "_CHOSEN", {})
+    monkeypatch.setattr(moe_quant_gemv, "_TIMINGS", {})
+    gate_up, down = _stacks(fmt, float_experts)
+    for n in (1, 8):
+        logits = torch.randn(n, E, device="cuda", dtype=torch.bfloat16)
+        x = torch.randn(n, H, device="cuda", dtype=torch.bfloat16)
+
+        def step() -> torch.Tensor:
+            weights, ids = route_topk(logits, TOP_K)
+            return moe_experts_triton(x, gate_up, down, weights, ids, path=path)
+
+        first = step()
+        weights, ids = route_topk_reference(logits, TOP_K)
+        ref = moe_experts_reference(x.float(), gate_up.dequantize(), down.dequantize(), weights.float(), ids)
+        assert ((first.float() - ref).norm() / ref.norm()).item() < TOL[torch.bfloat16], (fmt, n, path)
+        graph, out = capture(step)
+        for _ in range(2):
+            logits.copy_(torch.randn_like(logits))
+            x.copy_(torch.randn_like(x))
+            graph.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(out, step()), (fmt, n, path)
+    if path is None:
+        chosen, timings = moe_quant_gemv.chosen_configs(), moe_quant_gemv.tuning_timings()
+        want = {(fmt, torch.bfloat16, p, n_out, k, sw, x.device) for p in (8, 64)
+                for n_out, k, sw in ((I, H, True), (H, I, False))}
+        assert set(chosen) == want
+        for key, cfg in chosen.items():
+            assert moe_quant_gemv.GROUPED_DOT in timings[key] and len(timings[key]) >= 6
+            assert cfg == min(timings[key], key=timings[key].__getitem__)
