@@ -5,7 +5,8 @@
 max-and-exclude, and renormalises. On exact ties of the probabilities the lower expert id wins
 (torch.topk's order on ties is unspecified). ``moe_experts`` runs the grouped expert GEMMs of
 :mod:`ninfer.kernels.moe_gemm` on float expert stacks and those of
-:mod:`ninfer.kernels.moe_quant_gemm` on quantized ones (packed bytes read in the K loop). Both fall
+:mod:`ninfer.kernels.moe_quant_gemm` on quantized ones (packed bytes read in the K loop; at decode
+the ``tl.dot``-free GEMV of :mod:`ninfer.kernels.moe_quant_gemv` where it measured faster). Both fall
 back to the references off CUDA; the expert reference dequantizes only the experts it uses.
 """
 from __future__ import annotations

@@ -21,7 +21,9 @@ weight tiles (L2 reuse at prefill, see ``moe_align.aligned_tile``).
 
 Steps 2 and 3 run these float kernels for a float stack and the kernels of
 :mod:`ninfer.kernels.moe_quant_gemm` for a quantized one (``QuantizedTensor``, read packed and
-dequantized in the K loop); the two GEMMs of a call may differ, the rows are found the same way.
+dequantized in the K loop; at decode, where measured faster, the ``tl.dot``-free GEMV of
+:mod:`ninfer.kernels.moe_quant_gemv`); the two GEMMs of a call may differ, the rows are found the
+same way.
 
 ``BLOCK_M`` (fixed before the alignment) is 16 when experts average few rows (decode, short
 prefills: a skinny MMA that wastes nothing on the weight stream, which dominates) and 64 otherwise.

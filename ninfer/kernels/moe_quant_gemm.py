@@ -19,6 +19,12 @@ gate rows first) or the routing weight (down), and the tile is stored at its pai
 
 Tile sizes are autotuned per (format, shapes, pair-count bucket) as for the float kernels; the
 first config of each list fits the RTX 5090's 99 KB of shared memory and is the interpreter's.
+
+At decode (alignment-free rows, <= 64 pairs) a 16-row MMA tile mostly pads one or two pairs per
+expert; :mod:`ninfer.kernels.moe_quant_gemv` offers a ``tl.dot``-free GEMV instead.
+``launch_quant_experts`` runs whichever its ``path`` asks for: by default the faster of the two as
+measured on the key's first call (``moe_quant_gemv.choose_config``; this path while unmeasured, e.g.
+during graph capture), or one pinned (``path="dot"`` / ``"gemv"`` / a config; ``NINFER_MOE_PATH``).
 """
 from __future__ import annotations
 
@@ -30,10 +36,15 @@ import triton.language as tl
 
 from ninfer.kernels.dispatch import autotune_configs
 from ninfer.kernels.moe_align import ExpertRows, aligned_tile, pair_group, pair_rows
+from ninfer.kernels.moe_quant_gemv import (
+    GROUPED_DOT,
+    choose_config,
+    expert_gemv_candidates,
+    launch_expert_gemv,
+)
 
 # The dense quantized GEMM's building blocks (private there; this family is their second user).
 from ninfer.kernels.quant_gemm import _finish, _k_loop
-from ninfer.kernels.moe_quant_gemv import GROUPED_DOT, choose_config, expert_gemv_candidates, launch_expert_gemv
 from ninfer.kernels.quant_gemm_tune import FMT_CODES, GemmConfig, sm_count
 from ninfer.quant.formats import QuantizedTensor
 

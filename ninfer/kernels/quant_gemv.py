@@ -35,6 +35,9 @@ and issue slots on a tile that is mostly empty, which measured 16-47 % of copy b
 
 Activation rows beyond BLOCK_M take more programs along ``program_id(2)`` (each re-reads the weight),
 so any M is correct; the tuner offers these configs only for M <= 8.
+
+The expert GEMV of :mod:`ninfer.kernels.moe_quant_gemv` reuses the step's pieces (``_gemv_raw``,
+``_gemv_decode``, ``_gemv_scales``, ``_gemv_x``, ``_gemv_dot``) and the reduce kernel.
 """
 from __future__ import annotations
 
