@@ -36,8 +36,9 @@ and issue slots on a tile that is mostly empty, which measured 16-47 % of copy b
 Activation rows beyond BLOCK_M take more programs along ``program_id(2)`` (each re-reads the weight),
 so any M is correct; the tuner offers these configs only for M <= 8.
 
-The expert GEMV of :mod:`ninfer.kernels.moe_quant_gemv` reuses the step's pieces (``_gemv_raw``,
-``_gemv_decode``, ``_gemv_scales``, ``_gemv_x``, ``_gemv_dot``) and the reduce kernel.
+The expert GEMV of :mod:`ninfer.kernels.moe_quant_gemv` reuses the steps' pieces (``_gemv_raw``,
+``_gemv_decode``, ``_gemv_scales``, ``_gemv_x``, ``_gemv_dot``; ``_w32_raw``, ``_w32_values``,
+``_w32_scales``, ``_w32_dot``) and the reduce kernel.
 """
 from __future__ import annotations
 
@@ -121,29 +122,39 @@ def _w32_values(raw):
 
 
 @triton.jit
+def _w32_scales(s_ptr, rows, k0, K, stride_sn, GROUP: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+    """fp16 int4 group scales of a K step as fp32 ``[BLOCK_N, BLOCK_K / GROUP]``."""
+    return _group_scales(s_ptr, rows, k0, K, stride_sn, FMT_INT4, GROUP, 1, BLOCK_K // GROUP, EVEN_K)
+
+
+@triton.jit
+def _w32_dot(vs, scale, xt, GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """``W . x`` ``[BLOCK_N]`` (fp32) of one K step for one activation row ``xt [BLOCK_K]``, from the words'
+    decoded values ``vs`` (:func:`_w32_values`) and the group scales (:func:`_w32_scales`)."""
+    W: tl.constexpr = BLOCK_K // 8
+    NG: tl.constexpr = BLOCK_K // GROUP
+    xs = _eighths(xt, W)  # xs[j][w] = x[k0 + 8 w + j]: one contiguous load, split in registers
+    part = tl.zeros((BLOCK_N, W), dtype=tl.float32)
+    x_sum = tl.zeros((W,), dtype=tl.float32)
+    for j in tl.static_range(8):
+        part += vs[j] * xs[j][None, :]
+        x_sum += xs[j]
+    g = tl.sum(tl.reshape(part, (BLOCK_N, NG, GROUP // 8)), axis=2)
+    sx = tl.sum(tl.reshape(x_sum, (NG, GROUP // 8)), axis=1)
+    return tl.sum((g * 16.0 - 24.0 * sx[None, :]) * scale, axis=1)  # sum((nibble - 8) x) per group, scaled
+
+
+@triton.jit
 def _w32_step(acc, raw, x_ptr, s_ptr, rows, m0, M, k0, K, stride_xm, stride_sn,
               GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
               EVEN_K: tl.constexpr):
     """:func:`_gemv_step` for int4 codes in 32-bit words: nibble j of word w is column ``k0 + 8 w + j``."""
-    W: tl.constexpr = BLOCK_K // 8
-    NG: tl.constexpr = BLOCK_K // GROUP
-    scale = _group_scales(s_ptr, rows, k0, K, stride_sn, FMT_INT4, GROUP, 1, NG, EVEN_K)
+    scale = _w32_scales(s_ptr, rows, k0, K, stride_sn, GROUP, BLOCK_K, EVEN_K)
     vs = _w32_values(raw)  # decoded once, used by every activation row
     cols = tl.arange(0, BLOCK_M)
-    offs_k = k0 + tl.arange(0, BLOCK_K)
     for i in tl.static_range(BLOCK_M):
         xrow = tl.minimum(m0 + i, M - 1)  # rows past M compute a copy that the store drops
-        xp = x_ptr + xrow.to(tl.int64) * stride_xm + offs_k
-        xt = (tl.load(xp) if EVEN_K else tl.load(xp, mask=offs_k < K, other=0.0)).to(tl.float32)
-        xs = _eighths(xt, W)  # xs[j][w] = x[k0 + 8 w + j]: one contiguous load, split in registers
-        part = tl.zeros((BLOCK_N, W), dtype=tl.float32)
-        x_sum = tl.zeros((W,), dtype=tl.float32)
-        for j in tl.static_range(8):
-            part += vs[j] * xs[j][None, :]
-            x_sum += xs[j]
-        g = tl.sum(tl.reshape(part, (BLOCK_N, NG, GROUP // 8)), axis=2)
-        sx = tl.sum(tl.reshape(x_sum, (NG, GROUP // 8)), axis=1)
-        y = tl.sum((g * 16.0 - 24.0 * sx[None, :]) * scale, axis=1)  # sum((nibble - 8) x) per group, scaled
+        y = _w32_dot(vs, scale, _gemv_x(x_ptr, xrow, k0, K, stride_xm, BLOCK_K, EVEN_K), GROUP, BLOCK_N, BLOCK_K)
         acc += tl.where(cols[None, :] == i, y[:, None], 0.0)
     return acc
 
