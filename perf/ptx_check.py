@@ -74,6 +74,9 @@ def compile_dequant(fmt: str, cfg, arch: int):
 def compile_moe_gemv(fmt: str, cfg, swiglu: bool, arch: int):
     """moe_quant_gemv's kernel, bf16 activations, K a multiple of BLOCK_K (the 35B shapes)."""
     q_type, s_type = TYPES[fmt]
+    words = cfg.kind == "gemv-w32"
+    if words:  # int4 codes read as 32-bit words
+        q_type = "*i32"
     row_scale = fmt in ("fp8", "nvfp4")
     kp = kernel_params(fmt, cfg)
     strides = ("stride_xm", "stride_qe", "stride_qn", "stride_se", "stride_sn", "stride_re", "stride_om")
@@ -82,7 +85,8 @@ def compile_moe_gemv(fmt: str, cfg, swiglu: bool, arch: int):
            "K": "i32", "a_div": "i32", "k_per_split": "i32", **dict.fromkeys(strides, "i32")}
     consts = dict(FMT=FMT_CODES[fmt], GROUP=kp["group"], ROW_BLOCK=kp["row_block"], ROW_SCALE=row_scale,
                   SWIGLU=swiglu, ROUTE_WEIGHT=not swiglu, SPLIT=cfg.split_k > 1, EVEN_K=True, BLOCK_M=cfg.block_m,
-                  BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, PAIRS_BLOCK=64, PREFETCH=cfg.kind == "gemv-prefetch")
+                  BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, PAIRS_BLOCK=64, PREFETCH=cfg.kind == "gemv-prefetch",
+                  WORDS=words)
     sig.update(dict.fromkeys(consts, "constexpr"))
     names = list(sig)
     aligned = ("x_ptr", "q_ptr", "s_ptr", "rs_ptr", "out_ptr", "rw_ptr", "ws_ptr", "ids_ptr", "N_OUT", "K", *strides)

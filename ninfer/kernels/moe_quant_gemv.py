@@ -11,9 +11,10 @@ measured 10-24 % of copy bandwidth at 1-8 tokens on an H200, where the dense GEM
   of that expert (BLOCK_M at a time) and the others exit, so each selected expert's rows are read
   once per column tile and no other expert is read.
 * A K step loads a ``[BLOCK_N, BLOCK_K]`` slab of packed rows (16-byte vectors), decodes it in
-  registers once (:func:`quant_gemv._gemv_decode`, group scales from ``_gemv_scales``) and reduces
-  it against each of the group's activation rows ``a[pair // a_div]`` (``_gemv_dot``: ``tl.sum``
-  per scale group, fp32). Rows of a BLOCK_M tile past the group's count are skipped at run time
+  registers once (:func:`quant_gemv._gemv_decode`, group scales from ``_gemv_scales``; int4 codes
+  as 32-bit words for ``kind="gemv-w32"``: ``_w32_values``) and reduces it against each of the
+  group's activation rows ``a[pair // a_div]`` (``_gemv_dot`` / ``_w32_dot``: ``tl.sum`` per scale
+  group, fp32). Rows of a BLOCK_M tile past the group's count are skipped at run time
   (most experts have one pair at decode), not computed and dropped.
 * Epilogues as the ``tl.dot`` expert kernels: per-row scales (fp8 rows, nvfp4 global scale) on the
   accumulator, then the routing weight ``rw[pair]`` (down) or SwiGLU over the stacked ``[E, 2I, K]``
@@ -55,6 +56,10 @@ from ninfer.kernels.quant_gemv import (
     _gemv_reduce_kernel,
     _gemv_scales,
     _gemv_x,
+    _w32_dot,
+    _w32_raw,
+    _w32_scales,
+    _w32_values,
 )
 from ninfer.quant.formats import QuantizedTensor
 
@@ -64,33 +69,52 @@ GROUPED_DOT = GemmConfig(16, 0, 0, kind="dot")
 
 
 @triton.jit
-def _pair_row(acc, a, b, scale, x_ptr, xrows, i: tl.constexpr, k0, K, stride_xm, FMT: tl.constexpr,
+def _raw(q_ptr, rows, k0, K, stride_qn, FMT: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+         WORDS: tl.constexpr):
+    """The packed slab of a K step: bytes (:func:`_gemv_raw`) or, WORDS, int4 32-bit words (``_w32_raw``)."""
+    if WORDS:
+        raw = _w32_raw(q_ptr, rows, k0, K, stride_qn, BLOCK_K, EVEN_K)
+    else:
+        raw = _gemv_raw(q_ptr, rows, k0, K, stride_qn, FMT, BLOCK_K, EVEN_K)
+    return raw
+
+
+@triton.jit
+def _pair_row(acc, dec, scale, x_ptr, xrows, i: tl.constexpr, k0, K, stride_xm, FMT: tl.constexpr,
               GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-              EVEN_K: tl.constexpr):
-    """``acc[:, i] +=`` the decoded slab times activation row ``xrows[i]``."""
+              EVEN_K: tl.constexpr, WORDS: tl.constexpr):
+    """``acc[:, i] +=`` the decoded slab ``dec`` times activation row ``xrows[i]``."""
     cols = tl.arange(0, BLOCK_M)
     xrow = tl.sum(tl.where(cols == i, xrows, 0), axis=0)  # element i of the gathered rows
-    y = _gemv_dot(a, b, scale, _gemv_x(x_ptr, xrow, k0, K, stride_xm, BLOCK_K, EVEN_K), FMT, GROUP, BLOCK_N, BLOCK_K)
+    xt = _gemv_x(x_ptr, xrow, k0, K, stride_xm, BLOCK_K, EVEN_K)
+    if WORDS:
+        y = _w32_dot(dec, scale, xt, GROUP, BLOCK_N, BLOCK_K)
+    else:
+        y = _gemv_dot(dec[0], dec[1], scale, xt, FMT, GROUP, BLOCK_N, BLOCK_K)
     return acc + tl.where(cols[None, :] == i, y[:, None], 0.0)
 
 
 @triton.jit
 def _pairs_step(acc, raw, x_ptr, xrows, n_rows, s_ptr, rows, k0, K, stride_xm, stride_sn,
                 FMT: tl.constexpr, GROUP: tl.constexpr, ROW_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr,
-                BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+                BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, WORDS: tl.constexpr):
     """``acc[:, i] += W[rows, k0:k0+BLOCK_K] . x[xrows[i], k0:k0+BLOCK_K]`` for i < n_rows; ``raw``: the
-    packed slab (:func:`_gemv_raw`), decoded once for all rows."""
-    a, b = _gemv_decode(raw, FMT)
-    scale = _gemv_scales(s_ptr, rows, k0, K, stride_sn, FMT, GROUP, ROW_BLOCK, BLOCK_K, EVEN_K)
+    packed slab (:func:`_raw`), decoded once for all rows."""
+    if WORDS:
+        dec = _w32_values(raw)
+        scale = _w32_scales(s_ptr, rows, k0, K, stride_sn, GROUP, BLOCK_K, EVEN_K)
+    else:
+        dec = _gemv_decode(raw, FMT)
+        scale = _gemv_scales(s_ptr, rows, k0, K, stride_sn, FMT, GROUP, ROW_BLOCK, BLOCK_K, EVEN_K)
     for i in tl.static_range(BLOCK_M):
         # Row 0 always exists (a program only runs for a group with pairs); later rows only when the
         # expert has that many pairs left: a run-time branch, so lone pairs cost one row of arithmetic.
         if i == 0:
-            acc = _pair_row(acc, a, b, scale, x_ptr, xrows, i, k0, K, stride_xm, FMT, GROUP, BLOCK_N, BLOCK_M,
-                            BLOCK_K, EVEN_K)
+            acc = _pair_row(acc, dec, scale, x_ptr, xrows, i, k0, K, stride_xm, FMT, GROUP, BLOCK_N, BLOCK_M,
+                            BLOCK_K, EVEN_K, WORDS)
         elif i < n_rows:
-            acc = _pair_row(acc, a, b, scale, x_ptr, xrows, i, k0, K, stride_xm, FMT, GROUP, BLOCK_N, BLOCK_M,
-                            BLOCK_K, EVEN_K)
+            acc = _pair_row(acc, dec, scale, x_ptr, xrows, i, k0, K, stride_xm, FMT, GROUP, BLOCK_N, BLOCK_M,
+                            BLOCK_K, EVEN_K, WORDS)
     return acc
 
 
@@ -98,36 +122,36 @@ def _pairs_step(acc, raw, x_ptr, xrows, n_rows, s_ptr, rows, k0, K, stride_xm, s
 def _k_range(acc, acc_up, x_ptr, xrows, n_rows, q_ptr, s_ptr, rows, k_first, steps, N_OUT, K, stride_xm,
              stride_qn, stride_sn, FMT: tl.constexpr, GROUP: tl.constexpr, ROW_BLOCK: tl.constexpr,
              SWIGLU: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-             EVEN_K: tl.constexpr, PREFETCH: tl.constexpr):
+             EVEN_K: tl.constexpr, PREFETCH: tl.constexpr, WORDS: tl.constexpr):
     """``steps`` K steps from ``k_first``; SWIGLU: the up rows (N_OUT further down) into ``acc_up``."""
     up_rows = rows + N_OUT
     if PREFETCH:  # the next step's bytes are requested before this step's arithmetic (see quant_gemv)
-        raw = _gemv_raw(q_ptr, rows, k_first, K, stride_qn, FMT, BLOCK_K, EVEN_K)
+        raw = _raw(q_ptr, rows, k_first, K, stride_qn, FMT, BLOCK_K, EVEN_K, WORDS)
         raw_up = raw
         if SWIGLU:
-            raw_up = _gemv_raw(q_ptr, up_rows, k_first, K, stride_qn, FMT, BLOCK_K, EVEN_K)
+            raw_up = _raw(q_ptr, up_rows, k_first, K, stride_qn, FMT, BLOCK_K, EVEN_K, WORDS)
         for step in range(0, steps):
             k0 = k_first + step * BLOCK_K
             k_next = k_first + tl.minimum(step + 1, steps - 1) * BLOCK_K  # the last step reloads itself
-            nxt = _gemv_raw(q_ptr, rows, k_next, K, stride_qn, FMT, BLOCK_K, EVEN_K)
+            nxt = _raw(q_ptr, rows, k_next, K, stride_qn, FMT, BLOCK_K, EVEN_K, WORDS)
             acc = _pairs_step(acc, raw, x_ptr, xrows, n_rows, s_ptr, rows, k0, K, stride_xm, stride_sn,
-                              FMT, GROUP, ROW_BLOCK, BLOCK_N, BLOCK_M, BLOCK_K, EVEN_K)
+                              FMT, GROUP, ROW_BLOCK, BLOCK_N, BLOCK_M, BLOCK_K, EVEN_K, WORDS)
             raw = nxt
             if SWIGLU:
-                nxt_up = _gemv_raw(q_ptr, up_rows, k_next, K, stride_qn, FMT, BLOCK_K, EVEN_K)
+                nxt_up = _raw(q_ptr, up_rows, k_next, K, stride_qn, FMT, BLOCK_K, EVEN_K, WORDS)
                 acc_up = _pairs_step(acc_up, raw_up, x_ptr, xrows, n_rows, s_ptr, up_rows, k0, K, stride_xm,
-                                     stride_sn, FMT, GROUP, ROW_BLOCK, BLOCK_N, BLOCK_M, BLOCK_K, EVEN_K)
+                                     stride_sn, FMT, GROUP, ROW_BLOCK, BLOCK_N, BLOCK_M, BLOCK_K, EVEN_K, WORDS)
                 raw_up = nxt_up
     else:
         for step in range(0, steps):
             k0 = k_first + step * BLOCK_K
-            raw = _gemv_raw(q_ptr, rows, k0, K, stride_qn, FMT, BLOCK_K, EVEN_K)
+            raw = _raw(q_ptr, rows, k0, K, stride_qn, FMT, BLOCK_K, EVEN_K, WORDS)
             acc = _pairs_step(acc, raw, x_ptr, xrows, n_rows, s_ptr, rows, k0, K, stride_xm, stride_sn,
-                              FMT, GROUP, ROW_BLOCK, BLOCK_N, BLOCK_M, BLOCK_K, EVEN_K)
+                              FMT, GROUP, ROW_BLOCK, BLOCK_N, BLOCK_M, BLOCK_K, EVEN_K, WORDS)
             if SWIGLU:
-                raw_up = _gemv_raw(q_ptr, up_rows, k0, K, stride_qn, FMT, BLOCK_K, EVEN_K)
+                raw_up = _raw(q_ptr, up_rows, k0, K, stride_qn, FMT, BLOCK_K, EVEN_K, WORDS)
                 acc_up = _pairs_step(acc_up, raw_up, x_ptr, xrows, n_rows, s_ptr, up_rows, k0, K, stride_xm,
-                                     stride_sn, FMT, GROUP, ROW_BLOCK, BLOCK_N, BLOCK_M, BLOCK_K, EVEN_K)
+                                     stride_sn, FMT, GROUP, ROW_BLOCK, BLOCK_N, BLOCK_M, BLOCK_K, EVEN_K, WORDS)
     return acc, acc_up
 
 
@@ -139,7 +163,7 @@ def _moe_gemv_kernel(
     FMT: tl.constexpr, GROUP: tl.constexpr, ROW_BLOCK: tl.constexpr, ROW_SCALE: tl.constexpr,
     SWIGLU: tl.constexpr, ROUTE_WEIGHT: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PAIRS_BLOCK: tl.constexpr,
-    PREFETCH: tl.constexpr,
+    PREFETCH: tl.constexpr, WORDS: tl.constexpr,
 ):
     """``out[pair, n] = f(x[pair // a_div] . W[expert(pair), n])`` for BLOCK_N columns and one K range
     of every pair whose expert is that of pair ``program_id(0)``, if that pair is the expert's first."""
@@ -166,7 +190,7 @@ def _moe_gemv_kernel(
         acc_up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         acc, acc_up = _k_range(acc, acc_up, x_ptr, xrows, count - t0, q_ptr, s_ptr, rows, k_first, steps, N_OUT,
                                K, stride_xm, stride_qn, stride_sn, FMT, GROUP, ROW_BLOCK, SWIGLU, BLOCK_N, BLOCK_M,
-                               BLOCK_K, EVEN_K, PREFETCH)
+                               BLOCK_K, EVEN_K, PREFETCH, WORDS)
         if ROW_SCALE:
             acc *= tl.load(rs_ptr + offs_n, mask=n_ok, other=0.0)[:, None]
             if SWIGLU:
@@ -187,8 +211,8 @@ def _moe_gemv_kernel(
 def launch_expert_gemv(rows: ExpertRows, a: torch.Tensor, w: QuantizedTensor, dst: torch.Tensor, rw: torch.Tensor,
                        *, a_div: int, swiglu: bool, cfg: GemmConfig) -> None:
     """``dst[pair] = f(a[pair // a_div] @ dequantize(w)[expert]^T)`` as ``launch_quant_experts`` defines it,
-    through the GEMV kernel with ``cfg`` (``kind`` "gemv" or "gemv-prefetch"; ``block_m``: pairs of one
-    expert per pass over its rows). Needs the alignment-free rows (``rows.direct``)."""
+    through the GEMV kernel with ``cfg`` (``kind`` "gemv", "gemv-prefetch" or, int4 only, "gemv-w32";
+    ``block_m``: pairs of one expert per pass over its rows). Needs the alignment-free rows (``rows.direct``)."""
     if not rows.direct:
         raise ValueError(f"the expert GEMV needs alignment-free decode rows, got {rows.pairs} aligned pairs")
     if not cfg.kind.startswith("gemv"):
@@ -201,6 +225,11 @@ def launch_expert_gemv(rows: ExpertRows, a: torch.Tensor, w: QuantizedTensor, ds
         raise ValueError(f"gemv blocks must be powers of two: {cfg}")
     q, scales, row_scale = kernel_tensors(w)
     n_out, k = dst.shape[1], a.shape[1]
+    words = cfg.kind == "gemv-w32"
+    if words:  # int4 codes as 32-bit words, eight nibbles each (quant_gemv); strides below then count words
+        if not name.startswith("int4") or k % 8 or q.data_ptr() % 4 or any(st % 4 for st in q.stride()[:-1]):
+            raise ValueError("gemv-w32 reads int4 codes as 32-bit words: it needs K % 8 == 0 and 4-byte aligned rows")
+        q = q.view(torch.int32)
     k_steps = triton.cdiv(k, cfg.block_k)
     per_split = triton.cdiv(k_steps, cfg.split_k)
     splits = triton.cdiv(k_steps, per_split)
@@ -216,7 +245,7 @@ def launch_expert_gemv(rows: ExpertRows, a: torch.Tensor, w: QuantizedTensor, ds
         FMT=FMT_CODES[name], GROUP=p["group"], ROW_BLOCK=p["row_block"], ROW_SCALE=row_scale is not None,
         SWIGLU=swiglu, ROUTE_WEIGHT=not swiglu, SPLIT=splits > 1, EVEN_K=k % cfg.block_k == 0,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, PAIRS_BLOCK=rows.pairs_block,
-        PREFETCH=cfg.kind == "gemv-prefetch", num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        PREFETCH=cfg.kind == "gemv-prefetch", WORDS=words, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if splits > 1:
         bm = min(triton.next_power_of_2(nk), 8)
@@ -231,13 +260,16 @@ def expert_gemv_candidates(fmt: str, pairs: int, n_out: int, k: int, sms: int) -
     pair its own expert) and, where that split is > 1, without it. At top-8 one token's pairs have
     distinct experts (one pass each); from two tokens on an expert may hold several pairs, taken
     two per pass. One stage: the slab stays in registers (Triton stages only loads that feed a
-    ``tl.dot``); the prefetch kind keeps two K steps in flight instead. All fit 99 KB (sm_120)."""
+    ``tl.dot``); the prefetch kind keeps two K steps in flight instead. int4 formats also get the
+    32-bit-word decode (``gemv-w32``, fewer instructions per weight). All fit 99 KB (sm_120)."""
     if fmt not in FMT_CODES:
         raise ValueError(f"no quantized GEMM kernel for format {fmt!r}")
     block_m = 1 if pairs <= 8 else 2
     four_bit = fmt.startswith("int4") or fmt == "nvfp4"
     shapes = [("gemv", 32, 256, 4, 1), ("gemv", 16, 256, 4, 1), ("gemv", 64, 128, 4, 1),
               ("gemv-prefetch", 32, 128, 4, 1), ("gemv", 32, 128, 4, 3)]
+    if fmt.startswith("int4"):
+        shapes += [("gemv-w32", 32, 256, 4, 1), ("gemv-w32", 64, 128, 4, 1)]
     out: list[GemmConfig] = []
     for kind, bn, row_bytes, warps, stages in shapes:
         bk = max(row_bytes * (2 if four_bit else 1), quant_gemm_tune._GROUPS.get(fmt, 1))

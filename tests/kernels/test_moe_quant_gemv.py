@@ -89,7 +89,8 @@ def _check(fmt: str, dtype: torch.dtype, n: int, path: str | GemmConfig, seed: i
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("fmt", list(SHAPES))
 def test_gemv_matches_reference(fmt: str, dtype: torch.dtype) -> None:
-    for n, cfg in CASES:
+    cases = CASES + ([(5, (2, 16, 2, "gemv-w32")), (2, (1, 32, 1, "gemv-w32"))] if fmt.startswith("int4") else [])
+    for n, cfg in cases:
         _check(fmt, dtype, n, _gemv(fmt, *cfg), seed=n)
 
 
@@ -102,13 +103,14 @@ def test_one_to_eight_tokens_default_candidate(n: int) -> None:
 
 
 @pytest.mark.usefixtures("no_dot")
-@pytest.mark.parametrize("fmt", ["int4-g64", "nvfp4", "fp8"])
+@pytest.mark.parametrize("fmt", ["int4-g64", "int4-g128", "nvfp4", "fp8"])
 def test_shared_expert_and_repeated_slot(fmt: str) -> None:
     """Hand-made int32 ids: five tokens on expert 6 (nine pairs: passes of 2, the last partial), a
     token listing expert 6 in both slots, one pair on expert 2; all other experts idle."""
     ids = torch.full((5, K), 6, dtype=torch.int32)
     ids[0, 1] = 2
-    for cfg in [(2, 16, 1), (4, 32, 2, "gemv-prefetch"), (1, 16, 3)]:
+    words = [(2, 16, 2, "gemv-w32")] if fmt.startswith("int4") else []
+    for cfg in [(2, 16, 1), (4, 32, 2, "gemv-prefetch"), (1, 16, 3), *words]:
         _check(fmt, torch.float32, 5, _gemv(fmt, *cfg), seed=3, ids=ids)
 
 
@@ -155,6 +157,9 @@ def test_path_pins(monkeypatch: pytest.MonkeyPatch) -> None:
     assert ran == ["dot", "dot"]
     with pytest.raises(ValueError, match="alignment-free"):
         moe_experts_triton(x, gate_up, down, weights, ids, path=_gemv("int8-g64", 1, 16, 1))
+    monkeypatch.setattr("ninfer.kernels.moe_gemm.DIRECT_MAX_PAIRS", 64)
+    with pytest.raises(ValueError, match="int4 codes as 32-bit words"):
+        moe_experts_triton(x, gate_up, down, weights, ids, path=_gemv("int8-g64", 1, 16, 1, "gemv-w32"))
     with pytest.raises(ValueError, match="path must be"):
         moe_experts_triton(x, gate_up, down, weights, ids, path="fast")
 
@@ -166,6 +171,7 @@ def test_candidates() -> None:
             for n_out, k in ((512, 2048), (2048, 512)):
                 cands = expert_gemv_candidates(fmt, pairs, n_out, k, 132)
                 assert len(set(cands)) == len(cands) >= 5 and all(c.kind.startswith("gemv") for c in cands)
+                assert any(c.kind == "gemv-w32" for c in cands) == fmt.startswith("int4")
                 for c in cands:
                     assert c.block_m == (1 if pairs <= 8 else 2) and c.num_stages <= 3
                     assert c.block_k % quant_gemm_tune._GROUPS.get(fmt, 1) == 0
