@@ -23,3 +23,25 @@ def assert_close(out: torch.Tensor, ref: torch.Tensor, tol: float) -> None:
     assert torch.isfinite(out).all()
     err = (out.double() - ref.double()).norm() / ref.double().norm()
     assert err < tol, f"relative error {err:.2e}"
+
+
+def expert_stacks(fmt: str, e: int, h: int, i: int, seed: int = 0) -> tuple:
+    """Random quantized expert stacks ``gate_up [e, 2i, h]`` and ``down [e, h, i]`` in format ``fmt``."""
+    from ninfer.quant.formats import quantize
+
+    g = torch.Generator().manual_seed(seed)
+    gate_up = torch.randn(e, 2 * i, h, generator=g) * h ** -0.5
+    down = torch.randn(e, h, i, generator=g) * i ** -0.5
+    return quantize(gate_up, fmt), quantize(down, fmt)
+
+
+def expert_routing(n: int, e: int, k: int, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k routing of ``n`` tokens over ``e`` experts in which experts 0 and 5 get no token and expert 3
+    gets two thirds of them (empty experts and a crowded one in every test)."""
+    from ninfer.kernels.moe import route_topk_reference
+
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(n, e, generator=g)
+    logits[:, [0, 5]] = -30.0
+    logits[: max(1, 2 * n // 3), 3] = 30.0
+    return route_topk_reference(logits, k)

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from kernel_testing import expert_routing, expert_stacks
 
 from ninfer.kernels import moe_gemm
 from ninfer.kernels.dispatch import INTERPRET
-from ninfer.kernels.moe import moe_experts, moe_experts_reference, route_topk_reference
+from ninfer.kernels.moe import moe_experts, moe_experts_reference
 from ninfer.kernels.moe_gemm import moe_experts_triton
-from ninfer.quant.formats import QuantizedTensor, quantize
+from ninfer.quant.formats import QuantizedTensor
 
 pytestmark = pytest.mark.skipif(not INTERPRET, reason="Triton launchers on CPU need TRITON_INTERPRET=1")
 
@@ -41,19 +42,6 @@ def poisoned_outputs(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch, "empty_like", lambda *a, **k: poison(empty_like(*a, **k)))
 
 
-def _stacks(fmt: str, h: int, i: int, seed: int = 0) -> tuple[QuantizedTensor, QuantizedTensor]:
-    g = torch.Generator().manual_seed(seed)
-    gate_up = torch.randn(E, 2 * i, h, generator=g) * h ** -0.5
-    down = torch.randn(E, h, i, generator=g) * i ** -0.5
-    return quantize(gate_up, fmt), quantize(down, fmt)
-
-
-def _routing(n: int, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    logits = torch.randn(n, E, generator=g)
-    logits[:, [0, 5]] = -30.0
-    logits[: max(1, 2 * n // 3), 3] = 30.0
-    return route_topk_reference(logits, K)
 
 
 def _oracle(x: torch.Tensor, gate_up: QuantizedTensor, down: QuantizedTensor, weights: torch.Tensor,
@@ -77,8 +65,8 @@ def test_quantized_experts_match_dequantized_reference(monkeypatch: pytest.Monke
     for name, value in patches.items():
         monkeypatch.setattr(moe_gemm, name, value)
     h, i = SHAPES[fmt]
-    gate_up, down = _stacks(fmt, h, i)
-    weights, ids = _routing(n)
+    gate_up, down = expert_stacks(fmt, E, h, i)
+    weights, ids = expert_routing(n, E, K)
     x = torch.randn(n, h, generator=torch.Generator().manual_seed(2)).to(dtype)
     got = moe_experts_triton(x, gate_up, down, weights.to(dtype), ids)
     assert got.shape == (n, h) and got.dtype == dtype and torch.isfinite(got).all()
@@ -90,7 +78,7 @@ def test_quantized_experts_match_dequantized_reference(monkeypatch: pytest.Monke
 def test_repeated_experts(fmt: str, n: int) -> None:
     """All tokens on one expert, and a token listing the same expert in both slots (hand-made int32 ids)."""
     h, i = SHAPES[fmt]
-    gate_up, down = _stacks(fmt, h, i, seed=3)
+    gate_up, down = expert_stacks(fmt, E, h, i, seed=3)
     ids = torch.full((n, K), 6, dtype=torch.int32)
     ids[0, 1] = 2
     weights = torch.rand(n, K)
@@ -100,12 +88,12 @@ def test_repeated_experts(fmt: str, n: int) -> None:
 
 
 @pytest.mark.parametrize("n", [3, 40])
-def test_mixed_stacks(n: int) -> None:
+def test_mixed_stacks_(n: int) -> None:
     """gate/up and down in different formats, and a quantized stack beside a float one."""
     h, i = 192, 64
-    gate_up, _ = _stacks("int4-g64", h, i, seed=4)
-    _, down = _stacks("nvfp4", h, i, seed=5)
-    weights, ids = _routing(n, seed=6)
+    gate_up, _ = expert_stacks("int4-g64", E, h, i, seed=4)
+    _, down = expert_stacks("nvfp4", E, h, i, seed=5)
+    weights, ids = expert_routing(n, E, K, seed=6)
     x = torch.randn(n, h)
     got = moe_experts_triton(x, gate_up, down, weights, ids)
     assert _err(got, _oracle(x, gate_up, down, weights, ids)) < TOL[torch.float32]
@@ -123,8 +111,8 @@ def test_experts_without_tokens_are_never_read(monkeypatch: pytest.MonkeyPatch, 
     for name, value in patches.items():
         monkeypatch.setattr(moe_gemm, name, value)
     h, i = SHAPES[fmt]
-    stacks = _stacks(fmt, h, i, seed=9)
-    weights, ids = _routing(n)
+    stacks = expert_stacks(fmt, E, h, i, seed=9)
+    weights, ids = expert_routing(n, E, K)
     assert not ((ids == 0) | (ids == 5)).any()
     poisoned = []
     for stack in stacks:
@@ -139,8 +127,8 @@ def test_experts_without_tokens_are_never_read(monkeypatch: pytest.MonkeyPatch, 
 
 def test_reference_and_cpu_dispatch_dequantize_only_used_experts() -> None:
     """The quantized reference equals the reference on dequantized stacks, and is the CPU path."""
-    gate_up, down = _stacks("int8-g32", 64, 32, seed=7)
-    weights, ids = _routing(4, seed=8)
+    gate_up, down = expert_stacks("int8-g32", E, 64, 32, seed=7)
+    weights, ids = expert_routing(4, E, K, seed=8)
     x = torch.randn(4, 64)
     ref = moe_experts_reference(x, gate_up.dequantize(), down.dequantize(), weights, ids)
     assert torch.equal(moe_experts_reference(x, gate_up, down, weights, ids), ref)
@@ -148,7 +136,7 @@ def test_reference_and_cpu_dispatch_dequantize_only_used_experts() -> None:
 
 
 def test_shape_errors() -> None:
-    gate_up, down = _stacks("int8-g64", 128, 64)
-    weights, ids = _routing(2)
+    gate_up, down = expert_stacks("int8-g64", E, 128, 64)
+    weights, ids = expert_routing(2, E, K)
     with pytest.raises(ValueError, match="do not fit H"):
         moe_experts_triton(torch.randn(2, 64), gate_up, down, weights, ids)

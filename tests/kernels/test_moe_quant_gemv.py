@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_testing import poisoned_outputs  # noqa: F401  (fixture)
+from kernel_testing import expert_routing, expert_stacks, poisoned_outputs  # noqa: F401  (fixture)
 
 from ninfer.kernels import moe_quant_gemm, moe_quant_gemv, quant_gemm_tune
 from ninfer.kernels.dispatch import INTERPRET
-from ninfer.kernels.moe import moe_experts_reference, route_topk_reference
+from ninfer.kernels.moe import moe_experts_reference
 from ninfer.kernels.moe_align import ExpertRows, expert_rows
 from ninfer.kernels.moe_gemm import moe_experts_triton
 from ninfer.kernels.moe_quant_gemv import (
@@ -25,7 +25,7 @@ from ninfer.kernels.moe_quant_gemv import (
     expert_gemv_candidates,
 )
 from ninfer.kernels.quant_gemm_tune import GemmConfig
-from ninfer.quant.formats import QuantizedTensor, quantize
+from ninfer.quant.formats import QuantizedTensor
 
 pytestmark = [pytest.mark.skipif(not INTERPRET, reason="Triton launchers on CPU need TRITON_INTERPRET=1"),
               pytest.mark.usefixtures("poisoned_outputs")]
@@ -56,26 +56,13 @@ def no_dot(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(moe_quant_gemm, "_launch_dot", fail)
 
 
-def _stacks(fmt: str, h: int, i: int, seed: int = 0) -> tuple[QuantizedTensor, QuantizedTensor]:
-    g = torch.Generator().manual_seed(seed)
-    gate_up = torch.randn(E, 2 * i, h, generator=g) * h ** -0.5
-    down = torch.randn(E, h, i, generator=g) * i ** -0.5
-    return quantize(gate_up, fmt), quantize(down, fmt)
-
-
-def _routing(n: int, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    logits = torch.randn(n, E, generator=g)
-    logits[:, [0, 5]] = -30.0
-    logits[: max(1, 2 * n // 3), 3] = 30.0
-    return route_topk_reference(logits, K)
 
 
 def _check(fmt: str, dtype: torch.dtype, n: int, path: str | GemmConfig, seed: int = 0,
            ids: torch.Tensor | None = None) -> None:
     h, i = SHAPES[fmt]
-    gate_up, down = _stacks(fmt, h, i, seed)
-    weights, routed = _routing(n, seed + 1)
+    gate_up, down = expert_stacks(fmt, E, h, i, seed)
+    weights, routed = expert_routing(n, E, K, seed + 1)
     ids = routed if ids is None else ids
     x = torch.randn(n, h, generator=torch.Generator().manual_seed(seed + 2)).to(dtype)
     got = moe_experts_triton(x, gate_up, down, weights.to(dtype), ids, path=path)
@@ -119,8 +106,8 @@ def test_shared_expert_and_repeated_slot(fmt: str) -> None:
 def test_experts_without_tokens_are_never_read(fmt: str) -> None:
     """NaN in every float tensor of experts 0 and 5 (no tokens): the output is exactly the clean one."""
     h, i = SHAPES[fmt]
-    stacks = _stacks(fmt, h, i, seed=9)
-    weights, ids = _routing(4)
+    stacks = expert_stacks(fmt, E, h, i, seed=9)
+    weights, ids = expert_routing(4, E, K)
     assert not ((ids == 0) | (ids == 5)).any()
     poisoned = []
     for stack in stacks:
@@ -139,8 +126,8 @@ def test_path_pins(monkeypatch: pytest.MonkeyPatch) -> None:
     """"dot" never runs the GEMV; "gemv" on aligned rows (prefill) runs the dot; a GEMV config there
     raises; unknown paths raise."""
     h, i = SHAPES["int8-g64"]
-    gate_up, down = _stacks("int8-g64", h, i)
-    weights, ids = _routing(3)
+    gate_up, down = expert_stacks("int8-g64", E, h, i)
+    weights, ids = expert_routing(3, E, K)
     x = torch.randn(3, h)
     ran: list[str] = []
     dot, gemv = moe_quant_gemm._launch_dot, moe_quant_gemm.launch_expert_gemv
@@ -265,8 +252,8 @@ def test_auto_path_runs_the_chosen_kernel(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setattr(quant_gemm_tune, "_graph_ms", graph_ms)
     fmt = "nvfp4"
     h, i = SHAPES[fmt]
-    gate_up, down = _stacks(fmt, h, i, seed=4)
-    weights, ids = _routing(2)
+    gate_up, down = expert_stacks(fmt, E, h, i, seed=4)
+    weights, ids = expert_routing(2, E, K)
     x = torch.randn(2, h)
     got = moe_experts_triton(x, gate_up, down, weights, ids)
     picked = {key[5]: cfg for key, cfg in moe_quant_gemv.chosen_configs().items()}  # by swiglu
