@@ -45,3 +45,18 @@ def expert_routing(n: int, e: int, k: int, seed: int = 1) -> tuple[torch.Tensor,
     logits[:, [0, 5]] = -30.0
     logits[: max(1, 2 * n // 3), 3] = 30.0
     return route_topk_reference(logits, k)
+
+
+def nan_experts(stacks: tuple, experts: list[int]) -> list:
+    """Copies of quantized expert stacks with NaN in every float tensor (scales) of ``experts``: a kernel
+    that reads those experts produces NaN, one that skips them is unchanged."""
+    from ninfer.quant.formats import QuantizedTensor
+
+    poisoned = []
+    for stack in stacks:
+        tensors = {name: t.clone() for name, t in stack.tensors.items()}
+        for t in tensors.values():
+            if t.is_floating_point():
+                t[experts] = float("nan")
+        poisoned.append(QuantizedTensor(stack.format, stack.shape, tensors))
+    return poisoned

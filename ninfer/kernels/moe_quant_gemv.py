@@ -56,6 +56,7 @@ from ninfer.kernels.quant_gemv import (
     _gemv_reduce_kernel,
     _gemv_scales,
     _gemv_x,
+    _store_partials,
     _w32_dot,
     _w32_raw,
     _w32_scales,
@@ -198,12 +199,8 @@ def _moe_gemv_kernel(
         if ROUTE_WEIGHT:  # before the split-K sum: it is linear, so the reduce needs no pair indexing
             acc *= tl.load(rw_ptr + pairs, mask=row_ok, other=0.0).to(tl.float32)[None, :]
         mask = n_ok[:, None] & row_ok[None, :]
-        if SPLIT:  # scratch [splits, NK, N_OUT * (2 if SWIGLU)]: gate columns first, then up
-            n_cols = N_OUT * (1 + SWIGLU)
-            ptrs = ws_ptr + (pid_s * NK + pairs).to(tl.int64)[None, :] * n_cols + offs_n[:, None]
-            tl.store(ptrs, acc, mask=mask)
-            if SWIGLU:
-                tl.store(ptrs + N_OUT, acc_up, mask=mask)
+        if SPLIT:  # rows are pairs: scratch [splits, NK, ...]
+            _store_partials(ws_ptr, acc, acc_up, pid_s, NK, pairs, offs_n, mask, N_OUT, SWIGLU)
         else:
             _finish(acc, acc_up, pairs, offs_n, mask, out_ptr, 0, out_ptr, stride_om, SWIGLU, False)
 

@@ -309,14 +309,21 @@ def _quant_gemv_kernel(
         if SWIGLU:
             acc_up *= tl.load(rs_ptr + N_OUT + offs_n, mask=n_ok, other=0.0)[:, None]
     mask = n_ok[:, None] & (offs_m < M)[None, :]
-    if SPLIT:  # scratch [splits, M, N_OUT * (2 if SWIGLU)]: gate columns first, then up
-        n_cols = N_OUT * (1 + SWIGLU)
-        ptrs = ws_ptr + (pid_s * M + offs_m).to(tl.int64)[None, :] * n_cols + offs_n[:, None]
-        tl.store(ptrs, acc, mask=mask)
-        if SWIGLU:
-            tl.store(ptrs + N_OUT, acc_up, mask=mask)
+    if SPLIT:
+        _store_partials(ws_ptr, acc, acc_up, pid_s, M, offs_m, offs_n, mask, N_OUT, SWIGLU)
     else:
         _finish(acc, acc_up, offs_m, offs_n, mask, res_ptr, stride_rm, out_ptr, stride_om, SWIGLU, HAS_RES)
+
+
+@triton.jit
+def _store_partials(ws_ptr, acc, acc_up, pid_s, rows_total, offs_m, offs_n, mask, N_OUT, SWIGLU: tl.constexpr):
+    """Split ``pid_s``'s fp32 partials into the scratch ``[splits, rows_total, N_OUT * (2 if SWIGLU)]``
+    (gate columns first, then up), which :func:`_gemv_reduce_kernel` sums in split order."""
+    n_cols = N_OUT * (1 + SWIGLU)
+    ptrs = ws_ptr + (pid_s * rows_total + offs_m).to(tl.int64)[None, :] * n_cols + offs_n[:, None]
+    tl.store(ptrs, acc, mask=mask)
+    if SWIGLU:
+        tl.store(ptrs + N_OUT, acc_up, mask=mask)
 
 
 @triton.jit(do_not_specialize=["M", "splits"])

@@ -149,23 +149,19 @@ class PrefixCache:
         """Free one state slot: the least recently used checkpoint holding one moves its state to host
         memory and keeps its KV pages on the device (when the host budget allows), or is dropped.
         False when no checkpoint holds a slot."""
-        holders = [c for c in self._entries() if c.slot is not None]
-        if not holders:
-            return False
-        victim = min(holders, key=lambda c: c.last_used)
-        if not self._offload(victim, kv=False):
-            self._drop(victim)
-        return True
+        return self._evict_lru([c for c in self._entries() if c.slot is not None], kv=False)
 
     def evict_one(self) -> bool:
         """Free all the device memory (state slot and KV pages) of the least recently used checkpoint
         holding any: move it to host memory when the host budget allows, else drop it. False when no
         checkpoint holds device memory."""
-        holders = [c for c in self._entries() if c.slot is not None or c.pages]
+        return self._evict_lru([c for c in self._entries() if c.slot is not None or c.pages], kv=True)
+
+    def _evict_lru(self, holders: list[Checkpoint], kv: bool) -> bool:
         if not holders:
             return False
         victim = min(holders, key=lambda c: c.last_used)
-        if not self._offload(victim, kv=True):
+        if not self._offload(victim, kv=kv):
             self._drop(victim)
         return True
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_testing import expert_routing, expert_stacks
+from kernel_testing import expert_routing, expert_stacks, nan_experts
 
 from ninfer.kernels import moe_gemm
 from ninfer.kernels.dispatch import INTERPRET
@@ -114,13 +114,7 @@ def test_experts_without_tokens_are_never_read(monkeypatch: pytest.MonkeyPatch, 
     stacks = expert_stacks(fmt, E, h, i, seed=9)
     weights, ids = expert_routing(n, E, K)
     assert not ((ids == 0) | (ids == 5)).any()
-    poisoned = []
-    for stack in stacks:
-        tensors = {name: t.clone() for name, t in stack.tensors.items()}
-        for t in tensors.values():
-            if t.is_floating_point():
-                t[[0, 5]] = float("nan")
-        poisoned.append(QuantizedTensor(stack.format, stack.shape, tensors))
+    poisoned = nan_experts(stacks, [0, 5])
     x = torch.randn(n, h)
     assert torch.equal(moe_experts_triton(x, *poisoned, weights, ids), moe_experts_triton(x, *stacks, weights, ids))
 

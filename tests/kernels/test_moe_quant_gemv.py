@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_testing import expert_routing, expert_stacks, poisoned_outputs  # noqa: F401  (fixture)
+from kernel_testing import expert_routing, expert_stacks, nan_experts, poisoned_outputs  # noqa: F401  (fixture)
 
 from ninfer.kernels import moe_quant_gemm, moe_quant_gemv, quant_gemm_tune
 from ninfer.kernels.dispatch import INTERPRET
@@ -25,7 +25,6 @@ from ninfer.kernels.moe_quant_gemv import (
     expert_gemv_candidates,
 )
 from ninfer.kernels.quant_gemm_tune import GemmConfig
-from ninfer.quant.formats import QuantizedTensor
 
 pytestmark = [pytest.mark.skipif(not INTERPRET, reason="Triton launchers on CPU need TRITON_INTERPRET=1"),
               pytest.mark.usefixtures("poisoned_outputs")]
@@ -109,13 +108,7 @@ def test_experts_without_tokens_are_never_read(fmt: str) -> None:
     stacks = expert_stacks(fmt, E, h, i, seed=9)
     weights, ids = expert_routing(4, E, K)
     assert not ((ids == 0) | (ids == 5)).any()
-    poisoned = []
-    for stack in stacks:
-        tensors = {name: t.clone() for name, t in stack.tensors.items()}
-        for t in tensors.values():
-            if t.is_floating_point():
-                t[[0, 5]] = float("nan")
-        poisoned.append(QuantizedTensor(stack.format, stack.shape, tensors))
+    poisoned = nan_experts(stacks, [0, 5])
     x = torch.randn(4, h)
     cfg = _gemv(fmt, 2, 16, 2)
     assert torch.equal(moe_experts_triton(x, *poisoned, weights, ids, path=cfg),
