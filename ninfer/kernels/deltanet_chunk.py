@@ -58,6 +58,7 @@ def _qk_gate_kernel(
     q, k, a, b, A_log, dt_bias, cu_seqlens, qn, kn, gam, bet, pmat,
     stride_q_t, stride_q_h, stride_k_t, stride_k_h, stride_a_t, stride_b_t, batch, scale,
     HV: tl.constexpr, GROUP: tl.constexpr, DK: tl.constexpr, BLOCK_B: tl.constexpr, C: tl.constexpr,
+    DOT_PREC: tl.constexpr,
 ):
     key_head = tl.program_id(1)
     row0, n = _locate_chunk(cu_seqlens, tl.program_id(0), batch, BLOCK_B, C)
@@ -75,7 +76,7 @@ def _qk_gate_kernel(
     qk_off = rows[:, None] * (HV // GROUP * DK) + key_head * DK + offs_k[None, :]
     tl.store(qn + qk_off, q_c, mask=valid[:, None])
     tl.store(kn + qk_off, k_c, mask=valid[:, None])
-    qk = tl.dot(q_c, tl.trans(k_c))
+    qk = tl.dot(q_c, tl.trans(k_c), input_precision=DOT_PREC)
     causal = r[:, None] >= r[None, :]
     for j in tl.static_range(GROUP):
         head = key_head * GROUP + j
@@ -98,7 +99,7 @@ def _key_cols(kn_c, n, first, kb, KSTRIDE: tl.constexpr, BK: tl.constexpr, BC: t
 
 @triton.jit
 def _gram_blocks(kn_c, n, KSTRIDE: tl.constexpr, DK: tl.constexpr, BK: tl.constexpr,
-                 BC: tl.constexpr):
+                 BC: tl.constexpr, DOT_PREC: tl.constexpr):
     """The ten lower blocks ``K_i K_j^T`` of the chunk's Gram matrix, accumulated over dk slices.
 
     Slicing dk keeps only four ``BC x BK`` key slices live at a time (few warps, no spills).
@@ -110,16 +111,16 @@ def _gram_blocks(kn_c, n, KSTRIDE: tl.constexpr, DK: tl.constexpr, BK: tl.conste
         k1 = _key_cols(kn_c, n, BC, kb, KSTRIDE, BK, BC)
         k2 = _key_cols(kn_c, n, 2 * BC, kb, KSTRIDE, BK, BC)
         k3 = _key_cols(kn_c, n, 3 * BC, kb, KSTRIDE, BK, BC)
-        a00 = tl.dot(k0, tl.trans(k0), a00)
-        a11 = tl.dot(k1, tl.trans(k1), a11)
-        a22 = tl.dot(k2, tl.trans(k2), a22)
-        a33 = tl.dot(k3, tl.trans(k3), a33)
-        a10 = tl.dot(k1, tl.trans(k0), a10)
-        a20 = tl.dot(k2, tl.trans(k0), a20)
-        a21 = tl.dot(k2, tl.trans(k1), a21)
-        a30 = tl.dot(k3, tl.trans(k0), a30)
-        a31 = tl.dot(k3, tl.trans(k1), a31)
-        a32 = tl.dot(k3, tl.trans(k2), a32)
+        a00 = tl.dot(k0, tl.trans(k0), a00, input_precision=DOT_PREC)
+        a11 = tl.dot(k1, tl.trans(k1), a11, input_precision=DOT_PREC)
+        a22 = tl.dot(k2, tl.trans(k2), a22, input_precision=DOT_PREC)
+        a33 = tl.dot(k3, tl.trans(k3), a33, input_precision=DOT_PREC)
+        a10 = tl.dot(k1, tl.trans(k0), a10, input_precision=DOT_PREC)
+        a20 = tl.dot(k2, tl.trans(k0), a20, input_precision=DOT_PREC)
+        a21 = tl.dot(k2, tl.trans(k1), a21, input_precision=DOT_PREC)
+        a30 = tl.dot(k3, tl.trans(k0), a30, input_precision=DOT_PREC)
+        a31 = tl.dot(k3, tl.trans(k1), a31, input_precision=DOT_PREC)
+        a32 = tl.dot(k3, tl.trans(k2), a32, input_precision=DOT_PREC)
     return a00, a11, a22, a33, a10, a20, a21, a30, a31, a32
 
 
@@ -171,13 +172,20 @@ def _store_block(tm_c, bet_c, n, x, i: tl.constexpr, j: tl.constexpr, HV: tl.con
     tl.store(ptrs, (x * beta_j[None, :]).to(tm_c.dtype.element_ty), mask=(ri < n)[:, None])
 
 
+@triton.jit
+def _mm(a, b):
+    # The inverse's 16 x 16 blocks are fp32 in every mode; TF32 (Triton's default for fp32) would put
+    # ~1e-3 relative error into T, and they are too small for the exact product to cost anything.
+    return tl.dot(a, b, input_precision="ieee")
+
+
 @triton.autotune(configs=autotune_configs([triton.Config({}, num_warps=w) for w in (1, 2, 4)]),
                  key=["HV", "GROUP", "DK"])
 @triton.jit
 def _inverse_kernel(
     kn, gam, bet, cu_seqlens, tmat, batch,
     HV: tl.constexpr, GROUP: tl.constexpr, DK: tl.constexpr, BK: tl.constexpr, BLOCK_B: tl.constexpr,
-    C: tl.constexpr, BC: tl.constexpr,
+    C: tl.constexpr, BC: tl.constexpr, DOT_PREC: tl.constexpr,
 ):
     head = tl.program_id(1)
     row0, n = _locate_chunk(cu_seqlens, tl.program_id(0), batch, BLOCK_B, C)
@@ -189,7 +197,7 @@ def _inverse_kernel(
     gam_c = gam + row0 * HV + head
     bet_c = bet + row0 * HV + head
     tm_c = tmat + (row0 * HV + head) * C
-    g00, g11, g22, g33, g10, g20, g21, g30, g31, g32 = _gram_blocks(kn_c, n, ks, DK, BK, BC)
+    g00, g11, g22, g33, g10, g20, g21, g30, g31, g32 = _gram_blocks(kn_c, n, ks, DK, BK, BC, DOT_PREC)
     a00 = _gated(g00, gam_c, bet_c, n, 0, 0, HV, BC)
     a11 = _gated(g11, gam_c, bet_c, n, 1, 1, HV, BC)
     a22 = _gated(g22, gam_c, bet_c, n, 2, 2, HV, BC)
@@ -202,12 +210,12 @@ def _inverse_kernel(
     a32 = _gated(g32, gam_c, bet_c, n, 3, 2, HV, BC)
     t00, t11, t22, t33 = _invert_diagonal(a00, a11, a22, a33, BC)
     # Block forward substitution: T_ij = -T_ii sum_{j <= m < i} A_im T_mj.
-    t10 = -tl.dot(t11, tl.dot(a10, t00))
-    t21 = -tl.dot(t22, tl.dot(a21, t11))
-    t32 = -tl.dot(t33, tl.dot(a32, t22))
-    t20 = -tl.dot(t22, tl.dot(a20, t00) + tl.dot(a21, t10))
-    t31 = -tl.dot(t33, tl.dot(a31, t11) + tl.dot(a32, t21))
-    t30 = -tl.dot(t33, tl.dot(a30, t00) + tl.dot(a31, t10) + tl.dot(a32, t20))
+    t10 = -_mm(t11, _mm(a10, t00))
+    t21 = -_mm(t22, _mm(a21, t11))
+    t32 = -_mm(t33, _mm(a32, t22))
+    t20 = -_mm(t22, _mm(a20, t00) + _mm(a21, t10))
+    t31 = -_mm(t33, _mm(a31, t11) + _mm(a32, t21))
+    t30 = -_mm(t33, _mm(a30, t00) + _mm(a31, t10) + _mm(a32, t20))
     _store_block(tm_c, bet_c, n, t00, 0, 0, HV, C, BC)
     _store_block(tm_c, bet_c, n, t10, 1, 0, HV, C, BC)
     _store_block(tm_c, bet_c, n, t11, 1, 1, HV, C, BC)
@@ -229,7 +237,7 @@ def _inverse_kernel(
 def _state_kernel(
     qn, kn, v, gam, tmat, pmat, state, o, cu_seqlens, slot_ids, stride_v_t, stride_v_h, stride_state_s,
     BATCH_LOG2, HV: tl.constexpr, GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr,
-    C: tl.constexpr,
+    C: tl.constexpr, DOT_PREC: tl.constexpr,
 ):
     seq, head = tl.program_id(0), tl.program_id(1)
     bos = tl.load(cu_seqlens + seq).to(tl.int64)
@@ -262,12 +270,14 @@ def _state_kernel(
 
         s_d = s.to(dot_t)
         decay = tl.exp(gamma)[:, None]
-        v_new = tl.dot(t_c, (v_c - decay * tl.dot(k_c, s_d)).to(dot_t))
-        o_c = decay * tl.dot(q_c, s_d) + tl.dot(p_c, v_new.to(dot_t))
+        v_new = tl.dot(t_c, (v_c - decay * tl.dot(k_c, s_d, input_precision=DOT_PREC)).to(dot_t),
+                       input_precision=DOT_PREC)
+        o_c = (decay * tl.dot(q_c, s_d, input_precision=DOT_PREC)
+               + tl.dot(p_c, v_new.to(dot_t), input_precision=DOT_PREC))
         tl.store(o + rows[:, None] * (HV * DV) + head * DV + offs_v[None, :], o_c.to(o.dtype.element_ty),
                  mask=valid[:, None])
         to_end = (tl.exp(gamma_last - gamma)[:, None] * v_new).to(dot_t)
-        s = s * tl.exp(gamma_last) + tl.dot(tl.trans(k_c), to_end)
+        s = s * tl.exp(gamma_last) + tl.dot(tl.trans(k_c), to_end, input_precision=DOT_PREC)
     tl.store(state_ptrs, s)
 
 
@@ -297,6 +307,8 @@ def gated_delta_rule_chunked_triton(
     if n == 0:
         return o
     dot_dtype = q.dtype if q.dtype in (torch.bfloat16, torch.float16) else torch.float32
+    # fp32 runs are the exact path the tests hold against the reference: no TF32 in their products.
+    prec = "ieee" if dot_dtype == torch.float32 else "tf32"
     qn = torch.empty((n, hk, dk), dtype=dot_dtype, device=q.device)
     kn = torch.empty_like(qn)
     gam = torch.empty((n, hv), dtype=torch.float32, device=q.device)
@@ -309,15 +321,15 @@ def gated_delta_rule_chunked_triton(
     _qk_gate_kernel[(max_chunks, hk)](
         q, k, a, b, A_log, dt_bias, cu_seqlens, qn, kn, gam, bet, pmat,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), a.stride(0), b.stride(0), batch, dk ** -0.5,
-        HV=hv, GROUP=group, DK=dk, BLOCK_B=block_b, C=CHUNK,
+        HV=hv, GROUP=group, DK=dk, BLOCK_B=block_b, C=CHUNK, DOT_PREC=prec,
     )
     _inverse_kernel[(max_chunks, hv)](
         kn, gam, bet, cu_seqlens, tmat, batch,
-        HV=hv, GROUP=group, DK=dk, BK=min(dk, 64), BLOCK_B=block_b, C=CHUNK, BC=SUB,
+        HV=hv, GROUP=group, DK=dk, BK=min(dk, 64), BLOCK_B=block_b, C=CHUNK, BC=SUB, DOT_PREC=prec,
     )
     block_v = min(BLOCK_V, dv)
     _state_kernel[(batch, hv, dv // block_v)](
         qn, kn, v, gam, tmat, pmat, state, o, cu_seqlens, slot_ids, v.stride(0), v.stride(1), state.stride(0),
-        batch.bit_length(), HV=hv, GROUP=group, DK=dk, DV=dv, BV=block_v, C=CHUNK,
+        batch.bit_length(), HV=hv, GROUP=group, DK=dk, DV=dv, BV=block_v, C=CHUNK, DOT_PREC=prec,
     )
     return o

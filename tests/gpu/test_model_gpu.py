@@ -33,20 +33,30 @@ def moe(tmp_path_factory) -> TinyCheckpoint:
                     overrides={**REAL_HEADS, "moe_intermediate_size": 128, "shared_expert_intermediate_size": 128})
 
 
-@pytest.mark.parametrize("dtype, tol", [(torch.float32, 2e-3), (torch.bfloat16, 0.15)])
-def test_triton_path_matches_reference_path(dense: TinyCheckpoint, monkeypatch, dtype, tol) -> None:
+def test_triton_path_matches_reference_path_fp32(dense: TinyCheckpoint, monkeypatch) -> None:
+    """fp32 end to end (no TF32 in any Triton product): the two paths and transformers agree closely."""
     ids = _prompt(300)
-    llm = ninfer.load(dense.path, device="cuda", dtype=dtype, progress=False, cuda_graphs=False)
+    llm = ninfer.load(dense.path, device="cuda", dtype=torch.float32, progress=False, cuda_graphs=False)
     triton_lp = llm.score(ids)
     monkeypatch.setenv("NINFER_KERNELS", "reference")
-    ref_lp = llm.score(ids)
-    assert (triton_lp - ref_lp).abs().max().item() < tol
-    # And the fp32 Triton path against transformers itself.
-    if dtype == torch.float32:
-        with torch.no_grad():
-            logits = dense.hf_model(torch.tensor([ids])).logits[0].float()
-        hf = logits.log_softmax(-1)[:-1].gather(-1, torch.tensor(ids[1:])[:, None])[:, 0]
-        assert (triton_lp - hf).abs().max().item() < tol
+    assert (triton_lp - llm.score(ids)).abs().max().item() < 2e-3
+    with torch.no_grad():
+        logits = dense.hf_model(torch.tensor([ids])).logits[0].float()
+    hf = logits.log_softmax(-1)[:-1].gather(-1, torch.tensor(ids[1:])[:, None])[:, 0]
+    assert (triton_lp - hf).abs().max().item() < 2e-3
+
+
+def test_triton_bf16_error_is_the_reference_bf16_error(dense: TinyCheckpoint, monkeypatch) -> None:
+    """bf16's error bound is the one the reference path itself shows in bf16, both against fp32: the
+    Triton path may round differently, not worse (1.5x on the max and the mean, plus a little slack)."""
+    ids = _prompt(300)
+    exact = ninfer.load(dense.path, device="cuda", dtype=torch.float32, progress=False, cuda_graphs=False)
+    llm = ninfer.load(dense.path, device="cuda", dtype=torch.bfloat16, progress=False, cuda_graphs=False)
+    triton_err = (llm.score(ids) - exact.score(ids)).abs()
+    monkeypatch.setenv("NINFER_KERNELS", "reference")
+    ref_err = (llm.score(ids) - exact.score(ids)).abs()
+    assert triton_err.max().item() <= 1.5 * ref_err.max().item() + 0.02, (triton_err.max(), ref_err.max())
+    assert triton_err.mean().item() <= 1.5 * ref_err.mean().item() + 0.005, (triton_err.mean(), ref_err.mean())
 
 
 @pytest.mark.parametrize("ckpt_name", ["dense", "moe"])
@@ -56,7 +66,7 @@ def test_engine_graphs_equal_eager_and_batched_equals_single(request, ckpt_name:
     results = {}
     for graphs in (False, True):
         llm = ninfer.load(ckpt.path, device="cuda", dtype=torch.float32, max_concurrency=3, cuda_graphs=graphs,
-                          prefill_chunk=64, progress=False)
+                          prefill_chunk=64, progress=False, prefix_cache=False)  # pools must drain
         reqs = [llm._request(p, 24, llm.sampling_params(greedy=True)) for p in prompts]
         results[graphs] = [c.token_ids for c in llm._run(reqs)]
         single = [llm._run([llm._request(p, 24, llm.sampling_params(greedy=True))])[0].token_ids for p in prompts]
