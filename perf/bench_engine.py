@@ -114,7 +114,7 @@ def run(args: argparse.Namespace) -> None:
     shape, label = args.shape, (args.recipe or "bf16") + (" eager" if args.eager else "")
     if args.layers is not None:
         label += f" L={args.layers}"  # a cut-down model: keep its rows apart from full-depth ones
-    max_ctx = max(args.contexts + [args.prefill, args.lane_context]) + args.steps + 64
+    max_ctx = max(args.contexts + args.prefill + [args.lane_context]) + args.steps + 64
     cfg = EngineConfig(max_concurrency=max(args.lanes), max_context=max_ctx,
                        kv_capacity=max_ctx * max(args.lanes) if max(args.lanes) * max_ctx < 600_000 else "auto",
                        kv_dtype=args.kv_dtype, prefill_chunk=args.chunk, cuda_graphs=not args.eager,
@@ -154,12 +154,13 @@ def run(args: argparse.Namespace) -> None:
                achieved=floor_bytes / step / 1e12, limit=bw, unit="TB/s", tok_per_s=round(lanes / step, 1),
                roofline_ms=round(floor_bytes / bw / 1e9, 4), step_bytes=int(floor_bytes), **common, **extra)
     if args.prefill:
-        prefill(llm, min(1024, args.prefill))  # warm the prefill kernels' autotuning
-        seconds, ttft = prefill(llm, args.prefill)
-        extra = check_target("prefill_8k_tok_s", args.prefill / seconds, targets["prefill_8k_tok_s"], "tok/s") \
-            if args.prefill == 8192 and "prefill_8k_tok_s" in targets else {}
-        record("engine_prefill", f"{shape} {label} T={args.prefill} chunk={args.chunk}", seconds * 1e3,
-               achieved=args.prefill / seconds, limit=float("nan"), unit="tok/s", ttft_ms=round(ttft * 1e3, 1),
+        prefill(llm, min(1024, min(args.prefill)))  # warm the prefill kernels' autotuning
+    for n in args.prefill:
+        seconds, ttft = prefill(llm, n)
+        extra = check_target("prefill_8k_tok_s", n / seconds, targets["prefill_8k_tok_s"], "tok/s") \
+            if n == 8192 and "prefill_8k_tok_s" in targets else {}
+        record("engine_prefill", f"{shape} {label} T={n} chunk={args.chunk}", seconds * 1e3,
+               achieved=n / seconds, limit=float("nan"), unit="tok/s", ttft_ms=round(ttft * 1e3, 1),
                **common, **extra)
     del llm
     gc.collect()
@@ -172,7 +173,7 @@ def run(args: argparse.Namespace) -> None:
 def hf_subprocess(args: argparse.Namespace) -> None:
     """The transformers floor in a child process (its own memory; killed after ``--hf-timeout`` seconds)."""
     cmd = [sys.executable, __file__, "--hf-only", "--shape", args.shape, "--device", args.device,
-           "--prefill", str(args.prefill), "--hf-prompt", str(args.hf_prompt), "--hf-new", str(args.hf_new),
+           "--prefill", *map(str, args.prefill[:1]), "--hf-prompt", str(args.hf_prompt), "--hf-new", str(args.hf_new),
            "--hf-budget", str(args.hf_budget)]
     if args.layers is not None:
         cmd += ["--layers", str(args.layers)]
@@ -251,24 +252,25 @@ def transformers_floor(args: argparse.Namespace) -> None:
     del out, cache
     if not args.prefill:
         return
-    warm = min(512, args.prefill)
+    n_prefill = args.prefill[0]  # one prompt: transformers at 64k+ would not fit the budget anyway
+    warm = min(512, n_prefill)
     if time.perf_counter() + 5 > deadline:
         print("transformers prefill skipped: no budget left", flush=True)
         return
     start = time.perf_counter()
     model(input_ids=torch.tensor([_prompt(warm, 3)], device=device), use_cache=False, logits_to_keep=1)
     sync(device)
-    estimate = (time.perf_counter() - start) * args.prefill / warm
+    estimate = (time.perf_counter() - start) * n_prefill / warm
     if time.perf_counter() + estimate > deadline:
-        print(f"transformers prefill of {args.prefill} skipped: ~{estimate:.0f} s estimated, budget left "
+        print(f"transformers prefill of {n_prefill} skipped: ~{estimate:.0f} s estimated, budget left "
               f"{deadline - time.perf_counter():.0f} s", flush=True)
         return
-    long = torch.tensor([_prompt(args.prefill, 2)], device=device)
+    long = torch.tensor([_prompt(n_prefill, 2)], device=device)
     start = time.perf_counter()
     model(input_ids=long, use_cache=False, logits_to_keep=1)
     sync(device)
     seconds = time.perf_counter() - start
-    record("transformers_prefill", f"{shape} bf16 T={args.prefill}", seconds * 1e3, achieved=args.prefill / seconds,
+    record("transformers_prefill", f"{shape} bf16 T={n_prefill}", seconds * 1e3, achieved=n_prefill / seconds,
            limit=float("nan"), unit="tok/s", **extra)
 
 
@@ -280,7 +282,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--contexts", type=int, nargs="*", default=[1024, 32768])
     parser.add_argument("--lanes", type=int, nargs="*", default=[1, 2, 4, 8])
     parser.add_argument("--lane-context", type=int, default=512, help="prompt tokens per lane in the C-lane runs")
-    parser.add_argument("--prefill", type=int, default=8192)
+    parser.add_argument("--prefill", type=int, nargs="*", default=[8192],
+                        help="time a single prompt of each of these lengths (none: skip)")
     parser.add_argument("--chunk", type=int, default=1024)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--layers", type=int, default=None, help="fewer decoder layers (smoke tests)")
