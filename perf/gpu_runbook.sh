@@ -33,7 +33,9 @@ part() {
   echo "--- rc=$? $*" >> "$LOG"
   cache_save >> "$LOG" 2>&1
 }
-gpu_tests() {  # gpu_tests SECONDS FILE [pytest args]: one GPU test file, its log also in gpu_tests.log
+# gpu_tests SECONDS FILE [pytest args]: one GPU test file, its log also in gpu_tests.log. Pass -n N for files
+# that compile many configs: pytest-xdist workers compile in parallel on the machine's 16 cores.
+gpu_tests() {
   local limit=$1 file=$2; shift 2
   part "$limit" bash -c "python3 -m pytest -m gpu -v -p no:cacheprovider --durations=5 tests/gpu/test_$file.py $* 2>&1 | tee -a $OUT/gpu_tests.log | grep -E 'PASSED|FAILED|ERROR|passed|failed|^E '"
 }
@@ -43,9 +45,9 @@ case ${1:-1} in
       export NINFER_AUTOTUNE=off
       gpu_tests 120 model_gpu
       gpu_tests 60 deltanet -k chunked
-      gpu_tests 150 moe_quant
-      gpu_tests 90 moe
-      gpu_tests 200 quant_gemm -k "'every_candidate or gemv_configs or dequant or decode_tuning'"
+      gpu_tests 150 moe_quant -n 8
+      gpu_tests 90 moe -n 4
+      gpu_tests 200 quant_gemm -n 8 -k "'every_candidate or gemv_configs or dequant or decode_tuning'"
       ;;
   2)  # issues 6, 8: 35B-A3B 4-bit engine and speculation (expert GEMV, graph-timed tuning, mixed steps),
       # where its step goes, and speculation under compute-sanitizer
