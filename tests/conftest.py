@@ -8,6 +8,9 @@ from pathlib import Path
 
 # Fork-safety and quiet logs must be set before tokenizers/transformers are imported.
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# The tuners' disk cache (ninfer/kernels/tune_cache.py) stays off: tests must not read choices of earlier
+# runs (the GPU tuning tests assert that timing happens) nor write into the user's ~/.cache.
+os.environ.setdefault("NINFER_TUNE_CACHE", "off")
 
 import torch  # noqa: E402
 

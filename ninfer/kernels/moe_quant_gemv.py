@@ -26,8 +26,9 @@ measured 10-24 % of copy bandwidth at 1-8 tokens on an H200, where the dense GEM
 Selection (:func:`choose_config`): never blind. The first call of a key ``(format, dtype,
 pair-count bucket, N, K, swiglu)`` on CUDA, outside graph capture and the interpreter, times the
 ``tl.dot`` path (``GROUPED_DOT``) and the GEMV candidates from CUDA-graph replays (the dense
-tuner's ``_time_candidates``) and keeps the fastest. During capture, or with tuning off, a key takes
-what was chosen for it, else the ``tl.dot`` path: warm decode shapes before capturing.
+tuner's ``_time_candidates``) and keeps the fastest, also on disk (:mod:`ninfer.kernels.tune_cache`):
+a later process takes the stored choice while it is still a candidate. During capture, or with tuning
+off, a key takes what was chosen for it, else the ``tl.dot`` path: warm decode shapes before capturing.
 """
 from __future__ import annotations
 
@@ -281,13 +282,14 @@ _TIMINGS: dict[tuple, dict[GemmConfig, float]] = {}  # every candidate's ms behi
 
 
 def chosen_configs() -> dict[tuple, GemmConfig]:
-    """What :func:`choose_config` chose so far in this process, per key ``(format, dtype, pair-count
-    bucket, N, K, swiglu, device)`` (for reports)."""
+    """What :func:`choose_config` chose so far in this process (timed, or from the disk cache), per key
+    ``(format, dtype, pair-count bucket, N, K, swiglu, device)`` (for reports)."""
     return dict(_CHOSEN)
 
 
 def tuning_timings() -> dict[tuple, dict[GemmConfig, float]]:
-    """Milliseconds per launch (graph replays) of every candidate timed for each key (for reports)."""
+    """Milliseconds per launch (graph replays) of every candidate timed for each key (for reports; keys
+    taken from the disk cache were not timed in this process and have none)."""
     return {key: dict(t) for key, t in _TIMINGS.items()}
 
 
@@ -303,8 +305,9 @@ def _tunable(a: torch.Tensor) -> bool:
 def choose_config(fmt: str, a: torch.Tensor, rows: ExpertRows, n_out: int, k: int, swiglu: bool,
                   launch: Callable[[GemmConfig], None]) -> GemmConfig:
     """``GROUPED_DOT`` or a GEMV config for this call. Only alignment-free calls of <= MAX_PAIRS pairs
-    are candidates; their first tunable call per key times ``launch`` of each candidate (graph replays)
-    and keeps the fastest. Untuned keys (capture, interpreter, CPU, ``NINFER_QUANT_TUNE=0``): the dot."""
+    are candidates; their first tunable call per key takes the choice stored on disk if it is still a
+    candidate, else times ``launch`` of each candidate (graph replays) and keeps (and stores) the
+    fastest. Untuned keys (capture, interpreter, CPU, ``NINFER_QUANT_TUNE=0``): the dot."""
     if not rows.direct or rows.pairs > MAX_PAIRS:
         return GROUPED_DOT
     key = (fmt, a.dtype, rows.tune_m, n_out, k, swiglu, a.device)
@@ -314,8 +317,12 @@ def choose_config(fmt: str, a: torch.Tensor, rows: ExpertRows, n_out: int, k: in
     if not _tunable(a):
         return GROUPED_DOT
     cands = [GROUPED_DOT, *expert_gemv_candidates(fmt, rows.pairs, n_out, k, sm_count(a.device))]
-    timings = _TIMINGS[key] = quant_gemm_tune._time_candidates(cands, launch, graphs=True)
-    if not timings:
-        raise RuntimeError(f"no expert GEMM config fits this GPU for {key}")
-    chosen = _CHOSEN[key] = min(timings, key=timings.__getitem__)
+    chosen = quant_gemm_tune.stored_config("moe_gemv", key, cands, a.device)
+    if chosen is None:  # not stored, or no longer a candidate: time them (no _TIMINGS for stored keys)
+        timings = _TIMINGS[key] = quant_gemm_tune._time_candidates(cands, launch, graphs=True)
+        if not timings:
+            raise RuntimeError(f"no expert GEMM config fits this GPU for {key}")
+        chosen = min(timings, key=timings.__getitem__)
+        quant_gemm_tune.store_config("moe_gemv", key, chosen, a.device)
+    _CHOSEN[key] = chosen
     return chosen

@@ -8,7 +8,9 @@ runs them) and the fastest is kept for the process (a tuning
 pass must not happen inside CUDA-graph capture: warm each shape up first; during capture an
 untuned key takes the first candidate, as every key does with ``NINFER_QUANT_TUNE=0``). Split-K
 is chosen here rather than by ``triton.autotune`` because it changes the launch (workspace and
-epilogue kernel), not only the kernel's constants.
+epilogue kernel), not only the kernel's constants. Choices also go to disk (:mod:`ninfer.kernels.tune_cache`,
+``NINFER_TUNE_CACHE``): a later process on the same GPU model takes a stored config that is still a
+candidate instead of timing the key again.
 For M <= 8 the GEMV configs of :mod:`ninfer.kernels.quant_gemv` (``kind="gemv"``, no ``tl.dot``)
 follow the dot configs, so they are chosen only by measurement, never as the untuned default. So do,
 for M > 16, the configs of :mod:`ninfer.kernels.quant_dequant` (``kind="dequant"``: dequantize the
@@ -20,12 +22,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from functools import cache
 
 import torch
 import triton
 
+from ninfer.kernels import tune_cache
 from ninfer.kernels.dispatch import INTERPRET, autotune_configs
 
 FMT_CODES = {"fp8": 0, "fp8-b128": 1, "int8-g32": 2, "int8-g64": 2, "int4-g64": 3, "int4-g128": 3, "nvfp4": 4}
@@ -217,28 +220,54 @@ _FAVOURITE: dict[tuple, GemmConfig] = {}  # untuned keys: the heuristic favourit
 
 
 def tuned_configs() -> dict[tuple, GemmConfig]:
-    """The configs chosen by benchmarking so far in this process (for reports)."""
+    """The configs chosen so far in this process, by benchmark or from the disk cache (for reports)."""
     return dict(_BEST)
+
+
+def _tunable(x: torch.Tensor) -> bool:
+    """Whether this call may benchmark: tuning on, CUDA outside the interpreter, no graph being captured."""
+    return TUNE and x.is_cuda and not INTERPRET and not torch.cuda.is_current_stream_capturing()
+
+
+def stored_config(table: str, key: tuple, cands: list[GemmConfig], device: torch.device) -> GemmConfig | None:
+    """The config an earlier process chose for ``key`` (:mod:`tune_cache`), if it is still one of ``cands``:
+    changed heuristics, SM counts or autotune settings make a stored config stale, not wrong to launch."""
+    fields = tune_cache.lookup(table, key, device)
+    try:
+        cfg = GemmConfig(**fields) if fields is not None else None
+    except TypeError:  # fields of another GemmConfig version
+        return None
+    return cfg if cfg in cands else None
+
+
+def store_config(table: str, key: tuple, cfg: GemmConfig, device: torch.device) -> None:
+    """Keep a measured choice for later processes (:mod:`tune_cache`; never raises on I/O)."""
+    tune_cache.record(table, key, asdict(cfg), device)
 
 
 def select_config(fmt: str, x: torch.Tensor, n_out: int, k: int, swiglu: bool, has_res: bool,
                   launch: Callable[[GemmConfig], None]) -> GemmConfig:
-    """The config for this call's key: benchmarks the candidates on first sight of the key (CUDA, not
-    capturing, tuning enabled), else the heuristic favourite."""
+    """The config for this call's key: on first sight of the key in a tunable call (CUDA, not capturing,
+    tuning enabled) the one stored on disk if still a candidate, else the fastest candidate by
+    benchmark (then stored); untunable calls take the heuristic favourite."""
     m = x.shape[0]
     key = (fmt, x.dtype, m_bucket(m), n_out, k, swiglu, has_res, x.device)
     best = _BEST.get(key)
     if best is not None:
         return best
-    tune = TUNE and x.is_cuda and not INTERPRET and not torch.cuda.is_current_stream_capturing()
+    tune = _tunable(x)
     if not tune and key in _FAVOURITE:
         return _FAVOURITE[key]
     cands = autotune_configs(candidates(fmt, m, n_out, k, sm_count(x.device), swiglu=swiglu))
     if not tune or len(cands) == 1:
         _FAVOURITE[key] = cands[0]
         return cands[0]
-    timings = _time_candidates(cands, launch, graphs=m <= SKINNY_MAX_M)
-    if not timings:
-        raise RuntimeError(f"no quantized GEMM config fits this GPU for {key}")
-    best = _BEST[key] = min(timings, key=timings.__getitem__)
+    best = stored_config("quant_gemm", key, cands, x.device)
+    if best is None:
+        timings = _time_candidates(cands, launch, graphs=m <= SKINNY_MAX_M)
+        if not timings:
+            raise RuntimeError(f"no quantized GEMM config fits this GPU for {key}")
+        best = min(timings, key=timings.__getitem__)
+        store_config("quant_gemm", key, best, x.device)
+    _BEST[key] = best
     return best

@@ -251,6 +251,7 @@ def test_expert_gemv_in_cuda_graph(float_experts, monkeypatch: pytest.MonkeyPatc
     tokens; auto: the first (eager) call measured both paths per GEMM, the capture reuses the choice."""
     monkeypatch.setattr(moe_quant_gemv, "_CHOSEN", {})
     monkeypatch.setattr(moe_quant_gemv, "_TIMINGS", {})
+    monkeypatch.setenv("NINFER_TUNE_CACHE", "off")  # the timings below come from this run
     gate_up, down = _stacks(fmt, float_experts)
     for n in (1, 8):
         logits = torch.randn(n, E, device="cuda", dtype=torch.bfloat16)
