@@ -59,7 +59,7 @@ case ${1:-1} in
   3)  # issues 7, 10: server overhead at 1..16, prefix cache at the issue's scale, MoE expert paths
       part 160 python3 perf/bench_server.py --random 27b --recipe int4 --levels 1 2 4 8 16 --max-tokens 64
       part 260 python3 perf/bench_prefix_cache.py --context 65536 --turns 20 --growth 5000
-      part 120 python3 perf/bench_moe.py --no-bf16 --formats int4-g64,nvfp4 --path auto,dot,gemv
+      NINFER_TUNE_CACHE=off part 120 python3 perf/bench_moe.py --no-bf16 --formats int4-g64,nvfp4 --path auto,dot,gemv
       ;;
   4)  # issue 5: the transformers floor, long contexts and long prefills for the 4-bit engine, the 27B step profile
       part 240 python3 perf/bench_engine.py --hf-only --shape 27b
