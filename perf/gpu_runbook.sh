@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The pending GPU work in priority order, cut into device calls of under ten minutes each:
-#   OUT=$OUT bash perf/gpu_runbook.sh 1     (then 2, 3, 4) — carry [".whl", ".devcache"]
+#   OUT=$OUT bash perf/gpu_runbook.sh 1     (then 2, 3, 4, 5) — carry [".whl", ".devcache"]
 # Results land in $OUT: runbook.log (every part's output), perf.jsonl (records: copy to perf/results/),
 # gpu_tests.log, and cache.tgz.* — the compiled kernels and tuning choices of this call; copy those
 # into .devcache/ before the next call so it does not compile and tune from scratch (perf/device_cache.sh).
@@ -61,11 +61,14 @@ case ${1:-1} in
       part 260 python3 perf/bench_prefix_cache.py --context 65536 --turns 20 --growth 5000
       NINFER_TUNE_CACHE=off part 120 python3 perf/bench_moe.py --no-bf16 --formats int4-g64,nvfp4 --path auto,dot,gemv
       ;;
-  4)  # issue 5: the transformers floor, long contexts and long prefills for the 4-bit engine, the 27B step profile
-      part 240 python3 perf/bench_engine.py --hf-only --shape 27b
-      part 220 python3 perf/bench_engine.py --shape 27b --recipe int4 --contexts 32768 --lanes 1 --steps 12 \
-        --prefill 65536 131072 262144 --prefill-chunk 4096
-      part 100 python3 perf/profile_step.py --shape 27b --recipe int4
+  4)  # issue 5: the transformers floor; the 4-bit engine at C = 1, 2, 4, 8, contexts 1k / 32k, long prefills
+      part 200 python3 perf/bench_engine.py --hf-only --shape 27b
+      part 330 python3 perf/bench_engine.py --shape 27b --recipe int4 --contexts 1024 32768 --lanes 1 2 4 8 \
+        --steps 12 --chunk 4096 --prefill 8192 65536 131072 262144
+      ;;
+  5)  # what is left: the 27B step profile after the tuner change, the fused sampler
+      part 150 python3 perf/profile_step.py --shape 27b --recipe int4
+      part 120 python3 perf/bench_sampling.py
       ;;
 esac
 tail -60 "$LOG"
