@@ -35,6 +35,8 @@ from ninfer.runtime.request import Request
 from ninfer.runtime.sampling import preset_key
 
 __all__ = ["ChatInput", "ClientGone", "GenerationSpec", "Prompt", "Run", "Service"]  # protocols import all from here
+# Text prompts up to this many characters (about 2k tokens) are rendered and tokenized on the event loop.
+INLINE_PROMPT_CHARS = 8192
 
 
 @dataclass
@@ -135,7 +137,9 @@ class Service:
         return getattr(self.llm, "vision", None)
 
     async def prompt(self, chat: ChatInput) -> Prompt:
-        """Render and tokenize off the event loop (long prompts take milliseconds); expand media pads."""
+        """Render and tokenize; expand media pads. Media and long prompts go to a worker thread, where
+        fetching, decoding and tokenizing release the GIL while they take milliseconds; a short text
+        prompt is done here, since the two thread hops would cost more than the work."""
         from ninfer.vision import MediaError, collect_media, reject_media
 
         def work() -> Prompt:
@@ -151,6 +155,9 @@ class Service:
             except MediaError as err:
                 raise media_error(err) from None
             return Prompt(list(media.input_ids), thinking, media)
+        if _text_chars((chat.messages, chat.tools, chat.prefill)) <= INLINE_PROMPT_CHARS \
+                and not collect_media(chat.messages):
+            return work()
         return await asyncio.to_thread(work)
 
     async def prompt_ids(self, chat: ChatInput) -> tuple[list[int], bool]:
@@ -207,3 +214,17 @@ class Service:
         run = Run(self, req)
         await run.admit(http)
         return run
+
+
+def _text_chars(value: Any, limit: int = INLINE_PROMPT_CHARS) -> int:
+    """Characters in the strings of ``value`` (nested lists, tuples, dicts); stops counting past ``limit``."""
+    total, stack = 0, [value]
+    while stack and total <= limit:
+        item = stack.pop()
+        if isinstance(item, str):
+            total += len(item)
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+    return total
