@@ -17,7 +17,7 @@ from typing import Any
 
 from sse_starlette.event import ServerSentEvent, ensure_bytes
 from sse_starlette.sse import EventSourceResponse
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 _SEP = "\n"
 # json.dumps(obj, ensure_ascii=False) builds a new JSONEncoder on every call; this one is made once (same text).
@@ -47,6 +47,15 @@ class _EventStream(EventSourceResponse):
             await super().__call__(scope, receive, send)
         finally:
             self._on_close()
+
+    async def _send_with_timeout(self, send: Send, message: Message) -> None:
+        """sse-starlette (3.x) wraps every send, one per token, in ``anyio.move_on_after(send_timeout)``;
+        without a timeout (ours: none) that cancel scope never fires but costs as much as building the
+        frame. Versions without this method stream through their own path, unaffected."""
+        if self.send_timeout is None:
+            await send(message)
+        else:
+            await super()._send_with_timeout(send, message)
 
 
 def sse_response(events: AsyncIterator[Any], keepalive_s: float, on_close: Callable[[], None]) -> EventSourceResponse:
