@@ -10,6 +10,9 @@ requests is printed, in ms:
 * the request path, from the client's send to the engine thread's ``Engine.add_request`` and the
   first step: HTTP parsing, routing, body read and JSON decode, validation, chat template,
   tokenizer, the thread hops around them, request building, the hand-over to the engine thread;
+* the TTFT overhead: per request, the client's TTFT (send to the first content line) minus the
+  engine's first step (its start to the first token appended), i.e. the request path plus the
+  first token's path;
 * the token path, from a token's ``Engine._append`` (sampled and detokenized, as in the library) to
   the client: the rest of the step, the cross-thread delivery, the asyncio hops, protocol chunk and
   SSE framing, the socket write, the client's read and JSON parse. The first token and the decode
@@ -76,6 +79,11 @@ def install_probes() -> None:
     """Wrap the server's functions; must run before ``create_app`` (routes capture their handlers)."""
     from uvicorn.protocols.http import h11_impl
 
+    try:  # uvicorn takes httptools when it is installed
+        from uvicorn.protocols.http import httptools_impl
+        _around(httptools_impl.HttpToolsProtocol, "data_received", "data_received", None)
+    except ImportError:
+        pass
     from ninfer import api
     from ninfer.api import openai_chat, service
     from ninfer.runtime import async_engine, engine
@@ -197,7 +205,7 @@ def _client_main(conn: Any) -> None:
 REQUEST_PATH = [  # (label, from, to): first occurrences within one request
     ("client: httpx builds the request (JSON body)", "client_send", "client_sent"),
     ("client sent -> server reads (httpx send, TCP, loop wake)", "client_sent", "data_received"),
-    ("server read -> ASGI app (uvicorn h11 parse, task)", "data_received", "asgi"),
+    ("server read -> ASGI app (uvicorn HTTP parse, task)", "data_received", "asgi"),
     ("ASGI -> handler (Starlette routing, _endpoint)", "asgi", "handler"),
     ("body read + json.loads", "handler", "body_json"),
     ("validation (openai_chat.parse)", "body_json", "parsed"),
@@ -269,7 +277,7 @@ def _token_paths(marks: list[tuple[str, int]], client: list[tuple[str, int]]) ->
 
 TOKEN_STAGES = ["rest of the step (appended -> deliver)", "cross-thread wake (call_soon_threadsafe)",
                 "asyncio hops (queue -> Run.events)", "chunk + SSE framing (-> ASGI send)",
-                "uvicorn h11 send (transport.write, GIL back)", "ASGI send -> client has the line (overlaps)",
+                "uvicorn send (transport.write, GIL back)", "ASGI send -> client has the line (overlaps)",
                 "client json.loads"]
 
 
@@ -279,7 +287,7 @@ def analyse(server_marks: list[tuple[str, int]], client_marks: list[list[tuple[s
     stages: dict[str, list[float]] = {}
     first_tok: dict[str, list[float]] = {}
     decode_tok: dict[str, list[float]] = {}
-    ttft, engine_ttft, steps = [], [], []
+    ttft, engine_ttft, overhead, steps = [], [], [], []
     for marks, client in zip(per_req, client_marks):
         all_marks = client[:2] + marks
         for name, a, b in REQUEST_PATH + [TOTAL_REQUEST]:
@@ -293,6 +301,7 @@ def analyse(server_marks: list[tuple[str, int]], client_marks: list[list[tuple[s
         send, line = client[0][1], _first(client, "client_line")
         ttft.append((line - send) / 1e6)
         engine_ttft.append((_first(marks, "appended") - _first(marks, "step_start")) / 1e6)
+        overhead.append(ttft[-1] - engine_ttft[-1])
         starts = [t for lab, t in marks if lab == "step_start"]
         ends = [t for lab, t in marks if lab == "step_end"]
         steps += [(b - a) / 1e6 for a, b in zip(starts[1:], ends[1:])]  # decode steps
@@ -300,6 +309,7 @@ def analyse(server_marks: list[tuple[str, int]], client_marks: list[list[tuple[s
         return {k: statistics.median(v) for k, v in d.items()}
     return {"request_path": med(stages), "first_token": med(first_tok), "decode_token": med(decode_tok),
             "ttft_client_ms": statistics.median(ttft), "engine_first_token_ms": statistics.median(engine_ttft),
+            "ttft_overhead_ms": statistics.median(overhead),
             "decode_step_ms": statistics.median(steps) if steps else float("nan"), "requests": len(per_req)}
 
 
@@ -314,6 +324,8 @@ def show(result: dict[str, Any]) -> None:
             print(f"  {v:8.3f}  {name}")
     print(f"client TTFT {result['ttft_client_ms']:.3f}; engine first step (start -> first token appended) "
           f"{result['engine_first_token_ms']:.3f}; decode step {result['decode_step_ms']:.3f}")
+    print(f"TTFT minus the engine's first step, per request: {result['ttft_overhead_ms']:.3f} "
+          f"(what the HTTP path adds, the client's send and parse included)")
 
 
 def _on_loop(fn: Any) -> Any:
