@@ -35,7 +35,8 @@ from ninfer.runtime.request import Request
 from ninfer.runtime.sampling import preset_key
 
 __all__ = ["ChatInput", "ClientGone", "GenerationSpec", "Prompt", "Run", "Service"]  # protocols import all from here
-# Text prompts up to this many characters (about 2k tokens) are rendered and tokenized on the event loop.
+# Text prompts up to this many characters (about 2k tokens) are rendered and tokenized on the event loop
+# when no other request is in flight.
 INLINE_PROMPT_CHARS = 8192
 
 
@@ -137,9 +138,13 @@ class Service:
         return getattr(self.llm, "vision", None)
 
     async def prompt(self, chat: ChatInput) -> Prompt:
-        """Render and tokenize; expand media pads. Media and long prompts go to a worker thread, where
-        fetching, decoding and tokenizing release the GIL while they take milliseconds; a short text
-        prompt is done here, since the two thread hops would cost more than the work."""
+        """Render and tokenize; expand media pads. A short text prompt arriving while no other request is
+        in flight is done right here: the two thread hops would cost more than the work, and neither
+        a stream nor an engine step waits on this thread meanwhile. Otherwise, and for media and long
+        prompts, a worker thread does it: fetching, decoding and tokenizing release the GIL, and the
+        event loop stays free to deliver other requests' tokens (rendering inline under load also
+        kept the engine thread from the GIL until the next request was queued: on CPU, two
+        simultaneous requests then shared one prefill step instead of the first starting alone)."""
         from ninfer.vision import MediaError, collect_media, reject_media
 
         def work() -> Prompt:
@@ -155,7 +160,7 @@ class Service:
             except MediaError as err:
                 raise media_error(err) from None
             return Prompt(list(media.input_ids), thinking, media)
-        if _text_chars((chat.messages, chat.tools, chat.prefill)) <= INLINE_PROMPT_CHARS \
+        if self.in_flight == 0 and _text_chars((chat.messages, chat.tools, chat.prefill)) <= INLINE_PROMPT_CHARS \
                 and not collect_media(chat.messages):
             return work()
         return await asyncio.to_thread(work)

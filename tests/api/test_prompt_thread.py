@@ -1,4 +1,5 @@
-"""Service.prompt: short text prompts are rendered and tokenized on the event loop, the rest in a thread."""
+"""Service.prompt: a short text prompt is rendered and tokenized on the event loop when nothing else is in
+flight; the rest in a worker thread."""
 from __future__ import annotations
 
 import asyncio
@@ -41,6 +42,14 @@ def test_a_short_text_prompt_stays_on_the_loop(svc: Service, hops: list[Any]) ->
     prompt = asyncio.run(svc.prompt(chat))
     assert hops == []
     assert prompt.ids == svc.tokenizer.encode(svc.render(chat)[0]) and prompt.media is None
+
+
+def test_a_short_prompt_goes_to_a_thread_while_other_requests_are_in_flight(svc: Service, hops: list[Any]) -> None:
+    svc.in_flight = 1
+    chat = _user("hello there")
+    prompt = asyncio.run(svc.prompt(chat))
+    assert len(hops) == 1
+    assert prompt.ids == svc.tokenizer.encode(svc.render(chat)[0])
 
 
 def test_a_long_prompt_goes_to_a_thread_with_the_same_result(svc: Service, hops: list[Any]) -> None:
