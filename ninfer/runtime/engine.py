@@ -96,9 +96,7 @@ class Engine:
         self.pauser = Pauser(self.scheduler, self.cache, self.sampler, self.lane_block_tables, config.pause_host_bytes)
         self.outputs: dict[str, OutputProcessor] = {}
         self.requests: dict[str, Request] = {}
-        # Called with each request the scheduler admits, before the step computes anything for it (the
-        # server learns of the admission then, not only with the first token a long prefill later).
-        self.on_admit: Callable[[Request], None] | None = None
+        self.on_admit: Callable[[Request], None] | None = None  # each admitted request, before its prefill runs
         self.graphs = self.spec = None
         self.spec_totals = SpecStats()
         if config.draft_tokens:
