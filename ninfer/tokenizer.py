@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+
 class Tokenizer:
     """Byte-level BPE tokenizer plus the checkpoint's chat template (thinking on by default)."""
 
@@ -16,9 +17,18 @@ class Tokenizer:
         except Exception as err:
             raise ValueError(f"cannot load the tokenizer from {model_dir}: {err}") from err
         self.vocab_size = len(self.hf)
+        backend = getattr(self.hf, "backend_tokenizer", None)
+        self._backend = backend if hasattr(backend, "encode_batch_fast") else None
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text``; Qwen tokenizers add no BOS, and special-token text maps to its id."""
+        backend = self._backend
+        if (backend is not None and backend.truncation is None and backend.padding is None
+                and backend.encode_special_tokens == bool(self.hf.split_special_tokens)):
+            # The ids hf.encode returns (it calls encode_batch on this backend), without its per-call
+            # setup and the character offsets it computes and drops: about 40% of the time of a
+            # 512-token prompt. Like encode_batch, it releases the GIL while it runs.
+            return backend.encode_batch_fast([text], add_special_tokens=False)[0].ids
         return self.hf.encode(text, add_special_tokens=False)
 
     def decode(self, token_ids: list[int], skip_special_tokens: bool = False) -> str:

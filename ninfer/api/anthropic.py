@@ -25,7 +25,7 @@ from ninfer.api.errors import APIError, invalid, unsupported
 from ninfer.api.output import OutputStream
 from ninfer.api.sampling import parse_fields
 from ninfer.api.service import ChatInput, GenerationSpec, Run, Service
-from ninfer.api.streaming import sse_response
+from ninfer.api.streaming import json_text, sse_frame, sse_response
 from ninfer.api.validation import Fields, read_json, type_name
 
 MAX_STOP_SEQUENCES = 16
@@ -209,16 +209,16 @@ async def create(request: HTTPRequest, service: Service) -> Response:
                          "stop_sequence": result.stop_sequence, "usage": _usage(result.usage)})
 
 
-def _frame(kind: str, **fields: Any) -> dict[str, str]:
-    return {"event": kind, "data": json.dumps({"type": kind, **fields}, ensure_ascii=False)}
+def _frame(kind: str, **fields: Any) -> bytes:
+    return sse_frame(json_text({"type": kind, **fields}), kind)
 
 
-async def _stream(service: Service, run: Run, out: OutputStream, mid: str) -> AsyncIterator[dict[str, str]]:
+async def _stream(service: Service, run: Run, out: OutputStream, mid: str) -> AsyncIterator[bytes]:
     index = -1
     open_kind: str | None = None
     thinking: list[str] = []
 
-    def close() -> list[dict[str, str]]:
+    def close() -> list[bytes]:
         nonlocal open_kind
         frames = []
         if open_kind == "thinking":
@@ -229,7 +229,7 @@ async def _stream(service: Service, run: Run, out: OutputStream, mid: str) -> As
         open_kind = None
         return frames
 
-    def start(block: dict[str, Any]) -> list[dict[str, str]]:
+    def start(block: dict[str, Any]) -> list[bytes]:
         nonlocal index, open_kind
         frames = close()
         index += 1
@@ -242,7 +242,7 @@ async def _stream(service: Service, run: Run, out: OutputStream, mid: str) -> As
         yield _frame("message_start", message=message)
         async for event in run.events():
             for kind, value in out.push(event):
-                frames: list[dict[str, str]] = []
+                frames: list[bytes] = []
                 if kind == "reasoning":
                     if open_kind != "thinking":
                         frames += start({"type": "thinking", "thinking": "", "signature": ""})
@@ -276,6 +276,6 @@ async def _stream(service: Service, run: Run, out: OutputStream, mid: str) -> As
                      usage={"output_tokens": len(out.token_ids)})
         yield _frame("message_stop")
     except APIError as err:
-        yield {"event": "error", "data": json.dumps(err.body("anthropic"))}
+        yield sse_frame(json.dumps(err.body("anthropic")), "error")
     finally:
         run.close()

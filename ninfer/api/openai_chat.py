@@ -19,7 +19,7 @@ from ninfer.api.errors import APIError, invalid, unsupported
 from ninfer.api.output import Collected, OutputStream, Usage
 from ninfer.api.sampling import parse_fields
 from ninfer.api.service import ChatInput, GenerationSpec, Run, Service
-from ninfer.api.streaming import sse_response
+from ninfer.api.streaming import json_text, sse_frame, sse_response
 from ninfer.api.validation import Fields, read_json
 
 ROLES = ("system", "developer", "user", "assistant", "tool", "function")
@@ -170,15 +170,15 @@ def _empty(service: Service, cid: str, created: int, prompt_tokens: int) -> dict
 
 
 async def _stream(service: Service, run: Run, out: OutputStream, cid: str, created: int, include_usage: bool,
-                  logprobs: bool) -> AsyncIterator[dict[str, Any]]:
+                  logprobs: bool) -> AsyncIterator[bytes]:
     base = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": service.model_id,
             "system_fingerprint": None}
     if include_usage:
         base["usage"] = None
 
-    def chunk(delta: dict[str, Any], finish: str | None = None, lp: Any = None) -> dict[str, Any]:
-        return {"data": json.dumps({**base, "choices": [{"index": 0, "delta": delta, "logprobs": lp,
-                                                         "finish_reason": finish}]}, ensure_ascii=False)}
+    def chunk(delta: dict[str, Any], finish: str | None = None, lp: Any = None) -> bytes:
+        return sse_frame(json_text({**base, "choices": [{"index": 0, "delta": delta, "logprobs": lp,
+                                                         "finish_reason": finish}]}))
     try:
         yield chunk({"role": "assistant", "content": ""})
         async for event in run.events():
@@ -198,9 +198,9 @@ async def _stream(service: Service, run: Run, out: OutputStream, cid: str, creat
             raise err
         yield chunk({}, _finish_reason(out, out.finish_reason or "stop"))
         if include_usage:
-            yield {"data": json.dumps({**base, "choices": [], "usage": convert.openai_usage(out.usage())})}
+            yield sse_frame(json.dumps({**base, "choices": [], "usage": convert.openai_usage(out.usage())}))
     except APIError as err:
-        yield {"data": json.dumps(err.body("openai"))}
+        yield sse_frame(json.dumps(err.body("openai")))
     finally:
         run.close()
-    yield {"data": "[DONE]"}
+    yield sse_frame("[DONE]")

@@ -9,7 +9,6 @@ Unknown top-level fields are ``unknown_parameter`` errors.
 """
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -24,7 +23,7 @@ from ninfer.api.errors import APIError, invalid, unsupported
 from ninfer.api.output import OutputStream
 from ninfer.api.sampling import parse_fields
 from ninfer.api.service import ChatInput, GenerationSpec, Prompt, Run, Service
-from ninfer.api.streaming import sse_response
+from ninfer.api.streaming import json_text, sse_frame, sse_response
 from ninfer.api.validation import Fields, check_unknown, read_json
 
 KNOWN = frozenset({
@@ -161,12 +160,12 @@ class _Events:
         self.text = ""
         self.logprobs: list[Any] = []  # of the open message
 
-    def frame(self, kind: str, **fields: Any) -> dict[str, str]:
+    def frame(self, kind: str, **fields: Any) -> bytes:
         data = {"type": kind, "sequence_number": self.seq, **fields}
         self.seq += 1
-        return {"event": kind, "data": json.dumps(data, ensure_ascii=False)}
+        return sse_frame(json_text(data), kind)
 
-    def delta(self, kind: str, value: str, logprobs: list[Any] | None = None) -> list[dict[str, str]]:
+    def delta(self, kind: str, value: str, logprobs: list[Any] | None = None) -> list[bytes]:
         frames = []
         if self.open is None or self.open["type"] != ("reasoning" if kind == "reasoning" else "message"):
             frames += self.close()
@@ -183,7 +182,7 @@ class _Events:
         return frames + [self.frame(name, item_id=item["id"], output_index=index, content_index=0, delta=value,
                                     **extra)]
 
-    def _start(self, kind: str) -> list[dict[str, str]]:
+    def _start(self, kind: str) -> list[bytes]:
         if kind == "reasoning":
             item = items_.reasoning_item("", status="in_progress")
             item["content"] = []
@@ -199,7 +198,7 @@ class _Events:
                 self.frame("response.content_part.added", item_id=item["id"], output_index=index, content_index=0,
                            part=part)]
 
-    def close(self, status: str = "completed") -> list[dict[str, str]]:
+    def close(self, status: str = "completed") -> list[bytes]:
         item = self.open
         if item is None:
             return []
@@ -220,7 +219,7 @@ class _Events:
                                     content_index=0, part=part),
                          self.frame("response.output_item.done", output_index=index, item=done)]
 
-    def tool_call(self, call: Any) -> list[dict[str, str]]:
+    def tool_call(self, call: Any) -> list[bytes]:
         frames = self.close()
         done = items_.function_call_output(call)
         added = {**done, "arguments": "", "status": "in_progress"}
@@ -236,7 +235,7 @@ class _Events:
 
 
 async def _stream(service: Service, store: Any, run: Run, out: OutputStream, p: Parsed, rid: str,
-                  created: int) -> AsyncIterator[dict[str, str]]:
+                  created: int) -> AsyncIterator[bytes]:
     ev = _Events()
     params = run.req.params
     try:

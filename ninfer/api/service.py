@@ -3,9 +3,9 @@
 A protocol module turns its body into a :class:`ChatInput` (template messages and tools) and a
 :class:`GenerationSpec` (limits and sampling fields); :meth:`Service.start` renders, tokenizes,
 checks the context, submits to the engine and waits for admission, so that 429/503/400 can
-still be answered as HTTP statuses before a stream starts. :class:`Run` yields the engine's
-events and cancels the request when it is closed early (client gone, error), freeing its lane,
-pages and slot.
+still be answered as HTTP statuses before a stream starts. :class:`~ninfer.api.run.Run` yields
+the engine's events and cancels the request when it is closed early (client gone, error),
+freeing its lane, pages and slot.
 
 Images and videos (server started with ``--vision``): the template messages carry canonical
 media parts; :meth:`Service.prompt` expands the rendered ids with
@@ -17,9 +17,7 @@ tower off the event loop once the prompt has passed the context check, attaching
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,22 +25,19 @@ from jinja2 import TemplateError
 from starlette.requests import Request as HTTPRequest
 
 from ninfer.api.config import ServerConfig
-from ninfer.api.convert import engine_failure
 from ninfer.api.errors import APIError, invalid
 from ninfer.api.metrics import Metrics
 from ninfer.api.output import OutputStream
+from ninfer.api.run import ClientGone, Run
 from ninfer.api.sampling import resolve
 from ninfer.runtime.prefix_cache import chat_checkpoint_marks
+from ninfer.runtime.request import Request
 from ninfer.runtime.sampling import preset_key
-from ninfer.runtime.request import Request, RequestOutput, Status
-from ninfer.runtime.scheduler import AdmissionError, QueueFull
 
-log = logging.getLogger("ninfer.api")
-_POLL_S = 0.02  # admission polling interval
-
-
-class ClientGone(Exception):
-    """The client disconnected while its request waited or ran; nothing is answered."""
+__all__ = ["ChatInput", "ClientGone", "GenerationSpec", "Prompt", "Run", "Service"]  # protocols import all from here
+# Text prompts up to this many characters (about 2k tokens) are rendered and tokenized on the event loop
+# when no other request is in flight.
+INLINE_PROMPT_CHARS = 8192
 
 
 @dataclass
@@ -143,7 +138,13 @@ class Service:
         return getattr(self.llm, "vision", None)
 
     async def prompt(self, chat: ChatInput) -> Prompt:
-        """Render and tokenize off the event loop (long prompts take milliseconds); expand media pads."""
+        """Render and tokenize; expand media pads. A short text prompt arriving while no other request is
+        in flight is done right here: the two thread hops would cost more than the work, and neither
+        a stream nor an engine step waits on this thread meanwhile. Otherwise, and for media and long
+        prompts, a worker thread does it: fetching, decoding and tokenizing release the GIL, and the
+        event loop stays free to deliver other requests' tokens (rendering inline under load also
+        kept the engine thread from the GIL until the next request was queued: on CPU, two
+        simultaneous requests then shared one prefill step instead of the first starting alone)."""
         from ninfer.vision import MediaError, collect_media, reject_media
 
         def work() -> Prompt:
@@ -159,6 +160,9 @@ class Service:
             except MediaError as err:
                 raise media_error(err) from None
             return Prompt(list(media.input_ids), thinking, media)
+        if self.in_flight == 0 and _text_chars((chat.messages, chat.tools, chat.prefill)) <= INLINE_PROMPT_CHARS \
+                and not collect_media(chat.messages):
+            return work()
         return await asyncio.to_thread(work)
 
     async def prompt_ids(self, chat: ChatInput) -> tuple[list[int], bool]:
@@ -217,154 +221,15 @@ class Service:
         return run
 
 
-class Run:
-    """One submitted request: its event stream, admission, and cancellation on early close."""
-
-    def __init__(self, service: Service, req: Request) -> None:
-        self.service, self.req = service, req
-        self._events = service.engine.generate(req)
-        self._next: asyncio.Future | None = None
-        self.finished = False  # the engine sent the finished event
-        self.closed = False  # accounted for (in-flight count, metrics)
-        self.generated = 0
-        self._start = time.perf_counter()
-        service.in_flight += 1
-
-    async def admit(self, http: HTTPRequest | None) -> None:
-        """Wait for admission; a client that disconnects meanwhile withdraws its request (ClientGone)."""
-        svc = self.service
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + svc.config.pending_timeout_ms / 1000
-        self._next = asyncio.ensure_future(self._events.__anext__())
-        watch = _watch_disconnect(http)
-        try:
-            while True:
-                await asyncio.wait({self._next, watch} if watch else {self._next}, timeout=_POLL_S,
-                                   return_when=asyncio.FIRST_COMPLETED)
-                if self._next.done():
-                    self._check_first()
-                    break
-                if watch is not None and watch.done():
-                    self.close()
-                    raise ClientGone()
-                if self.req.status is not Status.WAITING:
-                    break
-                if loop.time() > deadline:
-                    self.close("queue_timeout", count=False)
-                    svc.metrics.rejected("queue_timeout")
-                    raise APIError(503, f"the request waited {svc.config.pending_timeout_ms} ms without "
-                                        f"being admitted (pending timeout)", code="request_queue_timeout")
-        finally:
-            if watch is not None:
-                watch.cancel()
-        svc.metrics.queue_time.observe(time.perf_counter() - self._start)
-        svc.metrics.prompt_tokens.inc(len(self.req.prompt_ids))
-        svc.metrics.prompt_tokens_cached.inc(int(getattr(self.req, "cached_tokens", 0) or 0))
-
-    def _check_first(self) -> None:
-        """Turn an admission failure delivered as the first event into an HTTP error."""
-        assert self._next is not None
-        err = self._next.exception()
-        if err is None:
-            return
-        self._next = None
-        self.finished = True  # the stream is over: nothing to cancel
-        self._account("rejected", count=False)
-        if isinstance(err, QueueFull):
-            self.service.metrics.rejected("overloaded")
-            raise APIError(429, f"the server is overloaded: {err}; retry later", code="server_overloaded")
-        self.service.metrics.rejected("invalid")
-        if isinstance(err, AdmissionError):
-            raise APIError(400, str(err), code="context_length_exceeded", param="messages")
-        if isinstance(err, StopAsyncIteration):
-            raise APIError(500, "the engine closed the request without an event", code="engine_error")
-        raise APIError(500, f"the engine rejected the request: {type(err).__name__}", code="engine_error")
-
-    async def events(self, http: HTTPRequest | None = None) -> AsyncIterator[RequestOutput]:
-        """Engine events until the finished one; with ``http``, a disconnect cancels (ClientGone)."""
-        watch = _watch_disconnect(http)
-        try:
-            while not self.finished:
-                if self._next is None:
-                    self._next = asyncio.ensure_future(self._events.__anext__())
-                while not self._next.done():
-                    await asyncio.wait({self._next, watch} if watch else {self._next}, timeout=1.0,
-                                       return_when=asyncio.FIRST_COMPLETED)
-                    if watch is not None and watch.done():
-                        self.close()
-                        raise ClientGone()
-                    if not self._next.done() and not self.service.alive:
-                        self.close("error")
-                        raise APIError(500, "the engine stopped while the request ran", code="engine_error")
-                task, self._next = self._next, None
-                try:
-                    event = task.result()
-                except StopAsyncIteration:
-                    self.finished = True
-                    self._account("error")
-                    raise APIError(500, "the engine ended the stream without a finished event",
-                                   code="engine_error") from None
-                self.generated += len(event.token_ids)
-                if event.finished:
-                    self.finished = True
-                    await self._events.aclose()
-                    self._account(event.finish_reason or "stop")
-                yield event
-        finally:
-            if watch is not None:
-                watch.cancel()
-
-    async def collect(self, out: OutputStream, http: HTTPRequest | None = None) -> Any:
-        """Run a non-streaming request to its end and return the collected output; an engine failure raises."""
-        try:
-            async for event in self.events(http):
-                out.push(event)
-        finally:
-            self.close()
-        if (err := engine_failure(out.finish_reason, out.error)) is not None:
-            raise err
-        return out.collected()
-
-    def close(self, outcome: str = "cancelled", count: bool = True) -> None:
-        """Cancel the request if it still runs. Idempotent, and never awaits: safe while being cancelled."""
-        if not self.finished:
-            self.finished = True
-            self.service.engine.cancel(self.req.request_id)
-            if self._next is not None and not self._next.done():
-                self._next.cancel()  # the engine stream's own cleanup runs in its task
-            else:
-                _close_soon(self._events)
-        self._account(outcome, count)
-
-    def _account(self, outcome: str, count: bool = True) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        self.service.in_flight -= 1
-        if not count:
-            return
-        req, elapsed = self.req, time.perf_counter() - self._start
-        ttft = req.first_token_time - req.arrival if req.first_token_time is not None else None
-        self.service.metrics.finished(outcome, self.generated, ttft, elapsed)
-        log.info("request %s %s: prompt %d tok, generated %d tok, %.3f s", req.request_id, outcome,
-                 len(req.prompt_ids), self.generated, elapsed)
-
-
-def _close_soon(agen: Any) -> None:
-    try:
-        asyncio.get_running_loop().create_task(agen.aclose())
-    except RuntimeError:  # no running loop: the generator is finalized when collected
-        pass
-
-
-def _watch_disconnect(http: HTTPRequest | None) -> asyncio.Task | None:
-    """A task that ends when the client disconnects (the body must already have been read)."""
-    if http is None:
-        return None
-
-    async def wait() -> None:
-        while True:
-            message = await http.receive()
-            if message["type"] == "http.disconnect":
-                return
-    return asyncio.ensure_future(wait())
+def _text_chars(value: Any, limit: int = INLINE_PROMPT_CHARS) -> int:
+    """Characters in the strings of ``value`` (nested lists, tuples, dicts); stops counting past ``limit``."""
+    total, stack = 0, [value]
+    while stack and total <= limit:
+        item = stack.pop()
+        if isinstance(item, str):
+            total += len(item)
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+    return total

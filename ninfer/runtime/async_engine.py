@@ -1,35 +1,94 @@
 """An engine on its own thread, driven from asyncio: submit a request, read its events, cancel it.
 
-The HTTP layer never blocks the engine: commands cross into the engine thread through a queue,
-and events come back to each caller's event loop with ``call_soon_threadsafe``.
+The HTTP layer never blocks the engine: commands cross into the engine thread through a queue, on
+which the thread sleeps while it has no work (a new request wakes it at once, no polling), and
+events come back to each caller's event loop through a :class:`_Mailbox`: one
+``call_soon_threadsafe`` per step and loop, not per event. Every wake-up of the event loop is a
+self-pipe write on the engine thread and a chance for the loop thread to take the GIL from it, so
+the events of one step (a token for each running request) travel together, and a batch posted
+while the previous one is still undelivered rides on its wake-up.
+
+When the thread ends for any reason, every open stream gets :class:`EngineStopped`, so that
+readers can wait on their events without polling the thread's liveness.
 """
 from __future__ import annotations
 
 import asyncio
 import queue
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 
 from ninfer.runtime.engine import Engine
-from ninfer.runtime.request import Request, RequestOutput
+from ninfer.runtime.request import Request, RequestOutput, Status
+
+_Item = tuple[Callable[[Any], object], Any]  # a call to make on the event loop: fn(arg)
+
+
+class EngineStopped(RuntimeError):
+    """The engine thread ended while the request was open."""
+
+
+class _Mailbox:
+    """Calls for one event loop, posted by the engine thread and run on the loop in posting order."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._items: list[_Item] = []
+        self._lock = threading.Lock()
+
+    def post(self, items: Iterable[_Item]) -> None:
+        """Engine thread: queue ``items``; wake the loop only if no earlier batch is still waiting for it."""
+        with self._lock:
+            wake = not self._items
+            self._items.extend(items)
+        if wake:
+            try:
+                self.loop.call_soon_threadsafe(self._drain)
+            except RuntimeError:  # the loop is closed: nobody is left to read these
+                with self._lock:
+                    self._items.clear()
+
+    def _drain(self) -> None:
+        with self._lock:
+            items, self._items = self._items, []
+        for fn, arg in items:
+            fn(arg)
+
+
+def _resolve(future: asyncio.Future) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 class AsyncEngine:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self._commands: queue.Queue[tuple[str, Any]] = queue.Queue()
-        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._mailboxes: dict[asyncio.AbstractEventLoop, _Mailbox] = {}  # one per loop that submits (the server's)
+        self._streams: dict[str, tuple[_Mailbox, asyncio.Queue]] = {}
+        self._admissions: dict[str, tuple[_Mailbox, Request, asyncio.Future]] = {}
         self._stopped = threading.Event()
+        self._ended = False  # the thread has left its loop; set before open streams are failed
         self.last_error: Exception | None = None
-        self._thread = threading.Thread(target=self._loop, name="ninfer-engine", daemon=True)
+        engine.on_admit = self._admitted
+        self._thread = threading.Thread(target=self._run, name="ninfer-engine", daemon=True)
         self._thread.start()
+
+    def _mailbox(self) -> _Mailbox:
+        loop = asyncio.get_running_loop()
+        box = self._mailboxes.get(loop)
+        if box is None:
+            box = self._mailboxes[loop] = _Mailbox(loop)
+        return box
 
     async def generate(self, req: Request) -> AsyncIterator[RequestOutput]:
         """Submit ``req`` and yield its events until the finished one; cancels it if the caller stops early."""
-        loop = asyncio.get_running_loop()
         events: asyncio.Queue = asyncio.Queue()
-        self._streams[req.request_id] = (loop, events)
+        self._streams[req.request_id] = (self._mailbox(), events)
+        if self._ended:  # registered too late for the thread's farewell
+            self._streams.pop(req.request_id, None)
+            raise EngineStopped("the engine thread has stopped")
         self._commands.put(("add", req))
         finished = False
         try:
@@ -46,6 +105,14 @@ class AsyncEngine:
                 self.cancel(req.request_id)
             self._streams.pop(req.request_id, None)
 
+    def admission(self, req: Request) -> asyncio.Future:
+        """A future set once the scheduler has taken ``req`` off its wait queue (or it ended there), so
+        that the HTTP layer learns of the admission without polling the request's status. Cancel it
+        when no longer wanted."""
+        future = asyncio.get_running_loop().create_future()
+        self._admissions[req.request_id] = (self._mailbox(), req, future)
+        return future
+
     def cancel(self, request_id: str) -> None:
         self._commands.put(("cancel", request_id))
 
@@ -61,14 +128,36 @@ class AsyncEngine:
     def _deliver(self, request_id: str, item: RequestOutput | BaseException) -> None:
         target = self._streams.get(request_id)
         if target is not None:
-            loop, events = target
-            loop.call_soon_threadsafe(events.put_nowait, item)
+            box, events = target
+            box.post([(events.put_nowait, item)])
+
+    def _admitted(self, req: Request) -> None:
+        """Engine thread, mid-step: the scheduler has taken ``req``; tell its waiter now, not after the step."""
+        entry = self._admissions.pop(req.request_id, None)
+        if entry is not None:
+            entry[0].post([(_resolve, entry[2])])
+
+    def _publish(self, events: list[RequestOutput]) -> None:
+        """A step's events, one post per event loop; the admission waits of requests that ended unadmitted go too."""
+        batches: dict[_Mailbox, list[_Item]] = {}
+        for request_id, (box, req, future) in list(self._admissions.items()):
+            if req.status is not Status.WAITING:
+                self._admissions.pop(request_id, None)
+                batches.setdefault(box, []).append((_resolve, future))
+        for event in events:
+            target = self._streams.get(event.request_id)
+            if target is not None:
+                box, stream = target
+                batches.setdefault(box, []).append((stream.put_nowait, event))
+        for box, items in batches.items():
+            box.post(items)
 
     def _handle(self, kind: str, arg: Any) -> None:
         if kind == "add":
             try:
                 self.engine.add_request(arg)
             except Exception as err:  # admission errors go back to the submitter, the engine keeps running
+                self._admissions.pop(arg.request_id, None)
                 self._deliver(arg.request_id, err)
         elif kind == "cancel":
             event = self.engine.cancel(arg)
@@ -77,9 +166,18 @@ class AsyncEngine:
         elif kind == "call":
             arg(self.engine)
 
+    def _run(self) -> None:
+        try:
+            self._loop()
+        finally:
+            self._ended = True
+            for request_id in list(self._streams):
+                self._deliver(request_id, EngineStopped("the engine thread has stopped"))
+
     def _loop(self) -> None:
         while not self._stopped.is_set():
             try:
+                # Idle: sleep on the queue itself, without a timeout, so a new request wakes the thread at once.
                 kind, arg = self._commands.get(block=not self.engine.has_work, timeout=None)
                 self._handle(kind, arg)
                 while True:  # drain everything queued before the next step
@@ -87,13 +185,13 @@ class AsyncEngine:
                     self._handle(kind, arg)
             except queue.Empty:
                 pass
+            events: list[RequestOutput] = []
             if self.engine.has_work:
                 try:
                     events = self.engine.step()
                 except Exception as err:  # a failed step ends every resident request; serving goes on
                     events = self._fail_all(err)
-                for event in events:
-                    self._deliver(event.request_id, event)
+            self._publish(events)
 
     def _fail_all(self, err: Exception) -> list[RequestOutput]:
         self.last_error = err

@@ -96,6 +96,7 @@ class Engine:
         self.pauser = Pauser(self.scheduler, self.cache, self.sampler, self.lane_block_tables, config.pause_host_bytes)
         self.outputs: dict[str, OutputProcessor] = {}
         self.requests: dict[str, Request] = {}
+        self.on_admit: Callable[[Request], None] | None = None  # each admitted request, before its prefill runs
         self.graphs = self.spec = None
         self.spec_totals = SpecStats()
         if config.draft_tokens:
@@ -187,6 +188,8 @@ class Engine:
                 self.sampler.start(req)
             if self.spec is not None and req.spec_stats is None:
                 req.spec_stats = SpecStats()
+            if self.on_admit is not None:
+                self.on_admit(req)
         plan = self.scheduler.plan()
         events: list[RequestOutput] = []
         if plan.prefills and self.spec is None and plan.prefills[0][0].mm is None:
