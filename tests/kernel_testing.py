@@ -1,8 +1,16 @@
-"""Shared pieces of the row-wise kernel tests: NaN-poisoned allocations and a relative-error check."""
+"""Shared pieces of the kernel tests: NaN-poisoned allocations, a relative-error check, the quantized GEMM
+tests' formats and tolerances, quantized expert stacks and routing."""
 from __future__ import annotations
 
 import pytest
 import torch
+
+# Quantized GEMM tests: K per format, a multiple of the group size that leaves a partial last K block,
+# and the relative error allowed for fp32 / fp16 activations.
+QUANT_K_FOR = {"fp8": 320, "fp8-b128": 320, "int8-g32": 352, "int8-g64": 320, "int4-g64": 320, "int4-g128": 384,
+               "nvfp4": 336}
+QUANT_FORMATS = list(QUANT_K_FOR)
+QUANT_TOL = {torch.float32: 1e-5, torch.float16: 2e-3}
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from kernel_testing import QUANT_FORMATS as FORMATS, QUANT_K_FOR as K_FOR, QUANT_TOL as TOL
 
 from ninfer.kernels import quant_dequant
 from ninfer.kernels.quant_dequant import dequantize_triton, workspace, workspace_bytes
@@ -21,10 +22,6 @@ from ninfer.kernels.quant_gemm_tune import (
 )
 from ninfer.quant.formats import quantize
 
-K_FOR = {"fp8": 320, "fp8-b128": 320, "int8-g32": 352, "int8-g64": 320, "int4-g64": 320, "int4-g128": 384,
-         "nvfp4": 336}
-FORMATS = list(K_FOR)
-TOL = {torch.float32: 1e-5, torch.float16: 2e-3}
 SMALL = GemmConfig(32, 16, 128, 1, 4, 1, "dequant")  # block_k 128: a partial last K tile but for int4-g128
 
 

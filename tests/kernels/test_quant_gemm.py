@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from kernel_testing import QUANT_FORMATS as FORMATS, QUANT_K_FOR as K_FOR, QUANT_TOL as TOL
 
 from ninfer.kernels.quant_gemm import (
     quant_matmul,
@@ -18,11 +19,6 @@ from ninfer.kernels.quant_gemm import (
 from ninfer.kernels.quant_gemm_tune import GemmConfig, candidates, kernel_params
 from ninfer.quant.formats import quantize
 
-# K per format: a multiple of the group size that leaves a partial last K block.
-K_FOR = {"fp8": 320, "fp8-b128": 320, "int8-g32": 352, "int8-g64": 320, "int4-g64": 320, "int4-g128": 384,
-         "nvfp4": 336}
-FORMATS = list(K_FOR)
-TOL = {torch.float32: 1e-5, torch.float16: 2e-3}
 
 
 def _bk(fmt: str, bytes_per_row: int) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from kernel_testing import QUANT_FORMATS as FORMATS, QUANT_TOL as TOL
 from kernel_testing import poisoned_outputs  # noqa: F401  (fixture)
 
 from ninfer.kernels.quant_gemm import quant_matmul_reference, quant_matmul_triton
@@ -22,8 +23,6 @@ from ninfer.kernels.quant_gemm_tune import (
 )
 from ninfer.quant.formats import quantize
 
-FORMATS = ["fp8", "fp8-b128", "int8-g32", "int8-g64", "int4-g64", "int4-g128", "nvfp4"]
-TOL = {torch.float32: 1e-5, torch.float16: 2e-3}
 
 pytestmark = pytest.mark.usefixtures("poisoned_outputs")
 
