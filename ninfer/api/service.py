@@ -147,21 +147,25 @@ class Service:
         simultaneous requests then shared one prefill step instead of the first starting alone)."""
         from ninfer.vision import MediaError, collect_media, reject_media
 
+        try:
+            refs = collect_media(chat.messages)
+        except MediaError as err:
+            raise media_error(err) from None
+
         def work() -> Prompt:
             text, thinking = self.render(chat)
             ids = self.tokenizer.encode(text)
+            if not refs:
+                return Prompt(ids, thinking)
             try:
-                refs = collect_media(chat.messages)
-                if not refs:
-                    return Prompt(ids, thinking)
                 if self.vision is None:
                     reject_media(chat.messages)
                 media = self.vision.prompt_from_ids(ids, refs, self.tokenizer.encode)
             except MediaError as err:
                 raise media_error(err) from None
             return Prompt(list(media.input_ids), thinking, media)
-        if self.in_flight == 0 and _text_chars((chat.messages, chat.tools, chat.prefill)) <= INLINE_PROMPT_CHARS \
-                and not collect_media(chat.messages):
+        inline = not refs and self.in_flight == 0  # and short: counted only then
+        if inline and _text_chars((chat.messages, chat.tools, chat.prefill)) <= INLINE_PROMPT_CHARS:
             return work()
         return await asyncio.to_thread(work)
 

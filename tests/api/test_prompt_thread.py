@@ -71,3 +71,12 @@ def test_media_always_go_to_a_thread(svc: Service, hops: list[Any]) -> None:
     with pytest.raises(APIError) as err:  # this server has no vision: the thread rejects the image
         asyncio.run(svc.prompt(chat))
     assert len(hops) == 1 and err.value.status == 400
+
+
+def test_a_malformed_media_part_is_an_api_error_on_either_path(svc: Service) -> None:
+    chat = _user([{"type": "image_url", "image_url": {"url": ""}}])
+    for in_flight in (0, 1):
+        svc.in_flight = in_flight
+        with pytest.raises(APIError) as info:
+            asyncio.run(svc.prompt(chat))
+        assert info.value.status == 400 and "no source" in str(info.value)
