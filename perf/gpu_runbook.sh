@@ -66,9 +66,11 @@ case ${1:-1} in
       part 330 python3 perf/bench_engine.py --shape 27b --recipe int4 --contexts 1024 32768 --lanes 1 2 4 8 \
         --steps 12 --chunk 4096 --prefill 8192 65536 131072 262144
       ;;
-  5)  # what is left: the 27B step profile after the tuner change, the fused sampler
+  5)  # what is left: the 27B step profile after the tuner change, the fused sampler, the DeltaNet kernels
+      # after the exact fp32 products in the chunk kernel's inverse
       part 150 python3 perf/profile_step.py --shape 27b --recipe int4
       part 120 python3 perf/bench_sampling.py
+      part 150 python3 perf/bench_deltanet.py
       ;;
 esac
 tail -60 "$LOG"
