@@ -2,7 +2,7 @@
 # The pending GPU work in priority order, cut into device calls of under ten minutes each:
 #   OUT=$OUT bash perf/gpu_runbook.sh 1     (then 2, 3, 4, 5) — carry [".whl", ".devcache"]
 # Results land in $OUT: runbook.log (every part's output), perf.jsonl (records: copy to perf/results/),
-# gpu_tests.log, and cache.tgz.* — the compiled kernels and tuning choices of this call; copy those
+# gpu_tests.log, sanitizer.log, and cache.tgz.* — the compiled kernels and tuning choices of this call; copy those
 # into .devcache/ before the next call so it does not compile and tune from scratch (perf/device_cache.sh).
 # Each part has its own timeout and the whole call a deadline ($BUDGET seconds, default 560), so a slow
 # part cannot take the rest of the call, and the cache is saved after every part.
@@ -41,36 +41,40 @@ gpu_tests() {
 }
 
 case ${1:-1} in
-  1)  # issues 3, 4, 6: the GPU test files not yet green on the H200 (one config per kernel: compile time)
+  1)  # issues 3, 4, 6, 8: the GPU test files not yet green on the H200 (one config per kernel: compile time),
+      # and speculation under compute-sanitizer beside them (neither is a timing; the sanitizer is CPU-bound)
       export NINFER_AUTOTUNE=off
-      gpu_tests 120 model_gpu
+      ( timeout $((DEADLINE - SECONDS - 30)) compute-sanitizer --tool memcheck --error-exitcode 1 \
+          python3 perf/sanitize_spec.py --tokens 160 > "$OUT/sanitizer.log" 2>&1
+        echo "--- rc=$? compute-sanitizer perf/sanitize_spec.py" >> "$OUT/sanitizer.log" ) &
+      gpu_tests 100 model_gpu
       gpu_tests 60 deltanet -k chunked
-      gpu_tests 150 moe_quant -n 8
-      gpu_tests 90 moe -n 4
-      gpu_tests 200 quant_gemm -n 8 -k "'every_candidate or gemv_configs or dequant or decode_tuning'"
+      gpu_tests 130 moe_quant -n 6
+      gpu_tests 80 moe -n 4
+      gpu_tests 170 quant_gemm -n 6 -k "'every_candidate or gemv_configs or dequant or decode_tuning'"
+      wait
       ;;
-  2)  # issues 6, 8: 35B-A3B 4-bit engine and speculation (expert GEMV, graph-timed tuning, mixed steps),
-      # where its step goes, and speculation under compute-sanitizer
-      part 330 python3 perf/bench_spec.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --lanes 1 8 --steps 12 --prefill 8192
-      part 120 python3 perf/profile_step.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4
-      NINFER_AUTOTUNE=off part 150 compute-sanitizer --tool memcheck --error-exitcode 1 \
-        python3 perf/sanitize_spec.py --tokens 200
+  2)  # issues 7, 10, 5: the 27B shape — server overhead at 1..16 (int4), prefix cache at the issue's scale
+      # (64k conversation, 20 agent turns growing to 100k), the transformers floor
+      part 170 python3 perf/bench_server.py --random 27b --recipe int4 --levels 1 2 4 8 16 --max-tokens 64
+      part 250 python3 perf/bench_prefix_cache.py --context 65536 --turns 20 --growth 5000
+      part 140 python3 perf/bench_engine.py --hf-only --shape 27b
       ;;
-  3)  # issues 7, 10: server overhead at 1..16, prefix cache at the issue's scale, MoE expert paths
-      part 160 python3 perf/bench_server.py --random 27b --recipe int4 --levels 1 2 4 8 16 --max-tokens 64
-      part 260 python3 perf/bench_prefix_cache.py --context 65536 --turns 20 --growth 5000
-      NINFER_TUNE_CACHE=off part 120 python3 perf/bench_moe.py --no-bf16 --formats int4-g64,nvfp4 --path auto,dot,gemv
+  3)  # issues 6, 8, 3: 35B-A3B 4-bit engine and speculation, where its step goes; the DeltaNet kernels after
+      # the exact fp32 products in the chunk kernel's inverse
+      part 300 python3 perf/bench_spec.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --lanes 1 8 --steps 12 --prefill 8192
+      part 110 python3 perf/profile_step.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4
+      part 120 python3 perf/bench_deltanet.py
       ;;
-  4)  # issue 5: the transformers floor; the 4-bit engine at C = 1, 2, 4, 8, contexts 1k / 32k, long prefills
-      part 200 python3 perf/bench_engine.py --hf-only --shape 27b
+  4)  # issue 5: the 4-bit engine at C = 1, 2, 4, 8, contexts 1k / 32k, long prefills; the 35B floor
       part 330 python3 perf/bench_engine.py --shape 27b --recipe int4 --contexts 1024 32768 --lanes 1 2 4 8 \
         --steps 12 --chunk 4096 --prefill 8192 65536 131072 262144
+      part 200 python3 perf/bench_engine.py --hf-only --shape 35b-a3b
       ;;
-  5)  # what is left: the 27B step profile after the tuner change, the fused sampler, the DeltaNet kernels
-      # after the exact fp32 products in the chunk kernel's inverse
+  5)  # what is left: the 27B step profile after the tuner change, the fused sampler, MoE expert paths
       part 150 python3 perf/profile_step.py --shape 27b --recipe int4
       part 120 python3 perf/bench_sampling.py
-      part 150 python3 perf/bench_deltanet.py
+      NINFER_TUNE_CACHE=off part 120 python3 perf/bench_moe.py --no-bf16 --formats int4-g64,nvfp4 --path auto,dot,gemv
       ;;
 esac
 tail -60 "$LOG"
