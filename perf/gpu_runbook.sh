@@ -2,7 +2,7 @@
 # The pending GPU work in priority order, cut into device calls of under ten minutes each:
 #   OUT=$OUT bash perf/gpu_runbook.sh 1     (then 2, 3, 4, 5) — carry [".whl", ".devcache"]
 # Results land in $OUT: runbook.log (every part's output), perf.jsonl (records: copy to perf/results/),
-# gpu_tests.log, sanitizer.log, and cache.tgz.* — the compiled kernels and tuning choices of this call; copy those
+# gpu_tests.log, sanitizer.log / model_gpu.log / parity.log (stages 1, 2), and cache.tgz.* — the compiled kernels and tuning choices of this call; copy those
 # into .devcache/ before the next call so it does not compile and tune from scratch (perf/device_cache.sh).
 # Each part has its own timeout and the whole call a deadline ($BUDGET seconds, default 560), so a slow
 # part cannot take the rest of the call, and the cache is saved after every part.
@@ -54,11 +54,19 @@ case ${1:-1} in
       gpu_tests 170 quant_gemm -n 6 -k "'every_candidate or gemv_configs or dequant or decode_tuning'"
       wait
       ;;
-  2)  # issues 7, 10, 5: the 27B shape — server overhead at 1..16 (int4), prefix cache at the issue's scale
-      # (64k conversation, 20 agent turns growing to 100k), the transformers floor
-      part 170 python3 perf/bench_server.py --random 27b --recipe int4 --levels 1 2 4 8 16 --max-tokens 64
-      part 250 python3 perf/bench_prefix_cache.py --context 65536 --turns 20 --growth 5000
-      part 140 python3 perf/bench_engine.py --hf-only --shape 27b
+  2)  # issues 3, 4: the whole-model GPU parity (its three slow tests on three workers; the parity split by
+      # kernel family beside it) and the tuner test; then 7, 10: server overhead at 1..16 (27B int4) and the
+      # prefix cache at the issue's scale (64k conversation, 20 agent turns growing to 100k)
+      # (background jobs write their own logs: only `part` saves the cache, one at a time)
+      ( export NINFER_AUTOTUNE=off
+        timeout 170 python3 perf/parity_by_kernel.py > "$OUT/parity.log" 2>&1 &
+        timeout 170 python3 -m pytest -m gpu -v -p no:cacheprovider --durations=5 tests/gpu/test_model_gpu.py -n 3 \
+          > "$OUT/model_gpu.log" 2>&1
+        echo "--- rc=$? test_model_gpu.py" >> "$OUT/model_gpu.log"; wait ) &
+      NINFER_AUTOTUNE=off gpu_tests 150 quant_gemm -k decode_tuning
+      wait
+      part 160 python3 perf/bench_server.py --random 27b --recipe int4 --levels 1 2 4 8 16 --max-tokens 64
+      part 220 python3 perf/bench_prefix_cache.py --context 65536 --turns 20 --growth 5000
       ;;
   3)  # issues 6, 8, 3: 35B-A3B 4-bit engine and speculation, where its step goes; the DeltaNet kernels after
       # the exact fp32 products in the chunk kernel's inverse
@@ -66,9 +74,10 @@ case ${1:-1} in
       part 110 python3 perf/profile_step.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4
       part 120 python3 perf/bench_deltanet.py
       ;;
-  4)  # issue 5: the 4-bit engine at C = 1, 2, 4, 8, contexts 1k / 32k, long prefills; the 35B floor
+  4)  # issues 5, 6: the 4-bit engine at C = 1, 2, 4, 8, contexts 1k / 32k, long prefills; the transformers floors
       part 330 python3 perf/bench_engine.py --shape 27b --recipe int4 --contexts 1024 32768 --lanes 1 2 4 8 \
         --steps 12 --chunk 4096 --prefill 8192 65536 131072 262144
+      part 140 python3 perf/bench_engine.py --hf-only --shape 27b
       part 200 python3 perf/bench_engine.py --hf-only --shape 35b-a3b
       ;;
   5)  # what is left: the 27B step profile after the tuner change, the fused sampler, MoE expert paths

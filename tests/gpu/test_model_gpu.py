@@ -37,13 +37,15 @@ def test_triton_path_matches_reference_path_fp32(dense: TinyCheckpoint, monkeypa
     """fp32 end to end (no TF32 in any Triton product): the two paths and transformers agree closely."""
     ids = _prompt(300)
     llm = ninfer.load(dense.path, device="cuda", dtype=torch.float32, progress=False, cuda_graphs=False)
-    triton_lp = llm.score(ids)
+    triton_lp = llm.score(ids).cpu()
     monkeypatch.setenv("NINFER_KERNELS", "reference")
-    assert (triton_lp - llm.score(ids)).abs().max().item() < 2e-3
+    vs_reference = (triton_lp - llm.score(ids).cpu()).abs().max().item()
     with torch.no_grad():
         logits = dense.hf_model(torch.tensor([ids])).logits[0].float()
     hf = logits.log_softmax(-1)[:-1].gather(-1, torch.tensor(ids[1:])[:, None])[:, 0]
-    assert (triton_lp - hf).abs().max().item() < 2e-3
+    vs_hf = (triton_lp - hf).abs().max().item()
+    # perf/parity_by_kernel.py splits a failure by kernel family
+    assert vs_reference < 2e-3 and vs_hf < 2e-3, f"max |dlogprob|: {vs_reference:.2e} vs reference, {vs_hf:.2e} vs hf"
 
 
 def test_triton_bf16_error_is_the_reference_bf16_error(dense: TinyCheckpoint, monkeypatch) -> None:

@@ -180,6 +180,8 @@ def test_decode_tuning_times_graphs_and_keeps_a_working_config(monkeypatch: pyte
     monkeypatch.setattr(quant_gemm_tune, "TUNE", True)
     monkeypatch.setattr(quant_gemm_tune, "_BEST", {})
     monkeypatch.setenv("NINFER_TUNE_CACHE", "off")  # time it here, not from an earlier run's choice
+    # every candidate, also under NINFER_AUTOTUNE=off (which keeps one and so never times anything)
+    monkeypatch.setattr(quant_gemm_tune, "autotune_configs", lambda configs: configs)
     used = []
     real = quant_gemm_tune._graph_ms
     monkeypatch.setattr(quant_gemm_tune, "_graph_ms", lambda fn: used.append(1) or real(fn))
