@@ -11,7 +11,7 @@ Choices:
   shows up as a numeric difference.
 * Attention implementation of the oracle: ``"eager"`` (plain matmul + fp32 softmax; the most
   transparent reference, and identical on every CPU). The GDN layers use transformers' torch
-  fallback (keep ``fla``/``causal-conv1d`` uninstalled on CPU hosts).
+  functions even where ``fla`` or ``causal-conv1d`` is installed (``_torch_oracle``).
 * Storage dtype is fp32 by default so parity can be exact; pass ``dtype=torch.bfloat16`` to store
   bf16 like a real checkpoint (the oracle then holds the bf16-rounded values, still in fp32).
 * transformers 5.24 ``save_pretrained`` writes MoE experts per expert
@@ -22,6 +22,8 @@ Choices:
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import json
 import re
 from dataclasses import dataclass
@@ -97,7 +99,26 @@ VISION_KWARGS = dict(depth=2, hidden_size=32, num_heads=2, patch_size=16, tempor
                      intermediate_size=64)
 
 
+ORACLE_FUNCTIONS = ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule", "causal_conv1d_fn",
+                    "causal_conv1d_update")
+
+
+def _torch_oracle() -> None:
+    """Point transformers' Qwen3.5 modules back at their own PyTorch Gated DeltaNet and conv functions.
+    Where flash-linear-attention is installed (the GPU host, which carries it for the benchmarks),
+    transformers binds these names to fla's Triton kernels at import, whatever the tensors' device,
+    so the CPU oracle would fail ("cannot be accessed from Triton (cpu tensor?)") or stop being the
+    plain reference. The decorators keep the torch function as ``__wrapped__``."""
+    for name in ("qwen3_5", "qwen3_5_moe"):
+        module = importlib.import_module(f"transformers.models.{name}.modeling_{name}")
+        for fn_name in ORACLE_FUNCTIONS:
+            fn = getattr(module, fn_name, None)
+            if callable(fn):
+                setattr(module, fn_name, inspect.unwrap(fn))
+
+
 def _build(model_cls: type[PreTrainedModel], config: Any, seed: int, dtype: torch.dtype) -> PreTrainedModel:
+    _torch_oracle()
     config._attn_implementation = ATTN_IMPLEMENTATION
     for sub in ("text_config", "vision_config"):
         if hasattr(config, sub):
