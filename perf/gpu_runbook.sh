@@ -68,11 +68,13 @@ case ${1:-1} in
       part 160 python3 perf/bench_server.py --random 27b --recipe int4 --levels 1 2 4 8 16 --max-tokens 64
       part 220 python3 perf/bench_prefix_cache.py --context 65536 --turns 20 --growth 5000
       ;;
-  3)  # issues 6, 8, 3: 35B-A3B 4-bit engine and speculation, where its step goes; the DeltaNet kernels after
-      # the exact fp32 products in the chunk kernel's inverse
+  3)  # issue 3: the whole-model parity after the oracle fix; 7: server overhead at 1..16 (27B int4, tuned keys
+      # carried); 3: the DeltaNet kernels after the exact fp32 products in the chunk kernel's inverse;
+      # 6, 8: the 35B-A3B 4-bit engine and speculation with what time is left
+      NINFER_AUTOTUNE=off gpu_tests 100 model_gpu -n 3
+      part 170 python3 perf/bench_server.py --random 27b --recipe int4 --levels 1 2 4 8 16 --max-tokens 64
+      part 110 python3 perf/bench_deltanet.py
       part 300 python3 perf/bench_spec.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --lanes 1 8 --steps 12 --prefill 8192
-      part 110 python3 perf/profile_step.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4
-      part 120 python3 perf/bench_deltanet.py
       ;;
   4)  # issues 5, 6: the 4-bit engine at C = 1, 2, 4, 8, contexts 1k / 32k, long prefills; the transformers floors
       part 330 python3 perf/bench_engine.py --shape 27b --recipe int4 --contexts 1024 32768 --lanes 1 2 4 8 \
@@ -82,6 +84,7 @@ case ${1:-1} in
       ;;
   5)  # what is left: the 27B step profile after the tuner change, the fused sampler, MoE expert paths
       part 150 python3 perf/profile_step.py --shape 27b --recipe int4
+      part 110 python3 perf/profile_step.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4
       part 120 python3 perf/bench_sampling.py
       NINFER_TUNE_CACHE=off part 120 python3 perf/bench_moe.py --no-bf16 --formats int4-g64,nvfp4 --path auto,dot,gemv
       ;;
