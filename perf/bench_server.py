@@ -98,17 +98,39 @@ def text_tokens_only(llm: Any) -> int:
     tokens. With those rows zeroed their logit is exactly 0 and greedy decoding (almost surely)
     picks a text token, so every token is one streamed delta on both paths.
     """
+    from ninfer.quant.linear import QuantWeight
+
     head = llm.model.lm_head
     weight = getattr(head, "weight", None)
-    if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+    if isinstance(head, QuantWeight):
+        rows = head.shape[-2]
+    elif isinstance(weight, torch.Tensor) and weight.dim() == 2:
+        rows = weight.shape[0]
+    else:
         return 0
     tok = llm.tokenizer
-    keep = torch.zeros(weight.shape[0], dtype=torch.bool)
-    for i in range(min(llm.valid_vocab, weight.shape[0])):
+    keep = torch.zeros(rows, dtype=torch.bool)
+    for i in range(min(llm.valid_vocab, rows)):
         text = tok.decode([i])
         keep[i] = bool(text) and text.isascii() and text.isprintable() and not any(c in text for c in "<>&")
-    weight[~keep.to(weight.device)] = 0
+    if isinstance(head, QuantWeight):
+        _zero_quantized_rows(head, (~keep).nonzero()[:, 0])
+    else:
+        weight[~keep.to(weight.device)] = 0
     return int(keep.sum())
+
+
+def _zero_quantized_rows(head: Any, rows: torch.Tensor) -> None:
+    """Zero output rows of a quantized LM head (recipes quantize it: int8-g64 under ``int4``): every stored
+    float tensor with one entry per row (scales, nvfp4's global scales, fp8 codes) gets zeros there, so
+    the dequantized rows are exactly 0 in every format (integer codes times a zero scale)."""
+    for name, spec in head.format.specs(head.shape).items():
+        tensor = getattr(head, name).data
+        if spec.row_block != 1 or not tensor.is_floating_point():
+            continue
+        dim = spec.row_dim % tensor.dim()
+        target = tensor.view(torch.uint8) if tensor.element_size() == 1 else tensor  # fp8: no index_fill_
+        target.index_fill_(dim, rows.to(tensor.device), 0)
 
 
 def percentiles(values: list[float]) -> dict[str, float]:
