@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from perf.common import bench_graph_ms, bench_ms, copy_bandwidth_tbps, matmul_peak_tflops, record  # noqa: E402
 from ninfer.kernels.deltanet import CHUNK, gated_delta_rule  # noqa: E402
+from ninfer.kernels import deltanet_chunk  # noqa: E402
 
 HK, HV, DK, DV = 16, 48, 128, 128
 L2_BYTES = 60e6
@@ -125,8 +126,30 @@ def bench_prefill(peak: float, fla_chunk: Callable | None) -> None:
         record("deltanet_prefill", f"T={tokens} {SHAPE}", ms, achieved=flops / ms / 1e9, limit=peak,
                unit="TFLOP/s", baseline="fla chunk_gated_delta_rule" if base_ms else None, baseline_ms=base_ms,
                tokens_per_s=round(tokens / ms * 1e3), max_rel_diff_vs_fla=diff)
+        inverse_precisions(args, tokens, ms, flops, peak)
         del x, args
         torch.cuda.empty_cache()
+
+
+def inverse_precisions(args: list[torch.Tensor], tokens: int, default_ms: float, flops: float, peak: float) -> None:
+    """The same prefill with the other precisions for the products of T's fp32 blocks (A/B in one run;
+    ``deltanet_chunk.INVERSE_PRECISION``), with the output's difference from the default's."""
+    cu = torch.tensor([0, tokens], device="cuda", dtype=torch.int32)
+    slots = torch.zeros(1, device="cuda", dtype=torch.int32)
+    h0 = 0.1 * torch.randn(1, HV, DK, DV, device="cuda")
+    default = deltanet_chunk.INVERSE_PRECISION
+    ref = gated_delta_rule(*args, h0.clone(), cu, slots, tokens)
+    try:
+        for prec in ("tf32x3", "tf32"):
+            deltanet_chunk.INVERSE_PRECISION = prec
+            out = gated_delta_rule(*args, h0.clone(), cu, slots, tokens)
+            state = h0.clone()
+            ms = bench_ms(lambda: gated_delta_rule(*args, state, cu, slots, tokens), warmup=10, rep=100)
+            record("deltanet_prefill", f"T={tokens} {SHAPE}", ms, achieved=flops / ms / 1e9, limit=peak,
+                   unit="TFLOP/s", config=f"inverse {prec}", baseline=f"inverse {default} (default)",
+                   baseline_ms=default_ms, max_rel_diff_vs_default=max_rel_diff(out, ref))
+    finally:
+        deltanet_chunk.INVERSE_PRECISION = default
 
 
 @torch.inference_mode()

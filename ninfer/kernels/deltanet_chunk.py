@@ -31,6 +31,11 @@ from ninfer.kernels.dispatch import autotune_configs
 
 CHUNK = 64
 SUB = 16  # side of the blocks of T
+# Products of the fp32 16 x 16 blocks of T = (I + A)^-1 in bf16/fp16 runs (fp32 runs are always "ieee").
+# TF32, Triton's default for fp32, puts ~1e-3 relative error into T; "ieee" (FMA loops) is exact; "tf32x3"
+# (three TF32 products) is near-fp32 on the tensor cores. perf/bench_deltanet.py times the three in one
+# run: the prefill got ~30% slower at 8k/32k between two runs with only the switch to "ieee" in between.
+INVERSE_PRECISION = "ieee"
 # dv block of the state kernel; not smaller: with 16 or 32 (wgmma N = 16 / 32 in its chain of
 # dots) Triton 3.6 on sm_90 emits wgmma reads past the end of a shared-memory operand (memcheck:
 # invalid __shared__ read at the ``T @ (V - ...)`` dot), so 16-bit inputs fault with an illegal
@@ -173,10 +178,8 @@ def _store_block(tm_c, bet_c, n, x, i: tl.constexpr, j: tl.constexpr, HV: tl.con
 
 
 @triton.jit
-def _mm(a, b):
-    # The inverse's 16 x 16 blocks are fp32 in every mode; TF32 (Triton's default for fp32) would put
-    # ~1e-3 relative error into T, and they are too small for the exact product to cost anything.
-    return tl.dot(a, b, input_precision="ieee")
+def _mm(a, b, PREC: tl.constexpr):
+    return tl.dot(a, b, input_precision=PREC)
 
 
 @triton.autotune(configs=autotune_configs([triton.Config({}, num_warps=w) for w in (1, 2, 4)]),
@@ -185,7 +188,7 @@ def _mm(a, b):
 def _inverse_kernel(
     kn, gam, bet, cu_seqlens, tmat, batch,
     HV: tl.constexpr, GROUP: tl.constexpr, DK: tl.constexpr, BK: tl.constexpr, BLOCK_B: tl.constexpr,
-    C: tl.constexpr, BC: tl.constexpr, DOT_PREC: tl.constexpr,
+    C: tl.constexpr, BC: tl.constexpr, DOT_PREC: tl.constexpr, INV_PREC: tl.constexpr,
 ):
     head = tl.program_id(1)
     row0, n = _locate_chunk(cu_seqlens, tl.program_id(0), batch, BLOCK_B, C)
@@ -210,12 +213,12 @@ def _inverse_kernel(
     a32 = _gated(g32, gam_c, bet_c, n, 3, 2, HV, BC)
     t00, t11, t22, t33 = _invert_diagonal(a00, a11, a22, a33, BC)
     # Block forward substitution: T_ij = -T_ii sum_{j <= m < i} A_im T_mj.
-    t10 = -_mm(t11, _mm(a10, t00))
-    t21 = -_mm(t22, _mm(a21, t11))
-    t32 = -_mm(t33, _mm(a32, t22))
-    t20 = -_mm(t22, _mm(a20, t00) + _mm(a21, t10))
-    t31 = -_mm(t33, _mm(a31, t11) + _mm(a32, t21))
-    t30 = -_mm(t33, _mm(a30, t00) + _mm(a31, t10) + _mm(a32, t20))
+    t10 = -_mm(t11, _mm(a10, t00, INV_PREC), INV_PREC)
+    t21 = -_mm(t22, _mm(a21, t11, INV_PREC), INV_PREC)
+    t32 = -_mm(t33, _mm(a32, t22, INV_PREC), INV_PREC)
+    t20 = -_mm(t22, _mm(a20, t00, INV_PREC) + _mm(a21, t10, INV_PREC), INV_PREC)
+    t31 = -_mm(t33, _mm(a31, t11, INV_PREC) + _mm(a32, t21, INV_PREC), INV_PREC)
+    t30 = -_mm(t33, _mm(a30, t00, INV_PREC) + _mm(a31, t10, INV_PREC) + _mm(a32, t20, INV_PREC), INV_PREC)
     _store_block(tm_c, bet_c, n, t00, 0, 0, HV, C, BC)
     _store_block(tm_c, bet_c, n, t10, 1, 0, HV, C, BC)
     _store_block(tm_c, bet_c, n, t11, 1, 1, HV, C, BC)
@@ -309,6 +312,7 @@ def gated_delta_rule_chunked_triton(
     dot_dtype = q.dtype if q.dtype in (torch.bfloat16, torch.float16) else torch.float32
     # fp32 runs are the exact path the tests hold against the reference: no TF32 in their products.
     prec = "ieee" if dot_dtype == torch.float32 else "tf32"
+    inv_prec = "ieee" if dot_dtype == torch.float32 else INVERSE_PRECISION
     qn = torch.empty((n, hk, dk), dtype=dot_dtype, device=q.device)
     kn = torch.empty_like(qn)
     gam = torch.empty((n, hv), dtype=torch.float32, device=q.device)
@@ -326,6 +330,7 @@ def gated_delta_rule_chunked_triton(
     _inverse_kernel[(max_chunks, hv)](
         kn, gam, bet, cu_seqlens, tmat, batch,
         HV=hv, GROUP=group, DK=dk, BK=min(dk, 64), BLOCK_B=block_b, C=CHUNK, BC=SUB, DOT_PREC=prec,
+        INV_PREC=inv_prec,
     )
     block_v = min(BLOCK_V, dv)
     _state_kernel[(batch, hv, dv // block_v)](
