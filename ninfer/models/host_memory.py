@@ -110,8 +110,8 @@ class HostPool:
     pin: bool
     limit: int = 0
     allocated: int = 0  # blocks ever allocated (pinned): the allocations the pool could not spare
-    _free: list[HostBlock] = field(default_factory=list)
-    _in_use: int = 0
+    _free: list[HostBlock] = field(default_factory=list, init=False, repr=False)
+    _in_use: int = field(default=0, init=False)
 
     @property
     def used_bytes(self) -> int:

@@ -57,11 +57,6 @@ class EngineConfig:
     warmup: bool = True  # on CUDA, compile and autotune for every prefill chunk length class at start-up
 
     @property
-    def host_bytes(self) -> int:
-        """Host memory the host copies may hold: the prefix cache's budget and the pauser's together."""
-        return (self.host_cache_bytes if self.prefix_cache else 0) + self.pause_host_bytes
-
-    @property
     def num_state_slots(self) -> int:
         per_lane = 1 + (self.draft_tokens + 1 if self.draft_tokens else 0)  # + per-token verify states
         return self.max_concurrency * per_lane + (self.checkpoint_slots if self.prefix_cache else 0)
@@ -86,10 +81,11 @@ class Engine:
         self.device = model.device
         self.plan: MemoryPlan = plan_memory(model.config, config, self.device, model.dtype,
                                             dequant_workspace_bytes([model, mtp_head], model.dtype))
+        host_bytes = (config.host_cache_bytes if config.prefix_cache else 0) + config.pause_host_bytes  # both budgets
         self.cache = ModelCache(model.config, num_pages=self.plan.num_pages, page_size=config.page_size,
                                 num_slots=config.num_state_slots, device=self.device,
                                 dtype=model.dtype, kv_dtype=config.kv_dtype, with_mtp=bool(config.draft_tokens),
-                                host_limit=config.host_bytes, host_prepin=config.host_prepin_bytes)
+                                host_limit=host_bytes, host_prepin=config.host_prepin_bytes)
         self.pages, self.slots = PagePool(self.plan.num_pages), SlotPool(config.num_state_slots)
         self.prefix = PrefixCache(self.cache, self.pages, self.slots, config.page_size, config.checkpoint_interval,
                                   config.host_cache_bytes) if config.prefix_cache else None

@@ -14,7 +14,9 @@ back on a hit), else dropped. Slots are scarce (a few per engine) and pages plen
 checkpoints of one conversation share most of their pages, so eviction takes two steps: freeing a
 slot moves only the state to the host (~150 MB at 27B) and leaves the KV pages shared on the device;
 the KV follows only when admission runs short of pages (64 KiB per token at 27B: copying it with every
-slot eviction cost 2 GiB per 32k-token checkpoint, seconds per turn of a long chat).
+slot eviction cost 2 GiB per 32k-token checkpoint, seconds per turn of a long chat). Host copies live in
+blocks of the cache's host pool (:mod:`ninfer.models.host_memory`: pinning fresh memory per offload ran
+at 1 GB/s) and go back to it when a checkpoint is dropped (from the host budget, by eviction, or clear).
 """
 from __future__ import annotations
 

@@ -56,7 +56,9 @@ def _assert_balanced(llm: ninfer.LLM, reqs: list[Request]) -> None:
     assert engine.cache.host.used_bytes == (engine.prefix.host_bytes if engine.prefix is not None else 0)
     if engine.prefix is not None:
         engine.prefix.clear()
-    assert engine.cache.host.used_bytes == 0 and engine.cache.host.held_bytes <= engine.config.host_bytes
+    assert engine.cache.host.used_bytes == 0 and engine.cache.host.held_bytes <= engine.cache.host.limit
+    cfg = engine.config  # the pool holds at most the two host budgets together
+    assert engine.cache.host.limit == cfg.pause_host_bytes + (cfg.host_cache_bytes if cfg.prefix_cache else 0)
     if engine.pauser.stats.snapshots:
         assert engine.cache.host.free_bytes > 0  # the snapshots' blocks, kept for the next ones
     assert engine.pages.num_free == engine.pages.num_pages and engine.pages.reserved == 0

@@ -28,7 +28,7 @@ def _assert_balanced(llm: ninfer.LLM) -> None:
     if engine.prefix is not None:
         assert engine.cache.host.used_bytes == engine.prefix.host_bytes  # every dropped host copy gave its blocks back
         engine.prefix.clear()
-    assert engine.cache.host.used_bytes == 0 and engine.cache.host.held_bytes <= engine.config.host_bytes
+    assert engine.cache.host.used_bytes == 0 and engine.cache.host.held_bytes <= engine.cache.host.limit
     assert engine.pages.num_free == engine.pages.num_pages and engine.pages.reserved == 0
     assert engine.slots.num_free == engine.slots.num_slots
     assert not engine.requests
