@@ -13,6 +13,7 @@ Each save is timed to its completion (synchronized); ``--saves`` copies stay ali
 checkpoints of an agent loop do (no block is freed in between).
 
     python perf/bench_host_copies.py [--saves 52] [--pages 512]
+    python perf/bench_host_copies.py --shape tiny --device cpu --saves 4 --pages 8  # smoke test
 """
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ def _legacy_save(cache: ModelCache, slot: int) -> list[torch.Tensor]:
     """The old path: a new pinned tensor per state tensor per save."""
     out = []
     for state in cache._states():
-        host = torch.empty(state[slot].shape, dtype=state.dtype, pin_memory=True)
+        host = torch.empty(state[slot].shape, dtype=state.dtype, pin_memory=state.is_cuda)
         host.copy_(state[slot])
         out.append(host)
     return out
@@ -56,16 +57,18 @@ def main() -> None:
     parser.add_argument("--saves", type=int, default=52)
     parser.add_argument("--pages", type=int, default=512)
     parser.add_argument("--kv-dtype", default="auto")
+    parser.add_argument("--shape", default="27b")
+    parser.add_argument("--device", default="cuda")
     args = parser.parse_args()
-    config = parse_config(shape_config("27b"))
-    cache = ModelCache(config, num_pages=args.pages + 8, page_size=64, num_slots=2, device="cuda",
+    config, shape = parse_config(shape_config(args.shape)), args.shape
+    cache = ModelCache(config, num_pages=args.pages + 8, page_size=64, num_slots=2, device=args.device,
                        dtype=torch.bfloat16, kv_dtype=args.kv_dtype, host_limit=64 << 30)
     for t in (*cache._states(), *cache._page_tensors()):
         t.view(torch.uint8).random_()
     pool, slot_mib = cache.host, cache.slot_nbytes / 2 ** 20
     slot_bytes, state_host = cache.slot_nbytes, cache.host_nbytes(slot=True)
-    what = f"27b state slot {slot_mib:.0f} MiB in {len(cache._states())} tensors"
-    print(f"block {pool.block_bytes >> 20} MiB: a state copy takes {state_host >> 20} MiB of blocks, "
+    what = f"{shape} state slot {slot_mib:.0f} MiB in {len(cache._states())} tensors"
+    print(f"block {pool.block_bytes >> 10} KiB: a state copy takes {state_host >> 10} KiB of blocks, "
           f"{cache.pages_per_block} KV pages per block")
 
     times, kept = [], []
@@ -98,7 +101,7 @@ def main() -> None:
     cache.release(*kept)
 
     pages, kv_bytes = list(range(args.pages)), args.pages * cache.page_nbytes
-    kv_what = f"27b {args.pages} KV pages {kv_bytes / 2 ** 30:.2f} GiB {args.kv_dtype}"
+    kv_what = f"{shape} {args.pages} KV pages {kv_bytes / 2 ** 30:.2f} GiB {args.kv_dtype}"
     first, saved = _timed(lambda: cache.save_pages(pages))
     cache.release(saved)
     times = []
@@ -112,12 +115,12 @@ def main() -> None:
     _row("host_restore_kv", f"{kv_what} from pool blocks", times, kv_bytes)
     cache.release(saved)
 
-    fresh = ModelCache(config, num_pages=8, page_size=64, num_slots=1, device="cuda", dtype=torch.bfloat16,
+    fresh = ModelCache(config, num_pages=8, page_size=64, num_slots=1, device=args.device, dtype=torch.bfloat16,
                        host_limit=8 << 30)
-    s, _ = _timed(lambda: fresh.host.reserve(4 << 30))
-    _row("host_prepin", f"27b pool reserve {fresh.host.held_bytes / 2 ** 30:.1f} GiB", [s], fresh.host.held_bytes)
+    s, _ = _timed(lambda: fresh.host.reserve(4 << 30 if args.device == "cuda" else 64 << 20))
+    _row("host_prepin", f"{shape} pool reserve {fresh.host.held_bytes / 2 ** 30:.1f} GiB", [s], fresh.host.held_bytes)
     stats = getattr(torch.cuda, "host_memory_stats", None)
-    if stats is not None:
+    if stats is not None and args.device == "cuda":
         print({k: v for k, v in stats().items() if "bytes" in k and "current" in k.lower()})
 
 
