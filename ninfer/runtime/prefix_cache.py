@@ -43,6 +43,7 @@ class HostCopy:
         return self.state.nbytes + (self.kv.nbytes if self.kv is not None else 0)
 
     def release(self, cache: ModelCache) -> None:
+        """Give the blocks back to ``cache``'s host pool (the owner drops the copy; a second call is a no-op)."""
         cache.release(self.state, self.kv)
 
 
