@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The pending GPU work in priority order, cut into device calls of under ten minutes each:
-#   OUT=$OUT bash perf/gpu_runbook.sh 1     (then 2, 3, 4, 5) — carry [".whl", ".devcache"]
+#   OUT=$OUT bash perf/gpu_runbook.sh 1     (then 2, 3, 4, 5, 6) — carry [".whl", ".devcache"]
 # Results land in $OUT: runbook.log (every part's output), perf.jsonl (records: copy to perf/results/),
 # gpu_tests.log, sanitizer.log / model_gpu.log / parity.log (stages 1, 2), and cache.tgz.* — the compiled kernels and tuning choices of this call; copy those
 # into .devcache/ before the next call so it does not compile and tune from scratch (perf/device_cache.sh).
@@ -87,6 +87,13 @@ case ${1:-1} in
       part 110 python3 perf/profile_step.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4
       part 120 python3 perf/bench_sampling.py
       NINFER_TUNE_CACHE=off part 120 python3 perf/bench_moe.py --no-bf16 --formats int4-g64,nvfp4 --path auto,dot,gemv
+      ;;
+  6)  # the pinned host pool: its GPU tests (async copies under immediate reuse, engine pause / offload on CUDA),
+      # state and KV saves into fresh pinned tensors vs new vs reused pool blocks at 27B, then the prefix bench
+      # (prefix_offload row; agent loop: host_blocks_pinned should be 0 with the budget pre-pinned)
+      gpu_tests 120 host_memory_gpu
+      part 120 python3 perf/bench_host_copies.py
+      part 300 python3 perf/bench_prefix_cache.py --context 65536 --turns 20 --growth 5000
       ;;
 esac
 tail -60 "$LOG"

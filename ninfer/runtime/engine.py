@@ -53,6 +53,7 @@ class EngineConfig:
     draft_tokens: int = 0  # speculative decoding with the MTP head: K drafts per round (0: off)
     forced_accept: int | None = None  # benchmarks only: accept exactly this many drafts per round
     pause_host_bytes: int = 4 << 30  # host memory for snapshots of paused requests (beyond it: recompute)
+    host_prepin_bytes: int = 0  # host memory pinned at start-up for those copies (at most both budgets)
     warmup: bool = True  # on CUDA, compile and autotune for every prefill chunk length class at start-up
 
     @property
@@ -80,9 +81,11 @@ class Engine:
         self.device = model.device
         self.plan: MemoryPlan = plan_memory(model.config, config, self.device, model.dtype,
                                             dequant_workspace_bytes([model, mtp_head], model.dtype))
+        host_bytes = (config.host_cache_bytes if config.prefix_cache else 0) + config.pause_host_bytes  # both budgets
         self.cache = ModelCache(model.config, num_pages=self.plan.num_pages, page_size=config.page_size,
                                 num_slots=config.num_state_slots, device=self.device,
-                                dtype=model.dtype, kv_dtype=config.kv_dtype, with_mtp=bool(config.draft_tokens))
+                                dtype=model.dtype, kv_dtype=config.kv_dtype, with_mtp=bool(config.draft_tokens),
+                                host_limit=host_bytes, host_prepin=config.host_prepin_bytes)
         self.pages, self.slots = PagePool(self.plan.num_pages), SlotPool(config.num_state_slots)
         self.prefix = PrefixCache(self.cache, self.pages, self.slots, config.page_size, config.checkpoint_interval,
                                   config.host_cache_bytes) if config.prefix_cache else None
@@ -415,6 +418,7 @@ class Engine:
             self.prefix.insert(req.tokens(0, req.num_computed), req.slot, req.pages, req.media_keys)
         if req.spec_stats is not None:
             self.spec_totals.add(req.spec_stats)
+        self.pauser.discard(req)  # a request cancelled while paused gives its snapshot's host memory back
         self.scheduler.finish(req)
         self.sampler.finish(req)
         req.finish_reason, req.finish_time = reason, time.perf_counter()

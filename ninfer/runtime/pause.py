@@ -11,8 +11,10 @@ the pool and the context), so pausing never deadlocks: at worst a request ends w
 A paused request goes back to the head of the wait queue, keeping its sampler lane (seed and counter:
 the random stream continues where it stopped) and either
 
-* a snapshot: its DeltaNet state slot and the KV pages of its computed tokens, copied to (pinned) host
-  memory; it resumes by copying them into freshly taken pages and a slot (asynchronous on a GPU), or
+* a snapshot: its DeltaNet state slot and the KV pages of its computed tokens, copied to host memory
+  (blocks of the cache's pinned host pool, given back on resume or cancel: see
+  :mod:`ninfer.models.host_memory`); it resumes by copying them into freshly taken pages and a slot
+  (asynchronous on a GPU), or
 * nothing, when the snapshot would exceed the host budget (``EngineConfig.pause_host_bytes``): it
   resumes by prefilling its prompt and committed output tokens again ("recompute"), starting from the
   longest prefix-cache checkpoint of those tokens. The recomputed state is the same function of the same
@@ -121,11 +123,18 @@ class Pauser:
             self.block_tables[req.lane, :len(req.pages)] = torch.tensor(req.pages, dtype=torch.int32)
             self.cache.restore_slot(req.slot, state.host.state)
             self.cache.restore_pages(req.pages, state.host.kv)
+            state.host.release(self.cache)  # the restores hold the blocks until they complete (host_memory)
             if state.spec is not None:  # the next round's catch-up needs the last verification's states
                 self.spec.restore_lane(req.lane, state.spec, req.rope_delta)
         req.cached_tokens = state.cached_tokens
         self.sampler.start(req, resume=state.lane)
         self.stats.resumes += 1
+
+    def discard(self, req: Request) -> None:
+        """Drop a paused request's snapshot (it finishes while waiting: cancelled), giving its host memory back."""
+        if req.paused is not None and req.paused.host is not None:
+            req.paused.host.release(self.cache)
+        req.paused = None
 
     def _grow(self, req: Request, upto_tokens: int) -> bool:
         short = self.scheduler.pages_for(upto_tokens) - len(req.pages) - req.reserved_pages
@@ -137,7 +146,7 @@ class Pauser:
         return True
 
     def _snapshot_bytes(self, req: Request) -> int:
-        return self.cache.slot_nbytes + self.scheduler.pages_for(req.num_computed) * self.cache.page_nbytes
+        return self.cache.host_nbytes(slot=True, pages=self.scheduler.pages_for(req.num_computed))
 
     @staticmethod
     def _must_snapshot(req: Request) -> bool:

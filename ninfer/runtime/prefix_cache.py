@@ -14,30 +14,37 @@ back on a hit), else dropped. Slots are scarce (a few per engine) and pages plen
 checkpoints of one conversation share most of their pages, so eviction takes two steps: freeing a
 slot moves only the state to the host (~150 MB at 27B) and leaves the KV pages shared on the device;
 the KV follows only when admission runs short of pages (64 KiB per token at 27B: copying it with every
-slot eviction cost 2 GiB per 32k-token checkpoint, seconds per turn of a long chat).
+slot eviction cost 2 GiB per 32k-token checkpoint, seconds per turn of a long chat). Host copies live in
+blocks of the cache's host pool (:mod:`ninfer.models.host_memory`: pinning fresh memory per offload ran
+at 1 GB/s) and go back to it when a checkpoint is dropped (from the host budget, by eviction, or clear).
 """
 from __future__ import annotations
 
 import itertools
-
-import torch
 from dataclasses import dataclass, field
 
 from ninfer.models.cache import ModelCache
+from ninfer.models.host_memory import HostTensors
 from ninfer.runtime.pools import PagePool, SlotPool
 
 
 @dataclass
 class HostCopy:
     """What a checkpoint (or a paused request) keeps in host memory: its state slot and, unless its KV
-    pages are still on the device, their contents."""
+    pages are still on the device, their contents; in blocks of the cache's host pool, which the owner
+    gives back (:meth:`release`) when it drops the copy."""
 
-    state: list[torch.Tensor]  # conv then recurrent state, one tensor per DeltaNet layer
-    kv: list[torch.Tensor] | None  # per attention layer: k, v (and scales) of the pages; None: on the device
+    state: HostTensors  # ModelCache.save_slot: conv then recurrent state, one tensor per DeltaNet layer
+    kv: HostTensors | None  # ModelCache.save_pages: k, v (and scales) of the pages; None: on the device
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (*self.state, *(self.kv or ())))
+        """Host memory held (whole pool blocks)."""
+        return self.state.nbytes + (self.kv.nbytes if self.kv is not None else 0)
+
+    def release(self, cache: ModelCache) -> None:
+        """Give the blocks back to ``cache``'s host pool (the owner drops the copy; a second call is a no-op)."""
+        cache.release(self.state, self.kv)
 
 
 def cache_key(tokens: list[int] | tuple[int, ...], media_keys: tuple[tuple[int, str], ...] = ()) -> tuple:
@@ -175,7 +182,7 @@ class PrefixCache:
         self.cache.restore_slot(slot, ckpt.host.state)
         if ckpt.host.kv is not None:
             assert pages is not None, "a checkpoint with its KV on the host needs the sequence's pages"
-            self.cache.restore_pages(pages[: len(ckpt.host.kv[0]) if ckpt.host.kv else 0], ckpt.host.kv)
+            self.cache.restore_pages(pages[: ckpt.host.kv.rows], ckpt.host.kv)
         self.stats.restored += 1
 
     def clear(self) -> None:
@@ -197,9 +204,8 @@ class PrefixCache:
     def _offload(self, ckpt: Checkpoint, kv: bool) -> bool:
         """Move the checkpoint's state (if on the device) and, with ``kv``, its KV pages to host memory,
         dropping older host copies to fit; False (nothing moved) when the budget cannot hold them."""
-        state_bytes = self.cache.slot_nbytes if ckpt.slot is not None else 0
         kv_pages = ckpt.pages if kv else []
-        if not self._host_room(state_bytes + len(kv_pages) * self.cache.page_nbytes, keep=ckpt):
+        if not self._host_room(self.cache.host_nbytes(slot=ckpt.slot is not None, pages=len(kv_pages)), keep=ckpt):
             return False
         if ckpt.slot is not None:
             state = self.cache.save_slot(ckpt.slot)
@@ -238,6 +244,9 @@ class PrefixCache:
         self.pages.release(ckpt.pages)
         if ckpt.slot is not None:
             self.slots.release(ckpt.slot)
+        if ckpt.host is not None:  # the pinned blocks serve the next offload
+            ckpt.host.release(self.cache)
+            ckpt.host = None
         self.stats.evicted += 1
 
 

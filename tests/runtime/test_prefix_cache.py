@@ -26,7 +26,9 @@ def _greedy(llm: ninfer.LLM, prompts: list[list[int]], n: int = 8):
 def _assert_balanced(llm: ninfer.LLM) -> None:
     engine = llm.engine
     if engine.prefix is not None:
+        assert engine.cache.host.used_bytes == engine.prefix.host_bytes  # every dropped host copy gave its blocks back
         engine.prefix.clear()
+    assert engine.cache.host.used_bytes == 0 and engine.cache.host.held_bytes <= engine.cache.host.limit
     assert engine.pages.num_free == engine.pages.num_pages and engine.pages.reserved == 0
     assert engine.slots.num_free == engine.slots.num_slots
     assert not engine.requests
@@ -166,3 +168,27 @@ def test_page_pressure_moves_kv_to_host_and_restores_it(dense_ckpt: TinyCheckpoi
     assert outs[-1].cached_tokens == 59 and prefix.stats.restored == 1  # the first prompt's KV came back from the host
     _assert_balanced(llm)
     assert prefix.host_bytes == 0
+
+
+def test_host_copies_reuse_the_pool_and_give_it_back_when_dropped(dense_ckpt: TinyCheckpoint, plain) -> None:
+    # A host budget of three state copies: offloads beyond it drop the oldest host copies, whose pinned
+    # blocks serve the next offload; a second identical pass pins nothing new.
+    probe = _load(dense_ckpt, prefix_cache=True)
+    budget = 3 * probe.engine.cache.host_nbytes(slot=True)
+    llm = _load(dense_ckpt, prefix_cache=True, checkpoint_interval=1000, checkpoint_slots=1,
+                host_cache_gib=budget / (1 << 30), pause_host_gib=0.0)
+    engine, prefix = llm.engine, llm.engine.prefix
+    assert engine.cache.host.limit == budget
+    prompts = [_tokens(30, s) for s in range(70, 77)]
+    outs = [_greedy(llm, [p], 3)[0] for p in prompts]
+    assert [o.output_ids for o in outs] == _expected(plain, prompts, 3)
+    assert prefix.stats.offloaded > 3 and prefix.stats.evicted > 0  # host copies were dropped to fit
+    assert engine.cache.host.used_bytes == prefix.host_bytes <= budget
+    allocated = engine.cache.host.allocated
+    assert allocated * engine.cache.host.block_bytes <= budget  # dropped copies' blocks were reused
+    prefix.clear()
+    assert engine.cache.host.used_bytes == 0 and engine.cache.host.free_bytes == budget
+    again = [_greedy(llm, [p], 3)[0] for p in prompts]
+    assert [o.output_ids for o in again] == [o.output_ids for o in outs]
+    assert engine.cache.host.allocated == allocated  # every offload of the second pass reused a block
+    _assert_balanced(llm)
