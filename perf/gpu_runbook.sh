@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The pending GPU work in priority order, cut into device calls of under ten minutes each:
-#   OUT=$OUT bash perf/gpu_runbook.sh 1     (then 2, 3, 4, 5, 6) — carry [".whl", ".devcache"]
+#   OUT=$OUT bash perf/gpu_runbook.sh 1     (then 2, 3, 4, 5) — carry [".whl", ".devcache"]
 # Results land in $OUT: runbook.log (every part's output), perf.jsonl (records: copy to perf/results/),
-# gpu_tests.log, sanitizer.log / model_gpu.log / parity.log (stages 1, 2), and cache.tgz.* — the compiled kernels and tuning choices of this call; copy those
+# gpu_tests.log, model_gpu.log (stage 1), and cache.tgz.* — the compiled kernels and tuning choices of this call; copy those
 # into .devcache/ before the next call so it does not compile and tune from scratch (perf/device_cache.sh).
 # Each part has its own timeout and the whole call a deadline ($BUDGET seconds, default 560), so a slow
 # part cannot take the rest of the call, and the cache is saved after every part.
@@ -41,40 +41,26 @@ gpu_tests() {
 }
 
 case ${1:-1} in
-  1)  # issues 3, 4, 6, 8: the GPU test files not yet green on the H200 (one config per kernel: compile time),
-      # and speculation under compute-sanitizer beside them (neither is a timing; the sanitizer is CPU-bound)
+  1)  # correctness first (no timings, compile-bound, so side by side): the split-KV prefill attention and
+      # the pinned host pool's GPU tests, and the whole-model parity (its fp32 prefill takes the split path)
       export NINFER_AUTOTUNE=off
-      ( timeout $((DEADLINE - SECONDS - 30)) compute-sanitizer --tool memcheck --error-exitcode 1 \
-          python3 perf/sanitize_spec.py --tokens 160 > "$OUT/sanitizer.log" 2>&1
-        echo "--- rc=$? compute-sanitizer perf/sanitize_spec.py" >> "$OUT/sanitizer.log" ) &
-      gpu_tests 100 model_gpu
-      gpu_tests 60 deltanet -k chunked
-      gpu_tests 130 moe_quant -n 6
-      gpu_tests 80 moe -n 4
-      gpu_tests 170 quant_gemm -n 6 -k "'every_candidate or gemv_configs or dequant or decode_tuning'"
+      ( timeout 300 python3 -m pytest -m gpu -v -p no:cacheprovider --durations=5 tests/gpu/test_model_gpu.py -n 3 \
+          > "$OUT/model_gpu.log" 2>&1; echo "--- rc=$? test_model_gpu.py" >> "$OUT/model_gpu.log" ) &
+      gpu_tests 200 attention -n 4
+      gpu_tests 120 host_memory_gpu
+      gpu_tests 90 deltanet
       wait
       ;;
-  2)  # issues 3, 4: the whole-model GPU parity (its three slow tests on three workers; the parity split by
-      # kernel family beside it) and the tuner test; then 7, 10: server overhead at 1..16 (27B int4) and the
-      # prefix cache at the issue's scale (64k conversation, 20 agent turns growing to 100k)
-      # (background jobs write their own logs: only `part` saves the cache, one at a time)
-      ( export NINFER_AUTOTUNE=off
-        timeout 170 python3 perf/parity_by_kernel.py > "$OUT/parity.log" 2>&1 &
-        timeout 170 python3 -m pytest -m gpu -v -p no:cacheprovider --durations=5 tests/gpu/test_model_gpu.py -n 3 \
-          > "$OUT/model_gpu.log" 2>&1
-        echo "--- rc=$? test_model_gpu.py" >> "$OUT/model_gpu.log"; wait ) &
-      NINFER_AUTOTUNE=off gpu_tests 150 quant_gemm -k decode_tuning
-      wait
-      part 160 python3 perf/bench_server.py --random 27b --recipe int4 --levels 1 2 4 8 16 --max-tokens 64
-      part 220 python3 perf/bench_prefix_cache.py --context 65536 --turns 20 --growth 5000
-      ;;
-  3)  # issue 3: the whole-model parity after the oracle fix; 7: server overhead at 1..16 (27B int4, tuned keys
-      # carried); 3: the DeltaNet kernels after the exact fp32 products in the chunk kernel's inverse;
-      # 6, 8: the 35B-A3B 4-bit engine and speculation with what time is left
-      NINFER_AUTOTUNE=off gpu_tests 100 model_gpu -n 3
+  2)  # issues 7, 10: the HTTP benchmark with the quantized-head fix and the replayed arrivals (27B int4), the
+      # pinned host pool's copies, the prefix cache with split-KV short chunks and pre-pinned host blocks
       part 170 python3 perf/bench_server.py --random 27b --recipe int4 --levels 1 2 4 8 16 --max-tokens 64
+      part 80 python3 perf/bench_host_copies.py
+      part 290 python3 perf/bench_prefix_cache.py --context 65536 --turns 20 --growth 5000
+      ;;
+  3)  # issue 3: attention (split-KV prefill rows), DeltaNet (inverse precision A/B); 6, 8: 35B-A3B engine
+      part 150 python3 perf/bench_attention.py
       part 110 python3 perf/bench_deltanet.py
-      part 300 python3 perf/bench_spec.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --lanes 1 8 --steps 12 --prefill 8192
+      part 280 python3 perf/bench_spec.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --lanes 1 8 --steps 12 --prefill 8192
       ;;
   4)  # issues 5, 6: the 4-bit engine at C = 1, 2, 4, 8, contexts 1k / 32k, long prefills; the transformers floors
       part 330 python3 perf/bench_engine.py --shape 27b --recipe int4 --contexts 1024 32768 --lanes 1 2 4 8 \
@@ -82,18 +68,12 @@ case ${1:-1} in
       part 140 python3 perf/bench_engine.py --hf-only --shape 27b
       part 200 python3 perf/bench_engine.py --hf-only --shape 35b-a3b
       ;;
-  5)  # what is left: the 27B step profile after the tuner change, the fused sampler, MoE expert paths
+  5)  # what is left: where the 27B and 35B-A3B steps go, the fused sampler, MoE expert paths, gemlite
       part 150 python3 perf/profile_step.py --shape 27b --recipe int4
       part 110 python3 perf/profile_step.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4
       part 120 python3 perf/bench_sampling.py
       NINFER_TUNE_CACHE=off part 120 python3 perf/bench_moe.py --no-bf16 --formats int4-g64,nvfp4 --path auto,dot,gemv
-      ;;
-  6)  # the pinned host pool: its GPU tests (async copies under immediate reuse, engine pause / offload on CUDA),
-      # state and KV saves into fresh pinned tensors vs new vs reused pool blocks at 27B, then the prefix bench
-      # (prefix_offload row; agent loop: host_blocks_pinned should be 0 with the budget pre-pinned)
-      gpu_tests 120 host_memory_gpu
-      part 120 python3 perf/bench_host_copies.py
-      part 300 python3 perf/bench_prefix_cache.py --context 65536 --turns 20 --growth 5000
+      part 150 python3 perf/bench_quant_gemm.py --path tuned --m 1,8,4096 --shapes gate_up,down --formats int4-g64,nvfp4,fp8
       ;;
 esac
 tail -60 "$LOG"
