@@ -5,6 +5,12 @@
 * decode: batch 1 and 8 at contexts 8k / 32k / 128k, KV bf16 / fp8 / int8; bandwidth on the KV
   bytes read (codes and scales) vs the copy bandwidth; CUDA-graph replay, rotating caches so L2
   cannot hold them; baseline torch SDPA (default backend) over contiguous bf16 K/V, one query.
+* prefill chunk over long context: B=1, 100 new tokens after 8k / 32k / 128k cached tokens (a short
+  turn continuing a conversation restored from the prefix cache), KV bf16; the default launcher
+  (split-KV) against the unsplit kernel (``num_splits=1``) in the same run; bandwidth on the KV bytes
+  read vs the copy bandwidth, as for decode (the record also carries the FLOP rate: at 100 query rows
+  per KV head the ideal kernel is compute-bound, ~600 FLOP per KV byte); CUDA-graph replay, rotating
+  caches.
 * write_kv: 8k tokens appended, bytes read + written vs the copy bandwidth; baseline the PyTorch
   reference (index_put).
 
@@ -18,11 +24,13 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from perf.common import bench_graph_ms, bench_ms, copy_bandwidth_tbps, matmul_peak_tflops, record  # noqa: E402
 from ninfer.kernels.attention import PagedKV, paged_attention, write_kv, write_kv_reference  # noqa: E402
+from ninfer.kernels.attention_prefill import default_prefill_splits, paged_attention_prefill_triton  # noqa: E402
 
 HEADS, KV_HEADS, HEAD_DIM, PAGE = 24, 4, 256, 64
 SCALE = HEAD_DIM ** -0.5
@@ -99,6 +107,38 @@ def bench_prefill(peak: float) -> None:
         torch.cuda.empty_cache()
 
 
+def bench_prefill_chunk(bandwidth: float, peak: float, new: int = 100) -> None:
+    for past in (8192, 32768, 131072):
+        ctx_len = past + new
+        tokens = triton.cdiv(ctx_len, PAGE) * PAGE
+        q = torch.randn(new, HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
+        cu = torch.tensor([0, new], device="cuda", dtype=torch.int32)
+        ctx = torch.tensor([ctx_len], device="cuda", dtype=torch.int32)
+        nbytes = kv_bytes(random_cache(PAGE, "bf16"), ctx_len)
+        copies = max(1, min(8, int(4 * L2_BYTES // nbytes) + 1))
+        caches = [random_cache(tokens, "bf16") for _ in range(copies)]
+        tables = [torch.randperm(tokens // PAGE, device="cuda", dtype=torch.int32)[None] for _ in range(copies)]
+
+        def timed(num_splits: int | None) -> float:
+            turn = itertools.cycle(range(copies))
+
+            def step() -> torch.Tensor:
+                i = next(turn)
+                return paged_attention_prefill_triton(q, caches[i], tables[i], cu, ctx, SCALE, new,
+                                                      num_splits=num_splits)
+
+            return bench_graph_ms(step, inner=max(copies, 4 // copies * copies))
+
+        base_ms, ms = timed(1), timed(None)
+        flops = 4 * HEADS * HEAD_DIM * new * (past + (new + 1) / 2)  # QK and PV of the visible keys
+        record("attention_prefill_chunk", f"B=1 T={new} ctx={past} h=24/4 d=256", ms, achieved=nbytes / ms / 1e9,
+               limit=bandwidth, unit="TB/s", baseline="same kernel unsplit (num_splits=1)", baseline_ms=base_ms,
+               kv_dtype="bf16", kv_bytes=nbytes, num_splits=default_prefill_splits(q.device, HEADS, 1, new),
+               tflops=round(flops / ms / 1e9, 2), matmul_peak_tflops=round(peak, 1))
+        del caches, tables
+        torch.cuda.empty_cache()
+
+
 def bench_decode(bandwidth: float) -> None:
     for ctx_len, batch in itertools.product((8192, 32768, 131072), (1, 8)):
         tokens = ctx_len * batch
@@ -171,6 +211,7 @@ def main() -> None:
     bench_write(bandwidth)
     bench_decode(bandwidth)
     bench_prefill(peak)
+    bench_prefill_chunk(bandwidth, peak)
 
 
 if __name__ == "__main__":

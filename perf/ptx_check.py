@@ -1,6 +1,7 @@
 """Compile the quantized GEMM kernels for a GPU target without a GPU, and show how they load memory.
 
     python perf/ptx_check.py [--arch 90] [--formats int4-g64,nvfp4] [--kinds gemv,dot,dequant,moe-gemv]
+    python perf/ptx_check.py --kinds attention-prefill [--kv bf16,fp8,int8]
 
 For each kernel, format and candidate config: shared memory and the global loads of the PTX
 (``ld.global.v4.b32`` = 16-byte vectors; ``ld.global.b8`` = one byte each), and the async copies of
@@ -11,14 +12,18 @@ shows its global stores (``st.global.v4.b32`` = 16-byte vectors of the bf16 work
 GEMV (``--kinds moe-gemv``) compiles its candidates for the 35B-A3B experts (gate/up with SwiGLU:
 N = 512, K = 2048; down: N = 2048, K = 512; 8 and 64 routed pairs), ignoring ``--m/--n/--k``. Pointers
 and strides are declared 16-byte divisible, as Triton specialises them at run time for the model's
-shapes. Needs a Triton with the NVIDIA backend (compiling needs ptxas, not a driver).
+shapes. ``--kinds attention-prefill`` compiles the paged prefill attention kernel's configs at the
+27B geometry (24 : 4 heads, head dim 256, page 64, bf16 queries), unsplit and split-KV, for each
+``--kv`` format. Needs a Triton with the NVIDIA backend (compiling needs ptxas, not a driver).
 """
 from __future__ import annotations
 
 import argparse
 import os
 import re
+import subprocess
 import sys
+import tempfile
 from collections import Counter
 from pathlib import Path
 
@@ -29,7 +34,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from ninfer.kernels import moe_quant_gemv, quant_dequant, quant_gemm, quant_gemv  # noqa: E402
+from ninfer.kernels import attention_prefill, moe_quant_gemv, quant_dequant, quant_gemm, quant_gemv  # noqa: E402
 from ninfer.kernels.quant_gemm_tune import FMT_CODES, candidates, dequant_candidates, kernel_params  # noqa: E402
 
 TYPES = {"int4-g64": ("*u8", "*fp16"), "int4-g128": ("*u8", "*fp16"), "int8-g32": ("*i8", "*fp16"),
@@ -108,6 +113,55 @@ def moe_gemv(fmt: str, arch: int, sms: int) -> None:
                     print(f"{head}: FAILED {type(err).__name__}: {str(err).splitlines()[0][:200]}", flush=True)
 
 
+def compile_prefill_attention(kv: str, split: bool, cfg, arch: int):
+    """attention_prefill's kernel at the 27B geometry; ``kv`` in bf16 / fp8 / int8 (scales: 1 / 4 groups)."""
+    codes, ng = {"bf16": ("*bf16", 1), "fp8": ("*u8", 1), "int8": ("*i8", 4)}[kv]
+    scales = codes if kv == "bf16" else "*fp32"  # placeholders (K/V themselves) when unquantised
+    strides = ("stride_qn", "stride_qh", "stride_on", "stride_oh", "stride_gn", "stride_gh", "stride_kp",
+               "stride_ks", "stride_kh", "stride_sp", "stride_ss", "stride_sh", "stride_bt")
+    part = "*fp32" if split else "*bf16"  # without splits the workspaces are the output, never touched
+    sig = {"q_ptr": "*bf16", "k_ptr": codes, "v_ptr": codes, "ks_ptr": scales, "vs_ptr": scales, "bt_ptr": "*i32",
+           "o_ptr": "*bf16", "g_ptr": "*bf16", **dict.fromkeys(strides, "i32"), "cu_ptr": "*i32", "ctx_ptr": "*i32",
+           "qk_scale": "fp32", "tune_len": "i32", "part_o_ptr": part, "part_lse_ptr": part,
+           "num_splits": "i32" if split else "constexpr"}
+    consts = dict(GROUP=6, PAGE_SIZE=64, HEAD_DIM=256, QUANT={"bf16": 0, "fp8": 1, "int8": 2}[kv], NG=ng,
+                  HAS_GATE=not split, DOT_PREC="tf32", SPLIT=split, **cfg.kwargs)
+    if not split:
+        consts["num_splits"] = 1  # Triton specialises an integer argument equal to 1
+    sig.update(dict.fromkeys(consts, "constexpr"))
+    names = list(sig)
+    # Strides of the scales (1 or 4 fp32 per row) are not 16-divisible; pointers and the other strides are.
+    aligned = [n for n in names if n.endswith("_ptr") or n in strides[:9] + ("stride_bt",)]
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned}
+    return triton.compile(ASTSource(attention_prefill._prefill_kernel.fn, sig, consts, attrs),
+                          target=GPUTarget("cuda", arch, 32),
+                          options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
+
+
+def prefill_attention(kvs: str, arch: int) -> None:
+    for kv in kvs.split(","):
+        for split in (False, True):
+            for cfg in attention_prefill._CONFIGS:
+                head = (f"{kv:5s} attention-prefill split={split!s:5s} m={cfg.kwargs['BLOCK_M']:<3d} "
+                        f"n={cfg.kwargs['BLOCK_N']:<3d} w={cfg.num_warps} s={cfg.num_stages}")
+                try:
+                    kernel = compile_prefill_attention(kv, split, cfg, arch)
+                    print(f"{head} | {resources(kernel)} | {describe(kernel, stores=True)}", flush=True)
+                except Exception as err:  # noqa: BLE001
+                    print(f"{head}: FAILED {type(err).__name__}: {str(err).splitlines()[0][:200]}", flush=True)
+
+
+def resources(kernel) -> str:
+    """Registers and stack (spills show as stack) of the cubin, from Triton's bundled cuobjdump."""
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kernel.asm["cubin"])
+        f.flush()
+        usage = subprocess.run([str(tool), "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
+    found = re.search(r"REG:(\d+) STACK:(\d+)", usage)
+    return f"regs {found[1]:>3s} stack {found[2]:>4s} B" if found else "regs ?"
+
+
 def describe(kernel, stores: bool = False) -> str:
     ptx = kernel.asm["ptx"]
     loads = Counter(re.findall(r"ld\.global(?:\.\w+)*", ptx))
@@ -122,6 +176,10 @@ def describe(kernel, stores: bool = False) -> str:
 
 def main(args: argparse.Namespace) -> None:
     kinds = args.kinds.split(",")
+    if "attention-prefill" in kinds:
+        prefill_attention(args.kv, args.arch)
+        if kinds == ["attention-prefill"]:
+            return
     for fmt in args.formats.split(","):
         if "moe-gemv" in kinds:
             moe_gemv(fmt, args.arch, args.sms)
@@ -164,7 +222,8 @@ if __name__ == "__main__":
     parser.add_argument("--arch", type=int, default=90, help="compute capability, e.g. 90 (H100/H200), 120 (RTX 5090)")
     parser.add_argument("--formats", default="int4-g64,nvfp4,int8-g64,fp8")
     parser.add_argument("--kinds", default="gemv,gemv-prefetch,dot",
-                        help="comma list of gemv, gemv-prefetch, dot, dequant, moe-gemv")
+                        help="comma list of gemv, gemv-prefetch, dot, dequant, moe-gemv, attention-prefill")
+    parser.add_argument("--kv", default="bf16", help="KV formats for attention-prefill: bf16, fp8, int8")
     parser.add_argument("--m", type=int, default=1)
     parser.add_argument("--n", type=int, default=34816)
     parser.add_argument("--k", type=int, default=5120)

@@ -4,9 +4,17 @@ One program owns ``BLOCK_M`` new tokens of one sequence for one query head and s
 sequence's keys ``BLOCK_N`` at a time through the page table, with an online fp32 softmax. Keys
 before the block's first query are visible to every row and run without masks; only the tiles
 on the diagonal apply the causal mask. Earlier context (a later prefill chunk) is just more
-unmasked keys. Grid ``(q_heads, m_blocks, batch)``: the heads vary fastest, so the 6 query heads
-sharing a KV head (and their neighbours) run together and read its tiles from L2; m-blocks run
-longest-first to shorten the causal tail.
+unmasked keys. Grid ``(q_heads, m_blocks, batch * splits)``: the heads vary fastest, so the 6
+query heads sharing a KV head (and their neighbours) run together and read its tiles from L2;
+m-blocks run longest-first to shorten the causal tail.
+
+Split-KV: a short chunk over a long cached context (a 100-token turn continuing a 64k-token
+conversation from the prefix cache) makes only ``q_heads * m_blocks`` programs, 24-48 on the 27B
+model against 132 SMs, each walking every cached key alone. Such launches also split the keys, as
+the decode kernel does (``attention_decode``): the split count is fixed on the host from the
+launch's shape, each split's key range follows the sequence's context length on the device
+(``_split_range``), and the splits write partial outputs and log-sum-exps that the decode
+module's ``_merge_kernel`` combines (applying the gate). Launches that fill the GPU store directly.
 """
 from __future__ import annotations
 
@@ -17,10 +25,13 @@ import triton
 import triton.language as tl
 
 from ninfer.kernels.attention_common import LOG2E, kernel_args, kv_tile_rows, load_kv_tile, softmax_step, store_output
+from ninfer.kernels.attention_decode import MAX_SPLITS, _merge_kernel, _sm_count, _split_range
 from ninfer.kernels.dispatch import autotune_configs, fp32_first_config
 
 if TYPE_CHECKING:
     from ninfer.kernels.attention import PagedKV
+
+SPLIT_BLOCK_M = 64  # the host's guess at BLOCK_M when counting programs (the autotuner picks 16-128)
 
 
 def _config(block_m: int, block_n: int, warps: int, stages: int) -> triton.Config:
@@ -42,25 +53,38 @@ _CONFIGS = [
 ]
 
 
-@triton.autotune(configs=autotune_configs(_CONFIGS), key=["GROUP", "HEAD_DIM", "QUANT", "tune_len"],
+# SPLIT in the key: a split launch has fewer keys per program and more programs than an unsplit one of
+# the same length, so its best tile differs, and each must be benchmarked on its own.
+@triton.autotune(configs=autotune_configs(_CONFIGS), key=["GROUP", "HEAD_DIM", "QUANT", "tune_len", "SPLIT"],
                  prune_configs_by=fp32_first_config("q_ptr"))
 @triton.jit
 def _prefill_kernel(
     q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, o_ptr, g_ptr,
     stride_qn, stride_qh, stride_on, stride_oh, stride_gn, stride_gh,
     stride_kp, stride_ks, stride_kh, stride_sp, stride_ss, stride_sh, stride_bt,
-    cu_ptr, ctx_ptr, qk_scale, tune_len,
+    cu_ptr, ctx_ptr, qk_scale, tune_len, part_o_ptr, part_lse_ptr, num_splits,
     GROUP: tl.constexpr, PAGE_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, QUANT: tl.constexpr, NG: tl.constexpr,
-    HAS_GATE: tl.constexpr, DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_GATE: tl.constexpr, DOT_PREC: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):
     head = tl.program_id(0)
-    b = tl.program_id(2)
     m0 = (tl.num_programs(1) - 1 - tl.program_id(1)) * BLOCK_M
+    if SPLIT:
+        b = tl.program_id(2) // num_splits
+        split = tl.program_id(2) % num_splits
+    else:
+        b = tl.program_id(2)
     start = tl.load(cu_ptr + b)
     seqlen = tl.load(cu_ptr + b + 1) - start
-    if m0 >= seqlen:
+    ctx = tl.load(ctx_ptr + b)
+    if SPLIT:
+        lo, hi, _ = _split_range(ctx, split, num_splits)
+    else:
+        lo, hi = 0, ctx
+    # Splits past the context's last key are not read by the merge either.
+    if (m0 >= seqlen) | (lo >= hi):
         return
-    past = tl.load(ctx_ptr + b) - seqlen  # context tokens before this call's first new token
+    past = ctx - seqlen  # context tokens before this call's first new token
 
     offs_m = m0 + tl.arange(0, BLOCK_M)
     row_ok = offs_m < seqlen
@@ -76,8 +100,10 @@ def _prefill_kernel(
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     all_rows = tl.full([BLOCK_M, BLOCK_N], 1, tl.int1)
-    full_end = (past + m0) // BLOCK_N * BLOCK_N  # keys below it are visible to every row of the block
-    for n0 in range(0, full_end, BLOCK_N):
+    # Keys below past + m0 are visible to every row of the block: whole tiles of them (from lo, aligned
+    # to BLOCK_N) need no mask. Unsplit, lo = 0 and hi = ctx > past + m0: the tiles of the plain kernel.
+    full_end = lo + (tl.minimum(tl.maximum(past + m0, lo), hi) - lo) // BLOCK_N * BLOCK_N
+    for n0 in range(lo, full_end, BLOCK_N):
         offs_n = n0 + offs_j
         rows, page = kv_tile_rows(bt_row, offs_n, offs_n < full_end, kvh, stride_kp, stride_ks, stride_kh, PAGE_SIZE)
         k = load_kv_tile(k_ptr, ks_ptr, rows, page, offs_n, offs_d, offs_n < full_end, kvh, stride_sp, stride_ss,
@@ -86,7 +112,9 @@ def _prefill_kernel(
                          stride_sh, dtype, PAGE_SIZE, QUANT, NG, False)
         m_i, l_i, acc = softmax_step(q, k, v, m_i, l_i, acc, all_rows, qk_scale, DOT_PREC)
 
-    kv_end = past + tl.minimum(m0 + BLOCK_M, seqlen)  # one past the last key any row of the block sees
+    # One past the last key any row of the block sees, within this split; a split wholly after the
+    # block's queries leaves the range empty.
+    kv_end = tl.minimum(past + tl.minimum(m0 + BLOCK_M, seqlen), hi)
     q_pos = past + offs_m
     for n0 in range(full_end, kv_end, BLOCK_N):
         offs_n = n0 + offs_j
@@ -99,9 +127,29 @@ def _prefill_kernel(
         visible = valid_n[None, :] & (offs_n[None, :] <= q_pos[:, None])
         m_i, l_i, acc = softmax_step(q, k, v, m_i, l_i, acc, visible, qk_scale, DOT_PREC)
 
-    heads = tl.full([BLOCK_M], 0, tl.int32) + head
-    store_output(o_ptr, g_ptr, acc / l_i[:, None], tok, heads, offs_d, row_ok, stride_on, stride_oh,
-                 stride_gn, stride_gh, HAS_GATE)
+    if SPLIT:
+        # A split holding only keys after a row's query gives that row weight 0 and output 0 (the merge
+        # reads every split up to the context's last key, whatever each row saw).
+        seen = l_i > 0
+        lse = tl.where(seen, m_i + tl.log2(tl.where(seen, l_i, 1.0)), float("-inf"))
+        o = tl.where(seen[:, None], acc / tl.where(seen, l_i, 1.0)[:, None], 0.0)
+        part = (tok * tl.num_programs(0) + head) * num_splits + split
+        tl.store(part_lse_ptr + part, lse, mask=row_ok)
+        tl.store(part_o_ptr + part[:, None] * HEAD_DIM + offs_d[None, :], o, mask=row_ok[:, None])
+    else:
+        heads = tl.full([BLOCK_M], 0, tl.int32) + head
+        store_output(o_ptr, g_ptr, acc / l_i[:, None], tok, heads, offs_d, row_ok, stride_on, stride_oh,
+                     stride_gn, stride_gh, HAS_GATE)
+
+
+def default_prefill_splits(device: torch.device, heads: int, batch: int, max_seqlen: int) -> int:
+    """1 when the launch's programs alone fill the GPU; else about two programs per SM.
+
+    Host-side: the context lengths stay on the device, so a short chunk over a short context splits
+    too; its splits past the context are empty and cost one merge launch."""
+    sms = _sm_count(device)
+    programs = heads * triton.cdiv(max_seqlen, SPLIT_BLOCK_M) * batch
+    return 1 if programs >= sms else min(MAX_SPLITS, triton.cdiv(2 * sms, programs))
 
 
 def paged_attention_prefill_triton(
@@ -115,17 +163,35 @@ def paged_attention_prefill_triton(
     *,
     gate: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
+    num_splits: int | None = None,
 ) -> torch.Tensor:
-    """Causal paged attention for any batch; ``max_seqlen`` (host int) bounds the new tokens per sequence."""
+    """Causal paged attention for any batch; ``max_seqlen`` (host int) bounds the new tokens per sequence.
+    ``num_splits`` overrides :func:`default_prefill_splits` (the key ranges each sequence is cut into)."""
     out, args, consts = kernel_args(q, kv, block_tables, gate, out)
-    heads, batch = q.shape[1], context_lens.shape[0]
-    if q.shape[0] == 0:
+    n, heads, head_dim = q.shape
+    batch = context_lens.shape[0]
+    if n == 0:
         return out
+    splits = num_splits or default_prefill_splits(q.device, heads, batch, max_seqlen)
+    assert splits == 1 or max_seqlen < 65536, "the merge grid has one program per token in its second axis"
+    if splits > 1:
+        part_o = torch.empty((n, heads, splits, head_dim), dtype=torch.float32, device=q.device)
+        part_lse = torch.empty((n, heads, splits), dtype=torch.float32, device=q.device)
+        consts["HAS_GATE"] = False  # the merge applies it; one kernel binary for gated and plain layers
+    else:
+        part_o = part_lse = out  # never read or written without splits
 
     def grid(meta: dict) -> tuple[int, int, int]:
-        return heads, triton.cdiv(max_seqlen, meta["BLOCK_M"]), batch
+        return heads, triton.cdiv(max_seqlen, meta["BLOCK_M"]), batch * splits
 
     # Short chunks and long prompts favour different tiles: tune once per length bucket.
     tune_len = min(max(triton.next_power_of_2(max_seqlen), 128), 2048)
-    _prefill_kernel[grid](*args, cu_seqlens, context_lens, scale * LOG2E, tune_len, **consts)
+    _prefill_kernel[grid](*args, cu_seqlens, context_lens, scale * LOG2E, tune_len, part_o, part_lse, splits,
+                          SPLIT=splits > 1, **consts)
+    if splits > 1:
+        g = out if gate is None else gate
+        _merge_kernel[(heads, max_seqlen, batch)](
+            part_o, part_lse, out, g, cu_seqlens, context_lens, out.stride(0), out.stride(1), g.stride(0),
+            g.stride(1), splits, HEADS=heads, HEAD_DIM=head_dim, SPLITS_POW2=triton.next_power_of_2(splits),
+            HAS_GATE=gate is not None, num_warps=8)
     return out

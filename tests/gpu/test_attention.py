@@ -1,6 +1,7 @@
 """Paged-attention kernels on the GPU at the 27B shapes (24 q heads : 4 KV heads, head dim 256,
-page 64) against the fp32 reference: every KV format, ragged prefill with earlier context, split
-decode, speculative decode, the fused gate, and replay inside a CUDA graph."""
+page 64) against the fp32 reference: every KV format, ragged prefill with earlier context, split-KV
+prefill of a short chunk over a 64k context, split decode, speculative decode, the fused gate, and
+replay inside a CUDA graph."""
 from __future__ import annotations
 
 import pytest
@@ -16,6 +17,7 @@ from ninfer.kernels.attention import (
     write_kv_reference,
 )
 from ninfer.kernels.attention_decode import paged_attention_decode_triton
+from ninfer.kernels.attention_prefill import paged_attention_prefill_triton
 from ninfer.kernels.attention_write import write_kv_triton
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -84,6 +86,28 @@ def test_prefill_ragged_with_context(kv_dtype: str) -> None:
     q = torch.randn(sum(new_lens), HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
     out = paged_attention(q, kv, table, cu, ctx, SCALE, max(new_lens))
     _check(out, paged_attention_reference(q.float(), kv, table, cu, ctx, SCALE), 1e-2)
+
+
+@pytest.mark.parametrize("ragged", [False, True])
+@pytest.mark.parametrize("num_splits", [None, 1, 5, 64])
+def test_prefill_chunk_over_long_context(ragged: bool, num_splits: int | None) -> None:
+    """A 100-token turn over 65,536 cached tokens (split-KV's case: 24-48 programs unsplit), alone and
+    in a ragged batch (64-token chunk over 64k, a 1-token prompt, a chunk over 3k, a chunk longer than
+    its past); default splits (> 1 on any GPU of more than 96 SMs), unsplit, forced; gated and plain."""
+    torch.manual_seed(7)
+    if ragged:
+        ctx_lens, new_lens = [65536 + 64, 1, 3001, 100], [64, 1, 50, 64]
+    else:
+        ctx_lens, new_lens = [65536 + 100], [100]
+    kv, table, cu, ctx = _batch(ctx_lens, new_lens, "bf16")
+    n = sum(new_lens)
+    qg = torch.randn(n, HEADS, 2 * HEAD_DIM, device="cuda", dtype=torch.bfloat16)
+    q, gate = qg[..., :HEAD_DIM].contiguous(), qg[..., HEAD_DIM:]
+    plain, gated = (paged_attention_prefill_triton(q, kv, table, cu, ctx, SCALE, max(new_lens), gate=g,
+                                                   num_splits=num_splits) for g in (None, gate))
+    ref = paged_attention_reference(q.float(), kv, table, cu, ctx, SCALE)
+    _check(plain, ref, 1e-2)
+    _check(gated, ref * torch.sigmoid(gate.float()), 1e-2)
 
 
 @pytest.mark.parametrize("kv_dtype", KV_DTYPES)

@@ -1,8 +1,8 @@
 """Paged-attention kernels in the Triton interpreter against the PyTorch reference.
 
 Every KV format, ragged batches with lengths off the page size, length-1 sequences, prefill chunks
-that attend to earlier pages, scattered page tables, split-KV decode and speculative (T > 1)
-decode. Unwritten cache slots, unused page-table entries and outputs are poisoned, so a kernel
+that attend to earlier pages, scattered page tables, split-KV decode, speculative (T > 1)
+decode and split-KV prefill (short chunks over long contexts). Unwritten cache slots, unused page-table entries and outputs are poisoned, so a kernel
 that reads past a sequence or skips a row fails.
 """
 from __future__ import annotations
@@ -22,8 +22,9 @@ from ninfer.kernels.attention import (
     quantize_kv_reference,
     write_kv_reference,
 )
-from ninfer.kernels.attention_decode import paged_attention_decode_triton
-from ninfer.kernels.attention_prefill import paged_attention_prefill_triton
+from ninfer.kernels import attention_prefill
+from ninfer.kernels.attention_decode import SPLIT_ALIGN, paged_attention_decode_triton
+from ninfer.kernels.attention_prefill import default_prefill_splits, paged_attention_prefill_triton
 from ninfer.kernels.attention_write import write_kv_triton
 
 BAD_PAGE = 10 ** 6  # unused page-table entries: reading one would fault
@@ -123,6 +124,46 @@ def test_prefill_matches_reference(kv_dtype: str, page_size: int, heads: int, kv
     out = paged_attention_prefill_triton(q, kv, table, cu, ctx, head_dim ** -0.5, max(new_lens), out=_poisoned_out(q))
     ref = paged_attention_reference(q, kv, table, cu, ctx, head_dim ** -0.5)
     assert _rel_err(out, ref) < 1e-5
+
+
+@pytest.mark.parametrize("kv_dtype", KV_DTYPES)
+@pytest.mark.parametrize("num_splits", [2, 3, 5])
+@pytest.mark.parametrize("gated", [False, True])
+def test_split_prefill_matches_reference(kv_dtype: str, num_splits: int, gated: bool) -> None:
+    """Split-KV prefill: rows whose query precedes a whole split (and blocks wholly before one) get
+    weight 0 there; contexts split into 1 to 5 ranges; the merge applies the gate."""
+    torch.manual_seed(8)
+    heads, kv_heads, head_dim, page_size = 2, 1, 32, 16  # few programs: the interpreter is slow
+    # A length-1 prompt, a chunk longer than its past, short chunks over longer pasts (300 keys: five
+    # 64-key splits of five), a 1-token chunk; no context a multiple of the page size or SPLIT_ALIGN.
+    ctx_lens, new_lens = [1, 70, 300, 91, 200], [1, 40, 20, 1, 24]
+    assert all(c % page_size and c % SPLIT_ALIGN.value for c in ctx_lens[1:])
+    kv, table, cu, ctx = _batch(ctx_lens, new_lens, page_size, kv_heads, head_dim, kv_dtype)
+    n = sum(new_lens)
+    q = torch.randn(n, heads, head_dim)
+    gate = torch.randn(n, heads, 2 * head_dim)[..., head_dim:] if gated else None
+    out = paged_attention_prefill_triton(q, kv, table, cu, ctx, head_dim ** -0.5, max(new_lens), gate=gate,
+                                         num_splits=num_splits, out=_poisoned_out(q))
+    ref = paged_attention_reference(q, kv, table, cu, ctx, head_dim ** -0.5)
+    assert _rel_err(out, ref if gate is None else ref * torch.sigmoid(gate)) < 1e-5
+
+
+def test_default_prefill_splits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """27B heads on a 132-SM GPU: a 100-token chunk (48 programs) splits, a 4096-token one does not; the
+    default choice runs split in the interpreter when the SM count says so."""
+    monkeypatch.setattr(attention_prefill, "_sm_count", lambda device: 132)
+    cpu = torch.device("cpu")
+    assert default_prefill_splits(cpu, 24, 1, 100) > 1
+    assert default_prefill_splits(cpu, 24, 1, 4096) == 1
+    assert default_prefill_splits(cpu, 24, 8, 1024) == 1
+    torch.manual_seed(9)
+    heads, kv_heads, head_dim = 4, 2, 32
+    ctx_lens, new_lens = [1000, 7], [20, 7]
+    assert default_prefill_splits(cpu, heads, 2, 20) > 1
+    kv, table, cu, ctx = _batch(ctx_lens, new_lens, 32, kv_heads, head_dim, "auto")
+    q = torch.randn(sum(new_lens), heads, head_dim)
+    out = paged_attention_prefill_triton(q, kv, table, cu, ctx, 0.3, 20, out=_poisoned_out(q))
+    assert _rel_err(out, paged_attention_reference(q, kv, table, cu, ctx, 0.3)) < 1e-5
 
 
 @pytest.mark.parametrize("kv_dtype", KV_DTYPES)
