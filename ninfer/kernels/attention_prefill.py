@@ -18,20 +18,35 @@ module's ``_merge_kernel`` combines (applying the gate). Launches that fill the 
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 import torch
 import triton
 import triton.language as tl
 
-from ninfer.kernels.attention_common import LOG2E, kernel_args, kv_tile_rows, load_kv_tile, softmax_step, store_output
-from ninfer.kernels.attention_decode import MAX_SPLITS, _merge_kernel, _sm_count, _split_range
+from ninfer.kernels.attention_common import (
+    LOG2E,
+    kernel_args,
+    kv_tile_rows,
+    load_kv_tile,
+    softmax_step,
+    store_output,
+)
+from ninfer.kernels.attention_decode import (
+    MAX_SPLITS,
+    _merge_kernel,
+    _sm_count,
+    _split_range,
+)
 from ninfer.kernels.dispatch import autotune_configs, fp32_first_config
 
 if TYPE_CHECKING:
     from ninfer.kernels.attention import PagedKV
 
 SPLIT_BLOCK_M = 64  # the host's guess at BLOCK_M when counting programs (the autotuner picks 16-128)
+_forced_splits: int | None = None  # set by forced_prefill_splits
 
 
 def _config(block_m: int, block_n: int, warps: int, stages: int) -> triton.Config:
@@ -152,6 +167,20 @@ def default_prefill_splits(device: torch.device, heads: int, batch: int, max_seq
     return 1 if programs >= sms else min(MAX_SPLITS, triton.cdiv(2 * sms, programs))
 
 
+@contextmanager
+def forced_prefill_splits(splits: int) -> Iterator[None]:
+    """Every prefill launch inside uses ``splits`` key ranges. The engine's start-up warm-up prefills one
+    sequence per chunk length, which takes the split kernel for short chunks, while a mixed step (a chunk
+    plus decode rows) of the same length takes the unsplit one: warming both keeps their compilation and
+    autotuning out of serving."""
+    global _forced_splits
+    before, _forced_splits = _forced_splits, splits
+    try:
+        yield
+    finally:
+        _forced_splits = before
+
+
 def paged_attention_prefill_triton(
     q: torch.Tensor,
     kv: "PagedKV",
@@ -172,7 +201,7 @@ def paged_attention_prefill_triton(
     batch = context_lens.shape[0]
     if n == 0:
         return out
-    splits = num_splits or default_prefill_splits(q.device, heads, batch, max_seqlen)
+    splits = num_splits or _forced_splits or default_prefill_splits(q.device, heads, batch, max_seqlen)
     assert splits == 1 or max_seqlen < 65536, "the merge grid has one program per token in its second axis"
     if splits > 1:
         part_o = torch.empty((n, heads, splits, head_dim), dtype=torch.float32, device=q.device)

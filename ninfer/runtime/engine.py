@@ -13,8 +13,6 @@ from typing import Callable
 
 import torch
 
-from ninfer.kernels.attention_decode import DECODE_MAX_TOKENS
-from ninfer.kernels.deltanet import RECURRENT_MAX_SEQLEN
 from ninfer.models.batch import ForwardBatch
 from ninfer.models.cache import ModelCache
 from ninfer.models.mtp import MTPHead
@@ -29,7 +27,7 @@ from ninfer.runtime.request import Request, RequestOutput, Status
 from ninfer.runtime.sampler import Sampler, TokenLogprobs
 from ninfer.runtime.scheduler import Scheduler
 from ninfer.runtime.speculative import MTPSpeculator, SpecStats, committed_tokens
-
+from ninfer.runtime.warmup import warm_up, warmup_chunk_lengths  # noqa: F401 - warmup_chunk_lengths: re-export
 
 # Decode rows join a step's prompt chunks in one forward while their contexts are shorter than this:
 # beyond it their attention (prefill kernel, no split-KV) costs more than the separate decode step saved.
@@ -60,16 +58,6 @@ class EngineConfig:
     def num_state_slots(self) -> int:
         per_lane = 1 + (self.draft_tokens + 1 if self.draft_tokens else 0)  # + per-token verify states
         return self.max_concurrency * per_lane + (self.checkpoint_slots if self.prefix_cache else 0)
-
-
-def warmup_chunk_lengths(longest: int) -> list[int]:
-    """Prefill chunk lengths (up to ``longest``) that reach every autotune key one prompt's chunks can:
-    each length the short-chunk kernels take (decode attention sizes its tile by the length; recurrent
-    DeltaNet) and each power of two, since prefill attention (``tune_len``), quantized GEMMs (M bucket) and
-    MoE GEMMs (``tune_m``) tune once per power-of-two bucket; ``longest`` reaches the bucket above it."""
-    short = max(DECODE_MAX_TOKENS, RECURRENT_MAX_SEQLEN)
-    lengths = {*range(1, short + 1), *(1 << i for i in range(longest.bit_length())), longest}
-    return sorted(n for n in lengths if n <= longest)
 
 
 class Engine:
@@ -114,39 +102,9 @@ class Engine:
         if config.warmup and self.device.type == "cuda":
             self.warm_up()
 
-    @torch.inference_mode()
     def warm_up(self) -> None:
-        """Prefill one chunk of each length in :func:`warmup_chunk_lengths` on scratch pages and a scratch
-        slot (given back after), so that Triton compiles and autotunes at start-up. On a GPU the first
-        chunk of a new length class costs seconds of compiling and benchmarking configs, and prompts meet
-        new classes late: a short turn after long prompts, the 1-token chunk before an end-of-prompt
-        checkpoint, the remainder up to a checkpoint interval."""
-        ps = self.config.page_size
-        # A mixed step adds up to max_concurrency decode rows to a full chunk: its GEMMs reach the bucket above.
-        riders = self.config.max_concurrency if self.scheduler.pack_prefills else 0
-        longest = min(self.config.prefill_chunk + riders, self.config.max_context - 1, self.pages.num_available * ps)
-        if longest < 1 or self.slots.num_free == 0:
-            return
-        lengths = warmup_chunk_lengths(longest)
-        num_pages = -(-longest // ps)
-        self.pages.reserve(num_pages)
-        pages, slot, dev = [self.pages.take_reserved() for _ in range(num_pages)], self.slots.acquire(), self.device
-        self.lane_block_tables[0, :num_pages] = torch.tensor(pages, dtype=torch.int32)
-        slot_mapping = torch.tensor([pages[p // ps] * ps + p % ps for p in range(longest)], dtype=torch.long, device=dev)
-        for n in lengths:
-            self.cache.reset_slot(slot)
-            batch = ForwardBatch(
-                input_ids=torch.zeros(n, dtype=torch.long, device=dev),
-                positions=torch.arange(n, device=dev).expand(3, n),
-                cu_seqlens=torch.tensor([0, n], dtype=torch.int32, device=dev),
-                context_lens=torch.tensor([n], dtype=torch.int32, device=dev),
-                block_tables=self.lane_block_tables[:1], slot_mapping=slot_mapping[:n],
-                state_slots=torch.tensor([slot], dtype=torch.long, device=dev), max_seqlen=n,
-            )
-            self.model.logits(self.model(batch, self.cache)[-1:])
-        self.cache.reset_slot(slot)
-        self.slots.release(slot)
-        self.pages.release(pages)
+        """Compile and autotune at start-up what serving will meet (:func:`ninfer.runtime.warmup.warm_up`)."""
+        warm_up(self)
 
     # -- requests ---------------------------------------------------------------------------
     def add_request(self, req: Request) -> None:

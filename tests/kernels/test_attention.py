@@ -24,7 +24,7 @@ from ninfer.kernels.attention import (
 )
 from ninfer.kernels import attention_prefill
 from ninfer.kernels.attention_decode import SPLIT_ALIGN, paged_attention_decode_triton
-from ninfer.kernels.attention_prefill import default_prefill_splits, paged_attention_prefill_triton
+from ninfer.kernels.attention_prefill import default_prefill_splits, forced_prefill_splits, paged_attention_prefill_triton
 from ninfer.kernels.attention_write import write_kv_triton
 
 BAD_PAGE = 10 ** 6  # unused page-table entries: reading one would fault
@@ -164,6 +164,32 @@ def test_default_prefill_splits(monkeypatch: pytest.MonkeyPatch) -> None:
     q = torch.randn(sum(new_lens), heads, head_dim)
     out = paged_attention_prefill_triton(q, kv, table, cu, ctx, 0.3, 20, out=_poisoned_out(q))
     assert _rel_err(out, paged_attention_reference(q, kv, table, cu, ctx, 0.3)) < 1e-5
+
+
+def test_forced_prefill_splits_override_the_default_and_restore_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engine's warm-up runs short chunks unsplit too (forced_prefill_splits(1)): inside the context the
+    launcher takes the forced count (an assert on the count seen by the launch), after it the default again."""
+    monkeypatch.setattr(attention_prefill, "_sm_count", lambda device: 132)
+    seen = []
+    real = attention_prefill._prefill_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                seen.append(kwargs["SPLIT"])
+                return real[grid](*args, **kwargs)
+            return launch
+
+    monkeypatch.setattr(attention_prefill, "_prefill_kernel", Spy())
+    torch.manual_seed(4)
+    kv, table, cu, ctx = _batch([300], [20], 32, 2, 32, "auto")
+    q = torch.randn(20, 4, 32)
+    ref = paged_attention_reference(q, kv, table, cu, ctx, 0.3)
+    with forced_prefill_splits(1):
+        inside = paged_attention_prefill_triton(q, kv, table, cu, ctx, 0.3, 20, out=_poisoned_out(q))
+    after = paged_attention_prefill_triton(q, kv, table, cu, ctx, 0.3, 20, out=_poisoned_out(q))
+    assert seen == [False, True]
+    assert _rel_err(inside, ref) < 1e-5 and _rel_err(after, ref) < 1e-5
 
 
 @pytest.mark.parametrize("kv_dtype", KV_DTYPES)
