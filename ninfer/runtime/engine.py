@@ -22,7 +22,7 @@ from ninfer.runtime.memory import MemoryPlan, dequant_workspace_bytes, plan_memo
 from ninfer.runtime.output import OutputProcessor
 from ninfer.runtime.pause import Pauser
 from ninfer.runtime.pools import PagePool, SlotPool
-from ninfer.runtime.prefix_cache import PrefixCache
+from ninfer.runtime.prefix_cache import PrefixCache, prompt_end_mark
 from ninfer.runtime.request import Request, RequestOutput, Status
 from ninfer.runtime.sampler import Sampler, TokenLogprobs
 from ninfer.runtime.scheduler import Scheduler
@@ -266,7 +266,8 @@ class Engine:
 
     def _is_checkpoint_mark(self, req: Request) -> bool:
         n, done = len(req.prompt_ids), req.num_computed
-        return done == n - 1 or done % self.prefix.interval == 0 or done in req.checkpoint_marks
+        return (done == prompt_end_mark(n, req.checkpoint_marks) or done % self.prefix.interval == 0
+                or done in req.checkpoint_marks)
 
     # -- model calls --------------------------------------------------------------------------
     def _slots_for(self, req: Request, start: int, end: int) -> list[int]:

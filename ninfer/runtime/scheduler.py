@@ -16,7 +16,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from ninfer.runtime.pools import PagePool, SlotPool
-from ninfer.runtime.prefix_cache import PrefixCache
+from ninfer.runtime.prefix_cache import PrefixCache, prompt_end_mark
 from ninfer.runtime.request import Request, Status
 
 GROWTH_PAGES = 1  # pages reserved at admission beyond the next token: a sequence grows a while before asking
@@ -155,11 +155,13 @@ class Scheduler:
 
     def checkpoint_after(self, req: Request) -> int | None:
         """The next prompt position (beyond what is computed) where the prefix cache takes a checkpoint:
-        every ``interval`` tokens, one token before the prompt's end so that a repeated prompt hits,
-        and the request's own marks (chat turn boundaries)."""
+        every ``interval`` tokens, one token before the prompt's end so that a repeated prompt hits
+        (:func:`prompt_end_mark`), and the request's own marks (chat turn boundaries)."""
         assert self.prefix is not None
         start, n = req.num_computed, len(req.prompt_ids)
-        marks = [(start // self.prefix.interval + 1) * self.prefix.interval, n - 1, *req.checkpoint_marks]
+        end = prompt_end_mark(n, req.checkpoint_marks)
+        marks = [(start // self.prefix.interval + 1) * self.prefix.interval, *req.checkpoint_marks,
+                 *([] if end is None else [end])]
         return min((m for m in marks if start < m < n), default=None)
 
     def ensure_pages(self, req: Request, upto_tokens: int) -> list[int]:

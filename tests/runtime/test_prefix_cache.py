@@ -192,3 +192,33 @@ def test_host_copies_reuse_the_pool_and_give_it_back_when_dropped(dense_ckpt: Ti
     assert [o.output_ids for o in again] == [o.output_ids for o in outs]
     assert engine.cache.host.allocated == allocated  # every offload of the second pass reused a block
     _assert_balanced(llm)
+
+
+def test_prompt_end_mark_gives_way_to_a_chat_mark_just_before_it() -> None:
+    from ninfer.runtime.prefix_cache import END_MARK_REACH, prompt_end_mark
+
+    assert prompt_end_mark(50, ()) == 49  # a raw prompt: a repeat hits one token before the end
+    assert prompt_end_mark(50, (10,)) == 49  # a mark far from the end does not stand in for it
+    assert prompt_end_mark(50, (49 - END_MARK_REACH,)) is None  # the assistant turn's start does
+    assert prompt_end_mark(1, ()) is None
+
+
+def test_a_chat_prompt_prefills_in_as_few_chunks_as_its_marks_need(dense_ckpt: TinyCheckpoint, plain) -> None:
+    # "<|im_start|>user ...<|im_end|>\n<|im_start|>assistant\n": one mark at the assistant turn's start, a few
+    # tokens before the end, which also serves a repeated prompt: two forwards, not three.
+    from ninfer.runtime.prefix_cache import END_MARK_REACH
+
+    llm = _load(dense_ckpt, prefix_cache=True, checkpoint_slots=8)
+    messages = [{"role": "user", "content": "Name three rivers of Europe, briefly."}]
+    forwards = []
+    real = llm.engine._mixed_step
+    llm.engine._mixed_step = lambda *a, **k: forwards.append(1) or real(*a, **k)
+    first = llm.chat(messages, max_new_tokens=1, greedy=True)
+    assert first.token_ids == plain.chat(messages, max_new_tokens=1, greedy=True).token_ids
+    prompt = llm.tokenizer.encode(llm.tokenizer.apply_chat_template(messages))
+    assistant_start = max(i for i, t in enumerate(prompt) if t == llm.tokenizer.token_id("<|im_start|>"))
+    assert len(prompt) - 1 - assistant_start <= END_MARK_REACH
+    assert len(forwards) == 2
+    again = llm.chat(messages, max_new_tokens=1, greedy=True)  # a repeat hits at the assistant turn's start
+    assert again.token_ids == first.token_ids and llm.engine.prefix.stats.hit_tokens == assistant_start
+    _assert_balanced(llm)
