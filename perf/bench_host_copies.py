@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -34,6 +35,16 @@ def _timed(fn) -> tuple[float, object]:
     out = fn()
     sync()
     return time.perf_counter() - start, out
+
+
+def _saves(n: int, save: Callable[[], object]) -> tuple[list[float], list]:
+    """``n`` saves kept alive (so none reuses another's memory): their times and the copies."""
+    times, kept = [], []
+    for _ in range(n):
+        s, saved = _timed(save)
+        times.append(s)
+        kept.append(saved)
+    return times, kept
 
 
 def _legacy_save(cache: ModelCache, slot: int) -> list[torch.Tensor]:
@@ -71,29 +82,17 @@ def main() -> None:
     print(f"block {pool.block_bytes >> 10} KiB: a state copy takes {state_host >> 10} KiB of blocks, "
           f"{cache.pages_per_block} KV pages per block")
 
-    times, kept = [], []
-    for _ in range(args.saves):
-        s, saved = _timed(lambda: cache.save_slot(0))
-        times.append(s)
-        kept.append(saved)
+    times, kept = _saves(args.saves, lambda: cache.save_slot(0))
     _row("host_save_state", f"{what} new pool blocks", times, slot_bytes, saves=args.saves,
          allocated_blocks=pool.allocated)
     cache.release(*kept)
 
-    times, legacy = [], []
-    for _ in range(args.saves):
-        s, saved = _timed(lambda: _legacy_save(cache, 0))
-        times.append(s)
-        legacy.append(saved)
+    times, legacy = _saves(args.saves, lambda: _legacy_save(cache, 0))
     _row("host_save_state", f"{what} fresh pinned tensors (old path)", times, slot_bytes, saves=args.saves)
     del legacy
 
     allocated = pool.allocated
-    times, kept = [], []
-    for _ in range(args.saves):
-        s, saved = _timed(lambda: cache.save_slot(0))
-        times.append(s)
-        kept.append(saved)
+    times, kept = _saves(args.saves, lambda: cache.save_slot(0))
     _row("host_save_state", f"{what} reused pool blocks", times, slot_bytes, saves=args.saves,
          new_blocks=pool.allocated - allocated)
     times = [_timed(lambda: cache.restore_slot(1, saved))[0] for saved in kept[:20]]
