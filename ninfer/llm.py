@@ -277,6 +277,7 @@ def load(
     checkpoint_interval: int = 4096,
     host_cache_gib: float = 0.0,
     pause_host_gib: float = 4.0,
+    host_prepin_gib: float = 0.0,
     quantize: str | None = None,
     vision: bool = False,
     vision_limits: Any = None,
@@ -293,12 +294,15 @@ def load(
     ``page_size`` tokens; prompts prefill in chunks of ``prefill_chunk`` tokens; decode steps replay
     CUDA graphs unless ``cuda_graphs=False``. The prefix cache (on unless ``prefix_cache=False``)
     reuses the KV pages and DeltaNet state of earlier prompts: checkpoints sit in
-    ``checkpoint_slots`` extra state slots, one token before each prompt's end, every
+    ``checkpoint_slots`` extra state slots, one token before each prompt's end (or at a chat's
+    assistant turn just before it), every
     ``checkpoint_interval`` prompt tokens, and at the end of each generation; evicted checkpoints
     move to ``host_cache_gib`` of pinned host memory and are copied back on a hit. Admission reserves
     KV pages for the prompt and a small margin; when growing sequences exhaust the pool the newest
     request is paused: its state and KV are snapshotted to at most ``pause_host_gib`` of pinned host
     memory (beyond that it is recomputed from its tokens) and it resumes when memory frees up.
+    Host copies reuse blocks of pinned memory; ``host_prepin_gib`` of them are pinned while loading,
+    since pinning fresh memory runs at ~1 GB/s and would otherwise slow the first copies.
 
     Quantized checkpoints (written by ``ninfer convert``, or NVFP4 / FP8 checkpoints in the ModelOpt
     and compressed-tensors layouts) load as they are; ``quantize="int4"`` (a recipe name or file, see
@@ -348,7 +352,8 @@ def load(
                                  checkpoint_interval=checkpoint_interval,
                                  host_cache_bytes=int(host_cache_gib * (1 << 30)),
                                  draft_tokens=draft_tokens if spec else 0,
-                                 pause_host_bytes=int(pause_host_gib * (1 << 30)))
+                                 pause_host_bytes=int(pause_host_gib * (1 << 30)),
+                                 host_prepin_bytes=int(host_prepin_gib * (1 << 30)))
     mtp_head = None
     if spec == "mtp":
         from ninfer.models.mtp import MTPHead

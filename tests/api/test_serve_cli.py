@@ -27,7 +27,7 @@ def test_flags_map_onto_the_server_config() -> None:
     args = _parse("m", "--api-key", "k", "--model-id", "alias", "--max-pending", "3", "--pending-timeout-ms", "250",
                   "--max-request-mib", "2", "--default-max-tokens", "99", "--no-thinking", "--preserve-thinking",
                   "--cors", "--temperature", "0.3", "--top-k", "5", "--presence-penalty", "1.5", "--seed", "4",
-                  "--greedy", "--kv-capacity", "auto", "--max-concurrency", "2")
+                  "--greedy", "--kv-capacity", "auto", "--max-concurrency", "2", "--host-prepin-gib", "0.5")
     config = server_config(args)
     assert (config.api_key, config.model_id, config.max_pending, config.pending_timeout_ms) == ("k", "alias", 3, 250)
     assert config.max_request_bytes == 2 << 20 and config.default_max_tokens == 99
@@ -35,12 +35,14 @@ def test_flags_map_onto_the_server_config() -> None:
     s = config.sampling
     assert (s.temperature, s.top_k, s.presence_penalty, s.seed, s.greedy) == (0.3, 5, 1.5, 4, True)
     assert args.kv_capacity == "auto" and args.max_concurrency == 2 and args.func.__name__ == "run_serve"
+    assert args.host_prepin_gib == 0.5 and _parse("m").host_prepin_gib == 0.0
     defaults = server_config(_parse())
     assert defaults.max_pending == 16 and defaults.pending_timeout_ms == 30000 and defaults.thinking
 
 
 @pytest.mark.parametrize("argv", [["--max-concurrency", "0"], ["--top-p", "0"], ["--temperature", "hot"],
-                                  ["--kv-capacity", "lots"], ["--draft-tokens", "8"], ["--spec", "eagle"]])
+                                  ["--kv-capacity", "lots"], ["--draft-tokens", "8"], ["--spec", "eagle"],
+                                  ["--host-prepin-gib", "-1"]])
 def test_bad_flags_are_refused(argv: list[str], capsys) -> None:
     with pytest.raises(SystemExit):
         _parse("m", *argv)

@@ -222,3 +222,10 @@ def test_a_chat_prompt_prefills_in_as_few_chunks_as_its_marks_need(dense_ckpt: T
     again = llm.chat(messages, max_new_tokens=1, greedy=True)  # a repeat hits at the assistant turn's start
     assert again.token_ids == first.token_ids and llm.engine.prefix.stats.hit_tokens == assistant_start
     _assert_balanced(llm)
+
+
+def test_load_pins_host_blocks_ahead(dense_ckpt: TinyCheckpoint) -> None:
+    llm = ninfer.load(dense_ckpt.path, device="cpu", max_concurrency=1, prefix_cache=True, host_cache_gib=0.01,
+                      pause_host_gib=0.0, host_prepin_gib=0.005, progress=False)
+    pool = llm.engine.cache.host
+    assert pool.allocated > 0 and pool.allocated * pool.block_bytes <= 0.01 * (1 << 30)
