@@ -8,7 +8,7 @@
 #   mkdir -p .devcache && cp <files_at>/cache.tgz.* .devcache/
 # Only what a later launch needs is packed (cubins, their metadata, launcher stubs, tuning JSON): the
 # intermediate IRs are pruned first (perf/prune_triton_cache.py). A stale or partial cache only costs recompilation: Triton keys entries by source hash,
-# compiler version and options, ninfer's tuning file by GPU, versions and a hash of the kernel sources.
+# compiler version and options, ninfer's tuning file by GPU, versions and a hash of the tuned kernels' sources (quant_*, moe*).
 
 export TRITON_CACHE_DIR=/tmp/ninfer-triton-cache NINFER_TUNE_CACHE=/tmp/ninfer-tune TRITON_CACHE_AUTOTUNING=1
 CACHE_PART_BYTES=${CACHE_PART_BYTES:-15000000}

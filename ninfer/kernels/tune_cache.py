@@ -5,8 +5,8 @@ key's first call (minutes at the 27B/35B shapes, every start). Their choices go 
 GPU model and software stack, as vLLM and SGLang ship per-GPU configs, under ``$NINFER_TUNE_CACHE``
 (a directory; ``off`` or ``0``: no reads, no writes), else ``$XDG_CACHE_HOME/ninfer/tune``
 (``~/.cache/ninfer/tune``). The file name hashes GPU name, compute capability, Triton and torch
-versions and the source of ``ninfer/kernels/*.py``: a timing is only valid for the code and
-compiler that produced it. I/O errors and corrupt files warn once: a cache must never stop a run.
+versions and the source of the tuned kernels' modules (``TUNED_SOURCES``): a timing is only valid for
+the code and compiler that produced it. I/O errors and corrupt files warn once: a cache must never stop a run.
 """
 from __future__ import annotations
 
@@ -37,11 +37,25 @@ def cache_dir() -> Path | None:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ninfer" / "tune"
 
 
+# The modules the tuned kernels, their candidates and their launchers live in (the quantized GEMMs and
+# GEMVs, the MoE expert paths, the autotune switches): an edit there invalidates earlier timings, an edit
+# to attention or DeltaNet kernels does not (it would throw away minutes of tuning at the 27B shapes).
+TUNED_SOURCES = ("quant_*.py", "moe*.py", "dispatch.py")
+
+
+def source_hash(folder: Path | None = None) -> str:
+    """Hash of the tuned kernels' sources (``TUNED_SOURCES`` in ``folder``; default this package, read once)."""
+    return _package_source_hash() if folder is None else _hash_sources(folder)
+
+
 @cache
-def source_hash() -> str:
-    """Hash of the kernel modules' source: a kernel or heuristic edit invalidates earlier timings."""
+def _package_source_hash() -> str:
+    return _hash_sources(Path(__file__).resolve().parent)
+
+
+def _hash_sources(folder: Path) -> str:
     h = hashlib.sha256()
-    for path in sorted(Path(__file__).resolve().parent.glob("*.py")):
+    for path in sorted({p for pattern in TUNED_SOURCES for p in folder.glob(pattern)}):
         h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
     return h.hexdigest()[:16]
 

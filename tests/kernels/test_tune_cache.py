@@ -146,9 +146,19 @@ def test_other_gpu_or_software_uses_another_file(cache_dir: Path, gpu: dict[str,
     assert tune_cache.lookup("t", KEY, DEV) == {"v": 1}
 
 
-def test_source_hash_covers_the_kernel_modules() -> None:
+def test_source_hash_covers_the_tuned_kernels_only(tmp_path: Path) -> None:
     digest = tune_cache.source_hash()
     assert len(digest) == 16 and int(digest, 16) >= 0
+    for name in ("quant_gemm.py", "moe_quant_gemv.py", "attention_prefill.py"):
+        (tmp_path / name).write_text("x = 1\n")
+    before = tune_cache.source_hash(tmp_path)
+    (tmp_path / "attention_prefill.py").write_text("x = 2\n")  # not tuned by these tables
+    assert tune_cache.source_hash(tmp_path) == before
+    for name in ("quant_gemm.py", "moe_quant_gemv.py"):
+        (tmp_path / name).write_text("x = 3\n")
+        changed = tune_cache.source_hash(tmp_path)
+        assert changed != before
+        before = changed
 
 
 # --- the selections ---------------------------------------------------------------------------------
