@@ -15,7 +15,8 @@ decay, ``Gamma_rs = exp(gamma_r - gamma_s)`` for ``s <= r`` and ``S`` the state 
 3. ``_state_kernel`` (sequence x value head x dv block) walks the chunks in order with its state
    slice in registers and also writes the output, so per-chunk states never touch memory.
    Factoring ``W S = T diag(beta) exp(gamma) K S`` lets it reuse the keys it loads anyway instead
-   of a precomputed ``W``.
+   of a precomputed ``W``. It can also write the state after one chosen token of each sequence into
+   another slot (prefix-cache checkpoints inside the launch spare the engine a forward per checkpoint).
 
 Chunks are located on the device: a program finds its sequence from ``cu_seqlens`` (cumulative
 chunk counts), so launches need only host ints (no sync) and surplus programs exit at once.
