@@ -267,3 +267,18 @@ def test_no_slot_for_a_checkpoint_skips_it_without_a_forward(dense_ckpt: TinyChe
     for slot in held:
         slots.release(slot)
     _assert_balanced(llm)
+
+
+def test_checkpoints_inside_the_forward_on_the_triton_kernel(dense_ckpt: TinyCheckpoint, plain, monkeypatch) -> None:
+    # The same as above with the chunked DeltaNet Triton kernel (interpreter) writing the checkpoint in-launch.
+    import ninfer.kernels.deltanet as deltanet
+
+    monkeypatch.setattr(deltanet, "use_triton", lambda x: True)
+    llm = _load(dense_ckpt, prefix_cache=True, checkpoint_interval=100, checkpoint_slots=4, prefill_chunk=256)
+    prompt = _tokens(150, 71)
+    first = _greedy(llm, [prompt], 4)[0]
+    assert first.output_ids == _expected(plain, [prompt], 4)[0]
+    longer = prompt + _tokens(20, 72)
+    again = _greedy(llm, [longer], 4)[0]
+    assert again.output_ids == _expected(plain, [longer], 4)[0] and again.cached_tokens == 149
+    _assert_balanced(llm)
