@@ -182,6 +182,19 @@ def causal_conv1d_triton(
     return out
 
 
+def save_conv_windows(x: torch.Tensor, conv_state: torch.Tensor,
+                      checkpoints: tuple[tuple[int, int, int, int], ...]) -> None:
+    """For each ``(row, r, own_slot, slot)``: the conv window after the first ``r`` tokens of the sequence
+    whose tokens start at row ``row`` of ``x [N, C]`` (its last ``K - 1`` inputs, the older ones from its
+    state slot ``own_slot``) goes to ``conv_state[slot]``. Call before :func:`causal_conv1d` overwrites
+    ``own_slot``. Host ints: no device sync, a few small copies per checkpoint."""
+    keep = conv_state.shape[-1]
+    for row, r, own_slot, slot in checkpoints:
+        new = x[row + max(r - keep, 0):row + r].t().to(conv_state.dtype)
+        old = conv_state[own_slot, :, r:] if r < keep else new[:, :0]
+        conv_state[slot] = torch.cat([old, new], dim=-1)
+
+
 def causal_conv1d(
     x: torch.Tensor,
     weight: torch.Tensor,

@@ -94,6 +94,8 @@ def gated_delta_rule_reference(
     slot_ids: torch.Tensor,
     max_seqlen: int | None = None,
     state_out_slots: torch.Tensor | None = None,
+    ckpt_offsets: torch.Tensor | None = None,
+    ckpt_slots: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Gated delta rule for a packed batch.
 
@@ -104,6 +106,9 @@ def gated_delta_rule_reference(
     With ``state_out_slots [B, max_T]`` the state after token ``t`` of sequence ``b`` goes to slot
     ``state_out_slots[b, t]`` and the input slot is only read (speculative verification keeps one
     state per drafted token, so a rejected draft rolls back without recomputation).
+    With ``ckpt_offsets [B]`` (0: none) the state after the first ``ckpt_offsets[b]`` tokens of sequence
+    ``b`` also goes to slot ``ckpt_slots[b]`` (a prefix-cache checkpoint inside the prefill, which would
+    otherwise end the chunk there and cost the rest of the prompt another forward).
     Returns ``o [N, Hv, dv]`` in v's dtype.
     """
     g, beta = decay_and_beta(a, b, A_log, dt_bias)
@@ -111,6 +116,7 @@ def gated_delta_rule_reference(
     scale = k.shape[-1] ** -0.5
     out = torch.empty_like(v)
     bounds = cu_seqlens.tolist()
+    ckpts = [0] * len(bounds) if ckpt_offsets is None else ckpt_offsets.tolist()
     for i, slot in enumerate(slot_ids.tolist()):
         start, end = bounds[i], bounds[i + 1]
         if end == start:
@@ -130,9 +136,15 @@ def gated_delta_rule_reference(
                 out[start + t] = o[:, 0].to(v.dtype)
                 state[int(state_out_slots[i, t])] = s_t.to(state.dtype)
             continue
-        rule = recurrent_rule if end - start == 1 else chunked_rule
-        o, new_state = rule(qs, ks, vs, gs, bs, state[slot].float())
-        out[start:end] = o.transpose(0, 1).to(v.dtype)
+        new_state, r = state[slot].float(), ckpts[i]
+        for lo, hi in ((0, r), (r, end - start)) if 0 < r else ((0, end - start),):
+            if hi == lo:
+                continue
+            rule = recurrent_rule if hi - lo == 1 else chunked_rule
+            o, new_state = rule(qs[:, lo:hi], ks[:, lo:hi], vs[:, lo:hi], gs[:, lo:hi], bs[:, lo:hi], new_state)
+            out[start + lo:start + hi] = o.transpose(0, 1).to(v.dtype)
+            if hi == r:
+                state[int(ckpt_slots[i])] = new_state.to(state.dtype)
         state[slot] = new_state.to(state.dtype)
     return out
 
@@ -150,13 +162,18 @@ def gated_delta_rule(
     slot_ids: torch.Tensor,
     max_seqlen: int | None = None,
     state_out_slots: torch.Tensor | None = None,
+    ckpt_offsets: torch.Tensor | None = None,
+    ckpt_slots: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """See :func:`gated_delta_rule_reference`; Triton on CUDA (recurrent when ``max_seqlen`` is small or
-    per-token states are asked for)."""
+    per-token states are asked for; checkpoints take the chunked kernel, which writes them in-launch)."""
     if use_triton(v):
         args = (q, k, v, a, b, A_log, dt_bias, state, cu_seqlens, slot_ids)
+        if ckpt_offsets is not None:
+            assert state_out_slots is None, "per-token states and checkpoints are not asked for together"
+            return gated_delta_rule_chunked_triton(*args, ckpt_offsets=ckpt_offsets, ckpt_slots=ckpt_slots)
         if state_out_slots is not None or (max_seqlen is not None and max_seqlen <= RECURRENT_MAX_SEQLEN):
             return gated_delta_rule_recurrent_triton(*args, state_out_slots=state_out_slots)
         return gated_delta_rule_chunked_triton(*args)
     return gated_delta_rule_reference(q, k, v, a, b, A_log, dt_bias, state, cu_seqlens, slot_ids, max_seqlen,
-                                      state_out_slots)
+                                      state_out_slots, ckpt_offsets, ckpt_slots)

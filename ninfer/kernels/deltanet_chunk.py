@@ -15,7 +15,8 @@ decay, ``Gamma_rs = exp(gamma_r - gamma_s)`` for ``s <= r`` and ``S`` the state 
 3. ``_state_kernel`` (sequence x value head x dv block) walks the chunks in order with its state
    slice in registers and also writes the output, so per-chunk states never touch memory.
    Factoring ``W S = T diag(beta) exp(gamma) K S`` lets it reuse the keys it loads anyway instead
-   of a precomputed ``W``.
+   of a precomputed ``W``. It can also write the state after one chosen token of each sequence into
+   another slot (prefix-cache checkpoints inside the launch spare the engine a forward per checkpoint).
 
 Chunks are located on the device: a program finds its sequence from ``cu_seqlens`` (cumulative
 chunk counts), so launches need only host ints (no sync) and surplus programs exit at once.
@@ -233,14 +234,16 @@ def _inverse_kernel(
 
 @triton.autotune(
     configs=autotune_configs([triton.Config({}, num_warps=w, num_stages=s) for s in (1, 2) for w in (4, 8)]),
-    key=["HV", "GROUP", "DK", "DV", "BV", "BATCH_LOG2"],
-    restore_value=["state"],  # the state is updated in place: benchmarking configs must not advance it
+    key=["HV", "GROUP", "DK", "DV", "BV", "BATCH_LOG2", "CKPT"],
+    # The state is updated in place (final and checkpoint slots are rows of it): benchmarking configs
+    # must neither advance it nor leave checkpoints behind.
+    restore_value=["state"],
 )
 @triton.jit
 def _state_kernel(
-    qn, kn, v, gam, tmat, pmat, state, o, cu_seqlens, slot_ids, stride_v_t, stride_v_h, stride_state_s,
-    BATCH_LOG2, HV: tl.constexpr, GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr,
-    C: tl.constexpr, DOT_PREC: tl.constexpr,
+    qn, kn, v, gam, tmat, pmat, state, o, cu_seqlens, slot_ids, ckpt_offsets, ckpt_slots, stride_v_t, stride_v_h,
+    stride_state_s, BATCH_LOG2, HV: tl.constexpr, GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+    BV: tl.constexpr, C: tl.constexpr, DOT_PREC: tl.constexpr, CKPT: tl.constexpr,
 ):
     seq, head = tl.program_id(0), tl.program_id(1)
     bos = tl.load(cu_seqlens + seq).to(tl.int64)
@@ -255,6 +258,10 @@ def _state_kernel(
     state_ptrs = (state + tl.load(slot_ids + seq).to(tl.int64) * stride_state_s + head * (DK * DV)
                   + offs_k[:, None] * DV + offs_v[None, :])
     s = tl.load(state_ptrs)
+    if CKPT:  # the state after the first ``ckpt`` tokens also goes to slot ``ckpt_slots[seq]``
+        ckpt = tl.load(ckpt_offsets + seq).to(tl.int64)
+        ckpt_ptrs = (state + tl.load(ckpt_slots + seq).to(tl.int64) * stride_state_s + head * (DK * DV)
+                     + offs_k[:, None] * DV + offs_v[None, :])
     for c in range(tl.cdiv(length, C)):
         n = tl.minimum(length - c * C, C)
         valid = r < n
@@ -279,6 +286,13 @@ def _state_kernel(
                + tl.dot(p_c, v_new.to(dot_t), input_precision=DOT_PREC))
         tl.store(o + rows[:, None] * (HV * DV) + head * DV + offs_v[None, :], o_c.to(o.dtype.element_ty),
                  mask=valid[:, None])
+        if CKPT:
+            r_in = ckpt - c * C  # checkpoint's rows in this chunk; only its chunk does the extra work
+            if (r_in > 0) & (r_in <= n):
+                # Rows of v_new below r_in do not depend on later rows (T is lower triangular).
+                gamma_ck = tl.load(gam + (bos + c * C + r_in - 1) * HV + head)
+                to_ck = (tl.exp(tl.where(r < r_in, gamma_ck - gamma, float("-inf")))[:, None] * v_new).to(dot_t)
+                tl.store(ckpt_ptrs, s * tl.exp(gamma_ck) + tl.dot(tl.trans(k_c), to_ck, input_precision=DOT_PREC))
         to_end = (tl.exp(gamma_last - gamma)[:, None] * v_new).to(dot_t)
         s = s * tl.exp(gamma_last) + tl.dot(tl.trans(k_c), to_end, input_precision=DOT_PREC)
     tl.store(state_ptrs, s)
@@ -295,10 +309,19 @@ def gated_delta_rule_chunked_triton(
     state: torch.Tensor,
     cu_seqlens: torch.Tensor,
     slot_ids: torch.Tensor,
+    ckpt_offsets: torch.Tensor | None = None,
+    ckpt_slots: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Chunked gated delta rule over a ragged batch; same contract as ``gated_delta_rule``.
 
     Matmul inputs are bf16/fp16 when q is (fp32 accumulation, fp32 state); fp32 otherwise.
+
+    Checkpoints: with ``ckpt_offsets`` (int32 ``[B]``) and ``ckpt_slots`` (int ``[B]``), both on q's
+    device, the state after the first ``ckpt_offsets[b]`` tokens of sequence ``b`` (``1 <= r <= len_b``;
+    0 or anything outside that range: none) is also written to ``state[ckpt_slots[b]]``; the final state
+    still goes to ``slot_ids[b]`` and ``o`` is unchanged. Writing it inside the launch spares the prefix
+    cache a forward (a read of all the weights) per checkpoint. A checkpoint slot must be none of the
+    batch's ``slot_ids`` and no other sequence's checkpoint slot.
     """
     n, hk, dk = q.shape
     hv, dv = v.shape[1], v.shape[2]
@@ -306,6 +329,9 @@ def gated_delta_rule_chunked_triton(
     assert k.shape == q.shape and v.shape[0] == n and hv % hk == 0 and check_head_dims(dk, dv)
     assert q.stride(2) == 1 and k.stride(2) == 1 and v.stride(2) == 1 and a.stride(1) == 1 and b.stride(1) == 1
     assert state.dtype == torch.float32 and state.shape[1:] == (hv, dk, dv) and state[0].is_contiguous()
+    ckpt = ckpt_offsets is not None
+    assert ckpt == (ckpt_slots is not None), "ckpt_offsets and ckpt_slots go together"
+    assert not ckpt or (ckpt_offsets.shape == (batch,) and ckpt_slots.shape == (batch,))
     o = torch.empty((n, hv, dv), dtype=v.dtype, device=v.device)
     if n == 0:
         return o
@@ -334,7 +360,8 @@ def gated_delta_rule_chunked_triton(
     )
     block_v = min(BLOCK_V, dv)
     _state_kernel[(batch, hv, dv // block_v)](
-        qn, kn, v, gam, tmat, pmat, state, o, cu_seqlens, slot_ids, v.stride(0), v.stride(1), state.stride(0),
-        batch.bit_length(), HV=hv, GROUP=group, DK=dk, DV=dv, BV=block_v, C=CHUNK, DOT_PREC=prec,
+        qn, kn, v, gam, tmat, pmat, state, o, cu_seqlens, slot_ids, ckpt_offsets, ckpt_slots, v.stride(0),
+        v.stride(1), state.stride(0), batch.bit_length(), HV=hv, GROUP=group, DK=dk, DV=dv, BV=block_v, C=CHUNK,
+        DOT_PREC=prec, CKPT=ckpt,
     )
     return o

@@ -18,6 +18,12 @@ class ForwardBatch:
     ``state_out_slots [B, T]`` (speculative verification, every sequence ``T`` tokens): the DeltaNet
     state after token ``t`` of sequence ``b`` goes to slot ``state_out_slots[b, t]`` and
     ``state_slots`` are only read, so a rejected suffix is undone by choosing a slot.
+
+    ``checkpoints`` (prefix cache), host ints per entry ``(row, r, own_slot, slot)``: the DeltaNet conv and
+    recurrent state after the first ``r`` new tokens of the sequence whose tokens start at packed row
+    ``row`` (state slot ``own_slot``) also goes to state slot ``slot``, inside this forward (ending the
+    chunk there instead would cost the rest of the prompt another forward). ``ckpt_offsets [B]`` (``r``,
+    0 for none) and ``ckpt_slots [B]`` carry the same on the device for the kernels.
     """
 
     input_ids: torch.Tensor
@@ -29,6 +35,9 @@ class ForwardBatch:
     state_slots: torch.Tensor
     max_seqlen: int  # host-side: the most new tokens of any sequence (1 for a pure decode batch)
     state_out_slots: torch.Tensor | None = None
+    checkpoints: tuple[tuple[int, int, int, int], ...] = ()
+    ckpt_offsets: torch.Tensor | None = None
+    ckpt_slots: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:

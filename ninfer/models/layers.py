@@ -11,7 +11,7 @@ from torch import nn
 from ninfer.config import ModelConfig
 from ninfer.kernels.activations import swiglu
 from ninfer.kernels.attention import paged_attention, write_kv
-from ninfer.kernels.conv import causal_conv1d
+from ninfer.kernels.conv import causal_conv1d, save_conv_windows
 from ninfer.kernels.deltanet import gated_delta_rule
 from ninfer.kernels.norms import gated_rms_norm, rms_norm
 from ninfer.kernels.rope import qk_norm_rope
@@ -119,14 +119,18 @@ class GatedDeltaNet(nn.Module):
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: ModelCache) -> torch.Tensor:
         n = x.shape[0]
-        mixed = causal_conv1d(self.in_proj_qkv(x), self.conv1d.weight[:, 0, :], cache.conv[self.layer_idx],
+        qkv = self.in_proj_qkv(x)
+        if batch.checkpoints:
+            save_conv_windows(qkv, cache.conv[self.layer_idx], batch.checkpoints)
+        mixed = causal_conv1d(qkv, self.conv1d.weight[:, 0, :], cache.conv[self.layer_idx],
                               batch.cu_seqlens, batch.state_slots, batch.max_seqlen, batch.state_out_slots)
         q, k, v = mixed.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
         o = gated_delta_rule(
             q.reshape(n, self.num_k_heads, self.head_k_dim), k.reshape(n, self.num_k_heads, self.head_k_dim),
             v.reshape(n, self.num_v_heads, self.head_v_dim), self.in_proj_a(x), self.in_proj_b(x),
             self.A_log, self.dt_bias, cache.recurrent[self.layer_idx], batch.cu_seqlens, batch.state_slots,
-            batch.max_seqlen, state_out_slots=batch.state_out_slots,
+            batch.max_seqlen, state_out_slots=batch.state_out_slots, ckpt_offsets=batch.ckpt_offsets,
+            ckpt_slots=batch.ckpt_slots,
         )
         z = self.in_proj_z(x).reshape(n * self.num_v_heads, self.head_v_dim)
         o = self.norm(o.reshape(n * self.num_v_heads, self.head_v_dim), z)

@@ -159,7 +159,7 @@ class Engine:
             ride = all(r.num_computed < MIXED_MAX_CONTEXT for r in plan.decode)
             if not ride:
                 events.extend(self._decode(plan.decode))
-            return events + self._mixed_step(plan.decode if ride else [], plan.prefills)
+            return events + self._mixed_step(plan.decode if ride else [], plan.prefills, plan.checkpoints)
         if plan.decode and self.spec is not None:
             events.extend(self._speculative_round(plan.decode))
         elif plan.decode:
@@ -181,10 +181,12 @@ class Engine:
             events.extend(self._append(req, token, lp))
         return events
 
-    def _mixed_step(self, decode: list[Request], prefills: list[tuple[Request, int]]) -> list[RequestOutput]:
+    def _mixed_step(self, decode: list[Request], prefills: list[tuple[Request, int]],
+                    marks: dict[str, int] | None = None) -> list[RequestOutput]:
         """One forward over the decode rows and the prompt chunks together: the step reads the weights once
         instead of twice (a decode graph, then the prefill), the decode rows being sequences of one new
-        token in the ragged batch. Runs eagerly, as every prefill does."""
+        token in the ragged batch. Runs eagerly, as every prefill does. ``marks``: prompt positions inside
+        the chunks whose DeltaNet state the forward also writes to a prefix-cache slot."""
         dev = self.device
         ids: list[int] = []
         positions: list[int] = []
@@ -199,6 +201,7 @@ class Engine:
             lengths.append(1)
             context.append(p + 1)
             req.num_computed = p + 1
+        checkpoints = self._forward_checkpoints(prefills, marks or {}, first_row=len(decode))
         for req, end in prefills:
             start = req.num_computed
             slots += self._slots_for(req, start, end)
@@ -217,7 +220,18 @@ class Engine:
             slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
             state_slots=torch.tensor([r.slot for r in reqs], dtype=torch.long, device=dev), max_seqlen=max(lengths),
         )
+        if checkpoints:
+            offsets, targets = [0] * len(reqs), [0] * len(reqs)
+            for (row, r, _, slot), i in checkpoints.values():
+                offsets[i], targets[i] = r, slot
+            batch.checkpoints = tuple(c for c, _ in checkpoints.values())
+            batch.ckpt_offsets = torch.tensor(offsets, dtype=torch.int32, device=dev)
+            batch.ckpt_slots = torch.tensor(targets, dtype=torch.long, device=dev)
         hidden = self.model(batch, self.cache)
+        for req, _ in prefills:
+            if req.request_id in checkpoints:
+                (_, r, _, slot), _ = checkpoints[req.request_id]
+                self.prefix.adopt(req.tokens(0, req.num_computed + r), slot, req.pages, req.media_keys)
         rows, sampled = list(range(len(decode))), list(decode)  # the rows that sample a token, in order
         for i, (req, end) in enumerate(prefills, start=len(decode)):
             req.num_computed = end
@@ -233,6 +247,23 @@ class Engine:
             for req, token, lp in zip(sampled, tokens, logprobs):
                 events.extend(self._append(req, token, lp))
         return events
+
+    def _forward_checkpoints(self, prefills: list[tuple[Request, int]], marks: dict[str, int],
+                             first_row: int) -> dict[str, tuple[tuple[int, int, int, int], int]]:
+        """Per request with a mark inside its chunk and a state slot to spare: ``((row, r, own_slot, slot), i)``
+        for :class:`ForwardBatch` (the chunk's first packed row, tokens before the mark, the request's and
+        the checkpoint's state slots) and the request's index in the batch."""
+        out: dict[str, tuple[tuple[int, int, int, int], int]] = {}
+        row = first_row
+        for i, (req, end) in enumerate(prefills, start=first_row):
+            start, mark = req.num_computed, marks.get(req.request_id)
+            if mark is not None and self.prefix is not None and not self.prefix.holds(req.tokens(0, mark),
+                                                                                        req.media_keys):
+                slot = self.prefix.reserve_slot()
+                if slot is not None:
+                    out[req.request_id] = (row, mark - start, req.slot, slot), i
+            row += end - start
+        return out
 
     def _maybe_checkpoint(self, req: Request, prompt_done: bool) -> None:
         """After a prompt chunk that stopped at a checkpoint mark, let the prefix cache keep the state."""

@@ -139,16 +139,36 @@ class PrefixCache:
         key, length = cache_key(tokens, media_keys), len(tokens)
         if length == 0 or key in self._by_length.get(length, {}):
             return False
-        target = self.slots.acquire()
-        if target is None and self.free_slot():
-            target = self.slots.acquire()
+        target = self.reserve_slot()
         if target is None:
             return False
         self.cache.copy_slot(slot, target)
+        return self.adopt(tokens, target, pages, media_keys)
+
+    def holds(self, tokens: list[int], media_keys: tuple[tuple[int, str], ...] = ()) -> bool:
+        """Whether ``tokens`` are checkpointed already."""
+        return cache_key(tokens, media_keys) in self._by_length.get(len(tokens), {})
+
+    def reserve_slot(self) -> int | None:
+        """A state slot for a new checkpoint (freeing the least recently used one's if none is free), or
+        None. The forward that fills it hands it back through :meth:`adopt`."""
+        target = self.slots.acquire()
+        if target is None and self.free_slot():
+            target = self.slots.acquire()
+        return target
+
+    def adopt(self, tokens: list[int], slot: int, pages: list[int],
+              media_keys: tuple[tuple[int, str], ...] = ()) -> bool:
+        """Checkpoint ``tokens`` with the state already in ``slot`` (from :meth:`reserve_slot`; released
+        if that prefix is already checkpointed); False then."""
+        key, length = cache_key(tokens, media_keys), len(tokens)
+        if length == 0 or key in self._by_length.get(length, {}):
+            self.slots.release(slot)
+            return False
         needed = pages[: -(-length // self.page_size)]
         for page in needed:
             self.pages.incref(page)
-        self._by_length.setdefault(length, {})[key] = Checkpoint(key, length, target, list(needed), next(self._clock))
+        self._by_length.setdefault(length, {})[key] = Checkpoint(key, length, slot, list(needed), next(self._clock))
         self.stats.inserted += 1
         return True
 

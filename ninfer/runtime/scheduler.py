@@ -34,6 +34,9 @@ class QueueFull(RuntimeError):
 class StepPlan:
     decode: list[Request]
     prefills: list[tuple[Request, int]] = field(default_factory=list)  # (request, end): prompt [num_computed, end)
+    # request id -> prompt position whose state the forward also keeps for the prefix cache (in-forward
+    # checkpoint: the chunk goes on past it instead of ending there)
+    checkpoints: dict[str, int] = field(default_factory=dict)
 
 
 class Scheduler:
@@ -137,6 +140,7 @@ class Scheduler:
         ``pack_prefills`` off, and for a prompt with media, a step prefills one chunk of one prompt."""
         decode = [r for r in self.running if r.prefill_done]
         prefills: list[tuple[Request, int]] = []
+        checkpoints: dict[str, int] = {}
         budget = self.prefill_chunk
         for req in self.running:
             if req.prefill_done:
@@ -145,20 +149,27 @@ class Scheduler:
             if budget <= 0 or (prefills and alone):
                 break
             end = min(req.num_computed + budget, req.prefill_target)
-            if self.prefix is not None:
-                end = min(end, self.checkpoint_after(req) or end)
+            mark = self.checkpoint_after(req) if self.prefix is not None else None
+            if mark is not None and mark < end:
+                # A packed step's forward writes the state at its chunk's last mark itself; earlier marks,
+                # and the one-prompt path (speculation, media), end the chunk there.
+                later = self.checkpoint_after(req, mark)
+                if alone or (later is not None and later < end):
+                    end = mark
+                else:
+                    checkpoints[req.request_id] = mark
             prefills.append((req, end))
             budget -= end - req.num_computed
             if alone:
                 break
-        return StepPlan(decode, prefills)
+        return StepPlan(decode, prefills, checkpoints)
 
-    def checkpoint_after(self, req: Request) -> int | None:
-        """The next prompt position (beyond what is computed) where the prefix cache takes a checkpoint:
-        every ``interval`` tokens, one token before the prompt's end so that a repeated prompt hits
-        (:func:`prompt_end_mark`), and the request's own marks (chat turn boundaries)."""
+    def checkpoint_after(self, req: Request, start: int | None = None) -> int | None:
+        """The next prompt position beyond ``start`` (default: what is computed) where the prefix cache takes
+        a checkpoint: every ``interval`` tokens, one token before the prompt's end so that a repeated prompt
+        hits (:func:`prompt_end_mark`), and the request's own marks (chat turn boundaries)."""
         assert self.prefix is not None
-        start, n = req.num_computed, len(req.prompt_ids)
+        start, n = req.num_computed if start is None else start, len(req.prompt_ids)
         end = prompt_end_mark(n, req.checkpoint_marks)
         marks = [(start // self.prefix.interval + 1) * self.prefix.interval, *req.checkpoint_marks,
                  *([] if end is None else [end])]

@@ -140,3 +140,45 @@ def test_dispatch_prefill_then_decode_under_cuda_graph() -> None:
         graph.replay()
         assert _rel_err(o_step, ref[rows]) < 1e-2
     assert _rel_err(inp["state"][slot_ids], expect[slot_ids]) < 1e-2
+
+
+def test_chunked_checkpoints_inside_the_launch() -> None:
+    """Prefix-cache checkpoints written by the chunked launch: o and final states match the reference as
+    without them; each checkpoint slot holds the fp32 reference's state after the first r tokens; other
+    slots are untouched. (The runs with and without checkpoints are tuned apart and may pick different
+    configs, so they are each held to the reference rather than to each other bit for bit.)"""
+    lens = [1, 63, 64, 65, 300, 1000, 200]
+    offsets = [1, 0, 64, 37, 300, 515, 128]  # 1, none, chunk boundaries, mid-chunk, the last token
+    batch = len(lens)
+    inp = _inputs(lens, 2 * batch + 2, torch.bfloat16, 5)
+    perm = torch.randperm(2 * batch + 2, device="cuda")
+    slot_ids, ckpt_slots = perm[:batch], perm[batch:2 * batch].to(torch.int32)
+    ckpt_offsets = torch.tensor(offsets, device="cuda", dtype=torch.int32)
+    has = [b for b in range(batch) if offsets[b] > 0]
+    named = torch.zeros(2 * batch + 2, dtype=torch.bool, device="cuda")
+    named[slot_ids] = True
+    named[ckpt_slots[has].long()] = True
+    initial = inp["state"].clone()
+    initial[~named] = float("nan")
+    plain, with_ckpt = initial.clone(), initial.clone()
+    run = lambda st, **kw: gated_delta_rule_chunked_triton(  # noqa: E731
+        *(inp[x] for x in KEYS), inp["A_log"], inp["dt_bias"], st, inp["cu_seqlens"], slot_ids, **kw)
+    o_plain = run(plain)
+    o_ckpt = run(with_ckpt, ckpt_offsets=ckpt_offsets, ckpt_slots=ckpt_slots)
+    starts = inp["cu_seqlens"][:-1].tolist()
+    rows = torch.cat([torch.arange(starts[b], starts[b] + offsets[b]) for b in has]).cuda()
+    cu = torch.tensor([0] + [offsets[b] for b in has], device="cuda").cumsum(0).to(torch.int32)
+    ref, ref_full = initial.clone(), initial.clone()
+    gated_delta_rule_reference(*(inp[x][rows].float() for x in KEYS), inp["A_log"], inp["dt_bias"], ref, cu,
+                               slot_ids[has])
+    o_ref = gated_delta_rule_reference(*(inp[x].float() for x in KEYS), inp["A_log"], inp["dt_bias"], ref_full,
+                                       inp["cu_seqlens"], slot_ids)
+    torch.cuda.synchronize()
+    out_tol, state_tol = _tolerances(gated_delta_rule_chunked_triton, torch.bfloat16)
+    for o, st in ((o_plain, plain), (o_ckpt, with_ckpt)):
+        assert _rel_err(o, o_ref) < out_tol and _rel_err(st[slot_ids], ref_full[slot_ids]) < state_tol
+    assert torch.isnan(with_ckpt[~named]).all()
+    for b in has:
+        assert _rel_err(with_ckpt[ckpt_slots[b]], ref[slot_ids[b]]) < state_tol, (b, offsets[b])
+        if offsets[b] == lens[b]:  # the same launch computes both from the same operands
+            assert _rel_err(with_ckpt[ckpt_slots[b]], with_ckpt[slot_ids[b]]) < 1e-6

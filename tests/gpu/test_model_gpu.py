@@ -85,3 +85,19 @@ def test_quantized_kv_close_to_bf16(dense: TinyCheckpoint, kv_dtype: str, tol: f
                       cuda_graphs=False)
     a, b = ref.score(ids), llm.score(ids)
     assert (a - b).abs().mean().item() < tol
+
+
+def test_prefix_checkpoints_inside_the_forward_resume_exactly(dense: TinyCheckpoint) -> None:
+    """The chunked DeltaNet kernel writes a prefix-cache checkpoint mid-chunk (at the prompt's end, 149 of
+    150 tokens, inside the chunk that starts at the 100-token interval mark); a longer prompt resumes there
+    and decodes what the engine without a cache decodes."""
+    kw = dict(device="cuda", dtype=torch.float32, max_concurrency=2, prefill_chunk=256, progress=False)
+    plain = ninfer.load(dense.path, prefix_cache=False, **kw)
+    llm = ninfer.load(dense.path, prefix_cache=True, checkpoint_interval=100, checkpoint_slots=4, **kw)
+    prompt = _prompt(150, seed=21)
+    longer = prompt + _prompt(40, seed=22)
+    for p in (prompt, longer):
+        got = llm._run([llm._request(p, 8, llm.sampling_params(greedy=True))])[0]
+        want = plain._run([plain._request(p, 8, plain.sampling_params(greedy=True))])[0]
+        assert got.token_ids == want.token_ids
+    assert llm.engine.prefix.stats.hit_tokens == 149

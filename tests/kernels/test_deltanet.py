@@ -108,3 +108,58 @@ def test_recurrent_state_out_slots_match_token_by_token() -> None:
                                              torch.tensor([0, 1]), torch.tensor([0]))
             assert _rel(o[row], ref) < 1e-5
             assert _rel(inp["state"][out_slots[b, t]], running[0]) < 1e-5
+
+
+def _check_checkpoints(lens: list[int], offsets: list[int], dtype: torch.dtype, tol: float, seed: int) -> None:
+    """Checkpoints inside the chunked launch: outputs and final states as without them, and each
+    checkpoint slot holds the reference's final state of its sequence cut to its first r tokens."""
+    dk, dv, batch = 32, 16, len(lens)
+    slots = 3 * batch + 2  # final slots, checkpoint slots, two never named
+    inp = _inputs(lens, dk, dv, slots, dtype, seed)
+    perm = torch.randperm(slots, generator=torch.Generator().manual_seed(seed))
+    slot_ids, ckpt_slots = perm[:batch], perm[batch:2 * batch].to(torch.int32)
+    ckpt_offsets = torch.tensor(offsets, dtype=torch.int32)
+    named = torch.zeros(slots, dtype=torch.bool)
+    named[slot_ids] = True
+    named[ckpt_slots[ckpt_offsets > 0].long()] = True
+    initial = inp["state"].clone()
+    initial[~named] = float("nan")  # untouched slots must stay NaN
+    keys = ("q", "k", "v", "a", "b")
+    plain_state, ckpt_state = initial.clone(), initial.clone()
+    run = lambda st, **kw: gated_delta_rule_chunked_triton(  # noqa: E731
+        *(inp[x] for x in keys), inp["A_log"], inp["dt_bias"], st, inp["cu_seqlens"], slot_ids, **kw)
+    o_plain = run(plain_state)
+    o_ckpt = run(ckpt_state, ckpt_offsets=ckpt_offsets, ckpt_slots=ckpt_slots)
+    # (a) Checkpoints change nothing else (the same code computes o and the final state).
+    assert torch.equal(o_ckpt, o_plain)
+    assert torch.equal(ckpt_state[slot_ids], plain_state[slot_ids])
+    # (c) Slots named by no slot id or checkpoint are left alone.
+    assert torch.isnan(ckpt_state[~named]).all()
+    # (b) Each checkpoint equals the reference over the sequences truncated to their first r tokens.
+    starts = inp["cu_seqlens"][:-1].tolist()
+    has = [b for b in range(batch) if offsets[b] > 0]
+    rows = torch.cat([torch.arange(starts[b], starts[b] + offsets[b]) for b in has])
+    cu = torch.tensor([0] + [offsets[b] for b in has]).cumsum(0).to(torch.int32)
+    ref_state = initial.clone()
+    gated_delta_rule_reference(*(inp[x][rows] for x in keys), inp["A_log"], inp["dt_bias"], ref_state, cu,
+                               slot_ids[has])
+    got = ckpt_state[ckpt_slots[has].long()]
+    assert torch.isfinite(got).all()
+    assert _rel(got, ref_state[slot_ids[has]]) < tol
+    for b in has:  # per sequence too: a small state must not hide behind a large one's scale
+        assert _rel(ckpt_state[ckpt_slots[b]], ref_state[slot_ids[b]]) < tol
+        if offsets[b] == lens[b]:  # the last token: exactly the final state
+            assert torch.equal(ckpt_state[ckpt_slots[b]], ckpt_state[slot_ids[b]])
+
+
+CKPT_LENS = [1, 63, 64, 65, 150, 200, 300, 130]
+# 1, the last token (63, 64, 65, 300), chunk boundaries (64, 128), mid-chunk (37, 100), none (0).
+CKPT_OFFSETS = [1, 63, 64, 0, 100, 128, 300, 37]
+
+
+def test_chunked_checkpoints_fp32() -> None:
+    _check_checkpoints(CKPT_LENS, CKPT_OFFSETS, torch.float32, 1e-5, 5)
+
+
+def test_chunked_checkpoints_fp16_inputs() -> None:
+    _check_checkpoints(CKPT_LENS, [1, 0, 37, 65, 150, 64, 129, 128], torch.float16, 2e-2, 6)

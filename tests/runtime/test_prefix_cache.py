@@ -203,9 +203,10 @@ def test_prompt_end_mark_gives_way_to_a_chat_mark_just_before_it() -> None:
     assert prompt_end_mark(1, ()) is None
 
 
-def test_a_chat_prompt_prefills_in_as_few_chunks_as_its_marks_need(dense_ckpt: TinyCheckpoint, plain) -> None:
+def test_a_chat_prompt_prefills_in_one_forward(dense_ckpt: TinyCheckpoint, plain) -> None:
     # "<|im_start|>user ...<|im_end|>\n<|im_start|>assistant\n": one mark at the assistant turn's start, a few
-    # tokens before the end, which also serves a repeated prompt: two forwards, not three.
+    # tokens before the end, which also serves a repeated prompt; the forward writes its state itself:
+    # one forward, where ending the chunk at each mark took three.
     from ninfer.runtime.prefix_cache import END_MARK_REACH
 
     llm = _load(dense_ckpt, prefix_cache=True, checkpoint_slots=8)
@@ -218,7 +219,7 @@ def test_a_chat_prompt_prefills_in_as_few_chunks_as_its_marks_need(dense_ckpt: T
     prompt = llm.tokenizer.encode(llm.tokenizer.apply_chat_template(messages))
     assistant_start = max(i for i, t in enumerate(prompt) if t == llm.tokenizer.token_id("<|im_start|>"))
     assert len(prompt) - 1 - assistant_start <= END_MARK_REACH
-    assert len(forwards) == 2
+    assert len(forwards) == 1
     again = llm.chat(messages, max_new_tokens=1, greedy=True)  # a repeat hits at the assistant turn's start
     assert again.token_ids == first.token_ids and llm.engine.prefix.stats.hit_tokens == assistant_start
     _assert_balanced(llm)
@@ -229,3 +230,55 @@ def test_load_pins_host_blocks_ahead(dense_ckpt: TinyCheckpoint) -> None:
                       pause_host_gib=0.0, host_prepin_gib=0.005, progress=False)
     pool = llm.engine.cache.host
     assert pool.allocated > 0 and pool.allocated * pool.block_bytes <= 0.01 * (1 << 30)
+
+
+def _counting(llm) -> list[int]:
+    forwards, real = [], llm.engine._mixed_step
+    llm.engine._mixed_step = lambda *a, **k: forwards.append(1) or real(*a, **k)
+    return forwards
+
+
+def test_checkpoints_inside_the_forward_keep_outputs_and_hits(dense_ckpt: TinyCheckpoint, plain) -> None:
+    # A raw 150-token prompt: checkpoints at 100 (interval) and 149 (end) inside one 256-token chunk; the
+    # first ends the chunk, the forward writes the second. A repeat resumes at 149, a longer prompt at 149 too.
+    llm = _load(dense_ckpt, prefix_cache=True, checkpoint_interval=100, checkpoint_slots=4, prefill_chunk=256)
+    forwards = _counting(llm)
+    prompt = _tokens(150, 61)
+    first = _greedy(llm, [prompt], 6)[0]
+    assert first.output_ids == _expected(plain, [prompt], 6)[0]
+    assert len(forwards) == 2  # prefill forwards: [0, 100), [100, 150) with the end checkpoint inside
+    again = _greedy(llm, [prompt], 6)[0]
+    assert again.output_ids == first.output_ids and again.cached_tokens == 149
+    longer = prompt + _tokens(30, 62)
+    out = _greedy(llm, [longer], 4)[0]
+    assert out.output_ids == _expected(plain, [longer], 4)[0] and out.cached_tokens >= 149
+    _assert_balanced(llm)
+
+
+def test_no_slot_for_a_checkpoint_skips_it_without_a_forward(dense_ckpt: TinyCheckpoint, plain) -> None:
+    llm = _load(dense_ckpt, prefix_cache=True, checkpoint_interval=1000, checkpoint_slots=1, prefill_chunk=256)
+    prompt = _tokens(90, 63)
+    slots = llm.engine.slots
+    held = [slots.acquire() for _ in range(slots.num_free - 1)]  # one slot left: the request's own
+    forwards = _counting(llm)
+    out = _greedy(llm, [prompt], 3)[0]
+    assert out.output_ids == _expected(plain, [prompt], 3)[0]
+    assert len(forwards) == 1 and len(llm.engine.prefix) == 0  # no checkpoint, and no extra forward
+    for slot in held:
+        slots.release(slot)
+    _assert_balanced(llm)
+
+
+def test_checkpoints_inside_the_forward_on_the_triton_kernel(dense_ckpt: TinyCheckpoint, plain, monkeypatch) -> None:
+    # The same as above with the chunked DeltaNet Triton kernel (interpreter) writing the checkpoint in-launch.
+    import ninfer.kernels.deltanet as deltanet
+
+    monkeypatch.setattr(deltanet, "use_triton", lambda x: True)
+    llm = _load(dense_ckpt, prefix_cache=True, checkpoint_interval=100, checkpoint_slots=4, prefill_chunk=256)
+    prompt = _tokens(150, 71)
+    first = _greedy(llm, [prompt], 4)[0]
+    assert first.output_ids == _expected(plain, [prompt], 4)[0]
+    longer = prompt + _tokens(20, 72)
+    again = _greedy(llm, [longer], 4)[0]
+    assert again.output_ids == _expected(plain, [longer], 4)[0] and again.cached_tokens == 149
+    _assert_balanced(llm)
