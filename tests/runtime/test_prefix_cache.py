@@ -282,3 +282,17 @@ def test_checkpoints_inside_the_forward_on_the_triton_kernel(dense_ckpt: TinyChe
     again = _greedy(llm, [longer], 4)[0]
     assert again.output_ids == _expected(plain, [longer], 4)[0] and again.cached_tokens == 149
     _assert_balanced(llm)
+
+
+def test_checkpoint_inside_a_mixed_step_with_decode_rows(dense_ckpt: TinyCheckpoint, plain) -> None:
+    # A short request decodes while a longer prompt's chunk (with its end checkpoint inside) rides in the
+    # same forward: the checkpoint's batch row and token offset must skip the decode rows.
+    llm = _load(dense_ckpt, prefix_cache=True, checkpoint_interval=1000, checkpoint_slots=4, prefill_chunk=64)
+    short, long = _tokens(10, 81), _tokens(120, 82)
+    reqs = [llm._request(p, 12, llm.sampling_params(greedy=True)) for p in (short, long)]
+    llm._run(reqs)
+    assert [r.output_ids for r in reqs] == _expected(plain, [short, long], 12)
+    longer = long + _tokens(9, 83)
+    again = _greedy(llm, [longer], 4)[0]
+    assert again.output_ids == _expected(plain, [longer], 4)[0] and again.cached_tokens == 119
+    _assert_balanced(llm)
