@@ -136,7 +136,7 @@ class ModelCache:
         tensors, per, n = self._page_tensors(), self.pages_per_block, len(pages)
         assert n <= saved.rows, "more pages than the copy holds"
         index = torch.tensor(pages, dtype=torch.long, device=self.device)
-        for i, tensor in enumerate(self._page_tensors()):
+        for i, tensor in enumerate(tensors):
             data = tensor.view(torch.uint8)
             rows = torch.empty((n, *data.shape[1:]), dtype=torch.uint8, device=data.device)
             for c, start in enumerate(range(0, n, per)):

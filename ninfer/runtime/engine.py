@@ -22,12 +22,12 @@ from ninfer.runtime.memory import MemoryPlan, dequant_workspace_bytes, plan_memo
 from ninfer.runtime.output import OutputProcessor
 from ninfer.runtime.pause import Pauser
 from ninfer.runtime.pools import PagePool, SlotPool
-from ninfer.runtime.prefix_cache import PrefixCache, prompt_end_mark
+from ninfer.runtime.prefix_cache import PrefixCache
 from ninfer.runtime.request import Request, RequestOutput, Status
 from ninfer.runtime.sampler import Sampler, TokenLogprobs
 from ninfer.runtime.scheduler import Scheduler
 from ninfer.runtime.speculative import MTPSpeculator, SpecStats, committed_tokens
-from ninfer.runtime.warmup import warm_up, warmup_chunk_lengths  # noqa: F401 - warmup_chunk_lengths: re-export
+from ninfer.runtime.warmup import warm_up
 
 # Decode rows join a step's prompt chunks in one forward while their contexts are shorter than this:
 # beyond it their attention (prefill kernel, no split-KV) costs more than the separate decode step saved.
@@ -222,16 +222,14 @@ class Engine:
         )
         if checkpoints:
             offsets, targets = [0] * len(reqs), [0] * len(reqs)
-            for (row, r, _, slot), i in checkpoints.values():
+            for i, _, row, r, slot in checkpoints:
                 offsets[i], targets[i] = r, slot
-            batch.checkpoints = tuple(c for c, _ in checkpoints.values())
+            batch.checkpoints = tuple((row, r, req.slot, slot) for _, req, row, r, slot in checkpoints)
             batch.ckpt_offsets = torch.tensor(offsets, dtype=torch.int32, device=dev)
             batch.ckpt_slots = torch.tensor(targets, dtype=torch.long, device=dev)
         hidden = self.model(batch, self.cache)
-        for req, _ in prefills:
-            if req.request_id in checkpoints:
-                (_, r, _, slot), _ = checkpoints[req.request_id]
-                self.prefix.adopt(req.tokens(0, req.num_computed + r), slot, req.pages, req.media_keys)
+        for _, req, _, r, slot in checkpoints:  # num_computed is still the chunk's start
+            self.prefix.adopt(req.tokens(0, req.num_computed + r), slot, req.pages, req.media_keys)
         rows, sampled = list(range(len(decode))), list(decode)  # the rows that sample a token, in order
         for i, (req, end) in enumerate(prefills, start=len(decode)):
             req.num_computed = end
@@ -249,25 +247,23 @@ class Engine:
         return events
 
     def _forward_checkpoints(self, prefills: list[tuple[Request, int]], marks: dict[str, int],
-                             first_row: int) -> dict[str, tuple[tuple[int, int, int, int], int]]:
-        """Per request with a mark inside its chunk and a state slot to spare: ``((row, r, own_slot, slot), i)``
-        for :class:`ForwardBatch` (the chunk's first packed row, tokens before the mark, the request's and
-        the checkpoint's state slots) and the request's index in the batch."""
-        out: dict[str, tuple[tuple[int, int, int, int], int]] = {}
+                             first_row: int) -> list[tuple[int, Request, int, int, int]]:
+        """``(i, req, row, r, slot)`` per request with a mark inside its chunk and a state slot to spare: its
+        index in the batch, the chunk's first packed row, the tokens before the mark, the checkpoint's slot."""
+        out = []
         row = first_row
         for i, (req, end) in enumerate(prefills, start=first_row):
             start, mark = req.num_computed, marks.get(req.request_id)
-            if mark is not None and self.prefix is not None and not self.prefix.holds(req.tokens(0, mark),
-                                                                                        req.media_keys):
+            if mark is not None and not self.prefix.holds(req.tokens(0, mark), req.media_keys):
                 slot = self.prefix.reserve_slot()
                 if slot is not None:
-                    out[req.request_id] = (row, mark - start, req.slot, slot), i
+                    out.append((i, req, row, mark - start, slot))
             row += end - start
         return out
 
     def _maybe_checkpoint(self, req: Request, prompt_done: bool) -> None:
         """After a prompt chunk that stopped at a checkpoint mark, let the prefix cache keep the state."""
-        if self.prefix is not None and not prompt_done and self._is_checkpoint_mark(req):
+        if self.prefix is not None and not prompt_done and self.scheduler.is_checkpoint_mark(req, req.num_computed):
             self.prefix.insert(req.tokens(0, req.num_computed), req.slot, req.pages, req.media_keys)
 
     def run_until_done(self) -> list[RequestOutput]:
@@ -294,11 +290,6 @@ class Engine:
         if hit.length % ps:
             self._slots_for(req, hit.length, hit.length + 1)  # takes the page that holds position hit.length
             self.cache.copy_page(hit.checkpoint.pages[hit.length // ps], req.pages[-1])
-
-    def _is_checkpoint_mark(self, req: Request) -> bool:
-        n, done = len(req.prompt_ids), req.num_computed
-        return (done == prompt_end_mark(n, req.checkpoint_marks) or done % self.prefix.interval == 0
-                or done in req.checkpoint_marks)
 
     # -- model calls --------------------------------------------------------------------------
     def _slots_for(self, req: Request, start: int, end: int) -> list[int]:

@@ -278,9 +278,9 @@ END_MARK_REACH = 16
 def prompt_end_mark(prompt_len: int, marks: tuple[int, ...]) -> int | None:
     """The checkpoint one token before the prompt's end, so that a repeated prompt hits; ``None`` when one
     of the request's marks lies at most ``END_MARK_REACH`` tokens before it (a rendered chat's last turn
-    start, ``<|im_start|>assistant``), which serves a repeat as well. Every mark ends a prefill chunk, and
-    each extra chunk is another forward that reads every weight once more (~11 ms on the 27B int4 model):
-    a short chat prompt would otherwise take three forwards where two do."""
+    start, ``<|im_start|>assistant``), which serves a repeat as well. A chunk's forward writes only its
+    last mark's state itself; a mark before it ends the chunk, and each extra chunk is another forward
+    that reads every weight once more (~11 ms on the 27B int4 model)."""
     end = prompt_len - 1
     if end <= 0 or any(end - END_MARK_REACH <= m < end for m in marks):
         return None

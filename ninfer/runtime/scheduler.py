@@ -175,6 +175,12 @@ class Scheduler:
                  *([] if end is None else [end])]
         return min((m for m in marks if start < m < n), default=None)
 
+    def is_checkpoint_mark(self, req: Request, pos: int) -> bool:
+        """Whether prompt position ``pos`` is one of :meth:`checkpoint_after`'s marks."""
+        assert self.prefix is not None
+        return (pos % self.prefix.interval == 0 or pos in req.checkpoint_marks
+                or pos == prompt_end_mark(len(req.prompt_ids), req.checkpoint_marks))
+
     def ensure_pages(self, req: Request, upto_tokens: int) -> list[int]:
         """Take reserved pages until the sequence can hold ``upto_tokens``; returns the new pages."""
         new = []
