@@ -13,14 +13,17 @@ mkdir -p "$OUT"
 LOG=$OUT/runbook.log
 DEADLINE=$((SECONDS + ${BUDGET:-560}))
 source perf/device_cache.sh
-if compgen -G ".whl/*.whl" > /dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    >> "$LOG" 2>&1 && export PYTHONPATH=/tmp/site
+if [ -z "${RUNBOOK_SHARED:-}" ]; then  # perf/gpu_pair.sh prepares once for two stages and saves the cache itself
+  if compgen -G ".whl/*.whl" > /dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+      >> "$LOG" 2>&1 && export PYTHONPATH=/tmp/site
+  fi
+  cache_restore >> "$LOG" 2>&1
 fi
 export PYTHONPATH=$PWD:$PWD/perf:${PYTHONPATH:-}
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)"
-  cache_restore; } >> "$LOG" 2>&1
+  echo "CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-all}"; } >> "$LOG" 2>&1
 
 # part SECONDS CMD...: run CMD with at most SECONDS (less if the call's deadline is nearer), log it, save the cache.
 part() {
@@ -31,7 +34,7 @@ part() {
   echo "=== $(date +%T) [${limit}s] $*" >> "$LOG"
   timeout "$limit" "$@" >> "$LOG" 2>&1
   echo "--- rc=$? $*" >> "$LOG"
-  cache_save >> "$LOG" 2>&1
+  [ -n "${RUNBOOK_SHARED:-}" ] || cache_save >> "$LOG" 2>&1
 }
 # gpu_tests SECONDS FILE [pytest args]: one GPU test file, its log also in gpu_tests.log. Pass -n N for files
 # that compile many configs: pytest-xdist workers compile in parallel on the machine's 16 cores.
