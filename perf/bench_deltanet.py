@@ -140,7 +140,7 @@ def inverse_precisions(args: list[torch.Tensor], tokens: int, default_ms: float,
     default = deltanet_chunk.INVERSE_PRECISION
     ref = gated_delta_rule(*args, h0.clone(), cu, slots, tokens)
     try:
-        for prec in ("tf32x3", "tf32"):
+        for prec in [p for p in ("ieee", "tf32x3", "tf32") if p != default]:
             deltanet_chunk.INVERSE_PRECISION = prec
             out = gated_delta_rule(*args, h0.clone(), cu, slots, tokens)
             state = h0.clone()

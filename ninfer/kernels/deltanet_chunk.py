@@ -35,8 +35,9 @@ SUB = 16  # side of the blocks of T
 # Products of the fp32 16 x 16 blocks of T = (I + A)^-1 in bf16/fp16 runs (fp32 runs are always "ieee").
 # TF32, Triton's default for fp32, puts ~1e-3 relative error into T; "ieee" (FMA loops) is exact; "tf32x3"
 # (three TF32 products) is near-fp32 on the tensor cores. perf/bench_deltanet.py times the three in one
-# run: the prefill got ~30% slower at 8k/32k between two runs with only the switch to "ieee" in between.
-INVERSE_PRECISION = "ieee"
+# run; on the H200 "tf32x3" was the fastest at 1k/8k/32k (4-5% over "ieee" at 8k/32k) with outputs within
+# 1.1e-3 relative of "ieee"'s, so it is the default.
+INVERSE_PRECISION = "tf32x3"
 # dv block of the state kernel; not smaller: with 16 or 32 (wgmma N = 16 / 32 in its chain of
 # dots) Triton 3.6 on sm_90 emits wgmma reads past the end of a shared-memory operand (memcheck:
 # invalid __shared__ read at the ``T @ (V - ...)`` dot), so 16-bit inputs fault with an illegal

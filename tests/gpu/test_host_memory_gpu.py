@@ -36,10 +36,11 @@ def _fill(tensors: list[torch.Tensor], seed: int) -> None:
 def test_async_copies_are_exact_under_immediate_reuse(kv_dtype: str) -> None:
     cache = ModelCache(CONFIG, num_pages=40, page_size=64, num_slots=3, device="cuda", dtype=torch.bfloat16,
                        kv_dtype=kv_dtype, host_limit=4 << 30, host_block_bytes=4 << 20)
-    assert cache._state_layout.num_blocks > 1 and cache.pages_per_block < 8  # copies span several blocks
     states, pages_t = cache._states(), cache._page_tensors()
     _fill([*states, *pages_t], seed=0)
     pages = list(range(3, 40, 2))
+    # both copies span several blocks (a slot's state is 18 MiB, a bf16 page 512 KiB: 8 pages per block)
+    assert cache._state_layout.num_blocks > 1 and len(pages) > cache.pages_per_block
     want_slot, want_pages = _bits([s[0] for s in states]), _bits([t[pages] for t in pages_t])
     state, kv = cache.save_slot(0), cache.save_pages(pages)
     assert all(b.data.is_pinned() for b in (*state.blocks, *kv.blocks))
