@@ -159,6 +159,8 @@ def main() -> None:
     parser.add_argument("--m", default=",".join(map(str, MS)))
     parser.add_argument("--shapes", default=",".join(SHAPES))
     parser.add_argument("--no-gemlite", action="store_true")
+    parser.add_argument("--gemlite-budget", type=float, default=GEMLITE_BUDGET_S,
+                        help="seconds of gemlite set-up and timing before its baseline is skipped")
     parser.add_argument("--tune", action="store_true", help="benchmark every candidate config per key first")
     parser.add_argument("--path", default="default",
                         help=f"comma list of kernel paths to time per point: {', '.join(PATHS)}")
@@ -191,12 +193,12 @@ def main() -> None:
             weight_bytes = sum(t.numel() * t.element_size() for t in qt.tensors.values())
             kind = fmt.split("-g")[0] if fmt.startswith("int8") else fmt
             glayer = None
-            if use_gemlite and gemlite_s < GEMLITE_BUDGET_S and (kind, ms[0]) not in gemlite_ms:
+            if use_gemlite and gemlite_s < args.gemlite_budget and (kind, ms[0]) not in gemlite_ms:
                 glayer = _gemlite_layer(fmt, qt, w)
             for m in ms:
                 x = xs[m]
                 points = {path: _run_path(path, fmt, x, qt, args.tune) for path in paths}
-                if glayer is not None and gemlite_s < GEMLITE_BUDGET_S:
+                if glayer is not None and gemlite_s < args.gemlite_budget:
                     t0 = time.time()
                     try:
                         gemlite_ms[kind, m] = _time(lambda x=x, layer=glayer: layer(x), m <= 16)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The pending GPU work in priority order, cut into device calls of under ten minutes each:
-#   OUT=$OUT bash perf/gpu_runbook.sh 1     (then 2, 3, 4, 5) — carry [".whl", ".devcache"]
+#   OUT=$OUT bash perf/gpu_runbook.sh 1     (then 2 ... 6) — carry [".whl", ".devcache"]
 # Results land in $OUT: runbook.log (every part's output), perf.jsonl (records: copy to perf/results/),
 # gpu_tests.log, model_gpu.log (stage 1), and cache.tgz.* — the compiled kernels and tuning choices of this call; copy those
 # into .devcache/ before the next call so it does not compile and tune from scratch (perf/device_cache.sh).
@@ -76,7 +76,12 @@ case ${1:-1} in
       part 110 python3 perf/profile_step.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4
       part 120 python3 perf/bench_sampling.py
       NINFER_TUNE_CACHE=off part 120 python3 perf/bench_moe.py --no-bf16 --formats int4-g64,nvfp4 --path auto,dot,gemv
-      part 150 python3 perf/bench_quant_gemm.py --path tuned --m 1,8,4096 --shapes gate_up,down --formats int4-g64,nvfp4,fp8
+      ;;
+  6)  # the pinned-pool GPU test, decode attention's (config, splits) sweep (issue 3), gemlite across shapes (4)
+      gpu_tests 70 host_memory_gpu
+      part 170 python3 perf/sweep_attention_decode.py
+      part 250 python3 perf/bench_quant_gemm.py --path tuned --m 1,8,4096 --shapes gate_up,down,q_proj,in_proj_qkv \
+        --formats int4-g64,nvfp4,fp8 --gemlite-budget 200
       ;;
 esac
 tail -60 "$LOG"
