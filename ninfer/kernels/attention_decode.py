@@ -154,8 +154,29 @@ def _sm_count(device: torch.device) -> int:
 
 
 def default_num_splits(device: torch.device, batch: int, kv_heads: int) -> int:
-    """About two programs per SM for any batch; 1 when the batch alone fills the GPU."""
-    return max(1, min(MAX_SPLITS, triton.cdiv(2 * _sm_count(device), batch * kv_heads)))
+    """About four programs per SM for any batch (at most ``MAX_SPLITS``); 1 when the batch alone fills it.
+
+    Measured on the H200 (``perf/sweep_attention_decode.py``, 27B heads, bf16 KV, contexts 8k-128k): at
+    batch 8, 16 splits (512 programs) reach 86-107 % of copy bandwidth where 9 (two per SM) reached
+    44-48 %; at batch 1 the cap of 64 splits was the best of those timed."""
+    return max(1, min(MAX_SPLITS, 4 * _sm_count(device) // (batch * kv_heads)))
+
+
+def measured_config(q: torch.Tensor, kv: "PagedKV", programs: int) -> dict | None:
+    """The tile config the H200 sweep found best for 16-bit queries over bf16 KV, or None (autotune).
+
+    ``perf/sweep_attention_decode.py`` timed every config with every split count: 64-key tiles in two
+    stages won with up to ~256 programs (batch 1: 39 / 70 / 94 % of copy bandwidth at 8k / 32k / 128k),
+    32-key tiles in two stages with ~512 (batch 8: 86 / 102 / 107 %, reads only), within 3 % of the
+    best in every case. The autotuner cannot find this itself: its key holds no batch or context, so it
+    would time whichever shape came first. Other GPUs (the RTX 5090 has 99 KB of shared memory, too
+    little for 64-key tiles in two stages), fp32 and quantized KV keep the autotuner."""
+    if q.device.type != "cuda" or q.dtype == torch.float32 or kv.quant is not None:
+        return None
+    if torch.cuda.get_device_capability(q.device) != (9, 0):
+        return None
+    block_n = 32 if programs >= 384 else 64
+    return {"BLOCK_N": block_n, "num_warps": 4, "num_stages": 2}
 
 
 def paged_attention_decode_triton(
@@ -182,8 +203,10 @@ def paged_attention_decode_triton(
     part_o = torch.empty((n, heads, splits, head_dim) if splits > 1 else (1,), dtype=torch.float32, device=q.device)
     part_lse = torch.empty((n, heads, splits) if splits > 1 else (1,), dtype=torch.float32, device=q.device)
     block_m = max(16, triton.next_power_of_2(max_seqlen * consts["GROUP"]))
-    _decode_kernel[(kv_heads, batch, splits)](*args, cu_seqlens, context_lens, scale * LOG2E, part_o, part_lse, splits,
-                                              BLOCK_M=block_m, **consts)
+    chosen = measured_config(q, kv, kv_heads * batch * splits)
+    kernel = _decode_kernel if chosen is None else _decode_kernel.fn  # .fn: the kernel without its autotuner
+    kernel[(kv_heads, batch, splits)](*args, cu_seqlens, context_lens, scale * LOG2E, part_o, part_lse, splits,
+                                      BLOCK_M=block_m, **consts, **(chosen or {}))
     if splits > 1:
         g = out if gate is None else gate
         _merge_kernel[(heads, max_seqlen, batch)](

@@ -121,6 +121,16 @@ def test_decode_batch(kv_dtype: str, num_splits: int | None) -> None:
     _check(out, paged_attention_reference(q.float(), kv, table, cu, ctx, SCALE), 1e-2)
 
 
+@pytest.mark.parametrize("ctx_len", [100, 20000])
+def test_decode_batch_one(ctx_len: int) -> None:
+    """Batch 1 takes the other measured tile config on the H200 (64-key tiles; see ``measured_config``)."""
+    torch.manual_seed(4)
+    kv, table, cu, ctx = _batch([ctx_len], [1], "bf16")
+    q = torch.randn(1, HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
+    out = paged_attention_decode_triton(q, kv, table, cu, ctx, SCALE, 1)
+    _check(out, paged_attention_reference(q.float(), kv, table, cu, ctx, SCALE), 1e-2)
+
+
 @pytest.mark.parametrize("kv_dtype", ["bf16", "fp8"])
 def test_speculative_decode(kv_dtype: str) -> None:
     torch.manual_seed(3)
