@@ -166,3 +166,29 @@ def test_deterministic_and_graph_replay(experts: tuple[torch.Tensor, torch.Tenso
 def test_block_m_choice() -> None:
     assert moe_gemm.block_m_for(8 * TOP_K, E) == 16
     assert moe_gemm.block_m_for(8192 * TOP_K, E) == 64
+
+
+def test_stacked_router_and_shared_gate_match_separate_projections() -> None:
+    """On CUDA the MoE block runs the router and the shared expert's gate as one GEMM over a stacked
+    weight (``SparseMoeBlock._router_and_shared_gate``): same logits as the two projections, and a
+    changed weight is picked up (the stack is rebuilt)."""
+    from ninfer.config import parse_config
+    from ninfer.models.moe import SparseMoeBlock
+    from tiny_checkpoints import MOE_KWARGS, text_config_kwargs
+
+    config = parse_config({"model_type": "qwen3_5_moe_text", **text_config_kwargs(), **MOE_KWARGS,
+                           "num_experts": 256, "hidden_size": 2048})
+    block = SparseMoeBlock(config).to("cuda", torch.bfloat16)
+    torch.manual_seed(5)
+    for p in (block.gate.weight, block.shared_expert_gate.weight):
+        p.data.normal_(0, 0.02)
+    for rows in (1, 8, 300):
+        x = torch.randn(rows, 2048, device="cuda", dtype=torch.bfloat16)
+        router, shared = block._router_and_shared_gate(x)
+        assert router.shape == (rows, 256) and shared.shape == (rows, 1)
+        torch.testing.assert_close(router.float(), block.gate(x).float(), atol=2e-2, rtol=2e-2)
+        torch.testing.assert_close(shared.float(), block.shared_expert_gate(x).float(), atol=2e-2, rtol=2e-2)
+    with torch.no_grad():
+        block.shared_expert_gate.weight.mul_(-1)
+    _, flipped = block._router_and_shared_gate(x)
+    torch.testing.assert_close(flipped.float(), -shared.float())
