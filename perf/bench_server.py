@@ -269,6 +269,9 @@ def load(args: argparse.Namespace) -> tuple[Any, str]:
         label += " simulated-device" + (" no-overlap" if args.no_overlap else "")
     elif args.random or args.text_tokens:
         print(f"sampling restricted to {text_tokens_only(llm)} plain-text tokens", flush=True)
+    if args.no_overlap:  # the A/B of the server's launch-timed hand-overs (ninfer/runtime/async_engine.py)
+        llm.engine.launches_async = False
+        label += "" if args.simulate_device else " no-overlap"
     return llm, label
 
 
@@ -293,7 +296,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--simulate-device", action="store_true",
                    help="CPU: replace the model by perf/device_sim.py's stand-in for a GPU (launch, then wait)")
     p.add_argument("--no-overlap", action="store_true",
-                   help="with --simulate-device: the server hands outputs over as soon as a step ends")
+                   help="the server hands outputs over as soon as a step ends (the behaviour before launch timing)")
     p.add_argument("--smoke", action="store_true", help="CPU check: tiny default model, levels 1 2, few tokens")
     args = p.parse_args(argv)
     if args.smoke:
