@@ -21,6 +21,7 @@ engine's lanes (``--lanes``, at most 8) queue in the server and in the library l
     python perf/bench_server.py --random 27b                         # GPU: levels 1 2 4 8 16
     python perf/bench_server.py ./my-model --prompt-tokens 1024 --max-tokens 256
     python perf/bench_server.py --smoke                              # CPU: tiny default model, C = 1, 2
+    python perf/bench_server.py --simulate-device --device cpu --levels 1 --max-tokens 64   # CPU, GPU-like timing
 
 Records (``perf/common.py``): ``server_ttft`` and ``server_decode`` per level, with
 ``baseline = "library API"``.
@@ -261,8 +262,16 @@ def load(args: argparse.Namespace) -> tuple[Any, str]:
         label = Path(args.model).name if args.model else "tiny-default"
     if args.random or not args.respect_eos:
         llm.stop_ids = frozenset()  # never stop early: every request decodes max_tokens tokens
-    if args.random or args.text_tokens:
+    if args.simulate_device:  # CPU: a stand-in for an asynchronous GPU (perf/device_sim.py), text tokens only
+        from device_sim import DeviceTimes, simulate_device
+
+        simulate_device(llm, DeviceTimes(), overlap=not args.no_overlap)
+        label += " simulated-device" + (" no-overlap" if args.no_overlap else "")
+    elif args.random or args.text_tokens:
         print(f"sampling restricted to {text_tokens_only(llm)} plain-text tokens", flush=True)
+    if args.no_overlap:  # the A/B of the server's launch-timed hand-overs (ninfer/runtime/async_engine.py)
+        llm.engine.launches_async = False
+        label += "" if args.simulate_device else " no-overlap"
     return llm, label
 
 
@@ -284,6 +293,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
                    help="zero a checkpoint's LM-head rows of non-text tokens (always done for --random)")
     p.add_argument("--client-in-process", action="store_true",
                    help="run the load generator on this process's event loop (default: its own process)")
+    p.add_argument("--simulate-device", action="store_true",
+                   help="CPU: replace the model by perf/device_sim.py's stand-in for a GPU (launch, then wait)")
+    p.add_argument("--no-overlap", action="store_true",
+                   help="the server hands outputs over as soon as a step ends (the behaviour before launch timing)")
     p.add_argument("--smoke", action="store_true", help="CPU check: tiny default model, levels 1 2, few tokens")
     args = p.parse_args(argv)
     if args.smoke:

@@ -344,11 +344,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--prompt-tokens", type=int, default=512)
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--json", help="also write the medians to this file")
+    p.add_argument("--simulate-device", action="store_true", help="perf/device_sim.py's stand-in for a GPU")
+    p.add_argument("--no-overlap", action="store_true", help="hand-overs as soon as a step ends (no launch timing)")
     p.add_argument("--profile", help="cProfile the event-loop thread over the measured requests; pstats to this file")
     args = p.parse_args(argv)
     bench_args = argparse.Namespace(random=None, model=None, device="cpu", lanes=2, prefill_chunk=1024,
                                     prompt_tokens=args.prompt_tokens, max_tokens=args.max_tokens,
-                                    no_cuda_graphs=True, respect_eos=False, text_tokens=True, recipe=None)
+                                    no_cuda_graphs=True, respect_eos=False, text_tokens=True, recipe=None,
+                                    simulate_device=args.simulate_device, no_overlap=args.no_overlap)
     llm, label = bench_server.load(bench_args)
     texts = [t for t, _ in bench_server.make_prompts(llm, args.requests + args.warmup, args.prompt_tokens)]
     install_probes()

@@ -8,6 +8,17 @@ self-pipe write on the engine thread and a chance for the loop thread to take th
 the events of one step (a token for each running request) travel together, and a batch posted
 while the previous one is still undelivered rides on its wake-up.
 
+On a device that runs a step asynchronously (CUDA: the host queues the forward, then waits for its
+tokens), the hand-over is timed so that the event loop's work overlaps the device rather than the
+host's launches: a decode step's events and the admissions made during a step are held until the
+engine reports the next forward queued (``Engine.on_launched``), i.e. until the engine thread is
+about to wait on the device with the GIL released. Otherwise the loop thread, woken just as the
+engine thread starts building the next step, takes the GIL at the engine's first released op and
+keeps it for its whole burst (chunk, SSE frame, socket write) while the device idles: on an H200 at
+batch 1 that cost ~0.2 ms per 11 ms token, and the response start during a prefill's launches
+delayed the first token by milliseconds. A request's first token and finished events are not held
+(the client waits on them), nor is anything when the engine goes idle after the step.
+
 When the thread ends for any reason, every open stream gets :class:`EngineStopped`, so that
 readers can wait on their events without polling the thread's liveness.
 """
@@ -71,7 +82,12 @@ class AsyncEngine:
         self._stopped = threading.Event()
         self._ended = False  # the thread has left its loop; set before open streams are failed
         self.last_error: Exception | None = None
+        # Posts waiting for the engine's next launch (see the module docstring), per loop, in order.
+        self._held: dict[_Mailbox, list[_Item]] = {}
+        self._overlap = bool(getattr(engine, "launches_async", False))
         engine.on_admit = self._admitted
+        if self._overlap:
+            engine.on_launched = self._flush
         self._thread = threading.Thread(target=self._run, name="ninfer-engine", daemon=True)
         self._thread.start()
 
@@ -129,28 +145,54 @@ class AsyncEngine:
         target = self._streams.get(request_id)
         if target is not None:
             box, events = target
-            box.post([(events.put_nowait, item)])
+            self._flush({box: [(events.put_nowait, item)]})
+
+    def _flush(self, batches: dict[_Mailbox, list[_Item]] | None = None) -> None:
+        """Post what is held, then ``batches`` after it (a stream's events keep their order); one post per loop.
+        Also ``Engine.on_launched``: the step's forward is queued, the engine thread is about to wait on it."""
+        held, self._held = self._held, {}
+        for box, items in (batches or {}).items():
+            held.setdefault(box, []).extend(items)
+        for box, items in held.items():
+            box.post(items)
 
     def _admitted(self, req: Request) -> None:
-        """Engine thread, mid-step: the scheduler has taken ``req``; tell its waiter now, not after the step."""
+        """Engine thread, mid-step: the scheduler has taken ``req``; tell its waiter during this step, not after
+        it (at the step's launch when overlapping)."""
         entry = self._admissions.pop(req.request_id, None)
         if entry is not None:
-            entry[0].post([(_resolve, entry[2])])
+            if self._overlap:
+                self._held.setdefault(entry[0], []).append((_resolve, entry[2]))
+            else:
+                entry[0].post([(_resolve, entry[2])])
 
     def _publish(self, events: list[RequestOutput]) -> None:
-        """A step's events, one post per event loop; the admission waits of requests that ended unadmitted go too."""
+        """A step's events, one post per event loop; the admission waits of requests that ended unadmitted go too.
+        When overlapping, a step of plain decode tokens is held for the next step's launch; anything still held
+        here was not flushed by a launch (the step ran no forward) and goes now."""
         batches: dict[_Mailbox, list[_Item]] = {}
         for request_id, (box, req, future) in list(self._admissions.items()):
             if req.status is not Status.WAITING:
                 self._admissions.pop(request_id, None)
                 batches.setdefault(box, []).append((_resolve, future))
+        urgent = bool(batches)
         for event in events:
             target = self._streams.get(event.request_id)
             if target is not None:
                 box, stream = target
                 batches.setdefault(box, []).append((stream.put_nowait, event))
-        for box, items in batches.items():
-            box.post(items)
+                urgent = urgent or (self._overlap and self._urgent(event))
+        if self._held or urgent or not self._overlap or not self.engine.has_work:
+            self._flush(batches)
+        else:
+            self._held = batches
+
+    def _urgent(self, event: RequestOutput) -> bool:
+        """A finished event or a request's first tokens: a client is waiting on exactly this one."""
+        if event.finished:
+            return True
+        req = self.engine.requests.get(event.request_id)
+        return req is None or len(req.output_ids) <= len(event.token_ids)
 
     def _handle(self, kind: str, arg: Any) -> None:
         if kind == "add":

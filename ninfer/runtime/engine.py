@@ -88,6 +88,10 @@ class Engine:
         self.outputs: dict[str, OutputProcessor] = {}
         self.requests: dict[str, Request] = {}
         self.on_admit: Callable[[Request], None] | None = None  # each admitted request, before its prefill runs
+        # Called once a step's forward is queued on the device, before the host waits for its tokens: work
+        # done then (the server's streaming) overlaps the device instead of delaying the next launch.
+        self.on_launched: Callable[[], None] | None = None
+        self.launches_async = self.device.type == "cuda"  # whether there is such a wait to overlap
         self.graphs = self.spec = None
         self.spec_totals = SpecStats()
         if config.draft_tokens:
@@ -166,6 +170,7 @@ class Engine:
             events.extend(self._decode(plan.decode))
         for req, end in plan.prefills:  # one (speculation, media); see Scheduler.plan
             logits = self._prefill_logits(req, end)
+            self._launched()
             self._maybe_checkpoint(req, logits is not None)
             if logits is not None:
                 tokens, logprobs = self.sampler.sample(logits, [req])
@@ -175,7 +180,9 @@ class Engine:
         return events
 
     def _decode(self, reqs: list[Request]) -> list[RequestOutput]:
-        tokens, logprobs = self.sampler.sample(self._decode_logits(reqs), reqs)
+        logits = self._decode_logits(reqs)
+        self._launched()
+        tokens, logprobs = self.sampler.sample(logits, reqs)
         events: list[RequestOutput] = []
         for req, token, lp in zip(reqs, tokens, logprobs):
             events.extend(self._append(req, token, lp))
@@ -239,8 +246,9 @@ class Engine:
                 rows.append(int(cu[i + 1]) - 1)
                 sampled.append(req)
         events: list[RequestOutput] = []
-        if sampled:
-            logits = self.model.logits(hidden[torch.tensor(rows, device=dev)])
+        logits = self.model.logits(hidden[torch.tensor(rows, device=dev)]) if sampled else None
+        self._launched()
+        if logits is not None:
             tokens, logprobs = self.sampler.sample(logits, sampled)
             for req, token, lp in zip(sampled, tokens, logprobs):
                 events.extend(self._append(req, token, lp))
@@ -355,6 +363,7 @@ class Engine:
         for r in reqs:  # the verification writes KV at positions n .. n + K
             self._slots_for(r, r.num_computed, r.num_computed + t)
         drafts, logits, hidden, n = spec.run(reqs)
+        self._launched()
         draw = self.sampler.draw_rows(logits, reqs, drafts)
         sampled = draw.out.token_ids.view(len(reqs), t)
         accepted = spec.acceptance(sampled, drafts)
@@ -377,6 +386,10 @@ class Engine:
                 if req.status == Status.FINISHED:
                     break
         return events
+
+    def _launched(self) -> None:
+        if self.on_launched is not None:
+            self.on_launched()
 
     # -- outputs --------------------------------------------------------------------------------
     def _append(self, req: Request, token: int, logprobs: TokenLogprobs | None = None) -> list[RequestOutput]:

@@ -178,3 +178,129 @@ def test_open_streams_fail_when_the_engine_thread_ends(recording: Any) -> None:
     asyncio.run(run())
     ae._thread.join(BOUND_S)
     assert not ae.alive
+
+
+class LaunchingEngine:
+    """A decoding engine on an 'asynchronous device': each step admits what waits, queues its forward once
+    ``gate`` allows (then reports it: ``on_launched``), and ends once ``gate`` allows again (the device is
+    done), with one token per request; a request finishes after ``tokens`` tokens."""
+
+    launches_async = True
+
+    def __init__(self, tokens: int = 3) -> None:
+        self.tokens = tokens
+        self.waiting: list[Request] = []
+        self.requests: dict[str, Request] = {}
+        self.running: list[Request] = []
+        self.on_admit: Any = None
+        self.on_launched: Any = None
+        self.gate = threading.Semaphore(0)  # two releases per step: its launch, then its end
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def add_request(self, req: Request) -> None:
+        self.waiting.append(req)
+        self.requests[req.request_id] = req
+
+    def cancel(self, request_id: str) -> RequestOutput | None:
+        return None
+
+    def step(self) -> list[RequestOutput]:
+        for req in self.waiting:
+            req.status = Status.RUNNING
+            self.on_admit(req)
+        self.running += self.waiting
+        self.waiting = []
+        assert self.gate.acquire(timeout=BOUND_S)
+        self.on_launched()
+        assert self.gate.acquire(timeout=BOUND_S)
+        events = []
+        for req in list(self.running):
+            req.output_ids.append(len(req.output_ids))
+            done = len(req.output_ids) == self.tokens
+            events.append(RequestOutput(req.request_id, [req.output_ids[-1]], text=f"t{len(req.output_ids)}",
+                                        finished=done, finish_reason="length" if done else None))
+            if done:
+                self.running.remove(req)
+                self.requests.pop(req.request_id)
+        return events
+
+
+async def _pending(future: asyncio.Future, wait_s: float = 0.2) -> bool:
+    """True if ``future`` is still pending after ``wait_s`` (a hand-over that is held)."""
+    await asyncio.wait({future}, timeout=wait_s)
+    return not future.done()
+
+
+def test_overlap_holds_decode_tokens_until_the_next_launch_but_not_first_or_last(recording: Any) -> None:
+    engine = LaunchingEngine(tokens=3)
+    ae = recording(engine)
+
+    async def run() -> list[str]:
+        req = _request()
+        admitted = ae.admission(req)
+        events = ae.generate(req)
+        first = asyncio.ensure_future(events.__anext__())  # submits the request
+        assert await _pending(admitted)  # admitted, but its forward is not queued yet
+        engine.gate.release()  # step 1 launches: the admission goes with it, before the step ends
+        await asyncio.wait_for(admitted, BOUND_S)
+        assert await _pending(first)
+        engine.gate.release()  # step 1 ends: the request's first token is handed over at once
+        texts = [(await asyncio.wait_for(first, BOUND_S)).text]
+        second = asyncio.ensure_future(events.__anext__())
+        engine.gate.release()
+        engine.gate.release()  # step 2 launches and ends: a decode token, held for the next launch
+        assert await _pending(second)
+        engine.gate.release()  # step 3 launches: step 2's token goes with it
+        texts.append((await asyncio.wait_for(second, BOUND_S)).text)
+        third = asyncio.ensure_future(events.__anext__())
+        engine.gate.release()  # step 3 ends: the finished event goes at once
+        last = await asyncio.wait_for(third, BOUND_S)
+        assert last.finished
+        return texts + [last.text]
+    assert asyncio.run(run()) == ["t1", "t2", "t3"]
+    assert not ae._held and not ae._admissions
+
+
+def test_a_step_without_launch_still_hands_its_held_tokens_over(recording: Any) -> None:
+    engine = LaunchingEngine(tokens=4)
+    ae = recording(engine)
+    launched = engine.on_launched
+    launches = iter([True, True, False, True])  # step 3 runs no forward (reports no launch)
+    engine.on_launched = lambda: launched() if next(launches) else None
+
+    async def run() -> list[str]:
+        events = ae.generate(_request())
+        texts = [(await anext_after(events, 2)).text]
+        texts.append((await anext_after(events, 4)).text)  # step 2's token: posted at step 3's end
+        texts += [e.text async for e in _released(events, engine)]
+        return texts
+
+    async def anext_after(events: Any, releases: int) -> RequestOutput:
+        nxt = asyncio.ensure_future(events.__anext__())
+        for _ in range(releases):
+            engine.gate.release()
+        return await asyncio.wait_for(nxt, BOUND_S)
+
+    async def _released(events: Any, engine: LaunchingEngine) -> Any:
+        engine.gate.release()
+        engine.gate.release()
+        async for e in events:
+            yield e
+    assert asyncio.run(asyncio.wait_for(run(), BOUND_S)) == ["t1", "t2", "t3", "t4"]
+
+
+def test_the_engine_reports_each_forward_queued_before_it_waits_for_the_tokens(dense_ckpt: Any) -> None:
+    import ninfer
+
+    llm = ninfer.load(dense_ckpt.path, device="cpu", max_concurrency=2, prefix_cache=False, progress=False)
+    engine, order = llm.engine, []
+    assert not engine.launches_async  # CPU: nothing to overlap, the server hands over at once
+    sample = engine.sampler.sample
+    engine.sampler.sample = lambda logits, reqs: (order.append("sample"), sample(logits, reqs))[1]
+    engine.on_launched = lambda: order.append("launched")
+    llm.generate(["hello there", "a second prompt"], max_new_tokens=3, greedy=True)
+    assert order and order.count("launched") >= order.count("sample")
+    assert all(order[i - 1] == "launched" for i, x in enumerate(order) if x == "sample")
