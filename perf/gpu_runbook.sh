@@ -83,5 +83,25 @@ case ${1:-1} in
       part 250 python3 perf/bench_quant_gemm.py --path tuned --m 1,8,4096 --shapes gate_up,down,q_proj,in_proj_qkv \
         --formats int4-g64,nvfp4,fp8 --gemlite-budget 200
       ;;
+  7)  # correctness of the fifth session's changes: the GEMV's in-kernel split-K reduction, decode attention's
+      # measured tiles, the MoE block's stacked router/shared-gate GEMM; whole-model parity over all of them;
+      # then decode attention through the launcher and the prefill tile sweep
+      ( export NINFER_AUTOTUNE=off
+        timeout 300 python3 -m pytest -m gpu -v -p no:cacheprovider --durations=5 tests/gpu/test_model_gpu.py -n 3 \
+          > "$OUT/model_gpu.log" 2>&1; echo "--- rc=$? test_model_gpu.py" >> "$OUT/model_gpu.log" ) &
+      NINFER_AUTOTUNE=off gpu_tests 150 quant_gemm -n 4 -k "'gemv or graph or epilogues'"
+      NINFER_AUTOTUNE=off gpu_tests 100 attention -n 4 -k decode
+      NINFER_AUTOTUNE=off gpu_tests 60 moe -k stacked
+      wait
+      part 100 python3 perf/bench_attention.py
+      part 80 python3 perf/sweep_attention_prefill.py
+      ;;
+  8)  # their timings: where the 27B / 35B-A3B steps go now; the HTTP benchmark with and without the
+      # launch-timed hand-overs (A/B in one call)
+      part 110 python3 perf/profile_step.py --shape 27b --recipe int4
+      part 90 python3 perf/bench_server.py --random 27b --recipe int4 --levels 1 2 4 --max-tokens 64 --requests 16
+      part 90 python3 perf/bench_server.py --random 27b --recipe int4 --levels 1 2 4 --max-tokens 64 --requests 16 --no-overlap
+      part 90 python3 perf/profile_step.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4
+      ;;
 esac
 tail -60 "$LOG"

@@ -123,3 +123,31 @@ def test_gemv_words_only_for_int4() -> None:
     assert not any(c.kind == "gemv-w32" for c in gemv_candidates("nvfp4", 1, 5120, 17408, 132))
     with pytest.raises(ValueError, match="32-bit words"):
         _check("nvfp4", torch.float32, 1, 48, 512, GemmConfig(1, 32, 128, 1, 4, 1, "gemv-w32"))
+
+
+@pytest.mark.parametrize("swiglu", [False, True])
+def test_split_k_fused_reduction_equals_the_reduce_kernel(monkeypatch: pytest.MonkeyPatch, swiglu: bool) -> None:
+    """Split-K partials summed by each tile's last program (arrival counters) give the same bits as the
+    separate reduce kernel (both sum in split order), and every counter is back at zero afterwards."""
+    from ninfer.kernels import quant_gemv
+
+    g = torch.Generator().manual_seed(11)
+    w = quantize(torch.randn(200, 640, generator=g) * 0.05, "int4-g64")
+    x = torch.randn(3, 640, generator=g)
+    res = torch.randn(3, 100 if swiglu else 200, generator=g)
+    cfg = _gemv(3, 16, 128, 3)
+    fused = quant_matmul_triton(x, w, res, swiglu, config=cfg)
+    counters = quant_gemv._COUNTERS[x.device]
+    assert int(counters.abs().sum()) == 0
+    monkeypatch.setattr(quant_gemv, "FUSED_REDUCE", False)
+    separate = quant_matmul_triton(x, w, res, swiglu, config=cfg)
+    assert torch.equal(fused, separate)
+    ref = quant_matmul_reference(x, w, res, swiglu)
+    assert (fused - ref).norm() / ref.norm() < TOL[torch.float32]
+
+
+def test_split_k_falls_back_when_tiles_exceed_the_counters(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ninfer.kernels import quant_gemv
+
+    monkeypatch.setattr(quant_gemv, "_COUNTER_SLOTS", 4)  # 200 rows / 16 = 13 tiles: the reduce kernel
+    _check("int4-g64", torch.float32, 3, 200, 640, _gemv(3, 16, 128, 3), residual=True, seed=12)
