@@ -324,6 +324,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     # runs), each after an unmeasured warm-up at the level's batch size (kernels, CUDA graphs, allocator);
     # then the library API again, fed the HTTP run's send times: the baseline of the overhead columns.
     library, burst, http = {}, {}, {}
+    rows = []
     client = Client(in_process=args.client_in_process)
     for c in args.levels:
         batch = min(c, warm_n)
@@ -335,9 +336,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
         library[c] = run_library_replay(llm, [ids for _, ids in prompts[:per_level[c]]],
                                         [x.sent_s for x in http[c]], args.max_tokens)
         print(f"level {c}: library and HTTP done", flush=True)
+        rows.append(report(label, c, args, http[c], library[c], burst[c]))  # recorded now: a cut run keeps it
     client.close()
 
-    rows = [report(label, c, args, http[c], library[c], burst[c]) for c in args.levels]
     print("\nlevel  TTFT overhead  decode overhead   (HTTP vs library API at the same arrival times, p50)")
     for row in rows:
         print(f"{row['level']:5d}  {row['ttft_overhead_pct']:+12.1f}%  {row['decode_overhead_pct']:+14.1f}%")

@@ -20,7 +20,8 @@ def load_records(folder: Path) -> list[dict]:
         for line in path.read_text().splitlines():
             if line.strip():
                 row = json.loads(line)
-                key = (row["bench"], row["shape"], row.get("kv_dtype"), row.get("format"), row.get("config"))
+                key = (row["bench"], row["shape"], row.get("kv_dtype"), row.get("format"), row.get("config"),
+                       row.get("num_splits"))
                 row["file"] = f"`perf/results/{path.name}`"
                 rows[key] = row  # a later file supersedes an earlier measurement of the same point
     return list(rows.values())
@@ -31,6 +32,8 @@ def table(rows: list[dict]) -> str:
            "|---|---|---|---:|---:|---:|---|---:|---:|"]
     for r in rows:
         variant = r.get("kv_dtype") or r.get("format") or r.get("config") or ""
+        if r.get("num_splits") is not None:
+            variant = f"{r.get('config', '')} splits={r['num_splits']}"
         frac = r.get("fraction_of_limit")
         frac_s = "" if frac is None or frac != frac else f"{100 * frac:.1f}%"
         extra = f" ({r['tok_per_s']} tok/s)" if "tok_per_s" in r else ""
@@ -46,7 +49,9 @@ if __name__ == "__main__":
     records = load_records(Path(__file__).parent / "results")
     families: dict[str, list[dict]] = {}
     for r in records:
-        families.setdefault(r["bench"].split("_")[0], []).append(r)
+        # sweeps (every config of a kernel) form their own family, so they never crowd out its summary rows
+        family = r["bench"].split("_")[0] + (" sweeps" if r["bench"].endswith("_sweep") else "")
+        families.setdefault(family, []).append(r)
     for family, rows in families.items():
         if len(rows) > MAX_ROWS:  # the quantized GEMM sweeps: summarised in the prose tables instead
             files = sorted({r.get("file", "") for r in rows})
