@@ -146,20 +146,29 @@ def prefill_attention(kvs: str, arch: int) -> None:
                         f"n={cfg.kwargs['BLOCK_N']:<3d} w={cfg.num_warps} s={cfg.num_stages}")
                 try:
                     kernel = compile_prefill_attention(kv, split, cfg, arch)
-                    print(f"{head} | {resources(kernel)} | {describe(kernel, stores=True)}", flush=True)
+                    print(f"{head} | {resources(kernel, arch)} | {describe(kernel, stores=True)}", flush=True)
                 except Exception as err:  # noqa: BLE001
                     print(f"{head}: FAILED {type(err).__name__}: {str(err).splitlines()[0][:200]}", flush=True)
 
 
-def resources(kernel) -> str:
-    """Registers and stack (spills show as stack) of the cubin, from Triton's bundled cuobjdump."""
-    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(kernel.asm["cubin"])
-        f.flush()
-        usage = subprocess.run([str(tool), "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
+def resources(kernel, arch: int = 90) -> str:
+    """Registers and stack (spills show as stack) of the cubin, from Triton's bundled cuobjdump; on Hopper
+    also whether ptxas serialised the wgmma pipeline (its C7515 note, which Triton does not show): the
+    prefill kernel's hot loop once compiled to the same PTX but serialised and ran 25% slower."""
+    tools = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin, ptx = Path(tmp) / "k.cubin", Path(tmp) / "k.ptx"
+        cubin.write_bytes(kernel.asm["cubin"])
+        usage = subprocess.run([str(tools / "cuobjdump"), "--dump-resource-usage", str(cubin)],
+                               capture_output=True, text=True).stdout
+        serial = ""
+        if arch == 90:  # ptxas again on the PTX, only for its notes (about half a second)
+            ptx.write_text(kernel.asm["ptx"])
+            notes = subprocess.run([str(tools / "ptxas"), "-v", "--gpu-name", "sm_90a", str(ptx), "-o",
+                                    str(Path(tmp) / "k.o")], capture_output=True, text=True).stderr
+            serial = " | WGMMA SERIALISED (C7515)" if "C7515" in notes else " | wgmma pipelined"
     found = re.search(r"REG:(\d+) STACK:(\d+)", usage)
-    return f"regs {found[1]:>3s} stack {found[2]:>4s} B" if found else "regs ?"
+    return (f"regs {found[1]:>3s} stack {found[2]:>4s} B" if found else "regs ?") + serial
 
 
 def describe(kernel, stores: bool = False) -> str:

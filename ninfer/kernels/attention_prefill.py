@@ -84,21 +84,27 @@ def _prefill_kernel(
 ):
     head = tl.program_id(0)
     m0 = (tl.num_programs(1) - 1 - tl.program_id(1)) * BLOCK_M
+    # The unsplit path keeps the plain kernel's exact code (exit, then context load; loop bounds below):
+    # folding it into the split bounds (lo = 0, hi = ctx, min/max clamps) gave the same TTGIR and loop
+    # PTX, but ptxas (CUDA 12.9, offline sm_90) then serialised the hot loop's wgmma (C7515) at 128 x 64
+    # and 64 x 64 tiles: the 25% slower unsplit prefill seen on the H200. perf/ptx_check.py flags it.
     if SPLIT:
         b = tl.program_id(2) // num_splits
         split = tl.program_id(2) % num_splits
+        start = tl.load(cu_ptr + b)
+        seqlen = tl.load(cu_ptr + b + 1) - start
+        ctx = tl.load(ctx_ptr + b)
+        lo, hi, _ = _split_range(ctx, split, num_splits)
+        # Splits past the context's last key are not read by the merge either.
+        if (m0 >= seqlen) | (lo >= hi):
+            return
     else:
         b = tl.program_id(2)
-    start = tl.load(cu_ptr + b)
-    seqlen = tl.load(cu_ptr + b + 1) - start
-    ctx = tl.load(ctx_ptr + b)
-    if SPLIT:
-        lo, hi, _ = _split_range(ctx, split, num_splits)
-    else:
-        lo, hi = 0, ctx
-    # Splits past the context's last key are not read by the merge either.
-    if (m0 >= seqlen) | (lo >= hi):
-        return
+        start = tl.load(cu_ptr + b)
+        seqlen = tl.load(cu_ptr + b + 1) - start
+        if m0 >= seqlen:
+            return
+        ctx = tl.load(ctx_ptr + b)
     past = ctx - seqlen  # context tokens before this call's first new token
 
     offs_m = m0 + tl.arange(0, BLOCK_M)
@@ -116,8 +122,12 @@ def _prefill_kernel(
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     all_rows = tl.full([BLOCK_M, BLOCK_N], 1, tl.int1)
     # Keys below past + m0 are visible to every row of the block: whole tiles of them (from lo, aligned
-    # to BLOCK_N) need no mask. Unsplit, lo = 0 and hi = ctx > past + m0: the tiles of the plain kernel.
-    full_end = lo + (tl.minimum(tl.maximum(past + m0, lo), hi) - lo) // BLOCK_N * BLOCK_N
+    # to BLOCK_N) need no mask. Unsplit, lo = 0 and hi = ctx > past + m0, so the clamps drop out.
+    if SPLIT:
+        full_end = lo + (tl.minimum(tl.maximum(past + m0, lo), hi) - lo) // BLOCK_N * BLOCK_N
+    else:
+        lo = 0
+        full_end = (past + m0) // BLOCK_N * BLOCK_N
     for n0 in range(lo, full_end, BLOCK_N):
         offs_n = n0 + offs_j
         rows, page = kv_tile_rows(bt_row, offs_n, offs_n < full_end, kvh, stride_kp, stride_ks, stride_kh, PAGE_SIZE)
@@ -129,7 +139,10 @@ def _prefill_kernel(
 
     # One past the last key any row of the block sees, within this split; a split wholly after the
     # block's queries leaves the range empty.
-    kv_end = tl.minimum(past + tl.minimum(m0 + BLOCK_M, seqlen), hi)
+    if SPLIT:
+        kv_end = tl.minimum(past + tl.minimum(m0 + BLOCK_M, seqlen), hi)
+    else:
+        kv_end = past + tl.minimum(m0 + BLOCK_M, seqlen)
     q_pos = past + offs_m
     for n0 in range(full_end, kv_end, BLOCK_N):
         offs_n = n0 + offs_j

@@ -127,11 +127,12 @@ def test_prefill_matches_reference(kv_dtype: str, page_size: int, heads: int, kv
 
 
 @pytest.mark.parametrize("kv_dtype", KV_DTYPES)
-@pytest.mark.parametrize("num_splits", [2, 3, 5])
+@pytest.mark.parametrize("num_splits", [1, 2, 3, 5])
 @pytest.mark.parametrize("gated", [False, True])
 def test_split_prefill_matches_reference(kv_dtype: str, num_splits: int, gated: bool) -> None:
     """Split-KV prefill: rows whose query precedes a whole split (and blocks wholly before one) get
-    weight 0 there; contexts split into 1 to 5 ranges; the merge applies the gate."""
+    weight 0 there; contexts split into 1 to 5 ranges; the merge applies the gate. One split runs the
+    unsplit kernel (its own loop bounds and early exit) on the same short chunks over long pasts."""
     torch.manual_seed(8)
     heads, kv_heads, head_dim, page_size = 2, 1, 32, 16  # few programs: the interpreter is slow
     # A length-1 prompt, a chunk longer than its past, short chunks over longer pasts (300 keys: five
