@@ -103,5 +103,17 @@ case ${1:-1} in
       part 90 python3 perf/bench_server.py --random 27b --recipe int4 --levels 1 2 4 --max-tokens 64 --requests 16 --no-overlap
       part 90 python3 perf/profile_step.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4
       ;;
+  9)  # not measured yet (docs/performance.md, "GPU tests and what is not measured yet"): prefill attention after
+      # the serialised-wgmma fix; the 4-bit engines after the in-kernel split-K sum, stacked MoE gate and decode
+      # attention defaults
+      part 100 python3 perf/bench_attention.py
+      part 220 python3 perf/bench_engine.py --shape 27b --recipe int4 --contexts 1024 32768 --lanes 1 8 --steps 12 \
+        --chunk 4096 --prefill 8192
+      part 200 python3 perf/bench_spec.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --lanes 1 8 --steps 12 --prefill 8192
+      ;;
+  10) # the HTTP A/B of the launch-timed hand-overs (16 requests per level; each level is recorded as it ends)
+      part 240 python3 perf/bench_server.py --random 27b --recipe int4 --levels 1 2 --max-tokens 64 --requests 16
+      part 240 python3 perf/bench_server.py --random 27b --recipe int4 --levels 1 2 --max-tokens 64 --requests 16 --no-overlap
+      ;;
 esac
 tail -60 "$LOG"
