@@ -5,7 +5,7 @@
 # one. The stages share one Triton cache and one tuning cache (concurrent writers never leave a torn
 # entry: Triton and ninfer's tuner both write through a rename; at worst one stage re-tunes a key the other
 # saved at the same moment) and the cache is saved once, at the end. What comes back: perf.jsonl (both stages' records), logs.tgz (each stage's logs under s<N>/)
-# and cache.tgz.* — under the eight files a call may return.
+# and cache.tar.* — under the eight files a call may return.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export OUT=${OUT:-perf/results/tmp} PYTHONUNBUFFERED=1 RUNBOOK_SHARED=1

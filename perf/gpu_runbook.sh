@@ -2,7 +2,7 @@
 # The pending GPU work in priority order, cut into device calls of under ten minutes each:
 #   OUT=$OUT bash perf/gpu_runbook.sh 1     (then 2 ... 6) — carry [".whl", ".devcache"]
 # Results land in $OUT: runbook.log (every part's output), perf.jsonl (records: copy to perf/results/),
-# gpu_tests.log, model_gpu.log (stage 1), and cache.tgz.* — the compiled kernels and tuning choices of this call; copy those
+# gpu_tests.log, model_gpu.log (stage 1), and cache.tar.* — the compiled kernels and tuning choices of this call; copy those
 # into .devcache/ before the next call so it does not compile and tune from scratch (perf/device_cache.sh).
 # Each part has its own timeout and the whole call a deadline ($BUDGET seconds, default 560), so a slow
 # part cannot take the rest of the call, and the cache is saved after every part.
