@@ -85,13 +85,20 @@ def sdpa_flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[str, 
     return "torch SDPA flash (repeated K/V)", repeated
 
 
+def prefill_inputs(seqlen: int) -> tuple[PagedKV, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One causal sequence of ``seqlen`` new tokens: its cache (bf16, shuffled pages), page table, queries,
+    cu_seqlens and context lengths."""
+    kv = random_cache(seqlen, "bf16")
+    table = torch.randperm(seqlen // PAGE, device="cuda", dtype=torch.int32)[None]
+    q = torch.randn(seqlen, HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
+    cu = torch.tensor([0, seqlen], device="cuda", dtype=torch.int32)
+    ctx = torch.tensor([seqlen], device="cuda", dtype=torch.int32)
+    return kv, table, q, cu, ctx
+
+
 def bench_prefill(peak: float) -> None:
     for seqlen in (8192, 32768):
-        kv = random_cache(seqlen, "bf16")
-        table = torch.randperm(seqlen // PAGE, device="cuda", dtype=torch.int32)[None]
-        q = torch.randn(seqlen, HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
-        cu = torch.tensor([0, seqlen], device="cuda", dtype=torch.int32)
-        ctx = torch.tensor([seqlen], device="cuda", dtype=torch.int32)
+        kv, table, q, cu, ctx = prefill_inputs(seqlen)
         ms = bench_ms(lambda: paged_attention(q, kv, table, cu, ctx, SCALE, seqlen), warmup=10, rep=200)
         # The baseline sees the same keys, contiguous: [1, heads, S, D].
         pos = torch.arange(seqlen, device="cuda")

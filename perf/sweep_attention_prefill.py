@@ -15,9 +15,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from perf.bench_attention import HEADS, HEAD_DIM, PAGE, SCALE, random_cache  # noqa: E402
-from perf.common import bench_ms, matmul_peak_tflops, record  # noqa: E402
 from ninfer.kernels import attention_prefill  # noqa: E402
+from perf.bench_attention import HEAD_DIM, HEADS, SCALE, prefill_inputs  # noqa: E402
+from perf.common import bench_ms, matmul_peak_tflops, record  # noqa: E402
 
 
 def main() -> None:
@@ -26,11 +26,7 @@ def main() -> None:
     all_configs = list(kernel.configs)
     with torch.inference_mode():
         for seqlen in (8192, 32768):
-            kv = random_cache(seqlen, "bf16")
-            table = torch.randperm(seqlen // PAGE, device="cuda", dtype=torch.int32)[None]
-            q = torch.randn(seqlen, HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
-            cu = torch.tensor([0, seqlen], device="cuda", dtype=torch.int32)
-            ctx = torch.tensor([seqlen], device="cuda", dtype=torch.int32)
+            kv, table, q, cu, ctx = prefill_inputs(seqlen)
             flops = 4 * HEADS * HEAD_DIM * seqlen * (seqlen + 1) / 2
 
             def run() -> torch.Tensor:

@@ -39,7 +39,21 @@ class RecordingQueue(queue.Queue):
             self.parked.clear()
 
 
-class ScriptedEngine:
+class FakeEngineBase:
+    """What every fake engine shares: the queue of waiting requests, the request table, no-op cancels."""
+
+    waiting: list[Request]
+    requests: dict[str, Request]
+
+    def add_request(self, req: Request) -> None:
+        self.waiting.append(req)
+        self.requests[req.request_id] = req
+
+    def cancel(self, request_id: str) -> RequestOutput | None:
+        return None
+
+
+class ScriptedEngine(FakeEngineBase):
     """The Engine surface AsyncEngine drives. A step admits every waiting request (``on_admit`` first),
     optionally holds until ``release`` is set (a long prefill), then finishes them all at once."""
 
@@ -58,13 +72,6 @@ class ScriptedEngine:
         if self.broken:
             raise RuntimeError("a bug in the engine loop")
         return len(self.waiting) >= self.batch
-
-    def add_request(self, req: Request) -> None:
-        self.waiting.append(req)
-        self.requests[req.request_id] = req
-
-    def cancel(self, request_id: str) -> RequestOutput | None:
-        return None
 
     def step(self) -> list[RequestOutput]:
         admitted, self.waiting = self.waiting, []
@@ -180,7 +187,7 @@ def test_open_streams_fail_when_the_engine_thread_ends(recording: Any) -> None:
     assert not ae.alive
 
 
-class LaunchingEngine:
+class LaunchingEngine(FakeEngineBase):
     """A decoding engine on an 'asynchronous device': each step admits what waits, queues its forward once
     ``gate`` allows (then reports it: ``on_launched``), and ends once ``gate`` allows again (the device is
     done), with one token per request; a request finishes after ``tokens`` tokens."""
@@ -199,13 +206,6 @@ class LaunchingEngine:
     @property
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
-
-    def add_request(self, req: Request) -> None:
-        self.waiting.append(req)
-        self.requests[req.request_id] = req
-
-    def cancel(self, request_id: str) -> RequestOutput | None:
-        return None
 
     def step(self) -> list[RequestOutput]:
         for req in self.waiting:
