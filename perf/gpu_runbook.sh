@@ -106,7 +106,6 @@ case ${1:-1} in
   9)  # not measured yet (docs/performance.md, "GPU tests and what is not measured yet"): prefill attention after
       # the serialised-wgmma fix; the 4-bit engines after the in-kernel split-K sum, stacked MoE gate and decode
       # attention defaults
-      NINFER_AUTOTUNE=off gpu_tests 60 moe -k "'stacked or gated_add'"
       part 100 python3 perf/bench_attention.py
       part 220 python3 perf/bench_engine.py --shape 27b --recipe int4 --contexts 1024 32768 --lanes 1 8 --steps 12 \
         --chunk 4096 --prefill 8192

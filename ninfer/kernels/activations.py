@@ -1,9 +1,8 @@
-"""SwiGLU: ``silu(gate) * up``; the MoE shared expert's gated add: ``base + sigmoid(g) * x``.
+"""SwiGLU: ``silu(gate) * up``.
 
-Both Triton kernels are 2-D elementwise passes (rows x column blocks of ``BLOCK`` outputs) that read
-each input once and write once, rounding every intermediate to the input dtype exactly as the
-multi-op reference does: the same bits in one launch. The gated add replaces three launches per MoE
-layer (sigmoid, multiply, add), which at batch-1 decode cost more in launch gaps than in bytes.
+The Triton kernel is a 2-D elementwise pass (rows x column blocks of ``BLOCK`` outputs): it reads the
+gate and up halves of a row once and writes the product once, rounding ``silu(gate)`` to the input
+dtype before the product exactly as the two-op reference does.
 """
 from __future__ import annotations
 
@@ -49,49 +48,6 @@ def swiglu_triton(gate_up: torch.Tensor) -> torch.Tensor:
         x, out, inter, x.stride(0), BLOCK=block, num_warps=max(1, min(_NUM_WARPS, block // 256)),
     )
     return out
-
-
-def sigmoid_gated_add_reference(base: torch.Tensor, gate: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """``base + sigmoid(gate) * x`` with ``gate [..., 1]`` broadcast over the rows of ``base`` / ``x``."""
-    return base + torch.sigmoid(gate) * x
-
-
-@triton.jit
-def _gated_add_kernel(base_ptr, gate_ptr, x_ptr, out_ptr, width, s_base, s_gate, s_x, BLOCK: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    mask = cols < width
-    dt = out_ptr.dtype.element_ty
-    g = tl.load(gate_ptr + row * s_gate).to(tl.float32)
-    s = (1.0 / (1.0 + tl.exp(-g))).to(dt).to(tl.float32)
-    x = tl.load(x_ptr + row * s_x + cols, mask=mask, other=0.0).to(tl.float32)
-    base = tl.load(base_ptr + row * s_base + cols, mask=mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + row * width + cols, (base + (s * x).to(dt).to(tl.float32)).to(dt), mask=mask)
-
-
-def sigmoid_gated_add_triton(base: torch.Tensor, gate: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """Triton :func:`sigmoid_gated_add_reference` for 2-D ``base``, ``x [T, H]`` and ``gate [T, 1]`` (rows may
-    be strided; unit last stride), all of one dtype."""
-    t, width = base.shape
-    if gate.shape != (t, 1) or x.shape != (t, width) or not (base.dtype == gate.dtype == x.dtype):
-        raise ValueError(f"sigmoid_gated_add: base {tuple(base.shape)} {base.dtype}, gate {tuple(gate.shape)} "
-                         f"{gate.dtype}, x {tuple(x.shape)} {x.dtype}: want [T, H], [T, 1], [T, H] of one dtype")
-    out = torch.empty((t, width), dtype=base.dtype, device=base.device)
-    if out.numel() == 0:
-        return out
-    base, x = (v if v.stride(-1) == 1 else v.contiguous() for v in (base, x))
-    block = min(_BLOCK, triton.next_power_of_2(width))
-    _gated_add_kernel[(t, triton.cdiv(width, block))](
-        base, gate, x, out, width, base.stride(0), gate.stride(0), x.stride(0), BLOCK=block,
-        num_warps=max(1, min(_NUM_WARPS, block // 256)),
-    )
-    return out
-
-
-def sigmoid_gated_add(base: torch.Tensor, gate: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    if use_triton(base) and base.dim() == 2:
-        return sigmoid_gated_add_triton(base, gate, x)
-    return sigmoid_gated_add_reference(base, gate, x)
 
 
 def swiglu(gate_up: torch.Tensor) -> torch.Tensor:

@@ -8,7 +8,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from ninfer.config import ModelConfig
-from ninfer.kernels.activations import sigmoid_gated_add
 from ninfer.kernels.moe import moe_experts, route_topk
 from ninfer.models.layers import MLP, linear
 
@@ -45,7 +44,7 @@ class SparseMoeBlock(nn.Module):
         router_logits, shared_logit = self._router_and_shared_gate(x)
         weights, ids = route_topk(router_logits, self.top_k)
         routed = moe_experts(x, _stack(self.experts.gate_up_proj), _stack(self.experts.down_proj), weights, ids)
-        return sigmoid_gated_add(routed, shared_logit, self.shared_expert(x))  # routed + sigmoid(g) * shared
+        return routed + torch.sigmoid(shared_logit) * self.shared_expert(x)
 
     def _router_and_shared_gate(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Router logits ``[T, E]`` and the shared expert's gate logit ``[T, 1]``.

@@ -192,16 +192,3 @@ def test_stacked_router_and_shared_gate_match_separate_projections() -> None:
         block.shared_expert_gate.weight.mul_(-1)
     _, flipped = block._router_and_shared_gate(x)
     torch.testing.assert_close(flipped.float(), -shared.float())
-
-
-def test_sigmoid_gated_add_equals_the_three_ops_in_bf16() -> None:
-    """The shared expert's ``routed + sigmoid(g) * shared`` in one launch rounds like the three torch ops:
-    the same bits but for rare one-ulp ties of the sigmoid."""
-    from ninfer.kernels.activations import sigmoid_gated_add_reference, sigmoid_gated_add_triton
-
-    torch.manual_seed(6)
-    base, x = (torch.randn(300, 2048, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    gate = torch.randn(300, 257, device="cuda", dtype=torch.bfloat16)[:, 256:]
-    out, ref = sigmoid_gated_add_triton(base, gate, x), sigmoid_gated_add_reference(base, gate, x)
-    assert (out != ref).float().mean() < 1e-3
-    torch.testing.assert_close(out.float(), ref.float(), atol=2e-2, rtol=1e-2)
