@@ -153,6 +153,11 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
 
 
+@lru_cache(maxsize=None)
+def _is_sm90(device: torch.device) -> bool:
+    return torch.cuda.get_device_capability(device) == (9, 0)
+
+
 def default_num_splits(device: torch.device, batch: int, kv_heads: int) -> int:
     """About four programs per SM for any batch (at most ``MAX_SPLITS``); 1 when the batch alone fills it.
 
@@ -171,9 +176,7 @@ def measured_config(q: torch.Tensor, kv: "PagedKV", programs: int) -> dict | Non
     best in every case. The autotuner cannot find this itself: its key holds no batch or context, so it
     would time whichever shape came first. Other GPUs (the RTX 5090 has 99 KB of shared memory, too
     little for 64-key tiles in two stages), fp32 and quantized KV keep the autotuner."""
-    if q.device.type != "cuda" or q.dtype == torch.float32 or kv.quant is not None:
-        return None
-    if torch.cuda.get_device_capability(q.device) != (9, 0):
+    if q.device.type != "cuda" or q.dtype == torch.float32 or kv.quant is not None or not _is_sm90(q.device):
         return None
     block_n = 32 if programs >= 384 else 64
     return {"BLOCK_N": block_n, "num_warps": 4, "num_stages": 2}
