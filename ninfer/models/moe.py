@@ -39,6 +39,7 @@ class SparseMoeBlock(nn.Module):
         self.experts = Experts(config.num_experts, config.hidden_size, config.moe_intermediate_size)
         self.shared_expert = MLP(config.hidden_size, config.shared_expert_intermediate_size)
         self.shared_expert_gate = linear(config.hidden_size, 1)
+        self._stacked_key: tuple | None = None  # the weights the stacked router / gate weight was built from
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         router_logits, shared_logit = self._router_and_shared_gate(x)
@@ -61,7 +62,7 @@ class SparseMoeBlock(nn.Module):
             return self.gate(x), self.shared_expert_gate(x)
         gate, shared_gate = self.gate.weight, self.shared_expert_gate.weight
         key = (gate.data_ptr(), gate._version, shared_gate.data_ptr(), shared_gate._version, gate.device)
-        if getattr(self, "_stacked_key", None) != key:
+        if self._stacked_key != key:
             with torch.no_grad():
                 self._stacked = torch.cat([gate, shared_gate]).detach()
             self._stacked_key = key
