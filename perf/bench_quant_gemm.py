@@ -15,12 +15,13 @@ CUDA graphs. By default each point runs the heuristic favourite config (the whol
 about two minutes, compilation included); ``--tune`` benchmarks every candidate first, as the
 runtime does. ``--path`` pins the kernel path per point, several side by side (comma list):
 ``default`` (the above), ``dot`` (the heuristic ``tl.dot`` favourite), ``gemv`` (M <= 8: every GEMV
-candidate of ``quant_gemv`` timed, the fastest recorded), ``dequant`` (M > 16, weights the tuner
+candidate of ``quant_gemv`` timed, the fastest recorded), ``mma`` (int4, M <= 16: likewise for the
+tensor-core decode of ``quant_gemv_mma``), ``dequant`` (M > 16, weights the tuner
 offers it for: every ``quant_dequant`` candidate timed, whole-weight dequantization + cuBLAS, the
 fastest recorded with the dequant kernel's own time and bandwidth as ``dequant_ms`` /
 ``dequant_tbps``), ``tuned`` (the runtime tuner over all candidates, whichever path wins). Records
 carry ``path`` and ``config``. Run:
-``python perf/bench_quant_gemm.py [--tune] [--path dot,gemv,dequant,tuned] [--formats int4-g64,nvfp4]
+``python perf/bench_quant_gemm.py [--tune] [--path dot,gemv,mma,dequant,tuned] [--formats int4-g64,nvfp4]
 [--m 1,16] [--shapes down,lm_head]``.
 """
 from __future__ import annotations
@@ -49,7 +50,7 @@ SHAPES = {  # name: (N, K) of W [N, K]
     "in_proj_qkv": (10240, H), "in_proj_z": (6144, H), "in_proj_ab": (96, H), "lm_head": (V, H),
 }
 MS = (1, 2, 4, 8, 16, 64, 512, 4096)
-PATHS = ("default", "dot", "gemv", "dequant", "tuned")
+PATHS = ("default", "dot", "gemv", "mma", "dequant", "tuned")
 GEMLITE_BUDGET_S = 40.0
 
 
@@ -94,7 +95,8 @@ def _dequant_extra(qt, x: torch.Tensor, cfg: quant_gemm_tune.GemmConfig, weight_
 
 def _run_path(path: str, fmt: str, x: torch.Tensor, qt, tune: bool) -> tuple | None:
     """(ms, config[, extra record fields]) of one point on one path; None where the path does not apply
-    (gemv for M > 8, dequant for M <= 16 or a weight too large for its workspace)."""
+    (gemv for M > 8, mma for M > 16 or formats other than int4, dequant for M <= 16 or a weight too large
+    for its workspace)."""
     m, k = x.shape
     n = qt.shape[0]
     graph = m <= 16
@@ -111,6 +113,9 @@ def _run_path(path: str, fmt: str, x: torch.Tensor, qt, tune: bool) -> tuple | N
         if m > quant_gemm_tune.GEMV_MAX_M:
             return None
         return _best("gemv", quant_gemm_tune.gemv_candidates(fmt, m, n, k, sms), time_cfg)
+    if path == "mma":
+        cfgs = quant_gemm_tune.mma_candidates(fmt, m, n, k, sms)
+        return _best("gemv-mma", cfgs, time_cfg) if cfgs else None
     if path == "dequant":
         cfgs = [c for c in quant_gemm_tune.candidates(fmt, m, n, k, sms) if c.kind == "dequant"]
         point = _best("dequant", cfgs, time_cfg) if cfgs else None

@@ -115,5 +115,17 @@ case ${1:-1} in
       part 240 python3 perf/bench_server.py --random 27b --recipe int4 --levels 1 2 --max-tokens 64 --requests 16
       part 240 python3 perf/bench_server.py --random 27b --recipe int4 --levels 1 2 --max-tokens 64 --requests 16 --no-overlap
       ;;
+  11) # the tensor-core int4 decode (quant_gemv_mma): correctness at real shapes, then every int4 decode
+      # path side by side (GEMV, tensor-core, the tuner's pick) at 1..16 tokens, then where a 27B step goes
+      gpu_tests 190 quant_gemm -k tensor_core_decode -n 4  # (one -k word: gpu_tests re-splits its arguments)
+      part 180 python3 perf/bench_quant_gemm.py --path gemv,mma,tuned --m 1,2,4,8,16 --formats int4-g64,int4-g128 \
+        --shapes gate_up,down,q_proj,in_proj_qkv,o_proj --no-gemlite
+      part 120 python3 perf/profile_step.py --shape 27b --recipe int4 --lanes 8
+      ;;
+  12) # the 27B int4 engine with the tensor-core decode among the tuner's candidates (C = 1, 2, 4, 8)
+      part 300 python3 perf/bench_engine.py --shape 27b --recipe int4 --contexts 1024 --lanes 1 2 4 8 --steps 12 \
+        --chunk 4096 --prefill 8192
+      part 200 python3 perf/bench_spec.py --shape 27b --recipe int4 --lanes 1 8 --steps 12 --prefill 1024
+      ;;
 esac
 tail -60 "$LOG"

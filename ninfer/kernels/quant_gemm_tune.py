@@ -13,7 +13,8 @@ epilogue kernel), not only the kernel's constants. Choices also go to disk (:mod
 candidate instead of timing the key again.
 For M <= 8 the GEMV configs of :mod:`ninfer.kernels.quant_gemv` (``kind="gemv"``, no ``tl.dot``)
 follow the dot configs, so they are chosen only by measurement, never as the untuned default. So do,
-for M > 16, the configs of :mod:`ninfer.kernels.quant_dequant` (``kind="dequant"``: dequantize the
+for int4 weights, bf16 / fp16 activations and M <= 32, the tensor-core decode configs of
+:mod:`ninfer.kernels.quant_gemv_mma` (``kind="gemv-mma"``), and, for M > 16, the configs of :mod:`ninfer.kernels.quant_dequant` (``kind="dequant"``: dequantize the
 whole weight into a workspace, then cuBLAS), offered only for weights of at most
 ``DEQUANT_MAX_ELEMENTS`` (the workspace is part of the memory plan; the LM head stays out).
 At least one candidate per path fits in 99 KB of shared memory (RTX 5090).
@@ -35,6 +36,7 @@ FMT_CODES = {"fp8": 0, "fp8-b128": 1, "int8-g32": 2, "int8-g64": 2, "int4-g64": 
 _GROUPS = {"fp8-b128": 128, "int8-g32": 32, "int8-g64": 64, "int4-g64": 64, "int4-g128": 128, "nvfp4": 16}
 SKINNY_MAX_M = 16
 GEMV_MAX_M = 8
+MMA_MAX_M = 32  # the tensor-core decode: up to 32 tokens (speculative verification of 8 lanes x 4 tokens)
 # Largest weight (rows x K) the dequant path takes: 512 MiB of bf16 workspace. Every dense projection of
 # Qwen3.5-27B fits (gate_up 34816 x 5120 = 356 MB); the 248320 x 5120 LM head (2.5 GB) does not.
 DEQUANT_MAX_ELEMENTS = 256 << 20
@@ -50,7 +52,8 @@ class GemmConfig:
     num_warps: int = 4
     num_stages: int = 3
     # "dot": quant_gemm's tl.dot kernel; "gemv" / "gemv-prefetch" / "gemv-w32" (int4 codes as 32-bit
-    # words): quant_gemv's decode GEMV (M <= 8); "dequant": quant_dequant's whole-weight dequantization
+    # words): quant_gemv's decode GEMV (M <= 8); "gemv-mma": quant_gemv_mma's int4 decode on tensor cores
+    # (M <= 16, block_m = tokens per program); "dequant": quant_dequant's whole-weight dequantization
     # (block_n x block_k tiles) + cuBLAS (M > 16)
     kind: str = "dot"
 
@@ -85,9 +88,10 @@ def _split(tiles: int, k_steps: int, sms: int) -> int:
     return max(1, min(triton.cdiv(2 * sms, tiles), k_steps // 2, 32))
 
 
-def candidates(fmt: str, m: int, n_out: int, k: int, sms: int, *, swiglu: bool = False) -> list[GemmConfig]:
+def candidates(fmt: str, m: int, n_out: int, k: int, sms: int, *, swiglu: bool = False,
+               mma: bool = False) -> list[GemmConfig]:
     """Configs worth trying for this shape, the heuristic favourite first (``swiglu``: the weight has
-    ``2 * n_out`` rows).
+    ``2 * n_out`` rows; ``mma``: the activations are bf16 / fp16, which the tensor-core decode needs).
 
     Skinny tiles give each warp 16 weight rows (BLOCK_N = 16 * warps), so no warp dequantizes rows
     another warp also holds; a K step reads 128 bytes of each weight row.
@@ -107,6 +111,8 @@ def candidates(fmt: str, m: int, n_out: int, k: int, sms: int, *, swiglu: bool =
         out.extend([replace(cfg, split_k=split), cfg] if split > 1 else [cfg])
     if m <= GEMV_MAX_M:  # after the dot favourite: untuned keys keep it, the tuner picks by measurement
         out.extend(gemv_candidates(fmt, m, n_out, k, sms))
+    if mma:  # likewise
+        out.extend(mma_candidates(fmt, m, n_out, k, sms, swiglu=swiglu))
     if m > SKINNY_MAX_M and n_out * (2 if swiglu else 1) * k <= DEQUANT_MAX_ELEMENTS:  # likewise last
         out.extend(dequant_candidates(fmt, out[0].block_m))
     return out
@@ -154,6 +160,31 @@ def gemv_candidates(fmt: str, m: int, n_out: int, k: int, sms: int) -> list[Gemm
             bk = max(row_bytes * (2 if four_bit else 1), _GROUPS.get(fmt, 1))
             split = _gemv_split(triton.cdiv(n_out, bn) * triton.cdiv(m, bm), triton.cdiv(k, bk), sms)
             out.append(GemmConfig(bm, bn, bk, split, warps, stages, kind))
+    return out
+
+
+def mma_candidates(fmt: str, m: int, n_out: int, k: int, sms: int, *, swiglu: bool = False) -> list[GemmConfig]:
+    """Tensor-core int4 decode configs (:mod:`ninfer.kernels.quant_gemv_mma`) for M <= 32: ``(rows, K
+    per step, warps, stages)``, 8 tokens per program up to M = 8, 16 up to 16, else 32. One or two warps keep Triton
+    on ``mma.sync`` (its cheap operand layout on Hopper too); SwiGLU holds two accumulators, so narrower
+    tiles. Each shape comes with split-K for about 4, 8 and 16 programs per SM (small programs: several
+    share an SM, and more of them hide more latency). Shared memory: at most 48 KB of staged weight bytes."""
+    if not fmt.startswith("int4") or m > MMA_MAX_M:
+        return []
+    tokens = 8 if m <= 8 else 16 if m <= 16 else 32
+    shapes = [(64, 128, 2, 4), (128, 128, 2, 4), (64, 256, 2, 3), (32, 128, 1, 4)] if swiglu else \
+        [(128, 128, 2, 4), (64, 128, 2, 4), (128, 256, 2, 3), (256, 128, 2, 3)]
+    out: list[GemmConfig] = []
+    for bn, bk, warps, stages in shapes:
+        bk = max(bk, _GROUPS[fmt])
+        if k % bk:
+            continue
+        tiles = triton.cdiv(n_out, bn) * triton.cdiv(m, tokens)
+        for per_sm in (4, 8, 16):
+            split = 1 if tiles >= per_sm * sms else max(1, min(triton.cdiv(per_sm * sms, tiles), k // bk, 64))
+            cfg = GemmConfig(tokens, bn, bk, split, warps, stages, "gemv-mma")
+            if cfg not in out:
+                out.append(cfg)
     return out
 
 
@@ -258,7 +289,8 @@ def select_config(fmt: str, x: torch.Tensor, n_out: int, k: int, swiglu: bool, h
     tune = _tunable(x)
     if not tune and key in _FAVOURITE:
         return _FAVOURITE[key]
-    cands = autotune_configs(candidates(fmt, m, n_out, k, sm_count(x.device), swiglu=swiglu))
+    mma = x.dtype in (torch.bfloat16, torch.float16)
+    cands = autotune_configs(candidates(fmt, m, n_out, k, sm_count(x.device), swiglu=swiglu, mma=mma))
     if not tune or len(cands) == 1:
         _FAVOURITE[key] = cands[0]
         return cands[0]

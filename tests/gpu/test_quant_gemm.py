@@ -16,6 +16,7 @@ from ninfer.kernels.quant_gemm_tune import (
     candidates,
     dequant_candidates,
     gemv_candidates,
+    mma_candidates,
     sm_count,
 )
 from ninfer.quant.formats import quantize
@@ -66,7 +67,7 @@ def test_every_candidate_config(fmt: str) -> None:
     for m in (4, 200):
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         ref = quant_matmul_reference(x, w)
-        for cfg in candidates(fmt, m, n, k, sm_count(x.device)):
+        for cfg in candidates(fmt, m, n, k, sm_count(x.device), mma=True):
             try:
                 got = quant_matmul_triton(x, w, config=cfg)
             except triton.runtime.errors.OutOfResources:
@@ -151,6 +152,51 @@ def test_gemv_configs_at_real_shapes(fmt: str) -> None:
                 got = quant_matmul_triton(x, w, res, swiglu, out=out, config=cfg)
                 assert torch.isfinite(got).all(), (fmt, name, m, cfg)
                 assert _err(got, ref) < TOL[torch.bfloat16], (fmt, name, m, cfg)
+
+
+@pytest.mark.parametrize("fmt", ["int4-g64", "int4-g128"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_tensor_core_decode_at_real_shapes(fmt: str, dtype: torch.dtype) -> None:
+    """Every ``gemv-mma`` candidate (the PTX nibble decode, mma.sync) at 1..29 tokens: plain, residual on
+    down_proj, SwiGLU on the stacked gate/up weight; fp16 too (its own decode constants)."""
+    sms = sm_count(torch.device("cuda"))
+    cases = [("o_proj", 5120, 6144, False, False), ("down", 5120, 17408, False, True),
+             ("gate_up", 2 * 17408, 5120, True, False)]
+    for name, n, k, swiglu, residual in cases:
+        w = quantize(_weight(n, k, 12), fmt)
+        n_out = n // 2 if swiglu else n
+        for m in (1, 3, 8, 13, 29):
+            x = torch.randn(m, k, device="cuda", dtype=dtype)
+            res = torch.randn(m, n_out, device="cuda", dtype=dtype) if residual else None
+            ref = quant_matmul_reference(x.float(), w, None if res is None else res.float(), swiglu)
+            cands = mma_candidates(fmt, m, n_out, k, sms, swiglu=swiglu)
+            assert cands, (fmt, name, m)
+            for cfg in cands:
+                out = torch.full((m, n_out), float("nan"), device="cuda", dtype=dtype)
+                got = quant_matmul_triton(x, w, res, swiglu, out=out, config=cfg)
+                assert torch.isfinite(got).all(), (fmt, name, m, cfg)
+                assert _err(got, ref) < TOL[torch.bfloat16], (fmt, name, m, cfg, _err(got, ref))
+
+
+def test_tensor_core_decode_in_cuda_graph() -> None:
+    w = quantize(_weight(5120, 17408, 13), "int4-g64")
+    cfg = next(c for c in mma_candidates("int4-g64", 4, 5120, 17408, sm_count(torch.device("cuda")))
+               if c.split_k > 1)
+    x = torch.randn(4, 17408, device="cuda", dtype=torch.bfloat16)
+    res = torch.randn(4, 5120, device="cuda", dtype=torch.bfloat16)
+    eager = quant_matmul_triton(x, w, res, config=cfg)
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        quant_matmul_triton(x, w, res, config=cfg)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = quant_matmul_triton(x, w, res, config=cfg)
+    graph.replay()
+    assert torch.equal(out, eager)  # ordered split-K sum: deterministic
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    assert _err(out, quant_matmul_reference(x, w, res)) < TOL[torch.bfloat16]
 
 
 def test_gemv_split_k_in_cuda_graph() -> None:
