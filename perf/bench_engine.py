@@ -254,24 +254,33 @@ def transformers_floor(args: argparse.Namespace) -> None:
         return
     n_prefill = args.prefill[0]  # one prompt: transformers at 64k+ would not fit the budget anyway
     warm = min(512, n_prefill)
-    if time.perf_counter() + 5 > deadline:
-        print("transformers prefill skipped: no budget left", flush=True)
-        return
-    start = time.perf_counter()
-    model(input_ids=torch.tensor([_prompt(warm, 3)], device=device), use_cache=False, logits_to_keep=1)
-    sync(device)
-    estimate = (time.perf_counter() - start) * n_prefill / warm
-    if time.perf_counter() + estimate > deadline:
-        print(f"transformers prefill of {n_prefill} skipped: ~{estimate:.0f} s estimated, budget left "
-              f"{deadline - time.perf_counter():.0f} s", flush=True)
-        return
+    # The estimate comes from a second short prefill: the first one compiles and autotunes fla's kernels
+    # for prefill shapes (it once made an 8k prefill look like ~160 s).
+    for attempt in range(2):
+        if time.perf_counter() + 5 > deadline:
+            print("transformers prefill skipped: no budget left", flush=True)
+            return
+        start = time.perf_counter()
+        model(input_ids=torch.tensor([_prompt(warm, 3 + attempt)], device=device), use_cache=False, logits_to_keep=1)
+        sync(device)
+        estimate = (time.perf_counter() - start) * n_prefill / warm
     long = torch.tensor([_prompt(n_prefill, 2)], device=device)
-    start = time.perf_counter()
-    model(input_ids=long, use_cache=False, logits_to_keep=1)
-    sync(device)
-    seconds = time.perf_counter() - start
-    record("transformers_prefill", f"{shape} bf16 T={n_prefill}", seconds * 1e3, achieved=n_prefill / seconds,
-           limit=float("nan"), unit="tok/s", **extra)
+    runs = []
+    for attempt in range(2):  # the first run at the full length may compile again: the second is kept if it fits
+        if time.perf_counter() + estimate > deadline:
+            print(f"transformers prefill of {n_prefill} (run {attempt + 1}) skipped: ~{estimate:.0f} s estimated, "
+                  f"budget left {deadline - time.perf_counter():.0f} s", flush=True)
+            break
+        start = time.perf_counter()
+        model(input_ids=long, use_cache=False, logits_to_keep=1)
+        sync(device)
+        runs.append(time.perf_counter() - start)
+        estimate = runs[-1]
+        print(f"transformers prefill of {n_prefill} tokens, run {attempt + 1}: {runs[-1]:.2f} s", flush=True)
+    if runs:
+        seconds = runs[-1]
+        record("transformers_prefill", f"{shape} bf16 T={n_prefill}", seconds * 1e3, achieved=n_prefill / seconds,
+               limit=float("nan"), unit="tok/s", runs=len(runs), **extra)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -127,5 +127,39 @@ case ${1:-1} in
         --chunk 4096 --prefill 8192
       part 200 python3 perf/bench_spec.py --shape 27b --recipe int4 --lanes 1 8 --steps 12 --prefill 1024
       ;;
+  13) # the tensor-core int4 decode up to 32 tokens (C = 8 speculative verification): GPU tests, the M = 32
+      # GEMMs next to the tuner's other paths, then 27B int4 MTP rounds at C = 1 and 8
+      gpu_tests 160 quant_gemm -k tensor_core_decode -n 4
+      part 90 python3 perf/bench_quant_gemm.py --path mma,tuned --m 32 --formats int4-g64 \
+        --shapes gate_up,down,q_proj,o_proj --no-gemlite
+      part 240 python3 perf/bench_spec.py --shape 27b --recipe int4 --lanes 1 8 --steps 12 --prefill 1024
+      ;;
+  14) # the transformers floors' 8k prefill (issues 5 and 6), warm (the first prefill compiles fla's kernels)
+      part 250 python3 perf/bench_engine.py --hf-only --shape 27b --prefill 8192 --hf-new 8 --hf-budget 220
+      part 250 python3 perf/bench_engine.py --hf-only --shape 35b-a3b --prefill 8192 --hf-new 8 --hf-budget 220
+      ;;
+  15) # where an 8k prefill's time goes: 35B-A3B (12.6k / 9.7k tok/s against 45k) and 27B int4 (11.2-11.7k vs 12k)
+      part 290 python3 perf/profile_step.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --prefill 8192 --chunk 1024
+      ;;
+  16) part 290 python3 perf/profile_step.py --shape 27b --recipe int4 --prefill 8192 --chunk 4096
+      ;;
+  17) # the 8k prefills in one chunk: how much of the 35B-A3B prefill is launch overhead (chunk 1024: 329 of 685 ms
+      # outside kernels, 11,061 launches)
+      part 240 python3 perf/profile_step.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --prefill 8192 --chunk 8192
+      ;;
+  18) part 150 python3 perf/profile_step.py --shape 27b --recipe int4 --prefill 8192 --chunk 8192
+      part 120 python3 perf/profile_step.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --prefill 8192 --chunk 4096
+      ;;
+  19) # correctness of the fused MLP gate/up (one GEMM with the SwiGLU epilogue): the whole-model GPU tests
+      export NINFER_AUTOTUNE=off
+      gpu_tests 330 model_gpu -n 3
+      ;;
+  20) # the engines after the fused MLP gate/up: 27B int4 decode C = 1 / 8 and the 8k prefill in one chunk, then
+      # 35B-A3B the same (its shared expert is fused too)
+      part 150 python3 perf/bench_engine.py --shape 27b --recipe int4 --contexts 1024 --lanes 1 8 --steps 12 \
+        --chunk 8192 --prefill 8192
+      part 170 python3 perf/bench_engine.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --contexts 1024 --lanes 1 8 \
+        --steps 12 --chunk 8192 --prefill 8192
+      ;;
 esac
 tail -60 "$LOG"

@@ -1,4 +1,4 @@
-"""Where a decode step's GPU time goes: kernel time per step, by kernel and by op family.
+"""Where a decode step's (or a prefill's) GPU time goes: kernel time per step, by kernel and by op family.
 
 Builds the random-weight model (optionally quantized with a recipe, optionally with an MTP head for
 speculative rounds), times the steady step with CUDA graphs on, then runs the same steps with graphs
@@ -7,6 +7,11 @@ graph step and the summed kernel time is what the step spends between kernels (l
 bubbles inside the graph). Writes one ``profile_step`` record per run to the JSON results.
 
     python perf/profile_step.py --shape 27b --recipe int4 [--lanes 1] [--draft-tokens 3] [--top 25]
+    python perf/profile_step.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --prefill 8192 [--chunk 1024]
+
+``--prefill N`` profiles one N-token prompt instead (one request, eager, chunks of ``--chunk``): the
+kernel time by family against the prefill's wall time, after two unprofiled prefills of the same
+length (compilation and tuning).
     python perf/profile_step.py --shape tiny --device cpu --steps 2   # smoke test (no kernel times on a CPU)
 """
 from __future__ import annotations
@@ -16,7 +21,7 @@ import re
 from collections import defaultdict
 
 import torch
-from bench_engine import steady_decode
+from bench_engine import prefill, steady_decode
 from bench_spec import make_llm, random_head
 from common import record
 from random_model import SHAPES, random_model
@@ -47,22 +52,61 @@ def family(name: str) -> str:
 
 
 def kernel_times(llm, lanes: int, context: int, steps: int) -> dict[str, tuple[float, int]]:
-    """{kernel name: (device ms per step, launches per step)} over ``steps`` eager steps."""
+    """{kernel name: (device ms, launches)} over the prefill, 3 warm steps and ``steps`` eager steps."""
+    return _profiled(lambda: steady_decode(llm, lanes, context, steps))
+
+
+def _profiled(fn) -> dict[str, tuple[float, int]]:
+    """{kernel name: (device ms, launches)} of the CUDA kernels ``fn()`` runs."""
     from torch.profiler import ProfilerActivity, profile
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
     with profile(activities=acts) as prof:
-        steady_decode(llm, lanes, context, steps)
-    events = [e for e in prof.events() if e.device_type.name == "CUDA"]
+        fn()
     totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
-    for e in events:
-        t = totals[e.name]
-        t[0] += e.device_time / 1e3  # µs -> ms
-        t[1] += 1
-    return {name: (ms, n) for name, (ms, n) in totals.items()}  # prefill and warm steps included (see run)
+    for e in prof.events():
+        if e.device_type.name == "CUDA":
+            totals[e.name][0] += e.device_time / 1e3
+            totals[e.name][1] += 1
+    return {name: (ms, n) for name, (ms, n) in totals.items()}
+
+
+def _report(label: str, wall_ms: float, what: str, per: dict[str, tuple[float, float]], top: int) -> None:
+    kernel_ms = sum(ms for ms, _ in per.values())
+    fams: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    for name, (ms, n) in per.items():
+        fams[family(name)][0] += ms
+        fams[family(name)][1] += n
+    print(f"\n{label}: {what} {wall_ms:.3f} ms; kernels {kernel_ms:.3f} ms "
+          f"({sum(n for _, n in per.values()):.0f} launches); between kernels {wall_ms - kernel_ms:.3f} ms")
+    print(f"{'family':28s} {'ms':>9s} {'share':>7s} {'launches':>9s}")
+    for fam, (ms, n) in sorted(fams.items(), key=lambda kv: -kv[1][0]):
+        print(f"{fam:28s} {ms:9.3f} {100 * ms / max(wall_ms, 1e-9):6.1f}% {n:9.0f}")
+    print(f"\ntop {top} kernels (ms, launches):")
+    for name, (ms, n) in sorted(per.items(), key=lambda kv: -kv[1][0])[:top]:
+        print(f"  {ms:8.3f} ms {n:6.0f}x  {name[:110]}")
+    record("profile_step", label, wall_ms, achieved=kernel_ms, limit=wall_ms, unit="kernel ms",
+           families={k: round(v[0], 4) for k, v in fams.items()},
+           top={k[:120]: round(v[0], 4) for k, v in sorted(per.items(), key=lambda kv: -kv[1][0])[:top]})
+
+
+def run_prefill(args: argparse.Namespace) -> None:
+    """One ``--prefill``-token prompt, eager (prefill never runs in a graph), profiled once warm."""
+    model = random_model(args.shape, device=args.device, recipe=args.recipe)
+    cfg = EngineConfig(max_concurrency=1, max_context=args.prefill + 64, kv_capacity=args.prefill + 64,
+                       prefill_chunk=args.chunk, cuda_graphs=False, prefix_cache=False)
+    llm = make_llm(model, None, args.shape, cfg)
+    prefill(llm, args.prefill)  # compile and tune
+    wall, _ = prefill(llm, args.prefill)
+    per = _profiled(lambda: prefill(llm, args.prefill))
+    label = f"{args.shape} {args.recipe or 'bf16'} prefill T={args.prefill} chunk={args.chunk}"
+    _report(label, wall * 1e3, f"prefill {args.prefill / wall:.0f} tok/s,", per, args.top)
 
 
 def run(args: argparse.Namespace) -> None:
+    if args.prefill:
+        run_prefill(args)
+        return
     model = random_model(args.shape, device=args.device, recipe=args.recipe)
     label = f"{args.shape} {args.recipe or 'bf16'} C={args.lanes} ctx={args.context}"
     head = random_head(model) if args.draft_tokens else None
@@ -84,22 +128,7 @@ def run(args: argparse.Namespace) -> None:
         ms0, n0 = short.get(name, (0.0, 0))
         if ms - ms0 > 0:
             per_step[name] = ((ms - ms0) / args.steps, (n - n0) / args.steps)
-    kernel_ms = sum(ms for ms, _ in per_step.values())
-    fams: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
-    for name, (ms, n) in per_step.items():
-        fams[family(name)][0] += ms
-        fams[family(name)][1] += n
-    print(f"\n{label}: step {step_s * 1e3:.3f} ms with CUDA graphs; kernels {kernel_ms:.3f} ms per step "
-          f"({sum(n for _, n in per_step.values()):.0f} launches); between kernels {step_s * 1e3 - kernel_ms:.3f} ms")
-    print(f"{'family':28s} {'ms/step':>9s} {'share':>7s} {'launches':>9s}")
-    for fam, (ms, n) in sorted(fams.items(), key=lambda kv: -kv[1][0]):
-        print(f"{fam:28s} {ms:9.3f} {100 * ms / max(step_s * 1e3, 1e-9):6.1f}% {n:9.0f}")
-    print(f"\ntop {args.top} kernels (ms per step, launches per step):")
-    for name, (ms, n) in sorted(per_step.items(), key=lambda kv: -kv[1][0])[:args.top]:
-        print(f"  {ms:8.3f} ms {n:6.0f}x  {name[:110]}")
-    record("profile_step", label, step_s * 1e3, achieved=kernel_ms, limit=step_s * 1e3, unit="kernel ms",
-           families={k: round(v[0], 4) for k, v in fams.items()},
-           top={k[:120]: round(v[0], 4) for k, v in sorted(per_step.items(), key=lambda kv: -kv[1][0])[:args.top]})
+    _report(label, step_s * 1e3, "step with CUDA graphs", per_step, args.top)
 
 
 if __name__ == "__main__":
@@ -111,5 +140,7 @@ if __name__ == "__main__":
     parser.add_argument("--draft-tokens", type=int, default=0, help="profile speculative rounds (all drafts accepted)")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--prefill", type=int, default=0, help="profile one prompt of this many tokens instead")
+    parser.add_argument("--chunk", type=int, default=1024, help="--prefill: prefill chunk")
     parser.add_argument("--device", default="cuda", help="cpu: a smoke test with --shape tiny / tiny-moe")
     run(parser.parse_args())

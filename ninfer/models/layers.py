@@ -48,7 +48,13 @@ class GatedRMSNorm(nn.Module):
 
 
 class MLP(nn.Module):
-    """Dense SwiGLU feed-forward: ``down(silu(gate(x)) * up(x))``."""
+    """Dense SwiGLU feed-forward: ``down(silu(gate(x)) * up(x))``.
+
+    After :meth:`fuse_gate_up_` the gate and up rows share one storage (gate rows first) and one GEMM
+    computes both: quantized weights apply SwiGLU in its epilogue, float ones feed the SwiGLU kernel
+    without a concatenation. ``gate_proj`` / ``up_proj`` stay, as views of that storage, so names,
+    shapes, loading and memory are unchanged.
+    """
 
     def __init__(self, hidden_size: int, intermediate_size: int) -> None:
         super().__init__()
@@ -57,7 +63,60 @@ class MLP(nn.Module):
         self.down_proj = linear(intermediate_size, hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(swiglu(torch.cat([self.gate_proj(x), self.up_proj(x)], dim=-1)))
+        fused = self.gate_up
+        if fused is None:
+            return self.down_proj(swiglu(torch.cat([self.gate_proj(x), self.up_proj(x)], dim=-1)))
+        if isinstance(fused, torch.Tensor):
+            return self.down_proj(swiglu(nn.functional.linear(x, fused)))
+        return self.down_proj(fused(x, swiglu=True))
+
+    @property
+    def gate_up(self) -> nn.Module | torch.Tensor | None:
+        """The fused gate/up weight (a ``QuantLinear`` or a float ``[2I, H]`` tensor), or None when unfused
+        or when a parameter was replaced since fusing (e.g. ``.to()``, a loader assigning new tensors)."""
+        fused = self.__dict__.get("_gate_up")  # not a registered submodule: its storage is gate's and up's
+        if fused is None or self.__dict__["_gate_up_key"] != _storage_key(self.gate_proj, self.up_proj):
+            return None
+        return fused
+
+    @torch.no_grad()
+    def fuse_gate_up_(self) -> bool:
+        """Stack gate and up into one storage with the two projections as views of it (once; idempotent).
+        Float weights of one dtype, or quantized ones of one format; anything else stays unfused (False)."""
+        if self.gate_up is not None:
+            return True
+        gate, up = self.gate_proj, self.up_proj
+        if type(gate) is nn.Linear and type(up) is nn.Linear:
+            if gate.weight.dtype != up.weight.dtype or gate.weight.device != up.weight.device:
+                return False
+            fused = torch.cat([gate.weight, up.weight])
+            rows = gate.weight.shape[0]
+            gate.weight = nn.Parameter(fused[:rows], requires_grad=gate.weight.requires_grad)
+            up.weight = nn.Parameter(fused[rows:], requires_grad=up.weight.requires_grad)
+        else:
+            from ninfer.quant.linear import QuantLinear
+
+            if not (isinstance(gate, QuantLinear) and isinstance(up, QuantLinear) and gate.format is up.format):
+                return False
+            fused = QuantLinear.stacked([gate, up])
+            specs = gate.format.specs(gate.shape)
+            for name, tensor in fused.named_parameters(recurse=False):
+                dim = specs[name].row_dim % tensor.dim()
+                rows = getattr(gate, name).shape[dim]
+                setattr(gate, name, nn.Parameter(tensor.narrow(dim, 0, rows), requires_grad=False))
+                setattr(up, name, nn.Parameter(tensor.narrow(dim, rows, tensor.shape[dim] - rows), requires_grad=False))
+        self.__dict__["_gate_up"] = fused
+        self.__dict__["_gate_up_key"] = _storage_key(gate, up)
+        return True
+
+
+def _storage_key(*modules: nn.Module) -> tuple[int, ...]:
+    return tuple(p.data_ptr() for m in modules for p in m.parameters(recurse=False))
+
+
+def fuse_gate_up(model: nn.Module | None) -> int:
+    """:meth:`MLP.fuse_gate_up_` on every dense MLP of ``model`` (shared experts too); the number fused."""
+    return 0 if model is None else sum(m.fuse_gate_up_() for m in model.modules() if isinstance(m, MLP))
 
 
 class GatedAttention(nn.Module):

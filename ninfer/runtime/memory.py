@@ -17,6 +17,7 @@ from torch import nn
 
 from ninfer.config import ModelConfig
 from ninfer.kernels.quant_dequant import workspace_bytes as dequant_bytes
+from ninfer.models.layers import MLP
 from ninfer.quant.linear import QuantLinear
 
 if TYPE_CHECKING:
@@ -66,7 +67,10 @@ def dequant_workspace_bytes(modules: Iterable[nn.Module | None], model_dtype: to
     """The dequantization buffer of quantized prefill GEMMs: the largest ``QuantLinear`` weight that the
     tuner may send down that path (``quant_dequant``; not the LM head), in the activation dtype.
     0 without quantized linear layers."""
-    shapes = [m.shape for root in modules if root is not None for m in root.modules() if isinstance(m, QuantLinear)]
+    layers = [m for root in modules if root is not None for m in root.modules()]
+    shapes = [m.shape for m in layers if isinstance(m, QuantLinear)]
+    # fused gate/up weights (MLP.fuse_gate_up_) are no registered modules but go down the same path
+    shapes += [f.shape for m in layers if isinstance(m, MLP) and isinstance(f := m.gate_up, QuantLinear)]
     return dequant_bytes(shapes, model_dtype)
 
 

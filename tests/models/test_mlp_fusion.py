@@ -1,0 +1,70 @@
+"""MLP gate/up fusion (``MLP.fuse_gate_up_``): one storage, the projections as views, the same outputs."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from ninfer.models.layers import MLP, fuse_gate_up
+from ninfer.quant.linear import QuantLinear
+
+
+def _mlp(fmt: str | None, seed: int = 0, dtype: torch.dtype = torch.float32) -> MLP:
+    torch.manual_seed(seed)
+    mlp = MLP(64, 128).to(dtype)
+    for layer in (mlp.gate_proj, mlp.up_proj, mlp.down_proj):
+        nn.init.normal_(layer.weight, std=0.1)
+    if fmt is not None:
+        for name in ("gate_proj", "up_proj", "down_proj"):
+            setattr(mlp, name, QuantLinear.from_float(getattr(mlp, name).weight.detach(), fmt))
+    return mlp
+
+
+@pytest.mark.parametrize("fmt", [None, "int4-g64", "int8-g32", "fp8-b128", "nvfp4"])
+def test_fused_mlp_matches_unfused_and_keeps_names_and_memory(fmt: str | None) -> None:
+    mlp = _mlp(fmt)
+    x = torch.randn(5, 64)
+    before = mlp(x)
+    state = {k: v.clone() for k, v in mlp.state_dict().items()}
+    nbytes = sum(p.numel() * p.element_size() for p in mlp.parameters())
+    assert mlp.gate_up is None and mlp.fuse_gate_up_() and mlp.fuse_gate_up_()  # idempotent
+    fused = mlp.gate_up
+    assert fused is not None
+    after = mlp(x)
+    assert torch.allclose(after, before, rtol=1e-5, atol=1e-6), (after - before).abs().max()
+    # names and values unchanged, no extra parameter memory, the projections are views of the fused storage
+    assert list(mlp.state_dict()) == list(state)
+    assert all(torch.equal(mlp.state_dict()[k], v) for k, v in state.items())
+    assert sum(p.numel() * p.element_size() for p in mlp.parameters()) == nbytes
+    first = fused if isinstance(fused, torch.Tensor) else next(fused.parameters())
+    gate_first = next(mlp.gate_proj.parameters())
+    assert gate_first.data_ptr() == first.data_ptr()
+    assert not any(isinstance(m, QuantLinear) and m is fused for m in mlp.modules())  # not a registered submodule
+
+
+def test_loading_writes_through_the_views() -> None:
+    mlp = _mlp("int4-g64", seed=1)
+    other = _mlp("int4-g64", seed=2)
+    mlp.fuse_gate_up_()
+    mlp.load_state_dict(other.state_dict())  # copy_ into the views: the fused storage follows
+    x = torch.randn(3, 64)
+    assert mlp.gate_up is not None
+    assert torch.allclose(mlp(x), other(x), rtol=1e-5, atol=1e-6)
+
+
+def test_replaced_parameters_unfuse() -> None:
+    mlp = _mlp(None, seed=3)
+    mlp.fuse_gate_up_()
+    mlp.up_proj.weight = nn.Parameter(torch.randn(128, 64) * 0.1)  # a new tensor, not a view of the fused storage
+    assert mlp.gate_up is None
+    x = torch.randn(2, 64)
+    ref = mlp.down_proj(nn.functional.silu(mlp.gate_proj(x)) * mlp.up_proj(x))
+    assert torch.allclose(mlp(x), ref, rtol=1e-5, atol=1e-6)
+
+
+def test_mixed_formats_stay_unfused() -> None:
+    mlp = _mlp("int4-g64", seed=4)
+    mlp.up_proj = QuantLinear.from_float(torch.randn(128, 64) * 0.1, "int8-g32")
+    assert not mlp.fuse_gate_up_() and mlp.gate_up is None
+    assert fuse_gate_up(nn.Sequential(_mlp(None), _mlp("nvfp4"), mlp)) == 2
+    assert fuse_gate_up(None) == 0
