@@ -272,7 +272,15 @@ def load(args: argparse.Namespace) -> tuple[Any, str]:
     if args.no_overlap:  # the A/B of the server's launch-timed hand-overs (ninfer/runtime/async_engine.py)
         llm.engine.launches_async = False
         label += "" if args.simulate_device else " no-overlap"
+    # how long the HTTP thread may hold the engine thread off the interpreter: `ninfer serve`'s default
+    # (--switch-interval-ms 0.5) unless asked otherwise (records of runs before that default used Python's 5 ms)
+    sys.setswitchinterval(args.switch_interval / 1e3)
+    if args.switch_interval != SERVE_SWITCH_MS:
+        label += f" switch={args.switch_interval:g}ms"
     return llm, label
+
+
+SERVE_SWITCH_MS = 0.5  # ninfer serve --switch-interval-ms default
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -297,6 +305,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
                    help="CPU: replace the model by perf/device_sim.py's stand-in for a GPU (launch, then wait)")
     p.add_argument("--no-overlap", action="store_true",
                    help="the server hands outputs over as soon as a step ends (the behaviour before launch timing)")
+    p.add_argument("--switch-interval", type=float, default=SERVE_SWITCH_MS, metavar="MS",
+                   help="Python's thread switch interval in this process (server, engine thread, library runs); "
+                        f"default {SERVE_SWITCH_MS}, as `ninfer serve`; Python's own is 5")
     p.add_argument("--smoke", action="store_true", help="CPU check: tiny default model, levels 1 2, few tokens")
     args = p.parse_args(argv)
     if args.smoke:

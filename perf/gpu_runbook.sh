@@ -161,5 +161,12 @@ case ${1:-1} in
       part 170 python3 perf/bench_engine.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --contexts 1024 --lanes 1 8 \
         --steps 12 --chunk 8192 --prefill 8192
       ;;
+  21) # issue 7's TTFT: the HTTP vs library A/B with more requests per level (default GIL switch interval) ...
+      part 225 python3 perf/bench_server.py --random 27b --recipe int4 --levels 1 2 --max-tokens 64 --requests 24
+      ;;
+  22) # ... and with a 0.5 ms switch interval (the HTTP thread can hold the engine thread off the GIL for 5 ms)
+      part 225 python3 perf/bench_server.py --random 27b --recipe int4 --levels 1 2 --max-tokens 64 --requests 24 \
+        --switch-interval 0.5
+      ;;
 esac
 tail -60 "$LOG"

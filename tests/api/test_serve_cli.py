@@ -36,13 +36,14 @@ def test_flags_map_onto_the_server_config() -> None:
     assert (s.temperature, s.top_k, s.presence_penalty, s.seed, s.greedy) == (0.3, 5, 1.5, 4, True)
     assert args.kv_capacity == "auto" and args.max_concurrency == 2 and args.func.__name__ == "run_serve"
     assert args.host_prepin_gib == 0.5 and _parse("m").host_prepin_gib == 0.0
+    assert _parse("m").switch_interval_ms == 0.5 and _parse("m", "--switch-interval-ms", "2").switch_interval_ms == 2
     defaults = server_config(_parse())
     assert defaults.max_pending == 16 and defaults.pending_timeout_ms == 30000 and defaults.thinking
 
 
 @pytest.mark.parametrize("argv", [["--max-concurrency", "0"], ["--top-p", "0"], ["--temperature", "hot"],
                                   ["--kv-capacity", "lots"], ["--draft-tokens", "8"], ["--spec", "eagle"],
-                                  ["--host-prepin-gib", "-1"]])
+                                  ["--host-prepin-gib", "-1"], ["--switch-interval-ms", "0"]])
 def test_bad_flags_are_refused(argv: list[str], capsys) -> None:
     with pytest.raises(SystemExit):
         _parse("m", *argv)
