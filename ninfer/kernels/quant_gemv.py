@@ -311,12 +311,22 @@ def _quant_gemv_kernel(
         if SWIGLU:
             acc_up *= tl.load(rs_ptr + N_OUT + offs_n, mask=n_ok, other=0.0)[:, None]
     mask = n_ok[:, None] & (offs_m < M)[None, :]
+    _gemv_epilogue(acc, acc_up, pid_s, offs_m, offs_n, mask, M, N_OUT, ws_ptr, cnt_ptr, res_ptr, stride_rm, out_ptr,
+                   stride_om, SPLIT, FUSED_REDUCE, SWIGLU, HAS_RES, BLOCK_N, BLOCK_M)
+
+
+@triton.jit
+def _gemv_epilogue(acc, acc_up, pid_s, offs_m, offs_n, mask, M, N_OUT, ws_ptr, cnt_ptr, res_ptr, stride_rm, out_ptr,
+                   stride_om, SPLIT: tl.constexpr, FUSED_REDUCE: tl.constexpr, SWIGLU: tl.constexpr,
+                   HAS_RES: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
+    """A ``[BLOCK_N, BLOCK_M]`` fp32 tile of ``y^T`` to its destination: without split-K the epilogue
+    (:func:`ninfer.kernels.quant_gemm._finish`); with it the partials to the scratch and, with
+    FUSED_REDUCE, the sum of all splits by the last one of this output tile to arrive (in split order:
+    deterministic) and the epilogue, instead of a second launch; release/acquire through the tile's
+    counter, which that program resets, so the next launch (or graph replay) starts from zero."""
     if SPLIT:
         _store_partials(ws_ptr, acc, acc_up, pid_s, M, offs_m, offs_n, mask, N_OUT, SWIGLU)
         if FUSED_REDUCE:
-            # The last split of this output tile to arrive sums them all (in split order: deterministic)
-            # and finishes, instead of a second launch; release/acquire through the tile's counter, which
-            # that program resets, so the next launch (or graph replay) starts from zero.
             tile = tl.program_id(2) * tl.num_programs(0) + tl.program_id(0)
             tl.debug_barrier()
             arrived = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel")

@@ -35,12 +35,11 @@ import triton
 import triton.language as tl
 
 from ninfer.kernels.dispatch import INTERPRET
-from ninfer.kernels.quant_gemm import _finish, _int4_values
+from ninfer.kernels.quant_gemm import _int4_values
 from ninfer.kernels.quant_gemm_tune import GemmConfig
 from ninfer.kernels.quant_gemv import (
+    _gemv_epilogue,
     _gemv_reduce_kernel,
-    _store_partials,
-    _sum_splits,
     _tile_counters,
 )
 
@@ -156,20 +155,8 @@ def _quant_gemv_mma_kernel(
         scales = scales_next
         scales_up = scales_up_next
     mask = (offs_n < N_OUT)[:, None] & (offs_m < M)[None, :]
-    if SPLIT:
-        _store_partials(ws_ptr, acc, acc_up, pid_s, M, offs_m, offs_n, mask, N_OUT, SWIGLU)
-        if FUSED_REDUCE:  # as in quant_gemv: the last split of the tile to arrive sums them in order
-            tile = tl.program_id(2) * tl.num_programs(0) + tl.program_id(0)
-            tl.debug_barrier()
-            arrived = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel")
-            if arrived == tl.num_programs(1) - 1:
-                tl.debug_barrier()
-                acc, acc_up = _sum_splits(ws_ptr, offs_m, offs_n, mask, M, N_OUT, tl.num_programs(1), SWIGLU,
-                                          BLOCK_N, TOKENS)
-                _finish(acc, acc_up, offs_m, offs_n, mask, res_ptr, stride_rm, out_ptr, stride_om, SWIGLU, HAS_RES)
-                tl.store(cnt_ptr + tile, 0)
-    else:
-        _finish(acc, acc_up, offs_m, offs_n, mask, res_ptr, stride_rm, out_ptr, stride_om, SWIGLU, HAS_RES)
+    _gemv_epilogue(acc, acc_up, pid_s, offs_m, offs_n, mask, M, N_OUT, ws_ptr, cnt_ptr, res_ptr, stride_rm, out_ptr,
+                   stride_om, SPLIT, FUSED_REDUCE, SWIGLU, HAS_RES, BLOCK_N, TOKENS)
 
 
 def mma_supported(x_dtype: torch.dtype, k: int, group: int, block_k: int) -> bool:
