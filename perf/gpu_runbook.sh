@@ -168,5 +168,16 @@ case ${1:-1} in
       part 225 python3 perf/bench_server.py --random 27b --recipe int4 --levels 1 2 --max-tokens 64 --requests 24 \
         --switch-interval 0.5
       ;;
+  23) # next: the fused DeltaNet a/b (ninfer/models/fused.py) on the GPU — whole-model and DeltaNet tests, then
+      # where the 27B int4 step goes at C = 1 and 8
+      export NINFER_AUTOTUNE=off
+      gpu_tests 300 model_gpu -n 3
+      gpu_tests 120 deltanet
+      ;;
+  24) part 150 python3 perf/bench_engine.py --shape 27b --recipe int4 --contexts 1024 32768 --lanes 1 8 --steps 12 \
+        --chunk 8192 --prefill 8192
+      part 120 python3 perf/profile_step.py --shape 27b --recipe int4 --lanes 8
+      part 200 python3 perf/bench_spec.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --lanes 1 8 --steps 12 --prefill 8192
+      ;;
 esac
 tail -60 "$LOG"

@@ -17,6 +17,7 @@ from ninfer.kernels.norms import gated_rms_norm, rms_norm
 from ninfer.kernels.rope import qk_norm_rope
 from ninfer.models.batch import ForwardBatch
 from ninfer.models.cache import ModelCache
+from ninfer.models.fused import FusedRows, fuse_rows
 
 
 def linear(in_features: int, out_features: int) -> nn.Linear:
@@ -50,10 +51,9 @@ class GatedRMSNorm(nn.Module):
 class MLP(nn.Module):
     """Dense SwiGLU feed-forward: ``down(silu(gate(x)) * up(x))``.
 
-    After :meth:`fuse_gate_up_` the gate and up rows share one storage (gate rows first) and one GEMM
-    computes both: quantized weights apply SwiGLU in its epilogue, float ones feed the SwiGLU kernel
-    without a concatenation. ``gate_proj`` / ``up_proj`` stay, as views of that storage, so names,
-    shapes, loading and memory are unchanged.
+    After :meth:`fuse_` gate and up are one GEMM over their stacked rows (:mod:`ninfer.models.fused`):
+    quantized weights apply SwiGLU in its epilogue, float ones feed the SwiGLU kernel without a
+    concatenation. ``gate_proj`` / ``up_proj`` stay, as views of the stacked storage.
     """
 
     def __init__(self, hidden_size: int, intermediate_size: int) -> None:
@@ -66,57 +66,37 @@ class MLP(nn.Module):
         fused = self.gate_up
         if fused is None:
             return self.down_proj(swiglu(torch.cat([self.gate_proj(x), self.up_proj(x)], dim=-1)))
-        if isinstance(fused, torch.Tensor):
-            return self.down_proj(swiglu(nn.functional.linear(x, fused)))
+        if isinstance(fused.weight, torch.Tensor):
+            return self.down_proj(swiglu(fused(x)))
         return self.down_proj(fused(x, swiglu=True))
 
     @property
-    def gate_up(self) -> nn.Module | torch.Tensor | None:
-        """The fused gate/up weight (a ``QuantLinear`` or a float ``[2I, H]`` tensor), or None when unfused
-        or when a parameter was replaced since fusing (e.g. ``.to()``, a loader assigning new tensors)."""
-        fused = self.__dict__.get("_gate_up")  # not a registered submodule: its storage is gate's and up's
-        if fused is None or self.__dict__["_gate_up_key"] != _storage_key(self.gate_proj, self.up_proj):
-            return None
-        return fused
+    def gate_up(self) -> FusedRows | None:
+        """The fused gate/up projection, or None (unfused, or a parameter replaced since)."""
+        return _valid(self, "_gate_up")
 
-    @torch.no_grad()
-    def fuse_gate_up_(self) -> bool:
-        """Stack gate and up into one storage with the two projections as views of it (once; idempotent).
-        Float weights of one dtype, or quantized ones of one format; anything else stays unfused (False)."""
-        if self.gate_up is not None:
-            return True
-        gate, up = self.gate_proj, self.up_proj
-        if type(gate) is nn.Linear and type(up) is nn.Linear:
-            if gate.weight.dtype != up.weight.dtype or gate.weight.device != up.weight.device:
-                return False
-            fused = torch.cat([gate.weight, up.weight])
-            rows = gate.weight.shape[0]
-            gate.weight = nn.Parameter(fused[:rows], requires_grad=gate.weight.requires_grad)
-            up.weight = nn.Parameter(fused[rows:], requires_grad=up.weight.requires_grad)
-        else:
-            from ninfer.quant.linear import QuantLinear
-
-            if not (isinstance(gate, QuantLinear) and isinstance(up, QuantLinear) and gate.format is up.format):
-                return False
-            fused = QuantLinear.stacked([gate, up])
-            specs = gate.format.specs(gate.shape)
-            for name, tensor in fused.named_parameters(recurse=False):
-                dim = specs[name].row_dim % tensor.dim()
-                rows = getattr(gate, name).shape[dim]
-                setattr(gate, name, nn.Parameter(tensor.narrow(dim, 0, rows), requires_grad=False))
-                setattr(up, name, nn.Parameter(tensor.narrow(dim, rows, tensor.shape[dim] - rows), requires_grad=False))
-        self.__dict__["_gate_up"] = fused
-        self.__dict__["_gate_up_key"] = _storage_key(gate, up)
-        return True
+    def fuse_(self) -> bool:
+        """Fuse gate and up (once; idempotent); False where their weights cannot share a storage."""
+        return _fuse(self, "_gate_up", [self.gate_proj, self.up_proj])
 
 
-def _storage_key(*modules: nn.Module) -> tuple[int, ...]:
-    return tuple(p.data_ptr() for m in modules for p in m.parameters(recurse=False))
+def _valid(owner: nn.Module, attr: str) -> FusedRows | None:
+    fused = owner.__dict__.get(attr)  # no registered submodule: its storage is the projections'
+    return fused if fused is not None and fused.valid() else None
 
 
-def fuse_gate_up(model: nn.Module | None) -> int:
-    """:meth:`MLP.fuse_gate_up_` on every dense MLP of ``model`` (shared experts too); the number fused."""
-    return 0 if model is None else sum(m.fuse_gate_up_() for m in model.modules() if isinstance(m, MLP))
+def _fuse(owner: nn.Module, attr: str, layers: list[nn.Module]) -> bool:
+    if _valid(owner, attr) is None:
+        owner.__dict__[attr] = fuse_rows(layers)
+    return owner.__dict__[attr] is not None
+
+
+def fuse_projections(model: nn.Module | None) -> int:
+    """Fuse the projections that share an input in every MLP (gate, up) and Gated DeltaNet (a, b) of
+    ``model``; the number of modules fused."""
+    if model is None:
+        return 0
+    return sum(m.fuse_() for m in model.modules() if isinstance(m, (MLP, GatedDeltaNet)))
 
 
 class GatedAttention(nn.Module):
@@ -184,9 +164,14 @@ class GatedDeltaNet(nn.Module):
         mixed = causal_conv1d(qkv, self.conv1d.weight[:, 0, :], cache.conv[self.layer_idx],
                               batch.cu_seqlens, batch.state_slots, batch.max_seqlen, batch.state_out_slots)
         q, k, v = mixed.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        ab = self.in_proj_ab
+        if ab is None:
+            a, b = self.in_proj_a(x), self.in_proj_b(x)
+        else:  # one GEMM, two column views (the kernels take row strides)
+            a, b = ab(x).split(ab.sizes, dim=-1)
         o = gated_delta_rule(
             q.reshape(n, self.num_k_heads, self.head_k_dim), k.reshape(n, self.num_k_heads, self.head_k_dim),
-            v.reshape(n, self.num_v_heads, self.head_v_dim), self.in_proj_a(x), self.in_proj_b(x),
+            v.reshape(n, self.num_v_heads, self.head_v_dim), a, b,
             self.A_log, self.dt_bias, cache.recurrent[self.layer_idx], batch.cu_seqlens, batch.state_slots,
             batch.max_seqlen, state_out_slots=batch.state_out_slots, ckpt_offsets=batch.ckpt_offsets,
             ckpt_slots=batch.ckpt_slots,
@@ -194,3 +179,12 @@ class GatedDeltaNet(nn.Module):
         z = self.in_proj_z(x).reshape(n * self.num_v_heads, self.head_v_dim)
         o = self.norm(o.reshape(n * self.num_v_heads, self.head_v_dim), z)
         return self.out_proj(o.reshape(n, self.value_dim))
+
+    @property
+    def in_proj_ab(self) -> FusedRows | None:
+        """``in_proj_a`` and ``in_proj_b`` as one projection (:mod:`ninfer.models.fused`), or None."""
+        return _valid(self, "_ab")
+
+    def fuse_(self) -> bool:
+        """Fuse ``in_proj_a`` and ``in_proj_b`` (once; idempotent); False where they cannot share a storage."""
+        return _fuse(self, "_ab", [self.in_proj_a, self.in_proj_b])

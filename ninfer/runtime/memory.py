@@ -69,8 +69,9 @@ def dequant_workspace_bytes(modules: Iterable[nn.Module | None], model_dtype: to
     0 without quantized linear layers."""
     layers = [m for root in modules if root is not None for m in root.modules()]
     shapes = [m.shape for m in layers if isinstance(m, QuantLinear)]
-    # fused gate/up weights (MLP.fuse_gate_up_) are no registered modules but go down the same path
-    shapes += [f.shape for m in layers if isinstance(m, MLP) and isinstance(f := m.gate_up, QuantLinear)]
+    # fused gate/up weights (MLP.fuse_) are no registered modules but go down the same path
+    shapes += [f.weight.shape for m in layers if isinstance(m, MLP) and (f := m.gate_up) is not None
+               and isinstance(f.weight, QuantLinear)]
     return dequant_bytes(shapes, model_dtype)
 
 

@@ -11,14 +11,16 @@ HK, HV = 2, 4
 
 
 def _inputs(lens: list[int], dk: int, dv: int, slots: int, dtype: torch.dtype, seed: int) -> dict:
-    """Ragged inputs; q, k, v are strided views of one packed projection, as the model passes them."""
+    """Ragged inputs; q, k, v are strided views of one packed projection, and so are a and b (the fused
+    ``in_proj_a`` / ``in_proj_b``), as the model passes them."""
     gen = torch.Generator().manual_seed(seed)
     n = sum(lens)
     mixed = torch.randn(n, 2 * HK * dk + HV * dv, generator=gen).to(dtype)
     q, k, v = mixed.split([HK * dk, HK * dk, HV * dv], dim=-1)
+    ab = torch.randn(n, 2 * HV, generator=gen) * torch.tensor([2.0] * HV + [1.0] * HV)
+    a, b = ab.to(dtype).split([HV, HV], dim=-1)
     return dict(
-        q=q.reshape(n, HK, dk), k=k.reshape(n, HK, dk), v=v.reshape(n, HV, dv),
-        a=(2 * torch.randn(n, HV, generator=gen)).to(dtype), b=torch.randn(n, HV, generator=gen).to(dtype),
+        q=q.reshape(n, HK, dk), k=k.reshape(n, HK, dk), v=v.reshape(n, HV, dv), a=a, b=b,
         A_log=torch.empty(HV).uniform_(0.0, 2.5, generator=gen), dt_bias=torch.randn(HV, generator=gen),
         state=torch.randn(slots, HV, dk, dv, generator=gen),
         cu_seqlens=torch.tensor([0] + lens).cumsum(0).to(torch.int32),

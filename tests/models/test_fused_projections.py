@@ -1,11 +1,12 @@
-"""MLP gate/up fusion (``MLP.fuse_gate_up_``): one storage, the projections as views, the same outputs."""
+"""Fused projections (:mod:`ninfer.models.fused`): MLP gate/up and DeltaNet a/b in one storage, the
+projections as views of it, the same outputs."""
 from __future__ import annotations
 
 import pytest
 import torch
 from torch import nn
 
-from ninfer.models.layers import MLP, fuse_gate_up
+from ninfer.models.layers import MLP, fuse_projections
 from ninfer.quant.linear import QuantLinear
 
 
@@ -27,7 +28,7 @@ def test_fused_mlp_matches_unfused_and_keeps_names_and_memory(fmt: str | None) -
     before = mlp(x)
     state = {k: v.clone() for k, v in mlp.state_dict().items()}
     nbytes = sum(p.numel() * p.element_size() for p in mlp.parameters())
-    assert mlp.gate_up is None and mlp.fuse_gate_up_() and mlp.fuse_gate_up_()  # idempotent
+    assert mlp.gate_up is None and mlp.fuse_() and mlp.fuse_()  # idempotent
     fused = mlp.gate_up
     assert fused is not None
     after = mlp(x)
@@ -36,16 +37,16 @@ def test_fused_mlp_matches_unfused_and_keeps_names_and_memory(fmt: str | None) -
     assert list(mlp.state_dict()) == list(state)
     assert all(torch.equal(mlp.state_dict()[k], v) for k, v in state.items())
     assert sum(p.numel() * p.element_size() for p in mlp.parameters()) == nbytes
-    first = fused if isinstance(fused, torch.Tensor) else next(fused.parameters())
+    first = fused.weight if isinstance(fused.weight, torch.Tensor) else next(fused.weight.parameters())
     gate_first = next(mlp.gate_proj.parameters())
     assert gate_first.data_ptr() == first.data_ptr()
-    assert not any(isinstance(m, QuantLinear) and m is fused for m in mlp.modules())  # not a registered submodule
+    assert not any(m is fused.weight for m in mlp.modules())  # not a registered submodule
 
 
 def test_loading_writes_through_the_views() -> None:
     mlp = _mlp("int4-g64", seed=1)
     other = _mlp("int4-g64", seed=2)
-    mlp.fuse_gate_up_()
+    mlp.fuse_()
     mlp.load_state_dict(other.state_dict())  # copy_ into the views: the fused storage follows
     x = torch.randn(3, 64)
     assert mlp.gate_up is not None
@@ -54,7 +55,7 @@ def test_loading_writes_through_the_views() -> None:
 
 def test_replaced_parameters_unfuse() -> None:
     mlp = _mlp(None, seed=3)
-    mlp.fuse_gate_up_()
+    mlp.fuse_()
     mlp.up_proj.weight = nn.Parameter(torch.randn(128, 64) * 0.1)  # a new tensor, not a view of the fused storage
     assert mlp.gate_up is None
     x = torch.randn(2, 64)
@@ -65,6 +66,27 @@ def test_replaced_parameters_unfuse() -> None:
 def test_mixed_formats_stay_unfused() -> None:
     mlp = _mlp("int4-g64", seed=4)
     mlp.up_proj = QuantLinear.from_float(torch.randn(128, 64) * 0.1, "int8-g32")
-    assert not mlp.fuse_gate_up_() and mlp.gate_up is None
-    assert fuse_gate_up(nn.Sequential(_mlp(None), _mlp("nvfp4"), mlp)) == 2
-    assert fuse_gate_up(None) == 0
+    assert not mlp.fuse_() and mlp.gate_up is None
+    assert fuse_projections(nn.Sequential(_mlp(None), _mlp("nvfp4"), mlp)) == 2
+    assert fuse_projections(None) == 0
+
+
+def test_engine_fuses_every_mlp_and_deltanet_and_scores_as_unfused(dense_ckpt, moe_ckpt) -> None:
+    """``ninfer.load`` fuses (dense MLPs, the MoE shared expert, DeltaNet a/b); undoing it (fresh tensors in
+    place of the views) gives the same log-probabilities. Parity with transformers: tests/test_parity.py."""
+    import ninfer
+    from ninfer.models.layers import GatedDeltaNet
+
+    ids = torch.randint(0, 448, (40,), generator=torch.Generator().manual_seed(0)).tolist()
+    for ckpt in (dense_ckpt, moe_ckpt):
+        llm = ninfer.load(ckpt.path, device="cpu", progress=False)
+        mlps = [m for m in llm.model.modules() if isinstance(m, MLP)]
+        nets = [m for m in llm.model.modules() if isinstance(m, GatedDeltaNet)]
+        assert mlps and nets and all(m.gate_up is not None for m in mlps)
+        assert all(m.in_proj_ab is not None for m in nets)
+        fused = llm.score(ids)
+        for m in mlps + nets:  # a replaced parameter breaks the shared storage: back to separate projections
+            for layer in (m.gate_proj, m.up_proj) if isinstance(m, MLP) else (m.in_proj_a, m.in_proj_b):
+                layer.weight = nn.Parameter(layer.weight.detach().clone(), requires_grad=False)
+        assert all(m.gate_up is None for m in mlps) and all(m.in_proj_ab is None for m in nets)
+        assert torch.allclose(llm.score(ids), fused, atol=1e-5)
