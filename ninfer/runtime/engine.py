@@ -42,8 +42,7 @@ class Engine:
             raise ValueError("draft_tokens > 0 needs the checkpoint's MTP head (mtp_head=...)")
         self.model, self.config, self.make_output = model, config, make_output
         self.device = model.device
-        # One GEMM for projections of one input (MLP gate + up, DeltaNet a + b; views of one storage, no
-        # extra memory): fewer launches per decode step, no concatenation copy at prefill.
+        # One GEMM per group of projections of one input (ninfer/models/fused.py): fewer decode launches.
         fuse_projections(model)
         fuse_projections(mtp_head)
         self.plan: MemoryPlan = plan_memory(model.config, config, self.device, model.dtype,
