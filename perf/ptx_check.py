@@ -2,6 +2,7 @@
 
     python perf/ptx_check.py [--arch 90] [--formats int4-g64,nvfp4] [--kinds gemv,dot,dequant,moe-gemv]
     python perf/ptx_check.py --kinds attention-prefill [--kv bf16,fp8,int8]
+    python perf/ptx_check.py --kinds gemv-mma --formats int4-g64,int4-g128 [--m 1|16|32] [--arch 120]
 
 For each kernel, format and candidate config: shared memory and the global loads of the PTX
 (``ld.global.v4.b32`` = 16-byte vectors; ``ld.global.b8`` = one byte each), and the async copies of
@@ -34,8 +35,21 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from ninfer.kernels import attention_prefill, moe_quant_gemv, quant_dequant, quant_gemm, quant_gemv  # noqa: E402
-from ninfer.kernels.quant_gemm_tune import FMT_CODES, candidates, dequant_candidates, kernel_params  # noqa: E402
+from ninfer.kernels import (  # noqa: E402
+    attention_prefill,
+    moe_quant_gemv,
+    quant_dequant,
+    quant_gemm,
+    quant_gemv,
+    quant_gemv_mma,
+)
+from ninfer.kernels.quant_gemm_tune import (  # noqa: E402
+    FMT_CODES,
+    candidates,
+    dequant_candidates,
+    kernel_params,
+    mma_candidates,
+)
 
 TYPES = {"int4-g64": ("*u8", "*fp16"), "int4-g128": ("*u8", "*fp16"), "int8-g32": ("*i8", "*fp16"),
          "int8-g64": ("*i8", "*fp16"), "nvfp4": ("*u8", "*u8"), "fp8": ("*u8", "*fp32"), "fp8-b128": ("*u8", "*fp32")}
@@ -113,6 +127,58 @@ def moe_gemv(fmt: str, arch: int, sms: int) -> None:
                     print(f"{head}: FAILED {type(err).__name__}: {str(err).splitlines()[0][:200]}", flush=True)
 
 
+def compile_mma(fmt: str, cfg, swiglu: bool, arch: int):
+    """quant_gemv_mma's tensor-core int4 decode kernel, bf16 activations, K a multiple of BLOCK_K."""
+    strides = ("stride_xm", "stride_qn", "stride_sn", "stride_rm", "stride_om")
+    sig = {"x_ptr": "*bf16", "q_ptr": "*u8", "s_ptr": "*fp16", "res_ptr": "*bf16", "out_ptr": "*bf16",
+           "ws_ptr": "*fp32", "cnt_ptr": "*i32", "M": "i32", "N_OUT": "i32", "K": "i32", "k_per_split": "i32",
+           **dict.fromkeys(strides, "i32")}
+    split = cfg.split_k > 1
+    consts = dict(GROUP=kernel_params(fmt, cfg)["group"], SWIGLU=swiglu, HAS_RES=not swiglu, SPLIT=split,
+                  FUSED_REDUCE=split, TOKENS=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, ASM=True)
+    sig.update(dict.fromkeys(consts, "constexpr"))
+    names = list(sig)
+    aligned = [n for n in names if n.endswith("_ptr") or n in ("N_OUT", "K", *strides)]
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned}
+    return triton.compile(ASTSource(quant_gemv_mma._quant_gemv_mma_kernel, sig, consts, attrs),
+                          target=GPUTarget("cuda", arch, 32),
+                          options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
+
+
+def loop_instructions(kernel) -> int:
+    """SASS instructions in the kernel's longest loop (its K loop), from Triton's bundled nvdisasm."""
+    tools = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = Path(tmp) / "k.cubin"
+        cubin.write_bytes(kernel.asm["cubin"])
+        lines = subprocess.run([str(tools / "nvdisasm"), "-c", str(cubin)], capture_output=True, text=True).stdout
+    lines = lines.splitlines()
+    labels = {m[1]: i for i, line in enumerate(lines) if (m := re.match(r"\s*\.(L_x_\d+):", line))}
+    loops = [(labels[m[1]], i) for i, line in enumerate(lines)
+             if (m := re.search(r"BRA `\(\.(L_x_\d+)\)", line)) and labels.get(m[1], i) < i]
+    if not loops:
+        return 0
+    start, end = max(loops, key=lambda span: span[1] - span[0])
+    return sum(bool(re.search(r"/\*[0-9a-f]{4}\*/\s+\S", line)) for line in lines[start:end + 1])
+
+
+def mma(fmt: str, m: int, arch: int, sms: int) -> None:
+    """Every tensor-core decode candidate at the 27B gate/up (SwiGLU) and down shapes: shared memory,
+    registers, and SASS instructions per weight in the K loop (the decode's ALU cost)."""
+    for name, n_out, k, swiglu in (("gate_up", 17408, 5120, True), ("down", 5120, 17408, False)):
+        for cfg in mma_candidates(fmt, m, n_out, k, sms, swiglu=swiglu):
+            head = (f"{fmt:9s} mma-{name:7s} tokens={cfg.block_m:<2d} n={cfg.block_n:<3d} k={cfg.block_k:<4d} "
+                    f"split={cfg.split_k:<2d} w={cfg.num_warps} s={cfg.num_stages}")
+            try:
+                kernel = compile_mma(fmt, cfg, swiglu, arch)
+                per_thread = cfg.block_n * cfg.block_k * (2 if swiglu else 1) / (32 * cfg.num_warps)
+                per_weight = loop_instructions(kernel) / per_thread
+                print(f"{head} | {resources(kernel, arch)} | shared {kernel.metadata.shared / 1024:5.1f} KB | "
+                      f"{per_weight:.2f} SASS instructions per weight in the K loop", flush=True)
+            except Exception as err:  # noqa: BLE001
+                print(f"{head}: FAILED {type(err).__name__}: {str(err).splitlines()[0][:200]}", flush=True)
+
+
 def compile_prefill_attention(kv: str, split: bool, cfg, arch: int):
     """attention_prefill's kernel at the 27B geometry; ``kv`` in bf16 / fp8 / int8 (scales: 1 / 4 groups)."""
     codes, ng = {"bf16": ("*bf16", 1), "fp8": ("*u8", 1), "int8": ("*i8", 4)}[kv]
@@ -162,7 +228,9 @@ def resources(kernel, arch: int = 90) -> str:
         usage = subprocess.run([str(tools / "cuobjdump"), "--dump-resource-usage", str(cubin)],
                                capture_output=True, text=True).stdout
         serial = ""
-        if arch == 90:  # ptxas again on the PTX, only for its notes (about half a second)
+        if arch == 90 and "wgmma" not in kernel.asm["ptx"]:
+            serial = " | mma.sync"
+        elif arch == 90:  # ptxas again on the PTX, only for its notes (about half a second)
             ptx.write_text(kernel.asm["ptx"])
             notes = subprocess.run([str(tools / "ptxas"), "-v", "--gpu-name", "sm_90a", str(ptx), "-o",
                                     str(Path(tmp) / "k.o")], capture_output=True, text=True).stderr
@@ -192,11 +260,13 @@ def main(args: argparse.Namespace) -> None:
     for fmt in args.formats.split(","):
         if "moe-gemv" in kinds:
             moe_gemv(fmt, args.arch, args.sms)
+        if "gemv-mma" in kinds and fmt.startswith("int4"):
+            mma(fmt, args.m, args.arch, args.sms)
         cfgs = candidates(fmt, args.m, args.n, args.k, args.sms)
         if "dequant" in kinds and not any(c.kind == "dequant" for c in cfgs):  # decode M: not offered there
             cfgs += dequant_candidates(fmt, 128)
         for cfg in cfgs:
-            if cfg.kind not in kinds:
+            if cfg.kind not in kinds or cfg.kind == "gemv-mma":
                 continue
             common = dict(FMT=FMT_CODES[fmt], ROW_SCALE=fmt in ("fp8", "nvfp4"), SWIGLU=False, HAS_RES=False,
                           SPLIT=cfg.split_k > 1, EVEN_K=True, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
@@ -231,7 +301,7 @@ if __name__ == "__main__":
     parser.add_argument("--arch", type=int, default=90, help="compute capability, e.g. 90 (H100/H200), 120 (RTX 5090)")
     parser.add_argument("--formats", default="int4-g64,nvfp4,int8-g64,fp8")
     parser.add_argument("--kinds", default="gemv,gemv-prefetch,dot",
-                        help="comma list of gemv, gemv-prefetch, dot, dequant, moe-gemv, attention-prefill")
+                        help="comma list of gemv, gemv-prefetch, dot, dequant, moe-gemv, gemv-mma, attention-prefill")
     parser.add_argument("--kv", default="bf16", help="KV formats for attention-prefill: bf16, fp8, int8")
     parser.add_argument("--m", type=int, default=1)
     parser.add_argument("--n", type=int, default=34816)

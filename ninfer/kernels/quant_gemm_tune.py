@@ -174,6 +174,8 @@ def mma_candidates(fmt: str, m: int, n_out: int, k: int, sms: int, *, swiglu: bo
     tokens = 8 if m <= 8 else 16 if m <= 16 else 32
     shapes = [(64, 128, 2, 4), (128, 128, 2, 4), (64, 256, 2, 3), (32, 128, 1, 4)] if swiglu else \
         [(128, 128, 2, 4), (64, 128, 2, 4), (128, 256, 2, 3), (256, 128, 2, 3)]
+    if tokens == 32:  # 32-token accumulators: wider tiles run out of registers (sm_90 SASS: 255 + spills)
+        shapes = [shape for shape in shapes if shape[0] <= 64]
     out: list[GemmConfig] = []
     for bn, bk, warps, stages in shapes:
         bk = max(bk, _GROUPS[fmt])
