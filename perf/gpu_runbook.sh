@@ -179,5 +179,16 @@ case ${1:-1} in
       part 120 python3 perf/profile_step.py --shape 27b --recipe int4 --lanes 8
       part 200 python3 perf/bench_spec.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --lanes 1 8 --steps 12 --prefill 8192
       ;;
+  25) # why the tensor-core int4 decode reads 35-53% of copy bandwidth (int4-g64 below -g128): Nsight Compute of
+      # its fastest config at 1 and 8 tokens, gate/up (SwiGLU) shape
+      for fmt in int4-g64 int4-g128; do
+        for m in 1 8; do
+          i=$(timeout 90 python3 perf/ncu_gemm.py --shape gate_up --format $fmt --m $m --path mma --best 2>> "$LOG")
+          part 100 ncu -k regex:_quant_gemv_mma_kernel --launch-skip 2 --launch-count 1 --section SpeedOfLight \
+            --section WarpStateStats --section InstructionStats --section MemoryWorkloadAnalysis --section Occupancy \
+            python3 perf/ncu_gemm.py --shape gate_up --format $fmt --m $m --path mma --pick "${i:-0}"
+        done
+      done
+      ;;
 esac
 tail -60 "$LOG"

@@ -8,7 +8,8 @@ the copy bandwidth; this answers *why* on the GPU (stall reasons, issue slots, m
         --section WarpStateStats --section InstructionStats --section MemoryWorkloadAnalysis \\
         python perf/ncu_gemm.py --shape gate_up --format int4-g64 --m 1 --path gemv --pick $i
 
-``--best`` times every candidate of the path (``gemv``: the GEMV configs, ``dot``: the ``tl.dot``
+``--best`` times every candidate of the path (``gemv``: the GEMV configs, ``mma``: the tensor-core int4
+decode (kernel ``_quant_gemv_mma_kernel``), ``dot``: the ``tl.dot``
 configs, ``dequant``: dequantization + cuBLAS, M > 16) from CUDA-graph replays and prints the index
 of the fastest (its config and time on stderr); ``--pick I`` then only launches candidate I, once to
 compile and ``--launches`` times more, so that the profiled launch is not a timing run.
@@ -24,7 +25,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ninfer.kernels.quant_gemm import quant_matmul_triton  # noqa: E402
-from ninfer.kernels.quant_gemm_tune import _graph_ms, candidates, gemv_candidates, sm_count  # noqa: E402
+from ninfer.kernels.quant_gemm_tune import (  # noqa: E402
+    _graph_ms,
+    candidates,
+    gemv_candidates,
+    mma_candidates,
+    sm_count,
+)
 from ninfer.quant.formats import quantize  # noqa: E402
 
 SHAPES = {"gate_up": (34816, 5120, True), "down": (5120, 17408, False), "q_proj": (12288, 5120, False),
@@ -36,7 +43,7 @@ def main() -> None:
     parser.add_argument("--shape", choices=sorted(SHAPES), default="gate_up")
     parser.add_argument("--format", default="int4-g64")
     parser.add_argument("--m", type=int, default=1)
-    parser.add_argument("--path", choices=["gemv", "dot", "dequant"], default="gemv")
+    parser.add_argument("--path", choices=["gemv", "mma", "dot", "dequant"], default="gemv")
     parser.add_argument("--launches", type=int, default=8)
     parser.add_argument("--best", action="store_true", help="time the candidates, print the fastest's index")
     parser.add_argument("--pick", type=int, default=0, help="launch this candidate only")
@@ -48,6 +55,8 @@ def main() -> None:
     sms = sm_count(x.device)
     if args.path == "gemv":
         cands = gemv_candidates(args.format, args.m, n_out, k, sms)
+    elif args.path == "mma":  # the tensor-core int4 decode (quant_gemv_mma)
+        cands = mma_candidates(args.format, args.m, n_out, k, sms, swiglu=swiglu)
     else:
         cands = [c for c in candidates(args.format, args.m, n_out, k, sms, swiglu=swiglu) if c.kind == args.path]
     if not cands:
