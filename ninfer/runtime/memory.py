@@ -88,6 +88,9 @@ def plan_memory(cfg: ModelConfig, engine: "EngineConfig", device: torch.device, 
     elif capacity == "auto":
         if device.type != "cuda":
             raise ValueError("kv_capacity='auto' sizes the pool from free GPU memory; give a token count on CPU")
+        # Blocks torch's allocator caches but no tensor uses (loading, quantizing, fusing projections leave
+        # some) are usable for the pool but not "free" to the driver until released.
+        torch.cuda.empty_cache()
         free, _ = torch.cuda.mem_get_info(device)
         budget = free - HEADROOM_BYTES - engine.num_state_slots * slot_bytes - workspace
         if budget < page_bytes:
