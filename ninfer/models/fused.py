@@ -1,8 +1,9 @@
 """Several linear layers of one input computed by one GEMM over their stacked rows.
 
 At decode every projection is a launch (and a gap before the next one), so projections that read the
-same ``x`` are cheaper as one: the MLP's gate and up (one GEMM, SwiGLU in the quantized epilogue)
-and Gated DeltaNet's ``a`` and ``b`` (two 48-row bf16 GEMMs, each a cuBLAS split-K pair of launches).
+same ``x`` are cheaper as one: the MLP's gate and up (one GEMM, SwiGLU in the quantized epilogue),
+gated attention's q, k and v, and Gated DeltaNet's ``a`` and ``b`` (two 48-row bf16 GEMMs, each a
+cuBLAS split-K pair of launches).
 :func:`fuse_rows` stacks the layers' weights into one storage and turns each layer's parameters into
 row views of it, so names, shapes, state dicts, loading (``copy_`` into the views) and memory stay as
 they were; only the owner's forward changes. A layer whose parameter is replaced afterwards (``.to()``,
@@ -67,6 +68,12 @@ def fuse_rows(layers: list[nn.Module]) -> FusedRows | None:
         for layer, view in zip(layers, views):
             setattr(layer, name, nn.Parameter(view, requires_grad=False))
     return FusedRows(layers, stacked)
+
+
+def fused_weights(module: nn.Module) -> list[torch.Tensor | nn.Module]:
+    """The stacked weights of the fusions ``module`` holds (still valid ones), e.g. for the memory plan:
+    they are no registered parameters or submodules."""
+    return [f.weight for f in module.__dict__.values() if isinstance(f, FusedRows) and f.valid()]
 
 
 def _rows(layer: nn.Module) -> int:

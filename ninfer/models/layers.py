@@ -92,11 +92,11 @@ def _fuse(owner: nn.Module, attr: str, layers: list[nn.Module]) -> bool:
 
 
 def fuse_projections(model: nn.Module | None) -> int:
-    """Fuse the projections that share an input in every MLP (gate, up) and Gated DeltaNet (a, b) of
-    ``model``; the number of modules fused."""
+    """Fuse the projections that share an input in every MLP (gate, up), gated attention (q, k, v) and
+    Gated DeltaNet (a, b) of ``model``; the number of modules fused."""
     if model is None:
         return 0
-    return sum(m.fuse_() for m in model.modules() if isinstance(m, (MLP, GatedDeltaNet)))
+    return sum(m.fuse_() for m in model.modules() if isinstance(m, (MLP, GatedAttention, GatedDeltaNet)))
 
 
 class GatedAttention(nn.Module):
@@ -120,9 +120,14 @@ class GatedAttention(nn.Module):
         self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], batch: ForwardBatch, cache: ModelCache
     ) -> torch.Tensor:
         n = x.shape[0]
-        q, gate = self.q_proj(x).view(n, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
-        k = self.k_proj(x).view(n, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(n, self.num_kv_heads, self.head_dim)
+        fused = self.qkv_proj
+        if fused is None:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        else:  # one GEMM, three column views (the kernels below take row strides)
+            q, k, v = fused(x).split(fused.sizes, dim=-1)
+        q, gate = q.view(n, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
+        k = k.view(n, self.num_kv_heads, self.head_dim)
+        v = v.view(n, self.num_kv_heads, self.head_dim)
         # Per-head q/k norm, then partial RoPE: one fused op.
         q, k = qk_norm_rope(q, k, self.q_norm.weight, self.k_norm.weight, *rope, self.q_norm.eps)
 
@@ -132,6 +137,15 @@ class GatedAttention(nn.Module):
         o = paged_attention(q, kv, batch.block_tables, batch.cu_seqlens, batch.context_lens,
                             self.head_dim ** -0.5, batch.max_seqlen, gate=gate)
         return self.o_proj(o.reshape(n, -1))
+
+    @property
+    def qkv_proj(self) -> FusedRows | None:
+        """``q_proj``, ``k_proj`` and ``v_proj`` as one projection (:mod:`ninfer.models.fused`), or None."""
+        return _valid(self, "_qkv")
+
+    def fuse_(self) -> bool:
+        """Fuse the q, k and v projections (once; idempotent); False where they cannot share a storage."""
+        return _fuse(self, "_qkv", [self.q_proj, self.k_proj, self.v_proj])
 
 
 class GatedDeltaNet(nn.Module):

@@ -17,7 +17,7 @@ from torch import nn
 
 from ninfer.config import ModelConfig
 from ninfer.kernels.quant_dequant import workspace_bytes as dequant_bytes
-from ninfer.models.layers import MLP
+from ninfer.models.fused import fused_weights
 from ninfer.quant.linear import QuantLinear
 
 if TYPE_CHECKING:
@@ -69,9 +69,8 @@ def dequant_workspace_bytes(modules: Iterable[nn.Module | None], model_dtype: to
     0 without quantized linear layers."""
     layers = [m for root in modules if root is not None for m in root.modules()]
     shapes = [m.shape for m in layers if isinstance(m, QuantLinear)]
-    # fused gate/up weights (MLP.fuse_) are no registered modules but go down the same path
-    shapes += [f.weight.shape for m in layers if isinstance(m, MLP) and (f := m.gate_up) is not None
-               and isinstance(f.weight, QuantLinear)]
+    # fused projections (ninfer/models/fused.py) are no registered modules but go down the same path
+    shapes += [w.shape for m in layers for w in fused_weights(m) if isinstance(w, QuantLinear)]
     return dequant_bytes(shapes, model_dtype)
 
 

@@ -75,7 +75,7 @@ def test_engine_fuses_every_mlp_and_deltanet_and_scores_as_unfused(dense_ckpt, m
     """``ninfer.load`` fuses (dense MLPs, the MoE shared expert, DeltaNet a/b); undoing it (fresh tensors in
     place of the views) gives the same log-probabilities. Parity with transformers: tests/test_parity.py."""
     import ninfer
-    from ninfer.models.layers import GatedDeltaNet
+    from ninfer.models.layers import GatedAttention, GatedDeltaNet
 
     ids = torch.randint(0, 448, (40,), generator=torch.Generator().manual_seed(0)).tolist()
     for ckpt in (dense_ckpt, moe_ckpt):
@@ -83,10 +83,24 @@ def test_engine_fuses_every_mlp_and_deltanet_and_scores_as_unfused(dense_ckpt, m
         mlps = [m for m in llm.model.modules() if isinstance(m, MLP)]
         nets = [m for m in llm.model.modules() if isinstance(m, GatedDeltaNet)]
         assert mlps and nets and all(m.gate_up is not None for m in mlps)
-        assert all(m.in_proj_ab is not None for m in nets)
+        attns = [m for m in llm.model.modules() if isinstance(m, GatedAttention)]
+        assert all(m.in_proj_ab is not None for m in nets) and attns and all(m.qkv_proj is not None for m in attns)
         fused = llm.score(ids)
-        for m in mlps + nets:  # a replaced parameter breaks the shared storage: back to separate projections
-            for layer in (m.gate_proj, m.up_proj) if isinstance(m, MLP) else (m.in_proj_a, m.in_proj_b):
+        for m in mlps + nets + attns:  # a replaced parameter breaks the shared storage: separate projections again
+            for layer in {MLP: ("gate_proj", "up_proj"), GatedDeltaNet: ("in_proj_a", "in_proj_b"),
+                          GatedAttention: ("q_proj", "k_proj", "v_proj")}[type(m)]:
+                layer = getattr(m, layer)
                 layer.weight = nn.Parameter(layer.weight.detach().clone(), requires_grad=False)
         assert all(m.gate_up is None for m in mlps) and all(m.in_proj_ab is None for m in nets)
+        assert all(m.qkv_proj is None for m in attns)
         assert torch.allclose(llm.score(ids), fused, atol=1e-5)
+
+
+def test_memory_plan_counts_fused_quantized_weights() -> None:
+    """The dequantization workspace covers the largest fused weight too (it is no registered module)."""
+    from ninfer.runtime.memory import dequant_workspace_bytes
+
+    model = nn.Sequential(_mlp("int4-g64"))
+    before = dequant_workspace_bytes([model], torch.bfloat16)
+    model[0].fuse_()
+    assert dequant_workspace_bytes([model], torch.bfloat16) == 2 * before  # [2I, H] instead of [I, H]
