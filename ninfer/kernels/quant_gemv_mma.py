@@ -17,9 +17,10 @@ alone and does not depend on the token count:
   depends on its own byte only, so the result cannot depend on how Triton groups elements in registers.
 * The low nibbles (even columns) and the high nibbles (odd columns) of a scale group are two dots against
   the even and odd activation columns, which one 32-bit load per column pair provides; each group's
-  fp32 product is scaled once per ``[BLOCK_N, TOKENS]`` tile, not per weight.
-* ``mma.sync`` (``kWidth = 4``: four consecutive bytes per thread, ``ldmatrix`` loads) decodes with ~2.4
-  instructions per weight in the sm_90 SASS; Hopper's wgmma takes its A operand with ``kWidth = 2``,
+  fp32 product is scaled once per ``[BLOCK_N, TOKENS]`` tile, not per weight, with scales loaded one K
+  step ahead (they feed no dot, so the pipeline does not stage them).
+* ``mma.sync`` (``kWidth = 4``: four consecutive bytes per thread, ``ldmatrix`` loads) spends 2.2-2.7
+  instructions per weight in the K loop at 8 tokens (sm_90 SASS, ``perf/ptx_check.py --kinds gemv-mma``); Hopper's wgmma takes its A operand with ``kWidth = 2``,
   which costs a 2-byte shared load and a byte permute per pair (~5 per weight), so the configs use one or
   two warps (no warpgroup: Triton then emits ``mma.sync``, as it does on every other GPU).
 
@@ -43,7 +44,7 @@ from ninfer.kernels.quant_gemv import (
     _tile_counters,
 )
 
-# Low / high nibbles of bytes 0, 1 (output word 0) and 2, 3 (output word 1) of $4 -> ``nibble - 8`` in the
+# Low / high nibbles of bytes 0, 1 (output word 0) and 2, 3 (output word 1) of $2 -> ``nibble - 8`` in the
 # two 16-bit halves of each word. ``prmt`` selector 0x4140 puts byte 0 in the low half and byte 1 in the
 # high half (the 4s select zero bytes of the second operand), 0x4342 bytes 2 and 3; lop3 0xEA = (a & b) | c.
 _DECODE = """{{
