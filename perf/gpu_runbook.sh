@@ -168,11 +168,12 @@ case ${1:-1} in
       part 225 python3 perf/bench_server.py --random 27b --recipe int4 --levels 1 2 --max-tokens 64 --requests 24 \
         --switch-interval 0.5
       ;;
-  23) # next: the fused DeltaNet a/b (ninfer/models/fused.py) on the GPU — whole-model and DeltaNet tests, then
-      # where the 27B int4 step goes at C = 1 and 8
+  23) # next: the fused attention q/k/v, DeltaNet a/b and MoE router + shared gate (ninfer/models/fused.py) on the
+      # GPU: whole-model, DeltaNet and MoE tests (stage 24: the engines and where a 27B int4 step goes)
       export NINFER_AUTOTUNE=off
       gpu_tests 300 model_gpu -n 3
       gpu_tests 120 deltanet
+      gpu_tests 90 moe -k stacked  # the router + shared gate through the same fusion (views, not a copy)
       ;;
   24) part 150 python3 perf/bench_engine.py --shape 27b --recipe int4 --contexts 1024 32768 --lanes 1 8 --steps 12 \
         --chunk 8192 --prefill 8192

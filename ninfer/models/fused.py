@@ -2,8 +2,8 @@
 
 At decode every projection is a launch (and a gap before the next one), so projections that read the
 same ``x`` are cheaper as one: the MLP's gate and up (one GEMM, SwiGLU in the quantized epilogue),
-gated attention's q, k and v, and Gated DeltaNet's ``a`` and ``b`` (two 48-row bf16 GEMMs, each a
-cuBLAS split-K pair of launches).
+gated attention's q, k and v, Gated DeltaNet's ``a`` and ``b`` (two 48-row bf16 GEMMs, each a
+cuBLAS split-K pair of launches), and the MoE router with the shared expert's 1-row gate.
 :func:`fuse_rows` stacks the layers' weights into one storage and turns each layer's parameters into
 row views of it, so names, shapes, state dicts, loading (``copy_`` into the views) and memory stay as
 they were; only the owner's forward changes. A layer whose parameter is replaced afterwards (``.to()``,
@@ -68,6 +68,28 @@ def fuse_rows(layers: list[nn.Module]) -> FusedRows | None:
         for layer, view in zip(layers, views):
             setattr(layer, name, nn.Parameter(view, requires_grad=False))
     return FusedRows(layers, stacked)
+
+
+def fused_of(owner: nn.Module, name: str) -> FusedRows | None:
+    """The fusion ``owner`` keeps under ``name`` if it is still valid, else None. Kept in ``__dict__``, not as
+    a registered submodule: its storage is the projections' own parameters."""
+    fused = owner.__dict__.get(name)
+    return fused if fused is not None and fused.valid() else None
+
+
+def fuse_into(owner: nn.Module, name: str, layers: list[nn.Module]) -> bool:
+    """Fuse ``layers`` for ``owner`` under ``name`` (once; idempotent); False where they cannot share a storage."""
+    if fused_of(owner, name) is None:
+        owner.__dict__[name] = fuse_rows(layers)
+    return owner.__dict__[name] is not None
+
+
+def fuse_projections(model: nn.Module | None) -> int:
+    """Call ``fuse_()`` on every module of ``model`` that defines it (MLP gate/up, attention q/k/v, DeltaNet
+    a/b, the MoE router with the shared expert's gate); the number of modules fused."""
+    if model is None:
+        return 0
+    return sum(m.fuse_() for m in model.modules() if callable(getattr(type(m), "fuse_", None)))
 
 
 def fused_weights(module: nn.Module) -> list[torch.Tensor | nn.Module]:

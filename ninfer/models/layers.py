@@ -17,7 +17,7 @@ from ninfer.kernels.norms import gated_rms_norm, rms_norm
 from ninfer.kernels.rope import qk_norm_rope
 from ninfer.models.batch import ForwardBatch
 from ninfer.models.cache import ModelCache
-from ninfer.models.fused import FusedRows, fuse_rows
+from ninfer.models.fused import FusedRows, fuse_into, fused_of
 
 
 def linear(in_features: int, out_features: int) -> nn.Linear:
@@ -73,30 +73,11 @@ class MLP(nn.Module):
     @property
     def gate_up(self) -> FusedRows | None:
         """The fused gate/up projection, or None (unfused, or a parameter replaced since)."""
-        return _valid(self, "_gate_up")
+        return fused_of(self, "_gate_up")
 
     def fuse_(self) -> bool:
-        """Fuse gate and up (once; idempotent); False where their weights cannot share a storage."""
-        return _fuse(self, "_gate_up", [self.gate_proj, self.up_proj])
-
-
-def _valid(owner: nn.Module, attr: str) -> FusedRows | None:
-    fused = owner.__dict__.get(attr)  # no registered submodule: its storage is the projections'
-    return fused if fused is not None and fused.valid() else None
-
-
-def _fuse(owner: nn.Module, attr: str, layers: list[nn.Module]) -> bool:
-    if _valid(owner, attr) is None:
-        owner.__dict__[attr] = fuse_rows(layers)
-    return owner.__dict__[attr] is not None
-
-
-def fuse_projections(model: nn.Module | None) -> int:
-    """Fuse the projections that share an input in every MLP (gate, up), gated attention (q, k, v) and
-    Gated DeltaNet (a, b) of ``model``; the number of modules fused."""
-    if model is None:
-        return 0
-    return sum(m.fuse_() for m in model.modules() if isinstance(m, (MLP, GatedAttention, GatedDeltaNet)))
+        """Fuse gate and up (:func:`ninfer.models.fused.fuse_into`)."""
+        return fuse_into(self, "_gate_up", [self.gate_proj, self.up_proj])
 
 
 class GatedAttention(nn.Module):
@@ -141,11 +122,11 @@ class GatedAttention(nn.Module):
     @property
     def qkv_proj(self) -> FusedRows | None:
         """``q_proj``, ``k_proj`` and ``v_proj`` as one projection (:mod:`ninfer.models.fused`), or None."""
-        return _valid(self, "_qkv")
+        return fused_of(self, "_qkv")
 
     def fuse_(self) -> bool:
-        """Fuse the q, k and v projections (once; idempotent); False where they cannot share a storage."""
-        return _fuse(self, "_qkv", [self.q_proj, self.k_proj, self.v_proj])
+        """Fuse the q, k and v projections (:func:`ninfer.models.fused.fuse_into`)."""
+        return fuse_into(self, "_qkv", [self.q_proj, self.k_proj, self.v_proj])
 
 
 class GatedDeltaNet(nn.Module):
@@ -197,8 +178,8 @@ class GatedDeltaNet(nn.Module):
     @property
     def in_proj_ab(self) -> FusedRows | None:
         """``in_proj_a`` and ``in_proj_b`` as one projection (:mod:`ninfer.models.fused`), or None."""
-        return _valid(self, "_ab")
+        return fused_of(self, "_ab")
 
     def fuse_(self) -> bool:
-        """Fuse ``in_proj_a`` and ``in_proj_b`` (once; idempotent); False where they cannot share a storage."""
-        return _fuse(self, "_ab", [self.in_proj_a, self.in_proj_b])
+        """Fuse ``in_proj_a`` and ``in_proj_b`` (:func:`ninfer.models.fused.fuse_into`)."""
+        return fuse_into(self, "_ab", [self.in_proj_a, self.in_proj_b])

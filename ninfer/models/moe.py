@@ -4,11 +4,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ninfer.config import ModelConfig
 from ninfer.kernels.moe import moe_experts, route_topk
+from ninfer.models.fused import FusedRows, fuse_into, fused_of
 from ninfer.models.layers import MLP, linear
 
 if TYPE_CHECKING:
@@ -39,7 +39,6 @@ class SparseMoeBlock(nn.Module):
         self.experts = Experts(config.num_experts, config.hidden_size, config.moe_intermediate_size)
         self.shared_expert = MLP(config.hidden_size, config.shared_expert_intermediate_size)
         self.shared_expert_gate = linear(config.hidden_size, 1)
-        self._stacked_key: tuple | None = None  # the weights the stacked router / gate weight was built from
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         router_logits, shared_logit = self._router_and_shared_gate(x)
@@ -50,22 +49,22 @@ class SparseMoeBlock(nn.Module):
     def _router_and_shared_gate(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Router logits ``[T, E]`` and the shared expert's gate logit ``[T, 1]``.
 
-        Both are small projections of the same ``x``; with plain float weights they run as one GEMM
-        over the stacked ``[E + 1, H]`` weight (views of its output), which saves the 1-output GEMM's
+        Both are small projections of the same ``x``; after :meth:`fuse_` they run on CUDA as one GEMM
+        over their stacked ``[E + 1, H]`` rows (views of its output), which saves the 1-output GEMM's
         two launches per layer at decode (cuBLAS runs it as a dot and a reduce): ~0.2 ms of the
-        35B-A3B batch-1 step's 4.8 ms, which is launch-bound. The stack is rebuilt when either
-        weight changes (loading, conversion); quantized weights keep two projections, and so do CPU
-        runs (the reference path): a CPU GEMM's rounding of the gate column then depended on the
-        number of rows, so chunked and one-pass prefills differed by 1.5e-5 in fp32."""
-        if not (x.is_cuda and type(self.gate) is nn.Linear and type(self.shared_expert_gate) is nn.Linear
-                and self.gate.weight.dtype == self.shared_expert_gate.weight.dtype):
+        35B-A3B batch-1 step's 4.8 ms, which is launch-bound. CPU runs (the reference path) keep two
+        projections: a CPU GEMM's rounding of the gate column then depended on the number of rows, so
+        chunked and one-pass prefills differed by 1.5e-5 in fp32."""
+        fused = self.router_and_shared_gate if x.is_cuda else None
+        if fused is None:
             return self.gate(x), self.shared_expert_gate(x)
-        gate, shared_gate = self.gate.weight, self.shared_expert_gate.weight
-        key = (gate.data_ptr(), gate._version, shared_gate.data_ptr(), shared_gate._version, gate.device)
-        if self._stacked_key != key:
-            with torch.no_grad():
-                self._stacked = torch.cat([gate, shared_gate]).detach()
-            self._stacked_key = key
-        both = F.linear(x, self._stacked)
-        experts = gate.shape[0]
-        return both[:, :experts], both[:, experts:]
+        return fused(x).split(fused.sizes, dim=-1)
+
+    @property
+    def router_and_shared_gate(self) -> FusedRows | None:
+        """``gate`` and ``shared_expert_gate`` as one projection (:mod:`ninfer.models.fused`), or None."""
+        return fused_of(self, "_router")
+
+    def fuse_(self) -> bool:
+        """Fuse the router with the shared expert's gate (:func:`ninfer.models.fused.fuse_into`)."""
+        return fuse_into(self, "_router", [self.gate, self.shared_expert_gate])

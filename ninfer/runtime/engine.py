@@ -14,7 +14,7 @@ import torch
 
 from ninfer.models.batch import ForwardBatch
 from ninfer.models.cache import ModelCache
-from ninfer.models.layers import fuse_projections
+from ninfer.models.fused import fuse_projections
 from ninfer.models.mtp import MTPHead
 from ninfer.models.qwen3_5 import Qwen3_5TextModel
 from ninfer.runtime.engine_config import EngineConfig

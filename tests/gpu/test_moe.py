@@ -169,9 +169,9 @@ def test_block_m_choice() -> None:
 
 
 def test_stacked_router_and_shared_gate_match_separate_projections() -> None:
-    """On CUDA the MoE block runs the router and the shared expert's gate as one GEMM over a stacked
-    weight (``SparseMoeBlock._router_and_shared_gate``): same logits as the two projections, and a
-    changed weight is picked up (the stack is rebuilt)."""
+    """On CUDA the fused MoE block runs the router and the shared expert's gate as one GEMM over their
+    stacked rows (``SparseMoeBlock._router_and_shared_gate``): same logits as the two projections, and a
+    changed weight is picked up (the projections are views of the stack)."""
     from ninfer.config import parse_config
     from ninfer.models.moe import SparseMoeBlock
     from tiny_checkpoints import MOE_KWARGS, text_config_kwargs
@@ -182,6 +182,7 @@ def test_stacked_router_and_shared_gate_match_separate_projections() -> None:
     torch.manual_seed(5)
     for p in (block.gate.weight, block.shared_expert_gate.weight):
         p.data.normal_(0, 0.02)
+    assert block.fuse_() and block.router_and_shared_gate is not None
     for rows in (1, 8, 300):
         x = torch.randn(rows, 2048, device="cuda", dtype=torch.bfloat16)
         router, shared = block._router_and_shared_gate(x)

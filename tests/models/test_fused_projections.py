@@ -6,7 +6,8 @@ import pytest
 import torch
 from torch import nn
 
-from ninfer.models.layers import MLP, fuse_projections
+from ninfer.models.fused import fuse_projections
+from ninfer.models.layers import MLP
 from ninfer.quant.linear import QuantLinear
 
 
@@ -72,10 +73,12 @@ def test_mixed_formats_stay_unfused() -> None:
 
 
 def test_engine_fuses_every_mlp_and_deltanet_and_scores_as_unfused(dense_ckpt, moe_ckpt) -> None:
-    """``ninfer.load`` fuses (dense MLPs, the MoE shared expert, DeltaNet a/b); undoing it (fresh tensors in
-    place of the views) gives the same log-probabilities. Parity with transformers: tests/test_parity.py."""
+    """``ninfer.load`` fuses (dense MLPs, the MoE shared expert and its router with the shared gate, attention
+    q/k/v, DeltaNet a/b); undoing it (fresh tensors in place of the views) gives the same log-probabilities.
+    Parity with transformers: tests/test_parity.py."""
     import ninfer
     from ninfer.models.layers import GatedAttention, GatedDeltaNet
+    from ninfer.models.moe import SparseMoeBlock
 
     ids = torch.randint(0, 448, (40,), generator=torch.Generator().manual_seed(0)).tolist()
     for ckpt in (dense_ckpt, moe_ckpt):
@@ -84,6 +87,8 @@ def test_engine_fuses_every_mlp_and_deltanet_and_scores_as_unfused(dense_ckpt, m
         nets = [m for m in llm.model.modules() if isinstance(m, GatedDeltaNet)]
         assert mlps and nets and all(m.gate_up is not None for m in mlps)
         attns = [m for m in llm.model.modules() if isinstance(m, GatedAttention)]
+        moes = [m for m in llm.model.modules() if isinstance(m, SparseMoeBlock)]
+        assert all(m.router_and_shared_gate is not None for m in moes) and bool(moes) == (ckpt is moe_ckpt)
         assert all(m.in_proj_ab is not None for m in nets) and attns and all(m.qkv_proj is not None for m in attns)
         fused = llm.score(ids)
         for m in mlps + nets + attns:  # a replaced parameter breaks the shared storage: separate projections again
