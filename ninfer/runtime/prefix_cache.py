@@ -136,8 +136,7 @@ class PrefixCache:
     def insert(self, tokens: list[int], slot: int, pages: list[int],
                media_keys: tuple[tuple[int, str], ...] = ()) -> bool:
         """Checkpoint the state in ``slot`` after ``tokens`` (whose KV is in ``pages``); False if no slot is free."""
-        key, length = cache_key(tokens, media_keys), len(tokens)
-        if length == 0 or key in self._by_length.get(length, {}):
+        if not tokens or self.holds(tokens, media_keys):
             return False
         target = self.reserve_slot()
         if target is None:
@@ -161,10 +160,10 @@ class PrefixCache:
               media_keys: tuple[tuple[int, str], ...] = ()) -> bool:
         """Checkpoint ``tokens`` with the state already in ``slot`` (from :meth:`reserve_slot`; released
         if that prefix is already checkpointed); False then."""
-        key, length = cache_key(tokens, media_keys), len(tokens)
-        if length == 0 or key in self._by_length.get(length, {}):
+        if not tokens or self.holds(tokens, media_keys):
             self.slots.release(slot)
             return False
+        key, length = cache_key(tokens, media_keys), len(tokens)
         needed = pages[: -(-length // self.page_size)]
         for page in needed:
             self.pages.incref(page)
