@@ -14,8 +14,9 @@ candidate instead of timing the key again.
 For M <= 8 the GEMV configs of :mod:`ninfer.kernels.quant_gemv` (``kind="gemv"``, no ``tl.dot``)
 follow the dot configs, so they are chosen only by measurement, never as the untuned default. So do,
 for int4 weights, bf16 / fp16 activations and M <= 32, the tensor-core decode configs of
-:mod:`ninfer.kernels.quant_gemv_mma` (``kind="gemv-mma"``), and, for M > 16, the configs of :mod:`ninfer.kernels.quant_dequant` (``kind="dequant"``: dequantize the
-whole weight into a workspace, then cuBLAS), offered only for weights of at most
+:mod:`ninfer.kernels.quant_gemv_mma` (``kind="gemv-mma"``), and, for M > 16, the configs of
+:mod:`ninfer.kernels.quant_dequant` (``kind="dequant"``: dequantize the whole weight into a workspace,
+then cuBLAS), offered only for weights of at most
 ``DEQUANT_MAX_ELEMENTS`` (the workspace is part of the memory plan; the LM head stays out).
 At least one candidate per path fits in 99 KB of shared memory (RTX 5090).
 """
@@ -53,7 +54,7 @@ class GemmConfig:
     num_stages: int = 3
     # "dot": quant_gemm's tl.dot kernel; "gemv" / "gemv-prefetch" / "gemv-w32" (int4 codes as 32-bit
     # words): quant_gemv's decode GEMV (M <= 8); "gemv-mma": quant_gemv_mma's int4 decode on tensor cores
-    # (M <= 16, block_m = tokens per program); "dequant": quant_dequant's whole-weight dequantization
+    # (M <= 32, block_m = tokens per program); "dequant": quant_dequant's whole-weight dequantization
     # (block_n x block_k tiles) + cuBLAS (M > 16)
     kind: str = "dot"
 
@@ -165,10 +166,11 @@ def gemv_candidates(fmt: str, m: int, n_out: int, k: int, sms: int) -> list[Gemm
 
 def mma_candidates(fmt: str, m: int, n_out: int, k: int, sms: int, *, swiglu: bool = False) -> list[GemmConfig]:
     """Tensor-core int4 decode configs (:mod:`ninfer.kernels.quant_gemv_mma`) for M <= 32: ``(rows, K
-    per step, warps, stages)``, 8 tokens per program up to M = 8, 16 up to 16, else 32. One or two warps keep Triton
-    on ``mma.sync`` (its cheap operand layout on Hopper too); SwiGLU holds two accumulators, so narrower
-    tiles. Each shape comes with split-K for about 4, 8 and 16 programs per SM (small programs: several
-    share an SM, and more of them hide more latency). Shared memory: at most 48 KB of staged weight bytes."""
+    per step, warps, stages)``, 8 tokens per program up to M = 8, 16 up to 16, else 32. One or two warps
+    keep Triton on ``mma.sync`` (its cheap operand layout on Hopper too); SwiGLU holds two accumulators, so
+    narrower tiles. Each shape comes with split-K for about 4, 8 and 16 programs per SM (small programs:
+    several share an SM, and more of them hide more latency). Shared memory: at most 48 KB of staged
+    weight bytes, 80.5 KB in all (32 tokens; ``perf/ptx_check.py --kinds gemv-mma --arch 120``)."""
     if not fmt.startswith("int4") or m > MMA_MAX_M:
         return []
     tokens = 8 if m <= 8 else 16 if m <= 16 else 32
