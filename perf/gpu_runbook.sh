@@ -1,13 +1,50 @@
 #!/usr/bin/env bash
-# The pending GPU work in priority order, cut into device calls of under ten minutes each:
-#   OUT=$OUT bash perf/gpu_runbook.sh 1     (then 2 ... 6) — carry [".whl", ".devcache"]
-# Results land in $OUT: runbook.log (every part's output), perf.jsonl (records: copy to perf/results/),
-# gpu_tests.log, model_gpu.log (stage 1), and cache.tar.* — the compiled kernels and tuning choices of this call; copy those
-# into .devcache/ before the next call so it does not compile and tune from scratch (perf/device_cache.sh).
+# Named GPU stages, each sized for one device call of under ten minutes:
+#   OUT=$OUT bash perf/gpu_runbook.sh engine-27b-int4 [STAGE ...]     — carry [".whl", ".devcache"]
+#   bash perf/gpu_runbook.sh --list                                    (the stages and what each measures)
+# Several stages in one call share its deadline. Results land in $OUT: runbook.log (every part's output),
+# perf.jsonl (records: file them with `python perf/report.py --add <files_at>/perf.jsonl`), gpu_tests.log,
+# model_gpu.log, and cache.tar.* — the compiled kernels and tuning choices of this call; copy those into
+# .devcache/ before the next call so it does not compile and tune from scratch (perf/device_cache.sh).
 # Each part has its own timeout and the whole call a deadline ($BUDGET seconds, default 560), so a slow
 # part cannot take the rest of the call, and the cache is saved after every part.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+# name | what it measures (one line each; `--list` prints them)
+STAGES='
+gpu-tests-model       whole-model GPU tests: fp32 parity with transformers, graphs = eager, batched = single, KV dtypes
+gpu-tests-attention   attention (split-KV prefill, decode tiles), pinned host pool and DeltaNet GPU tests, model tests beside
+gpu-tests-quant       quantized GEMM GPU tests: GEMV split-K, graph-timed tuning, epilogues, tensor-core decode; stacked MoE gate
+verify-fused          the fused projections (models/fused.py): whole-model, DeltaNet and stacked-MoE GPU tests
+kernels-attention     attention kernels vs torch SDPA (prefill, split-KV chunks, paged decode, KV write); prefill tile sweep
+sweep-attention-decode  paged decode attention: every tile config x split count at B = 1 / 8, ctx 8k-128k
+kernels-deltanet      DeltaNet decode and chunked prefill vs fla; the fused sampler vs torch sort + multinomial
+quant-gemm-decode     int4 decode GEMMs at 1..32 tokens: GEMV, tensor-core decode and the tuner pick, % of copy bandwidth
+quant-gemm-gemlite    the tuner pick vs cuBLAS bf16 and gemlite at M = 1 / 8 / 4096, int4 / nvfp4 / fp8
+moe-kernels           35B-A3B expert GEMMs (tl.dot, GEMV, per-key pick) at 1..64 tokens and an 8k prefill
+engine-27b-int4       27B int4 engine: decode at ctx 1k / 32k and C = 1 / 2 / 4 / 8, 8k prefill in one chunk
+prefill-27b-long      27B int4 prefill of 64k / 128k / 256k tokens (chunk 4096)
+engine-35b-a3b        35B-A3B qwen3_5_35b_a3b_int4 engine: decode C = 1 / 8, 8k prefill in one chunk
+mtp-27b-int4          27B int4 MTP speculation (K = 3, forced acceptance) at C = 1 / 8 and its plain engine
+mtp-35b-a3b           35B-A3B 4-bit MTP speculation at C = 1 / 8 and its plain engine (8k prefill)
+transformers-floor    transformers bf16 floor: batch-1 decode and warm 8k prefill, 27B and 35B-A3B
+server-27b-int4       HTTP vs library API, 27B int4: TTFT and decode at C = 1 / 2 (24 requests per level)
+server-27b-int4-load  the same at C = 1 / 2 / 4 / 8 / 16
+prefix-cache-27b      pinned host copies; prefix cache at 64k / 20 agent turns (27B bf16)
+vision-27b            27B ViT encode vs transformers, preprocessing, TTFT with an image / a video
+profile-27b           where a 27B int4 step goes (torch.profiler by op family): decode C = 1 / 8, 8k prefill in one chunk
+profile-35b-a3b       where a 35B-A3B 4-bit step goes: decode C = 1, 8k prefill in one chunk
+bench-27b-step        27B int4 engine (decode ctx 1k / 32k, C = 1 / 8, 8k prefill) and its C = 8 profile
+ncu-gemm-mma          Nsight Compute of the tensor-core int4 decode (gate/up, int4-g64 / -g128, 1 and 8 tokens)
+'
+names=$(echo "$STAGES" | awk 'NF { print $1 }')
+if [ "$#" -eq 0 ] || [ "$1" = --list ]; then
+  echo "usage: OUT=DIR [BUDGET=SECONDS] bash perf/gpu_runbook.sh STAGE [STAGE ...]; stages:$STAGES"
+  [ "$#" -gt 0 ]; exit $?
+fi
+for name in "$@"; do
+  grep -qx -- "$name" <<< "$names" || { echo "perf/gpu_runbook.sh: unknown stage '$name' (--list names them)" >&2; exit 2; }
+done
 export OUT=${OUT:-perf/results/tmp} PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
 LOG=$OUT/runbook.log
@@ -43,9 +80,14 @@ gpu_tests() {
   part "$limit" bash -c "python3 -m pytest -m gpu -v -p no:cacheprovider --durations=5 tests/gpu/test_$file.py $* 2>&1 | tee -a $OUT/gpu_tests.log | grep -E 'PASSED|FAILED|ERROR|passed|failed|^E '"
 }
 
-case ${1:-1} in
-  1)  # correctness first (no timings, compile-bound, so side by side): the split-KV prefill attention and
-      # the pinned host pool's GPU tests, and the whole-model parity (its fp32 prefill takes the split path)
+
+stage() {
+  case $1 in
+    gpu-tests-model)
+      export NINFER_AUTOTUNE=off
+      gpu_tests 330 model_gpu -n 3
+      ;;
+    gpu-tests-attention)  # compile-bound, no timings: the model tests run beside the kernel tests
       export NINFER_AUTOTUNE=off
       ( timeout 300 python3 -m pytest -m gpu -v -p no:cacheprovider --durations=5 tests/gpu/test_model_gpu.py -n 3 \
           > "$OUT/model_gpu.log" 2>&1; echo "--- rc=$? test_model_gpu.py" >> "$OUT/model_gpu.log" ) &
@@ -54,134 +96,91 @@ case ${1:-1} in
       gpu_tests 90 deltanet
       wait
       ;;
-  2)  # issues 7, 10: the HTTP benchmark with the quantized-head fix and the replayed arrivals (27B int4), the
-      # pinned host pool's copies, the prefix cache with split-KV short chunks and pre-pinned host blocks
-      part 170 python3 perf/bench_server.py --random 27b --recipe int4 --levels 1 2 4 8 16 --max-tokens 64
-      part 80 python3 perf/bench_host_copies.py
-      part 290 python3 perf/bench_prefix_cache.py --context 65536 --turns 20 --growth 5000
-      ;;
-  3)  # issue 3: attention (split-KV prefill rows), DeltaNet (inverse precision A/B); 6, 8: 35B-A3B engine
-      part 150 python3 perf/bench_attention.py
-      part 110 python3 perf/bench_deltanet.py
-      part 280 python3 perf/bench_spec.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --lanes 1 8 --steps 12 --prefill 8192
-      ;;
-  4)  # issues 5, 6: the 4-bit engine at C = 1, 2, 4, 8, contexts 1k / 32k, long prefills; the transformers floors
-      part 330 python3 perf/bench_engine.py --shape 27b --recipe int4 --contexts 1024 32768 --lanes 1 2 4 8 \
-        --steps 12 --chunk 4096 --prefill 8192 65536 131072 262144
-      part 140 python3 perf/bench_engine.py --hf-only --shape 27b
-      part 200 python3 perf/bench_engine.py --hf-only --shape 35b-a3b
-      ;;
-  5)  # what is left: where the 27B and 35B-A3B steps go, the fused sampler, MoE expert paths, gemlite
-      part 150 python3 perf/profile_step.py --shape 27b --recipe int4
-      part 110 python3 perf/profile_step.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4
-      part 120 python3 perf/bench_sampling.py
-      NINFER_TUNE_CACHE=off part 120 python3 perf/bench_moe.py --no-bf16 --formats int4-g64,nvfp4 --path auto,dot,gemv
-      ;;
-  6)  # the pinned-pool GPU test, decode attention's (config, splits) sweep (issue 3), gemlite across shapes (4)
-      gpu_tests 70 host_memory_gpu
-      part 170 python3 perf/sweep_attention_decode.py
-      part 250 python3 perf/bench_quant_gemm.py --path tuned --m 1,8,4096 --shapes gate_up,down,q_proj,in_proj_qkv \
-        --formats int4-g64,nvfp4,fp8 --gemlite-budget 200
-      ;;
-  7)  # correctness of the fifth session's changes: the GEMV's in-kernel split-K reduction, decode attention's
-      # measured tiles, the MoE block's stacked router/shared-gate GEMM; whole-model parity over all of them;
-      # then decode attention through the launcher and the prefill tile sweep
-      ( export NINFER_AUTOTUNE=off
-        timeout 300 python3 -m pytest -m gpu -v -p no:cacheprovider --durations=5 tests/gpu/test_model_gpu.py -n 3 \
-          > "$OUT/model_gpu.log" 2>&1; echo "--- rc=$? test_model_gpu.py" >> "$OUT/model_gpu.log" ) &
+    gpu-tests-quant)
       NINFER_AUTOTUNE=off gpu_tests 150 quant_gemm -n 4 -k "'gemv or graph or epilogues'"
-      NINFER_AUTOTUNE=off gpu_tests 100 attention -n 4 -k decode
-      NINFER_AUTOTUNE=off gpu_tests 60 moe -k stacked
-      wait
-      part 100 python3 perf/bench_attention.py
-      part 80 python3 perf/sweep_attention_prefill.py
-      ;;
-  8)  # their timings: where the 27B / 35B-A3B steps go now; the HTTP benchmark with and without the
-      # launch-timed hand-overs (A/B in one call)
-      part 110 python3 perf/profile_step.py --shape 27b --recipe int4
-      part 90 python3 perf/bench_server.py --random 27b --recipe int4 --levels 1 2 4 --max-tokens 64 --requests 16
-      part 90 python3 perf/bench_server.py --random 27b --recipe int4 --levels 1 2 4 --max-tokens 64 --requests 16 --no-overlap
-      part 90 python3 perf/profile_step.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4
-      ;;
-  9)  # not measured yet (docs/performance.md, "GPU tests and what is not measured yet"): prefill attention after
-      # the serialised-wgmma fix; the 4-bit engines after the in-kernel split-K sum, stacked MoE gate and decode
-      # attention defaults
-      part 100 python3 perf/bench_attention.py
-      part 220 python3 perf/bench_engine.py --shape 27b --recipe int4 --contexts 1024 32768 --lanes 1 8 --steps 12 \
-        --chunk 4096 --prefill 8192
-      part 200 python3 perf/bench_spec.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --lanes 1 8 --steps 12 --prefill 8192
-      ;;
-  10) # the HTTP A/B of the launch-timed hand-overs (16 requests per level; each level is recorded as it ends)
-      part 240 python3 perf/bench_server.py --random 27b --recipe int4 --levels 1 2 --max-tokens 64 --requests 16
-      part 240 python3 perf/bench_server.py --random 27b --recipe int4 --levels 1 2 --max-tokens 64 --requests 16 --no-overlap
-      ;;
-  11) # the tensor-core int4 decode (quant_gemv_mma): correctness at real shapes, then every int4 decode
-      # path side by side (GEMV, tensor-core, the tuner's pick) at 1..16 tokens, then where a 27B step goes
       gpu_tests 190 quant_gemm -k tensor_core_decode -n 4  # (one -k word: gpu_tests re-splits its arguments)
-      part 180 python3 perf/bench_quant_gemm.py --path gemv,mma,tuned --m 1,2,4,8,16 --formats int4-g64,int4-g128 \
-        --shapes gate_up,down,q_proj,in_proj_qkv,o_proj --no-gemlite
-      part 120 python3 perf/profile_step.py --shape 27b --recipe int4 --lanes 8
+      NINFER_AUTOTUNE=off gpu_tests 60 moe -k stacked
       ;;
-  12) # the 27B int4 engine with the tensor-core decode among the tuner's candidates (C = 1, 2, 4, 8)
-      part 300 python3 perf/bench_engine.py --shape 27b --recipe int4 --contexts 1024 --lanes 1 2 4 8 --steps 12 \
-        --chunk 4096 --prefill 8192
-      part 200 python3 perf/bench_spec.py --shape 27b --recipe int4 --lanes 1 8 --steps 12 --prefill 1024
-      ;;
-  13) # the tensor-core int4 decode up to 32 tokens (C = 8 speculative verification): GPU tests, the M = 32
-      # GEMMs next to the tuner's other paths, then 27B int4 MTP rounds at C = 1 and 8
-      gpu_tests 160 quant_gemm -k tensor_core_decode -n 4
-      part 90 python3 perf/bench_quant_gemm.py --path mma,tuned --m 32 --formats int4-g64 \
-        --shapes gate_up,down,q_proj,o_proj --no-gemlite
-      part 240 python3 perf/bench_spec.py --shape 27b --recipe int4 --lanes 1 8 --steps 12 --prefill 1024
-      ;;
-  14) # the transformers floors' 8k prefill (issues 5 and 6), warm (the first prefill compiles fla's kernels)
-      part 250 python3 perf/bench_engine.py --hf-only --shape 27b --prefill 8192 --hf-new 8 --hf-budget 220
-      part 250 python3 perf/bench_engine.py --hf-only --shape 35b-a3b --prefill 8192 --hf-new 8 --hf-budget 220
-      ;;
-  15) # where an 8k prefill's time goes: 35B-A3B (12.6k / 9.7k tok/s against 45k) and 27B int4 (11.2-11.7k vs 12k)
-      part 290 python3 perf/profile_step.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --prefill 8192 --chunk 1024
-      ;;
-  16) part 290 python3 perf/profile_step.py --shape 27b --recipe int4 --prefill 8192 --chunk 4096
-      ;;
-  17) # the 8k prefills in one chunk: how much of the 35B-A3B prefill is launch overhead (chunk 1024: 329 of 685 ms
-      # outside kernels, 11,061 launches)
-      part 240 python3 perf/profile_step.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --prefill 8192 --chunk 8192
-      ;;
-  18) part 150 python3 perf/profile_step.py --shape 27b --recipe int4 --prefill 8192 --chunk 8192
-      part 120 python3 perf/profile_step.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --prefill 8192 --chunk 4096
-      ;;
-  19) # correctness of the fused MLP gate/up (one GEMM with the SwiGLU epilogue): the whole-model GPU tests
-      export NINFER_AUTOTUNE=off
-      gpu_tests 330 model_gpu -n 3
-      ;;
-  20) # the engines after the fused MLP gate/up: 27B int4 decode C = 1 / 8 and the 8k prefill in one chunk, then
-      # 35B-A3B the same (its shared expert is fused too)
-      part 150 python3 perf/bench_engine.py --shape 27b --recipe int4 --contexts 1024 --lanes 1 8 --steps 12 \
-        --chunk 8192 --prefill 8192
-      part 170 python3 perf/bench_engine.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --contexts 1024 --lanes 1 8 \
-        --steps 12 --chunk 8192 --prefill 8192
-      ;;
-  21) # issue 7's TTFT: the HTTP vs library A/B with more requests per level (default GIL switch interval) ...
-      part 225 python3 perf/bench_server.py --random 27b --recipe int4 --levels 1 2 --max-tokens 64 --requests 24
-      ;;
-  22) # ... and with a 0.5 ms switch interval (the HTTP thread can hold the engine thread off the GIL for 5 ms)
-      part 225 python3 perf/bench_server.py --random 27b --recipe int4 --levels 1 2 --max-tokens 64 --requests 24 \
-        --switch-interval 0.5
-      ;;
-  23) # next: the fused attention q/k/v, DeltaNet a/b and MoE router + shared gate (ninfer/models/fused.py) on the
-      # GPU: whole-model, DeltaNet and MoE tests (stage 24: the engines and where a 27B int4 step goes)
+    verify-fused)
       export NINFER_AUTOTUNE=off
       gpu_tests 300 model_gpu -n 3
       gpu_tests 120 deltanet
       gpu_tests 90 moe -k stacked  # the router + shared gate through the same fusion (views, not a copy)
       ;;
-  24) part 150 python3 perf/bench_engine.py --shape 27b --recipe int4 --contexts 1024 32768 --lanes 1 8 --steps 12 \
+    kernels-attention)
+      part 150 python3 perf/bench_attention.py
+      part 80 python3 perf/sweep_attention_prefill.py
+      ;;
+    sweep-attention-decode)
+      part 170 python3 perf/sweep_attention_decode.py
+      ;;
+    kernels-deltanet)
+      part 110 python3 perf/bench_deltanet.py
+      part 120 python3 perf/bench_sampling.py
+      ;;
+    quant-gemm-decode)
+      part 180 python3 perf/bench_quant_gemm.py --path gemv,mma,tuned --m 1,2,4,8,16 --formats int4-g64,int4-g128 \
+        --shapes gate_up,down,q_proj,in_proj_qkv,o_proj --no-gemlite
+      part 90 python3 perf/bench_quant_gemm.py --path mma,tuned --m 32 --formats int4-g64 \
+        --shapes gate_up,down,q_proj,o_proj --no-gemlite
+      ;;
+    quant-gemm-gemlite)
+      part 250 python3 perf/bench_quant_gemm.py --path tuned --m 1,8,4096 --shapes gate_up,down,q_proj,in_proj_qkv \
+        --formats int4-g64,nvfp4,fp8 --gemlite-budget 200
+      ;;
+    moe-kernels)
+      NINFER_TUNE_CACHE=off part 120 python3 perf/bench_moe.py --no-bf16 --formats int4-g64,nvfp4 --path auto,dot,gemv
+      ;;
+    engine-27b-int4)
+      part 330 python3 perf/bench_engine.py --shape 27b --recipe int4 --contexts 1024 32768 --lanes 1 2 4 8 \
+        --steps 12 --chunk 8192 --prefill 8192
+      ;;
+    prefill-27b-long)
+      part 330 python3 perf/bench_engine.py --shape 27b --recipe int4 --contexts --lanes 1 --steps 12 \
+        --chunk 4096 --prefill 65536 131072 262144
+      ;;
+    engine-35b-a3b)
+      part 170 python3 perf/bench_engine.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --contexts 1024 --lanes 1 8 \
+        --steps 12 --chunk 8192 --prefill 8192
+      ;;
+    mtp-27b-int4)
+      part 240 python3 perf/bench_spec.py --shape 27b --recipe int4 --lanes 1 8 --steps 12 --prefill 1024
+      ;;
+    mtp-35b-a3b)
+      part 280 python3 perf/bench_spec.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --lanes 1 8 --steps 12 --prefill 8192
+      ;;
+    transformers-floor)  # the prefill is timed warm: the first one compiles fla's kernels
+      part 250 python3 perf/bench_engine.py --hf-only --shape 27b --prefill 8192 --hf-new 8 --hf-budget 220
+      part 250 python3 perf/bench_engine.py --hf-only --shape 35b-a3b --prefill 8192 --hf-new 8 --hf-budget 220
+      ;;
+    server-27b-int4)
+      part 225 python3 perf/bench_server.py --random 27b --recipe int4 --levels 1 2 --max-tokens 64 --requests 24
+      ;;
+    server-27b-int4-load)
+      part 290 python3 perf/bench_server.py --random 27b --recipe int4 --levels 1 2 4 8 16 --max-tokens 64
+      ;;
+    prefix-cache-27b)
+      part 80 python3 perf/bench_host_copies.py
+      part 290 python3 perf/bench_prefix_cache.py --context 65536 --turns 20 --growth 5000
+      ;;
+    vision-27b)
+      part 300 python3 perf/bench_vision.py --shape 27b --reps 3
+      ;;
+    profile-27b)
+      part 110 python3 perf/profile_step.py --shape 27b --recipe int4
+      part 120 python3 perf/profile_step.py --shape 27b --recipe int4 --lanes 8
+      part 150 python3 perf/profile_step.py --shape 27b --recipe int4 --prefill 8192 --chunk 8192
+      ;;
+    profile-35b-a3b)
+      part 110 python3 perf/profile_step.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4
+      part 240 python3 perf/profile_step.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --prefill 8192 --chunk 8192
+      ;;
+    bench-27b-step)
+      part 150 python3 perf/bench_engine.py --shape 27b --recipe int4 --contexts 1024 32768 --lanes 1 8 --steps 12 \
         --chunk 8192 --prefill 8192
       part 120 python3 perf/profile_step.py --shape 27b --recipe int4 --lanes 8
-      part 200 python3 perf/bench_spec.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --lanes 1 8 --steps 12 --prefill 8192
       ;;
-  25) # why the tensor-core int4 decode reads 35-53% of copy bandwidth (int4-g64 below -g128): Nsight Compute of
-      # its fastest config at 1 and 8 tokens, gate/up (SwiGLU) shape
+    ncu-gemm-mma)  # why the tensor-core decode reads 35-53% of copy bandwidth: its fastest config under ncu
       for fmt in int4-g64 int4-g128; do
         for m in 1 8; do
           i=$(timeout 90 python3 perf/ncu_gemm.py --shape gate_up --format $fmt --m $m --path mma --best 2>> "$LOG")
@@ -191,5 +190,11 @@ case ${1:-1} in
         done
       done
       ;;
-esac
+  esac
+}
+
+for name in "$@"; do
+  echo "=== stage $name" >> "$LOG"
+  ( stage "$name" )  # a subshell each: one stage's exports (NINFER_AUTOTUNE=off) do not leak into the next
+done
 tail -60 "$LOG"

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One device call: GPU tests, then the benchmarks named on the command line (default: all kernels).
+# One device call: GPU tests, then the benchmarks named on the command line (default: all kernels); the named
+# stages that reproduce the tables of docs/performance.md are in perf/gpu_runbook.sh (--list).
 #   perf/gpu_suite.sh tests elementwise deltanet attention sampling quant_gemm moe prefix_cache server engine
 # End to end (each part bounded by its own timeout):
 #   engine        perf/bench_engine.py $ENGINE_ARGS (default: 27B bf16)
@@ -9,7 +10,7 @@
 #   vision        perf/bench_vision.py $VISION_ARGS (default: 27B ViT, 1024² image, 32x448² video, TTFT)
 #   spec          perf/bench_spec.py $SPEC_ARGS (default: 27B bf16, K=3, C=1 and 8, forced acceptance n=0..K)
 # Engine-level GPU tests compile faster with NINFER_AUTOTUNE=off (one config per kernel).
-# Logs and JSON records land in $OUT (the device tool brings them back).
+# Logs and JSON records land in $OUT (the device tool brings them back; file them with perf/report.py --add).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-perf/results/tmp}; mkdir -p "$OUT"; export OUT PYTHONUNBUFFERED=1
