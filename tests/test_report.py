@@ -117,3 +117,11 @@ def test_history_appendix_is_regenerated() -> None:
     committed = (ROOT / "docs" / "performance-history.md").read_text()
     assert committed == report.render_history(report.load()), \
         "run: python perf/report.py --history > docs/performance-history.md"
+
+
+def test_performance_doc_cites_only_runs_that_exist() -> None:
+    import re
+
+    runs = {r["run"] for r in report.load()}
+    cited = set(re.findall(r"\b\d{4}-\d{2}-\d{2}\.\d+\b", (ROOT / "docs" / "performance.md").read_text()))
+    assert cited and cited <= runs, sorted(cited - runs)
