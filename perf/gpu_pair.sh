@@ -11,7 +11,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 stages=$(bash perf/gpu_runbook.sh --list | awk 'NR > 1 && NF { print $1 }')
 for stage in "$@"; do  # a misspelt stage would otherwise fail silently (its output goes to its own log)
-  grep -qx -- "$stage" <<< "$stages" || { echo "perf/gpu_pair.sh: unknown stage '$stage' (bash perf/gpu_runbook.sh --list)" >&2; exit 2; }
+  grep -qxF -- "$stage" <<< "$stages" || { echo "perf/gpu_pair.sh: unknown stage '$stage' (bash perf/gpu_runbook.sh --list)" >&2; exit 2; }
 done
 export OUT=${OUT:-perf/results/tmp} PYTHONUNBUFFERED=1 RUNBOOK_SHARED=1
 mkdir -p "$OUT"

@@ -43,7 +43,7 @@ if [ "$#" -eq 0 ] || [ "$1" = --list ]; then
   [ "$#" -gt 0 ]; exit $?
 fi
 for name in "$@"; do
-  grep -qx -- "$name" <<< "$names" || { echo "perf/gpu_runbook.sh: unknown stage '$name' (--list names them)" >&2; exit 2; }
+  grep -qxF -- "$name" <<< "$names" || { echo "perf/gpu_runbook.sh: unknown stage '$name' (--list names them)" >&2; exit 2; }
 done
 export OUT=${OUT:-perf/results/tmp} PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
