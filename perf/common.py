@@ -78,8 +78,7 @@ def environment() -> dict[str, str]:
         commit = "unknown"
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu (no CUDA device)"
     return {"gpu": gpu, "torch": torch.__version__, "triton": triton.__version__,
-            "commit": commit, "date": _dt.date.today().isoformat(),
-            "pdl": os.environ.get("NINFER_PDL", "1") != "0"}  # decode GEMMs' dependent launch (ninfer.kernels.pdl)
+            "commit": commit, "date": _dt.date.today().isoformat()}
 
 
 def record(bench: str, shape: str, median_ms: float, *, achieved: float, limit: float, unit: str,

@@ -35,8 +35,6 @@ vision-27b            27B ViT encode vs transformers, preprocessing, TTFT with a
 profile-27b           where a 27B int4 step goes (torch.profiler by op family): decode C = 1 / 8, 8k prefill in one chunk
 profile-35b-a3b       where a 35B-A3B 4-bit step goes: decode C = 1, 8k prefill in one chunk
 bench-27b-step        27B int4 engine (decode ctx 1k / 32k, C = 1 / 8, 8k prefill) and its C = 8 profile
-gpu-tests-pdl         programmatic dependent launch: chains of norms and decode GEMMs in graphs vs the references
-engine-27b-int4-pdl   27B int4 decode at C = 1 / 8 with dependent launch of the decode GEMMs off, then on (A/B)
 ncu-gemm-mma          Nsight Compute of the tensor-core int4 decode (gate/up, int4-g64 / -g128, 1 and 8 tokens)
 '
 names=$(echo "$STAGES" | awk 'NF { print $1 }')
@@ -181,15 +179,6 @@ stage() {
       part 150 python3 perf/bench_engine.py --shape 27b --recipe int4 --contexts 1024 32768 --lanes 1 8 --steps 12 \
         --chunk 8192 --prefill 8192
       part 120 python3 perf/profile_step.py --shape 27b --recipe int4 --lanes 8
-      ;;
-    gpu-tests-pdl)
-      NINFER_AUTOTUNE=off gpu_tests 200 pdl -n 3
-      NINFER_AUTOTUNE=off gpu_tests 150 quant_gemm -n 4 -k "'graph or gemv_configs'"
-      ;;
-    engine-27b-int4-pdl)
-      NINFER_PDL=0 part 270 python3 perf/bench_engine.py --shape 27b --recipe int4 --contexts 1024 --lanes 1 8 \
-        --steps 12 --prefill
-      part 200 python3 perf/bench_engine.py --shape 27b --recipe int4 --contexts 1024 --lanes 1 8 --steps 12 --prefill
       ;;
     ncu-gemm-mma)  # why the tensor-core decode reads 35-53% of copy bandwidth: its fastest config under ncu
       for fmt in int4-g64 int4-g128; do

@@ -57,7 +57,6 @@ from ninfer.kernels.quant_gemm import (
     _finish,
     _group_scales,
 )
-from ninfer.kernels.pdl import allow_dependents, pdl_enabled, prefetch_lines, prefetch_rows_l2, wait_for_predecessor
 from ninfer.kernels.quant_gemm_tune import GemmConfig
 
 TWO_63 = tl.constexpr(9.223372036854775808e18)  # 2^63
@@ -255,7 +254,6 @@ def _quant_gemv_kernel(
     SWIGLU: tl.constexpr, HAS_RES: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr,
     WORDS: tl.constexpr = False, cnt_ptr=None, FUSED_REDUCE: tl.constexpr = False,
-    PDL: tl.constexpr = False, PF_LINES: tl.constexpr = 1, ROW_BYTES: tl.constexpr = 1,
 ):
     pid_s = tl.program_id(1)
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -270,8 +268,6 @@ def _quant_gemv_kernel(
     k_first = pid_s * (k_per_split // BLOCK_K) * BLOCK_K
     steps = tl.cdiv(tl.minimum(k_per_split, K - k_first), BLOCK_K)
     up_rows = rows + N_OUT  # SwiGLU: the up rows of the same output columns, N_OUT rows further down
-    _weights_first(q_ptr, rows, up_rows, k_first, tl.minimum(k_first + k_per_split, K), stride_qn, ROW_BYTES, SWIGLU,
-                   PF_LINES, PDL)
     if WORDS:  # int4 codes as 32-bit words (see the module docstring)
         for step in range(0, steps):
             k0 = k_first + step * BLOCK_K
@@ -317,23 +313,6 @@ def _quant_gemv_kernel(
     mask = n_ok[:, None] & (offs_m < M)[None, :]
     _gemv_epilogue(acc, acc_up, pid_s, offs_m, offs_n, mask, M, N_OUT, ws_ptr, cnt_ptr, res_ptr, stride_rm, out_ptr,
                    stride_om, SPLIT, FUSED_REDUCE, SWIGLU, HAS_RES, BLOCK_N, BLOCK_M)
-
-
-@triton.jit
-def _weights_first(q_ptr, rows, up_rows, k_first, k_last, stride_qn, ROW_BYTES: tl.constexpr, SWIGLU: tl.constexpr,
-                   LINES: tl.constexpr, PDL: tl.constexpr):
-    """Under PDL (:mod:`ninfer.kernels.pdl`): let the next kernel in, request this program's first weight
-    lines from L2 while the previous kernel finishes, then wait for it. ``ROW_BYTES`` = bytes per 8 columns
-    (4 for 4-bit codes, 8 for bytes); ``stride_qn`` in elements of ``q_ptr``."""
-    allow_dependents(PDL)
-    if PDL:
-        base = q_ptr.to(tl.pointer_type(tl.uint8), bitcast=True)
-        stride = stride_qn * q_ptr.dtype.element_ty.primitive_bitwidth // 8
-        first, last = k_first // 8 * ROW_BYTES, k_last // 8 * ROW_BYTES
-        prefetch_rows_l2(base, rows, stride, first, last, LINES, PDL)
-        if SWIGLU:
-            prefetch_rows_l2(base, up_rows, stride, first, last, LINES, PDL)
-    wait_for_predecessor(PDL)
 
 
 @triton.jit
@@ -423,14 +402,6 @@ def _tile_counters(device: torch.device, tiles: int) -> torch.Tensor | None:
     return counters
 
 
-def pdl_extra(device: torch.device, bytes_per_row: int) -> dict:
-    """The PDL arguments of a decode GEMM launch: nothing where PDL is off (the kernel's defaults), else
-    the flag, how many weight lines per row to prefetch and the launch option."""
-    if not pdl_enabled(device):
-        return {}
-    return {"PDL": True, "PF_LINES": prefetch_lines(bytes_per_row), "launch_pdl": True}
-
-
 def launch_gemv(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, row_scale: torch.Tensor | None,
                 res: torch.Tensor | None, out: torch.Tensor, swiglu: bool, fmt_code: int, group: int,
                 row_block: int, cfg: GemmConfig) -> None:
@@ -454,8 +425,6 @@ def launch_gemv(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, row_scal
     res_arg = res if res is not None else out
     grid = (triton.cdiv(n_out, cfg.block_n), splits, triton.cdiv(m, cfg.block_m))
     counters = _tile_counters(x.device, grid[0] * grid[2]) if splits > 1 else None
-    row_bytes = 4 if fmt_code in (FMT_INT4, FMT_NVFP4) else 8
-    pdl = pdl_extra(x.device, per_split * cfg.block_k // 8 * row_bytes)
     _quant_gemv_kernel[grid](
         x, q, scales, row_scale if row_scale is not None else scales, res_arg, out, ws,
         m, n_out, k, per_split * cfg.block_k,
@@ -463,7 +432,7 @@ def launch_gemv(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, row_scal
         FMT=fmt_code, GROUP=group, ROW_BLOCK=row_block, ROW_SCALE=row_scale is not None, SWIGLU=swiglu,
         HAS_RES=res is not None, SPLIT=splits > 1, EVEN_K=k % cfg.block_k == 0,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, PREFETCH=cfg.kind == "gemv-prefetch", WORDS=words,
-        cnt_ptr=counters, FUSED_REDUCE=counters is not None, ROW_BYTES=row_bytes, **pdl,
+        cnt_ptr=counters, FUSED_REDUCE=counters is not None,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if splits > 1 and counters is None:

@@ -42,8 +42,6 @@ from ninfer.kernels.quant_gemv import (
     _gemv_epilogue,
     _gemv_reduce_kernel,
     _tile_counters,
-    _weights_first,
-    pdl_extra,
 )
 
 # Low / high nibbles of bytes 0, 1 (output word 0) and 2, 3 (output word 1) of $2 -> ``nibble - 8`` in the
@@ -123,7 +121,7 @@ def _quant_gemv_mma_kernel(
     stride_xm, stride_qn, stride_sn, stride_rm, stride_om,
     GROUP: tl.constexpr, SWIGLU: tl.constexpr, HAS_RES: tl.constexpr, SPLIT: tl.constexpr,
     FUSED_REDUCE: tl.constexpr, TOKENS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    ASM: tl.constexpr, PDL: tl.constexpr = False, PF_LINES: tl.constexpr = 1,
+    ASM: tl.constexpr,
 ):
     pid_s = tl.program_id(1)
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -136,12 +134,11 @@ def _quant_gemv_mma_kernel(
     # makes k_per_split and K multiples of BLOCK_K, itself a multiple of GROUP.
     k_first = pid_s * (k_per_split // BLOCK_K) * BLOCK_K
     k_last = tl.minimum(k_first + k_per_split, K)
-    up_rows = rows + N_OUT  # SwiGLU: the up rows of the same output columns, N_OUT rows further down
-    _weights_first(q_ptr, rows, up_rows, k_first, k_last, stride_qn, 4, SWIGLU, PF_LINES, PDL)
     # x read as 32-bit words, each an (even, odd) column pair: one vector load per thread, split in registers
     x_words = x_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + xrows.to(tl.int64)[None, :] * (stride_xm // 2)
     # The scales are loaded one K step ahead (the pipeline stages only what feeds the dots; a scale load
     # waited on inside its own step would stall every group).
+    up_rows = rows + N_OUT  # SwiGLU: the up rows of the same output columns, N_OUT rows further down
     scales = _step_scales(s_ptr, rows, k_first, stride_sn, GROUP, BLOCK_K)
     scales_up = _step_scales(s_ptr, up_rows, k_first, stride_sn, GROUP, BLOCK_K) if SWIGLU else scales
     for k0 in range(k_first, k_last, BLOCK_K):
@@ -193,7 +190,6 @@ def launch_gemv_mma(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, res:
         x.stride(0), q.stride(-2), scales.stride(-2), res_arg.stride(0), out.stride(0),
         GROUP=group, SWIGLU=swiglu, HAS_RES=res is not None, SPLIT=splits > 1, FUSED_REDUCE=counters is not None,
         TOKENS=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, ASM=not INTERPRET,
-        **pdl_extra(x.device, per_split * cfg.block_k // 2),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if splits > 1 and counters is None:
