@@ -59,9 +59,9 @@ def address_refusal(address: str, allow_private: bool = False) -> str | None:
         return f"{ip} is link-local"
     if ip.is_loopback:
         return None if allow_private else f"{ip} is loopback"
-    if ip.is_reserved:
-        return f"{ip} is reserved"
     local = ip in _NAT64_LOCAL or (isinstance(ip, ipaddress.IPv6Address) and ip.is_site_local)
+    if ip.is_reserved and not local:  # ::/8 (which holds the local-use NAT64 prefix), 240.0.0.0/4, ...
+        return f"{ip} is reserved"
     if ip.is_private or not ip.is_global or local:
         return None if allow_private else f"{ip} is private or not globally routable"
     return None
