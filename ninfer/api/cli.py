@@ -165,13 +165,13 @@ def _host_list(text: str) -> tuple[str, ...]:
     hosts = tuple(h.strip().lower().removeprefix("[").removesuffix("]") for h in text.split(",") if h.strip())
     for host in hosts:
         if "/" in host or host.count(":") == 1:  # a URL or host:port (IPv6 literals have several colons)
-            raise argparse.ArgumentTypeError(f"--media-allowed-hosts: {host!r} is not a host name (no scheme, "
+            raise argparse.ArgumentTypeError(f"{host!r} is not a host name (no scheme, "
                                              "port or path)")
         if "*" in host and (not host.startswith("*.") or "*" in host[2:]):
-            raise argparse.ArgumentTypeError(f"--media-allowed-hosts: {host!r}: a wildcard is only '*.' at the "
+            raise argparse.ArgumentTypeError(f"{host!r}: a wildcard is only '*.' at the "
                                              "start ('*.example.com')")
     if not hosts:
-        raise argparse.ArgumentTypeError("--media-allowed-hosts: no host given")
+        raise argparse.ArgumentTypeError("no host given")
     return hosts
 
 

@@ -214,3 +214,52 @@ def test_bad_urls_are_told_precisely_without_a_lookup(url: str, message: str, mo
     monkeypatch.setattr(fetch_policy, "resolve", lambda host, port: pytest.fail("resolved"))
     with pytest.raises(MediaError, match=message):
         _fetch(url)
+
+
+def test_a_cancelled_job_stops_its_fetch() -> None:
+    import asyncio
+
+    from ninfer.vision import FetchCancelled, MediaJobs
+
+    jobs = MediaJobs(1)
+    limits = VisionLimits(allow_private_media=True, fetch_timeout_s=30.0)
+    with Listener(mode="trickle", interval=0.2, lifetime_s=30) as slow:
+        async def main() -> None:
+            url = slow.url + "/a.png"
+            task = asyncio.ensure_future(jobs.run(lambda: _fetch(url, limits)))
+            await asyncio.sleep(0.5)
+            task.cancel()  # the awaiting request task is cancelled
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            gone = asyncio.get_running_loop().create_future()
+            asyncio.get_running_loop().call_later(0.5, gone.set_result, None)  # a disconnect watcher fires
+            with pytest.raises(FetchCancelled):
+                await jobs.run(lambda: _fetch(url, limits), gone)
+        start = time.monotonic()
+        asyncio.run(main())
+        assert time.monotonic() - start < 3.0
+        deadline = time.monotonic() + 3
+        while len(slow.closed_at) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert slow.accepts == 2 and len(slow.closed_at) == 2
+    jobs.shutdown()
+
+
+def test_serve_flags_map_onto_the_media_policy() -> None:
+    import argparse
+
+    from ninfer.api.cli import add_serve_parser, vision_limits
+
+    parser = argparse.ArgumentParser()
+    add_serve_parser(parser.add_subparsers(dest="command"))
+    limits = vision_limits(parser.parse_args(["serve", "m", "--vision"]))
+    assert (limits.allow_private_media, limits.allow_remote_media, limits.media_allowed_hosts) == (False, True, ())
+    args = parser.parse_args(["serve", "m", "--vision", "--allow-private-media", "--no-remote-media",
+                              "--media-allowed-hosts", "img.example.com, *.CDN.example,[::1]",
+                              "--media-max-redirects", "2", "--media-fetch-timeout-s", "3"])
+    limits = vision_limits(args)
+    assert limits.allow_private_media and not limits.allow_remote_media and limits.max_redirects == 2
+    assert limits.media_allowed_hosts == ("img.example.com", "*.cdn.example", "::1") and limits.fetch_timeout_s == 3
+    for bad in ("http://a.example", "a.example:8080", "a.*.example", ","):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["serve", "m", "--vision", "--media-allowed-hosts", bad])
