@@ -47,9 +47,10 @@ from ninfer.vision.prompt import (
 )
 
 __all__ = [
-    "ByteLRU", "FetchCancelled", "MediaError", "MediaFetchError", "MediaJobs", "MediaLimitError", "MediaRef", "MultimodalInputs", "MultimodalPrompt", "MultimodalRunner",
-    "PreparedMedia", "ProcessorConfig", "VisionDisabledError", "VisionLimits", "VisionPipeline", "VisionTokens",
-    "address_refusal", "build_prompt", "build_vision_tower", "canonical_part", "chunk_embeds", "collect_media", "encode_media", "error_code",
-    "has_media", "host_allowed", "iter_vision_tensors", "load_processor_config", "load_vision_tensors", "load_vision_tower",
-    "preprocess_image", "preprocess_video", "rebase_local_paths", "reject_media", "rope_index",
+    "ByteLRU", "FetchCancelled", "MediaError", "MediaFetchError", "MediaJobs", "MediaLimitError", "MediaRef",
+    "MultimodalInputs", "MultimodalPrompt", "MultimodalRunner", "PreparedMedia", "ProcessorConfig",
+    "VisionDisabledError", "VisionLimits", "VisionPipeline", "VisionTokens", "address_refusal", "build_prompt",
+    "build_vision_tower", "canonical_part", "chunk_embeds", "collect_media", "encode_media", "error_code",
+    "has_media", "host_allowed", "iter_vision_tensors", "load_processor_config", "load_vision_tensors",
+    "load_vision_tower", "preprocess_image", "preprocess_video", "rebase_local_paths", "reject_media", "rope_index",
 ]

@@ -17,6 +17,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import contextvars
+import functools
 import http.client
 import logging
 import socket
@@ -135,11 +136,17 @@ class _Cancelled(Exception):
 
 
 def _resolve(target: Target, hop: _Hop) -> list[str]:
+    """The target's addresses, waited for in slices so that the deadline and a cancel still apply."""
     future = _DNS.submit(fetch_policy.resolve, target.host, target.port)  # looked up now: tests replace it
-    try:
-        return future.result(timeout=hop.remaining())
-    except concurrent.futures.TimeoutError:
-        raise TimeoutError("name resolution outlasted the fetch deadline") from None
+    while not future.done():
+        concurrent.futures.wait([future], timeout=min(0.1, hop.remaining()))  # remaining() raises when over
+    return future.result()
+
+
+@functools.lru_cache(maxsize=1)
+def tls_context() -> ssl.SSLContext:
+    """The client TLS settings: system CAs, certificates verified against the URL's host name."""
+    return ssl.create_default_context()
 
 
 def _connect(target: Target, hop: _Hop, allow_private: bool) -> http.client.HTTPConnection:
@@ -168,7 +175,7 @@ def _connect(target: Target, hop: _Hop, allow_private: bool) -> http.client.HTTP
 
     if target.scheme == "https":
         conn: http.client.HTTPConnection = http.client.HTTPSConnection(
-            target.host, target.port, timeout=hop.remaining(), context=ssl.create_default_context())
+            target.host, target.port, timeout=hop.remaining(), context=tls_context())
     else:
         conn = http.client.HTTPConnection(target.host, target.port, timeout=hop.remaining())
     conn._create_connection = create_connection  # type: ignore[attr-defined]  # the Host header/SNI keep the name

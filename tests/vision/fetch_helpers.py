@@ -5,13 +5,19 @@ connection the same scripted way: ``ok`` (200 with ``body``), ``redirect`` (302 
 ``status`` (that HTTP status), ``trickle`` (headers, then one body byte per ``interval`` s) or
 ``trickle_headers`` (the status line one byte per ``interval`` s). It records the request heads it
 read and when each connection was closed by the peer, and stops after ``lifetime_s`` at the latest.
+With ``tls`` (a server ``ssl.SSLContext``, see :func:`self_signed`) it speaks HTTPS and records the
+SNI names clients sent.
 """
 from __future__ import annotations
 
+import datetime
 import socket
+import ssl
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 
 @dataclass
@@ -23,7 +29,9 @@ class Listener:
     status: int = 404
     interval: float = 1.0
     lifetime_s: float = 60.0
+    tls: ssl.SSLContext | None = None
     accepts: int = 0
+    sni: list[str | None] = field(default_factory=list)
     heads: list[bytes] = field(default_factory=list)
     closed_at: list[float] = field(default_factory=list)  # time.monotonic() when a peer was seen gone
 
@@ -35,6 +43,8 @@ class Listener:
         self.sock.listen(16)
         self.sock.settimeout(0.1)
         self.port = self.sock.getsockname()[1]
+        if self.tls is not None:
+            self.tls.sni_callback = self._record_sni
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._deadline = time.monotonic() + self.lifetime_s
@@ -66,9 +76,16 @@ class Listener:
             head += chunk
         return head
 
+    def _record_sni(self, _sock: Any, name: str | None, _context: Any) -> None:
+        with self._lock:
+            self.sni.append(name)
+
     def _answer(self, conn: socket.socket) -> None:
         with conn:
             try:
+                if self.tls is not None:
+                    conn.settimeout(5)
+                    conn = self.tls.wrap_socket(conn, server_side=True)
                 head = self._read_head(conn)
                 with self._lock:
                     self.heads.append(head)
@@ -117,3 +134,28 @@ def ipv6_loopback() -> bool:
         return True
     except OSError:
         return False
+
+
+def self_signed(directory: Path, name: str) -> tuple[ssl.SSLContext, Path]:
+    """A server context with a fresh self-signed certificate for ``name``, and the certificate file."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(subject).issuer_name(subject).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(hours=1))
+            .not_valid_after(now + datetime.timedelta(hours=1))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName(name)]), critical=False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    cert_file, key_file = directory / f"{name}.crt", directory / f"{name}.key"
+    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert_file, key_file)
+    return context, cert_file

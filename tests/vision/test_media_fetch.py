@@ -6,10 +6,11 @@ loopback are resolved by a replaced ``fetch_policy.resolve`` and never reach the
 from __future__ import annotations
 
 import socket
+import ssl
 import time
 
 import pytest
-from fetch_helpers import Listener, ipv6_loopback
+from fetch_helpers import Listener, ipv6_loopback, self_signed
 
 from ninfer.vision import MediaError, MediaFetchError, MediaLimitError, VisionLimits, address_refusal, host_allowed
 from ninfer.vision import fetch as fetch_module
@@ -135,7 +136,8 @@ def test_redirect_to_a_forbidden_address_is_not_followed(public_stand_in, monkey
                 _fetch("http://media.example:8080/a.png")
             assert "127.0.0.2" not in str(err.value) and str(port) not in str(err.value)  # nothing of the target
         assert forbidden.accepts == 0 and first.accepts == len(locations)
-        assert first.heads[0].startswith(b"GET /a.png HTTP/1.1\r\n") and b"Host: media.example:8080\r\n" in first.heads[0]
+        head = first.heads[0]
+        assert head.startswith(b"GET /a.png HTTP/1.1\r\n") and b"Host: media.example:8080\r\n" in head
 
 
 def test_redirect_chain_is_bounded() -> None:
@@ -159,6 +161,19 @@ def test_dns_rebinding_connects_to_the_checked_address(public_stand_in, monkeypa
         assert _fetch(f"http://rebind.example:{rebind_target.port}/a.png") == b"public"
         assert calls == ["rebind.example"] and rebind_target.accepts == 0 and public.accepts == 1
         assert f"Host: rebind.example:{rebind_target.port}\r\n".encode() in public.heads[0]
+
+
+def test_https_sends_the_name_as_sni_and_verifies_it(public_stand_in, monkeypatch, tmp_path) -> None:
+    server_tls, cert = self_signed(tmp_path, "media.example")
+    monkeypatch.setattr(fetch_module, "tls_context", lambda: ssl.create_default_context(cafile=str(cert)))
+    monkeypatch.setattr(fetch_policy, "resolve", lambda host, port: [PUBLIC])
+    with Listener(tls=server_tls, body=b"secure") as tls_server:
+        public_stand_in[PUBLIC, 443] = ("127.0.0.1", tls_server.port)
+        assert _fetch("https://media.example/a.png") == b"secure"
+        assert tls_server.sni == ["media.example"] and b"Host: media.example\r\n" in tls_server.heads[0]
+        with pytest.raises(MediaFetchError):  # the certificate is for media.example: other names fail
+            _fetch("https://other.example/a.png")
+        assert tls_server.sni == ["media.example", "other.example"] and len(tls_server.heads) == 1
 
 
 def test_a_name_with_any_refused_address_uses_only_the_allowed_ones(public_stand_in, monkeypatch) -> None:
@@ -190,8 +205,9 @@ def test_closed_port_policy_refusal_and_http_errors_read_alike() -> None:
         closed_port = closed.getsockname()[1]
         closed.close()
         messages = set()
-        for url, limits in [(f"http://127.0.0.1:{closed_port}/a.png", PRIVATE_OK), (server.url + "/a.png", VisionLimits()),
-                            (missing.url + "/a.png", PRIVATE_OK), (broken.url + "/a.png", PRIVATE_OK)]:
+        cases = [(f"http://127.0.0.1:{closed_port}/a.png", PRIVATE_OK), (server.url + "/a.png", VisionLimits()),
+                 (missing.url + "/a.png", PRIVATE_OK), (broken.url + "/a.png", PRIVATE_OK)]
+        for url, limits in cases:
             with pytest.raises(MediaFetchError) as err:
                 _fetch(url, limits)
             assert err.value.limit is None
