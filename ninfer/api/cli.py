@@ -122,6 +122,8 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
     v.add_argument("--media-allowed-hosts", type=_host_list, metavar="HOSTS",
                    help="comma-separated hosts media URLs may name ('*.example.com': its subdomains)")
     v.add_argument("--no-remote-media", action="store_true", help="refuse http(s) media URLs (data URIs only)")
+    v.add_argument("--media-workers", type=_int("--media-workers", 1), metavar="N",
+                   help="threads fetching, decoding and preprocessing media, apart from text requests' (default 4)")
     p.add_argument("--switch-interval-ms", type=_float("--switch-interval-ms", 0.0, lo_open=True), default=0.5,
                    metavar="MS", help="how long one Python thread may hold the interpreter before the other gets it "
                    "(Python's default is 5 ms; the engine thread waits that long behind HTTP work; default 0.5)")
@@ -158,7 +160,8 @@ def server_config(args: argparse.Namespace):
 _LIMIT_FLAGS = {"max_media_bytes": "max_media_bytes", "max_image_pixels": "max_image_pixels",
                 "max_video_frames": "max_video_frames", "max_media_items": "max_media_items",
                 "max_media_tokens": "max_media_tokens", "media_fetch_timeout_s": "fetch_timeout_s",
-                "media_max_redirects": "max_redirects", "media_allowed_hosts": "media_allowed_hosts"}
+                "media_max_redirects": "max_redirects", "media_allowed_hosts": "media_allowed_hosts",
+                "media_workers": "media_workers"}
 
 
 def _host_list(text: str) -> tuple[str, ...]:

@@ -272,9 +272,10 @@ def test_serve_flags_map_onto_the_media_policy() -> None:
     assert (limits.allow_private_media, limits.allow_remote_media, limits.media_allowed_hosts) == (False, True, ())
     args = parser.parse_args(["serve", "m", "--vision", "--allow-private-media", "--no-remote-media",
                               "--media-allowed-hosts", "img.example.com, *.CDN.example,[::1]",
-                              "--media-max-redirects", "2", "--media-fetch-timeout-s", "3"])
+                              "--media-max-redirects", "2", "--media-fetch-timeout-s", "3", "--media-workers", "8"])
     limits = vision_limits(args)
     assert limits.allow_private_media and not limits.allow_remote_media and limits.max_redirects == 2
+    assert limits.media_workers == 8
     assert limits.media_allowed_hosts == ("img.example.com", "*.cdn.example", "::1") and limits.fetch_timeout_s == 3
     for bad in ("http://a.example", "a.example:8080", "a.*.example", ","):
         with pytest.raises(SystemExit):
