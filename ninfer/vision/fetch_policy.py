@@ -67,6 +67,16 @@ def address_refusal(address: str, allow_private: bool = False) -> str | None:
     return None
 
 
+def _ascii_host(host: str) -> str:
+    """``host`` as sent on the wire: internationalized names in their IDNA (``xn--``) form."""
+    if host.isascii():
+        return host.lower()
+    try:
+        return host.encode("idna").decode("ascii")
+    except UnicodeError:
+        raise PolicyRefusal(f"{host!r} is not a valid host name") from None
+
+
 def host_allowed(host: str, patterns: tuple[str, ...]) -> bool:
     """Whether ``host`` matches the allowlist: exact names, or ``*.example.com`` for any subdomain of it.
 
@@ -77,6 +87,9 @@ def host_allowed(host: str, patterns: tuple[str, ...]) -> bool:
     host = host.lower().rstrip(".")
     for pattern in patterns:
         pattern = pattern.lower().rstrip(".")
+        if not pattern.isascii():
+            wildcard = pattern.startswith("*.")
+            pattern = ("*." if wildcard else "") + pattern[2 * wildcard:].encode("idna").decode("ascii")
         if pattern.startswith("*."):
             if host.endswith(pattern[1:]) and len(host) > len(pattern) - 1:
                 return True
@@ -113,6 +126,7 @@ def parse_target(url: str, allowed_hosts: tuple[str, ...]) -> Target:
     host = (parts.hostname or "").rstrip(".")
     if not host:
         raise PolicyRefusal("the URL has no host")
+    host = _ascii_host(host)
     if parts.username is not None or parts.password is not None:
         raise PolicyRefusal("credentials in the URL")
     if not host_allowed(host, allowed_hosts):

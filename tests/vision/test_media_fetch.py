@@ -60,6 +60,17 @@ def test_host_allowlist_matching() -> None:
     assert host_allowed("IMG.example.com.", hosts) and host_allowed("a.b.cdn.example", hosts)
     assert not host_allowed("cdn.example", hosts) and not host_allowed("evilcdn.example", hosts)
     assert not host_allowed("img.example.com.evil", hosts) and host_allowed("anything", ())
+    assert host_allowed("xn--bcher-kva.example", ("bücher.example",))
+    assert host_allowed("a.xn--bcher-kva.example", ("*.bücher.example",))
+
+
+def test_internationalized_names_go_out_in_idna_form(public_stand_in, monkeypatch: pytest.MonkeyPatch) -> None:
+    asked: list[str] = []
+    monkeypatch.setattr(fetch_policy, "resolve", lambda host, port: asked.append(host) or [PUBLIC])
+    with Listener(body=b"idn") as server:
+        public_stand_in[PUBLIC, 80] = ("127.0.0.1", server.port)
+        assert _fetch("http://Bücher.example/a.png") == b"idn"
+        assert asked == ["xn--bcher-kva.example"] and b"Host: xn--bcher-kva.example\r\n" in server.heads[0]
 
 
 def _loopback_hosts() -> list[tuple[str, str]]:
