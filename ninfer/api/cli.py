@@ -114,7 +114,16 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
     v.add_argument("--max-media-tokens", type=_int("--max-media-tokens"), metavar="N",
                    help="merged vision tokens per request (default 16384)")
     v.add_argument("--media-fetch-timeout-s", type=_float("--media-fetch-timeout-s", 0.0, lo_open=True),
-                   metavar="S", help="timeout of http(s) media fetches (default 15)")
+                   metavar="S", help="deadline of one http(s) media fetch, redirects included (default 15)")
+    v.add_argument("--media-max-redirects", type=_int("--media-max-redirects", 0), metavar="N",
+                   help="redirects one media fetch follows, each target re-checked (default 5)")
+    v.add_argument("--allow-private-media", action="store_true",
+                   help="also fetch media from loopback and private-network addresses (default: public only)")
+    v.add_argument("--media-allowed-hosts", type=_host_list, metavar="HOSTS",
+                   help="comma-separated hosts media URLs may name ('*.example.com': its subdomains)")
+    v.add_argument("--no-remote-media", action="store_true", help="refuse http(s) media URLs (data URIs only)")
+    v.add_argument("--media-workers", type=_int("--media-workers", 1), metavar="N",
+                   help="threads fetching, decoding and preprocessing media, apart from text requests' (default 4)")
     p.add_argument("--switch-interval-ms", type=_float("--switch-interval-ms", 0.0, lo_open=True), default=0.5,
                    metavar="MS", help="how long one Python thread may hold the interpreter before the other gets it "
                    "(Python's default is 5 ms; the engine thread waits that long behind HTTP work; default 0.5)")
@@ -150,16 +159,34 @@ def server_config(args: argparse.Namespace):
 
 _LIMIT_FLAGS = {"max_media_bytes": "max_media_bytes", "max_image_pixels": "max_image_pixels",
                 "max_video_frames": "max_video_frames", "max_media_items": "max_media_items",
-                "max_media_tokens": "max_media_tokens", "media_fetch_timeout_s": "fetch_timeout_s"}
+                "max_media_tokens": "max_media_tokens", "media_fetch_timeout_s": "fetch_timeout_s",
+                "media_max_redirects": "max_redirects", "media_allowed_hosts": "media_allowed_hosts",
+                "media_workers": "media_workers"}
+
+
+def _host_list(text: str) -> tuple[str, ...]:
+    hosts = tuple(h.strip().lower().removeprefix("[").removesuffix("]") for h in text.split(",") if h.strip())
+    for host in hosts:
+        if "/" in host or host.count(":") == 1:  # a URL or host:port (IPv6 literals have several colons)
+            raise argparse.ArgumentTypeError(f"{host!r} is not a host name (no scheme, "
+                                             "port or path)")
+        if "*" in host and (not host.startswith("*.") or "*" in host[2:]):
+            raise argparse.ArgumentTypeError(f"{host!r}: a wildcard is only '*.' at the "
+                                             "start ('*.example.com')")
+    if not hosts:
+        raise argparse.ArgumentTypeError("no host given")
+    return hosts
 
 
 def vision_limits(args: argparse.Namespace):
-    """``VisionLimits`` of the limit flags (unset flags keep the defaults); local files are never read."""
+    """``VisionLimits`` of the limit and media-policy flags (unset flags keep the defaults); local files are
+    never read."""
     from ninfer.vision import VisionLimits
 
     given = {field: getattr(args, flag) for flag, field in _LIMIT_FLAGS.items()
              if getattr(args, flag, None) is not None}
-    return VisionLimits(allow_local_files=False, **given)
+    return VisionLimits(allow_local_files=False, allow_private_media=getattr(args, "allow_private_media", False),
+                        allow_remote_media=not getattr(args, "no_remote_media", False), **given)
 
 
 def run_serve(args: argparse.Namespace) -> None:

@@ -134,7 +134,7 @@ def _tool_call(call: Any) -> dict[str, Any]:
 async def handle(request: HTTPRequest, service: Service) -> Response:
     body = await read_json(request, service.config.max_request_bytes)
     chat, spec, stream, include_usage = parse(body, service.config.max_stop, service.vision is not None)
-    prompt = await service.prompt(chat)
+    prompt = await service.prompt(chat, request)
     created, cid = int(time.time()), convert.new_id("chatcmpl-")
     if spec.max_tokens == 0:  # process the prompt only: nothing to generate
         service.check_context(len(prompt.ids))

@@ -127,7 +127,7 @@ def response_object(service: Service, rid: str, created: int, p: Parsed, status:
 async def _prepare(request: HTTPRequest, service: Service, store: Any) -> tuple[Parsed, Prompt]:
     body = await read_json(request, service.config.max_request_bytes)
     p = parse(body, service, store)
-    return p, await service.prompt(p.chat)
+    return p, await service.prompt(p.chat, request)
 
 
 async def create(request: HTTPRequest, service: Service, store: Any) -> Response:

@@ -9,8 +9,9 @@ freeing its lane, pages and slot.
 
 Images and videos (server started with ``--vision``): the template messages carry canonical
 media parts; :meth:`Service.prompt` expands the rendered ids with
-``llm.vision.prompt_from_ids`` (media are fetched, decoded and preprocessed off the event loop,
-the tower does not run, so token counting stays cheap) and :meth:`Service.request_for` runs the
+``llm.vision.prompt_from_ids`` (media are fetched, decoded and preprocessed on the pipeline's own
+media pool, off the event loop and the default executor, and the fetches stop when the client
+disconnects; the tower does not run, so token counting stays cheap) and :meth:`Service.request_for` runs the
 tower off the event loop once the prompt has passed the context check, attaching
 ``MultimodalInputs`` to the engine request.
 """
@@ -28,7 +29,7 @@ from ninfer.api.config import ServerConfig
 from ninfer.api.errors import APIError, invalid
 from ninfer.api.metrics import Metrics
 from ninfer.api.output import OutputStream
-from ninfer.api.run import ClientGone, Run
+from ninfer.api.run import ClientGone, Run, _watch_disconnect
 from ninfer.api.sampling import resolve
 from ninfer.runtime.prefix_cache import chat_checkpoint_marks
 from ninfer.runtime.request import Request
@@ -137,15 +138,16 @@ class Service:
         """The ``ninfer.vision.VisionPipeline`` when images and videos are served, else None."""
         return getattr(self.llm, "vision", None)
 
-    async def prompt(self, chat: ChatInput) -> Prompt:
+    async def prompt(self, chat: ChatInput, http: HTTPRequest | None = None) -> Prompt:
         """Render and tokenize; expand media pads. A short text prompt arriving while no other request is
         in flight is done right here: the two thread hops would cost more than the work, and neither
         a stream nor an engine step waits on this thread meanwhile. Otherwise, and for media and long
         prompts, a worker thread does it: fetching, decoding and tokenizing release the GIL, and the
         event loop stays free to deliver other requests' tokens (rendering inline under load also
         kept the engine thread from the GIL until the next request was queued: on CPU, two
-        simultaneous requests then shared one prefill step instead of the first starting alone)."""
-        from ninfer.vision import MediaError, collect_media, reject_media
+        simultaneous requests then shared one prefill step instead of the first starting alone).
+        Media go to the vision pipeline's pool; ``http`` gone meanwhile stops their fetches (ClientGone)."""
+        from ninfer.vision import FetchCancelled, MediaError, collect_media, reject_media
 
         try:
             refs = collect_media(chat.messages)
@@ -167,7 +169,16 @@ class Service:
         inline = not refs and self.in_flight == 0  # and short: counted only then
         if inline and _text_chars((chat.messages, chat.tools, chat.prefill)) <= INLINE_PROMPT_CHARS:
             return work()
-        return await asyncio.to_thread(work)
+        if not refs or self.vision is None:
+            return await asyncio.to_thread(work)
+        watch = _watch_disconnect(http)
+        try:
+            return await self.vision.jobs.run(work, watch)
+        except FetchCancelled:
+            raise ClientGone() from None
+        finally:
+            if watch is not None:
+                watch.cancel()
 
     async def prompt_ids(self, chat: ChatInput) -> tuple[list[int], bool]:
         prompt = await self.prompt(chat)

@@ -9,8 +9,12 @@ from ninfer.vision.loader import (
     load_vision_tensors,
     load_vision_tower,
 )
+from ninfer.vision.fetch_policy import address_refusal, host_allowed
+from ninfer.vision.jobs import MediaJobs
 from ninfer.vision.media import (
+    FetchCancelled,
     MediaError,
+    MediaFetchError,
     MediaLimitError,
     MediaRef,
     VisionDisabledError,
@@ -43,9 +47,10 @@ from ninfer.vision.prompt import (
 )
 
 __all__ = [
-    "ByteLRU", "MediaError", "MediaLimitError", "MediaRef", "MultimodalInputs", "MultimodalPrompt", "MultimodalRunner",
-    "PreparedMedia", "ProcessorConfig", "VisionDisabledError", "VisionLimits", "VisionPipeline", "VisionTokens",
-    "build_prompt", "build_vision_tower", "canonical_part", "chunk_embeds", "collect_media", "encode_media", "error_code",
-    "has_media", "iter_vision_tensors", "load_processor_config", "load_vision_tensors", "load_vision_tower",
-    "preprocess_image", "preprocess_video", "rebase_local_paths", "reject_media", "rope_index",
+    "ByteLRU", "FetchCancelled", "MediaError", "MediaFetchError", "MediaJobs", "MediaLimitError", "MediaRef",
+    "MultimodalInputs", "MultimodalPrompt", "MultimodalRunner", "PreparedMedia", "ProcessorConfig",
+    "VisionDisabledError", "VisionLimits", "VisionPipeline", "VisionTokens", "address_refusal", "build_prompt",
+    "build_vision_tower", "canonical_part", "chunk_embeds", "collect_media", "encode_media", "error_code",
+    "has_media", "host_allowed", "iter_vision_tensors", "load_processor_config", "load_vision_tensors",
+    "load_vision_tower", "preprocess_image", "preprocess_video", "rebase_local_paths", "reject_media", "rope_index",
 ]

@@ -1,6 +1,7 @@
 """Media bytes in, RGB uint8 pixels out: sources, decoding, limits and errors.
 
-Sources: a local path (or ``file://`` URL), an ``http(s)://`` URL, a ``data:`` URI (base64 or
+Sources: a local path (or ``file://`` URL), an ``http(s)://`` URL (fetched under the media policy
+of :mod:`ninfer.vision.fetch`: public addresses only unless allowed), a ``data:`` URI (base64 or
 percent-encoded), raw ``bytes``, or a ``PIL.Image`` (Python API only). Images decode through PIL
 (EXIF orientation applied, transparency composited onto white, as transformers' processor does);
 videos through PyAV, decoding only up to the last sampled frame.
@@ -13,10 +14,8 @@ from __future__ import annotations
 
 import base64
 import binascii
-import http.client
 import io
 import urllib.parse
-import urllib.request
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,8 +25,9 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from ninfer.vision.fetch import fetch
+
 MediaKind = Literal["image", "video"]
-_CHUNK = 1 << 16
 
 
 class MediaError(ValueError):
@@ -42,6 +42,21 @@ class MediaLimitError(MediaError):
     def __init__(self, limit: str, message: str) -> None:
         super().__init__(f"{message} (limit {limit})")
         self.limit = limit
+
+
+class MediaFetchError(MediaError):
+    """An http(s) URL that was not fetched. One message for every cause (refused by the media policy,
+    closed, unreachable, timed out, an HTTP error): telling them apart would let a client probe what
+    answers behind an address. The server log has the reason."""
+
+    def __init__(self, kind: str, url: str) -> None:
+        super().__init__(f"the {kind} URL {url!r} was not fetched: it was refused by this server's media "
+                         "policy, unreachable, timed out or did not answer 200 OK; send a publicly reachable "
+                         "http(s) URL or a data URI")
+
+
+class FetchCancelled(MediaError):
+    """The request that wanted the media went away (its client disconnected) while it was being fetched."""
 
 
 class VisionDisabledError(MediaError):
@@ -64,8 +79,20 @@ class VisionLimits:
     max_video_frames: int = 768  # frames sampled from one video
     max_media_items: int = 32  # images + videos in one request
     max_media_tokens: int = 16384  # merged vision tokens in one request
-    fetch_timeout_s: float = 15.0
+    fetch_timeout_s: float = 15.0  # the whole fetch of one URL, redirects included (not per read)
     allow_local_files: bool = True  # servers should turn this off unless paths are trusted
+    # http(s) media policy (ninfer.vision.fetch): public addresses only, unless allow_private_media.
+    allow_remote_media: bool = True  # False: http(s) URLs are refused (data URIs, and paths if allowed, only)
+    allow_private_media: bool = False  # also loopback / private networks (never link-local, multicast, reserved)
+    media_allowed_hosts: tuple[str, ...] = ()  # non-empty: only these hosts ("*.example.com": its subdomains)
+    max_redirects: int = 5  # per fetch, each target checked like the first URL
+    media_workers: int = 4  # server threads fetching, decoding and preprocessing media (own pool)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.media_allowed_hosts, str):  # a lone string would be split into characters
+            object.__setattr__(self, "media_allowed_hosts", (self.media_allowed_hosts,))
+        else:
+            object.__setattr__(self, "media_allowed_hosts", tuple(self.media_allowed_hosts))
 
 
 @dataclass(frozen=True)
@@ -76,7 +103,8 @@ class MediaRef:
     source: Any  # str (path / URL / data URI), bytes, or PIL.Image.Image
 
 
-def _check_size(n: int, limits: VisionLimits, what: str) -> None:
+def check_size(n: int, limits: VisionLimits, what: str) -> None:
+    """Raise ``MediaLimitError("max_media_bytes")`` when ``n`` encoded bytes are too many."""
     if n > limits.max_media_bytes:
         raise MediaLimitError("max_media_bytes", f"{what} is {n} bytes, more than {limits.max_media_bytes}")
 
@@ -90,39 +118,20 @@ def _data_uri(uri: str, kind: MediaKind, limits: VisionLimits) -> bytes:
         raise MediaError(f"unsupported media type {mime!r} for a {kind} part (expected {kind}/*)")
     if ";base64" not in header.lower():
         data = urllib.parse.unquote_to_bytes(payload)
-        _check_size(len(data), limits, f"the {kind} data URI")
+        check_size(len(data), limits, f"the {kind} data URI")
         return data
     payload = "".join(payload.split())
-    _check_size(len(payload) * 3 // 4, limits, f"the {kind} data URI")  # before decoding, not after
+    check_size(len(payload) * 3 // 4, limits, f"the {kind} data URI")  # before decoding, not after
     try:
         return base64.b64decode(payload, validate=True)
     except (binascii.Error, ValueError) as err:
         raise MediaError(f"the {kind} data URI is not valid base64 ({err})") from None
 
 
-def _download(url: str, kind: MediaKind, limits: VisionLimits) -> bytes:
-    request = urllib.request.Request(url, headers={"User-Agent": "ninfer"})
-    try:
-        with urllib.request.urlopen(request, timeout=limits.fetch_timeout_s) as response:
-            length = response.headers.get("Content-Length")
-            if length and length.isdigit():
-                _check_size(int(length), limits, f"the {kind} at {url}")
-            buf = bytearray()
-            while chunk := response.read(_CHUNK):  # stream so an endless body stops at the limit
-                buf += chunk
-                _check_size(len(buf), limits, f"the {kind} at {url}")
-            return bytes(buf)
-    except MediaError:
-        raise
-    # URLError/HTTPError, timeouts and TLS failures are OSErrors; bad URLs ValueErrors; short bodies HTTPExceptions.
-    except (OSError, ValueError, http.client.HTTPException) as err:
-        raise MediaError(f"could not fetch the {kind} at {url}: {err}") from None
-
-
 def read_source(source: Any, kind: MediaKind, limits: VisionLimits) -> bytes:
     """The encoded bytes of a source (not for PIL images, which are already decoded)."""
     if isinstance(source, (bytes, bytearray, memoryview)):
-        _check_size(len(source), limits, f"the {kind}")
+        check_size(len(source), limits, f"the {kind}")
         return bytes(source)
     if not isinstance(source, (str, Path)):
         raise MediaError(f"unsupported {kind} source of type {type(source).__name__}; expected a URL, "
@@ -132,7 +141,7 @@ def read_source(source: Any, kind: MediaKind, limits: VisionLimits) -> bytes:
         return _data_uri(text, kind, limits)
     scheme = urllib.parse.urlparse(text).scheme.lower()
     if scheme in ("http", "https"):
-        return _download(text, kind, limits)
+        return fetch(text, kind, limits)
     if scheme not in ("", "file") and not (len(scheme) == 1 and text[1:3] in (":\\", ":/")):  # C:\ paths
         raise MediaError(f"unsupported {kind} URL scheme {scheme!r}: use http(s)://, data: or a local path")
     if not limits.allow_local_files:
@@ -140,7 +149,7 @@ def read_source(source: Any, kind: MediaKind, limits: VisionLimits) -> bytes:
     path = Path(urllib.parse.unquote(urllib.parse.urlparse(text).path) if scheme == "file" else text).expanduser()
     if not path.is_file():
         raise MediaError(f"{kind} file not found: {path}")
-    _check_size(path.stat().st_size, limits, f"the {kind} file {path}")
+    check_size(path.stat().st_size, limits, f"the {kind} file {path}")
     return path.read_bytes()
 
 

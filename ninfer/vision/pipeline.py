@@ -2,7 +2,8 @@
 
 :class:`VisionPipeline` owns the vision tower, the preprocessor settings, the request limits and
 two bounded caches keyed by content hash: prepared pixels (CPU) and merged embeddings (device),
-so the same image sent twice is decoded, resized and encoded once.
+so the same image sent twice is decoded, resized and encoded once. Servers run media work on its
+:class:`~ninfer.vision.jobs.MediaJobs` pool (``jobs``), cancellable per request.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import torch
 
 from ninfer.config import ModelConfig
 from ninfer.models.vision import VisionTransformer
+from ninfer.vision.jobs import MediaJobs
 from ninfer.vision.loader import load_vision_tower
 from ninfer.vision.media import (
     MediaError,
@@ -100,6 +102,7 @@ class VisionPipeline:
         self.merge = processor.image.merge_size
         self.prepared: ByteLRU[PreparedMedia] = ByteLRU(cache_bytes)
         self.embeddings: ByteLRU[torch.Tensor] = ByteLRU(cache_bytes)
+        self.jobs = MediaJobs(self.limits.media_workers)
 
     @classmethod
     def from_checkpoint(cls, model_dir: str | Path, config: ModelConfig, token_id: Callable[[str], int | None],

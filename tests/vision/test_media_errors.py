@@ -67,13 +67,17 @@ def test_http_url(vision_setup, pipeline: VisionPipeline) -> None:
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         base = f"http://127.0.0.1:{server.server_address[1]}"
-        got = pipeline.prepare_media(MediaRef("image", f"{base}/tall.jpg"))
+        with pytest.raises(MediaError, match="was not fetched"):  # loopback: refused by default
+            pipeline.prepare_media(MediaRef("image", f"{base}/tall.jpg"))
+        private = _pipeline_with(pipeline, allow_private_media=True)
+        got = private.prepare_media(MediaRef("image", f"{base}/tall.jpg"))
         local = pipeline.prepare_media(MediaRef("image", str(vision_setup.media_dir / "tall.jpg")))
         assert torch.equal(got.pixels, local.pixels)
-        with pytest.raises(MediaError, match="could not fetch the image.*404"):
-            pipeline.prepare_media(MediaRef("image", f"{base}/missing.png"))
+        with pytest.raises(MediaError, match="URL .*/missing.png' was not fetched"):
+            private.prepare_media(MediaRef("image", f"{base}/missing.png"))
         with pytest.raises(MediaLimitError, match="max_media_bytes"):
-            _pipeline_with(pipeline, max_media_bytes=1000).prepare_media(MediaRef("image", f"{base}/big.png"))
+            _pipeline_with(pipeline, max_media_bytes=1000, allow_private_media=True).prepare_media(
+                MediaRef("image", f"{base}/big.png"))
     finally:
         server.shutdown()
 
