@@ -8,7 +8,10 @@ For each shape the bf16 weight is random; each format quantizes it on the GPU an
 * prefill (M >= 64): 2*M*N*K / time vs the 8192^3 bf16 matmul peak; the bar is >= 0.8x cuBLAS bf16
   TFLOP/s on the same shape (``speedup_vs_baseline`` >= 0.8).
 
-cuBLAS bf16 (``torch.nn.functional.linear``) is the baseline of every point; gemlite (a public
+cuBLAS bf16 (``torch.nn.functional.linear``) is the baseline of every point (its own fraction of the copy
+bandwidth over the bf16 weight's bytes is ``cublas_fraction``); for the int4 formats at decode sizes
+PyTorch's built-in int4 kernel (``torch._weight_int4pack_mm``, what gpt-fast and torchao use; same group
+size, its bf16 scale + zero pairs) is timed too (``int4pack_ms``, ``int4pack_fraction``); gemlite (a public
 Triton low-bit GEMM library) is timed in the same run when importable, for the formats it has
 (int4 groups, int8/fp8 per-channel, nvfp4), else recorded as None. Decode points are timed from
 CUDA graphs. By default each point runs the heuristic favourite config (the whole sweep then fits in
@@ -61,6 +64,19 @@ def _time(fn, graph: bool) -> float:
     fn()
     torch.cuda.synchronize()
     return bench_ms(fn, warmup=5, rep=25)
+
+
+def _int4pack(n: int, k: int, group: int) -> tuple | None:
+    """Random int4 codes and scale/zero pairs in ``torch._weight_int4pack_mm``'s layout (timing baseline:
+    the values do not matter, the bytes and the kernel do): ``(packed, scales_and_zeros, bytes)``."""
+    try:
+        codes = torch.randint(0, 16, (n, k), dtype=torch.int32, device="cuda")
+        packed = torch._convert_weight_to_int4pack((codes[:, ::2] << 4 | codes[:, 1::2]).to(torch.uint8), 8)
+        sz = torch.randn(k // group, n, 2, device="cuda", dtype=torch.bfloat16) * 0.01
+        return packed, sz, n * k // 2 + sz.numel() * sz.element_size()
+    except Exception as err:  # noqa: BLE001  (a baseline must never stop the benchmark)
+        print(f"  torch int4pack: unavailable ({type(err).__name__}: {err})")
+        return None
 
 
 def _config_name(cfg: quant_gemm_tune.GemmConfig) -> str:
@@ -197,6 +213,8 @@ def main() -> None:
             qt = quantize(w, fmt)
             weight_bytes = sum(t.numel() * t.element_size() for t in qt.tensors.values())
             kind = fmt.split("-g")[0] if fmt.startswith("int8") else fmt
+            group = int(fmt.split("-g")[1]) if fmt.startswith("int4-g") else 0
+            tiny = _int4pack(n, k, group) if group and min(ms) <= 16 else None
             glayer = None
             if use_gemlite and gemlite_s < args.gemlite_budget and (kind, ms[0]) not in gemlite_ms:
                 glayer = _gemlite_layer(fmt, qt, w)
@@ -211,6 +229,12 @@ def main() -> None:
                         print(f"  gemlite {fmt} M={m}: failed ({type(err).__name__}: {err})")
                     gemlite_s += time.time() - t0
                 flops = 2 * m * n * k
+                pack_ms = pack_frac = None
+                if tiny is not None and m <= 16:
+                    packed, sz, pack_bytes = tiny
+                    pack_ms = _time(lambda x=x: torch._weight_int4pack_mm(x, packed, group, sz), True)
+                    pack_frac = round((pack_bytes + 2 * m * (n + k)) / pack_ms / 1e9 / bw, 4)
+                cublas_frac = round((2 * n * k + 2 * m * (n + k)) / cublas[m] / 1e9 / bw, 4) if m <= 16 else None
                 for path, point in points.items():
                     if point is None:
                         continue
@@ -225,7 +249,12 @@ def main() -> None:
                            unit=unit, baseline="cublas_bf16", baseline_ms=cublas[m], format=fmt, m=m, n=n, k=k,
                            weight_bytes=weight_bytes, vs_cublas=round(ms_ours / cublas[m], 4),
                            cublas_tflops=round(flops / cublas[m] / 1e9, 2), gemlite_ms=gemlite_ms.get((kind, m)),
-                           path=path, config=_config_name(cfg), **(more[0] if more else {}))
+                           path=path, config=_config_name(cfg), cublas_fraction=cublas_frac,
+                           int4pack_ms=None if pack_ms is None else round(pack_ms, 5), int4pack_fraction=pack_frac,
+                           **(more[0] if more else {}))
+                    if pack_ms is not None and path == paths[-1]:
+                        print(f"    cuBLAS bf16 {100 * cublas_frac:.1f}% of copy BW; torch int4pack {pack_ms:.4f} ms "
+                              f"({100 * pack_frac:.1f}%)")
         torch.cuda.empty_cache()
     tuned = len(quant_gemm_tune.tuned_configs())
     print(f"done in {time.time() - start:.0f} s ({tuned} tuned keys; gemlite {gemlite_s:.0f} s)")
