@@ -53,9 +53,9 @@ def add_ops_options(p: argparse.ArgumentParser) -> None:
                            f"--api-key-file or ${API_KEY_ENV})")
     keys.add_argument("--api-key-file", type=_key_file, metavar="PATH",
                       help=f"read the API key from this file (one line; overrides ${API_KEY_ENV})")
-    p.add_argument("--shutdown-timeout", type=_seconds("--shutdown-timeout", 0.0), default=30.0, metavar="S",
+    p.add_argument("--shutdown-timeout", type=_seconds("--shutdown-timeout", 0.0), default=25.0, metavar="S",
                    help="on SIGTERM/SIGINT, let running requests finish this long, then end them as truncated "
-                        "(default 30)")
+                        "(default 25: inside Kubernetes' default 30 s grace period)")
     p.add_argument("--header-timeout", type=_seconds("--header-timeout", 0.1), default=30.0, metavar="S",
                    help="close connections whose request headers take longer than this (default 30)")
     p.add_argument("--body-timeout", type=_seconds("--body-timeout", 0.1), default=60.0, metavar="S",
