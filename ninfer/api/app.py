@@ -16,7 +16,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
@@ -76,7 +76,7 @@ def _endpoint(handler: Handler, path: str, *, auth: bool = True, with_store: boo
                 log.warning("request %s: %s %s -> %d %s", rid, request.method, request.url.path, err.status,
                             err.code)
             response = _error_response(err, protocol)
-        except ClientGone:
+        except (ClientGone, ClientDisconnect):  # gone while queued or running, or before its body was in
             response = Response(status_code=499)
         except Exception:
             log.exception("request %s: internal error on %s %s", rid, request.method, request.url.path)

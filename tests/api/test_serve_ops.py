@@ -6,6 +6,7 @@ import asyncio
 import logging
 import os
 import signal
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -153,6 +154,22 @@ def test_error_responses_are_counted_by_route_and_status(scripted_server) -> Non
     grown = {key: n - before.get(key, 0.0) for key, n in after.items() if n != before.get(key, 0.0)}
     assert grown == {("/v1/chat/completions", "400"): 2, ("unmatched", "404"): 1, ("/v1/messages", "400"): 1,
                      ("/v1/chat/completions", "200"): 1, ("/metrics", "200"): 1}
+
+
+def test_a_client_gone_before_its_body_arrived_is_a_499_not_an_internal_error(scripted_server, caplog) -> None:
+    server, _ = scripted_server
+    before = _responses(server)
+    host, port = server.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=5) as s:
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: 1000\r\n\r\n{\"model\"")
+        time.sleep(0.2)
+    key = ("/v1/chat/completions", "499")
+    deadline = time.monotonic() + 5
+    while _responses(server).get(key, 0) == before.get(key, 0) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _responses(server).get(key, 0) == before.get(key, 0) + 1
+    assert "internal error" not in caplog.text
 
 
 # -- Retry-After ---------------------------------------------------------------------------------------------
