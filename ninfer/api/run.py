@@ -56,6 +56,7 @@ class Run:
         if svc.drain.interrupted:  # accepted just before the shutdown deadline: it cannot run any more
             self.finished = True
             self._account("rejected", count=False)
+            svc.metrics.rejected("shutdown")
             raise _shutting_down()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + svc.config.pending_timeout_ms / 1000

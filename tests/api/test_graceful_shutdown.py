@@ -1,4 +1,5 @@
-"""SIGTERM to a real ``ninfer serve``: open streams of every protocol end with their terminal events, exit 0.
+"""SIGTERM to a real ``ninfer serve``: open streams of every protocol end with their terminal events, a
+non-streamed answer is truncated, a request still queued gets 503, and the process exits 0.
 
 The checkpoint is the tiny dense model with its stop tokens' LM-head rows zeroed, so that greedy decoding
 never ends a stream by itself: every stream below is still running when the signal comes and must be
@@ -71,6 +72,36 @@ class Stream:
             self.started.set()
 
 
+@dataclass
+class Answer:
+    """One non-streamed request on a thread: its response, or its error."""
+
+    url: str
+    body: dict
+    response: httpx.Response | None = None
+    error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.response = httpx.post(self.url, json=self.body, timeout=60)
+        except BaseException as err:  # noqa: BLE001 - reported by the test
+            self.error = err
+
+
+def _gauge(url: str, name: str) -> float:
+    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"no {name} in /metrics")
+
+
+def _wait_for(predicate, what: str, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
 def _wait_healthy(proc: subprocess.Popen, url: str) -> None:
     deadline = time.monotonic() + 90
     while True:
@@ -88,7 +119,7 @@ def test_sigterm_ends_every_stream_with_its_terminal_event_and_exits_0(endless_c
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     proc = subprocess.Popen([sys.executable, "-m", "ninfer.api.cli", "serve", str(endless_ckpt), "--port", str(port),
-                             "--device", "cpu", "--max-context", "4096", "--max-concurrency", "3", "--greedy",
+                             "--device", "cpu", "--max-context", "4096", "--max-concurrency", "4", "--greedy",
                              "--shutdown-timeout", str(SHUTDOWN_TIMEOUT_S), "--log-level", "info"],
                             env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT)
@@ -101,11 +132,19 @@ def test_sigterm_ends_every_stream_with_its_terminal_event_and_exits_0(endless_c
                                                  "messages": messages}),
                    Stream(url + "/v1/responses", {"model": "m", "stream": True, "max_output_tokens": 3000,
                                                   "input": "Hi"})]
+        running = Answer(url + "/v1/chat/completions", {"model": "m", "max_tokens": 3000, "messages": messages})
+        queued = Answer(url + "/v1/chat/completions", {"model": "m", "max_tokens": 3000, "messages": messages})
         threads = [threading.Thread(target=s.run, daemon=True) for s in streams]
         for t in threads:
             t.start()
         for s in streams:
             assert s.started.wait(60) and s.error is None, s.error
+        threads.append(threading.Thread(target=running.run, daemon=True))
+        threads[-1].start()
+        _wait_for(lambda: _gauge(url, "ninfer_requests_running") == 4, "four requests in lanes")
+        threads.append(threading.Thread(target=queued.run, daemon=True))
+        threads[-1].start()
+        _wait_for(lambda: _gauge(url, "ninfer_http_requests_in_flight") == 5, "a fifth request in the queue")
         sent = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         time.sleep(0.5)  # uvicorn closes the listener at once; a request that still got in would be a 503
@@ -127,7 +166,14 @@ def test_sigterm_ends_every_stream_with_its_terminal_event_and_exits_0(endless_c
     assert elapsed < SHUTDOWN_TIMEOUT_S + 10, f"took {elapsed:.1f} s to exit"
     for s in streams:
         assert s.error is None, (s.url, repr(s.error))
-    assert log.count(" interrupted: ") == 3, log  # every stream ran until the deadline
+    assert log.count(" interrupted: ") == 4, log  # every admitted request ran until the deadline
+
+    assert running.error is None and running.response is not None and running.response.status_code == 200
+    answer = running.response.json()
+    assert answer["choices"][0]["finish_reason"] == "length" and answer["usage"]["completion_tokens"] > 0
+    assert queued.error is None and queued.response is not None and queued.response.status_code == 503
+    assert queued.response.json()["error"]["code"] == "server_shutting_down"
+    assert queued.response.headers["retry-after"] == "5"
 
     chat, anth, resp = streams
     assert chat.frames[-1] == (None, "[DONE]")
