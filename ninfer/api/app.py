@@ -92,9 +92,11 @@ def _endpoint(handler: Handler, path: str, *, auth: bool = True, with_store: boo
 
 async def _health(request: Request, service: Service) -> Response:
     if service.drain.draining:
-        return JSONResponse({"status": "shutting down"}, status_code=503, headers={"retry-after": "5"})
+        return JSONResponse({"status": "shutting down"}, status_code=503,
+                            headers={"retry-after": str(_RETRY_AFTER["server_shutting_down"])})
     if not service.alive:
-        return JSONResponse({"status": "unavailable"}, status_code=503, headers={"retry-after": "10"})
+        return JSONResponse({"status": "unavailable"}, status_code=503,
+                            headers={"retry-after": str(_RETRY_AFTER["engine_unavailable"])})
     return JSONResponse({"status": "ok"})
 
 
