@@ -9,8 +9,9 @@ connection and sends part of its headers, or stops in the middle of a body, hold
 - body: while a request body is being received, no gap between its bytes may exceed ``body_timeout_s``
   (a total bound would cut large uploads over slow links; a stalled one is what to catch).
 
-Past either, the client gets ``408 Request Timeout`` (when no response has started) and the connection is
-closed; an application still waiting for the body then sees the client's disconnect.
+Past either, the client gets ``408 Request Timeout`` (unless its request was already answered, as a body
+over the size limit is) and the connection is closed; an application still waiting for the body then
+sees the client's disconnect.
 """
 from __future__ import annotations
 
@@ -80,7 +81,8 @@ class _GuardedH11(H11Protocol):
             return
         log.info("closing a connection from %s: its request %s did not arrive in time",
                  "%s:%d" % self.client if self.client else "?", "headers" if what == "headers" else "body")
-        if self.cycle is None or self.cycle.response_complete or not self.cycle.response_started:
+        # A new request's head never has a response yet; a body may already have one (a 413 sent early).
+        if what == "headers" or self.cycle is None or not self.cycle.response_started:
             self.transport.write(_REQUEST_TIMEOUT)
         self.transport.close()
 

@@ -20,6 +20,10 @@ async def echo_length(scope, receive, send) -> None:
     """Reads the whole body and answers its length; notes a client that left before the body was in."""
     if scope["type"] != "http":
         return
+    if scope["path"] == "/early":  # answers before the body is in, like a 413 on an oversized body
+        await send({"type": "http.response.start", "status": 413, "headers": [(b"content-length", b"0")]})
+        await send({"type": "http.response.body", "body": b""})
+        return
     size, more = 0, True
     while more:
         message = await receive()
@@ -143,3 +147,10 @@ def test_a_normal_request_is_not_affected(port: int) -> None:
         s.sendall(b"POST /ok HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nConnection: close\r\n\r\nabc")
         data, _ = read_until_closed(s)
     assert data.startswith(b"HTTP/1.1 200 ") and data.endswith(b"3")
+
+
+def test_a_stalled_body_after_an_early_answer_is_closed_without_a_second_response(port: int) -> None:
+    with connect(port) as s:
+        s.sendall(b"POST /early HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n" + b"x" * 10)
+        data, elapsed = read_until_closed(s)
+    assert data.startswith(b"HTTP/1.1 413 ") and b"408" not in data and elapsed < BODY_S + 2
