@@ -75,6 +75,20 @@ def test_the_file_key_is_enforced(llm, tmp_path) -> None:
         assert httpx.get(s.url + "/v1/models", headers={"authorization": "Bearer s3cret"}).status_code == 200
 
 
+@pytest.mark.parametrize("argv", [["--shutdown-timeout", "-1"], ["--shutdown-timeout", "inf"],
+                                  ["--header-timeout", "0"], ["--body-timeout", "slow"]])
+def test_bad_timeout_flags_are_refused(argv: list[str], capsys) -> None:
+    with pytest.raises(SystemExit):
+        _parse(*argv)
+    assert argv[0] in capsys.readouterr().err
+
+
+def test_timeout_flag_defaults() -> None:
+    args = _parse()
+    assert (args.shutdown_timeout, args.header_timeout, args.body_timeout) == (25.0, 30.0, 60.0)
+    assert _parse("--shutdown-timeout", "0").shutdown_timeout == 0.0  # end open requests at once
+
+
 # -- request ids ---------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def scripted_server(llm) -> Iterator[tuple[Server, ScriptedEngine]]:
