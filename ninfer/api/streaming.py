@@ -49,9 +49,11 @@ class _EventStream(EventSourceResponse):
         finally:
             self._on_close()
 
-    async def _listen_for_exit_signal_with_grace(self) -> None:
-        """sse-starlette cuts every open stream mid-body when uvicorn is told to exit; ours end on their own
-        with their protocol's terminal events (``ninfer.api.shutdown``: drained, or interrupted at the deadline)."""
+    @staticmethod
+    async def _listen_for_exit_signal() -> None:
+        """sse-starlette (2.x and 3.x) cuts every open stream mid-body when uvicorn is told to exit; ours end
+        on their own with their protocol's terminal events (``ninfer.api.shutdown``: drained, or interrupted
+        at the deadline)."""
         await anyio.sleep_forever()
 
     async def _send_with_timeout(self, send: Send, message: Message) -> None:
