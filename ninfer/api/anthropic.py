@@ -20,7 +20,7 @@ from typing import Any
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response
 
-from ninfer.api import convert
+from ninfer.api import convert, request_id
 from ninfer.api.errors import APIError, invalid, unsupported
 from ninfer.api.output import OutputStream
 from ninfer.api.sampling import parse_fields
@@ -189,7 +189,7 @@ async def create(request: HTTPRequest, service: Service) -> Response:
     chat, spec, stream = parse(body, media=service.vision is not None)
     prompt = await service.prompt(chat, request)
     req = await service.request_for(prompt, spec)
-    mid = convert.new_id("msg_")
+    mid = request_id.body_id(request, "msg_")
     out = service.output(req, chat)
     run = await service.start(req, request)
     if stream:

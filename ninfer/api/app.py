@@ -1,4 +1,4 @@
-"""The Starlette app: routes, API-key check, per-protocol error shapes, and the engine's lifespan.
+"""The Starlette app: routes, API-key check, request ids, per-protocol error shapes, and the engine's lifespan.
 
 ``create_app(llm, config)`` starts an :class:`~ninfer.runtime.async_engine.AsyncEngine` (the
 engine on its own thread) when the app starts and stops it when the app stops. Tests may pass
@@ -16,13 +16,12 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from ninfer.api import anthropic, openai_chat, openai_responses
+from ninfer.api import anthropic, openai_chat, openai_responses, request_id
 from ninfer.api.config import ServerConfig
-from ninfer.api.convert import new_id
 from ninfer.api.errors import APIError, Protocol
 from ninfer.api.metrics import Metrics
 from ninfer.api.response_store import ResponseStore
@@ -30,6 +29,9 @@ from ninfer.api.service import ClientGone, Service
 
 log = logging.getLogger("ninfer.api")
 Handler = Callable[..., Awaitable[Response]]
+# Seconds a client should wait before retrying a 429 / 503 (Anthropic: 529 / 504), by error code.
+_RETRY_AFTER = {"server_shutting_down": 5, "engine_unavailable": 10}
+_RETRY_STATUSES = (429, 503, 504, 529)
 
 
 def _protocol(path: str) -> Protocol:
@@ -45,16 +47,25 @@ def _authorized(request: Request, key: str) -> bool:
 
 
 def _error_response(err: APIError, protocol: Protocol) -> JSONResponse:
-    return JSONResponse(err.body(protocol), status_code=err.status_for(protocol))
+    status = err.status_for(protocol)
+    response = JSONResponse(err.body(protocol), status_code=status)
+    if status in _RETRY_STATUSES:
+        response.headers["retry-after"] = str(_RETRY_AFTER.get(err.code or "", 1))
+    return response
 
 
-def _endpoint(handler: Handler, *, auth: bool = True, with_store: bool = False) -> Callable[[Request], Any]:
-    """Wrap a handler: API key, request id header, APIError -> protocol error body, no prompt logging."""
+def _endpoint(handler: Handler, path: str, *, auth: bool = True, with_store: bool = False,
+              while_draining: bool = False) -> Callable[[Request], Any]:
+    """Wrap a handler: request id, API key, refusal while shutting down, APIError -> protocol error body,
+    response counts by route and status; no prompt logging."""
     async def route(request: Request) -> Response:
         protocol = _protocol(request.url.path)
-        rid = new_id("req_")
         state = request.app.state
+        rid = None
         try:
+            rid = request.state.request_id = request_id.read(request)
+            if not while_draining and state.service.drain.draining:
+                raise APIError(503, "the server is shutting down; retry the request", code="server_shutting_down")
             if auth and state.config.api_key and not _authorized(request, state.config.api_key):
                 raise APIError(401, "a valid API key is required (Authorization: Bearer KEY or x-api-key: KEY)",
                                code="invalid_api_key")
@@ -62,21 +73,30 @@ def _endpoint(handler: Handler, *, auth: bool = True, with_store: bool = False) 
             response = await handler(request, *args)
         except APIError as err:
             if err.status >= 500:
-                log.warning("%s %s -> %d %s", request.method, request.url.path, err.status, err.code)
+                log.warning("request %s: %s %s -> %d %s", rid, request.method, request.url.path, err.status,
+                            err.code)
             response = _error_response(err, protocol)
-        except ClientGone:
+        except (ClientGone, ClientDisconnect):  # gone while queued or running, or before its body was in
             response = Response(status_code=499)
         except Exception:
-            log.exception("internal error on %s %s", request.method, request.url.path)
+            log.exception("request %s: internal error on %s %s", rid, request.method, request.url.path)
             response = _error_response(APIError(500, "internal server error", code="internal_error"), protocol)
-        response.headers["request-id" if protocol == "anthropic" else "x-request-id"] = rid
+        rid = rid or request_id.new()
+        response.headers[request_id.HEADER] = rid
+        if protocol == "anthropic":
+            response.headers["request-id"] = rid
+        state.service.metrics.responded(path, response.status_code)
         return response
     return route
 
 
 async def _health(request: Request, service: Service) -> Response:
+    if service.drain.draining:
+        return JSONResponse({"status": "shutting down"}, status_code=503,
+                            headers={"retry-after": str(_RETRY_AFTER["server_shutting_down"])})
     if not service.alive:
-        return JSONResponse({"status": "unavailable"}, status_code=503)
+        return JSONResponse({"status": "unavailable"}, status_code=503,
+                            headers={"retry-after": str(_RETRY_AFTER["engine_unavailable"])})
     return JSONResponse({"status": "ok"})
 
 
@@ -106,6 +126,9 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
     message = f"{request.method} {request.url.path}: {exc.detail}"
+    service = getattr(request.app.state, "service", None)
+    if service is not None:
+        service.metrics.responded("unmatched", exc.status_code)  # no route: the raw path would be an unbounded label
     return _error_response(APIError(exc.status_code, message, code=code), _protocol(request.url.path))
 
 
@@ -136,30 +159,32 @@ def create_app(llm: Any, config: ServerConfig | None = None, *, engine: Any = No
             if own:
                 async_engine.shutdown()
 
-    def store_route(path: str, handler: Handler, methods: list[str]) -> Route:
-        return Route(path, _endpoint(handler, with_store=True), methods=methods)
+    def route(path: str, handler: Handler, methods: list[str], **kw: Any) -> Route:
+        return Route(path, _endpoint(handler, path, **kw), methods=methods)
 
-    routes = [
-        Route("/health", _endpoint(_health, auth=False), methods=["GET"]),
-        Route("/metrics", _endpoint(_metrics), methods=["GET"]),
-        Route("/v1/models", _endpoint(_models), methods=["GET"]),
-        Route("/v1/models/{model_id:path}", _endpoint(_model), methods=["GET"]),
-        Route("/v1/chat/completions", _endpoint(openai_chat.handle), methods=["POST"]),
+    def store_route(path: str, handler: Handler, methods: list[str]) -> Route:
+        return route(path, handler, methods, with_store=True)
+
+    routes = [  # while shutting down /health answers 503 itself, and /metrics stays readable
+        route("/health", _health, ["GET"], auth=False, while_draining=True),
+        route("/metrics", _metrics, ["GET"], while_draining=True),
+        route("/v1/models", _models, ["GET"]),
+        route("/v1/models/{model_id:path}", _model, ["GET"]),
+        route("/v1/chat/completions", openai_chat.handle, ["POST"]),
         store_route("/v1/responses", openai_responses.create, ["POST"]),
         store_route("/v1/responses/input_tokens", openai_responses.input_tokens, ["POST"]),
         store_route("/v1/responses/compact", openai_responses.not_supported, ["POST"]),
         store_route("/v1/responses/{response_id}", openai_responses.get, ["GET"]),
-        Route("/v1/responses/{response_id}", _endpoint(openai_responses.delete, with_store=True),
-              methods=["DELETE"]),
+        store_route("/v1/responses/{response_id}", openai_responses.delete, ["DELETE"]),
         store_route("/v1/responses/{response_id}/input_items", openai_responses.list_input_items, ["GET"]),
         store_route("/v1/responses/{response_id}/cancel", openai_responses.not_supported, ["POST"]),
-        Route("/v1/messages", _endpoint(anthropic.create), methods=["POST"]),
-        Route("/v1/messages/count_tokens", _endpoint(anthropic.count_tokens), methods=["POST"]),
+        route("/v1/messages", anthropic.create, ["POST"]),
+        route("/v1/messages/count_tokens", anthropic.count_tokens, ["POST"]),
     ]
     middleware = []
     if config.cors:
         middleware.append(Middleware(CORSMiddleware, allow_origins=["*"], allow_methods=["*"], allow_headers=["*"],
-                                     expose_headers=["x-request-id", "request-id"]))
+                                     expose_headers=["x-request-id", "request-id", "retry-after"]))
     return Starlette(routes=routes, middleware=middleware, lifespan=lifespan,
                      exception_handlers={HTTPException: _http_error})
 

@@ -46,6 +46,7 @@ def _kv_capacity(text: str) -> int | str:
 
 
 def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    from ninfer.api.serve_ops import add_ops_options
     from ninfer.cli import add_spec_options  # the ninfer command imports this module while it builds
 
     p = subparsers.add_parser("serve", help="serve a model over HTTP (OpenAI and Anthropic APIs)",
@@ -54,7 +55,7 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
     p.add_argument("model", nargs="?", help="checkpoint directory or Hugging Face id (default: bundled tiny model)")
     p.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
     p.add_argument("--port", type=_int("--port", 0), default=8080, help="listen port (default 8080)")
-    p.add_argument("--api-key", metavar="KEY", help="require 'Authorization: Bearer KEY' or 'x-api-key: KEY'")
+    add_ops_options(p)
     p.add_argument("--model-id", metavar="ID", help="public model name (default: the checkpoint directory name)")
     p.add_argument("--max-concurrency", type=_int("--max-concurrency"), default=1, metavar="N",
                    help="sequences decoded together, 1..8 (default 1)")
@@ -144,12 +145,13 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
 
 def server_config(args: argparse.Namespace):
     from ninfer.api.config import SamplingOverrides, ServerConfig
+    from ninfer.api.serve_ops import api_key
 
     sampling = SamplingOverrides(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                                  min_p=args.min_p, presence_penalty=args.presence_penalty,
                                  frequency_penalty=args.frequency_penalty,
                                  repetition_penalty=args.repetition_penalty, seed=args.seed, greedy=args.greedy)
-    return ServerConfig(model_id=args.model_id, api_key=args.api_key, max_pending=args.max_pending,
+    return ServerConfig(model_id=args.model_id, api_key=api_key(args), max_pending=args.max_pending,
                         pending_timeout_ms=args.pending_timeout_ms, max_request_bytes=args.max_request_mib << 20,
                         default_max_tokens=args.default_max_tokens, thinking=not args.no_thinking,
                         preserve_thinking=args.preserve_thinking, cors=args.cors,
@@ -190,10 +192,9 @@ def vision_limits(args: argparse.Namespace):
 
 
 def run_serve(args: argparse.Namespace) -> None:
-    import uvicorn
-
     import ninfer
     from ninfer.api.app import create_app
+    from ninfer.api.serve_ops import serve
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s  %(levelname)s  %(message)s")
     config = server_config(args)
@@ -212,7 +213,7 @@ def run_serve(args: argparse.Namespace) -> None:
     # thread could hold it off that long per hand-over (27B int4 on an H200, 512-token prompts: the HTTP
     # TTFT overhead over the library API went from +23.5% to +6.8% at 0.5 ms, docs/performance.md).
     sys.setswitchinterval(args.switch_interval_ms / 1e3)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
+    serve(app, args)
 
 
 def _with_model_id(config, model: str):

@@ -67,6 +67,9 @@ class Metrics:
                                   buckets=_LATENCY_BUCKETS, registry=r)
         self.queue_time = Histogram("ninfer_request_queue_seconds", "Arrival to admission into a lane",
                                     buckets=_LATENCY_BUCKETS, registry=r)
+        self.http_responses = Counter("ninfer_http_responses", "HTTP responses by route template and status "
+                                      "(errors included: 4xx validation, auth, overload; 5xx)",
+                                      ["route", "status"], registry=r)
         self.http_pending = Gauge("ninfer_http_requests_in_flight", "Generation requests the server holds",
                                   registry=r)
         names = {"running": "ninfer_requests_running", "waiting": "ninfer_requests_waiting",
@@ -100,6 +103,10 @@ class Metrics:
                  "resumes": "Paused requests resumed (total)",
                  "pause_host_bytes": "Host memory held by snapshots of paused requests"}
         self.engine_gauges = {k: Gauge(n, helps[k], registry=r) for k, n in names.items()}
+
+    def responded(self, route: str, status: int) -> None:
+        """Count one HTTP response; ``route`` is the route's template (bounded label values)."""
+        self.http_responses.labels(route=route, status=str(status)).inc()
 
     def rejected(self, outcome: str) -> None:
         self.requests.labels(outcome=outcome).inc()

@@ -14,7 +14,7 @@ from typing import Any
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response
 
-from ninfer.api import convert
+from ninfer.api import convert, request_id
 from ninfer.api.errors import APIError, invalid, unsupported
 from ninfer.api.output import Collected, OutputStream, Usage
 from ninfer.api.sampling import parse_fields
@@ -135,7 +135,7 @@ async def handle(request: HTTPRequest, service: Service) -> Response:
     body = await read_json(request, service.config.max_request_bytes)
     chat, spec, stream, include_usage = parse(body, service.config.max_stop, service.vision is not None)
     prompt = await service.prompt(chat, request)
-    created, cid = int(time.time()), convert.new_id("chatcmpl-")
+    created, cid = int(time.time()), request_id.body_id(request, "chatcmpl-")
     if spec.max_tokens == 0:  # process the prompt only: nothing to generate
         service.check_context(len(prompt.ids))
         return JSONResponse(_empty(service, cid, created, len(prompt.ids)))

@@ -17,7 +17,7 @@ from typing import Any
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response
 
-from ninfer.api import convert
+from ninfer.api import convert, request_id
 from ninfer.api import responses_items as items_
 from ninfer.api.errors import APIError, invalid, unsupported
 from ninfer.api.output import OutputStream
@@ -133,7 +133,7 @@ async def _prepare(request: HTTPRequest, service: Service, store: Any) -> tuple[
 async def create(request: HTTPRequest, service: Service, store: Any) -> Response:
     p, prompt = await _prepare(request, service, store)
     req = await service.request_for(prompt, p.spec)
-    rid, created = convert.new_id("resp_"), int(time.time())
+    rid, created = request_id.body_id(request, "resp_"), int(time.time())
     out = service.output(req, p.chat)
     run = await service.start(req, request)
     if p.stream:

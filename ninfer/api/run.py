@@ -2,7 +2,8 @@
 
 :meth:`Run.admit` waits until the engine admits the request (429/503/400 can still be HTTP
 statuses then); :meth:`Run.events` yields the engine's events; :meth:`Run.close` cancels the
-request if it still runs (client gone, error), freeing its lane, pages and slot.
+request if it still runs (client gone, error), freeing its lane, pages and slot; :meth:`Run.interrupt`
+(server shutdown) cancels it too but lets its stream end normally, as a truncated answer.
 """
 from __future__ import annotations
 
@@ -42,12 +43,21 @@ class Run:
         self.finished = False  # the engine sent the finished event
         self.closed = False  # accounted for (in-flight count, metrics)
         self.generated = 0
+        self.interrupted = False  # ended by the server's shutdown: reported as truncated ("length")
+        self.log_id = req.request_id  # the HTTP request id once admission knows the HTTP request
         self._start = time.perf_counter()
         service.in_flight += 1
+        service.drain.opened(self)
 
     async def admit(self, http: HTTPRequest | None) -> None:
         """Wait for admission; a client that disconnects meanwhile withdraws its request (ClientGone)."""
         svc = self.service
+        self.log_id = getattr(getattr(http, "state", None), "request_id", None) or self.log_id
+        if svc.drain.interrupted:  # accepted just before the shutdown deadline: it cannot run any more
+            self.finished = True
+            self._account("rejected", count=False)
+            svc.metrics.rejected("shutdown")
+            raise _shutting_down()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + svc.config.pending_timeout_ms / 1000
         self._next = asyncio.ensure_future(self._events.__anext__())
@@ -88,6 +98,12 @@ class Run:
         assert self._next is not None
         err = self._next.exception()
         if err is None:
+            if self.interrupted and self._next.result().finished:  # interrupted before it produced anything
+                self._next = None
+                self.finished = True
+                self._account("rejected", count=False)
+                self.service.metrics.rejected("shutdown")
+                raise _shutting_down()
             return
         self._next = None
         self.finished = True  # the stream is over: nothing to cancel
@@ -123,7 +139,10 @@ class Run:
                 if event.finished:
                     self.finished = True
                     await self._events.aclose()
-                    self._account(event.finish_reason or "stop")
+                    outcome = event.finish_reason or "stop"
+                    if self.interrupted and outcome == "cancelled":
+                        event.finish_reason, outcome = "length", "interrupted"
+                    self._account(outcome)
                 yield event
         finally:
             if watch is not None:
@@ -166,6 +185,13 @@ class Run:
             raise err
         return out.collected()
 
+    def interrupt(self) -> None:
+        """End the request early for a shutdown: the engine cancels it and its final event, which the
+        response still renders with its protocol's terminal events, reports a truncated answer."""
+        if not self.finished and not self.interrupted:
+            self.interrupted = True
+            self.service.engine.cancel(self.req.request_id)
+
     def close(self, outcome: str = "cancelled", count: bool = True) -> None:
         """Cancel the request if it still runs. Idempotent, and never awaits: safe while being cancelled."""
         if not self.finished:
@@ -182,13 +208,18 @@ class Run:
             return
         self.closed = True
         self.service.in_flight -= 1
+        self.service.drain.closed(self)
         if not count:
             return
         req, elapsed = self.req, time.perf_counter() - self._start
         ttft = req.first_token_time - req.arrival if req.first_token_time is not None else None
         self.service.metrics.finished(outcome, self.generated, ttft, elapsed)
-        log.info("request %s %s: prompt %d tok, generated %d tok, %.3f s", req.request_id, outcome,
+        log.info("request %s %s: prompt %d tok, generated %d tok, %.3f s", self.log_id, outcome,
                  len(req.prompt_ids), self.generated, elapsed)
+
+
+def _shutting_down() -> APIError:
+    return APIError(503, "the server is shutting down; retry the request", code="server_shutting_down")
 
 
 def _close_soon(agen: Any) -> None:

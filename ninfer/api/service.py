@@ -31,6 +31,7 @@ from ninfer.api.metrics import Metrics
 from ninfer.api.output import OutputStream
 from ninfer.api.run import ClientGone, Run, _watch_disconnect
 from ninfer.api.sampling import resolve
+from ninfer.api.shutdown import Drain
 from ninfer.runtime.prefix_cache import chat_checkpoint_marks
 from ninfer.runtime.request import Request
 from ninfer.runtime.sampling import preset_key
@@ -87,6 +88,7 @@ class Service:
         self.max_context: int = llm.engine.config.max_context
         self.lanes: int = llm.engine.config.max_concurrency
         self.in_flight = 0
+        self.drain = Drain()  # open runs, for the graceful shutdown
         template = getattr(self.tokenizer.hf, "chat_template", None) or ""
         self.template_has_effort = "reasoning_effort" in template
         self.preset = preset_key(model_id, str(llm.model_dir))

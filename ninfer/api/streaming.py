@@ -15,6 +15,7 @@ import json
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import anyio
 from sse_starlette.event import ServerSentEvent, ensure_bytes
 from sse_starlette.sse import EventSourceResponse
 from starlette.types import Message, Receive, Scope, Send
@@ -47,6 +48,13 @@ class _EventStream(EventSourceResponse):
             await super().__call__(scope, receive, send)
         finally:
             self._on_close()
+
+    @staticmethod
+    async def _listen_for_exit_signal() -> None:
+        """sse-starlette (2.x and 3.x) cuts every open stream mid-body when uvicorn is told to exit; ours end
+        on their own with their protocol's terminal events (``ninfer.api.shutdown``: drained, or interrupted
+        at the deadline)."""
+        await anyio.sleep_forever()
 
     async def _send_with_timeout(self, send: Send, message: Message) -> None:
         """sse-starlette (3.x) wraps every send, one per token, in ``anyio.move_on_after(send_timeout)``;
