@@ -83,8 +83,8 @@ class MTPHead(nn.Module):
         The tensors become the parameters without a copy (they are already on the device in the
         model dtype), except that per-expert MoE tensors are stacked into the fused ``[E, 2I, H]`` /
         ``[E, H, I]`` parameters, gate rows first, and the parts of each fused projection into its
-        rows (``q_proj``, ``k_proj``, ``v_proj`` into ``qkv_proj``, ...). Raises :class:`CheckpointError` naming the
-        first missing, unexpected or misshapen tensor.
+        rows (``q_proj``, ``k_proj``, ``v_proj`` into ``qkv_proj``, ...). Raises :class:`CheckpointError`
+        naming the first missing, unexpected or misshapen tensor.
         """
         if not tensors:
             raise CheckpointError("the checkpoint has no mtp.* tensors: this model has no MTP head to draft with")
