@@ -102,20 +102,30 @@ def test_module_plan_resolves_parts_to_one_format() -> None:
         module_plan({"gate_proj": "fp8-b128", "up_proj": "fp8-b128"}, parts)
 
 
+@pytest.mark.parametrize("layout", ["fp8-per-tensor", "modelopt-nvfp4"])
 def test_prequantized_parts_with_their_own_per_tensor_scales_load_exactly(dense_ckpt: TinyCheckpoint,
-                                                                         tmp_path: Path) -> None:
-    """FP8 q/k/v with different per-tensor scales: each part's scale becomes its rows' scales."""
+                                                                         tmp_path: Path, layout: str) -> None:
+    """q/k/v quantized with different per-tensor scales (fp8's scale, nvfp4's global scale): each part's
+    scale becomes its rows' scales, so the fused module dequantizes to the parts exactly."""
     tensors = load_file(str(dense_ckpt.path / "model.safetensors"))
     out, expect = dict(tensors), []
     for i, proj in enumerate(("q", "k", "v")):
         key = f"model.layers.3.self_attn.{proj}_proj.weight"
-        scale = torch.tensor(0.01 * (i + 1))
-        q = (tensors[key].float() / scale).to(torch.float8_e4m3fn)
-        out[key], out[key.replace(".weight", ".weight_scale")] = q, scale
-        expect.append(q.float() * scale)
-    shutil.copytree(dense_ckpt.path, tmp_path / "fp8", ignore=shutil.ignore_patterns("*.safetensors"))
-    save_file(out, str(tmp_path / "fp8" / "model.safetensors"))
-    llm = ninfer.load(tmp_path / "fp8", device="cpu", progress=False)
+        w = tensors[key].float() * (i + 1)  # another range per part
+        if layout == "fp8-per-tensor":
+            scale = w.abs().max() / 448
+            q = (w / scale).to(torch.float8_e4m3fn)
+            out[key], out[key.replace(".weight", ".weight_scale")] = q, scale
+            expect.append(q.float() * scale)
+        else:
+            packed = quantize(w, "nvfp4")
+            out[key] = packed.tensors["qweight"]
+            out[key.replace(".weight", ".weight_scale")] = packed.tensors["scales"]
+            out[key.replace(".weight", ".weight_scale_2")] = packed.tensors["global_scale"][0].clone()
+            expect.append(packed.dequantize())
+    shutil.copytree(dense_ckpt.path, tmp_path / "q", ignore=shutil.ignore_patterns("*.safetensors"))
+    save_file(out, str(tmp_path / "q" / "model.safetensors"))
+    llm = ninfer.load(tmp_path / "q", device="cpu", progress=False)
     qkv = llm.model.layers[3].self_attn.qkv_proj
-    assert isinstance(qkv, QuantLinear) and qkv.format.name == "fp8"
+    assert isinstance(qkv, QuantLinear) and qkv.format.name == ("fp8" if layout == "fp8-per-tensor" else "nvfp4")
     assert torch.equal(qkv.dequantize(torch.float32), torch.cat(expect))
