@@ -2,9 +2,11 @@
 
 Checkpoint quirks live here and only here: the ``model.language_model.`` / ``model.`` key
 prefixes, MoE experts stored per expert (stacked on the fly into ``[E, ...]``, float weights or
-the packed tensors of pre-quantized checkpoints), optional ``mtp.*`` and ``model.visual.*``
-components. Tensors go straight from the file to their final device and dtype one at a time, so
-the weights never exist twice in full.
+the packed tensors of pre-quantized checkpoints), projections the model fuses (the checkpoint's
+``mlp.gate_proj`` and ``mlp.up_proj`` fill rows ``[0, I)`` and ``[I, 2I)`` of ``mlp.gate_up_proj``;
+a stored fused tensor loads as well: :func:`fused_parts`), optional ``mtp.*`` and ``model.visual.*``
+components. Tensors go straight from the file to their final device and dtype one at a time, so the
+weights never exist twice in full.
 """
 from __future__ import annotations
 
@@ -81,6 +83,29 @@ class LoadReport:
     vision_keys: list[str] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class RowSlice:
+    """Where one checkpoint projection lives inside a fused one: rows ``[start, stop)`` of ``module``."""
+
+    module: str
+    start: int
+    stop: int
+
+
+def fused_parts(model: nn.Module, prefix: str = "") -> dict[str, RowSlice]:
+    """Checkpoint projection name (``layers.0.mlp.gate_proj``) -> its rows in the fused module holding it,
+    for every module of ``model`` that declares ``fused_rows`` (see ``ninfer.models.layers``)."""
+    out = {}
+    for owner_name, owner in model.named_modules(prefix=prefix.rstrip(".")):
+        head = f"{owner_name}." if owner_name else ""
+        for fused, parts in getattr(owner, "fused_rows", {}).items():
+            start = 0
+            for part, rows in parts:
+                out[head + part] = RowSlice(head + fused, start, start + rows)
+                start += rows
+    return out
+
+
 def canonical_name(key: str) -> tuple[str, str]:
     """``(component, name)``: component is ``text``, ``mtp`` or ``vision``; name drops the layout prefix."""
     if key.startswith("mtp."):
@@ -150,6 +175,7 @@ def load_weights(
     """
     params = dict(model.named_parameters())
     stacks = {name: m for name, m in model.named_modules() if hasattr(m, "rows_view")}  # quantized weights
+    parts = fused_parts(model)
     files = checkpoint_files(model_dir)
     report = LoadReport()
     # Vision weights are not read at all here: the vision tower loads them when vision is enabled.
@@ -162,7 +188,7 @@ def load_weights(
     for raw_key, raw in _iter_tensors(files, device):
         bar.update(raw.numel() * raw.element_size())
         for key, tensor in (translate(raw_key, raw) if translate else [(raw_key, raw)]):
-            _place(key, tensor, params, stacks, filled, expert_parts, report, dtype, tied_lm_head)
+            _place(key, tensor, params, stacks, parts, filled, expert_parts, report, dtype, tied_lm_head)
     bar.close()
     for (stacked, part), count in expert_parts.items():
         suffix = "" if part == "weight" else f".{part}"
@@ -170,17 +196,53 @@ def load_weights(
         if count != expected:
             raise CheckpointError(f"{stacked}: found {count} per-expert {part} tensors, expected {expected}")
         filled.update({f"{stacked}.gate_up_proj{suffix}", f"{stacked}.down_proj{suffix}"})
-    missing = sorted(set(params) - filled)
+    missing = _missing(params, parts, filled)
     if missing:
         shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
         raise CheckpointError(f"checkpoint {model_dir} is missing {len(missing)} tensors: {shown}")
     return report
 
 
+def _missing(params: dict[str, nn.Parameter], parts: dict[str, RowSlice], filled: set[str]) -> list[str]:
+    """The checkpoint tensors that no loaded tensor filled: a fused parameter is filled by itself or by
+    all its parts (the same field of each)."""
+    by_module: dict[str, list[str]] = {}
+    for part, where in parts.items():
+        by_module.setdefault(where.module, []).append(part)
+    missing = []
+    for name in params:
+        module, _, field_name = name.rpartition(".")
+        if name in filled:
+            continue
+        if module not in by_module:
+            missing.append(name)
+        else:
+            missing += [n for part in by_module[module] if (n := f"{part}.{field_name}") not in filled]
+    return sorted(missing)
+
+
+def _fused_slice(key: str, base: str, field_name: str, where: RowSlice, params: dict[str, nn.Parameter],
+                 stacks: dict[str, nn.Module]) -> torch.Tensor:
+    """The rows of a fused parameter that checkpoint tensor ``key`` (field ``field_name`` of projection ``base``)
+    fills: a row slice of a float weight, or the part of each packed tensor holding those rows."""
+    target = f"{where.module}.{field_name}"
+    if target not in params:
+        raise CheckpointError(f"unexpected tensor {key}: {base} is part of {where.module}, which holds "
+                              f"{sorted(n.rpartition('.')[2] for n in params if n.startswith(where.module + '.'))}")
+    if where.module not in stacks:
+        return params[target].data[where.start:where.stop]
+    try:
+        return stacks[where.module].rows_view(field_name, where.start, where.stop)
+    except ValueError as err:
+        raise CheckpointError(f"tensor {key} cannot fill rows [{where.start}, {where.stop}) of the fused "
+                              f"{where.module}: {err}") from None
+
+
 def _place(key: str, tensor: torch.Tensor, params: dict[str, nn.Parameter], stacks: dict[str, nn.Module],
-           filled: set[str], expert_parts: dict[tuple[str, str], int], report: LoadReport, dtype: torch.dtype,
-           tied_lm_head: bool) -> None:
-    """Put one checkpoint tensor where it belongs: a parameter, a slice of stacked experts, or the report."""
+           parts: dict[str, RowSlice], filled: set[str], expert_parts: dict[tuple[str, str], int],
+           report: LoadReport, dtype: torch.dtype, tied_lm_head: bool) -> None:
+    """Put one checkpoint tensor where it belongs: a parameter, rows of a fused projection, a slice of
+    stacked experts, or the report."""
     component, name = canonical_name(key)
     if component == "mtp":
         report.mtp[name] = tensor.to(torch.float32 if FP32_PARAMS.search(name) else dtype)
@@ -197,6 +259,13 @@ def _place(key: str, tensor: torch.Tensor, params: dict[str, nn.Parameter], stac
             raise CheckpointError(f"tensor {key}: expert {expert} is beyond num_experts in config.json")
         _copy(key, _expert_slice(params, stacks, stacked, expert, proj, part), tensor)
         expert_parts[(stacked, part)] = expert_parts.get((stacked, part), 0) + 1
+        return
+    base, _, field_name = name.rpartition(".")
+    if base in parts:
+        if name in filled:
+            raise CheckpointError(f"tensor {key} appears twice in the checkpoint")
+        _copy(key, _fused_slice(key, base, field_name, parts[base], params, stacks), tensor)
+        filled.add(name)
         return
     if name not in params:
         raise CheckpointError(f"unexpected tensor {key} (no parameter {name!r} in a model built from config.json)")

@@ -1,15 +1,21 @@
 """Building blocks of the Qwen3.5 text decoder, written to read like the math (reference §4-§8).
 
-Parameter names equal the checkpoint's keys, so loading is a plain name match. Tokens are packed
+Parameter names equal the checkpoint's keys, so loading is a plain name match, except for fused
+projections: several projections of one input stored as one module over their stacked rows, so that
+they run as one GEMM (at decode every projection is a launch, and a gap before the next one). A module
+holding them declares ``fused_rows``: fused attribute -> the checkpoint projections it stacks, in row
+order, with their row counts; the loader fills each part's rows from the checkpoint's separate tensors
+(``ninfer.checkpoint.fused_parts``) and recipes select formats by the parts' names. Tokens are packed
 ``[N, ...]``; a :class:`ForwardBatch` says which sequence each token belongs to.
 """
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ninfer.config import ModelConfig
-from ninfer.kernels.activations import swiglu
+from ninfer.kernels.activations import swiglu as swiglu_op
 from ninfer.kernels.attention import paged_attention, write_kv
 from ninfer.kernels.conv import causal_conv1d, save_conv_windows
 from ninfer.kernels.deltanet import gated_delta_rule
@@ -17,11 +23,25 @@ from ninfer.kernels.norms import gated_rms_norm, rms_norm
 from ninfer.kernels.rope import qk_norm_rope
 from ninfer.models.batch import ForwardBatch
 from ninfer.models.cache import ModelCache
-from ninfer.models.fused import FusedRows, fuse_into, fused_of
+
+FusedRows = dict[str, tuple[tuple[str, int], ...]]  # fused attribute -> ((part attribute, rows), ...)
 
 
 def linear(in_features: int, out_features: int) -> nn.Linear:
     return nn.Linear(in_features, out_features, bias=False)
+
+
+class GateUpLinear(nn.Linear):
+    """The stacked gate/up projection of a SwiGLU MLP (gate rows first). Its forward takes the
+    ``swiglu`` flag of :class:`ninfer.quant.linear.QuantLinear`, so the MLP reads the same float or
+    quantized: quantized weights apply SwiGLU in the GEMM's epilogue, float ones in the SwiGLU kernel."""
+
+    def __init__(self, in_features: int, intermediate_size: int) -> None:
+        super().__init__(in_features, 2 * intermediate_size, bias=False)
+
+    def forward(self, x: torch.Tensor, swiglu: bool = False) -> torch.Tensor:
+        y = F.linear(x, self.weight)
+        return swiglu_op(y) if swiglu else y
 
 
 class RMSNorm(nn.Module):
@@ -49,35 +69,17 @@ class GatedRMSNorm(nn.Module):
 
 
 class MLP(nn.Module):
-    """Dense SwiGLU feed-forward: ``down(silu(gate(x)) * up(x))``.
-
-    After :meth:`fuse_` gate and up are one GEMM over their stacked rows (:mod:`ninfer.models.fused`):
-    quantized weights apply SwiGLU in its epilogue, float ones feed the SwiGLU kernel without a
-    concatenation. ``gate_proj`` / ``up_proj`` stay, as views of the stacked storage.
-    """
+    """Dense SwiGLU feed-forward: ``down(silu(gate(x)) * up(x))``, gate and up as one GEMM."""
 
     def __init__(self, hidden_size: int, intermediate_size: int) -> None:
         super().__init__()
-        self.gate_proj = linear(hidden_size, intermediate_size)
-        self.up_proj = linear(hidden_size, intermediate_size)
+        self.gate_up_proj = GateUpLinear(hidden_size, intermediate_size)
         self.down_proj = linear(intermediate_size, hidden_size)
+        self.fused_rows: FusedRows = {"gate_up_proj": (("gate_proj", intermediate_size),
+                                                       ("up_proj", intermediate_size))}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        fused = self.gate_up
-        if fused is None:
-            return self.down_proj(swiglu(torch.cat([self.gate_proj(x), self.up_proj(x)], dim=-1)))
-        if isinstance(fused.weight, torch.Tensor):
-            return self.down_proj(swiglu(fused(x)))
-        return self.down_proj(fused(x, swiglu=True))
-
-    @property
-    def gate_up(self) -> FusedRows | None:
-        """The fused gate/up projection, or None (unfused, or a parameter replaced since)."""
-        return fused_of(self, "_gate_up")
-
-    def fuse_(self) -> bool:
-        """Fuse gate and up (:func:`ninfer.models.fused.fuse_into`)."""
-        return fuse_into(self, "_gate_up", [self.gate_proj, self.up_proj])
+        return self.down_proj(self.gate_up_proj(x, swiglu=True))
 
 
 class GatedAttention(nn.Module):
@@ -89,10 +91,12 @@ class GatedAttention(nn.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = (
             config.num_attention_heads, config.num_key_value_heads, config.head_dim)
         hidden = config.hidden_size
-        # q_proj rows interleave per head: [query_h | gate_h] blocks of head_dim each.
-        self.q_proj = linear(hidden, 2 * self.num_heads * self.head_dim)
-        self.k_proj = linear(hidden, self.num_kv_heads * self.head_dim)
-        self.v_proj = linear(hidden, self.num_kv_heads * self.head_dim)
+        # Rows: the checkpoint's q_proj (interleaved per head: [query_h | gate_h] blocks of head_dim
+        # each), then k_proj, then v_proj.
+        q_rows, kv_rows = 2 * self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.qkv_proj = linear(hidden, q_rows + 2 * kv_rows)
+        self.qkv_sizes = [q_rows, kv_rows, kv_rows]
+        self.fused_rows: FusedRows = {"qkv_proj": (("q_proj", q_rows), ("k_proj", kv_rows), ("v_proj", kv_rows))}
         self.o_proj = linear(self.num_heads * self.head_dim, hidden)
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
@@ -101,11 +105,7 @@ class GatedAttention(nn.Module):
         self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], batch: ForwardBatch, cache: ModelCache
     ) -> torch.Tensor:
         n = x.shape[0]
-        fused = self.qkv_proj
-        if fused is None:
-            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        else:  # one GEMM, three column views (the kernels below take row strides)
-            q, k, v = fused(x).split(fused.sizes, dim=-1)
+        q, k, v = self.qkv_proj(x).split(self.qkv_sizes, dim=-1)  # column views: the kernels take row strides
         q, gate = q.view(n, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
         k = k.view(n, self.num_kv_heads, self.head_dim)
         v = v.view(n, self.num_kv_heads, self.head_dim)
@@ -118,15 +118,6 @@ class GatedAttention(nn.Module):
         o = paged_attention(q, kv, batch.block_tables, batch.cu_seqlens, batch.context_lens,
                             self.head_dim ** -0.5, batch.max_seqlen, gate=gate)
         return self.o_proj(o.reshape(n, -1))
-
-    @property
-    def qkv_proj(self) -> FusedRows | None:
-        """``q_proj``, ``k_proj`` and ``v_proj`` as one projection (:mod:`ninfer.models.fused`), or None."""
-        return fused_of(self, "_qkv")
-
-    def fuse_(self) -> bool:
-        """Fuse the q, k and v projections (:func:`ninfer.models.fused.fuse_into`)."""
-        return fuse_into(self, "_qkv", [self.q_proj, self.k_proj, self.v_proj])
 
 
 class GatedDeltaNet(nn.Module):
@@ -141,8 +132,9 @@ class GatedDeltaNet(nn.Module):
         hidden = config.hidden_size
         self.in_proj_qkv = linear(hidden, config.conv_dim)  # rows: q, k, v; each head-major
         self.in_proj_z = linear(hidden, self.value_dim)
-        self.in_proj_b = linear(hidden, self.num_v_heads)
-        self.in_proj_a = linear(hidden, self.num_v_heads)
+        self.in_proj_ab = linear(hidden, 2 * self.num_v_heads)  # rows: in_proj_a, then in_proj_b
+        self.fused_rows: FusedRows = {"in_proj_ab": (("in_proj_a", self.num_v_heads),
+                                                     ("in_proj_b", self.num_v_heads))}
         self.conv1d = nn.Module()
         self.conv1d.weight = nn.Parameter(torch.zeros(config.conv_dim, 1, config.linear_conv_kernel_dim))
         # Decay parameters stay fp32 whatever the model dtype: exp(A_log) overflows in fp16.
@@ -159,11 +151,7 @@ class GatedDeltaNet(nn.Module):
         mixed = causal_conv1d(qkv, self.conv1d.weight[:, 0, :], cache.conv[self.layer_idx],
                               batch.cu_seqlens, batch.state_slots, batch.max_seqlen, batch.state_out_slots)
         q, k, v = mixed.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
-        ab = self.in_proj_ab
-        if ab is None:
-            a, b = self.in_proj_a(x), self.in_proj_b(x)
-        else:  # one GEMM, two column views (the kernels take row strides)
-            a, b = ab(x).split(ab.sizes, dim=-1)
+        a, b = self.in_proj_ab(x).split(self.num_v_heads, dim=-1)  # column views: the kernels take row strides
         o = gated_delta_rule(
             q.reshape(n, self.num_k_heads, self.head_k_dim), k.reshape(n, self.num_k_heads, self.head_k_dim),
             v.reshape(n, self.num_v_heads, self.head_v_dim), a, b,
@@ -174,12 +162,3 @@ class GatedDeltaNet(nn.Module):
         z = self.in_proj_z(x).reshape(n * self.num_v_heads, self.head_v_dim)
         o = self.norm(o.reshape(n * self.num_v_heads, self.head_v_dim), z)
         return self.out_proj(o.reshape(n, self.value_dim))
-
-    @property
-    def in_proj_ab(self) -> FusedRows | None:
-        """``in_proj_a`` and ``in_proj_b`` as one projection (:mod:`ninfer.models.fused`), or None."""
-        return fused_of(self, "_ab")
-
-    def fuse_(self) -> bool:
-        """Fuse ``in_proj_a`` and ``in_proj_b`` (:func:`ninfer.models.fused.fuse_into`)."""
-        return fuse_into(self, "_ab", [self.in_proj_a, self.in_proj_b])

@@ -4,12 +4,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ninfer.config import ModelConfig
 from ninfer.kernels.moe import moe_experts, route_topk
-from ninfer.models.fused import FusedRows, fuse_into, fused_of
-from ninfer.models.layers import MLP, linear
+from ninfer.models.layers import MLP, FusedRows, linear
 
 if TYPE_CHECKING:
     from ninfer.quant.formats import QuantizedTensor
@@ -32,39 +32,31 @@ class Experts(nn.Module):
 
 
 class SparseMoeBlock(nn.Module):
+    """Top-k routed experts plus the shared expert, scaled by ``sigmoid`` of its gate logit."""
+
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.top_k = config.num_experts_per_tok
-        self.gate = linear(config.hidden_size, config.num_experts)
+        self.top_k, self.num_experts = config.num_experts_per_tok, config.num_experts
+        # The router (the checkpoint's ``gate``, E rows) and the shared expert's 1-row gate read the
+        # same x: as one GEMM they save the 1-output GEMM's two launches per layer at decode (cuBLAS
+        # runs it as a dot and a reduce), ~0.2 ms of the 35B-A3B batch-1 step's 4.8 ms.
+        self.router = linear(config.hidden_size, config.num_experts + 1)
+        self.fused_rows: FusedRows = {"router": (("gate", config.num_experts), ("shared_expert_gate", 1))}
         self.experts = Experts(config.num_experts, config.hidden_size, config.moe_intermediate_size)
         self.shared_expert = MLP(config.hidden_size, config.shared_expert_intermediate_size)
-        self.shared_expert_gate = linear(config.hidden_size, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        router_logits, shared_logit = self._router_and_shared_gate(x)
+        router_logits, shared_logit = self._router_logits(x)
         weights, ids = route_topk(router_logits, self.top_k)
         routed = moe_experts(x, _stack(self.experts.gate_up_proj), _stack(self.experts.down_proj), weights, ids)
         return routed + torch.sigmoid(shared_logit) * self.shared_expert(x)
 
-    def _router_and_shared_gate(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Router logits ``[T, E]`` and the shared expert's gate logit ``[T, 1]``.
-
-        Both are small projections of the same ``x``; after :meth:`fuse_` they run on CUDA as one GEMM
-        over their stacked ``[E + 1, H]`` rows (views of its output), which saves the 1-output GEMM's
-        two launches per layer at decode (cuBLAS runs it as a dot and a reduce): ~0.2 ms of the
-        35B-A3B batch-1 step's 4.8 ms, which is launch-bound. CPU runs (the reference path) keep two
-        projections: a CPU GEMM's rounding of the gate column then depended on the number of rows, so
-        chunked and one-pass prefills differed by 1.5e-5 in fp32."""
-        fused = self.router_and_shared_gate if x.is_cuda else None
-        if fused is None:
-            return self.gate(x), self.shared_expert_gate(x)
-        return fused(x).split(fused.sizes, dim=-1)
-
-    @property
-    def router_and_shared_gate(self) -> FusedRows | None:
-        """``gate`` and ``shared_expert_gate`` as one projection (:mod:`ninfer.models.fused`), or None."""
-        return fused_of(self, "_router")
-
-    def fuse_(self) -> bool:
-        """Fuse the router with the shared expert's gate (:func:`ninfer.models.fused.fuse_into`)."""
-        return fuse_into(self, "_router", [self.gate, self.shared_expert_gate])
+    def _router_logits(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Router logits ``[T, E]`` and the shared expert's gate logit ``[T, 1]``: on CUDA one GEMM over
+        the stacked rows. The CPU reference runs two GEMMs over row views of the same float weight: a CPU
+        GEMM rounds the gate column differently with the number of rows, so chunked and one-pass prefills
+        differed by 1.5e-5 in fp32."""
+        if x.is_cuda or not isinstance(self.router, nn.Linear):
+            return self.router(x).split([self.num_experts, 1], dim=-1)
+        weight = self.router.weight
+        return F.linear(x, weight[:self.num_experts]), F.linear(x, weight[self.num_experts:])

@@ -19,7 +19,7 @@ import re
 import torch
 from torch import nn
 
-from ninfer.checkpoint import CheckpointError
+from ninfer.checkpoint import CheckpointError, fused_parts
 from ninfer.config import ModelConfig
 from ninfer.kernels.rope import mrope_cos_sin, rope_inv_freq
 from ninfer.models.batch import ForwardBatch
@@ -81,9 +81,10 @@ class MTPHead(nn.Module):
         """Build the head from ``LoadReport.mtp`` (``mtp.*`` tensors, prefix removed).
 
         The tensors become the parameters without a copy (they are already on the device in the
-        model dtype); per-expert MoE tensors are stacked into the fused ``[E, 2I, H]`` /
-        ``[E, H, I]`` parameters, gate rows first. Raises :class:`CheckpointError` naming the
-        first missing, unexpected or misshapen tensor.
+        model dtype), except that per-expert MoE tensors are stacked into the fused ``[E, 2I, H]`` /
+        ``[E, H, I]`` parameters, gate rows first, and the parts of each fused projection into its
+        rows (``q_proj``, ``k_proj``, ``v_proj`` into ``qkv_proj``, ...). Raises :class:`CheckpointError`
+        naming the first missing, unexpected or misshapen tensor.
         """
         if not tensors:
             raise CheckpointError("the checkpoint has no mtp.* tensors: this model has no MTP head to draft with")
@@ -93,7 +94,7 @@ class MTPHead(nn.Module):
         with torch.device("meta"):
             head = cls(model.config, model)
         dtype = model.dtype
-        tensors = _stack_experts(head, tensors)
+        tensors = _stack_fused(head, _stack_experts(head, tensors))
         expected = dict(head.named_parameters())
         unexpected = sorted(set(tensors) - set(expected))
         if unexpected:
@@ -167,6 +168,36 @@ def _stack_experts(head: MTPHead, tensors: dict[str, torch.Tensor]) -> dict[str,
         down.append(parts[(e, "down")])
     out["layers.0.mlp.experts.gate_up_proj"] = torch.stack(gate_up)
     out["layers.0.mlp.experts.down_proj"] = torch.stack(down)
+    return out
+
+
+def _stack_fused(head: MTPHead, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Replace the checkpoint's parts of each fused projection (``layers.0.self_attn.q_proj.weight``, ...)
+    by the fused weight, their rows in order."""
+    groups: dict[str, list[tuple[str, int]]] = {}
+    for part, where in sorted(fused_parts(head).items(), key=lambda item: (item[1].module, item[1].start)):
+        groups.setdefault(where.module, []).append((part, where.stop - where.start))
+    params = dict(head.named_parameters())
+    out = dict(tensors)
+    for module, parts in groups.items():
+        if f"{module}.weight" in out:
+            continue  # stored fused already
+        width = params[f"{module}.weight"].shape[1]
+        rows = []
+        for part, count in parts:
+            name = f"{part}.weight"
+            if name not in out:
+                raise CheckpointError(f"tensor mtp.{name} is missing from the checkpoint (expected shape "
+                                      f"{[count, width]})")
+            tensor = out.pop(name)
+            if tuple(tensor.shape) != (count, width):
+                raise CheckpointError(f"tensor mtp.{name} has shape {list(tensor.shape)} but config.json implies "
+                                      f"{[count, width]}")
+            if not tensor.is_floating_point():
+                raise CheckpointError(f"tensor mtp.{name} has dtype {tensor.dtype}; quantized MTP weights are "
+                                      "not supported")
+            rows.append(tensor)
+        out[f"{module}.weight"] = torch.cat(rows)
     return out
 
 

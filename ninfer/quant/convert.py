@@ -5,6 +5,9 @@ The output holds the source's config, tokenizer and generation files, safetensor
 applies unchanged: a quantized weight ``<key>.weight`` becomes ``<key>.qweight``, ``<key>.scales``
 (and ``<key>.global_scale`` for nvfp4); per-expert MoE keys of a quantized MoE layer are stacked
 into the fused layout first (``...mlp.experts.gate_up_proj.qweight``, gate rows then up rows).
+Projections that the model fuses (``mlp.gate_proj`` and ``mlp.up_proj`` into ``mlp.gate_up_proj``, ...)
+are written separately under their checkpoint names, each quantized on its own (the loader fills the
+fused module's rows from them); the recipe must give the parts of one fused projection one format.
 Tensors no rule selects are copied verbatim; ``bf16`` rules cast to bf16 (A_log and dt_bias stay
 fp32). Conversion streams one tensor at a time (one MoE layer's experts at most) and quantizes on
 the GPU when there is one, so memory stays far below the model's size.
@@ -29,12 +32,16 @@ from tqdm.auto import tqdm
 
 from ninfer.checkpoint import (
     FP32_PARAMS,
+    RowSlice,
     canonical_name,
     checkpoint_files,
+    fused_parts,
     resolve_model_path,
 )
-from ninfer.quant.formats import get_format
+from ninfer.config import load_config
+from ninfer.quant.formats import FormatError, get_format
 from ninfer.quant.imports import scan_checkpoint
+from ninfer.quant.linear import module_plan
 from ninfer.quant.recipe import (
     Recipe,
     RecipeError,
@@ -154,6 +161,10 @@ def convert_checkpoint(src: str | os.PathLike[str], recipe: str | os.PathLike[st
     headers = _headers(files)
     shapes = _shapes(headers)
     plan = resolve_plan(rec, shapes)
+    try:  # the parts of a fused projection load into one module: one format, no scale block across parts
+        module_plan(plan, _model_fused_parts(src_dir))
+    except FormatError as err:
+        raise RecipeError(f"recipe {rec.name!r}: {err}") from None
     for key, (_, dtype) in headers.items():
         name = _selection_name(key)
         if name in plan and plan[name] != "bf16" and dtype not in _FLOAT_DTYPES:
@@ -201,6 +212,18 @@ def convert_checkpoint(src: str | os.PathLike[str], recipe: str | os.PathLike[st
                 "bytes": {"source": total, "output": writer.total}}
     (out / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
     return out
+
+
+def _model_fused_parts(src_dir: Path) -> dict[str, RowSlice]:
+    """The fused projections of the text model and the MTP head that ``src_dir``'s config describes, named
+    as recipes name their parts (``mtp.`` prefix for the head)."""
+    from ninfer.models.mtp import MTPHead
+    from ninfer.models.qwen3_5 import Qwen3_5TextModel
+
+    with torch.device("meta"):
+        model = Qwen3_5TextModel(load_config(src_dir))
+        head = MTPHead(model.config, model)
+    return fused_parts(model) | fused_parts(head, prefix="mtp.")
 
 
 def _stream(files: dict[str, Path]):

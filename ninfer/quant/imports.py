@@ -21,6 +21,12 @@ Block FP8 keeps its block scales (``fp8-b128`` has kernel support), so nothing i
 Activation scales (``input_scale``, ``input_global_scale``) and KV scales are dropped: ninfer runs
 these weights with bf16 activations.
 
+Projections the model fuses (``q_proj`` / ``k_proj`` / ``v_proj`` into ``qkv_proj``, ``gate_proj`` /
+``up_proj`` into ``gate_up_proj``, ...) are planned under their parts' names and must share one format;
+the loader writes each part's translated tensors into its rows of the fused module. Their per-tensor
+scales differ, and each stays exact because it is stored per row (fp8 ``scales [N]``, nvfp4
+``global_scale [N]``); 128-block FP8 needs every part to end on a 128-row block boundary.
+
 MoE experts stored per expert (``mlp.experts.{e}.{gate,up,down}_proj``) are planned under their
 stacked name; the loader writes each expert's translated tensors into its rows of the packed
 ``[E, 2I, H]`` / ``[E, H, I]`` stack (per-row global scales let gate and up keep their own), which

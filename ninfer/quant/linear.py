@@ -11,8 +11,12 @@ format declares (uint8 codes, fp8, fp16 or fp32 scales) whatever the model dtype
 must allocate ``param.dtype`` for names in ``module.keep_dtype`` instead of the model dtype.
 
 A plan maps weight names to formats. Names are those of :func:`weight_shapes`: a module path for
-``nn.Linear`` / ``nn.Embedding`` weights (``layers.0.mlp.gate_proj``), a parameter path otherwise
-(``layers.0.mlp.experts.gate_up_proj``). ``bf16`` entries leave the module as it is.
+``nn.Linear`` / ``nn.Embedding`` weights (``layers.0.mlp.down_proj``), a parameter path otherwise
+(``layers.0.mlp.experts.gate_up_proj``), and for a fused projection the checkpoint names of its parts
+(``layers.0.mlp.gate_proj`` and ``layers.0.mlp.up_proj``, not ``layers.0.mlp.gate_up_proj``), so that
+recipes read like checkpoints. The parts of one fused module must get one format (:func:`module_plan`);
+each part is quantized on its own rows, so its bytes are those of the separate projection (nvfp4 keeps
+each part's global scale, stored per row). ``bf16`` entries leave the module as it is.
 """
 from __future__ import annotations
 
@@ -21,6 +25,7 @@ from typing import ClassVar
 import torch
 from torch import nn
 
+from ninfer.checkpoint import RowSlice, fused_parts
 from ninfer.kernels.quant_gemm import quant_matmul
 from ninfer.quant.formats import (
     FormatError,
@@ -149,8 +154,51 @@ class QuantEmbedding(QuantWeight):
 
 
 def weight_shapes(model: nn.Module) -> dict[str, tuple[int, ...]]:
-    """Every parameter as ``name -> shape``, named as plans and recipes name them (``.weight`` dropped)."""
-    return {name.removesuffix(".weight"): tuple(p.shape) for name, p in model.named_parameters()}
+    """Every parameter as ``name -> shape``, named as plans and recipes name them (``.weight`` dropped; a
+    float fused projection as its parts, each with its own rows)."""
+    groups = _groups(fused_parts(model))
+    shapes: dict[str, tuple[int, ...]] = {}
+    for name, p in model.named_parameters():
+        base = name.removesuffix(".weight")
+        if base in groups and name.endswith(".weight"):
+            shapes.update({part: (where.stop - where.start, *p.shape[1:]) for part, where in groups[base]})
+        else:
+            shapes[base] = tuple(p.shape)
+    return shapes
+
+
+def module_plan(plan: dict[str, str], parts: dict[str, RowSlice]) -> dict[str, str]:
+    """``plan`` (weight names of :func:`weight_shapes`) with the parts of each fused projection replaced by
+    the fused module's name. Raises :class:`FormatError` where the parts' formats differ (a missing entry
+    counts as bf16), or where a format sharing scales across rows (fp8-b128) would have a block straddle
+    two parts."""
+    out = {name: fmt for name, fmt in plan.items() if name not in parts}
+    for module, members in _groups(parts).items():
+        formats = {part: get_format(plan.get(part, "bf16")).name for part, _ in members}
+        if len(set(formats.values())) > 1:
+            listed = ", ".join(f"{part}: {fmt}" for part, fmt in formats.items())
+            raise FormatError(f"{listed}: these are one fused projection ({module}) and need one format")
+        fmt = get_format(next(iter(formats.values())))
+        if fmt.name == "bf16":
+            if any(part in plan for part, _ in members):
+                out[module] = "bf16"
+            continue
+        block = max(spec.row_block for spec in fmt.specs((128, 128)).values())
+        for part, where in members[:-1]:
+            if where.stop % block:
+                raise FormatError(f"{part} ({where.stop - where.start} rows) ends inside a {block}-row scale block "
+                                  f"of format {fmt.name}, which the fused {module} would share with the next "
+                                  f"part; choose a per-row format for {', '.join(formats)}")
+        out[module] = fmt.name
+    return out
+
+
+def _groups(parts: dict[str, RowSlice]) -> dict[str, list[tuple[str, RowSlice]]]:
+    """Fused module name -> its parts in row order."""
+    groups: dict[str, list[tuple[str, RowSlice]]] = {}
+    for part, where in sorted(parts.items(), key=lambda item: (item[1].module, item[1].start)):
+        groups.setdefault(where.module, []).append((part, where))
+    return groups
 
 
 def _replacement(target: nn.Module | nn.Parameter, name: str, fmt: WeightFormat, device: torch.device,
@@ -168,7 +216,9 @@ def _replacement(target: nn.Module | nn.Parameter, name: str, fmt: WeightFormat,
 
 
 def _install(model: nn.Module, plan: dict[str, str], dtype: torch.dtype | None, fill: bool) -> None:
-    for name, fmt_name in plan.items():
+    parts = fused_parts(model)
+    groups = _groups(parts)
+    for name, fmt_name in module_plan(plan, parts).items():
         fmt = get_format(fmt_name)
         if fmt.name == "bf16":
             continue
@@ -181,7 +231,10 @@ def _install(model: nn.Module, plan: dict[str, str], dtype: torch.dtype | None, 
         if weight is None:
             raise FormatError(f"{name}: a {type(target).__name__} has no weight to quantize")
         new = _replacement(target, name, fmt, weight.device, dtype or weight.dtype)
-        if fill:
+        if fill and name in groups:  # each part on its own rows: the bytes of the separate projection
+            for _, where in groups[name]:
+                new.load_float_(weight.data[where.start:where.stop], rows=(where.start, where.stop))
+        elif fill:
             new.load_float_(weight.data)
         if isinstance(target, nn.Parameter):
             delattr(parent, attr)  # a module cannot take a parameter's slot directly

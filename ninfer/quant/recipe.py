@@ -9,7 +9,11 @@ A recipe is a JSON file (``recipes/<name>.json``, or any path)::
 
 Selectors are shell globs (``*`` also matches dots) over weight names: canonical parameter names
 with ``.weight`` dropped (``embed_tokens``, ``lm_head``, ``layers.3.self_attn.q_proj``,
-``layers.0.mlp.experts.gate_up_proj``, ``layers.0.linear_attn.A_log``). MTP weights carry an
+``layers.0.mlp.experts.gate_up_proj``, ``layers.0.linear_attn.A_log``); projections the model fuses
+into one module are named by their checkpoint parts (``layers.0.mlp.gate_proj`` and ``up_proj``,
+``self_attn.q_proj`` / ``k_proj`` / ``v_proj``, ``linear_attn.in_proj_a`` / ``in_proj_b``, ``mlp.gate``
+and ``mlp.shared_expert_gate``), and the parts of one module must resolve to one format (loading and
+``ninfer convert`` refuse a recipe that splits them, naming both). MTP weights carry an
 ``mtp.`` prefix, and only patterns that start with ``mtp.`` select them. The first rule that
 matches a name decides its format; names no rule matches keep their checkpoint dtype. A selector
 matching nothing is an error unless its rule is ``optional`` (generic recipes serving dense and

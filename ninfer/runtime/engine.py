@@ -14,7 +14,6 @@ import torch
 
 from ninfer.models.batch import ForwardBatch
 from ninfer.models.cache import ModelCache
-from ninfer.models.fused import fuse_projections
 from ninfer.models.mtp import MTPHead
 from ninfer.models.qwen3_5 import Qwen3_5TextModel
 from ninfer.runtime.engine_config import EngineConfig
@@ -42,9 +41,6 @@ class Engine:
             raise ValueError("draft_tokens > 0 needs the checkpoint's MTP head (mtp_head=...)")
         self.model, self.config, self.make_output = model, config, make_output
         self.device = model.device
-        # One GEMM per group of projections of one input (ninfer/models/fused.py): fewer decode launches.
-        fuse_projections(model)
-        fuse_projections(mtp_head)
         self.plan: MemoryPlan = plan_memory(model.config, config, self.device, model.dtype,
                                             dequant_workspace_bytes([model, mtp_head], model.dtype))
         host_bytes = (config.host_cache_bytes if config.prefix_cache else 0) + config.pause_host_bytes  # both budgets

@@ -17,7 +17,6 @@ from torch import nn
 
 from ninfer.config import ModelConfig
 from ninfer.kernels.quant_dequant import workspace_bytes as dequant_bytes
-from ninfer.models.fused import fused_weights
 from ninfer.quant.linear import QuantLinear
 
 if TYPE_CHECKING:
@@ -69,8 +68,6 @@ def dequant_workspace_bytes(modules: Iterable[nn.Module | None], model_dtype: to
     0 without quantized linear layers."""
     layers = [m for root in modules if root is not None for m in root.modules()]
     shapes = [m.shape for m in layers if isinstance(m, QuantLinear)]
-    # fused projections (ninfer/models/fused.py) are no registered modules but go down the same path
-    shapes += [w.shape for m in layers for w in fused_weights(m) if isinstance(w, QuantLinear)]
     return dequant_bytes(shapes, model_dtype)
 
 
@@ -87,7 +84,7 @@ def plan_memory(cfg: ModelConfig, engine: "EngineConfig", device: torch.device, 
     elif capacity == "auto":
         if device.type != "cuda":
             raise ValueError("kv_capacity='auto' sizes the pool from free GPU memory; give a token count on CPU")
-        # Blocks torch's allocator caches but no tensor uses (loading, quantizing, fusing projections leave
+        # Blocks torch's allocator caches but no tensor uses (loading and quantizing leave
         # some) are usable for the pool but not "free" to the driver until released.
         torch.cuda.empty_cache()
         free, _ = torch.cuda.mem_get_info(device)

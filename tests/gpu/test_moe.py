@@ -169,9 +169,8 @@ def test_block_m_choice() -> None:
 
 
 def test_stacked_router_and_shared_gate_match_separate_projections() -> None:
-    """On CUDA the fused MoE block runs the router and the shared expert's gate as one GEMM over their
-    stacked rows (``SparseMoeBlock._router_and_shared_gate``): same logits as the two projections, and a
-    changed weight is picked up (the projections are views of the stack)."""
+    """On CUDA the MoE block runs the router and the shared expert's gate as one GEMM over their stacked
+    rows (``SparseMoeBlock.router``): the same logits as the two projections over the parts' rows."""
     from ninfer.config import parse_config
     from ninfer.models.moe import SparseMoeBlock
     from tiny_checkpoints import MOE_KWARGS, text_config_kwargs
@@ -180,16 +179,11 @@ def test_stacked_router_and_shared_gate_match_separate_projections() -> None:
                            "num_experts": 256, "hidden_size": 2048})
     block = SparseMoeBlock(config).to("cuda", torch.bfloat16)
     torch.manual_seed(5)
-    for p in (block.gate.weight, block.shared_expert_gate.weight):
-        p.data.normal_(0, 0.02)
-    assert block.fuse_() and block.router_and_shared_gate is not None
+    block.router.weight.data.normal_(0, 0.02)
+    gate, shared_gate = block.router.weight.split([256, 1])
     for rows in (1, 8, 300):
         x = torch.randn(rows, 2048, device="cuda", dtype=torch.bfloat16)
-        router, shared = block._router_and_shared_gate(x)
+        router, shared = block._router_logits(x)
         assert router.shape == (rows, 256) and shared.shape == (rows, 1)
-        torch.testing.assert_close(router.float(), block.gate(x).float(), atol=2e-2, rtol=2e-2)
-        torch.testing.assert_close(shared.float(), block.shared_expert_gate(x).float(), atol=2e-2, rtol=2e-2)
-    with torch.no_grad():
-        block.shared_expert_gate.weight.mul_(-1)
-    _, flipped = block._router_and_shared_gate(x)
-    torch.testing.assert_close(flipped.float(), -shared.float())
+        torch.testing.assert_close(router.float(), (x @ gate.T).float(), atol=2e-2, rtol=2e-2)
+        torch.testing.assert_close(shared.float(), (x @ shared_gate.T).float(), atol=2e-2, rtol=2e-2)

@@ -1,111 +1,131 @@
-"""Fused projections (:mod:`ninfer.models.fused`): MLP gate/up and DeltaNet a/b in one storage, the
-projections as views of it, the same outputs."""
+"""Fused projections declared as modules: the loader fills their rows from the checkpoint's separate
+tensors (float, quantized on load, pre-quantized), recipes resolve their parts to one format."""
 from __future__ import annotations
+
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 from torch import nn
 
-from ninfer.models.fused import fuse_projections
+import ninfer
+from ninfer.checkpoint import CheckpointError, canonical_name, fused_parts
 from ninfer.models.layers import MLP
-from ninfer.quant.linear import QuantLinear
+from ninfer.quant.formats import FORMATS, FormatError, quantize, stack_rows
+from ninfer.quant.linear import QuantLinear, module_plan, quantize_model_, weight_shapes
+from tiny_checkpoints import TinyCheckpoint
+
+FUSED = {"mlp.gate_up_proj": ["mlp.gate_proj", "mlp.up_proj"],
+         "self_attn.qkv_proj": ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"],
+         "linear_attn.in_proj_ab": ["linear_attn.in_proj_a", "linear_attn.in_proj_b"],
+         "mlp.router": ["mlp.gate", "mlp.shared_expert_gate"],
+         "mlp.shared_expert.gate_up_proj": ["mlp.shared_expert.gate_proj", "mlp.shared_expert.up_proj"]}
 
 
-def _mlp(fmt: str | None, seed: int = 0, dtype: torch.dtype = torch.float32) -> MLP:
-    torch.manual_seed(seed)
-    mlp = MLP(64, 128).to(dtype)
-    for layer in (mlp.gate_proj, mlp.up_proj, mlp.down_proj):
-        nn.init.normal_(layer.weight, std=0.1)
-    if fmt is not None:
-        for name in ("gate_proj", "up_proj", "down_proj"):
-            setattr(mlp, name, QuantLinear.from_float(getattr(mlp, name).weight.detach(), fmt))
-    return mlp
+def _source(ckpt: TinyCheckpoint) -> dict[str, torch.Tensor]:
+    return {canonical_name(k)[1]: t for k, t in load_file(str(ckpt.path / "model.safetensors")).items()
+            if canonical_name(k)[0] == "text"}
 
 
-@pytest.mark.parametrize("fmt", [None, "int4-g64", "int8-g32", "fp8-b128", "nvfp4"])
-def test_fused_mlp_matches_unfused_and_keeps_names_and_memory(fmt: str | None) -> None:
-    mlp = _mlp(fmt)
-    x = torch.randn(5, 64)
-    before = mlp(x)
-    state = {k: v.clone() for k, v in mlp.state_dict().items()}
-    nbytes = sum(p.numel() * p.element_size() for p in mlp.parameters())
-    assert mlp.gate_up is None and mlp.fuse_() and mlp.fuse_()  # idempotent
-    fused = mlp.gate_up
-    assert fused is not None
-    after = mlp(x)
-    assert torch.allclose(after, before, rtol=1e-5, atol=1e-6), (after - before).abs().max()
-    # names and values unchanged, no extra parameter memory, the projections are views of the fused storage
-    assert list(mlp.state_dict()) == list(state)
-    assert all(torch.equal(mlp.state_dict()[k], v) for k, v in state.items())
-    assert sum(p.numel() * p.element_size() for p in mlp.parameters()) == nbytes
-    first = fused.weight if isinstance(fused.weight, torch.Tensor) else next(fused.weight.parameters())
-    gate_first = next(mlp.gate_proj.parameters())
-    assert gate_first.data_ptr() == first.data_ptr()
-    assert not any(m is fused.weight for m in mlp.modules())  # not a registered submodule
+@pytest.mark.parametrize("fixture", ["dense_ckpt", "moe_ckpt"])
+def test_loader_fills_the_rows_of_every_fused_projection(request: pytest.FixtureRequest, fixture: str) -> None:
+    ckpt: TinyCheckpoint = request.getfixturevalue(fixture)
+    llm = ninfer.load(ckpt.path, device="cpu", progress=False)
+    source, params = _source(ckpt), dict(llm.model.named_parameters())
+    seen = set()
+    for i in range(len(llm.model.layers)):
+        for fused, parts in FUSED.items():
+            name = f"layers.{i}.{fused}.weight"
+            if name in params:
+                seen.add(fused)
+                expect = torch.cat([source[f"layers.{i}.{part}.weight"] for part in parts]).float()
+                assert torch.equal(params[name], expect), name
+    assert seen == ({"mlp.router", "mlp.shared_expert.gate_up_proj"} if fixture == "moe_ckpt"
+                    else {"mlp.gate_up_proj"}) | {"self_attn.qkv_proj", "linear_attn.in_proj_ab"}
+    assert not any(name.endswith(("q_proj.weight", "in_proj_a.weight", "mlp.gate.weight")) for name in params)
 
 
-def test_loading_writes_through_the_views() -> None:
-    mlp = _mlp("int4-g64", seed=1)
-    other = _mlp("int4-g64", seed=2)
-    mlp.fuse_()
-    mlp.load_state_dict(other.state_dict())  # copy_ into the views: the fused storage follows
-    x = torch.randn(3, 64)
-    assert mlp.gate_up is not None
-    assert torch.allclose(mlp(x), other(x), rtol=1e-5, atol=1e-6)
+def test_a_stored_fused_tensor_loads_and_a_missing_part_is_named(dense_ckpt: TinyCheckpoint, tmp_path: Path) -> None:
+    tensors = load_file(str(dense_ckpt.path / "model.safetensors"))
+    gate, up = (f"model.layers.0.mlp.{p}_proj.weight" for p in ("gate", "up"))
+    fused = {k: v for k, v in tensors.items() if k not in (gate, up)}
+    fused["model.layers.0.mlp.gate_up_proj.weight"] = torch.cat([tensors[gate], tensors[up]])
+    for name, content in (("fused", fused), ("missing", {k: v for k, v in tensors.items() if k != up})):
+        shutil.copytree(dense_ckpt.path, tmp_path / name, ignore=shutil.ignore_patterns("*.safetensors"))
+        save_file(content, str(tmp_path / name / "model.safetensors"))
+    ref = ninfer.load(dense_ckpt.path, device="cpu", progress=False).score(list(range(3, 40)))
+    got = ninfer.load(tmp_path / "fused", device="cpu", progress=False).score(list(range(3, 40)))
+    assert torch.equal(got, ref)
+    with pytest.raises(CheckpointError, match=r"missing 1 tensors: layers\.0\.mlp\.up_proj\.weight"):
+        ninfer.load(tmp_path / "missing", device="cpu", progress=False)
 
 
-def test_replaced_parameters_unfuse() -> None:
-    mlp = _mlp(None, seed=3)
-    mlp.fuse_()
-    mlp.up_proj.weight = nn.Parameter(torch.randn(128, 64) * 0.1)  # a new tensor, not a view of the fused storage
-    assert mlp.gate_up is None
-    x = torch.randn(2, 64)
-    ref = mlp.down_proj(nn.functional.silu(mlp.gate_proj(x)) * mlp.up_proj(x))
-    assert torch.allclose(mlp(x), ref, rtol=1e-5, atol=1e-6)
+@pytest.mark.parametrize("fmt", [f for f in FORMATS if f != "bf16"])
+def test_quantized_fused_projection_holds_the_separately_quantized_parts(fmt: str) -> None:
+    """Each part is quantized on its own rows: the fused module's tensors are those of the separate
+    projections stacked (nvfp4: each part keeps its global scale, stored per row), and the GEMM with
+    the SwiGLU epilogue equals SwiGLU over the two separate products."""
+    torch.manual_seed(0)
+    mlp = MLP(128, 256)
+    for p in mlp.parameters():
+        nn.init.normal_(p, std=0.1)
+    with torch.no_grad():
+        mlp.gate_up_proj.weight[256:] *= 5.0  # up with another range than gate: different global / block scales
+    gate, up = (w.detach().clone() for w in mlp.gate_up_proj.weight.split(256))
+    assert weight_shapes(mlp) == {"gate_proj": (256, 128), "up_proj": (256, 128), "down_proj": (128, 256)}
+    quantize_model_(mlp, {"gate_proj": fmt, "up_proj": fmt})
+    fused = mlp.gate_up_proj
+    assert isinstance(fused, QuantLinear) and isinstance(mlp.down_proj, nn.Linear)
+    expect = stack_rows([quantize(gate, fmt), quantize(up, fmt)])
+    for name, tensor in expect.tensors.items():
+        assert torch.equal(getattr(fused, name), tensor), name
+    x = torch.randn(3, 128)
+    parts = [QuantLinear.from_float(w, fmt) for w in (gate, up)]
+    ref = mlp.down_proj(nn.functional.silu(parts[0](x)) * parts[1](x))
+    torch.testing.assert_close(mlp(x), ref, rtol=1e-5, atol=1e-5)
 
 
-def test_mixed_formats_stay_unfused() -> None:
-    mlp = _mlp("int4-g64", seed=4)
-    mlp.up_proj = QuantLinear.from_float(torch.randn(128, 64) * 0.1, "int8-g32")
-    assert not mlp.fuse_() and mlp.gate_up is None
-    assert fuse_projections(nn.Sequential(_mlp(None), _mlp("nvfp4"), mlp)) == 2
-    assert fuse_projections(None) == 0
+def test_module_plan_resolves_parts_to_one_format() -> None:
+    with torch.device("meta"):
+        mlp = MLP(128, 200)
+    parts = fused_parts(mlp)
+    assert module_plan({"gate_proj": "int8-g32", "up_proj": "int8-g32", "down_proj": "fp8"}, parts) == {
+        "gate_up_proj": "int8-g32", "down_proj": "fp8"}
+    assert module_plan({"gate_proj": "bf16", "down_proj": "fp8"}, parts) == {"gate_up_proj": "bf16",
+                                                                             "down_proj": "fp8"}
+    with pytest.raises(FormatError, match=r"gate_proj: int8-g32, up_proj: bf16: these are one fused projection"):
+        module_plan({"gate_proj": "int8-g32"}, parts)
+    with pytest.raises(FormatError, match=r"gate_proj \(200 rows\) ends inside a 128-row scale block of format "
+                                          r"fp8-b128"):
+        module_plan({"gate_proj": "fp8-b128", "up_proj": "fp8-b128"}, parts)
 
 
-def test_engine_fuses_every_mlp_and_deltanet_and_scores_as_unfused(dense_ckpt, moe_ckpt) -> None:
-    """``ninfer.load`` fuses (dense MLPs, the MoE shared expert and its router with the shared gate, attention
-    q/k/v, DeltaNet a/b); undoing it (fresh tensors in place of the views) gives the same log-probabilities.
-    Parity with transformers: tests/test_parity.py."""
-    import ninfer
-    from ninfer.models.layers import GatedAttention, GatedDeltaNet
-    from ninfer.models.moe import SparseMoeBlock
-
-    ids = torch.randint(0, 448, (40,), generator=torch.Generator().manual_seed(0)).tolist()
-    for ckpt in (dense_ckpt, moe_ckpt):
-        llm = ninfer.load(ckpt.path, device="cpu", progress=False)
-        mlps = [m for m in llm.model.modules() if isinstance(m, MLP)]
-        nets = [m for m in llm.model.modules() if isinstance(m, GatedDeltaNet)]
-        assert mlps and nets and all(m.gate_up is not None for m in mlps)
-        attns = [m for m in llm.model.modules() if isinstance(m, GatedAttention)]
-        moes = [m for m in llm.model.modules() if isinstance(m, SparseMoeBlock)]
-        assert all(m.router_and_shared_gate is not None for m in moes) and bool(moes) == (ckpt is moe_ckpt)
-        assert all(m.in_proj_ab is not None for m in nets) and attns and all(m.qkv_proj is not None for m in attns)
-        fused = llm.score(ids)
-        for m in mlps + nets + attns:  # a replaced parameter breaks the shared storage: separate projections again
-            for layer in {MLP: ("gate_proj", "up_proj"), GatedDeltaNet: ("in_proj_a", "in_proj_b"),
-                          GatedAttention: ("q_proj", "k_proj", "v_proj")}[type(m)]:
-                layer = getattr(m, layer)
-                layer.weight = nn.Parameter(layer.weight.detach().clone(), requires_grad=False)
-        assert all(m.gate_up is None for m in mlps) and all(m.in_proj_ab is None for m in nets)
-        assert all(m.qkv_proj is None for m in attns)
-        assert torch.allclose(llm.score(ids), fused, atol=1e-5)
-
-
-def test_memory_plan_counts_fused_quantized_weights() -> None:
-    """The dequantization workspace covers the largest fused weight too (it is no registered module)."""
-    from ninfer.runtime.memory import dequant_workspace_bytes
-
-    model = nn.Sequential(_mlp("int4-g64"))
-    before = dequant_workspace_bytes([model], torch.bfloat16)
-    model[0].fuse_()
-    assert dequant_workspace_bytes([model], torch.bfloat16) == 2 * before  # [2I, H] instead of [I, H]
+@pytest.mark.parametrize("layout", ["fp8-per-tensor", "modelopt-nvfp4"])
+def test_prequantized_parts_with_their_own_per_tensor_scales_load_exactly(dense_ckpt: TinyCheckpoint,
+                                                                         tmp_path: Path, layout: str) -> None:
+    """q/k/v quantized with different per-tensor scales (fp8's scale, nvfp4's global scale): each part's
+    scale becomes its rows' scales, so the fused module dequantizes to the parts exactly."""
+    tensors = load_file(str(dense_ckpt.path / "model.safetensors"))
+    out, expect = dict(tensors), []
+    for i, proj in enumerate(("q", "k", "v")):
+        key = f"model.layers.3.self_attn.{proj}_proj.weight"
+        w = tensors[key].float() * (i + 1)  # another range per part
+        if layout == "fp8-per-tensor":
+            scale = w.abs().max() / 448
+            q = (w / scale).to(torch.float8_e4m3fn)
+            out[key], out[key.replace(".weight", ".weight_scale")] = q, scale
+            expect.append(q.float() * scale)
+        else:
+            packed = quantize(w, "nvfp4")
+            out[key] = packed.tensors["qweight"]
+            out[key.replace(".weight", ".weight_scale")] = packed.tensors["scales"]
+            out[key.replace(".weight", ".weight_scale_2")] = packed.tensors["global_scale"][0].clone()
+            expect.append(packed.dequantize())
+    shutil.copytree(dense_ckpt.path, tmp_path / "q", ignore=shutil.ignore_patterns("*.safetensors"))
+    save_file(out, str(tmp_path / "q" / "model.safetensors"))
+    llm = ninfer.load(tmp_path / "q", device="cpu", progress=False)
+    qkv = llm.model.layers[3].self_attn.qkv_proj
+    assert isinstance(qkv, QuantLinear) and qkv.format.name == ("fp8" if layout == "fp8-per-tensor" else "nvfp4")
+    assert torch.equal(qkv.dequantize(torch.float32), torch.cat(expect))

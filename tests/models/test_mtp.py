@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 
 import ninfer
-from ninfer.checkpoint import CheckpointError
+from ninfer.checkpoint import CheckpointError, fused_parts
 from ninfer.models.batch import ForwardBatch
 from ninfer.models.mtp import MTPHead, draft
 from ninfer.models.qwen3_5 import Qwen3_5TextModel
@@ -146,6 +146,10 @@ def test_loads_from_report_without_owning_shared_weights(setup) -> None:
     params = dict(head.named_parameters())
     assert not any(n.startswith(("target.", "embed_tokens.", "lm_head.")) for n in params)
     shared = {t.data_ptr() for t in llm.model.parameters()}
+    stacked: dict[str, list[str]] = {}
+    for part, where in sorted(fused_parts(head).items(), key=lambda item: item[1].start):
+        stacked.setdefault(f"{where.module}.weight", []).append(part)
+    assert {"layers.0.self_attn.qkv_proj.weight"} <= set(stacked)
     assert not any(p.data_ptr() in shared for p in params.values())
     for name, p in params.items():
         if name.endswith("experts.gate_up_proj"):
@@ -153,6 +157,8 @@ def test_loads_from_report_without_owning_shared_weights(setup) -> None:
             for e in range(p.shape[0]):  # gate rows first, then up
                 assert torch.equal(p[e, :inter], raw[f"mtp.layers.0.mlp.experts.{e}.gate_proj.weight"])
                 assert torch.equal(p[e, inter:], raw[f"mtp.layers.0.mlp.experts.{e}.up_proj.weight"])
+        elif name in stacked:  # a fused projection: its parts' rows in order
+            assert torch.equal(p, torch.cat([raw[f"mtp.{part}.weight"] for part in stacked[name]])), name
         elif name.endswith("experts.down_proj"):
             assert torch.equal(p, torch.stack([raw[f"mtp.layers.0.mlp.experts.{e}.down_proj.weight"]
                                                for e in range(p.shape[0])]))

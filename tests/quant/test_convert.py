@@ -1,4 +1,5 @@
-"""``convert_checkpoint`` on tiny checkpoints, loading its output by name, and public-layout imports."""
+"""``convert_checkpoint`` on tiny checkpoints, loading its output with the streaming loader, and public-layout
+imports."""
 from __future__ import annotations
 
 import json
@@ -9,7 +10,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from ninfer.checkpoint import canonical_name, checkpoint_files
+from ninfer.checkpoint import canonical_name, checkpoint_files, fused_parts, load_weights, materialize
 from ninfer.config import load_config
 from ninfer.models.qwen3_5 import Qwen3_5TextModel
 from ninfer.quant.convert import (
@@ -32,25 +33,24 @@ def _tensors(model_dir: Path) -> dict[str, torch.Tensor]:
 
 
 def _load_converted(model_dir: Path) -> Qwen3_5TextModel:
-    """What the loader does with a converted checkpoint: prepare, materialise (keep_dtype), fill by name."""
+    """What ``ninfer.load`` does with a converted checkpoint: prepare, materialise (keep_dtype), stream in
+    (fused projections filled from their parts); raises on a missing or unexpected tensor."""
     config = load_config(model_dir)
     with torch.device("meta"):
         model = Qwen3_5TextModel(config)
     prepare_model_(model, manifest_plan(read_manifest(model_dir)), dtype=torch.float32)
-    for module in model.modules():
-        keep = getattr(module, "keep_dtype", frozenset())
-        for name, p in list(module.named_parameters(recurse=False)):
-            dtype = p.dtype if name in keep else torch.float32
-            setattr(module, name, nn.Parameter(torch.empty(p.shape, dtype=dtype), requires_grad=False))
-    params = dict(model.named_parameters())
-    filled = set()
-    for key, tensor in _tensors(model_dir).items():
-        component, name = canonical_name(key)
-        if component == "text":
-            params[name].data.copy_(tensor)
-            filled.add(name)
-    assert filled == set(params)
+    materialize(model, torch.device("cpu"), torch.float32)
+    load_weights(model, model_dir, torch.device("cpu"), dtype=torch.float32, tied_lm_head=config.tie_word_embeddings,
+                 progress=False)
     return model
+
+
+def _planned_weight(model: nn.Module, name: str) -> tuple[QuantWeight, torch.Tensor | None]:
+    """The quantized module holding weight ``name`` and, for a part of a fused projection, its rows."""
+    where = fused_parts(model).get(name)
+    if where is None:
+        return model.get_submodule(name), None
+    return model.get_submodule(where.module), torch.arange(where.start, where.stop)
 
 
 def test_convert_dense_and_load_without_repacking(dense_ckpt, tmp_path: Path) -> None:
@@ -70,13 +70,26 @@ def test_convert_dense_and_load_without_repacking(dense_ckpt, tmp_path: Path) ->
 
     source = {canonical_name(k)[1]: t for k, t in _tensors(dense_ckpt.path).items()}
     model = _load_converted(out)
+    assert "model.layers.0.mlp.gate_proj.qweight" in stored  # fused projections are written as their parts
     for name, fmt in manifest_plan(manifest).items():
-        module = model.get_submodule(name)
+        module, rows = _planned_weight(model, name)
         assert isinstance(module, QuantWeight) and module.format.name == fmt
         expect = quantize(source[f"{name}.weight"], fmt).dequantize()
-        assert torch.equal(module.dequantize(torch.float32), expect), name
-    assert isinstance(model.layers[0].mlp.gate_proj, QuantLinear)
-    assert model.layers[0].linear_attn.in_proj_a.weight.dtype == torch.float32  # bf16 rule, model dtype
+        got = module.dequantize(torch.float32)
+        assert torch.equal(got if rows is None else got[rows], expect), name
+    assert isinstance(model.layers[0].mlp.gate_up_proj, QuantLinear)
+    assert isinstance(model.layers[3].self_attn.qkv_proj, QuantLinear)
+    assert model.layers[0].linear_attn.in_proj_ab.weight.dtype == torch.float32  # bf16 rule, model dtype
+
+
+def test_convert_refuses_fused_parts_in_different_formats(dense_ckpt, tmp_path: Path) -> None:
+    recipe = tmp_path / "split.json"
+    recipe.write_text(json.dumps({"rules": [{"select": "layers.*.mlp.gate_proj", "format": "int8-g32"},
+                                            {"select": "layers.*.mlp.up_proj", "format": "int4-g64"}]}))
+    with pytest.raises(RecipeError, match=r"gate_proj: int8-g32, .*up_proj: int4-g64.*one fused projection "
+                                          r"\(layers\.0\.mlp\.gate_up_proj\)"):
+        convert_checkpoint(dense_ckpt.path, recipe, tmp_path / "never", progress=False)
+    assert not (tmp_path / "never").exists()
 
 
 def test_convert_stacks_per_expert_tensors(moe_ckpt, tmp_path: Path) -> None:

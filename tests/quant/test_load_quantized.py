@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import ninfer
+from ninfer.checkpoint import fused_parts
 from ninfer.cli import main
 from ninfer.kernels import moe as moe_ops
 from ninfer.kernels import moe_gemm
@@ -32,10 +33,15 @@ def _simulated(ckpt: TinyCheckpoint, recipe: str) -> ninfer.LLM:
     """The float model with every planned weight replaced by dequantize(quantize(w)): the format's own error."""
     llm = ninfer.load(ckpt.path, device="cpu", progress=False)
     params = dict(llm.model.named_parameters())
+    parts = fused_parts(llm.model)
     with torch.no_grad():
         for name, fmt in resolve_plan(load_recipe(recipe), weight_shapes(llm.model)).items():
             if fmt != "bf16":
-                weight = params.get(f"{name}.weight", params.get(name))  # stacked experts have no .weight
+                if name in parts:  # a part of a fused projection: its rows, quantized on their own
+                    where = parts[name]
+                    weight = params[f"{where.module}.weight"][where.start:where.stop]
+                else:
+                    weight = params.get(f"{name}.weight", params.get(name))  # stacked experts have no .weight
                 weight.copy_(get_format(fmt).dequantize(quantize(weight.data, fmt).tensors, torch.float32))
     return llm
 
