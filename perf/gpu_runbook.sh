@@ -15,7 +15,7 @@ STAGES='
 gpu-tests-model       whole-model GPU tests: fp32 parity with transformers, graphs = eager, batched = single, KV dtypes
 gpu-tests-attention   attention (split-KV prefill, decode tiles), pinned host pool and DeltaNet GPU tests, model tests beside
 gpu-tests-quant       quantized GEMM GPU tests: GEMV split-K, graph-timed tuning, epilogues, tensor-core decode; stacked MoE gate
-verify-fused          the fused projections (models/fused.py): whole-model, DeltaNet and stacked-MoE GPU tests
+verify-fused          the fused projection modules: whole-model, DeltaNet and stacked-MoE GPU tests
 kernels-attention     attention kernels vs torch SDPA (prefill, split-KV chunks, paged decode, KV write); prefill tile sweep
 sweep-attention-decode  paged decode attention: every tile config x split count at B = 1 / 8, ctx 8k-128k
 kernels-deltanet      DeltaNet decode and chunked prefill vs fla; the fused sampler vs torch sort + multinomial
