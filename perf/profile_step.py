@@ -87,6 +87,7 @@ def _report(label: str, wall_ms: float, what: str, per: dict[str, tuple[float, f
         print(f"  {ms:8.3f} ms {n:6.0f}x  {name[:110]}")
     record("profile_step", label, wall_ms, achieved=kernel_ms, limit=wall_ms, unit="kernel ms",
            families={k: round(v[0], 4) for k, v in fams.items()},
+           launches=round(sum(n for _, n in per.values())), family_launches={k: round(v[1]) for k, v in fams.items()},
            top={k[:120]: round(v[0], 4) for k, v in sorted(per.items(), key=lambda kv: -kv[1][0])[:top]})
 
 
