@@ -10,7 +10,8 @@ from typing import Any
 
 from ninfer.api.config import SamplingOverrides
 from ninfer.api.errors import APIError, invalid
-from ninfer.runtime.sampling import PRESETS, SamplingParams
+from ninfer.runtime.sampling import (INT32_MAX, INT64_MAX, INT64_MIN, PRESETS, REPETITION_PENALTY_RANGE,
+                                     SamplingParams)
 
 FIELDS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
           "repetition_penalty", "seed")
@@ -61,12 +62,13 @@ def parse_fields(f: Any, names: tuple[str, ...] = FIELDS, temperature_max: float
     getters = {
         "temperature": lambda: f.float("temperature", lo=0, hi=temperature_max),
         "top_p": lambda: f.float("top_p", lo=0, hi=1, lo_open=True),
-        "top_k": lambda: f.int("top_k", lo=-1),
+        "top_k": lambda: f.int("top_k", lo=-1, hi=INT32_MAX),
         "min_p": lambda: f.float("min_p", lo=0, hi=1),
         "presence_penalty": lambda: f.float("presence_penalty", lo=-2, hi=2),
         "frequency_penalty": lambda: f.float("frequency_penalty", lo=-2, hi=2),
-        "repetition_penalty": lambda: f.float("repetition_penalty", lo=0, lo_open=True),
-        "seed": lambda: f.int("seed", lo=-(1 << 63), hi=(1 << 64) - 1),
+        "repetition_penalty": lambda: f.float("repetition_penalty", lo=REPETITION_PENALTY_RANGE[0],
+                                              hi=REPETITION_PENALTY_RANGE[1]),
+        "seed": lambda: f.int("seed", lo=INT64_MIN, hi=INT64_MAX),
     }
     values = {name: getters[name]() for name in names}
     return {k: v for k, v in values.items() if v is not None}
