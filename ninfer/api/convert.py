@@ -6,6 +6,7 @@ import secrets
 from typing import Any
 
 from ninfer.api.errors import APIError, invalid
+from ninfer.api.json_body import parse_text
 from ninfer.api.validation import Fields, type_name
 
 EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
@@ -171,10 +172,7 @@ def arguments_object(value: Any, path: str) -> dict[str, Any]:
     if value is None or value == "":
         return {}
     if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as err:
-            raise invalid(f"'{path}' is not valid JSON: {err}", path, code="invalid_tool_history") from None
+        value = parse_text(value, path, code="invalid_tool_history")
     if not isinstance(value, dict):
         raise invalid(f"'{path}' must be a JSON object, got {type_name(value)}", path, code="invalid_tool_history")
     return value
