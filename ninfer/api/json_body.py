@@ -15,7 +15,7 @@ from typing import Any
 
 from ninfer.api.errors import APIError, invalid
 
-MAX_DEPTH = 64  # nesting of objects and arrays; tool schemas have their own, lower bound
+MAX_DEPTH = 128  # nesting of objects and arrays (a tool schema of 32 levels nests about 70 deep)
 MAX_VALUES = 1_000_000  # JSON values in one body (objects, arrays, strings, numbers, literals)
 MAX_INT_DIGITS = 64  # far beyond any 64-bit field (Python itself refuses to convert 4300+ digits)
 _INT_LIMIT = 10**MAX_INT_DIGITS

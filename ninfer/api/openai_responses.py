@@ -21,7 +21,7 @@ from ninfer.api import convert
 from ninfer.api import responses_items as items_
 from ninfer.api.errors import APIError, invalid, unsupported
 from ninfer.api.output import OutputStream
-from ninfer.api.sampling import parse_fields
+from ninfer.api.sampling import parse_fields, stop_strings
 from ninfer.api.service import ChatInput, GenerationSpec, Prompt, Run, Service
 from ninfer.api.streaming import json_text, sse_frame, sse_response
 from ninfer.api.validation import Fields, check_unknown, read_json
@@ -94,7 +94,7 @@ def parse(body: dict[str, Any], service: Service, store: Any) -> Parsed:
     chat = ChatInput(items_.template_messages(items, instructions), convert.unique_tools(tools, "tools"), choice,
                      enable, preserve, effort)
     top = f.int("top_logprobs", lo=0, hi=20)
-    spec = GenerationSpec(f.int("max_output_tokens", lo=1), f.str_or_list("stop", max_items=service.config.max_stop),
+    spec = GenerationSpec(f.int("max_output_tokens", lo=1), stop_strings(f, "stop", service.config.max_stop),
                           parse_fields(f), top if top else None)
     metadata = f.dict("metadata") or {}
     echo = {"instructions": instructions, "max_output_tokens": spec.max_tokens, "previous_response_id": previous,

@@ -11,7 +11,7 @@ from typing import Any
 from ninfer.api.config import SamplingOverrides
 from ninfer.api.errors import APIError, invalid
 from ninfer.runtime.sampling import (INT32_MAX, INT64_MAX, INT64_MIN, PRESETS, REPETITION_PENALTY_RANGE,
-                                     SamplingParams)
+                                     SamplingParams, check_stop_strings)
 
 FIELDS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
           "repetition_penalty", "seed")
@@ -72,3 +72,28 @@ def parse_fields(f: Any, names: tuple[str, ...] = FIELDS, temperature_max: float
     }
     values = {name: getters[name]() for name in names}
     return {k: v for k, v in values.items() if v is not None}
+
+
+def stop_strings(f: Any, name: str, max_items: int) -> list[str]:
+    """A string or an array of strings (``f`` is a ``validation.Fields``), bounded in count and length."""
+    stops = f.str_or_list(name, max_items=max_items)
+    try:
+        check_stop_strings(stops, name=f.path(name))
+    except ValueError as err:
+        field, _, rest = str(err).partition(" ")
+        raise invalid(f"'{field}' {rest}", field) from None
+    return stops
+
+
+def logit_bias(f: Any, vocab_size: int) -> dict[int, float]:
+    """``logit_bias``: token id strings in [0, vocab_size) mapped to numbers in [-100, 100] (OpenAI's range)."""
+    bias = f.dict("logit_bias") or {}
+    out: dict[int, float] = {}
+    for key, value in bias.items():
+        path = f"{f.path('logit_bias')}[{key[:40]!r}]" if not key.isdigit() else f"{f.path('logit_bias')}.{key}"
+        if not (key.isascii() and key.isdigit()) or int(key) >= vocab_size:
+            raise invalid(f"'{path}': logit_bias keys must be token ids in [0, {vocab_size})", path)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not -100 <= value <= 100:
+            raise invalid(f"'{path}' must be a number in [-100, 100], got {value!r}"[:200], path)
+        out[int(key)] = float(value)
+    return out
