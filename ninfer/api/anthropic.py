@@ -180,17 +180,19 @@ def _tool_use(call: Any) -> dict[str, Any]:
 
 
 async def count_tokens(request: HTTPRequest, service: Service) -> Response:
-    body = await read_json(request, service.config.max_request_bytes)
-    chat, _, _ = parse(body, counting=True, media=service.vision is not None)
-    prompt = await service.prompt(chat)
+    async with service.preparing_request():
+        body = await read_json(request, service.config.max_request_bytes)
+        chat, _, _ = parse(body, counting=True, media=service.vision is not None)
+        prompt = await service.prompt(chat)
     return JSONResponse({"input_tokens": len(prompt.ids)})
 
 
 async def create(request: HTTPRequest, service: Service) -> Response:
-    body = await read_json(request, service.config.max_request_bytes)
-    chat, spec, stream = parse(body, media=service.vision is not None)
-    prompt = await service.prompt(chat)
-    req = await service.request_for(prompt, spec)
+    async with service.preparing_request():
+        body = await read_json(request, service.config.max_request_bytes)
+        chat, spec, stream = parse(body, media=service.vision is not None)
+        prompt = await service.prompt(chat)
+        req = await service.request_for(prompt, spec)
     mid = convert.new_id("msg_")
     out = service.output(req, chat)
     run = await service.start(req, request)

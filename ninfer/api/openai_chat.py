@@ -133,15 +133,16 @@ def _tool_call(call: Any) -> dict[str, Any]:
 
 
 async def handle(request: HTTPRequest, service: Service) -> Response:
-    body = await read_json(request, service.config.max_request_bytes)
-    chat, spec, stream, include_usage = parse(body, service.config.max_stop, service.vision is not None,
-                                              service.tokenizer.vocab_size)
-    prompt = await service.prompt(chat)
-    created, cid = int(time.time()), convert.new_id("chatcmpl-")
-    if spec.max_tokens == 0:  # process the prompt only: nothing to generate
-        service.check_context(len(prompt.ids))
-        return JSONResponse(_empty(service, cid, created, len(prompt.ids)))
-    req = await service.request_for(prompt, spec)
+    async with service.preparing_request():
+        body = await read_json(request, service.config.max_request_bytes)
+        chat, spec, stream, include_usage = parse(body, service.config.max_stop, service.vision is not None,
+                                                  service.tokenizer.vocab_size)
+        prompt = await service.prompt(chat)
+        created, cid = int(time.time()), convert.new_id("chatcmpl-")
+        if spec.max_tokens == 0:  # process the prompt only: nothing to generate
+            service.check_context(len(prompt.ids))
+            return JSONResponse(_empty(service, cid, created, len(prompt.ids)))
+        req = await service.request_for(prompt, spec)
     out = service.output(req, chat)
     run = await service.start(req, request)
     if stream:

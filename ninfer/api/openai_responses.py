@@ -131,8 +131,9 @@ async def _prepare(request: HTTPRequest, service: Service, store: Any) -> tuple[
 
 
 async def create(request: HTTPRequest, service: Service, store: Any) -> Response:
-    p, prompt = await _prepare(request, service, store)
-    req = await service.request_for(prompt, p.spec)
+    async with service.preparing_request():
+        p, prompt = await _prepare(request, service, store)
+        req = await service.request_for(prompt, p.spec)
     rid, created = convert.new_id("resp_"), int(time.time())
     out = service.output(req, p.chat)
     run = await service.start(req, request)
@@ -272,7 +273,8 @@ async def _stream(service: Service, store: Any, run: Run, out: OutputStream, p: 
 
 
 async def input_tokens(request: HTTPRequest, service: Service, store: Any) -> Response:
-    _, prompt = await _prepare(request, service, store)
+    async with service.preparing_request():
+        _, prompt = await _prepare(request, service, store)
     return JSONResponse({"object": "response.input_tokens", "input_tokens": len(prompt.ids)})
 
 

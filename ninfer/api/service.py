@@ -17,7 +17,9 @@ tower off the event loop once the prompt has passed the context check, attaching
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +40,8 @@ __all__ = ["ChatInput", "ClientGone", "GenerationSpec", "Prompt", "Run", "Servic
 # Text prompts up to this many characters (about 2k tokens) are rendered and tokenized on the event loop
 # when no other request is in flight.
 INLINE_PROMPT_CHARS = 8192
+# Longer prompts (and media) are prepared on worker threads, at most this many at a time.
+CONCURRENT_LONG_PROMPTS = 2
 
 
 @dataclass
@@ -90,6 +94,34 @@ class Service:
         self.template_has_effort = "reasoning_effort" in template
         self.preset = preset_key(model_id, str(llm.model_dir))
         self.created = int(time.time())
+        self.preparing = 0  # requests reading, parsing and tokenizing, not yet submitted
+        self._long_prompts = asyncio.Semaphore(CONCURRENT_LONG_PROMPTS)
+        self.max_token_bytes = _longest_token_bytes(self.tokenizer)
+        backend = getattr(self.tokenizer.hf, "backend_tokenizer", None)
+        self._normalizer = getattr(backend, "normalizer", None)
+
+    # -- admission of the work before the engine ---------------------------------------------------
+    @property
+    def held(self) -> int:
+        """Requests that hold a place: submitted (queued or running) or being prepared."""
+        return self.in_flight + self.preparing
+
+    @contextlib.asynccontextmanager
+    async def preparing_request(self) -> AsyncIterator[None]:
+        """Hold a place while a request's body is read, parsed and tokenized: that work counts against the
+        same lanes + pending limit as queued requests (429 past it), so many huge bodies cannot pile up."""
+        self._check_room()
+        self.preparing += 1
+        try:
+            yield
+        finally:
+            self.preparing -= 1
+
+    def _check_room(self) -> None:
+        if self.held >= self.lanes + self.config.max_pending:
+            self.metrics.rejected("overloaded")
+            raise APIError(429, f"the server is overloaded: {self.lanes} lanes and {self.config.max_pending} "
+                                f"queue places are taken; retry later", code="server_overloaded")
 
     # -- capabilities -------------------------------------------------------------------------
     @property
@@ -154,6 +186,7 @@ class Service:
 
         def work() -> Prompt:
             text, thinking = self.render(chat)
+            self.check_prompt_size(text)
             ids = self.tokenizer.encode(text)
             if not refs:
                 return Prompt(ids, thinking)
@@ -164,10 +197,25 @@ class Service:
             except MediaError as err:
                 raise media_error(err) from None
             return Prompt(list(media.input_ids), thinking, media)
-        inline = not refs and self.in_flight == 0  # and short: counted only then
-        if inline and _text_chars((chat.messages, chat.tools, chat.prefill)) <= INLINE_PROMPT_CHARS:
+        short = not refs and _text_chars((chat.messages, chat.tools, chat.prefill)) <= INLINE_PROMPT_CHARS
+        if short and self.in_flight == 0 and self.preparing <= 1:
             return work()
-        return await asyncio.to_thread(work)
+        if short:
+            return await asyncio.to_thread(work)
+        async with self._long_prompts:  # waiting here still holds the request's place (preparing)
+            return await asyncio.to_thread(work)
+
+    def check_prompt_size(self, text: str) -> None:
+        """A cheap early bound before tokenizing: one token covers at most ``max_token_bytes`` bytes of the
+        normalized text, so text of more than ``max_context * max_token_bytes`` bytes is certainly too long."""
+        limit = self.max_context * self.max_token_bytes
+        if len(text) * 4 < limit:  # at most 4 UTF-8 bytes per character: cannot be over
+            return
+        normalized = self._normalizer.normalize_str(text) if self._normalizer is not None else text
+        at_least = -(-len(normalized.encode("utf-8", "replace")) // self.max_token_bytes)
+        if at_least >= self.max_context:
+            raise APIError(400, f"the prompt has at least {at_least} tokens but the context limit is "
+                                f"{self.max_context} tokens", code="context_length_exceeded", param="messages")
 
     async def prompt_ids(self, chat: ChatInput) -> tuple[list[int], bool]:
         prompt = await self.prompt(chat)
@@ -216,10 +264,7 @@ class Service:
         """Submit ``req`` and wait until the engine admits it; raises 429, 503 or 400 as APIError."""
         if not self.alive:
             raise APIError(503, "the engine is not running", code="engine_unavailable")
-        if self.in_flight >= self.lanes + self.config.max_pending:
-            self.metrics.rejected("overloaded")
-            raise APIError(429, f"the server is overloaded: {self.lanes} lanes and {self.config.max_pending} "
-                                f"queue places are taken; retry later", code="server_overloaded")
+        self._check_room()
         run = Run(self, req)
         await run.admit(http)
         return run
@@ -237,3 +282,10 @@ def _text_chars(value: Any, limit: int = INLINE_PROMPT_CHARS) -> int:
         elif isinstance(item, (list, tuple)):
             stack.extend(item)
     return total
+
+
+def _longest_token_bytes(tokenizer: Any) -> int:
+    """The most UTF-8 bytes of any vocabulary entry (byte-level entries are at least as long as the text
+    they stand for), special tokens included."""
+    vocab = tokenizer.hf.get_vocab()
+    return max((len(token.encode("utf-8", "replace")) for token in vocab), default=1) or 1
