@@ -105,7 +105,7 @@ def bodies(draw: st.DrawFn) -> tuple[str, bytes]:
     return route, raw
 
 
-@settings(max_examples=150, deadline=10_000, database=None, derandomize=True,
+@settings(max_examples=100, deadline=10_000, database=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(case=bodies())
 def test_no_route_answers_a_server_error(server: Server, case: tuple[str, bytes]) -> None:

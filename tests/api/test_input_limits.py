@@ -42,12 +42,12 @@ def test_values_past_the_engine_are_400s_naming_the_field(server: Server, field:
         assert f"'{field}'" in message(r)
 
 
-def test_max_tokens_beyond_any_integer_type_is_clamped_not_an_error(server: Server) -> None:
+def test_max_tokens_beyond_any_integer_type_is_clamped_not_an_error(scripted: tuple[Server, Any]) -> None:
+    server, _ = scripted  # the scripted engine answers at once; the clamping is the service's
     for route, name in (("/v1/chat/completions", "max_tokens"), ("/v1/responses", "max_output_tokens"),
                         ("/v1/messages", "max_tokens")):
         r = post(server, route, {**BASES[route], name: 2**70, "temperature": 0})
         assert r.status_code == 200, r.text
-    wait_idle(server.llm)
 
 
 def test_the_limits_themselves_are_served(server: Server) -> None:
