@@ -17,7 +17,7 @@ from ninfer.runtime.engine import Engine, EngineConfig
 from ninfer.runtime.output import OutputProcessor
 from ninfer.runtime.prefix_cache import chat_checkpoint_marks
 from ninfer.runtime.request import Request, Status
-from ninfer.runtime.sampling import PRESETS, SamplingParams, preset_key
+from ninfer.runtime.sampling import PRESETS, SamplingParams, check_stop_strings, preset_key
 from ninfer.runtime.scheduler import QueueFull
 from ninfer.runtime.sequence import SequenceRunner
 from ninfer.tokenizer import Tokenizer, stop_token_ids
@@ -181,8 +181,9 @@ class LLM:
                  thinking: bool | None = None, mm: Any = None) -> Request:
         if not prompt_ids:
             raise ValueError("the prompt is empty: at least one token is needed")
-        if max_new_tokens < 1:
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        check_stop_strings(stop or ())
         return Request(prompt_ids=prompt_ids, params=params, max_new_tokens=max_new_tokens,
                        stop_token_ids=frozenset(stop_token_ids or ()), stop_strings=tuple(stop or ()),
                        thinking=thinking, mm=mm, rope_delta=mm.rope_delta if mm is not None else 0)

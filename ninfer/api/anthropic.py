@@ -23,7 +23,7 @@ from starlette.responses import JSONResponse, Response
 from ninfer.api import convert, request_id
 from ninfer.api.errors import APIError, invalid, unsupported
 from ninfer.api.output import OutputStream
-from ninfer.api.sampling import parse_fields
+from ninfer.api.sampling import parse_fields, stop_strings
 from ninfer.api.service import ChatInput, GenerationSpec, Run, Service
 from ninfer.api.streaming import json_text, sse_frame, sse_response
 from ninfer.api.validation import Fields, read_json, type_name
@@ -64,6 +64,7 @@ def parse(body: dict[str, Any], counting: bool = False, media: bool = False
     stops = f.list("stop_sequences") or []
     if not all(isinstance(s, str) for s in stops) or len(stops) > MAX_STOP_SEQUENCES:
         raise invalid(f"'stop_sequences' must be an array of at most {MAX_STOP_SEQUENCES} strings", "stop_sequences")
+    stop_strings(f, "stop_sequences", MAX_STOP_SEQUENCES)
     sampling = parse_fields(f, ("temperature", "top_p", "top_k"), temperature_max=1.0)
     return chat, GenerationSpec(max_tokens, stops, sampling), bool(f.bool("stream"))
 
@@ -152,7 +153,8 @@ def _thinking(t: Fields | None, max_tokens: int | None) -> bool | None:
 def _tool(t: Fields) -> dict[str, Any]:
     if t.str("type") not in (None, "custom"):
         raise invalid(f"'{t.path('type')}' {t.data['type']!r} is not supported: only custom tools are", t.path("type"))
-    return convert.function_tool(t.data.get("name"), t.data.get("description"), t.dict("input_schema"), t.prefix)
+    return convert.function_tool(t.data.get("name"), t.data.get("description"), t.dict("input_schema"), t.prefix,
+                                 "input_schema")
 
 
 def _stop_reason(reason: str, out: OutputStream, stop_sequence: str | None) -> str:
@@ -178,17 +180,19 @@ def _tool_use(call: Any) -> dict[str, Any]:
 
 
 async def count_tokens(request: HTTPRequest, service: Service) -> Response:
-    body = await read_json(request, service.config.max_request_bytes)
-    chat, _, _ = parse(body, counting=True, media=service.vision is not None)
-    prompt = await service.prompt(chat, request)
+    async with service.preparing_request():
+        body = await read_json(request, service.config.max_request_bytes)
+        chat, _, _ = parse(body, counting=True, media=service.vision is not None)
+        prompt = await service.prompt(chat, request)
     return JSONResponse({"input_tokens": len(prompt.ids)})
 
 
 async def create(request: HTTPRequest, service: Service) -> Response:
-    body = await read_json(request, service.config.max_request_bytes)
-    chat, spec, stream = parse(body, media=service.vision is not None)
-    prompt = await service.prompt(chat, request)
-    req = await service.request_for(prompt, spec)
+    async with service.preparing_request():
+        body = await read_json(request, service.config.max_request_bytes)
+        chat, spec, stream = parse(body, media=service.vision is not None)
+        prompt = await service.prompt(chat, request)
+        req = await service.request_for(prompt, spec)
     mid = request_id.body_id(request, "msg_")
     out = service.output(req, chat)
     run = await service.start(req, request)

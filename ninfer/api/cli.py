@@ -9,6 +9,8 @@ import argparse
 import logging
 import sys
 
+from ninfer.api.config import ServerConfig
+
 SERVE_EXAMPLES = """examples:
   ninfer serve Qwen/Qwen3.6-27B --max-concurrency 4 --max-context 32768
   ninfer serve ./my-model --port 9000 --api-key secret --no-thinking
@@ -90,8 +92,8 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
     p.add_argument("--host-prepin-gib", type=_float("--host-prepin-gib", 0.0), default=0.0, metavar="N",
                    help="pin this much of the host memory above at start-up, so that the first host copies "
                         "run at copy speed rather than at the ~1 GB/s of pinning fresh memory (default 0)")
-    p.add_argument("--max-request-mib", type=_int("--max-request-mib"), default=384, metavar="N",
-                   help="request body limit; larger bodies get 413 (default 384)")
+    p.add_argument("--max-request-mib", type=_int("--max-request-mib"), default=ServerConfig.max_request_bytes >> 20,
+                   metavar="N", help="request body limit; larger bodies get 413 (default %(default)s)")
     p.add_argument("--default-max-tokens", type=_int("--default-max-tokens"), default=8192, metavar="N",
                    help="output limit when a request sets none (default 8192)")
     p.add_argument("--no-thinking", action="store_true", help="thinking off unless a request turns it on")

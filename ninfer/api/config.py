@@ -25,7 +25,7 @@ class ServerConfig:
     api_key: str | None = None  # checked on "Authorization: Bearer" and "x-api-key"
     max_pending: int = 16  # waiting requests beyond the lanes; more is 429 (Anthropic 529)
     pending_timeout_ms: int = 30_000  # deadline for admission; past it 503 (Anthropic 504)
-    max_request_bytes: int = 384 << 20  # body limit; more is 413
+    max_request_bytes: int = 64 << 20  # body limit (a data-URI image of ~45 MiB still fits); more is 413
     default_max_tokens: int = 8192  # output limit when the request gives none
     thinking: bool = True  # default thinking mode of chat requests
     preserve_thinking: bool = False  # default: keep the reasoning of closed assistant turns in prompts

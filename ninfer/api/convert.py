@@ -6,6 +6,8 @@ import secrets
 from typing import Any
 
 from ninfer.api.errors import APIError, invalid
+from ninfer.api.json_body import parse_text
+from ninfer.api.tool_schema import check_parameters
 from ninfer.api.validation import Fields, type_name
 
 EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
@@ -138,8 +140,11 @@ def _media_source(part: dict[str, Any], p: str) -> dict[str, Any]:
     return part
 
 
-def function_tool(name: Any, description: Any, parameters: Any, path: str) -> dict[str, Any]:
-    """One tool definition in the OpenAI chat shape the chat template renders."""
+def function_tool(name: Any, description: Any, parameters: Any, path: str, schema_field: str = "parameters"
+                  ) -> dict[str, Any]:
+    """One tool definition in the OpenAI chat shape the chat template renders (``schema_field``: the
+    parameters schema's name in the request, for errors)."""
+
     if not isinstance(name, str) or not name.strip():
         raise invalid(f"'{path}.name' must be a non-empty string", f"{path}.name")
     if any(c.isspace() or c in "<>=\"'" for c in name):
@@ -147,8 +152,10 @@ def function_tool(name: Any, description: Any, parameters: Any, path: str) -> di
     if description is not None and not isinstance(description, str):
         raise invalid(f"'{path}.description' must be a string, got {type_name(description)}", f"{path}.description")
     if parameters is not None and not isinstance(parameters, dict):
-        raise invalid(f"'{path}.parameters' must be a JSON-schema object, got {type_name(parameters)}",
-                      f"{path}.parameters")
+        raise invalid(f"'{path}.{schema_field}' must be a JSON-schema object, got {type_name(parameters)}",
+                      f"{path}.{schema_field}")
+    if parameters is not None:
+        check_parameters(parameters, f"{path}.{schema_field}")
     function: dict[str, Any] = {"name": name}
     if description:
         function["description"] = description
@@ -171,10 +178,7 @@ def arguments_object(value: Any, path: str) -> dict[str, Any]:
     if value is None or value == "":
         return {}
     if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as err:
-            raise invalid(f"'{path}' is not valid JSON: {err}", path, code="invalid_tool_history") from None
+        value = parse_text(value, path, code="invalid_tool_history")
     if not isinstance(value, dict):
         raise invalid(f"'{path}' must be a JSON object, got {type_name(value)}", path, code="invalid_tool_history")
     return value

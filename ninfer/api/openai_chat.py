@@ -17,22 +17,25 @@ from starlette.responses import JSONResponse, Response
 from ninfer.api import convert, request_id
 from ninfer.api.errors import APIError, invalid, unsupported
 from ninfer.api.output import Collected, OutputStream, Usage
-from ninfer.api.sampling import parse_fields
+from ninfer.api.sampling import logit_bias, parse_fields, stop_strings
 from ninfer.api.service import ChatInput, GenerationSpec, Run, Service
 from ninfer.api.streaming import json_text, sse_frame, sse_response
 from ninfer.api.validation import Fields, read_json
+from ninfer.runtime.sampling import INT32_MAX
 
 ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 
 
-def parse(body: dict[str, Any], max_stop: int, media: bool = False) -> tuple[ChatInput, GenerationSpec, bool, bool]:
-    """``(chat, spec, stream, include_usage)`` of a request body; ``media``: keep image/video parts of user turns."""
+def parse(body: dict[str, Any], max_stop: int, media: bool = False, vocab_size: int = INT32_MAX
+          ) -> tuple[ChatInput, GenerationSpec, bool, bool]:
+    """``(chat, spec, stream, include_usage)`` of a request body; ``media``: keep image/video parts of user turns;
+    ``vocab_size`` bounds the token ids of ``logit_bias``."""
     f = Fields(body)
     f.str("model")
     messages = [_message(m, media) for m in f.items("messages", required=True, nonempty=True)]
     if f.int("n") not in (None, 1):
         raise invalid(f"'n' must be 1 (one choice per request), got {body['n']}", "n")
-    _reject_unsupported(f)
+    _reject_unsupported(f, vocab_size)
     tools = [convert.function_tool(t.sub("function", required=True).data.get("name"),
                                    t.data["function"].get("description"), t.data["function"].get("parameters"),
                                    t.path("function"))
@@ -44,8 +47,7 @@ def parse(body: dict[str, Any], max_stop: int, media: bool = False) -> tuple[Cha
     max_tokens = f.int("max_completion_tokens", lo=0)
     if max_tokens is None:
         max_tokens = f.int("max_tokens", lo=0)
-    spec = GenerationSpec(max_tokens, f.str_or_list("stop", max_items=max_stop), parse_fields(f),
-                          _logprobs(f))
+    spec = GenerationSpec(max_tokens, stop_strings(f, "stop", max_stop), parse_fields(f), _logprobs(f))
     stream = bool(f.bool("stream"))
     options = f.sub("stream_options")
     include_usage = bool(options.bool("include_usage")) if options is not None else False
@@ -88,9 +90,8 @@ def _message(m: Fields, media: bool = False) -> dict[str, Any]:
     return out
 
 
-def _reject_unsupported(f: Fields) -> None:
-    bias = f.dict("logit_bias")
-    if bias and any(v != 0 for v in bias.values()):
+def _reject_unsupported(f: Fields, vocab_size: int) -> None:
+    if any(logit_bias(f, vocab_size).values()):
         raise unsupported("logit_bias", "only an empty or all-zero bias is accepted")
     if f.has("audio"):
         raise unsupported("audio")
@@ -132,14 +133,16 @@ def _tool_call(call: Any) -> dict[str, Any]:
 
 
 async def handle(request: HTTPRequest, service: Service) -> Response:
-    body = await read_json(request, service.config.max_request_bytes)
-    chat, spec, stream, include_usage = parse(body, service.config.max_stop, service.vision is not None)
-    prompt = await service.prompt(chat, request)
-    created, cid = int(time.time()), request_id.body_id(request, "chatcmpl-")
-    if spec.max_tokens == 0:  # process the prompt only: nothing to generate
-        service.check_context(len(prompt.ids))
-        return JSONResponse(_empty(service, cid, created, len(prompt.ids)))
-    req = await service.request_for(prompt, spec)
+    async with service.preparing_request():
+        body = await read_json(request, service.config.max_request_bytes)
+        chat, spec, stream, include_usage = parse(body, service.config.max_stop, service.vision is not None,
+                                                  service.tokenizer.vocab_size)
+        prompt = await service.prompt(chat, request)
+        created, cid = int(time.time()), request_id.body_id(request, "chatcmpl-")
+        if spec.max_tokens == 0:  # process the prompt only: nothing to generate
+            service.check_context(len(prompt.ids))
+            return JSONResponse(_empty(service, cid, created, len(prompt.ids)))
+        req = await service.request_for(prompt, spec)
     out = service.output(req, chat)
     run = await service.start(req, request)
     if stream:

@@ -21,7 +21,7 @@ from ninfer.api import convert, request_id
 from ninfer.api import responses_items as items_
 from ninfer.api.errors import APIError, invalid, unsupported
 from ninfer.api.output import OutputStream
-from ninfer.api.sampling import parse_fields
+from ninfer.api.sampling import parse_fields, stop_strings
 from ninfer.api.service import ChatInput, GenerationSpec, Prompt, Run, Service
 from ninfer.api.streaming import json_text, sse_frame, sse_response
 from ninfer.api.validation import Fields, check_unknown, read_json
@@ -94,7 +94,7 @@ def parse(body: dict[str, Any], service: Service, store: Any) -> Parsed:
     chat = ChatInput(items_.template_messages(items, instructions), convert.unique_tools(tools, "tools"), choice,
                      enable, preserve, effort)
     top = f.int("top_logprobs", lo=0, hi=20)
-    spec = GenerationSpec(f.int("max_output_tokens", lo=1), f.str_or_list("stop", max_items=service.config.max_stop),
+    spec = GenerationSpec(f.int("max_output_tokens", lo=1), stop_strings(f, "stop", service.config.max_stop),
                           parse_fields(f), top if top else None)
     metadata = f.dict("metadata") or {}
     echo = {"instructions": instructions, "max_output_tokens": spec.max_tokens, "previous_response_id": previous,
@@ -131,8 +131,9 @@ async def _prepare(request: HTTPRequest, service: Service, store: Any) -> tuple[
 
 
 async def create(request: HTTPRequest, service: Service, store: Any) -> Response:
-    p, prompt = await _prepare(request, service, store)
-    req = await service.request_for(prompt, p.spec)
+    async with service.preparing_request():
+        p, prompt = await _prepare(request, service, store)
+        req = await service.request_for(prompt, p.spec)
     rid, created = request_id.body_id(request, "resp_"), int(time.time())
     out = service.output(req, p.chat)
     run = await service.start(req, request)
@@ -272,7 +273,8 @@ async def _stream(service: Service, store: Any, run: Run, out: OutputStream, p: 
 
 
 async def input_tokens(request: HTTPRequest, service: Service, store: Any) -> Response:
-    _, prompt = await _prepare(request, service, store)
+    async with service.preparing_request():
+        _, prompt = await _prepare(request, service, store)
     return JSONResponse({"object": "response.input_tokens", "input_tokens": len(prompt.ids)})
 
 

@@ -10,7 +10,8 @@ from typing import Any
 
 from ninfer.api.config import SamplingOverrides
 from ninfer.api.errors import APIError, invalid
-from ninfer.runtime.sampling import PRESETS, SamplingParams
+from ninfer.runtime.sampling import (INT32_MAX, INT64_MAX, INT64_MIN, PRESETS, REPETITION_PENALTY_RANGE,
+                                     SamplingParams, check_stop_strings)
 
 FIELDS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
           "repetition_penalty", "seed")
@@ -61,12 +62,38 @@ def parse_fields(f: Any, names: tuple[str, ...] = FIELDS, temperature_max: float
     getters = {
         "temperature": lambda: f.float("temperature", lo=0, hi=temperature_max),
         "top_p": lambda: f.float("top_p", lo=0, hi=1, lo_open=True),
-        "top_k": lambda: f.int("top_k", lo=-1),
+        "top_k": lambda: f.int("top_k", lo=-1, hi=INT32_MAX),
         "min_p": lambda: f.float("min_p", lo=0, hi=1),
         "presence_penalty": lambda: f.float("presence_penalty", lo=-2, hi=2),
         "frequency_penalty": lambda: f.float("frequency_penalty", lo=-2, hi=2),
-        "repetition_penalty": lambda: f.float("repetition_penalty", lo=0, lo_open=True),
-        "seed": lambda: f.int("seed", lo=-(1 << 63), hi=(1 << 64) - 1),
+        "repetition_penalty": lambda: f.float("repetition_penalty", lo=REPETITION_PENALTY_RANGE[0],
+                                              hi=REPETITION_PENALTY_RANGE[1]),
+        "seed": lambda: f.int("seed", lo=INT64_MIN, hi=INT64_MAX),
     }
     values = {name: getters[name]() for name in names}
     return {k: v for k, v in values.items() if v is not None}
+
+
+def stop_strings(f: Any, name: str, max_items: int) -> list[str]:
+    """A string or an array of strings (``f`` is a ``validation.Fields``), bounded in count and length."""
+    stops = f.str_or_list(name, max_items=max_items)
+    try:
+        check_stop_strings(stops, name=f.path(name))
+    except ValueError as err:
+        field, _, rest = str(err).partition(" ")
+        raise invalid(f"'{field}' {rest}", field) from None
+    return stops
+
+
+def logit_bias(f: Any, vocab_size: int) -> dict[int, float]:
+    """``logit_bias``: token id strings in [0, vocab_size) mapped to numbers in [-100, 100] (OpenAI's range)."""
+    bias = f.dict("logit_bias") or {}
+    out: dict[int, float] = {}
+    for key, value in bias.items():
+        path = f"{f.path('logit_bias')}[{key[:40]!r}]" if not key.isdigit() else f"{f.path('logit_bias')}.{key}"
+        if not (key.isascii() and key.isdigit()) or int(key) >= vocab_size:
+            raise invalid(f"'{path}': logit_bias keys must be token ids in [0, {vocab_size})", path)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not -100 <= value <= 100:
+            raise invalid(f"'{path}' must be a number in [-100, 100], got {value!r}"[:200], path)
+        out[int(key)] = float(value)
+    return out

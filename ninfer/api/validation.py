@@ -6,13 +6,17 @@ when absent (or null), and raises :class:`APIError` on a wrong type or an out-of
 """
 from __future__ import annotations
 
-import json
+import asyncio
 import math
 from typing import Any
 
 from starlette.requests import Request
 
 from ninfer.api.errors import APIError, invalid
+from ninfer.api.json_body import parse_body
+
+# Bodies above this size are parsed on a worker thread, so the event loop keeps serving meanwhile.
+INLINE_PARSE_BYTES = 1 << 20
 
 _TYPE_NAMES = {dict: "an object", list: "an array", str: "a string", bool: "a boolean", int: "an integer",
                float: "a number", type(None): "null"}
@@ -23,7 +27,8 @@ def type_name(value: Any) -> str:
 
 
 async def read_json(request: Request, max_bytes: int) -> dict[str, Any]:
-    """The request body as a JSON object; 413 above ``max_bytes`` (checked before parsing), else 400."""
+    """The request body as a JSON object; 413 above ``max_bytes`` (checked before parsing), else 400
+    (see :mod:`ninfer.api.json_body` for what a body may not hold)."""
     too_large = APIError(413, f"the request body exceeds the limit of {max_bytes} bytes", code="request_too_large")
     length = request.headers.get("content-length")
     if length is not None and length.isdigit() and int(length) > max_bytes:
@@ -35,12 +40,7 @@ async def read_json(request: Request, max_bytes: int) -> dict[str, Any]:
             raise too_large
         chunks.append(chunk)
     raw = b"".join(chunks)
-    if not raw.strip():
-        raise invalid("the request body is empty: a JSON object is expected", code="invalid_json")
-    try:
-        body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise invalid(f"the request body is not valid JSON: {err}", code="invalid_json") from None
+    body = parse_body(raw) if len(raw) <= INLINE_PARSE_BYTES else await asyncio.to_thread(parse_body, raw)
     if not isinstance(body, dict):
         raise invalid(f"the request body must be a JSON object, got {type_name(body)}", code="invalid_json")
     return body

@@ -1,45 +1,94 @@
-"""Sampling parameters of a request, and the model-aware presets; the sampling op is ninfer.kernels.sampling."""
+"""Sampling parameters of a request, and the model-aware presets; the sampling op is ninfer.kernels.sampling.
+
+Every field is bounded to what the engine stores (fp32 floats, an int32 ``top_k``, an int64 seed)
+and to a sane range, so a bad value is a ValueError naming the field here, never an error inside
+the engine step.
+"""
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
+from ninfer.kernels.sampling import MAX_LOGPROBS
+
+INT32_MAX = (1 << 31) - 1
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+MAX_TEMPERATURE = 100.0
+# Below this a positive temperature is greedy: the limit t -> 0 of sampling, and 1/t stays finite in fp32.
+GREEDY_TEMPERATURE = 1e-5
+# 1e9 already forbids every seen token; the bounds keep the penalised fp32 logits finite.
+REPETITION_PENALTY_RANGE = (1e-9, 1e9)
+# Stop strings: the matcher keeps the longest one's length of text per step, so each and all are bounded.
+MAX_STOP_CHARS = 1024
+MAX_STOP_TOTAL_CHARS = 8192
+
+
+def _number(name: str, value: Any, lo: float, hi: float, *, lo_open: bool = False) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name} must be a number, got {type(value).__name__}")
+    if not math.isfinite(value) or value > hi or value < lo or (lo_open and value == lo):
+        raise ValueError(f"{name} must be in {'(' if lo_open else '['}{lo:g}, {hi:g}], got {value}")
+
+
+def _integer(name: str, value: Any, lo: int, hi: int, what: str = "") -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be an integer, got {type(value).__name__}")
+    if not lo <= value <= hi:
+        raise ValueError(f"{name} must be in [{lo}, {hi}]{what}, got {value}")
+
+
+def check_stop_strings(stop: Sequence[str], max_count: int | None = None, name: str = "stop") -> None:
+    """Stop strings: non-empty strings, each at most MAX_STOP_CHARS and all together MAX_STOP_TOTAL_CHARS."""
+    if max_count is not None and len(stop) > max_count:
+        raise ValueError(f"{name} has {len(stop)} entries; at most {max_count} are allowed")
+    total = 0
+    for i, s in enumerate(stop):
+        if not isinstance(s, str):
+            raise ValueError(f"{name}[{i}] must be a string, got {type(s).__name__}")
+        if not s:
+            raise ValueError(f"{name}[{i}] is empty: a stop string needs at least one character")
+        if len(s) > MAX_STOP_CHARS:
+            raise ValueError(f"{name}[{i}] has {len(s)} characters; at most {MAX_STOP_CHARS} are allowed")
+        total += len(s)
+    if total > MAX_STOP_TOTAL_CHARS:
+        raise ValueError(f"{name} has {total} characters in all; at most {MAX_STOP_TOTAL_CHARS} are allowed")
 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How to pick each next token. ``greedy`` (or ``temperature == 0``) takes the argmax."""
+    """How to pick each next token. ``greedy`` (or a temperature below 1e-5) takes the argmax."""
 
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
+    temperature: float = 1.0  # [0, 100]
+    top_p: float = 1.0  # (0, 1]
+    top_k: int = 0  # [0, 2^31 - 1], 0 = off
     greedy: bool = False
-    seed: int | None = None
-    min_p: float = 0.0
-    presence_penalty: float = 0.0  # OpenAI semantics, over generated tokens
-    frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0  # HF semantics, over prompt and generated tokens
+    seed: int | None = None  # int64
+    min_p: float = 0.0  # [0, 1]
+    presence_penalty: float = 0.0  # [-2, 2], OpenAI semantics, over generated tokens
+    frequency_penalty: float = 0.0  # [-2, 2]
+    repetition_penalty: float = 1.0  # [1e-9, 1e9], HF semantics, over prompt and generated tokens
     logprobs: int | None = None  # report the sampled token's logprob and this many top alternatives (0..20)
 
     def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
-        if not 0 <= self.min_p <= 1:
-            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        _number("temperature", self.temperature, 0.0, MAX_TEMPERATURE)
+        _number("top_p", self.top_p, 0.0, 1.0, lo_open=True)
+        _integer("top_k", self.top_k, 0, INT32_MAX, " (0 = off)")
+        if not isinstance(self.greedy, bool):
+            raise ValueError(f"greedy must be a boolean, got {type(self.greedy).__name__}")
+        if self.seed is not None:
+            _integer("seed", self.seed, INT64_MIN, INT64_MAX, " (a 64-bit signed integer)")
+        _number("min_p", self.min_p, 0.0, 1.0)
         for name in ("presence_penalty", "frequency_penalty"):
-            if not -2 <= getattr(self, name) <= 2:
-                raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
-        if self.repetition_penalty <= 0:
-            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
-        if self.logprobs is not None and not 0 <= self.logprobs <= 20:
-            raise ValueError(f"logprobs must be in [0, 20], got {self.logprobs}")
+            _number(name, getattr(self, name), -2.0, 2.0)
+        _number("repetition_penalty", self.repetition_penalty, *REPETITION_PENALTY_RANGE)
+        if self.logprobs is not None:
+            _integer("logprobs", self.logprobs, 0, MAX_LOGPROBS)
 
     @property
     def is_greedy(self) -> bool:
-        return self.greedy or self.temperature == 0
+        return self.greedy or self.temperature < GREEDY_TEMPERATURE
 
 
 _THINKING = {"temperature": 1.0, "top_p": 0.95, "top_k": 20, "min_p": 0.0, "presence_penalty": 0.0}
