@@ -4,11 +4,19 @@
 (replayed from a CUDA graph on GPU) or, when prompt chunks are due, one forward over the decode rows
 and the chunks together, the sampler picks tokens, and each request's output processor turns tokens
 into text events and decides when it stops.
+
+Failure isolation: whatever raises while one request is prepared (admission, its rows of a batch),
+sampled or turned into text finishes that request alone with ``finish_reason="error"`` and the error
+in ``RequestOutput.error``, its lane, pages and slots back in their pools; the rest of the batch goes
+on. A failing batched forward fails the requests resident in that step the same way (their device
+state may be half-written), and the engine keeps serving the others and new ones.
 """
 from __future__ import annotations
 
+import logging
 import time
-from typing import Callable
+from collections.abc import Callable, Iterable
+from typing import TypeVar
 
 import torch
 
@@ -33,6 +41,10 @@ from ninfer.runtime.warmup import warm_up
 # Decode rows join a step's prompt chunks in one forward while their contexts are shorter than this:
 # beyond it their attention (prefill kernel, no split-KV) costs more than the separate decode step saved.
 MIXED_MAX_CONTEXT = 16384
+
+log = logging.getLogger("ninfer.engine")
+_Item = TypeVar("_Item")
+_Out = TypeVar("_Out")
 
 
 class Engine:
@@ -93,9 +105,10 @@ class Engine:
         """Queue a request; raises AdmissionError (never runnable) or QueueFull (try later)."""
         if req.mm is not None:
             req.media_keys = req.mm.media_keys
+        processor = self.make_output(req)  # before the scheduler holds the request: a failure leaves nothing behind
         self.scheduler.add(req)
         self.requests[req.request_id] = req
-        self.outputs[req.request_id] = self.make_output(req)
+        self.outputs[req.request_id] = processor
 
     def cancel(self, request_id: str) -> RequestOutput | None:
         req = self.requests.get(request_id)
@@ -119,50 +132,108 @@ class Engine:
     # -- the step -----------------------------------------------------------------------------
     @torch.inference_mode()
     def step(self) -> list[RequestOutput]:
+        """One scheduling step; returns its events (a request's failure is one of them, never an exception)."""
+        events: list[RequestOutput] = []
+        try:
+            self._step(events)
+        except Exception as err:  # a batched stage: what ran in it may be half-written, so its requests end
+            log.exception("engine step failed; ending the %d resident requests", len(self.scheduler.running))
+            for req in list(self.scheduler.running):
+                events.extend(self._fail(req, "the batched step", err, logged=True))
+        return events
+
+    def _step(self, events: list[RequestOutput]) -> None:
         self.pauser.make_room()  # growing sequences first: pauses the newest resident requests if pages ran out
         for req in self.scheduler.admit():
-            if req.prefix_hit is not None:
-                self._resume_from_prefix(req)
-            else:
-                self.cache.reset_slot(req.slot)
-            if req.paused is not None:
-                self.pauser.resume(req)  # its snapshot, or nothing (it prefills again); its sampler lane
-            else:
-                self.sampler.start(req)
-            if self.spec is not None and req.spec_stats is None:
-                req.spec_stats = SpecStats()
-            if self.on_admit is not None:
-                self.on_admit(req)
+            try:
+                self._start(req)
+            except Exception as err:
+                events.extend(self._fail(req, "admission", err))
         plan = self.scheduler.plan()
-        events: list[RequestOutput] = []
         if plan.prefills and self.spec is None and plan.prefills[0][0].mm is None:
             # Decode rows ride along with the prompt chunks unless their contexts are long: the prefill
             # attention kernel gives a one-token query no split-KV parallelism.
             ride = all(r.num_computed < MIXED_MAX_CONTEXT for r in plan.decode)
             if not ride:
                 events.extend(self._decode(plan.decode))
-            return events + self._mixed_step(plan.decode if ride else [], plan.prefills, plan.checkpoints)
+            events.extend(self._mixed_step(plan.decode if ride else [], plan.prefills, plan.checkpoints))
+            return
         if plan.decode and self.spec is not None:
             events.extend(self._speculative_round(plan.decode))
         elif plan.decode:
             events.extend(self._decode(plan.decode))
         for req, end in plan.prefills:  # one (speculation, media); see Scheduler.plan
-            logits = self._prefill_logits(req, end)
-            self._launched()
-            self._maybe_checkpoint(req, logits is not None)
-            if logits is not None:
-                tokens, logprobs = self.sampler.sample(logits, [req])
-                if self.spec is not None:
-                    self.spec.begin(req, tokens[0])
-                events.extend(self._append(req, tokens[0], logprobs[0]))
-        return events
+            try:  # a forward of this request alone: its failure touches no other request's state
+                events.extend(self._prefill(req, end))
+            except Exception as err:
+                events.extend(self._fail(req, "prefill", err))
+
+    def _start(self, req: Request) -> None:
+        """An admitted request's state: prefix-cache hit or a reset slot, its pause snapshot, its sampler lane."""
+        if req.prefix_hit is not None:
+            self._resume_from_prefix(req)
+        else:
+            self.cache.reset_slot(req.slot)
+        if req.paused is not None:
+            self.pauser.resume(req)  # its snapshot, or nothing (it prefills again); its sampler lane
+        else:
+            self.sampler.start(req)
+        if self.spec is not None and req.spec_stats is None:
+            req.spec_stats = SpecStats()
+        if self.on_admit is not None:
+            self.on_admit(req)
+
+    def _prefill(self, req: Request, end: int) -> list[RequestOutput]:
+        logits = self._prefill_logits(req, end)
+        self._launched()
+        self._maybe_checkpoint(req, logits is not None)
+        if logits is None:
+            return []
+        tokens, logprobs = self.sampler.sample(logits, [req])
+        if self.spec is not None:
+            self.spec.begin(req, tokens[0])
+        return self._append(req, tokens[0], logprobs[0])
 
     def _decode(self, reqs: list[Request]) -> list[RequestOutput]:
-        logits = self._decode_logits(reqs)
-        self._launched()
-        tokens, logprobs = self.sampler.sample(logits, reqs)
         events: list[RequestOutput] = []
-        for req, token, lp in zip(reqs, tokens, logprobs):
+        slots = self._each(reqs, lambda r: self._slots_for(r, r.num_computed, r.num_computed + 1)[0],
+                           "decode preparation", events)
+        if not slots:
+            return events
+        reqs = [r for r, _ in slots]
+        logits = self._decode_logits(reqs, [slot for _, slot in slots])
+        self._launched()
+        return events + self._sample_and_append(logits, reqs)
+
+    def _each(self, items: Iterable[_Item], prepare: Callable[[_Item], _Out], stage: str,
+              events: list[RequestOutput]) -> list[tuple[_Item, _Out]]:
+        """``prepare`` each item (a request, or a ``(request, end)`` pair) on its own: those that raise are
+        failed (their events go to ``events``) and left out; the others come with what ``prepare`` returned."""
+        done = []
+        for item in items:
+            try:
+                done.append((item, prepare(item)))
+            except Exception as err:
+                events.extend(self._fail(item[0] if isinstance(item, tuple) else item, stage, err))
+        return done
+
+    def _sample_and_append(self, logits: torch.Tensor, reqs: list[Request]) -> list[RequestOutput]:
+        """Sample row i for ``reqs[i]`` and append the tokens. Should the batched call raise, each row is sampled
+        alone (rows are independent: same tokens), so that one request's values fail only that request."""
+        try:
+            tokens, logprobs = self.sampler.sample(logits, reqs)
+            rows = list(zip(reqs, tokens, logprobs))
+            events: list[RequestOutput] = []
+        except Exception:
+            log.warning("batched sampling failed; sampling the %d rows one at a time", len(reqs), exc_info=True)
+            rows, events = [], []
+            for i, req in enumerate(reqs):
+                try:
+                    tokens, logprobs = self.sampler.sample(logits[i:i + 1], [req])
+                    rows.append((req, tokens[0], logprobs[0]))
+                except Exception as err:
+                    events.extend(self._fail(req, "sampling", err))
+        for req, token, lp in rows:
             events.extend(self._append(req, token, lp))
         return events
 
@@ -173,24 +244,34 @@ class Engine:
         token in the ragged batch. Runs eagerly, as every prefill does. ``marks``: prompt positions inside
         the chunks whose DeltaNet state the forward also writes to a prefix-cache slot."""
         dev = self.device
+        events: list[RequestOutput] = []
+        # Each request's rows first, on its own: one that cannot be prepared is failed and left out.
+        decode_rows = self._each(decode, lambda r: (self._slots_for(r, r.num_computed, r.num_computed + 1),
+                                                    [r.output_ids[-1]]), "decode preparation", events)
+        chunk_rows = self._each(prefills, lambda item: (self._slots_for(item[0], item[0].num_computed, item[1]),
+                                                        item[0].tokens(item[0].num_computed, item[1])),
+                                "prefill preparation", events)
+        decode, prefills = [r for r, _ in decode_rows], [item for item, _ in chunk_rows]
+        if not decode and not prefills:
+            return events
         ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
         lengths: list[int] = []
         context: list[int] = []
-        for req in decode:
+        for req, (row_slots, row_ids) in decode_rows:
             p = req.num_computed
-            slots += self._slots_for(req, p, p + 1)
-            ids.append(req.output_ids[-1])
+            slots += row_slots
+            ids += row_ids
             positions.append(p + req.rope_delta)
             lengths.append(1)
             context.append(p + 1)
             req.num_computed = p + 1
         checkpoints = self._forward_checkpoints(prefills, marks or {}, first_row=len(decode))
-        for req, end in prefills:
+        for (req, end), (row_slots, row_ids) in chunk_rows:
             start = req.num_computed
-            slots += self._slots_for(req, start, end)
-            ids += req.tokens(start, end)
+            slots += row_slots
+            ids += row_ids
             positions += range(start, end)
             lengths.append(end - start)
             context.append(end)
@@ -212,7 +293,12 @@ class Engine:
             batch.checkpoints = tuple((row, r, req.slot, slot) for _, req, row, r, slot in checkpoints)
             batch.ckpt_offsets = torch.tensor(offsets, dtype=torch.int32, device=dev)
             batch.ckpt_slots = torch.tensor(targets, dtype=torch.long, device=dev)
-        hidden = self.model(batch, self.cache)
+        try:
+            hidden = self.model(batch, self.cache)
+        except Exception:
+            for *_, slot in checkpoints:  # reserved for this forward's checkpoints, which will not exist
+                self.slots.release(slot)
+            raise
         for _, req, _, r, slot in checkpoints:  # num_computed is still the chunk's start
             self.prefix.adopt(req.tokens(0, req.num_computed + r), slot, req.pages, req.media_keys)
         rows, sampled = list(range(len(decode))), list(decode)  # the rows that sample a token, in order
@@ -223,13 +309,10 @@ class Engine:
             if done:
                 rows.append(int(cu[i + 1]) - 1)
                 sampled.append(req)
-        events: list[RequestOutput] = []
         logits = self.model.logits(hidden[torch.tensor(rows, device=dev)]) if sampled else None
         self._launched()
         if logits is not None:
-            tokens, logprobs = self.sampler.sample(logits, sampled)
-            for req, token, lp in zip(sampled, tokens, logprobs):
-                events.extend(self._append(req, token, lp))
+            events.extend(self._sample_and_append(logits, sampled))
         return events
 
     def _forward_checkpoints(self, prefills: list[tuple[Request, int]], marks: dict[str, int],
@@ -286,10 +369,9 @@ class Engine:
             self.lane_block_tables[req.lane, first:len(req.pages)] = torch.tensor(new_pages, dtype=torch.int32)
         return [req.pages[p // ps] * ps + p % ps for p in range(start, end)]
 
-    def _decode_logits(self, reqs: list[Request]) -> torch.Tensor:
+    def _decode_logits(self, reqs: list[Request], slot_mapping: list[int]) -> torch.Tensor:
         dev = self.device
         pos = [r.num_computed for r in reqs]
-        slot_mapping = [self._slots_for(r, p, p + 1)[0] for r, p in zip(reqs, pos)]
         ids = torch.tensor([r.output_ids[-1] for r in reqs], dtype=torch.long)
         positions = torch.tensor([p + r.rope_delta for r, p in zip(reqs, pos)], dtype=torch.long).expand(3, len(reqs))
         context = torch.tensor([p + 1 for p in pos], dtype=torch.int32)
@@ -338,11 +420,18 @@ class Engine:
     def _speculative_round(self, reqs: list[Request]) -> list[RequestOutput]:
         """Draft K tokens per sequence, verify them in one target step, commit the accepted run."""
         spec, t = self.spec, self.spec.t
-        for r in reqs:  # the verification writes KV at positions n .. n + K
-            self._slots_for(r, r.num_computed, r.num_computed + t)
+        events: list[RequestOutput] = []
+        # The verification writes KV at positions n .. n + K.
+        reqs = [r for r, _ in self._each(reqs, lambda r: self._slots_for(r, r.num_computed, r.num_computed + t),
+                                         "speculation preparation", events)]
+        if not reqs:
+            return events
         drafts, logits, hidden, n = spec.run(reqs)
         self._launched()
-        draw = self.sampler.draw_rows(logits, reqs, drafts)
+        try:
+            draw = self.sampler.draw_rows(logits, reqs, drafts)
+        except Exception as err:
+            return events + self._isolate_draw(logits, reqs, drafts, err)
         sampled = draw.out.token_ids.view(len(reqs), t)
         accepted = spec.acceptance(sampled, drafts)
         committed = committed_tokens(sampled, drafts, accepted)
@@ -351,7 +440,6 @@ class Engine:
         rows = torch.cat([committed, accepted[:, None]], 1).tolist()  # the round's one host sync
         tokens = [row[:row[-1] + 1] for row in rows]
         logprobs = self.sampler.logprobs(draw, tokens) if draw.want_logprobs else [[None] * len(x) for x in tokens]
-        events: list[RequestOutput] = []
         for req, toks, lps in zip(reqs, tokens, logprobs):
             req.spec_stats.record(spec.k, len(toks) - 1)
             n0, slots, outs = req.num_computed, [req.slot, *req.spare_slots], list(req.spare_slots)
@@ -365,6 +453,24 @@ class Engine:
                     break
         return events
 
+    def _isolate_draw(self, logits: torch.Tensor, reqs: list[Request], drafts: torch.Tensor,
+                      batch_error: Exception) -> list[RequestOutput]:
+        """The batched verification draw raised: fail the requests whose rows fail alone. Nothing of the round is
+        committed, so the others simply run it again next step (same drafts, same tokens); when no request fails
+        alone the fault is the batch's, and it is raised."""
+        log.warning("speculative sampling failed; probing the %d requests one at a time", len(reqs),
+                    exc_info=batch_error)
+        t, events, culprits = self.spec.t, [], 0
+        for b, req in enumerate(reqs):
+            try:
+                self.sampler.draw_rows(logits[b * t:(b + 1) * t], [req], drafts[b:b + 1])
+            except Exception as err:
+                culprits += 1
+                events.extend(self._fail(req, "sampling", err))
+        if not culprits:
+            raise batch_error
+        return events
+
     def _launched(self) -> None:
         if self.on_launched is not None:
             self.on_launched()
@@ -375,7 +481,10 @@ class Engine:
         if req.first_token_time is None:
             req.first_token_time = time.perf_counter()
         processor = self.outputs[req.request_id]
-        event = processor.push(token)
+        try:
+            event = processor.push(token)
+        except Exception as err:
+            return self._fail(req, "detokenization", err)
         if logprobs is not None:
             event.logprobs = [logprobs]
         if processor.finish_reason is not None:
@@ -384,7 +493,18 @@ class Engine:
             return [self._finish(req, "length", event)]
         return [event] if event.token_ids else []
 
-    def _finish(self, req: Request, reason: str, event: RequestOutput | None = None) -> RequestOutput:
+    def _fail(self, req: Request, stage: str, err: Exception, logged: bool = False) -> list[RequestOutput]:
+        """End one request whose ``stage`` raised ``err``: its error event (none if it had already ended)."""
+        if not logged:
+            log.error("request %s failed in %s", req.request_id, stage, exc_info=err)
+        if req.status is Status.FINISHED or req.request_id not in self.requests:
+            return []
+        return [self._finish(req, "error", error=f"{stage} failed: {type(err).__name__}: {err}")]
+
+    def _finish(self, req: Request, reason: str, event: RequestOutput | None = None,
+                error: str | None = None) -> RequestOutput:
+        """Release the request's lane, pages, slots and snapshot, and build its final event (``error``: why it
+        failed; its held-back text is dropped then, the output processor may be what failed)."""
         if self.prefix is not None and reason in ("stop", "length") and req.slot is not None and req.prefill_done:
             # The next turn of a conversation resends all of this: checkpoint where computation stopped.
             self.prefix.insert(req.tokens(0, req.num_computed), req.slot, req.pages, req.media_keys)
@@ -396,5 +516,11 @@ class Engine:
         req.finish_reason, req.finish_time = reason, time.perf_counter()
         processor = self.outputs.pop(req.request_id)
         self.requests.pop(req.request_id, None)
-        final = processor.finish(event, reason)
-        return final
+        if error is None:
+            try:
+                return processor.finish(event, reason)
+            except Exception as err:
+                log.error("request %s failed in finishing its output", req.request_id, exc_info=err)
+                error = f"output processing failed: {type(err).__name__}: {err}"
+                req.finish_reason = "error"
+        return RequestOutput(req.request_id, [], finished=True, finish_reason="error", error=error)
