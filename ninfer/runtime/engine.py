@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
-from typing import TypeVar
+from typing import Callable
 
 import torch
 
@@ -27,7 +26,9 @@ from ninfer.models.mtp import MTPHead
 from ninfer.models.qwen3_5 import Qwen3_5TextModel
 from ninfer.runtime.engine_config import EngineConfig
 from ninfer.runtime.graphs import DecodeGraphs
+from ninfer.runtime.isolation import draw_or_isolate, error_message, prepare_each, sample_each
 from ninfer.runtime.memory import MemoryPlan, dequant_workspace_bytes, plan_memory
+from ninfer.runtime.mixed_step import mixed_step
 from ninfer.runtime.output import OutputProcessor
 from ninfer.runtime.pause import Pauser
 from ninfer.runtime.pools import PagePool, SlotPool
@@ -43,8 +44,6 @@ from ninfer.runtime.warmup import warm_up
 MIXED_MAX_CONTEXT = 16384
 
 log = logging.getLogger("ninfer.engine")
-_Item = TypeVar("_Item")
-_Out = TypeVar("_Out")
 
 
 class Engine:
@@ -196,139 +195,21 @@ class Engine:
 
     def _decode(self, reqs: list[Request]) -> list[RequestOutput]:
         events: list[RequestOutput] = []
-        slots = self._each(reqs, lambda r: self._slots_for(r, r.num_computed, r.num_computed + 1)[0],
-                           "decode preparation", events)
+        slots = prepare_each(reqs, lambda r: self._slots_for(r, r.num_computed, r.num_computed + 1)[0],
+                             "decode preparation", self._fail, events)
         if not slots:
             return events
         reqs = [r for r, _ in slots]
         logits = self._decode_logits(reqs, [slot for _, slot in slots])
         self._launched()
-        return events + self._sample_and_append(logits, reqs)
-
-    def _each(self, items: Iterable[_Item], prepare: Callable[[_Item], _Out], stage: str,
-              events: list[RequestOutput]) -> list[tuple[_Item, _Out]]:
-        """``prepare`` each item (a request, or a ``(request, end)`` pair) on its own: those that raise are
-        failed (their events go to ``events``) and left out; the others come with what ``prepare`` returned."""
-        done = []
-        for item in items:
-            try:
-                done.append((item, prepare(item)))
-            except Exception as err:
-                events.extend(self._fail(item[0] if isinstance(item, tuple) else item, stage, err))
-        return done
-
-    def _sample_and_append(self, logits: torch.Tensor, reqs: list[Request]) -> list[RequestOutput]:
-        """Sample row i for ``reqs[i]`` and append the tokens. Should the batched call raise, each row is sampled
-        alone (rows are independent: same tokens), so that one request's values fail only that request."""
-        try:
-            tokens, logprobs = self.sampler.sample(logits, reqs)
-            rows = list(zip(reqs, tokens, logprobs))
-            events: list[RequestOutput] = []
-        except Exception:
-            log.warning("batched sampling failed; sampling the %d rows one at a time", len(reqs), exc_info=True)
-            rows, events = [], []
-            for i, req in enumerate(reqs):
-                try:
-                    tokens, logprobs = self.sampler.sample(logits[i:i + 1], [req])
-                    rows.append((req, tokens[0], logprobs[0]))
-                except Exception as err:
-                    events.extend(self._fail(req, "sampling", err))
-        for req, token, lp in rows:
+        for req, token, lp in sample_each(self.sampler, logits, reqs, self._fail, events):
             events.extend(self._append(req, token, lp))
         return events
 
     def _mixed_step(self, decode: list[Request], prefills: list[tuple[Request, int]],
                     marks: dict[str, int] | None = None) -> list[RequestOutput]:
-        """One forward over the decode rows and the prompt chunks together: the step reads the weights once
-        instead of twice (a decode graph, then the prefill), the decode rows being sequences of one new
-        token in the ragged batch. Runs eagerly, as every prefill does. ``marks``: prompt positions inside
-        the chunks whose DeltaNet state the forward also writes to a prefix-cache slot."""
-        dev = self.device
-        events: list[RequestOutput] = []
-        # Each request's rows first, on its own: one that cannot be prepared is failed and left out.
-        decode_rows = self._each(decode, lambda r: (self._slots_for(r, r.num_computed, r.num_computed + 1),
-                                                    [r.output_ids[-1]]), "decode preparation", events)
-        chunk_rows = self._each(prefills, lambda item: (self._slots_for(item[0], item[0].num_computed, item[1]),
-                                                        item[0].tokens(item[0].num_computed, item[1])),
-                                "prefill preparation", events)
-        decode, prefills = [r for r, _ in decode_rows], [item for item, _ in chunk_rows]
-        if not decode and not prefills:
-            return events
-        ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        lengths: list[int] = []
-        context: list[int] = []
-        for req, (row_slots, row_ids) in decode_rows:
-            p = req.num_computed
-            slots += row_slots
-            ids += row_ids
-            positions.append(p + req.rope_delta)
-            lengths.append(1)
-            context.append(p + 1)
-            req.num_computed = p + 1
-        checkpoints = self._forward_checkpoints(prefills, marks or {}, first_row=len(decode))
-        for (req, end), (row_slots, row_ids) in chunk_rows:
-            start = req.num_computed
-            slots += row_slots
-            ids += row_ids
-            positions += range(start, end)
-            lengths.append(end - start)
-            context.append(end)
-        reqs = decode + [req for req, _ in prefills]
-        lanes = torch.tensor([r.lane for r in reqs], dtype=torch.long, device=dev)
-        cu = torch.tensor([0, *lengths], dtype=torch.int32).cumsum(0, dtype=torch.int32)
-        batch = ForwardBatch(
-            input_ids=torch.tensor(ids, dtype=torch.long, device=dev),
-            positions=torch.tensor(positions, dtype=torch.long, device=dev).expand(3, len(ids)),
-            cu_seqlens=cu.to(dev), context_lens=torch.tensor(context, dtype=torch.int32, device=dev),
-            block_tables=self.lane_block_tables[lanes],
-            slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
-            state_slots=torch.tensor([r.slot for r in reqs], dtype=torch.long, device=dev), max_seqlen=max(lengths),
-        )
-        if checkpoints:
-            offsets, targets = [0] * len(reqs), [0] * len(reqs)
-            for i, _, row, r, slot in checkpoints:
-                offsets[i], targets[i] = r, slot
-            batch.checkpoints = tuple((row, r, req.slot, slot) for _, req, row, r, slot in checkpoints)
-            batch.ckpt_offsets = torch.tensor(offsets, dtype=torch.int32, device=dev)
-            batch.ckpt_slots = torch.tensor(targets, dtype=torch.long, device=dev)
-        try:
-            hidden = self.model(batch, self.cache)
-        except Exception:
-            for *_, slot in checkpoints:  # reserved for this forward's checkpoints, which will not exist
-                self.slots.release(slot)
-            raise
-        for _, req, _, r, slot in checkpoints:  # num_computed is still the chunk's start
-            self.prefix.adopt(req.tokens(0, req.num_computed + r), slot, req.pages, req.media_keys)
-        rows, sampled = list(range(len(decode))), list(decode)  # the rows that sample a token, in order
-        for i, (req, end) in enumerate(prefills, start=len(decode)):
-            req.num_computed = end
-            done = end >= req.prefill_target
-            self._maybe_checkpoint(req, done)
-            if done:
-                rows.append(int(cu[i + 1]) - 1)
-                sampled.append(req)
-        logits = self.model.logits(hidden[torch.tensor(rows, device=dev)]) if sampled else None
-        self._launched()
-        if logits is not None:
-            events.extend(self._sample_and_append(logits, sampled))
-        return events
-
-    def _forward_checkpoints(self, prefills: list[tuple[Request, int]], marks: dict[str, int],
-                             first_row: int) -> list[tuple[int, Request, int, int, int]]:
-        """``(i, req, row, r, slot)`` per request with a mark inside its chunk and a state slot to spare: its
-        index in the batch, the chunk's first packed row, the tokens before the mark, the checkpoint's slot."""
-        out = []
-        row = first_row
-        for i, (req, end) in enumerate(prefills, start=first_row):
-            start, mark = req.num_computed, marks.get(req.request_id)
-            if mark is not None and not self.prefix.holds(req.tokens(0, mark), req.media_keys):
-                slot = self.prefix.reserve_slot()
-                if slot is not None:
-                    out.append((i, req, row, mark - start, slot))
-            row += end - start
-        return out
+        """Decode rows and prompt chunks in one forward (:func:`ninfer.runtime.mixed_step.mixed_step`)."""
+        return mixed_step(self, decode, prefills, marks or {})
 
     def _maybe_checkpoint(self, req: Request, prompt_done: bool) -> None:
         """After a prompt chunk that stopped at a checkpoint mark, let the prefix cache keep the state."""
@@ -422,16 +303,15 @@ class Engine:
         spec, t = self.spec, self.spec.t
         events: list[RequestOutput] = []
         # The verification writes KV at positions n .. n + K.
-        reqs = [r for r, _ in self._each(reqs, lambda r: self._slots_for(r, r.num_computed, r.num_computed + t),
-                                         "speculation preparation", events)]
+        reqs = [r for r, _ in prepare_each(reqs, lambda r: self._slots_for(r, r.num_computed, r.num_computed + t),
+                                           "speculation preparation", self._fail, events)]
         if not reqs:
             return events
         drafts, logits, hidden, n = spec.run(reqs)
         self._launched()
-        try:
-            draw = self.sampler.draw_rows(logits, reqs, drafts)
-        except Exception as err:
-            return events + self._isolate_draw(logits, reqs, drafts, err)
+        draw = draw_or_isolate(self.sampler, logits, reqs, drafts, self._fail, events)
+        if draw is None:
+            return events
         sampled = draw.out.token_ids.view(len(reqs), t)
         accepted = spec.acceptance(sampled, drafts)
         committed = committed_tokens(sampled, drafts, accepted)
@@ -451,24 +331,6 @@ class Engine:
                 events.extend(self._append(req, tok, lp))
                 if req.status == Status.FINISHED:
                     break
-        return events
-
-    def _isolate_draw(self, logits: torch.Tensor, reqs: list[Request], drafts: torch.Tensor,
-                      batch_error: Exception) -> list[RequestOutput]:
-        """The batched verification draw raised: fail the requests whose rows fail alone. Nothing of the round is
-        committed, so the others simply run it again next step (same drafts, same tokens); when no request fails
-        alone the fault is the batch's, and it is raised."""
-        log.warning("speculative sampling failed; probing the %d requests one at a time", len(reqs),
-                    exc_info=batch_error)
-        t, events, culprits = self.spec.t, [], 0
-        for b, req in enumerate(reqs):
-            try:
-                self.sampler.draw_rows(logits[b * t:(b + 1) * t], [req], drafts[b:b + 1])
-            except Exception as err:
-                culprits += 1
-                events.extend(self._fail(req, "sampling", err))
-        if not culprits:
-            raise batch_error
         return events
 
     def _launched(self) -> None:
@@ -499,7 +361,7 @@ class Engine:
             log.error("request %s failed in %s", req.request_id, stage, exc_info=err)
         if req.status is Status.FINISHED or req.request_id not in self.requests:
             return []
-        return [self._finish(req, "error", error=f"{stage} failed: {type(err).__name__}: {err}")]
+        return [self._finish(req, "error", error=error_message(stage, err))]
 
     def _finish(self, req: Request, reason: str, event: RequestOutput | None = None,
                 error: str | None = None) -> RequestOutput:
@@ -521,6 +383,6 @@ class Engine:
                 return processor.finish(event, reason)
             except Exception as err:
                 log.error("request %s failed in finishing its output", req.request_id, exc_info=err)
-                error = f"output processing failed: {type(err).__name__}: {err}"
+                error = error_message("output processing", err)
                 req.finish_reason = "error"
         return RequestOutput(req.request_id, [], finished=True, finish_reason="error", error=error)
