@@ -142,6 +142,8 @@ class Engine:
         return events
 
     def _step(self, events: list[RequestOutput]) -> None:
+        """The step's stages append their events to ``events`` as they go, so that the error events of requests
+        failed early in the step are not lost when a later batched stage raises."""
         self.pauser.make_room()  # growing sequences first: pauses the newest resident requests if pages ran out
         for req in self.scheduler.admit():
             try:
@@ -154,13 +156,13 @@ class Engine:
             # attention kernel gives a one-token query no split-KV parallelism.
             ride = all(r.num_computed < MIXED_MAX_CONTEXT for r in plan.decode)
             if not ride:
-                events.extend(self._decode(plan.decode))
-            events.extend(self._mixed_step(plan.decode if ride else [], plan.prefills, plan.checkpoints))
+                self._decode(plan.decode, events)
+            self._mixed_step(plan.decode if ride else [], plan.prefills, plan.checkpoints, events)
             return
         if plan.decode and self.spec is not None:
-            events.extend(self._speculative_round(plan.decode))
+            self._speculative_round(plan.decode, events)
         elif plan.decode:
-            events.extend(self._decode(plan.decode))
+            self._decode(plan.decode, events)
         for req, end in plan.prefills:  # one (speculation, media); see Scheduler.plan
             try:  # a forward of this request alone: its failure touches no other request's state
                 events.extend(self._prefill(req, end))
@@ -193,23 +195,21 @@ class Engine:
             self.spec.begin(req, tokens[0])
         return self._append(req, tokens[0], logprobs[0])
 
-    def _decode(self, reqs: list[Request]) -> list[RequestOutput]:
-        events: list[RequestOutput] = []
+    def _decode(self, reqs: list[Request], events: list[RequestOutput]) -> None:
         slots = prepare_each(reqs, lambda r: self._slots_for(r, r.num_computed, r.num_computed + 1)[0],
                              "decode preparation", self._fail, events)
         if not slots:
-            return events
+            return
         reqs = [r for r, _ in slots]
         logits = self._decode_logits(reqs, [slot for _, slot in slots])
         self._launched()
         for req, token, lp in sample_each(self.sampler, logits, reqs, self._fail, events):
             events.extend(self._append(req, token, lp))
-        return events
 
-    def _mixed_step(self, decode: list[Request], prefills: list[tuple[Request, int]],
-                    marks: dict[str, int] | None = None) -> list[RequestOutput]:
+    def _mixed_step(self, decode: list[Request], prefills: list[tuple[Request, int]], marks: dict[str, int],
+                    events: list[RequestOutput]) -> None:
         """Decode rows and prompt chunks in one forward (:func:`ninfer.runtime.mixed_step.mixed_step`)."""
-        return mixed_step(self, decode, prefills, marks or {})
+        mixed_step(self, decode, prefills, marks, events)
 
     def _maybe_checkpoint(self, req: Request, prompt_done: bool) -> None:
         """After a prompt chunk that stopped at a checkpoint mark, let the prefix cache keep the state."""
@@ -298,20 +298,19 @@ class Engine:
         req.mm = None  # the media embeddings are no longer needed once the prompt is in the cache
         return self.model.logits(hidden[-1:])
 
-    def _speculative_round(self, reqs: list[Request]) -> list[RequestOutput]:
+    def _speculative_round(self, reqs: list[Request], events: list[RequestOutput]) -> None:
         """Draft K tokens per sequence, verify them in one target step, commit the accepted run."""
         spec, t = self.spec, self.spec.t
-        events: list[RequestOutput] = []
         # The verification writes KV at positions n .. n + K.
         reqs = [r for r, _ in prepare_each(reqs, lambda r: self._slots_for(r, r.num_computed, r.num_computed + t),
                                            "speculation preparation", self._fail, events)]
         if not reqs:
-            return events
+            return
         drafts, logits, hidden, n = spec.run(reqs)
         self._launched()
         draw = draw_or_isolate(self.sampler, logits, reqs, drafts, self._fail, events)
         if draw is None:
-            return events
+            return
         sampled = draw.out.token_ids.view(len(reqs), t)
         accepted = spec.acceptance(sampled, drafts)
         committed = committed_tokens(sampled, drafts, accepted)
@@ -331,7 +330,6 @@ class Engine:
                 events.extend(self._append(req, tok, lp))
                 if req.status == Status.FINISHED:
                     break
-        return events
 
     def _launched(self) -> None:
         if self.on_launched is not None:

@@ -19,12 +19,11 @@ if TYPE_CHECKING:
 
 
 def mixed_step(engine: Engine, decode: list[Request], prefills: list[tuple[Request, int]],
-               marks: dict[str, int]) -> list[RequestOutput]:
-    """One forward over ``decode`` (one new token each) and the prompt chunks ``prefills`` (request, end);
-    runs eagerly, as every prefill does. ``marks``: prompt positions inside the chunks whose DeltaNet state
-    the forward also writes to a prefix-cache slot."""
+               marks: dict[str, int], events: list[RequestOutput]) -> None:
+    """One forward over ``decode`` (one new token each) and the prompt chunks ``prefills`` (request, end),
+    its events appended to ``events``; runs eagerly, as every prefill does. ``marks``: prompt positions
+    inside the chunks whose DeltaNet state the forward also writes to a prefix-cache slot."""
     dev = engine.device
-    events: list[RequestOutput] = []
     # Each request's rows first, on its own: one that cannot be prepared is failed and left out.
     decode_rows = prepare_each(decode, lambda r: (engine._slots_for(r, r.num_computed, r.num_computed + 1),
                                                   [r.output_ids[-1]]), "decode preparation", engine._fail, events)
@@ -33,7 +32,7 @@ def mixed_step(engine: Engine, decode: list[Request], prefills: list[tuple[Reque
                               "prefill preparation", engine._fail, events)
     decode, prefills = [r for r, _ in decode_rows], [item for item, _ in chunk_rows]
     if not decode and not prefills:
-        return events
+        return
     ids: list[int] = []
     positions: list[int] = []
     slots: list[int] = []
@@ -94,7 +93,6 @@ def mixed_step(engine: Engine, decode: list[Request], prefills: list[tuple[Reque
     if logits is not None:
         for req, token, lp in sample_each(engine.sampler, logits, sampled, engine._fail, events):
             events.extend(engine._append(req, token, lp))
-    return events
 
 
 def _forward_checkpoints(engine: Engine, prefills: list[tuple[Request, int]], marks: dict[str, int],

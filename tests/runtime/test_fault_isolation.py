@@ -195,6 +195,27 @@ def test_a_failing_batched_forward_fails_its_batch_and_the_engine_serves_on(llm,
     _assert_balanced(llm)
 
 
+def test_an_error_event_survives_a_later_failure_in_the_same_step(llm, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The victim fails while its rows are prepared, then the step's forward fails too: the victim's own error
+    # event must still come out of the step (its stream would otherwise wait forever), and the others end too.
+    reqs = [_greedy(llm, p) for p in PROMPTS]
+    for r in reqs:
+        llm.engine.add_request(r)
+    _slots_fault(lambda req, start, end: True)(llm, reqs[VICTIM], monkeypatch)
+    real = llm.engine.model.forward
+
+    def forward(*args, **kw):
+        raise Injected("device fault")
+    monkeypatch.setattr(llm.engine.model, "forward", forward)
+    events = llm.engine.step()
+    monkeypatch.setattr(llm.engine.model, "forward", real)
+    finals = {e.request_id: e for e in events if e.finished}
+    assert set(finals) == {r.request_id for r in reqs}
+    assert "prefill preparation failed" in finals[reqs[VICTIM].request_id].error
+    assert all("batched step failed" in finals[r.request_id].error for i, r in enumerate(reqs) if i != VICTIM)
+    _assert_balanced(llm)
+
+
 def test_requests_waiting_outside_a_failed_batch_are_unaffected(dense_ckpt: TinyCheckpoint, expected,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     llm = _load(dense_ckpt, max_concurrency=2)
