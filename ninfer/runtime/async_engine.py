@@ -231,7 +231,7 @@ class AsyncEngine:
             if self.engine.has_work:
                 try:
                     events = self.engine.step()
-                except Exception as err:  # a failed step ends every resident request; serving goes on
+                except Exception as err:  # Engine.step isolates faults itself; this nets any step that still raises
                     events = self._fail_all(err)
             self._publish(events)
 

@@ -4,9 +4,16 @@
 (replayed from a CUDA graph on GPU) or, when prompt chunks are due, one forward over the decode rows
 and the chunks together, the sampler picks tokens, and each request's output processor turns tokens
 into text events and decides when it stops.
+
+Failure isolation: whatever raises while one request is prepared (admission, its rows of a batch),
+sampled or turned into text finishes that request alone with ``finish_reason="error"`` and the error
+in ``RequestOutput.error``, its lane, pages and slots back in their pools; the rest of the batch goes
+on. A failing batched forward fails the requests resident in that step the same way (their device
+state may be half-written), and the engine keeps serving the others and new ones.
 """
 from __future__ import annotations
 
+import logging
 import time
 from typing import Callable
 
@@ -18,7 +25,9 @@ from ninfer.models.mtp import MTPHead
 from ninfer.models.qwen3_5 import Qwen3_5TextModel
 from ninfer.runtime.engine_config import EngineConfig
 from ninfer.runtime.graphs import DecodeGraphs
+from ninfer.runtime.isolation import draw_or_isolate, error_message, prepare_each, sample_each
 from ninfer.runtime.memory import MemoryPlan, dequant_workspace_bytes, plan_memory
+from ninfer.runtime.mixed_step import mixed_step
 from ninfer.runtime.output import OutputProcessor
 from ninfer.runtime.pause import Pauser
 from ninfer.runtime.pools import PagePool, SlotPool
@@ -32,6 +41,8 @@ from ninfer.runtime.warmup import warm_up
 # Decode rows join a step's prompt chunks in one forward while their contexts are shorter than this:
 # beyond it their attention (prefill kernel, no split-KV) costs more than the separate decode step saved.
 MIXED_MAX_CONTEXT = 16384
+
+log = logging.getLogger("ninfer.engine")
 
 
 class Engine:
@@ -89,9 +100,10 @@ class Engine:
         """Queue a request; raises AdmissionError (never runnable) or QueueFull (try later)."""
         if req.mm is not None:
             req.media_keys = req.mm.media_keys
+        processor = self.make_output(req)  # before the scheduler holds the request: a failure leaves nothing behind
         self.scheduler.add(req)
         self.requests[req.request_id] = req
-        self.outputs[req.request_id] = self.make_output(req)
+        self.outputs[req.request_id] = processor
 
     def cancel(self, request_id: str) -> RequestOutput | None:
         req = self.requests.get(request_id)
@@ -115,133 +127,85 @@ class Engine:
     # -- the step -----------------------------------------------------------------------------
     @torch.inference_mode()
     def step(self) -> list[RequestOutput]:
+        """One scheduling step; returns its events (a request's failure is one of them, never an exception)."""
+        events: list[RequestOutput] = []
+        try:
+            self._step(events)
+        except Exception as err:  # a batched stage: what ran in it may be half-written, so its requests end
+            log.exception("engine step failed; ending the %d resident requests", len(self.scheduler.running))
+            for req in list(self.scheduler.running):
+                events.extend(self._fail(req, "the batched step", err, logged=True))
+        return events
+
+    def _step(self, events: list[RequestOutput]) -> None:
+        """The step's stages append their events to ``events`` as they go, so that the error events of requests
+        failed early in the step are not lost when a later batched stage raises."""
         self.pauser.make_room()  # growing sequences first: pauses the newest resident requests if pages ran out
         for req in self.scheduler.admit():
-            if req.prefix_hit is not None:
-                self._resume_from_prefix(req)
-            else:
-                self.cache.reset_slot(req.slot)
-            if req.paused is not None:
-                self.pauser.resume(req)  # its snapshot, or nothing (it prefills again); its sampler lane
-            else:
-                self.sampler.start(req)
-            if self.spec is not None and req.spec_stats is None:
-                req.spec_stats = SpecStats()
-            if self.on_admit is not None:
-                self.on_admit(req)
+            try:
+                self._start(req)
+            except Exception as err:
+                events.extend(self._fail(req, "admission", err))
         plan = self.scheduler.plan()
-        events: list[RequestOutput] = []
         if plan.prefills and self.spec is None and plan.prefills[0][0].mm is None:
             # Decode rows ride along with the prompt chunks unless their contexts are long: the prefill
             # attention kernel gives a one-token query no split-KV parallelism.
             ride = all(r.num_computed < MIXED_MAX_CONTEXT for r in plan.decode)
             if not ride:
-                events.extend(self._decode(plan.decode))
-            return events + self._mixed_step(plan.decode if ride else [], plan.prefills, plan.checkpoints)
+                self._decode(plan.decode, events)
+            self._mixed_step(plan.decode if ride else [], plan.prefills, plan.checkpoints, events)
+            return
         if plan.decode and self.spec is not None:
-            events.extend(self._speculative_round(plan.decode))
+            self._speculative_round(plan.decode, events)
         elif plan.decode:
-            events.extend(self._decode(plan.decode))
+            self._decode(plan.decode, events)
         for req, end in plan.prefills:  # one (speculation, media); see Scheduler.plan
-            logits = self._prefill_logits(req, end)
-            self._launched()
-            self._maybe_checkpoint(req, logits is not None)
-            if logits is not None:
-                tokens, logprobs = self.sampler.sample(logits, [req])
-                if self.spec is not None:
-                    self.spec.begin(req, tokens[0])
-                events.extend(self._append(req, tokens[0], logprobs[0]))
-        return events
+            try:  # a forward of this request alone: its failure touches no other request's state
+                events.extend(self._prefill(req, end))
+            except Exception as err:
+                events.extend(self._fail(req, "prefill", err))
 
-    def _decode(self, reqs: list[Request]) -> list[RequestOutput]:
-        logits = self._decode_logits(reqs)
+    def _start(self, req: Request) -> None:
+        """An admitted request's state: prefix-cache hit or a reset slot, its pause snapshot, its sampler lane."""
+        if req.prefix_hit is not None:
+            self._resume_from_prefix(req)
+        else:
+            self.cache.reset_slot(req.slot)
+        if req.paused is not None:
+            self.pauser.resume(req)  # its snapshot, or nothing (it prefills again); its sampler lane
+        else:
+            self.sampler.start(req)
+        if self.spec is not None and req.spec_stats is None:
+            req.spec_stats = SpecStats()
+        if self.on_admit is not None:
+            self.on_admit(req)
+
+    def _prefill(self, req: Request, end: int) -> list[RequestOutput]:
+        logits = self._prefill_logits(req, end)
         self._launched()
-        tokens, logprobs = self.sampler.sample(logits, reqs)
-        events: list[RequestOutput] = []
-        for req, token, lp in zip(reqs, tokens, logprobs):
+        self._maybe_checkpoint(req, logits is not None)
+        if logits is None:
+            return []
+        tokens, logprobs = self.sampler.sample(logits, [req])
+        if self.spec is not None:
+            self.spec.begin(req, tokens[0])
+        return self._append(req, tokens[0], logprobs[0])
+
+    def _decode(self, reqs: list[Request], events: list[RequestOutput]) -> None:
+        slots = prepare_each(reqs, lambda r: self._slots_for(r, r.num_computed, r.num_computed + 1)[0],
+                             "decode preparation", self._fail, events)
+        if not slots:
+            return
+        reqs = [r for r, _ in slots]
+        logits = self._decode_logits(reqs, [slot for _, slot in slots])
+        self._launched()
+        for req, token, lp in sample_each(self.sampler, logits, reqs, self._fail, events):
             events.extend(self._append(req, token, lp))
-        return events
 
-    def _mixed_step(self, decode: list[Request], prefills: list[tuple[Request, int]],
-                    marks: dict[str, int] | None = None) -> list[RequestOutput]:
-        """One forward over the decode rows and the prompt chunks together: the step reads the weights once
-        instead of twice (a decode graph, then the prefill), the decode rows being sequences of one new
-        token in the ragged batch. Runs eagerly, as every prefill does. ``marks``: prompt positions inside
-        the chunks whose DeltaNet state the forward also writes to a prefix-cache slot."""
-        dev = self.device
-        ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        lengths: list[int] = []
-        context: list[int] = []
-        for req in decode:
-            p = req.num_computed
-            slots += self._slots_for(req, p, p + 1)
-            ids.append(req.output_ids[-1])
-            positions.append(p + req.rope_delta)
-            lengths.append(1)
-            context.append(p + 1)
-            req.num_computed = p + 1
-        checkpoints = self._forward_checkpoints(prefills, marks or {}, first_row=len(decode))
-        for req, end in prefills:
-            start = req.num_computed
-            slots += self._slots_for(req, start, end)
-            ids += req.tokens(start, end)
-            positions += range(start, end)
-            lengths.append(end - start)
-            context.append(end)
-        reqs = decode + [req for req, _ in prefills]
-        lanes = torch.tensor([r.lane for r in reqs], dtype=torch.long, device=dev)
-        cu = torch.tensor([0, *lengths], dtype=torch.int32).cumsum(0, dtype=torch.int32)
-        batch = ForwardBatch(
-            input_ids=torch.tensor(ids, dtype=torch.long, device=dev),
-            positions=torch.tensor(positions, dtype=torch.long, device=dev).expand(3, len(ids)),
-            cu_seqlens=cu.to(dev), context_lens=torch.tensor(context, dtype=torch.int32, device=dev),
-            block_tables=self.lane_block_tables[lanes],
-            slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
-            state_slots=torch.tensor([r.slot for r in reqs], dtype=torch.long, device=dev), max_seqlen=max(lengths),
-        )
-        if checkpoints:
-            offsets, targets = [0] * len(reqs), [0] * len(reqs)
-            for i, _, row, r, slot in checkpoints:
-                offsets[i], targets[i] = r, slot
-            batch.checkpoints = tuple((row, r, req.slot, slot) for _, req, row, r, slot in checkpoints)
-            batch.ckpt_offsets = torch.tensor(offsets, dtype=torch.int32, device=dev)
-            batch.ckpt_slots = torch.tensor(targets, dtype=torch.long, device=dev)
-        hidden = self.model(batch, self.cache)
-        for _, req, _, r, slot in checkpoints:  # num_computed is still the chunk's start
-            self.prefix.adopt(req.tokens(0, req.num_computed + r), slot, req.pages, req.media_keys)
-        rows, sampled = list(range(len(decode))), list(decode)  # the rows that sample a token, in order
-        for i, (req, end) in enumerate(prefills, start=len(decode)):
-            req.num_computed = end
-            done = end >= req.prefill_target
-            self._maybe_checkpoint(req, done)
-            if done:
-                rows.append(int(cu[i + 1]) - 1)
-                sampled.append(req)
-        events: list[RequestOutput] = []
-        logits = self.model.logits(hidden[torch.tensor(rows, device=dev)]) if sampled else None
-        self._launched()
-        if logits is not None:
-            tokens, logprobs = self.sampler.sample(logits, sampled)
-            for req, token, lp in zip(sampled, tokens, logprobs):
-                events.extend(self._append(req, token, lp))
-        return events
-
-    def _forward_checkpoints(self, prefills: list[tuple[Request, int]], marks: dict[str, int],
-                             first_row: int) -> list[tuple[int, Request, int, int, int]]:
-        """``(i, req, row, r, slot)`` per request with a mark inside its chunk and a state slot to spare: its
-        index in the batch, the chunk's first packed row, the tokens before the mark, the checkpoint's slot."""
-        out = []
-        row = first_row
-        for i, (req, end) in enumerate(prefills, start=first_row):
-            start, mark = req.num_computed, marks.get(req.request_id)
-            if mark is not None and not self.prefix.holds(req.tokens(0, mark), req.media_keys):
-                slot = self.prefix.reserve_slot()
-                if slot is not None:
-                    out.append((i, req, row, mark - start, slot))
-            row += end - start
-        return out
+    def _mixed_step(self, decode: list[Request], prefills: list[tuple[Request, int]], marks: dict[str, int],
+                    events: list[RequestOutput]) -> None:
+        """Decode rows and prompt chunks in one forward (:func:`ninfer.runtime.mixed_step.mixed_step`)."""
+        mixed_step(self, decode, prefills, marks, events)
 
     def _maybe_checkpoint(self, req: Request, prompt_done: bool) -> None:
         """After a prompt chunk that stopped at a checkpoint mark, let the prefix cache keep the state."""
@@ -282,10 +246,9 @@ class Engine:
             self.lane_block_tables[req.lane, first:len(req.pages)] = torch.tensor(new_pages, dtype=torch.int32)
         return [req.pages[p // ps] * ps + p % ps for p in range(start, end)]
 
-    def _decode_logits(self, reqs: list[Request]) -> torch.Tensor:
+    def _decode_logits(self, reqs: list[Request], slot_mapping: list[int]) -> torch.Tensor:
         dev = self.device
         pos = [r.num_computed for r in reqs]
-        slot_mapping = [self._slots_for(r, p, p + 1)[0] for r, p in zip(reqs, pos)]
         ids = torch.tensor([r.output_ids[-1] for r in reqs], dtype=torch.long)
         positions = torch.tensor([p + r.rope_delta for r, p in zip(reqs, pos)], dtype=torch.long).expand(3, len(reqs))
         context = torch.tensor([p + 1 for p in pos], dtype=torch.int32)
@@ -331,14 +294,19 @@ class Engine:
         req.mm = None  # the media embeddings are no longer needed once the prompt is in the cache
         return self.model.logits(hidden[-1:])
 
-    def _speculative_round(self, reqs: list[Request]) -> list[RequestOutput]:
+    def _speculative_round(self, reqs: list[Request], events: list[RequestOutput]) -> None:
         """Draft K tokens per sequence, verify them in one target step, commit the accepted run."""
         spec, t = self.spec, self.spec.t
-        for r in reqs:  # the verification writes KV at positions n .. n + K
-            self._slots_for(r, r.num_computed, r.num_computed + t)
+        # The verification writes KV at positions n .. n + K.
+        reqs = [r for r, _ in prepare_each(reqs, lambda r: self._slots_for(r, r.num_computed, r.num_computed + t),
+                                           "speculation preparation", self._fail, events)]
+        if not reqs:
+            return
         drafts, logits, hidden, n = spec.run(reqs)
         self._launched()
-        draw = self.sampler.draw_rows(logits, reqs, drafts)
+        draw = draw_or_isolate(self.sampler, logits, reqs, drafts, self._fail, events)
+        if draw is None:
+            return
         sampled = draw.out.token_ids.view(len(reqs), t)
         accepted = spec.acceptance(sampled, drafts)
         committed = committed_tokens(sampled, drafts, accepted)
@@ -347,7 +315,6 @@ class Engine:
         rows = torch.cat([committed, accepted[:, None]], 1).tolist()  # the round's one host sync
         tokens = [row[:row[-1] + 1] for row in rows]
         logprobs = self.sampler.logprobs(draw, tokens) if draw.want_logprobs else [[None] * len(x) for x in tokens]
-        events: list[RequestOutput] = []
         for req, toks, lps in zip(reqs, tokens, logprobs):
             req.spec_stats.record(spec.k, len(toks) - 1)
             n0, slots, outs = req.num_computed, [req.slot, *req.spare_slots], list(req.spare_slots)
@@ -359,7 +326,6 @@ class Engine:
                 events.extend(self._append(req, tok, lp))
                 if req.status == Status.FINISHED:
                     break
-        return events
 
     def _launched(self) -> None:
         if self.on_launched is not None:
@@ -371,7 +337,10 @@ class Engine:
         if req.first_token_time is None:
             req.first_token_time = time.perf_counter()
         processor = self.outputs[req.request_id]
-        event = processor.push(token)
+        try:
+            event = processor.push(token)
+        except Exception as err:
+            return self._fail(req, "detokenization", err)
         if logprobs is not None:
             event.logprobs = [logprobs]
         if processor.finish_reason is not None:
@@ -380,7 +349,18 @@ class Engine:
             return [self._finish(req, "length", event)]
         return [event] if event.token_ids else []
 
-    def _finish(self, req: Request, reason: str, event: RequestOutput | None = None) -> RequestOutput:
+    def _fail(self, req: Request, stage: str, err: Exception, logged: bool = False) -> list[RequestOutput]:
+        """End one request whose ``stage`` raised ``err``: its error event (none if it had already ended)."""
+        if not logged:
+            log.error("request %s failed in %s", req.request_id, stage, exc_info=err)
+        if req.status is Status.FINISHED or req.request_id not in self.requests:
+            return []
+        return [self._finish(req, "error", error=error_message(stage, err))]
+
+    def _finish(self, req: Request, reason: str, event: RequestOutput | None = None,
+                error: str | None = None) -> RequestOutput:
+        """Release the request's lane, pages, slots and snapshot, and build its final event (``error``: why it
+        failed; its held-back text is dropped then, the output processor may be what failed)."""
         if self.prefix is not None and reason in ("stop", "length") and req.slot is not None and req.prefill_done:
             # The next turn of a conversation resends all of this: checkpoint where computation stopped.
             self.prefix.insert(req.tokens(0, req.num_computed), req.slot, req.pages, req.media_keys)
@@ -392,5 +372,11 @@ class Engine:
         req.finish_reason, req.finish_time = reason, time.perf_counter()
         processor = self.outputs.pop(req.request_id)
         self.requests.pop(req.request_id, None)
-        final = processor.finish(event, reason)
-        return final
+        if error is None:
+            try:
+                return processor.finish(event, reason)
+            except Exception as err:
+                log.error("request %s failed in finishing its output", req.request_id, exc_info=err)
+                error = error_message("output processing", err)
+                req.finish_reason = "error"
+        return RequestOutput(req.request_id, [], finished=True, finish_reason="error", error=error)

@@ -8,6 +8,7 @@ buffer stands in for the counts so nothing vocabulary-sized is copied per step.
 from __future__ import annotations
 
 import dataclasses
+import math
 import random
 
 import torch
@@ -22,6 +23,17 @@ LaneState = tuple[int, int]  # (seed, counter) of the counter-based RNG
 def _uses_penalties(req: Request) -> bool:
     p = req.params
     return p.presence_penalty != 0 or p.frequency_penalty != 0 or p.repetition_penalty != 1
+
+
+def _check_fits(name: str, value: float, dtype: torch.dtype) -> None:
+    """Raise a ValueError naming the parameter whose value the lane's ``dtype`` cannot hold."""
+    if dtype.is_floating_point:
+        if not math.isfinite(float(value)) or abs(float(value)) > torch.finfo(dtype).max:
+            raise ValueError(f"{name}={value} is not a finite {dtype} value")
+    else:
+        info = torch.iinfo(dtype)
+        if not info.min <= int(value) <= info.max:
+            raise ValueError(f"{name}={value} is outside the sampler's range [{info.min}, {info.max}]")
 
 
 class Sampler:
@@ -43,6 +55,8 @@ class Sampler:
         values = dict(temperature=0.0 if p.is_greedy else p.temperature, top_k=p.top_k, top_p=p.top_p,
                       min_p=p.min_p, presence_penalty=p.presence_penalty, frequency_penalty=p.frequency_penalty,
                       repetition_penalty=p.repetition_penalty, seed=seed, counter=counter)
+        for name, value in values.items():  # checked first: a lane is never left half written
+            _check_fits(name, value, getattr(self.st, name).dtype)
         for name, value in values.items():
             getattr(self.st, name)[lane] = value
         if _uses_penalties(req):

@@ -106,3 +106,49 @@ def test_stop_at_very_start() -> None:
 def test_overlapping_prefix_restarts(deltas: list[str]) -> None:
     # "abcabcd": the first "abc" is not followed by "d"; the match restarts inside the held text.
     assert run(["abcd"], deltas)[:2] == ("abc", "abcd")
+
+
+def _fed(m: StopStringMatcher, text: str, step: int) -> tuple[str, bool]:
+    outs, hit = [], False
+    for i in range(0, len(text), step):
+        out, hit = m.feed(text[i:i + step])
+        outs.append(out)
+        if hit:
+            break
+    return "".join(outs), hit
+
+
+@pytest.mark.slow
+def test_huge_and_many_stop_strings_use_linear_memory_and_bounded_time() -> None:
+    # A 1,000,000-character stop string once cost gigabytes (every prefix stored); the matcher must stay
+    # linear in the stop strings' length, even when the stream runs deep into one of them and then diverges.
+    import time
+    import tracemalloc
+
+    huge = "ab" * 500_000
+    mid = [f"{i:04d}" + "xy" * 2_000 for i in range(200)]  # 200 stop strings of 4,004 characters
+    text = "hello " + huge[:100_000] + "c" + " 0042" + "xy" * 1_000 + " tail"
+    tracemalloc.start()
+    start = time.perf_counter()
+    try:
+        m = StopStringMatcher([huge, *mid])
+        out, hit = _fed(m, text, 4)  # token-sized deltas
+        out += m.flush()
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    elapsed = time.perf_counter() - start
+    assert (out, hit, m.matched) == (text, False, None)  # nothing completed, nothing lost
+    total = len(huge) + sum(map(len, mid))
+    # A few bytes per stop character (about 2 MB here); storing every prefix would take terabytes.
+    assert peak < 8 * total, f"peak {peak / 1e6:.1f} MB for {total / 1e6:.1f} M stop characters"
+    assert elapsed < 20, f"{elapsed:.1f} s"
+
+
+@pytest.mark.slow
+def test_huge_stop_string_still_matches_across_deltas() -> None:
+    huge = "ab" * 500_000
+    m = StopStringMatcher([huge, "zz"])
+    text = "pre " + "ab" * 10 + " " + huge + " post"
+    out, hit = _fed(m, text, 7)
+    assert hit and m.matched == huge and out == "pre " + "ab" * 10 + " "
