@@ -2,7 +2,7 @@
 
 Order of claims on device memory: weights (already resident), DeltaNet state slots (one per lane),
 a workspace estimate for the largest prefill chunk and the logits, plus the buffer that quantized
-prefill GEMMs dequantize weights into (:mod:`ninfer.kernels.quant_dequant`, allocated on first use
+prefill GEMMs dequantize weights into (:mod:`ninfer.kernels.quant_gemm.dequant`, allocated on first use
 and kept), a fixed headroom, then the KV pool takes what is left (``kv_capacity="auto"``) or exactly
 what was asked for.
 """
@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from ninfer.config import ModelConfig
-from ninfer.kernels.quant_dequant import workspace_bytes as dequant_bytes
+from ninfer.kernels.quant_gemm.dequant import workspace_bytes as dequant_bytes
 from ninfer.models.fused import fused_weights
 from ninfer.quant.linear import QuantLinear
 

@@ -9,16 +9,13 @@ round-to-nearest-even on every backend.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
 
 import torch
 import triton
 import triton.language as tl
 
-from ninfer.kernels.attention_common import QUANT_CODE
-
-if TYPE_CHECKING:
-    from ninfer.kernels.attention import PagedKV
+from ninfer.kernels.attention.common import QUANT_CODE
+from ninfer.kernels.attention.paged import PagedKV
 
 FP8_MAX = tl.constexpr(448.0)
 INT8_MAX = tl.constexpr(127.0)

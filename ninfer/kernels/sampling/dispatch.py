@@ -35,7 +35,7 @@ import torch
 import triton
 
 from ninfer.kernels.dispatch import use_triton
-from ninfer.kernels.sampling_kernel import sample_kernel
+from ninfer.kernels.sampling.kernel import sample_kernel
 
 MAX_LOGPROBS = 20
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ninfer.kernels.sampling_passes import (
+from ninfer.kernels.sampling.passes import (
     KEY_MAX,
     KEY_NONE,
     block_scores,

@@ -1,8 +1,8 @@
 """Decode GEMV over routed (token, expert) pairs for quantized expert stacks, without ``tl.dot``.
 
-The expert counterpart of :mod:`ninfer.kernels.quant_gemv`. At decode (<= ``MAX_PAIRS`` pairs) the
+The expert counterpart of :mod:`ninfer.kernels.quant_gemm.gemv`. At decode (<= ``MAX_PAIRS`` pairs) the
 expert GEMMs move only the selected experts' packed bytes, and the ``tl.dot`` kernels of
-:mod:`ninfer.kernels.moe_quant_gemm` pad each expert's one or two pairs to a 16-row MMA tile: they
+:mod:`ninfer.kernels.moe.quant_gemm` pad each expert's one or two pairs to a 16-row MMA tile: they
 measured 10-24 % of copy bandwidth at 1-8 tokens on an H200, where the dense GEMV reached 37-47 %
 (4-bit) and 69-94 % (8-bit) against 16-47 % for its ``tl.dot`` path.
 
@@ -11,9 +11,9 @@ measured 10-24 % of copy bandwidth at 1-8 tokens on an H200, where the dense GEM
   of that expert (BLOCK_M at a time) and the others exit, so each selected expert's rows are read
   once per column tile and no other expert is read.
 * A K step loads a ``[BLOCK_N, BLOCK_K]`` slab of packed rows (16-byte vectors), decodes it in
-  registers once (:func:`quant_gemv._gemv_decode`, group scales from ``_gemv_scales``; int4 codes
-  as 32-bit words for ``kind="gemv-w32"``: ``_w32_values``) and reduces it against each of the
-  group's activation rows ``a[pair // a_div]`` (``_gemv_dot`` / ``_w32_dot``: ``tl.sum`` per scale
+  registers once (:func:`quant_gemv.gemv_decode`, group scales from ``gemv_scales``; int4 codes
+  as 32-bit words for ``kind="gemv-w32"``: ``w32_values``) and reduces it against each of the
+  group's activation rows ``a[pair // a_div]`` (``gemv_dot`` / ``w32_dot``: ``tl.sum`` per scale
   group, fp32). Rows of a BLOCK_M tile past the group's count are skipped at run time
   (most experts have one pair at decode), not computed and dropped.
 * Epilogues as the ``tl.dot`` expert kernels: per-row scales (fp8 rows, nvfp4 global scale) on the
@@ -26,7 +26,7 @@ measured 10-24 % of copy bandwidth at 1-8 tokens on an H200, where the dense GEM
 Selection (:func:`choose_config`): never blind. The first call of a key ``(format, dtype,
 pair-count bucket, N, K, swiglu)`` on CUDA, outside graph capture and the interpreter, times the
 ``tl.dot`` path (``GROUPED_DOT``) and the GEMV candidates from CUDA-graph replays (the dense
-tuner's ``_time_candidates``) and keeps the fastest, also on disk (:mod:`ninfer.kernels.tune_cache`):
+tuner's ``time_candidates``) and keeps the fastest, also on disk (:mod:`ninfer.kernels.tune_cache`):
 a later process takes the stored choice while it is still a candidate. During capture, or with tuning
 off, a key takes what was chosen for it, else the ``tl.dot`` path: warm decode shapes before capturing.
 """
@@ -38,32 +38,25 @@ import torch
 import triton
 import triton.language as tl
 
-from ninfer.kernels import quant_gemm_tune
 from ninfer.kernels.dispatch import INTERPRET
-from ninfer.kernels.moe_align import ExpertRows, pair_group, pair_rows
-from ninfer.kernels.quant_gemm import _finish, kernel_tensors
-from ninfer.kernels.quant_gemm_tune import (
-    FMT_CODES,
-    GemmConfig,
-    kernel_params,
-    sm_count,
+from ninfer.kernels.moe.align import ExpertRows, pair_group, pair_rows
+from ninfer.kernels.quant_gemm import tune as quant_gemm_tune
+from ninfer.kernels.quant_gemm.common import FMT_CODES, finish, kernel_tensors
+from ninfer.kernels.quant_gemm.tune import GemmConfig, kernel_params, sm_count
+from ninfer.kernels.quant_gemm.gemv_steps import (
+    gemv_decode,
+    gemv_dot,
+    gemv_raw,
+    gemv_reduce_kernel,
+    gemv_scales,
+    gemv_x,
+    store_partials,
+    w32_dot,
+    w32_raw,
+    w32_scales,
+    w32_values,
 )
-
-# quant_gemv's building blocks (private there; this kernel is their second user).
-from ninfer.kernels.quant_gemv import (
-    _gemv_decode,
-    _gemv_dot,
-    _gemv_raw,
-    _gemv_reduce_kernel,
-    _gemv_scales,
-    _gemv_x,
-    _store_partials,
-    _w32_dot,
-    _w32_raw,
-    _w32_scales,
-    _w32_values,
-)
-from ninfer.quant.formats import QuantizedTensor
+from ninfer.kernels.quant_gemm.weights import QuantizedTensor
 
 MAX_PAIRS = 64  # routed pairs up to which the GEMV is a candidate (8 tokens at top-8)
 # The tl.dot grouped GEMM of moe_quant_gemm; its tile sizes come from its own triton.autotune.
@@ -73,11 +66,11 @@ GROUPED_DOT = GemmConfig(16, 0, 0, kind="dot")
 @triton.jit
 def _raw(q_ptr, rows, k0, K, stride_qn, FMT: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
          WORDS: tl.constexpr):
-    """The packed slab of a K step: bytes (:func:`_gemv_raw`) or, WORDS, int4 32-bit words (``_w32_raw``)."""
+    """The packed slab of a K step: bytes (:func:`gemv_raw`) or, WORDS, int4 32-bit words (``w32_raw``)."""
     if WORDS:
-        raw = _w32_raw(q_ptr, rows, k0, K, stride_qn, BLOCK_K, EVEN_K)
+        raw = w32_raw(q_ptr, rows, k0, K, stride_qn, BLOCK_K, EVEN_K)
     else:
-        raw = _gemv_raw(q_ptr, rows, k0, K, stride_qn, FMT, BLOCK_K, EVEN_K)
+        raw = gemv_raw(q_ptr, rows, k0, K, stride_qn, FMT, BLOCK_K, EVEN_K)
     return raw
 
 
@@ -88,11 +81,11 @@ def _pair_row(acc, dec, scale, x_ptr, xrows, i: tl.constexpr, k0, K, stride_xm, 
     """``acc[:, i] +=`` the decoded slab ``dec`` times activation row ``xrows[i]``."""
     cols = tl.arange(0, BLOCK_M)
     xrow = tl.sum(tl.where(cols == i, xrows, 0), axis=0)  # element i of the gathered rows
-    xt = _gemv_x(x_ptr, xrow, k0, K, stride_xm, BLOCK_K, EVEN_K)
+    xt = gemv_x(x_ptr, xrow, k0, K, stride_xm, BLOCK_K, EVEN_K)
     if WORDS:
-        y = _w32_dot(dec, scale, xt, GROUP, BLOCK_N, BLOCK_K)
+        y = w32_dot(dec, scale, xt, GROUP, BLOCK_N, BLOCK_K)
     else:
-        y = _gemv_dot(dec[0], dec[1], scale, xt, FMT, GROUP, BLOCK_N, BLOCK_K)
+        y = gemv_dot(dec[0], dec[1], scale, xt, FMT, GROUP, BLOCK_N, BLOCK_K)
     return acc + tl.where(cols[None, :] == i, y[:, None], 0.0)
 
 
@@ -103,11 +96,11 @@ def _pairs_step(acc, raw, x_ptr, xrows, n_rows, s_ptr, rows, k0, K, stride_xm, s
     """``acc[:, i] += W[rows, k0:k0+BLOCK_K] . x[xrows[i], k0:k0+BLOCK_K]`` for i < n_rows; ``raw``: the
     packed slab (:func:`_raw`), decoded once for all rows."""
     if WORDS:
-        dec = _w32_values(raw)
-        scale = _w32_scales(s_ptr, rows, k0, K, stride_sn, GROUP, BLOCK_K, EVEN_K)
+        dec = w32_values(raw)
+        scale = w32_scales(s_ptr, rows, k0, K, stride_sn, GROUP, BLOCK_K, EVEN_K)
     else:
-        dec = _gemv_decode(raw, FMT)
-        scale = _gemv_scales(s_ptr, rows, k0, K, stride_sn, FMT, GROUP, ROW_BLOCK, BLOCK_K, EVEN_K)
+        dec = gemv_decode(raw, FMT)
+        scale = gemv_scales(s_ptr, rows, k0, K, stride_sn, FMT, GROUP, ROW_BLOCK, BLOCK_K, EVEN_K)
     for i in tl.static_range(BLOCK_M):
         # Row 0 always exists (a program only runs for a group with pairs); later rows only when the
         # expert has that many pairs left: a run-time branch, so lone pairs cost one row of arithmetic.
@@ -201,9 +194,9 @@ def _moe_gemv_kernel(
             acc *= tl.load(rw_ptr + pairs, mask=row_ok, other=0.0).to(tl.float32)[None, :]
         mask = n_ok[:, None] & row_ok[None, :]
         if SPLIT:  # rows are pairs: scratch [splits, NK, ...]
-            _store_partials(ws_ptr, acc, acc_up, pid_s, NK, pairs, offs_n, mask, N_OUT, SWIGLU)
+            store_partials(ws_ptr, acc, acc_up, pid_s, NK, pairs, offs_n, mask, N_OUT, SWIGLU)
         else:
-            _finish(acc, acc_up, pairs, offs_n, mask, out_ptr, 0, out_ptr, stride_om, SWIGLU, False)
+            finish(acc, acc_up, pairs, offs_n, mask, out_ptr, 0, out_ptr, stride_om, SWIGLU, False)
 
 
 def launch_expert_gemv(rows: ExpertRows, a: torch.Tensor, w: QuantizedTensor, dst: torch.Tensor, rw: torch.Tensor,
@@ -247,7 +240,7 @@ def launch_expert_gemv(rows: ExpertRows, a: torch.Tensor, w: QuantizedTensor, ds
     )
     if splits > 1:
         bm = min(triton.next_power_of_2(nk), 8)
-        _gemv_reduce_kernel[(triton.cdiv(n_out, 128), triton.cdiv(nk, bm))](
+        gemv_reduce_kernel[(triton.cdiv(n_out, 128), triton.cdiv(nk, bm))](
             ws, dst, dst, nk, n_out, splits, dst.stride(0), dst.stride(0),
             SWIGLU=swiglu, HAS_RES=False, BLOCK_M=bm, BLOCK_N=128, num_warps=4)
 
@@ -270,9 +263,9 @@ def expert_gemv_candidates(fmt: str, pairs: int, n_out: int, k: int, sms: int) -
         shapes += [("gemv-w32", 32, 256, 4, 1), ("gemv-w32", 64, 128, 4, 1)]
     out: list[GemmConfig] = []
     for kind, bn, row_bytes, warps, stages in shapes:
-        bk = max(row_bytes * (2 if four_bit else 1), quant_gemm_tune._GROUPS.get(fmt, 1))
+        bk = max(row_bytes * (2 if four_bit else 1), quant_gemm_tune.GROUPS.get(fmt, 1))
         cfg = GemmConfig(block_m, bn, bk, 1, warps, stages, kind)
-        split = quant_gemm_tune._gemv_split(pairs * triton.cdiv(n_out, bn), triton.cdiv(k, bk), sms)
+        split = quant_gemm_tune.gemv_split(pairs * triton.cdiv(n_out, bn), triton.cdiv(k, bk), sms)
         out.extend([GemmConfig(block_m, bn, bk, split, warps, stages, kind), cfg] if split > 1 else [cfg])
     return out
 
@@ -319,7 +312,7 @@ def choose_config(fmt: str, a: torch.Tensor, rows: ExpertRows, n_out: int, k: in
     cands = [GROUPED_DOT, *expert_gemv_candidates(fmt, rows.pairs, n_out, k, sm_count(a.device))]
     chosen = quant_gemm_tune.stored_config("moe_gemv", key, cands, a.device)
     if chosen is None:  # not stored, or no longer a candidate: time them (no _TIMINGS for stored keys)
-        timings = _TIMINGS[key] = quant_gemm_tune._time_candidates(cands, launch, graphs=True)
+        timings = _TIMINGS[key] = quant_gemm_tune.time_candidates(cands, launch, graphs=True)
         if not timings:
             raise RuntimeError(f"no expert GEMM config fits this GPU for {key}")
         chosen = min(timings, key=timings.__getitem__)
