@@ -1,6 +1,6 @@
 """The runtime tuners' choices on disk, so that a second start on the same GPU skips the benchmarking.
 
-``quant_gemm_tune.select_config`` and ``moe_quant_gemv.choose_config`` time every candidate on a
+``quant_gemm.tune.select_config`` and ``moe.quant_gemv.choose_config`` time every candidate on a
 key's first call (minutes at the 27B/35B shapes, every start). Their choices go to one JSON file per
 GPU model and software stack, as vLLM and SGLang ship per-GPU configs, under ``$NINFER_TUNE_CACHE``
 (a directory; ``off`` or ``0``: no reads, no writes), else ``$XDG_CACHE_HOME/ninfer/tune``

@@ -65,7 +65,7 @@ def workspace_bytes(cfg: ModelConfig, engine: "EngineConfig", model_dtype: torch
 
 def dequant_workspace_bytes(modules: Iterable[nn.Module | None], model_dtype: torch.dtype) -> int:
     """The dequantization buffer of quantized prefill GEMMs: the largest ``QuantLinear`` weight that the
-    tuner may send down that path (``quant_dequant``; not the LM head), in the activation dtype.
+    tuner may send down that path (``kernels.quant_gemm.dequant``; not the LM head), in the activation dtype.
     0 without quantized linear layers."""
     layers = [m for root in modules if root is not None for m in root.modules()]
     shapes = [m.shape for m in layers if isinstance(m, QuantLinear)]

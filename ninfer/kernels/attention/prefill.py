@@ -11,7 +11,7 @@ m-blocks run longest-first to shorten the causal tail.
 Split-KV: a short chunk over a long cached context (a 100-token turn continuing a 64k-token
 conversation from the prefix cache) makes only ``q_heads * m_blocks`` programs, 24-48 on the 27B
 model against 132 SMs, each walking every cached key alone. Such launches also split the keys, as
-the decode kernel does (``attention_decode``): the split count is fixed on the host from the
+the decode kernel does (``decode``): the split count is fixed on the host from the
 launch's shape, each split's key range follows the sequence's context length on the device
 (``split_range``), and the splits write partial outputs and log-sum-exps that the decode
 module's ``merge_kernel`` combines (applying the gate). Launches that fill the GPU store directly.

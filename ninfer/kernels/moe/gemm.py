@@ -17,7 +17,7 @@
 Grids are sized from the upper bound of row blocks (CUDA-graph safe); blocks past the padded
 total read ``-1`` as their expert and return at once, and experts without tokens own no block,
 so only the selected experts' weights are read. Programs walk groups of row blocks across the
-weight tiles (L2 reuse at prefill, see ``moe_align.aligned_tile``).
+weight tiles (L2 reuse at prefill, see ``align.aligned_tile``).
 
 Steps 2 and 3 run these float kernels for a float stack and the kernels of
 :mod:`ninfer.kernels.moe.quant_gemm` for a quantized one (``QuantizedTensor``, read packed and

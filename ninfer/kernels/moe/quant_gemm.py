@@ -23,7 +23,7 @@ first config of each list fits the RTX 5090's 99 KB of shared memory and is the 
 At decode (alignment-free rows, <= 64 pairs) a 16-row MMA tile mostly pads one or two pairs per
 expert; :mod:`ninfer.kernels.moe.quant_gemv` offers a ``tl.dot``-free GEMV instead.
 ``launch_quant_experts`` runs whichever its ``path`` asks for: by default the faster of the two as
-measured on the key's first call (``moe_quant_gemv.choose_config``; this path while unmeasured, e.g.
+measured on the key's first call (``quant_gemv.choose_config``; this path while unmeasured, e.g.
 during graph capture), or one pinned (``path="dot"`` / ``"gemv"`` / a config; ``NINFER_MOE_PATH``).
 """
 from __future__ import annotations
@@ -179,7 +179,7 @@ def launch_quant_experts(rows: ExpertRows, a: torch.Tensor, w: QuantizedTensor, 
     columns) or times the routing weight ``rw[pair]`` (down).
 
     ``path``: "auto" (None: ``DEFAULT_PATH``) measures the ``tl.dot`` kernels here against the GEMV of
-    :mod:`ninfer.kernels.moe.quant_gemv` per key at decode (:func:`moe_quant_gemv.choose_config`);
+    :mod:`ninfer.kernels.moe.quant_gemv` per key at decode (:func:`ninfer.kernels.moe.quant_gemv.choose_config`);
     "dot" pins the ``tl.dot`` kernels, "gemv" the GEMV's first candidate wherever it applies
     (alignment-free decode rows; the dot elsewhere); a ``GemmConfig`` of either kind pins exactly that
     (tests, benchmarks; a GEMV config raises on aligned rows)."""

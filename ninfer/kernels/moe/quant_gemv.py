@@ -6,12 +6,12 @@ expert GEMMs move only the selected experts' packed bytes, and the ``tl.dot`` ke
 measured 10-24 % of copy bandwidth at 1-8 tokens on an H200, where the dense GEMV reached 37-47 %
 (4-bit) and 69-94 % (8-bit) against 16-47 % for its ``tl.dot`` path.
 
-* Rows come from ``ids`` as in the alignment-free ``tl.dot`` path (:func:`moe_align.pair_group`):
+* Rows come from ``ids`` as in the alignment-free ``tl.dot`` path (:func:`ninfer.kernels.moe.align.pair_group`):
   grid ``(pairs, column tiles, K splits)``; the program of an expert's first pair serves all pairs
   of that expert (BLOCK_M at a time) and the others exit, so each selected expert's rows are read
   once per column tile and no other expert is read.
 * A K step loads a ``[BLOCK_N, BLOCK_K]`` slab of packed rows (16-byte vectors), decodes it in
-  registers once (:func:`quant_gemv.gemv_decode`, group scales from ``gemv_scales``; int4 codes
+  registers once (:func:`ninfer.kernels.quant_gemm.gemv_steps.gemv_decode`, group scales from ``gemv_scales``; int4 codes
   as 32-bit words for ``kind="gemv-w32"``: ``w32_values``) and reduces it against each of the
   group's activation rows ``a[pair // a_div]`` (``gemv_dot`` / ``w32_dot``: ``tl.sum`` per scale
   group, fp32). Rows of a BLOCK_M tile past the group's count are skipped at run time
@@ -20,7 +20,7 @@ measured 10-24 % of copy bandwidth at 1-8 tokens on an H200, where the dense GEM
   accumulator, then the routing weight ``rw[pair]`` (down) or SwiGLU over the stacked ``[E, 2I, K]``
   weight (gate rows first; ``dst`` has I columns). Split-K writes fp32 partials (the routing weight
   already applied: it is linear) to a scratch ``[splits, pairs, N (x2 for SwiGLU)]`` that every
-  program writes in full, and quant_gemv's reduce kernel sums the splits in order, then SwiGLU:
+  program writes in full, and gemv_steps' reduce kernel sums the splits in order, then SwiGLU:
   deterministic, no atomics, no host syncs, nothing sized by data (CUDA-graph safe).
 
 Selection (:func:`choose_config`): never blind. The first call of a key ``(format, dtype,
@@ -59,7 +59,7 @@ from ninfer.kernels.quant_gemm.gemv_steps import (
 from ninfer.kernels.quant_gemm.weights import QuantizedTensor
 
 MAX_PAIRS = 64  # routed pairs up to which the GEMV is a candidate (8 tokens at top-8)
-# The tl.dot grouped GEMM of moe_quant_gemm; its tile sizes come from its own triton.autotune.
+# The tl.dot grouped GEMM of moe.quant_gemm; its tile sizes come from its own triton.autotune.
 GROUPED_DOT = GemmConfig(16, 0, 0, kind="dot")
 
 
@@ -120,7 +120,7 @@ def _k_range(acc, acc_up, x_ptr, xrows, n_rows, q_ptr, s_ptr, rows, k_first, ste
              EVEN_K: tl.constexpr, PREFETCH: tl.constexpr, WORDS: tl.constexpr):
     """``steps`` K steps from ``k_first``; SWIGLU: the up rows (N_OUT further down) into ``acc_up``."""
     up_rows = rows + N_OUT
-    if PREFETCH:  # the next step's bytes are requested before this step's arithmetic (see quant_gemv)
+    if PREFETCH:  # the next step's bytes are requested before this step's arithmetic (see ninfer.kernels.quant_gemm.gemv)
         raw = _raw(q_ptr, rows, k_first, K, stride_qn, FMT, BLOCK_K, EVEN_K, WORDS)
         raw_up = raw
         if SWIGLU:
@@ -174,7 +174,7 @@ def _moe_gemv_kernel(
     s_ptr += e64 * stride_se
     rs_ptr += e64 * stride_re
     # k_per_split is a multiple of BLOCK_K; written as a product with BLOCK_K, every k0 provably is too,
-    # which keeps the packed loads 16-byte vectors (as in quant_gemv).
+    # which keeps the packed loads 16-byte vectors (as in quant_gemm.gemv).
     k_first = pid_s * (k_per_split // BLOCK_K) * BLOCK_K
     steps = tl.cdiv(tl.minimum(k_per_split, K - k_first), BLOCK_K)
     for t0 in range(0, count, BLOCK_M):  # one trip unless the expert has more than BLOCK_M pairs
@@ -217,7 +217,7 @@ def launch_expert_gemv(rows: ExpertRows, a: torch.Tensor, w: QuantizedTensor, ds
     q, scales, row_scale = kernel_tensors(w)
     n_out, k = dst.shape[1], a.shape[1]
     words = cfg.kind == "gemv-w32"
-    if words:  # int4 codes as 32-bit words, eight nibbles each (quant_gemv); strides below then count words
+    if words:  # int4 codes as 32-bit words, eight nibbles each (quant_gemm.gemv); strides below then count words
         if not name.startswith("int4") or k % 8 or q.data_ptr() % 4 or any(st % 4 for st in q.stride()[:-1]):
             raise ValueError("gemv-w32 reads int4 codes as 32-bit words: it needs K % 8 == 0 and 4-byte aligned rows")
         q = q.view(torch.int32)

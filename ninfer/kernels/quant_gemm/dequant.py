@@ -24,7 +24,7 @@ it measures faster; untuned keys keep the tiled kernel.
 * Workspace: one buffer per (device, dtype), from PyTorch's caching allocator, kept in a module dict
   and grown (reallocated) to the largest weight seen, so serving allocates nothing new after the
   first prefill. The tuner offers this path only for weights of at most
-  ``quant_gemm_tune.DEQUANT_MAX_ELEMENTS`` (512 MiB in bf16; the LM head stays out), and the memory
+  ``tune.DEQUANT_MAX_ELEMENTS`` (512 MiB in bf16; the LM head stays out), and the memory
   plan (:func:`ninfer.runtime.memory.plan_memory`) reserves the largest such weight's bytes.
   CUDA graphs never capture this path (quant_gemm falls back to the tiled kernel while capturing):
   a graph would keep the buffer's address across a later reallocation.

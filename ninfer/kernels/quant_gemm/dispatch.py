@@ -121,7 +121,7 @@ def _launch(x: torch.Tensor, w: QuantizedTensor, res: torch.Tensor | None, out: 
     m, k = x.shape
     n_out = out.shape[1]
     name = w.format.name
-    if cfg.kind == "dequant":  # prefill: dequantize W into a workspace, then cuBLAS (quant_dequant)
+    if cfg.kind == "dequant":  # prefill: dequantize W into a workspace, then cuBLAS (dequant)
         if not (x.is_cuda and torch.cuda.is_current_stream_capturing()):
             launch_dequant_gemm(x, w, res, out, swiglu, cfg)
             return
@@ -131,10 +131,10 @@ def _launch(x: torch.Tensor, w: QuantizedTensor, res: torch.Tensor | None, out: 
         cfg = candidates(name, m, n_out, k, sm_count(x.device))[0]
     p = kernel_params(name, cfg)
     q, scales, row_scale = kernel_tensors(w)
-    if cfg.kind == "gemv-mma":  # int4 decode on tensor cores (quant_gemv_mma)
+    if cfg.kind == "gemv-mma":  # int4 decode on tensor cores (gemv_mma)
         launch_gemv_mma(x, q, scales, res, out, swiglu, p["group"], cfg)
         return
-    if cfg.kind.startswith("gemv"):  # decode GEMV without tl.dot (quant_gemv imports this module's helpers)
+    if cfg.kind.startswith("gemv"):  # decode GEMV without tl.dot (gemv)
         launch_gemv(x, q, scales, row_scale, res, out, swiglu, FMT_CODES[name], p["group"], p["row_block"], cfg)
         return
     k_steps = triton.cdiv(k, cfg.block_k)

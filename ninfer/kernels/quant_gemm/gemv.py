@@ -15,7 +15,7 @@ and issue slots on a tile that is mostly empty, which measured 16-47 % of copy b
   ``v = 1 + nibble / 16`` from one shift and one bit-or (no subtraction per weight) and the group
   sum is corrected as ``16 * sum(v x) - 24 * sum(x)`` (``= sum((nibble - 8) x)``), with ``sum(x)``
   shared by all rows. e2m1 values keep their ``2^-126`` factor from the bit trick of
-  :mod:`ninfer.kernels.quant_gemm`; ``2^63`` goes into x and ``2^63`` into the scale.
+  :mod:`ninfer.kernels.quant_gemm.common`; ``2^63`` goes into x and ``2^63`` into the scale.
 * fp8 row scales and the nvfp4 global scale multiply the accumulator once. Split-K partials go to
   an fp32 scratch ``[splits, M, N_OUT (x2 for SwiGLU)]`` that every program writes in full (no
   zeroing), and the last split of each output tile to arrive (a per-tile arrival counter) sums the

@@ -53,8 +53,8 @@ class GemmConfig:
     num_warps: int = 4
     num_stages: int = 3
     # "dot": quant_gemm's tl.dot kernel; "gemv" / "gemv-prefetch" / "gemv-w32" (int4 codes as 32-bit
-    # words): quant_gemv's decode GEMV (M <= 8); "gemv-mma": quant_gemv_mma's int4 decode on tensor cores
-    # (M <= 32, block_m = tokens per program); "dequant": quant_dequant's whole-weight dequantization
+    # words): gemv's decode GEMV (M <= 8); "gemv-mma": gemv_mma's int4 decode on tensor cores
+    # (M <= 32, block_m = tokens per program); "dequant": dequant's whole-weight dequantization
     # (block_n x block_k tiles) + cuBLAS (M > 16)
     kind: str = "dot"
 
@@ -154,7 +154,7 @@ def gemv_candidates(fmt: str, m: int, n_out: int, k: int, sms: int) -> list[Gemm
     # Two more with a register prefetch of the next K step (twice the bytes in flight per thread: the
     # pipeliner does not stage loads that feed no tl.dot, so one-stage GEMVs keep one step in flight).
     prefetch = [(32, 256, 4, 1), (64, 128, 4, 1)] if bm <= 2 else [(16, 128, 4, 1)]
-    # int4 codes read as 32-bit words (fewer instructions per weight; quant_gemv's module docstring).
+    # int4 codes read as 32-bit words (fewer instructions per weight; gemv's module docstring).
     words = ([(32, 256, 4, 1), (64, 128, 4, 1)] if bm <= 2 else [(16, 128, 4, 1)]) if fmt.startswith("int4") else []
     for kind, group in (("gemv", shapes), ("gemv-prefetch", prefetch), ("gemv-w32", words)):
         for bn, row_bytes, warps, stages in group:

@@ -22,7 +22,7 @@ distribution (descending, lowest id first on ties).
 
 The caller owns the penalty state: ``seen`` starts with the prompt's ids set, ``output_counts`` at
 zero. Each call advances a row's state in place: ``counter += 1``, ``output_counts[tok] += 1`` and
-``seen[tok] = 1``. The Triton path (``sampling_kernel.py``) does all of it in one CUDA-graph-safe
+``seen[tok] = 1``. The Triton path (``kernel.py``) does all of it in one CUDA-graph-safe
 launch (its divisions are products with rounded reciprocals, within an ulp of the reference);
 the reference does it in torch and draws its uniform from a ``torch.Generator`` seeded from
 ``(seed, counter)``, so it is batch independent too but not bit-equal to the Triton draws.
@@ -192,7 +192,7 @@ _NUM_WARPS = 16
 def sample_triton(logits: torch.Tensor, st: SamplingTensors, output_counts: torch.Tensor, seen: torch.Tensor,
                   *, vocab_limit: int, num_logprobs: int = 0, chunk: int = 4096,
                   candidates: int = 64) -> SampleOutput:
-    """One launch of :mod:`sampling_kernel`, grid ``(ceil(vocab_limit / chunk), B)``.
+    """One launch of :mod:`ninfer.kernels.sampling.kernel`, grid ``(ceil(vocab_limit / chunk), B)``.
 
     ``chunk`` ids per program (power of two), ``candidates`` (power of two) kept per chunk; the
     merged ``next_pow2(n_chunks) * candidates`` slots bound what the last program resolves in

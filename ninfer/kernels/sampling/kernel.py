@@ -20,7 +20,7 @@ zero) merges the chunks and picks the token:
   other rows. Without filters, the chunk is chosen from the chunk masses and only that chunk
   is scanned.
 
-Keys and the row-streaming passes live in ``sampling_passes.py``.
+Keys and the row-streaming passes live in ``passes.py``.
 """
 from __future__ import annotations
 
