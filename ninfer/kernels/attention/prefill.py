@@ -225,7 +225,9 @@ def paged_attention_prefill_triton(
     if splits > 1:
         g = out if gate is None else gate
         merge_kernel[(heads, max_seqlen, batch)](
-            part_o, part_lse, out, g, cu_seqlens, context_lens, out.stride(0), out.stride(1), g.stride(0),
-            g.stride(1), splits, HEADS=heads, HEAD_DIM=head_dim, SPLITS_POW2=triton.next_power_of_2(splits),
-            HAS_GATE=gate is not None, num_warps=8)
+            part_o_ptr=part_o, part_lse_ptr=part_lse, o_ptr=out, g_ptr=g, cu_ptr=cu_seqlens, ctx_ptr=context_lens,
+            stride_on=out.stride(0), stride_oh=out.stride(1), stride_gn=g.stride(0), stride_gh=g.stride(1),
+            num_splits=splits, HEADS=heads, HEAD_DIM=head_dim, SPLITS_POW2=triton.next_power_of_2(splits),
+            HAS_GATE=gate is not None, num_warps=8,
+        )
     return out

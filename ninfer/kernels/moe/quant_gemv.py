@@ -230,19 +230,21 @@ def launch_expert_gemv(rows: ExpertRows, a: torch.Tensor, w: QuantizedTensor, ds
     rs = row_scale if row_scale is not None else scales
     grid = (nk, triton.cdiv(n_out, cfg.block_n), splits)
     _moe_gemv_kernel[grid](
-        a, q, scales, rs, dst, rw, ws, rows.flat_ids, nk, n_out, k, a_div, per_split * cfg.block_k,
-        a.stride(0), q.stride(0), q.stride(1), scales.stride(0), scales.stride(1) if scales.dim() == 3 else 0,
-        rs.stride(0), dst.stride(0),
+        x_ptr=a, q_ptr=q, s_ptr=scales, rs_ptr=rs, out_ptr=dst, rw_ptr=rw, ws_ptr=ws, ids_ptr=rows.flat_ids, NK=nk,
+        N_OUT=n_out, K=k, a_div=a_div, k_per_split=per_split * cfg.block_k, stride_xm=a.stride(0),
+        stride_qe=q.stride(0), stride_qn=q.stride(1), stride_se=scales.stride(0),
+        stride_sn=scales.stride(1) if scales.dim() == 3 else 0, stride_re=rs.stride(0), stride_om=dst.stride(0),
         FMT=FMT_CODES[name], GROUP=p["group"], ROW_BLOCK=p["row_block"], ROW_SCALE=row_scale is not None,
-        SWIGLU=swiglu, ROUTE_WEIGHT=not swiglu, SPLIT=splits > 1, EVEN_K=k % cfg.block_k == 0,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, PAIRS_BLOCK=rows.pairs_block,
+        SWIGLU=swiglu, ROUTE_WEIGHT=not swiglu, SPLIT=splits > 1, EVEN_K=k % cfg.block_k == 0, BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, PAIRS_BLOCK=rows.pairs_block,
         PREFETCH=cfg.kind == "gemv-prefetch", WORDS=words, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if splits > 1:
         bm = min(triton.next_power_of_2(nk), 8)
         gemv_reduce_kernel[(triton.cdiv(n_out, 128), triton.cdiv(nk, bm))](
-            ws, dst, dst, nk, n_out, splits, dst.stride(0), dst.stride(0),
-            SWIGLU=swiglu, HAS_RES=False, BLOCK_M=bm, BLOCK_N=128, num_warps=4)
+            ws_ptr=ws, res_ptr=dst, out_ptr=dst, M=nk, N_OUT=n_out, splits=splits, stride_rm=dst.stride(0),
+            stride_om=dst.stride(0), SWIGLU=swiglu, HAS_RES=False, BLOCK_M=bm, BLOCK_N=128, num_warps=4,
+        )
 
 
 def expert_gemv_candidates(fmt: str, pairs: int, n_out: int, k: int, sms: int) -> list[GemmConfig]:

@@ -104,8 +104,8 @@ def dequantize_triton(w: QuantizedTensor, out: torch.Tensor, config: GemmConfig 
     q, scales, row_scale = kernel_tensors(w)
     grid = (triton.cdiv(n, cfg.block_n) * triton.cdiv(k, cfg.block_k),)
     _dequant_kernel[grid](
-        q, scales, row_scale if row_scale is not None else scales, out, n, k,
-        q.stride(-2), scales.stride(-2) if scales.dim() >= 2 else 0, out.stride(0),
+        q_ptr=q, s_ptr=scales, rs_ptr=row_scale if row_scale is not None else scales, w_ptr=out, N=n, K=k,
+        stride_qn=q.stride(-2), stride_sn=scales.stride(-2) if scales.dim() >= 2 else 0, stride_wn=out.stride(0),
         FMT=FMT_CODES[name], GROUP=p["group"], CHUNK=p["chunk"], ROW_BLOCK=p["row_block"],
         ROW_SCALE=row_scale is not None, EVEN_K=k % cfg.block_k == 0, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
@@ -156,5 +156,7 @@ def launch_dequant_gemm(x: torch.Tensor, w: QuantizedTensor, res: torch.Tensor |
     y = torch.mm(x, wd)  # [M, 2 * N_OUT]: gate columns, then up
     res_arg = res if res is not None else out
     grid = (triton.cdiv(n_out, 128), triton.cdiv(m, 16))
-    split_finish_kernel[grid](y, res_arg, out, m, n_out, res_arg.stride(0), out.stride(0),
-                               SWIGLU=True, HAS_RES=res is not None, BLOCK_M=16, BLOCK_N=128, num_warps=4)
+    split_finish_kernel[grid](
+        ws_ptr=y, res_ptr=res_arg, out_ptr=out, M=m, N_OUT=n_out, stride_rm=res_arg.stride(0),
+        stride_om=out.stride(0), SWIGLU=True, HAS_RES=res is not None, BLOCK_M=16, BLOCK_N=128, num_warps=4,
+    )

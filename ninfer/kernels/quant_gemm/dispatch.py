@@ -145,16 +145,18 @@ def _launch(x: torch.Tensor, w: QuantizedTensor, res: torch.Tensor | None, out: 
     res_arg = res if res is not None else out
     grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n_out, cfg.block_n), splits)
     quant_gemm_kernel[grid](
-        x, q, scales, row_scale if row_scale is not None else scales, res_arg, out, ws,
-        m, n_out, k, per_split,
-        x.stride(0), q.stride(-2), scales.stride(-2) if scales.dim() >= 2 else 0, res_arg.stride(0), out.stride(0),
-        FMT=FMT_CODES[name], GROUP=p["group"], CHUNK=p["chunk"], ROW_BLOCK=p["row_block"], SCALED=p["scaled"],
-        ROW_SCALE=row_scale is not None, SWIGLU=swiglu, HAS_RES=res is not None, SPLIT=split,
-        IEEE=x.dtype == torch.float32, EVEN_K=k % cfg.block_k == 0,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        GROUP_M=8, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        x_ptr=x, q_ptr=q, s_ptr=scales, rs_ptr=row_scale if row_scale is not None else scales, res_ptr=res_arg,
+        out_ptr=out, ws_ptr=ws, M=m, N_OUT=n_out, K=k, steps_per_split=per_split, stride_xm=x.stride(0),
+        stride_qn=q.stride(-2), stride_sn=scales.stride(-2) if scales.dim() >= 2 else 0,
+        stride_rm=res_arg.stride(0), stride_om=out.stride(0), FMT=FMT_CODES[name], GROUP=p["group"],
+        CHUNK=p["chunk"], ROW_BLOCK=p["row_block"], SCALED=p["scaled"], ROW_SCALE=row_scale is not None,
+        SWIGLU=swiglu, HAS_RES=res is not None, SPLIT=split, IEEE=x.dtype == torch.float32,
+        EVEN_K=k % cfg.block_k == 0, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=8,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if split:
         fin = (triton.cdiv(n_out, 64), triton.cdiv(m, 16))
-        split_finish_kernel[fin](ws, res_arg, out, m, n_out, res_arg.stride(0), out.stride(0),
-                                  SWIGLU=swiglu, HAS_RES=res is not None, BLOCK_M=16, BLOCK_N=64, num_warps=4)
+        split_finish_kernel[fin](
+            ws_ptr=ws, res_ptr=res_arg, out_ptr=out, M=m, N_OUT=n_out, stride_rm=res_arg.stride(0),
+            stride_om=out.stride(0), SWIGLU=swiglu, HAS_RES=res is not None, BLOCK_M=16, BLOCK_N=64, num_warps=4,
+        )

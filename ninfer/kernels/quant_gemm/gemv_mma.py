@@ -182,14 +182,16 @@ def launch_gemv_mma(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, res:
     grid = (triton.cdiv(n_out, cfg.block_n), splits, triton.cdiv(m, cfg.block_m))
     counters = tile_counters(x.device, grid[0] * grid[2]) if splits > 1 else None
     _quant_gemv_mma_kernel[grid](
-        x, q, scales, res_arg, out, ws, counters,
-        m, n_out, k, per_split * cfg.block_k,
-        x.stride(0), q.stride(-2), scales.stride(-2), res_arg.stride(0), out.stride(0),
-        GROUP=group, SWIGLU=swiglu, HAS_RES=res is not None, SPLIT=splits > 1, FUSED_REDUCE=counters is not None,
-        TOKENS=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, ASM=not INTERPRET,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        x_ptr=x, q_ptr=q, s_ptr=scales, res_ptr=res_arg, out_ptr=out, ws_ptr=ws, cnt_ptr=counters, M=m, N_OUT=n_out,
+        K=k, k_per_split=per_split * cfg.block_k, stride_xm=x.stride(0), stride_qn=q.stride(-2),
+        stride_sn=scales.stride(-2), stride_rm=res_arg.stride(0), stride_om=out.stride(0), GROUP=group,
+        SWIGLU=swiglu, HAS_RES=res is not None, SPLIT=splits > 1, FUSED_REDUCE=counters is not None,
+        TOKENS=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, ASM=not INTERPRET, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
     )
     if splits > 1 and counters is None:
         fin = (triton.cdiv(n_out, 128), triton.cdiv(m, 8))
-        gemv_reduce_kernel[fin](ws, res_arg, out, m, n_out, splits, res_arg.stride(0), out.stride(0),
-                                 SWIGLU=swiglu, HAS_RES=res is not None, BLOCK_M=8, BLOCK_N=128, num_warps=4)
+        gemv_reduce_kernel[fin](
+            ws_ptr=ws, res_ptr=res_arg, out_ptr=out, M=m, N_OUT=n_out, splits=splits, stride_rm=res_arg.stride(0),
+            stride_om=out.stride(0), SWIGLU=swiglu, HAS_RES=res is not None, BLOCK_M=8, BLOCK_N=128, num_warps=4,
+        )
