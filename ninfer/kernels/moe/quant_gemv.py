@@ -11,7 +11,7 @@ measured 10-24 % of copy bandwidth at 1-8 tokens on an H200, where the dense GEM
   of that expert (BLOCK_M at a time) and the others exit, so each selected expert's rows are read
   once per column tile and no other expert is read.
 * A K step loads a ``[BLOCK_N, BLOCK_K]`` slab of packed rows (16-byte vectors), decodes it in
-  registers once (:func:`ninfer.kernels.quant_gemm.gemv_steps.gemv_decode`, group scales from ``gemv_scales``; int4 codes
+  registers once (:func:`quant_gemm.gemv_steps.gemv_decode`, group scales from ``gemv_scales``; int4 codes
   as 32-bit words for ``kind="gemv-w32"``: ``w32_values``) and reduces it against each of the
   group's activation rows ``a[pair // a_div]`` (``gemv_dot`` / ``w32_dot``: ``tl.sum`` per scale
   group, fp32). Rows of a BLOCK_M tile past the group's count are skipped at run time
@@ -120,7 +120,7 @@ def _k_range(acc, acc_up, x_ptr, xrows, n_rows, q_ptr, s_ptr, rows, k_first, ste
              EVEN_K: tl.constexpr, PREFETCH: tl.constexpr, WORDS: tl.constexpr):
     """``steps`` K steps from ``k_first``; SWIGLU: the up rows (N_OUT further down) into ``acc_up``."""
     up_rows = rows + N_OUT
-    if PREFETCH:  # the next step's bytes are requested before this step's arithmetic (see ninfer.kernels.quant_gemm.gemv)
+    if PREFETCH:  # the next step's bytes are requested before this step's arithmetic (see quant_gemm.gemv)
         raw = _raw(q_ptr, rows, k_first, K, stride_qn, FMT, BLOCK_K, EVEN_K, WORDS)
         raw_up = raw
         if SWIGLU:
