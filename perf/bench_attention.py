@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from perf.common import bench_graph_ms, bench_ms, copy_bandwidth_tbps, matmul_peak_tflops, record  # noqa: E402
 from ninfer.kernels.attention import PagedKV, paged_attention, write_kv, write_kv_reference  # noqa: E402
-from ninfer.kernels.attention_prefill import default_prefill_splits, paged_attention_prefill_triton  # noqa: E402
+from ninfer.kernels.attention.prefill import default_prefill_splits, paged_attention_prefill_triton  # noqa: E402
 
 HEADS, KV_HEADS, HEAD_DIM, PAGE = 24, 4, 256, 64
 SCALE = HEAD_DIM ** -0.5

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from perf.common import bench_graph_ms, bench_ms, copy_bandwidth_tbps, matmul_peak_tflops, record  # noqa: E402
 from ninfer.kernels.deltanet import CHUNK, gated_delta_rule  # noqa: E402
-from ninfer.kernels import deltanet_chunk  # noqa: E402
+from ninfer.kernels.deltanet import chunk as deltanet_chunk  # noqa: E402
 
 HK, HV, DK, DV = 16, 48, 128, 128
 L2_BYTES = 60e6

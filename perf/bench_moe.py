@@ -18,7 +18,7 @@ the grouped quantized GEMMs). Points, each against a limit measured in this run:
 ``auto`` (the default, what the runtime does: per GEMM and pair-count bucket the faster of the
 ``tl.dot`` kernels and the expert GEMV, measured on first use; records carry the choice and every
 candidate's tuner time), ``dot`` (the ``tl.dot`` grouped GEMMs pinned) and ``gemv`` (the expert GEMV
-of :mod:`ninfer.kernels.moe_quant_gemv`, each GEMM's first candidate; the 64-token point is past
+of :mod:`ninfer.kernels.moe.quant_gemv`, each GEMM's first candidate; the 64-token point is past
 the GEMV's pair limit and runs the dot). Labels of pinned paths end in ``[dot]`` / ``[gemv]``.
 
 Run: ``python perf/bench_moe.py [--formats int4-g64,nvfp4] [--no-bf16] [--path auto,dot,gemv]``
@@ -46,14 +46,14 @@ from common import (
     record,
 )
 
-from ninfer.kernels import moe_quant_gemv
+from ninfer.kernels.moe import quant_gemv as moe_quant_gemv
 from ninfer.kernels.moe import (
     moe_experts_reference,
     route_topk_reference,
     route_topk_triton,
 )
-from ninfer.kernels.moe_gemm import Weight, moe_experts_triton
-from ninfer.kernels.quant_gemm_tune import GemmConfig
+from ninfer.kernels.moe.gemm import Weight, moe_experts_triton
+from ninfer.kernels.quant_gemm.tune import GemmConfig
 from ninfer.quant.formats import QuantizedTensor, quantize
 
 E, TOP_K, H, I = 256, 8, 2048, 512

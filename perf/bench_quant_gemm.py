@@ -42,8 +42,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import bench_graph_ms, bench_ms, copy_bandwidth_tbps, matmul_peak_tflops, record
 
-from ninfer.kernels import quant_gemm_tune
-from ninfer.kernels.quant_dequant import dequantize_triton, workspace
+from ninfer.kernels.quant_gemm import tune as quant_gemm_tune
+from ninfer.kernels.quant_gemm.dequant import dequantize_triton, workspace
 from ninfer.kernels.quant_gemm import quant_matmul_triton
 from ninfer.quant.formats import FORMATS, quantize, unpack_nibbles
 

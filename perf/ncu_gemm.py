@@ -25,7 +25,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ninfer.kernels.quant_gemm import quant_matmul_triton  # noqa: E402
-from ninfer.kernels.quant_gemm_tune import (  # noqa: E402
+from ninfer.kernels.quant_gemm.tune import (  # noqa: E402
     _graph_ms,
     candidates,
     gemv_candidates,

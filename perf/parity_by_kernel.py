@@ -24,6 +24,7 @@ import ninfer  # noqa: E402
 from ninfer.kernels.dispatch import INTERPRET  # noqa: E402
 
 FAMILIES = ["norms", "rope", "conv", "activations", "deltanet", "attention"]
+DISPATCH = {"deltanet": "deltanet.dispatch", "attention": "attention.dispatch"}  # the module that reads use_triton
 REAL_HEADS = dict(hidden_size=256, intermediate_size=512, head_dim=256, num_attention_heads=6,
                   num_key_value_heads=1, linear_num_key_heads=2, linear_num_value_heads=6,
                   linear_key_head_dim=128, linear_value_head_dim=128)
@@ -32,7 +33,7 @@ REAL_HEADS = dict(hidden_size=256, intermediate_size=512, head_dim=256, num_atte
 def _route(on: set[str]) -> None:
     """Triton for the families in ``on`` (CUDA tensors, or any under the interpreter), references elsewhere."""
     for fam in FAMILIES:
-        mod = importlib.import_module(f"ninfer.kernels.{fam}")
+        mod = importlib.import_module(f"ninfer.kernels.{DISPATCH.get(fam, fam)}")
         mod.use_triton = (lambda x: x.is_cuda or INTERPRET) if fam in on else (lambda x: False)
 
 

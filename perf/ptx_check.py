@@ -35,15 +35,13 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from ninfer.kernels import (  # noqa: E402
-    attention_prefill,
-    moe_quant_gemv,
-    quant_dequant,
-    quant_gemm,
-    quant_gemv,
-    quant_gemv_mma,
-)
-from ninfer.kernels.quant_gemm_tune import (  # noqa: E402
+from ninfer.kernels.attention import prefill as attention_prefill  # noqa: E402
+from ninfer.kernels.moe import quant_gemv as moe_quant_gemv  # noqa: E402
+from ninfer.kernels.quant_gemm import dequant as quant_dequant  # noqa: E402
+from ninfer.kernels.quant_gemm import gemv as quant_gemv  # noqa: E402
+from ninfer.kernels.quant_gemm import gemv_mma as quant_gemv_mma  # noqa: E402
+from ninfer.kernels.quant_gemm.gemm import quant_gemm_kernel  # noqa: E402
+from ninfer.kernels.quant_gemm.tune import (  # noqa: E402
     FMT_CODES,
     candidates,
     dequant_candidates,
@@ -287,7 +285,7 @@ def main(args: argparse.Namespace) -> None:
             else:
                 consts = dict(common, GROUP=kp["group"], CHUNK=kp["chunk"], ROW_BLOCK=kp["row_block"],
                               SCALED=kp["scaled"], IEEE=False, GROUP_M=8)
-                fn, split_arg = quant_gemm._quant_gemm_kernel, "steps_per_split"
+                fn, split_arg = quant_gemm_kernel, "steps_per_split"
             try:
                 kernel = compile_kernel(fn, split_arg, fmt, consts, cfg.num_warps, cfg.num_stages, args.arch)
                 print(f"{fmt:9s} {cfg.kind:13s} m={cfg.block_m:<3d} n={cfg.block_n:<4d} k={cfg.block_k:<4d} "

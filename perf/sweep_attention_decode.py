@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ninfer.kernels import attention_decode
+from ninfer.kernels.attention import decode as attention_decode
 from perf.bench_attention import (
     HEAD_DIM,
     HEADS,

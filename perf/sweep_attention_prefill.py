@@ -15,7 +15,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ninfer.kernels import attention_prefill  # noqa: E402
+from ninfer.kernels.attention import prefill as attention_prefill  # noqa: E402
 from perf.bench_attention import HEAD_DIM, HEADS, SCALE, prefill_inputs  # noqa: E402
 from perf.common import bench_ms, matmul_peak_tflops, record  # noqa: E402
 

@@ -1,6 +1,6 @@
 """The runtime tuners' choices on disk, so that a second start on the same GPU skips the benchmarking.
 
-``quant_gemm_tune.select_config`` and ``moe_quant_gemv.choose_config`` time every candidate on a
+``quant_gemm.tune.select_config`` and ``moe.quant_gemv.choose_config`` time every candidate on a
 key's first call (minutes at the 27B/35B shapes, every start). Their choices go to one JSON file per
 GPU model and software stack, as vLLM and SGLang ship per-GPU configs, under ``$NINFER_TUNE_CACHE``
 (a directory; ``off`` or ``0``: no reads, no writes), else ``$XDG_CACHE_HOME/ninfer/tune``
@@ -40,11 +40,12 @@ def cache_dir() -> Path | None:
 # The modules the tuned kernels, their candidates and their launchers live in (the quantized GEMMs and
 # GEMVs, the MoE expert paths, the autotune switches): an edit there invalidates earlier timings, an edit
 # to attention or DeltaNet kernels does not (it would throw away minutes of tuning at the 27B shapes).
-TUNED_SOURCES = ("quant_*.py", "moe*.py", "dispatch.py")
+TUNED_SOURCES = ("quant_gemm/*.py", "moe/*.py", "dispatch.py")
 
 
 def source_hash(folder: Path | None = None) -> str:
-    """Hash of the tuned kernels' sources (``TUNED_SOURCES`` in ``folder``; default this package, read once)."""
+    """Hash of the tuned kernels' sources (``TUNED_SOURCES`` under ``folder``, by path relative to it;
+    default this package, read once)."""
     return _package_source_hash() if folder is None else _hash_sources(folder)
 
 
@@ -56,7 +57,7 @@ def _package_source_hash() -> str:
 def _hash_sources(folder: Path) -> str:
     h = hashlib.sha256()
     for path in sorted({p for pattern in TUNED_SOURCES for p in folder.glob(pattern)}):
-        h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+        h.update(path.relative_to(folder).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
     return h.hexdigest()[:16]
 
 

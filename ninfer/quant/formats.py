@@ -35,6 +35,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ninfer.kernels.quant_gemm.weights import FormatError, QuantizedTensor
+
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
 E2M1_MAX = 6.0
@@ -43,10 +45,6 @@ E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # magnitude of codes 0..
 _E2M1_BOUNDS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
 FP16_TINY = 2.0 ** -24  # smallest positive fp16: floor of int scales so all-zero groups stay finite
 _CHUNK_ELEMS = 1 << 25
-
-
-class FormatError(ValueError):
-    """An unknown format, or a weight shape the format cannot store; the message says which."""
 
 
 @dataclass(frozen=True)
@@ -61,25 +59,6 @@ class TensorSpec:
     @property
     def nbytes(self) -> int:
         return math.prod(self.shape) * self.dtype.itemsize
-
-
-@dataclass
-class QuantizedTensor:
-    """A weight ``[*, N, K]`` in one format: the format and its stored tensors."""
-
-    format: WeightFormat
-    shape: tuple[int, ...]
-    tensors: dict[str, torch.Tensor]
-
-    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        return self.format.dequantize(self.tensors, dtype)
-
-    def select(self, index: int) -> QuantizedTensor:
-        """Slice ``index`` of the leading dim (one expert of a stack) as views: every stored tensor
-        carries the leading dims of the weight, so no format needs to know about experts."""
-        if len(self.shape) < 3:
-            raise FormatError(f"select takes a slice of a stacked weight [E, N, K]; this one is {list(self.shape)}")
-        return QuantizedTensor(self.format, self.shape[1:], {name: t[index] for name, t in self.tensors.items()})
 
 
 class WeightFormat:

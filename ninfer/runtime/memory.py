@@ -2,7 +2,7 @@
 
 Order of claims on device memory: weights (already resident), DeltaNet state slots (one per lane),
 a workspace estimate for the largest prefill chunk and the logits, plus the buffer that quantized
-prefill GEMMs dequantize weights into (:mod:`ninfer.kernels.quant_dequant`, allocated on first use
+prefill GEMMs dequantize weights into (:mod:`ninfer.kernels.quant_gemm.dequant`, allocated on first use
 and kept), a fixed headroom, then the KV pool takes what is left (``kv_capacity="auto"``) or exactly
 what was asked for.
 """
@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from ninfer.config import ModelConfig
-from ninfer.kernels.quant_dequant import workspace_bytes as dequant_bytes
+from ninfer.kernels.quant_gemm.dequant import workspace_bytes as dequant_bytes
 from ninfer.quant.linear import QuantLinear
 
 if TYPE_CHECKING:
@@ -64,7 +64,7 @@ def workspace_bytes(cfg: ModelConfig, engine: "EngineConfig", model_dtype: torch
 
 def dequant_workspace_bytes(modules: Iterable[nn.Module | None], model_dtype: torch.dtype) -> int:
     """The dequantization buffer of quantized prefill GEMMs: the largest ``QuantLinear`` weight that the
-    tuner may send down that path (``quant_dequant``; not the LM head), in the activation dtype.
+    tuner may send down that path (``kernels.quant_gemm.dequant``; not the LM head), in the activation dtype.
     0 without quantized linear layers."""
     layers = [m for root in modules if root is not None for m in root.modules()]
     shapes = [m.shape for m in layers if isinstance(m, QuantLinear)]

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ninfer.kernels.attention_decode import DECODE_MAX_TOKENS
-from ninfer.kernels.attention_prefill import (
+from ninfer.kernels.attention.decode import DECODE_MAX_TOKENS
+from ninfer.kernels.attention.prefill import (
     default_prefill_splits,
     forced_prefill_splits,
 )

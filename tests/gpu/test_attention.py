@@ -16,9 +16,9 @@ from ninfer.kernels.attention import (
     write_kv,
     write_kv_reference,
 )
-from ninfer.kernels.attention_decode import paged_attention_decode_triton
-from ninfer.kernels.attention_prefill import paged_attention_prefill_triton
-from ninfer.kernels.attention_write import write_kv_triton
+from ninfer.kernels.attention.decode import paged_attention_decode_triton
+from ninfer.kernels.attention.prefill import paged_attention_prefill_triton
+from ninfer.kernels.attention.write import write_kv_triton
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from ninfer.kernels.deltanet import gated_delta_rule, gated_delta_rule_reference
-from ninfer.kernels.deltanet_chunk import gated_delta_rule_chunked_triton
-from ninfer.kernels.deltanet_recurrent import gated_delta_rule_recurrent_triton
+from ninfer.kernels.deltanet.chunk import gated_delta_rule_chunked_triton
+from ninfer.kernels.deltanet.recurrent import gated_delta_rule_recurrent_triton
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 

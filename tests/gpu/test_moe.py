@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ninfer.kernels import moe_gemm
+from ninfer.kernels.moe import gemm as moe_gemm
 from ninfer.kernels.moe import (
     moe_experts,
     moe_experts_reference,
@@ -12,8 +12,8 @@ from ninfer.kernels.moe import (
     route_topk_reference,
     route_topk_triton,
 )
-from ninfer.kernels.moe_align import align_pairs
-from ninfer.kernels.moe_gemm import moe_experts_triton
+from ninfer.kernels.moe.align import align_pairs
+from ninfer.kernels.moe.gemm import moe_experts_triton
 from ninfer.runtime.graphs import capture
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]

@@ -4,7 +4,7 @@ Run: ``python -m pytest -m gpu tests/gpu/test_moe_quant.py``. Most tests pin eac
 config (fewer compilations; that config is also the one that must fit an RTX 5090's 99 KB of shared
 memory, checked on the compiled kernels); ``test_every_config`` covers the others. Those tests pin
 the ``tl.dot`` kernels (``moe_quant_gemm.DEFAULT_PATH = "dot"``); the ``test_expert_gemv_*`` tests
-cover the decode GEMV of :mod:`ninfer.kernels.moe_quant_gemv` (every candidate, CUDA graphs) and
+cover the decode GEMV of :mod:`ninfer.kernels.moe.quant_gemv` (every candidate, CUDA graphs) and
 the measured selection between the two.
 """
 from __future__ import annotations
@@ -13,14 +13,16 @@ import pytest
 import torch
 import triton
 
-from ninfer.kernels import moe_gemm, moe_quant_gemm, moe_quant_gemv
+from ninfer.kernels.moe import gemm as moe_gemm
+from ninfer.kernels.moe import quant_gemm as moe_quant_gemm
+from ninfer.kernels.moe import quant_gemv as moe_quant_gemv
 from ninfer.kernels.moe import (
     moe_experts,
     moe_experts_reference,
     route_topk,
     route_topk_reference,
 )
-from ninfer.kernels.moe_gemm import moe_experts_triton
+from ninfer.kernels.moe.gemm import moe_experts_triton
 from ninfer.quant.formats import QuantizedTensor, quantize
 from ninfer.runtime.graphs import capture
 

@@ -5,14 +5,15 @@ import pytest
 import torch
 import triton
 
-from ninfer.kernels import quant_dequant, quant_gemm_tune
-from ninfer.kernels.quant_dequant import dequantize_triton
+from ninfer.kernels.quant_gemm import dequant as quant_dequant
+from ninfer.kernels.quant_gemm import tune as quant_gemm_tune
+from ninfer.kernels.quant_gemm.dequant import dequantize_triton
 from ninfer.kernels.quant_gemm import (
     quant_matmul,
     quant_matmul_reference,
     quant_matmul_triton,
 )
-from ninfer.kernels.quant_gemm_tune import (
+from ninfer.kernels.quant_gemm.tune import (
     candidates,
     dequant_candidates,
     gemv_candidates,

@@ -22,10 +22,11 @@ from ninfer.kernels.attention import (
     quantize_kv_reference,
     write_kv_reference,
 )
-from ninfer.kernels import attention_prefill
-from ninfer.kernels.attention_decode import SPLIT_ALIGN, paged_attention_decode_triton
-from ninfer.kernels.attention_prefill import default_prefill_splits, forced_prefill_splits, paged_attention_prefill_triton
-from ninfer.kernels.attention_write import write_kv_triton
+from ninfer.kernels.attention import prefill as attention_prefill
+from ninfer.kernels.attention.decode import paged_attention_decode_triton
+from ninfer.kernels.attention.split_kv import SPLIT_ALIGN
+from ninfer.kernels.attention.prefill import default_prefill_splits, forced_prefill_splits, paged_attention_prefill_triton
+from ninfer.kernels.attention.write import write_kv_triton
 
 BAD_PAGE = 10 ** 6  # unused page-table entries: reading one would fault
 
@@ -152,7 +153,7 @@ def test_split_prefill_matches_reference(kv_dtype: str, num_splits: int, gated: 
 def test_default_prefill_splits(monkeypatch: pytest.MonkeyPatch) -> None:
     """27B heads on a 132-SM GPU: a 100-token chunk (48 programs) splits, a 4096-token one does not; the
     default choice runs split in the interpreter when the SM count says so."""
-    monkeypatch.setattr(attention_prefill, "_sm_count", lambda device: 132)
+    monkeypatch.setattr(attention_prefill, "sm_count", lambda device: 132)
     cpu = torch.device("cpu")
     assert default_prefill_splits(cpu, 24, 1, 100) > 1
     assert default_prefill_splits(cpu, 24, 1, 4096) == 1
@@ -170,7 +171,7 @@ def test_default_prefill_splits(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_forced_prefill_splits_override_the_default_and_restore_it(monkeypatch: pytest.MonkeyPatch) -> None:
     """The engine's warm-up runs short chunks unsplit too (forced_prefill_splits(1)): inside the context the
     launcher takes the forced count (an assert on the count seen by the launch), after it the default again."""
-    monkeypatch.setattr(attention_prefill, "_sm_count", lambda device: 132)
+    monkeypatch.setattr(attention_prefill, "sm_count", lambda device: 132)
     seen = []
     real = attention_prefill._prefill_kernel
 

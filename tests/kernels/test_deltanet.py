@@ -4,8 +4,8 @@ from __future__ import annotations
 import torch
 
 from ninfer.kernels.deltanet import gated_delta_rule_reference
-from ninfer.kernels.deltanet_chunk import gated_delta_rule_chunked_triton
-from ninfer.kernels.deltanet_recurrent import gated_delta_rule_recurrent_triton
+from ninfer.kernels.deltanet.chunk import gated_delta_rule_chunked_triton
+from ninfer.kernels.deltanet.recurrent import gated_delta_rule_recurrent_triton
 
 HK, HV = 2, 4
 

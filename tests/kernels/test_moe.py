@@ -4,15 +4,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ninfer.kernels import moe_align, moe_gemm
+from ninfer.kernels.moe import align as moe_align
+from ninfer.kernels.moe import gemm as moe_gemm
 from ninfer.kernels.dispatch import INTERPRET
 from ninfer.kernels.moe import (
     moe_experts_reference,
     route_topk_reference,
     route_topk_triton,
 )
-from ninfer.kernels.moe_align import align_pairs
-from ninfer.kernels.moe_gemm import moe_experts_triton
+from ninfer.kernels.moe.align import align_pairs
+from ninfer.kernels.moe.gemm import moe_experts_triton
 
 pytestmark = pytest.mark.skipif(not INTERPRET, reason="Triton launchers on CPU need TRITON_INTERPRET=1")
 

@@ -12,10 +12,10 @@ import pytest
 import torch
 from kernel_testing import expert_routing, expert_stacks, nan_experts
 
-from ninfer.kernels import moe_gemm
+from ninfer.kernels.moe import gemm as moe_gemm
 from ninfer.kernels.dispatch import INTERPRET
 from ninfer.kernels.moe import moe_experts, moe_experts_reference
-from ninfer.kernels.moe_gemm import moe_experts_triton
+from ninfer.kernels.moe.gemm import moe_experts_triton
 from ninfer.quant.formats import QuantizedTensor
 
 pytestmark = pytest.mark.skipif(not INTERPRET, reason="Triton launchers on CPU need TRITON_INTERPRET=1")

@@ -1,4 +1,4 @@
-"""The expert decode GEMV (:mod:`ninfer.kernels.moe_quant_gemv`) in the Triton interpreter, and its selection.
+"""The expert decode GEMV (:mod:`ninfer.kernels.moe.quant_gemv`) in the Triton interpreter, and its selection.
 
 Every quantized format against dequantize + ``moe_experts_reference`` in fp32, fp32 and fp16
 activations, 1..8 tokens, both epilogues (gate/up SwiGLU, down times the routing weight). H and I
@@ -13,18 +13,20 @@ import pytest
 import torch
 from kernel_testing import expert_routing, expert_stacks, nan_experts, poisoned_outputs  # noqa: F401  (fixture)
 
-from ninfer.kernels import moe_quant_gemm, moe_quant_gemv, quant_gemm_tune
+from ninfer.kernels.moe import quant_gemm as moe_quant_gemm
+from ninfer.kernels.moe import quant_gemv as moe_quant_gemv
+from ninfer.kernels.quant_gemm import tune as quant_gemm_tune
 from ninfer.kernels.dispatch import INTERPRET
 from ninfer.kernels.moe import moe_experts_reference
-from ninfer.kernels.moe_align import ExpertRows, expert_rows
-from ninfer.kernels.moe_gemm import moe_experts_triton
-from ninfer.kernels.moe_quant_gemv import (
+from ninfer.kernels.moe.align import ExpertRows, expert_rows
+from ninfer.kernels.moe.gemm import moe_experts_triton
+from ninfer.kernels.moe.quant_gemv import (
     GROUPED_DOT,
     MAX_PAIRS,
     choose_config,
     expert_gemv_candidates,
 )
-from ninfer.kernels.quant_gemm_tune import GemmConfig
+from ninfer.kernels.quant_gemm.tune import GemmConfig
 
 pytestmark = [pytest.mark.skipif(not INTERPRET, reason="Triton launchers on CPU need TRITON_INTERPRET=1"),
               pytest.mark.usefixtures("poisoned_outputs")]
@@ -131,13 +133,13 @@ def test_path_pins(monkeypatch: pytest.MonkeyPatch) -> None:
         ran.clear()
         got = moe_experts_triton(x, gate_up, down, weights, ids, path=path)
         assert ran == [want, want] and (got - ref).norm() / ref.norm() < TOL[torch.float32], path
-    monkeypatch.setattr("ninfer.kernels.moe_gemm.DIRECT_MAX_PAIRS", 0)  # aligned 16-row blocks
+    monkeypatch.setattr("ninfer.kernels.moe.gemm.DIRECT_MAX_PAIRS", 0)  # aligned 16-row blocks
     ran.clear()
     moe_experts_triton(x, gate_up, down, weights, ids, path="gemv")
     assert ran == ["dot", "dot"]
     with pytest.raises(ValueError, match="alignment-free"):
         moe_experts_triton(x, gate_up, down, weights, ids, path=_gemv("int8-g64", 1, 16, 1))
-    monkeypatch.setattr("ninfer.kernels.moe_gemm.DIRECT_MAX_PAIRS", 64)
+    monkeypatch.setattr("ninfer.kernels.moe.gemm.DIRECT_MAX_PAIRS", 64)
     with pytest.raises(ValueError, match="int4 codes as 32-bit words"):
         moe_experts_triton(x, gate_up, down, weights, ids, path=_gemv("int8-g64", 1, 16, 1, "gemv-w32"))
     with pytest.raises(ValueError, match="path must be"):
@@ -154,7 +156,7 @@ def test_candidates() -> None:
                 assert any(c.kind == "gemv-w32" for c in cands) == fmt.startswith("int4")
                 for c in cands:
                     assert c.block_m == (1 if pairs <= 8 else 2) and c.num_stages <= 3
-                    assert c.block_k % quant_gemm_tune._GROUPS.get(fmt, 1) == 0
+                    assert c.block_k % quant_gemm_tune.GROUPS.get(fmt, 1) == 0
                     tiles = pairs * -(-n_out // c.block_n)
                     assert c.split_k == 1 or (tiles < 4 * 132 and c.split_k <= -(-k // c.block_k))
     assert any(c.split_k > 1 for c in expert_gemv_candidates("int4-g64", 8, 512, 2048, 132))

@@ -11,10 +11,10 @@ import pytest
 import torch
 from kernel_testing import QUANT_FORMATS as FORMATS, QUANT_K_FOR as K_FOR, QUANT_TOL as TOL
 
-from ninfer.kernels import quant_dequant
-from ninfer.kernels.quant_dequant import dequantize_triton, workspace, workspace_bytes
+from ninfer.kernels.quant_gemm import dequant as quant_dequant
+from ninfer.kernels.quant_gemm.dequant import dequantize_triton, workspace, workspace_bytes
 from ninfer.kernels.quant_gemm import quant_matmul_reference, quant_matmul_triton
-from ninfer.kernels.quant_gemm_tune import (
+from ninfer.kernels.quant_gemm.tune import (
     DEQUANT_MAX_ELEMENTS,
     GemmConfig,
     candidates,

@@ -16,7 +16,7 @@ from ninfer.kernels.quant_gemm import (
     quant_matmul_reference,
     quant_matmul_triton,
 )
-from ninfer.kernels.quant_gemm_tune import GemmConfig, candidates, kernel_params
+from ninfer.kernels.quant_gemm.tune import GemmConfig, candidates, kernel_params
 from ninfer.quant.formats import quantize
 
 
@@ -109,7 +109,7 @@ def test_expert_slice_views(fmt: str) -> None:
 
 
 def test_tuner_times_decode_from_graphs_and_falls_back_to_eager_for_all(monkeypatch: pytest.MonkeyPatch) -> None:
-    from ninfer.kernels import quant_gemm_tune
+    from ninfer.kernels.quant_gemm import tune as quant_gemm_tune
 
     cands = [GemmConfig(16, 64, 256), GemmConfig(16, 32, 256), GemmConfig(1, 32, 512, 4, 4, 1, "gemv")]
     calls: list[tuple[str, GemmConfig]] = []
@@ -127,8 +127,8 @@ def test_tuner_times_decode_from_graphs_and_falls_back_to_eager_for_all(monkeypa
     monkeypatch.setattr(quant_gemm_tune, "_graph_ms", graph_ms)
     monkeypatch.setattr(quant_gemm_tune.triton.testing, "do_bench", eager_ms)
     monkeypatch.setattr(quant_gemm_tune.torch.cuda, "synchronize", lambda: None)
-    timings = quant_gemm_tune._time_candidates(cands, lambda cfg: calls.append(("run", cfg)), graphs=True)
+    timings = quant_gemm_tune.time_candidates(cands, lambda cfg: calls.append(("run", cfg)), graphs=True)
     # one failed capture: every candidate is timed the same (eager) way, so the comparison stays fair
     assert timings == {cands[0]: 3.0, cands[1]: 3.0, cands[2]: 2.0}
-    assert quant_gemm_tune._time_candidates(cands[:2], lambda cfg: calls.append(("run", cfg)), graphs=True) == {
+    assert quant_gemm_tune.time_candidates(cands[:2], lambda cfg: calls.append(("run", cfg)), graphs=True) == {
         cands[0]: 1.0, cands[1]: 1.0}

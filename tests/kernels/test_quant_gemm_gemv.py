@@ -13,7 +13,7 @@ from kernel_testing import QUANT_FORMATS as FORMATS, QUANT_TOL as TOL
 from kernel_testing import poisoned_outputs  # noqa: F401  (fixture)
 
 from ninfer.kernels.quant_gemm import quant_matmul_reference, quant_matmul_triton
-from ninfer.kernels.quant_gemm_tune import (
+from ninfer.kernels.quant_gemm.tune import (
     GEMV_MAX_M,
     GemmConfig,
     candidates,
@@ -129,7 +129,7 @@ def test_gemv_words_only_for_int4() -> None:
 def test_split_k_fused_reduction_equals_the_reduce_kernel(monkeypatch: pytest.MonkeyPatch, swiglu: bool) -> None:
     """Split-K partials summed by each tile's last program (arrival counters) give the same bits as the
     separate reduce kernel (both sum in split order), and every counter is back at zero afterwards."""
-    from ninfer.kernels import quant_gemv
+    from ninfer.kernels.quant_gemm import gemv as quant_gemv
 
     g = torch.Generator().manual_seed(11)
     w = quantize(torch.randn(200, 640, generator=g) * 0.05, "int4-g64")
@@ -147,7 +147,7 @@ def test_split_k_fused_reduction_equals_the_reduce_kernel(monkeypatch: pytest.Mo
 
 
 def test_split_k_falls_back_when_tiles_exceed_the_counters(monkeypatch: pytest.MonkeyPatch) -> None:
-    from ninfer.kernels import quant_gemv
+    from ninfer.kernels.quant_gemm import gemv as quant_gemv
 
     monkeypatch.setattr(quant_gemv, "_COUNTER_SLOTS", 4)  # 200 rows / 16 = 13 tiles: the reduce kernel
     _check("int4-g64", torch.float32, 3, 200, 640, _gemv(3, 16, 128, 3), residual=True, seed=12)

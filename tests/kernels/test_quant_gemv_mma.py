@@ -14,7 +14,7 @@ from kernel_testing import QUANT_TOL as TOL
 from kernel_testing import poisoned_outputs  # noqa: F401  (fixture)
 
 from ninfer.kernels.quant_gemm import quant_matmul_reference, quant_matmul_triton
-from ninfer.kernels.quant_gemm_tune import GemmConfig, candidates, mma_candidates
+from ninfer.kernels.quant_gemm.tune import GemmConfig, candidates, mma_candidates
 from ninfer.quant.formats import quantize
 
 pytestmark = pytest.mark.usefixtures("poisoned_outputs")
@@ -59,7 +59,7 @@ def test_mma_more_tokens_than_a_program() -> None:
 
 
 def test_mma_separate_reduce_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
-    from ninfer.kernels import quant_gemv
+    from ninfer.kernels.quant_gemm import gemv as quant_gemv
 
     monkeypatch.setattr(quant_gemv, "_COUNTER_SLOTS", 1)  # 96 rows / 32 = 3 tiles: the reduce kernel
     _check("int4-g64", 3, 96, 512, _mma(8, 32, 128, 4), swiglu=True, residual=True, seed=24)

@@ -16,13 +16,15 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from ninfer.kernels import moe_quant_gemv, quant_gemm_tune, tune_cache
-from ninfer.kernels.moe_quant_gemv import (
+from ninfer.kernels import tune_cache
+from ninfer.kernels.moe import quant_gemv as moe_quant_gemv
+from ninfer.kernels.quant_gemm import tune as quant_gemm_tune
+from ninfer.kernels.moe.quant_gemv import (
     GROUPED_DOT,
     choose_config,
     expert_gemv_candidates,
 )
-from ninfer.kernels.quant_gemm_tune import GemmConfig, candidates, select_config
+from ninfer.kernels.quant_gemm.tune import GemmConfig, candidates, select_config
 
 DEV = torch.device("cuda", 0)  # only a key entry and an argument: nothing runs on it
 KEY = ("int4-g64", torch.bfloat16, 1, 5120, 6144, True, False, DEV)
@@ -149,16 +151,26 @@ def test_other_gpu_or_software_uses_another_file(cache_dir: Path, gpu: dict[str,
 def test_source_hash_covers_the_tuned_kernels_only(tmp_path: Path) -> None:
     digest = tune_cache.source_hash()
     assert len(digest) == 16 and int(digest, 16) >= 0
-    for name in ("quant_gemm.py", "moe_quant_gemv.py", "attention_prefill.py"):
+    for name in ("quant_gemm/gemm.py", "moe/quant_gemv.py", "attention/prefill.py", "dispatch.py"):
+        (tmp_path / name).parent.mkdir(exist_ok=True)
         (tmp_path / name).write_text("x = 1\n")
     before = tune_cache.source_hash(tmp_path)
-    (tmp_path / "attention_prefill.py").write_text("x = 2\n")  # not tuned by these tables
+    (tmp_path / "attention/prefill.py").write_text("x = 2\n")  # not tuned by these tables
     assert tune_cache.source_hash(tmp_path) == before
-    for name in ("quant_gemm.py", "moe_quant_gemv.py"):
+    for name in ("quant_gemm/gemm.py", "moe/quant_gemv.py", "dispatch.py"):
         (tmp_path / name).write_text("x = 3\n")
         changed = tune_cache.source_hash(tmp_path)
         assert changed != before
         before = changed
+
+
+def test_source_hash_tells_same_named_files_of_two_packages_apart(tmp_path: Path) -> None:
+    for package in ("quant_gemm", "moe"):
+        (tmp_path / package).mkdir()
+    (tmp_path / "quant_gemm/dispatch.py").write_text("x = 1\n")
+    one_side = tune_cache.source_hash(tmp_path)
+    (tmp_path / "quant_gemm/dispatch.py").rename(tmp_path / "moe/dispatch.py")
+    assert tune_cache.source_hash(tmp_path) != one_side
 
 
 # --- the selections ---------------------------------------------------------------------------------
@@ -188,7 +200,7 @@ def fake_timing(monkeypatch: pytest.MonkeyPatch, timed: list[list], fastest: Gem
         timed.append(list(cands))
         return {c: 0.5 if c == fastest else 1.0 + i for i, c in enumerate(cands)}
 
-    monkeypatch.setattr(quant_gemm_tune, "_time_candidates", time_candidates)
+    monkeypatch.setattr(quant_gemm_tune, "time_candidates", time_candidates)
 
 
 def test_select_config_takes_the_stored_config_without_timing(tunable: list[list],

@@ -16,7 +16,7 @@ from safetensors.torch import load_file, save_file
 
 import ninfer
 from ninfer.checkpoint import CheckpointError
-from ninfer.kernels import moe as moe_ops
+from ninfer.kernels.moe import dispatch as moe_ops
 from ninfer.kernels.dispatch import INTERPRET
 from ninfer.quant.formats import quantize
 from ninfer.quant.linear import QuantWeight

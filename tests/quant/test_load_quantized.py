@@ -9,8 +9,8 @@ import torch
 import ninfer
 from ninfer.checkpoint import fused_parts
 from ninfer.cli import main
-from ninfer.kernels import moe as moe_ops
-from ninfer.kernels import moe_gemm
+from ninfer.kernels.moe import dispatch as moe_ops
+from ninfer.kernels.moe import gemm as moe_gemm
 from ninfer.kernels.dispatch import INTERPRET
 from ninfer.quant.formats import QuantizedTensor, get_format, quantize
 from ninfer.quant.linear import QuantLinear, QuantWeight, weight_shapes

@@ -271,7 +271,7 @@ def test_no_slot_for_a_checkpoint_skips_it_without_a_forward(dense_ckpt: TinyChe
 
 def test_checkpoints_inside_the_forward_on_the_triton_kernel(dense_ckpt: TinyCheckpoint, plain, monkeypatch) -> None:
     # The same as above with the chunked DeltaNet Triton kernel (interpreter) writing the checkpoint in-launch.
-    import ninfer.kernels.deltanet as deltanet
+    import ninfer.kernels.deltanet.dispatch as deltanet
 
     monkeypatch.setattr(deltanet, "use_triton", lambda x: True)
     llm = _load(dense_ckpt, prefix_cache=True, checkpoint_interval=100, checkpoint_slots=4, prefill_chunk=256)

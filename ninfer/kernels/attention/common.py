@@ -8,14 +8,13 @@ view), 2 = int8; scales come in ``NG`` groups per row.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import triton
 import triton.language as tl
 
-if TYPE_CHECKING:
-    from ninfer.kernels.attention import PagedKV
+from ninfer.kernels.attention.paged import PagedKV
 
 QUANT_CODE = {None: 0, "fp8": 1, "int8": 2}
 LOG2E = 1.4426950408889634  # softmax runs in base 2: exp(x) = exp2(x * LOG2E)

@@ -20,14 +20,14 @@ zero) merges the chunks and picks the token:
   other rows. Without filters, the chunk is chosen from the chunk masses and only that chunk
   is scanned.
 
-Keys and the row-streaming passes live in ``sampling_passes.py``.
+Keys and the row-streaming passes live in ``passes.py``.
 """
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
-from ninfer.kernels.sampling_passes import (
+from ninfer.kernels.sampling.passes import (
     KEY_MAX,
     KEY_NONE,
     block_scores,

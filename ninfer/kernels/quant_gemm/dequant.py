@@ -9,7 +9,7 @@ tuner candidate (``GemmConfig(kind="dequant")``, M > 16, after the tiled favouri
 it measures faster; untuned keys keep the tiled kernel.
 
 * Dequant kernel: one program per ``[BLOCK_N, BLOCK_K]`` tile of W, decoded by the tiled kernel's
-  :func:`ninfer.kernels.quant_gemm._weight_tile` (16-byte loads of packed rows, exact codes in
+  :func:`ninfer.kernels.quant_gemm.weight_tile` (16-byte loads of packed rows, exact codes in
   fp32), scaled in fp32 in the reference's order and rounded once to the workspace dtype: bit for
   bit what ``QuantizedTensor.dequantize`` gives in that dtype. Rows past N are clamped on load and
   masked on store; a ragged last K tile is masked (EVEN_K otherwise).
@@ -24,7 +24,7 @@ it measures faster; untuned keys keep the tiled kernel.
 * Workspace: one buffer per (device, dtype), from PyTorch's caching allocator, kept in a module dict
   and grown (reallocated) to the largest weight seen, so serving allocates nothing new after the
   first prefill. The tuner offers this path only for weights of at most
-  ``quant_gemm_tune.DEQUANT_MAX_ELEMENTS`` (512 MiB in bf16; the LM head stays out), and the memory
+  ``tune.DEQUANT_MAX_ELEMENTS`` (512 MiB in bf16; the LM head stays out), and the memory
   plan (:func:`ninfer.runtime.memory.plan_memory`) reserves the largest such weight's bytes.
   CUDA graphs never capture this path (quant_gemm falls back to the tiled kernel while capturing):
   a graph would keep the buffer's address across a later reallocation.
@@ -38,20 +38,20 @@ import torch
 import triton
 import triton.language as tl
 
-from ninfer.kernels.quant_gemm import (
-    FMT_FP8,
-    _group_scales,
-    _split_finish_kernel,
-    _weight_tile,
-    kernel_tensors,
-)
-from ninfer.kernels.quant_gemm_tune import (
-    DEQUANT_MAX_ELEMENTS,
+from ninfer.kernels.quant_gemm.common import (
     FMT_CODES,
+    FMT_FP8,
+    group_scales,
+    kernel_tensors,
+    split_finish_kernel,
+    weight_tile,
+)
+from ninfer.kernels.quant_gemm.tune import (
+    DEQUANT_MAX_ELEMENTS,
     GemmConfig,
     kernel_params,
 )
-from ninfer.quant.formats import QuantizedTensor
+from ninfer.kernels.quant_gemm.weights import QuantizedTensor
 
 DEFAULT_CONFIG = GemmConfig(128, 32, 256, 1, 4, 1, "dequant")
 _WORKSPACE: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
@@ -66,15 +66,15 @@ def _dequant_kernel(q_ptr, s_ptr, rs_ptr, w_ptr, N, K, stride_qn, stride_sn, str
     num_k = tl.cdiv(K, BLOCK_K)
     offs_n = (pid // num_k) * BLOCK_N + tl.arange(0, BLOCK_N)
     k0 = (pid % num_k) * BLOCK_K
-    rows = tl.minimum(offs_n, N - 1)  # _weight_tile wants valid rows; the store drops the copies
+    rows = tl.minimum(offs_n, N - 1)  # weight_tile wants valid rows; the store drops the copies
     # Exact codes / e2m1 values in fp32 (SCALED=False), scaled here in the reference's order: group
     # scale times row scale first, then the code, so that every format matches ``dequantize`` bit for
     # bit (nvfp4's (e2m1 * block) * global, as SCALED=True would give, differs from it by 1 fp32 ulp).
-    w = _weight_tile(q_ptr, s_ptr, rows, k0, K, stride_qn, stride_sn, FMT, GROUP, CHUNK, ROW_BLOCK, False,
+    w = weight_tile(q_ptr, s_ptr, rows, k0, K, stride_qn, stride_sn, FMT, GROUP, CHUNK, ROW_BLOCK, False,
                      BLOCK_N, BLOCK_K, EVEN_K, tl.float32)
     if FMT != FMT_FP8:
         N_GROUPS: tl.constexpr = BLOCK_K // CHUNK
-        scale = _group_scales(s_ptr, rows, k0, K, stride_sn, FMT, GROUP, ROW_BLOCK, N_GROUPS, EVEN_K)
+        scale = group_scales(s_ptr, rows, k0, K, stride_sn, FMT, GROUP, ROW_BLOCK, N_GROUPS, EVEN_K)
         if ROW_SCALE:  # nvfp4's global scale
             scale = scale * tl.load(rs_ptr + rows)[:, None]
         w = tl.reshape(tl.reshape(w, (BLOCK_N, N_GROUPS, CHUNK)) * scale[:, :, None], (BLOCK_N, BLOCK_K))
@@ -104,8 +104,8 @@ def dequantize_triton(w: QuantizedTensor, out: torch.Tensor, config: GemmConfig 
     q, scales, row_scale = kernel_tensors(w)
     grid = (triton.cdiv(n, cfg.block_n) * triton.cdiv(k, cfg.block_k),)
     _dequant_kernel[grid](
-        q, scales, row_scale if row_scale is not None else scales, out, n, k,
-        q.stride(-2), scales.stride(-2) if scales.dim() >= 2 else 0, out.stride(0),
+        q_ptr=q, s_ptr=scales, rs_ptr=row_scale if row_scale is not None else scales, w_ptr=out, N=n, K=k,
+        stride_qn=q.stride(-2), stride_sn=scales.stride(-2) if scales.dim() >= 2 else 0, stride_wn=out.stride(0),
         FMT=FMT_CODES[name], GROUP=p["group"], CHUNK=p["chunk"], ROW_BLOCK=p["row_block"],
         ROW_SCALE=row_scale is not None, EVEN_K=k % cfg.block_k == 0, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
@@ -156,5 +156,7 @@ def launch_dequant_gemm(x: torch.Tensor, w: QuantizedTensor, res: torch.Tensor |
     y = torch.mm(x, wd)  # [M, 2 * N_OUT]: gate columns, then up
     res_arg = res if res is not None else out
     grid = (triton.cdiv(n_out, 128), triton.cdiv(m, 16))
-    _split_finish_kernel[grid](y, res_arg, out, m, n_out, res_arg.stride(0), out.stride(0),
-                               SWIGLU=True, HAS_RES=res is not None, BLOCK_M=16, BLOCK_N=128, num_warps=4)
+    split_finish_kernel[grid](
+        ws_ptr=y, res_ptr=res_arg, out_ptr=out, M=m, N_OUT=n_out, stride_rm=res_arg.stride(0),
+        stride_om=out.stride(0), SWIGLU=True, HAS_RES=res is not None, BLOCK_M=16, BLOCK_N=128, num_warps=4,
+    )

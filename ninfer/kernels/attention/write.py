@@ -9,16 +9,13 @@ round-to-nearest-even on every backend.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
 
 import torch
 import triton
 import triton.language as tl
 
-from ninfer.kernels.attention_common import QUANT_CODE
-
-if TYPE_CHECKING:
-    from ninfer.kernels.attention import PagedKV
+from ninfer.kernels.attention.common import QUANT_CODE
+from ninfer.kernels.attention.paged import PagedKV
 
 FP8_MAX = tl.constexpr(448.0)
 INT8_MAX = tl.constexpr(127.0)
@@ -102,7 +99,9 @@ def write_kv_triton(k: torch.Tensor, v: torch.Tensor, kv: "PagedKV", slot_mappin
     ks, vs = (kv.k_scale, kv.v_scale) if quant else (kv.k, kv.v)  # placeholders, never read when QUANT == 0
     ng = ks.shape[-1] if quant else 1
     _write_kv_kernel[(n,)](
-        k, v, slot_mapping, kp, vp, ks, vs, k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        kv.k.stride(0), kv.k.stride(1), kv.k.stride(2), ks.stride(0), ks.stride(1), ks.stride(2),
-        heads, PAGE_SIZE=kv.page_size, HEADS_P2=triton.next_power_of_2(heads), NG=ng, GS=head_dim // ng,
-        QUANT=quant, num_warps=4)
+        k_ptr=k, v_ptr=v, slot_ptr=slot_mapping, kp_ptr=kp, vp_ptr=vp, ks_ptr=ks, vs_ptr=vs, stride_kn=k.stride(0),
+        stride_kh=k.stride(1), stride_vn=v.stride(0), stride_vh=v.stride(1), stride_pp=kv.k.stride(0),
+        stride_ps=kv.k.stride(1), stride_ph=kv.k.stride(2), stride_sp=ks.stride(0), stride_ss=ks.stride(1),
+        stride_sh=ks.stride(2), heads=heads, PAGE_SIZE=kv.page_size, HEADS_P2=triton.next_power_of_2(heads), NG=ng,
+        GS=head_dim // ng, QUANT=quant, num_warps=4,
+    )

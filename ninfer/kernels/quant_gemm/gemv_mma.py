@@ -1,6 +1,6 @@
 """int4 decode GEMM on tensor cores: ``y = x @ W^T`` for up to 8 (16, 32) tokens at the cost of one.
 
-The plain GEMV (:mod:`ninfer.kernels.quant_gemv`) multiplies on the FMA pipe, so its instructions grow
+The plain GEMV (:mod:`ninfer.kernels.quant_gemm.gemv`) multiplies on the FMA pipe, so its instructions grow
 with the token count (M = 8 took 5.7x the M = 1 time). This kernel hands the products to the MMA
 (``tl.dot``) with the weight rows on the MMA's M side ("swap AB": a program owns a ``y^T [BLOCK_N,
 TOKENS]`` tile, ``TOKENS`` = 8, 16 or 32 = ``GemmConfig.block_m``), so the per-weight work is the decode
@@ -25,7 +25,7 @@ alone and does not depend on the token count:
   two warps (no warpgroup: Triton then emits ``mma.sync``, as it does on every other GPU).
 
 Everything after the K loop (split-K partials, arrival counters, the last split's sum, SwiGLU and
-residual epilogues) is :mod:`ninfer.kernels.quant_gemv`'s. The decode is inline PTX, which the Triton
+residual epilogues) is :mod:`ninfer.kernels.quant_gemm.gemv`'s. The decode is inline PTX, which the Triton
 interpreter cannot run: there (``ASM=False``) the same values come from Triton bit operations, so CPU
 tests check the kernel's indexing and epilogues and the GPU tests check the PTX.
 """
@@ -36,13 +36,10 @@ import triton
 import triton.language as tl
 
 from ninfer.kernels.dispatch import INTERPRET
-from ninfer.kernels.quant_gemm import _int4_values
-from ninfer.kernels.quant_gemm_tune import GemmConfig
-from ninfer.kernels.quant_gemv import (
-    _gemv_epilogue,
-    _gemv_reduce_kernel,
-    _tile_counters,
-)
+from ninfer.kernels.quant_gemm.common import int4_values
+from ninfer.kernels.quant_gemm.gemv import tile_counters
+from ninfer.kernels.quant_gemm.gemv_steps import gemv_epilogue, gemv_reduce_kernel
+from ninfer.kernels.quant_gemm.tune import GemmConfig
 
 # Low / high nibbles of bytes 0, 1 (output word 0) and 2, 3 (output word 1) of $2 -> ``nibble - 8`` in the
 # two 16-bit halves of each word. ``prmt`` selector 0x4140 puts byte 0 in the low half and byte 1 in the
@@ -90,7 +87,7 @@ def _codes(packed, HIGH: tl.constexpr, DTYPE: tl.constexpr, ASM: tl.constexpr):
             else:
                 v = tl.inline_asm_elementwise(F16_LO, "=r,=r,r", [packed], dtype=tl.float16, is_pure=True, pack=4)
     else:
-        v = _int4_values((packed >> 4) if HIGH else (packed & 0xF), DTYPE)
+        v = int4_values((packed >> 4) if HIGH else (packed & 0xF), DTYPE)
     return v
 
 
@@ -156,7 +153,7 @@ def _quant_gemv_mma_kernel(
         scales = scales_next
         scales_up = scales_up_next
     mask = (offs_n < N_OUT)[:, None] & (offs_m < M)[None, :]
-    _gemv_epilogue(acc, acc_up, pid_s, offs_m, offs_n, mask, M, N_OUT, ws_ptr, cnt_ptr, res_ptr, stride_rm, out_ptr,
+    gemv_epilogue(acc, acc_up, pid_s, offs_m, offs_n, mask, M, N_OUT, ws_ptr, cnt_ptr, res_ptr, stride_rm, out_ptr,
                    stride_om, SPLIT, FUSED_REDUCE, SWIGLU, HAS_RES, BLOCK_N, TOKENS)
 
 
@@ -183,16 +180,18 @@ def launch_gemv_mma(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, res:
         if splits > 1 else out
     res_arg = res if res is not None else out
     grid = (triton.cdiv(n_out, cfg.block_n), splits, triton.cdiv(m, cfg.block_m))
-    counters = _tile_counters(x.device, grid[0] * grid[2]) if splits > 1 else None
+    counters = tile_counters(x.device, grid[0] * grid[2]) if splits > 1 else None
     _quant_gemv_mma_kernel[grid](
-        x, q, scales, res_arg, out, ws, counters,
-        m, n_out, k, per_split * cfg.block_k,
-        x.stride(0), q.stride(-2), scales.stride(-2), res_arg.stride(0), out.stride(0),
-        GROUP=group, SWIGLU=swiglu, HAS_RES=res is not None, SPLIT=splits > 1, FUSED_REDUCE=counters is not None,
-        TOKENS=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, ASM=not INTERPRET,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        x_ptr=x, q_ptr=q, s_ptr=scales, res_ptr=res_arg, out_ptr=out, ws_ptr=ws, cnt_ptr=counters, M=m, N_OUT=n_out,
+        K=k, k_per_split=per_split * cfg.block_k, stride_xm=x.stride(0), stride_qn=q.stride(-2),
+        stride_sn=scales.stride(-2), stride_rm=res_arg.stride(0), stride_om=out.stride(0), GROUP=group,
+        SWIGLU=swiglu, HAS_RES=res is not None, SPLIT=splits > 1, FUSED_REDUCE=counters is not None,
+        TOKENS=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, ASM=not INTERPRET, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
     )
     if splits > 1 and counters is None:
         fin = (triton.cdiv(n_out, 128), triton.cdiv(m, 8))
-        _gemv_reduce_kernel[fin](ws, res_arg, out, m, n_out, splits, res_arg.stride(0), out.stride(0),
-                                 SWIGLU=swiglu, HAS_RES=res is not None, BLOCK_M=8, BLOCK_N=128, num_warps=4)
+        gemv_reduce_kernel[fin](
+            ws_ptr=ws, res_ptr=res_arg, out_ptr=out, M=m, N_OUT=n_out, splits=splits, stride_rm=res_arg.stride(0),
+            stride_om=out.stride(0), SWIGLU=swiglu, HAS_RES=res is not None, BLOCK_M=8, BLOCK_N=128, num_warps=4,
+        )

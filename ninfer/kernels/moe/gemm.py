@@ -1,4 +1,4 @@
-"""Routed experts as grouped GEMMs over expert-aligned row blocks (:mod:`ninfer.kernels.moe_align`).
+"""Routed experts as grouped GEMMs over expert-aligned row blocks (:mod:`ninfer.kernels.moe.align`).
 
 ``moe_experts_triton`` runs four launches (three at decode):
 
@@ -17,12 +17,12 @@
 Grids are sized from the upper bound of row blocks (CUDA-graph safe); blocks past the padded
 total read ``-1`` as their expert and return at once, and experts without tokens own no block,
 so only the selected experts' weights are read. Programs walk groups of row blocks across the
-weight tiles (L2 reuse at prefill, see ``moe_align.aligned_tile``).
+weight tiles (L2 reuse at prefill, see ``align.aligned_tile``).
 
 Steps 2 and 3 run these float kernels for a float stack and the kernels of
-:mod:`ninfer.kernels.moe_quant_gemm` for a quantized one (``QuantizedTensor``, read packed and
+:mod:`ninfer.kernels.moe.quant_gemm` for a quantized one (``QuantizedTensor``, read packed and
 dequantized in the K loop; at decode, where measured faster, the ``tl.dot``-free GEMV of
-:mod:`ninfer.kernels.moe_quant_gemv`); the two GEMMs of a call may differ, the rows are found the
+:mod:`ninfer.kernels.moe.quant_gemv`); the two GEMMs of a call may differ, the rows are found the
 same way.
 
 ``BLOCK_M`` (fixed before the alignment) is 16 when experts average few rows (decode, short
@@ -38,16 +38,16 @@ import triton
 import triton.language as tl
 
 from ninfer.kernels.dispatch import autotune_configs
-from ninfer.kernels.moe_align import (
+from ninfer.kernels.moe.align import (
     ExpertRows,
     aligned_tile,
     expert_rows,
     pair_group,
     pair_rows,
 )
-from ninfer.kernels.moe_quant_gemm import launch_quant_experts
-from ninfer.kernels.quant_gemm_tune import GemmConfig
-from ninfer.quant.formats import QuantizedTensor
+from ninfer.kernels.moe.quant_gemm import launch_quant_experts
+from ninfer.kernels.quant_gemm.tune import GemmConfig
+from ninfer.kernels.quant_gemm.weights import QuantizedTensor
 
 Weight = torch.Tensor | QuantizedTensor  # an expert stack [E, N, K]
 
@@ -199,7 +199,7 @@ def moe_experts_triton(x: torch.Tensor, gate_up: Weight, down: Weight, weights: 
     ``down [E, H, I]``, ``weights [N, k]``, ``ids [N, k]`` (int32/int64, in [0, E)). Each expert
     stack is a float tensor (fp32/fp16/bf16, converted to x's dtype in registers) or a
     :class:`QuantizedTensor` in any format of the quantized GEMM (dequantized in the K loop, see
-    :mod:`ninfer.kernels.moe_quant_gemm`); returns ``[N, H]`` in x's dtype. ``path`` picks the
+    :mod:`ninfer.kernels.moe.quant_gemm`); returns ``[N, H]`` in x's dtype. ``path`` picks the
     quantized stacks' kernels (``launch_quant_experts``: auto, dot, gemv or a config; float stacks
     ignore it)."""
     n, h = x.shape

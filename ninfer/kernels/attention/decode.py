@@ -14,21 +14,17 @@ among them is applied per row.
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import TYPE_CHECKING
 
 import torch
 import triton
 import triton.language as tl
 
-from ninfer.kernels.attention_common import LOG2E, kernel_args, kv_tile_rows, load_kv_tile, softmax_step, store_output
+from ninfer.kernels.attention.common import LOG2E, kernel_args, kv_tile_rows, load_kv_tile, softmax_step, store_output
+from ninfer.kernels.attention.paged import PagedKV
+from ninfer.kernels.attention.split_kv import MAX_SPLITS, merge_kernel, sm_count, split_range
 from ninfer.kernels.dispatch import autotune_configs, fp32_first_config
 
-if TYPE_CHECKING:
-    from ninfer.kernels.attention import PagedKV
-
 DECODE_MAX_TOKENS = 8
-SPLIT_ALIGN = tl.constexpr(64)
-MAX_SPLITS = 64
 
 
 def _config(block_n: int, warps: int, stages: int) -> triton.Config:
@@ -51,14 +47,6 @@ _CONFIGS = [
 ]
 
 
-@triton.jit
-def _split_range(ctx, split, num_splits):
-    """Keys ``[lo, hi)`` of ``split``; identical in both kernels, so the merge knows which splits ran."""
-    chunk = tl.cdiv(tl.cdiv(ctx, num_splits), SPLIT_ALIGN) * SPLIT_ALIGN
-    lo = split * chunk
-    return lo, tl.minimum(lo + chunk, ctx), tl.cdiv(ctx, chunk)
-
-
 @triton.autotune(configs=autotune_configs(_CONFIGS), key=["GROUP", "HEAD_DIM", "QUANT", "BLOCK_M"],
                  prune_configs_by=fp32_first_config("q_ptr"))
 @triton.jit
@@ -76,7 +64,7 @@ def _decode_kernel(
     start = tl.load(cu_ptr + b)
     seqlen = tl.load(cu_ptr + b + 1) - start
     ctx = tl.load(ctx_ptr + b)
-    lo, hi, _ = _split_range(ctx, split, num_splits)
+    lo, hi, _ = split_range(ctx, split, num_splits)
     if (seqlen == 0) | (lo >= hi):
         return
 
@@ -120,39 +108,6 @@ def _decode_kernel(
         tl.store(part_o_ptr + part[:, None] * HEAD_DIM + offs_d[None, :], o, mask=row_ok[:, None])
 
 
-@triton.jit
-def _merge_kernel(
-    part_o_ptr, part_lse_ptr, o_ptr, g_ptr, cu_ptr, ctx_ptr,
-    stride_on, stride_oh, stride_gn, stride_gh, num_splits,
-    HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, SPLITS_POW2: tl.constexpr, HAS_GATE: tl.constexpr,
-):
-    """One output row (token, head): the lse-weighted mean of its splits' partial outputs."""
-    head = tl.program_id(0)
-    t = tl.program_id(1)
-    b = tl.program_id(2)
-    start = tl.load(cu_ptr + b)
-    if t >= tl.load(cu_ptr + b + 1) - start:
-        return
-    _, _, n_splits = _split_range(tl.load(ctx_ptr + b), 0, num_splits)
-    offs_s = tl.arange(0, SPLITS_POW2)
-    ran = offs_s < n_splits
-    offs_d = tl.arange(0, HEAD_DIM)
-    tok = (start + t).to(tl.int64)
-    part = (tok * HEADS + head) * num_splits + offs_s
-    lse = tl.load(part_lse_ptr + part, mask=ran, other=float("-inf"))
-    w = tl.exp2(lse - tl.max(lse, 0))
-    parts = tl.load(part_o_ptr + part[:, None] * HEAD_DIM + offs_d[None, :], mask=ran[:, None], other=0.0)
-    o = tl.sum(parts * w[:, None], 0) / tl.sum(w, 0)
-    one = tl.full([1], 0, tl.int64)
-    store_output(o_ptr, g_ptr, o[None, :], tok + one, head + one, offs_d, one == 0, stride_on, stride_oh,
-                 stride_gn, stride_gh, HAS_GATE)
-
-
-@lru_cache(maxsize=None)
-def _sm_count(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
-
-
 @lru_cache(maxsize=None)
 def _is_sm90(device: torch.device) -> bool:
     return torch.cuda.get_device_capability(device) == (9, 0)
@@ -164,7 +119,7 @@ def default_num_splits(device: torch.device, batch: int, kv_heads: int) -> int:
     Measured on the H200 (``perf/sweep_attention_decode.py``, 27B heads, bf16 KV, contexts 8k-128k): at
     batch 8, 16 splits (512 programs) reach 86-107 % of copy bandwidth where 9 (two per SM) reached
     44-48 %; at batch 1 the cap of 64 splits was the best of those timed."""
-    return max(1, min(MAX_SPLITS, 4 * _sm_count(device) // (batch * kv_heads)))
+    return max(1, min(MAX_SPLITS, 4 * sm_count(device) // (batch * kv_heads)))
 
 
 def measured_config(q: torch.Tensor, kv: "PagedKV", programs: int) -> dict | None:
@@ -212,9 +167,10 @@ def paged_attention_decode_triton(
                                       BLOCK_M=block_m, **consts, **(chosen or {}))
     if splits > 1:
         g = out if gate is None else gate
-        _merge_kernel[(heads, max_seqlen, batch)](
-            part_o, part_lse, out, g, cu_seqlens, context_lens, out.stride(0), out.stride(1), g.stride(0),
-            g.stride(1), splits, HEADS=heads, HEAD_DIM=head_dim, SPLITS_POW2=triton.next_power_of_2(splits),
-            HAS_GATE=gate is not None,
-            num_warps=8)
+        merge_kernel[(heads, max_seqlen, batch)](
+            part_o_ptr=part_o, part_lse_ptr=part_lse, o_ptr=out, g_ptr=g, cu_ptr=cu_seqlens, ctx_ptr=context_lens,
+            stride_on=out.stride(0), stride_oh=out.stride(1), stride_gn=g.stride(0), stride_gh=g.stride(1),
+            num_splits=splits, HEADS=heads, HEAD_DIM=head_dim, SPLITS_POW2=triton.next_power_of_2(splits),
+            HAS_GATE=gate is not None, num_warps=8,
+        )
     return out

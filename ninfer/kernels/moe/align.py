@@ -149,16 +149,24 @@ def align_pairs(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torc
     post = torch.empty(1, dtype=torch.int32, device=dev)
     starts = torch.empty(num_experts, dtype=torch.int32, device=dev)
     if nk <= CHUNK:
-        _align_one_kernel[(1,)](flat, sorted_pairs, block_experts, post, starts, nk, num_experts, max_blocks,
-                                BLOCK_M=block_m, E_BLOCK=e_block, SUB=sub, BLOCKS=_BLOCKS, num_warps=4)
+        _align_one_kernel[(1,)](
+            ids_ptr=flat, sorted_ptr=sorted_pairs, block_experts_ptr=block_experts, post_ptr=post,
+            starts_ptr=starts, NK=nk, E=num_experts, max_blocks=max_blocks, BLOCK_M=block_m, E_BLOCK=e_block,
+            SUB=sub, BLOCKS=_BLOCKS, num_warps=4,
+        )
         return sorted_pairs, block_experts, post
     chunks = triton.cdiv(nk, CHUNK)
     counts = torch.empty(chunks, e_block, dtype=torch.int32, device=dev)
     _count_kernel[(chunks,)](flat, counts, nk, CHUNK=CHUNK, SUB=sub, E_BLOCK=e_block, num_warps=4)
-    _plan_kernel[(1,)](counts, sorted_pairs, block_experts, post, starts, chunks, nk, num_experts, max_blocks,
-                       BLOCK_M=block_m, E_BLOCK=e_block, BLOCKS=_BLOCKS, num_warps=8)
-    _place_kernel[(chunks,)](flat, counts, starts, sorted_pairs, nk, num_experts,
-                             CHUNK=CHUNK, SUB=sub, E_BLOCK=e_block, num_warps=4)
+    _plan_kernel[(1,)](
+        counts_ptr=counts, sorted_ptr=sorted_pairs, block_experts_ptr=block_experts, post_ptr=post,
+        starts_ptr=starts, num_chunks=chunks, NK=nk, E=num_experts, max_blocks=max_blocks, BLOCK_M=block_m,
+        E_BLOCK=e_block, BLOCKS=_BLOCKS, num_warps=8,
+    )
+    _place_kernel[(chunks,)](
+        ids_ptr=flat, counts_ptr=counts, starts_ptr=starts, sorted_ptr=sorted_pairs, NK=nk, E=num_experts,
+        CHUNK=CHUNK, SUB=sub, E_BLOCK=e_block, num_warps=4,
+    )
     return sorted_pairs, block_experts, post
 
 

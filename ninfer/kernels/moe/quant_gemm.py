@@ -1,9 +1,9 @@
 """Grouped expert GEMMs over quantized expert stacks, dequantized in the K loop.
 
-The quantized counterpart of the float kernels in :mod:`ninfer.kernels.moe_gemm`, launched by
+The quantized counterpart of the float kernels in :mod:`ninfer.kernels.moe.gemm`, launched by
 ``moe_experts_triton`` for a stack that is a :class:`QuantizedTensor` (``[E, N, K]`` in any format
 of :mod:`ninfer.kernels.quant_gemm`: int4 g64/g128, int8 g32/g64, nvfp4, fp8 rows, fp8 128-blocks).
-Programs find their expert and rows exactly as the float kernels do (:mod:`ninfer.kernels.moe_align`:
+Programs find their expert and rows exactly as the float kernels do (:mod:`ninfer.kernels.moe.align`:
 alignment-free at decode, aligned row blocks otherwise), so experts without tokens own no program
 and only the selected experts' packed bytes are read; no dequantized copy of a stack ever exists.
 
@@ -21,9 +21,9 @@ Tile sizes are autotuned per (format, shapes, pair-count bucket) as for the floa
 first config of each list fits the RTX 5090's 99 KB of shared memory and is the interpreter's.
 
 At decode (alignment-free rows, <= 64 pairs) a 16-row MMA tile mostly pads one or two pairs per
-expert; :mod:`ninfer.kernels.moe_quant_gemv` offers a ``tl.dot``-free GEMV instead.
+expert; :mod:`ninfer.kernels.moe.quant_gemv` offers a ``tl.dot``-free GEMV instead.
 ``launch_quant_experts`` runs whichever its ``path`` asks for: by default the faster of the two as
-measured on the key's first call (``moe_quant_gemv.choose_config``; this path while unmeasured, e.g.
+measured on the key's first call (``quant_gemv.choose_config``; this path while unmeasured, e.g.
 during graph capture), or one pinned (``path="dot"`` / ``"gemv"`` / a config; ``NINFER_MOE_PATH``).
 """
 from __future__ import annotations
@@ -35,18 +35,18 @@ import triton
 import triton.language as tl
 
 from ninfer.kernels.dispatch import autotune_configs
-from ninfer.kernels.moe_align import ExpertRows, aligned_tile, pair_group, pair_rows
-from ninfer.kernels.moe_quant_gemv import (
+from ninfer.kernels.moe.align import ExpertRows, aligned_tile, pair_group, pair_rows
+from ninfer.kernels.moe.quant_gemv import (
     GROUPED_DOT,
     choose_config,
     expert_gemv_candidates,
     launch_expert_gemv,
 )
 
-# The dense quantized GEMM's building blocks (private there; this family is their second user).
-from ninfer.kernels.quant_gemm import _finish, _k_loop
-from ninfer.kernels.quant_gemm_tune import FMT_CODES, GemmConfig, sm_count
-from ninfer.quant.formats import QuantizedTensor
+from ninfer.kernels.quant_gemm.common import FMT_CODES, finish
+from ninfer.kernels.quant_gemm.gemm import k_loop
+from ninfer.kernels.quant_gemm.tune import GemmConfig, sm_count
+from ninfer.kernels.quant_gemm.weights import QuantizedTensor
 
 QUANT_FORMATS = frozenset(FMT_CODES)  # formats these kernels read
 # Default of launch_quant_experts' path: "auto" (measure dot vs GEMV per decode key), "dot" or "gemv"
@@ -102,7 +102,7 @@ def _quant_block(x_ptr, q_ptr, s_ptr, rs_ptr, out_ptr, rw_ptr, expert, pairs, pi
     s_ptr += e64 * stride_se
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     acc_up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    acc, acc_up = _k_loop(acc, acc_up, x_ptr, xrows, q_ptr, s_ptr, rows, 0, tl.cdiv(K, BLOCK_K), N_OUT, K, stride_xm,
+    acc, acc_up = k_loop(acc, acc_up, x_ptr, xrows, q_ptr, s_ptr, rows, 0, tl.cdiv(K, BLOCK_K), N_OUT, K, stride_xm,
                           stride_qn, stride_sn, FMT, GROUP, CHUNK, ROW_BLOCK, SCALED, SWIGLU, BLOCK_N, BLOCK_K, SUB,
                           EVEN_K, IEEE)
     n_ok = offs_n < N_OUT
@@ -114,7 +114,7 @@ def _quant_block(x_ptr, q_ptr, s_ptr, rs_ptr, out_ptr, rw_ptr, expert, pairs, pi
     if ROUTE_WEIGHT:
         acc *= tl.load(rw_ptr + pairs, mask=row_ok, other=0.0).to(tl.float32)[None, :]
     mask = n_ok[:, None] & row_ok[None, :]
-    _finish(acc, acc_up, pairs, offs_n, mask, out_ptr, 0, out_ptr, stride_om, SWIGLU, False)
+    finish(acc, acc_up, pairs, offs_n, mask, out_ptr, 0, out_ptr, stride_om, SWIGLU, False)
 
 
 @triton.jit(do_not_specialize=["NK", "num_blocks", "tune_m"])  # pair counts vary per call: no recompiles
@@ -179,7 +179,7 @@ def launch_quant_experts(rows: ExpertRows, a: torch.Tensor, w: QuantizedTensor, 
     columns) or times the routing weight ``rw[pair]`` (down).
 
     ``path``: "auto" (None: ``DEFAULT_PATH``) measures the ``tl.dot`` kernels here against the GEMV of
-    :mod:`ninfer.kernels.moe_quant_gemv` per key at decode (:func:`moe_quant_gemv.choose_config`);
+    :mod:`ninfer.kernels.moe.quant_gemv` per key at decode (:func:`ninfer.kernels.moe.quant_gemv.choose_config`);
     "dot" pins the ``tl.dot`` kernels, "gemv" the GEMV's first candidate wherever it applies
     (alignment-free decode rows; the dot elsewhere); a ``GemmConfig`` of either kind pins exactly that
     (tests, benchmarks; a GEMV config raises on aligned rows)."""

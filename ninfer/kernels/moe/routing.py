@@ -1,27 +1,16 @@
-"""Mixture-of-experts routing and expert evaluation (reference §9).
+"""Top-k expert routing: fp32 softmax over experts, the top k, renormalised.
 
-``route_topk`` runs a fused router kernel on CUDA: one program per token holds all E logits
-(E <= a few thousand fits one block), takes the fp32 softmax, picks the top k by k rounds of
-max-and-exclude, and renormalises. On exact ties of the probabilities the lower expert id wins
-(torch.topk's order on ties is unspecified). ``moe_experts`` runs the grouped expert GEMMs of
-:mod:`ninfer.kernels.moe_gemm` on float expert stacks and those of
-:mod:`ninfer.kernels.moe_quant_gemm` on quantized ones (packed bytes read in the K loop; at decode
-the ``tl.dot``-free GEMV of :mod:`ninfer.kernels.moe_quant_gemv` where it measured faster). Both fall
-back to the references off CUDA; the expert reference dequantizes only the experts it uses.
+On CUDA a fused router kernel runs one program per token holding all E logits (E <= a few thousand fits
+one block) and picks the top k by k rounds of max-and-exclude. On exact ties of the probabilities the
+lower expert id wins (torch.topk's order on ties is unspecified).
 """
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 import triton
 import triton.language as tl
 
 from ninfer.kernels.dispatch import use_triton
-from ninfer.kernels.moe_gemm import Weight, moe_experts_triton
-from ninfer.kernels.moe_quant_gemm import QUANT_FORMATS
-from ninfer.quant.formats import QuantizedTensor
-
-_FLOATS = (torch.float32, torch.float16, torch.bfloat16)  # expert stacks the Triton GEMMs read directly
 
 
 def route_topk_reference(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -30,28 +19,6 @@ def route_topk_reference(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor
     weights, ids = probs.topk(top_k, dim=-1)
     weights = weights / weights.sum(-1, keepdim=True)
     return weights.to(logits.dtype), ids
-
-
-def _expert(w: Weight, expert: int, dtype: torch.dtype) -> torch.Tensor:
-    """One expert's float weight; a quantized stack dequantizes that expert only, in x's dtype."""
-    return w.select(expert).dequantize(dtype) if isinstance(w, QuantizedTensor) else w[expert]
-
-
-def moe_experts_reference(
-    x: torch.Tensor, gate_up: Weight, down: Weight, weights: torch.Tensor, ids: torch.Tensor
-) -> torch.Tensor:
-    """``sum_j weights[:, j] * down[e] @ swiglu(gate_up[e] @ x)`` with ``e = ids[:, j]``.
-
-    ``gate_up [E, 2I, H]`` (gate rows first), ``down [E, H, I]``, float or quantized; accumulated
-    in x's dtype, one expert at a time, as transformers does.
-    """
-    out = torch.zeros_like(x)
-    for expert in ids.unique().tolist():
-        token_idx, pos = torch.where(ids == expert)
-        gate, up = F.linear(x[token_idx], _expert(gate_up, expert, x.dtype)).chunk(2, dim=-1)
-        y = F.linear(F.silu(gate) * up, _expert(down, expert, x.dtype)) * weights[token_idx, pos, None]
-        out.index_add_(0, token_idx, y.to(out.dtype))
-    return out
 
 
 @triton.jit
@@ -99,19 +66,3 @@ def route_topk(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Te
     if use_triton(logits) and logits.dim() == 2:
         return route_topk_triton(logits, top_k)
     return route_topk_reference(logits, top_k)
-
-
-def _triton_reads(w: Weight) -> bool:
-    if isinstance(w, QuantizedTensor):
-        return w.format.name in QUANT_FORMATS or w.format.name == "bf16"
-    return w.dtype in _FLOATS
-
-
-def moe_experts(
-    x: torch.Tensor, gate_up: Weight, down: Weight, weights: torch.Tensor, ids: torch.Tensor
-) -> torch.Tensor:
-    """Routed experts; ``gate_up`` and ``down`` are float stacks or quantized ones (any mix)."""
-    if use_triton(x) and x.dim() == 2 and _triton_reads(gate_up) and _triton_reads(down):
-        return moe_experts_triton(x, gate_up, down, weights, ids)
-    return moe_experts_reference(x, gate_up, down, weights, ids)
-

@@ -11,11 +11,11 @@ is chosen here rather than by ``triton.autotune`` because it changes the launch 
 epilogue kernel), not only the kernel's constants. Choices also go to disk (:mod:`ninfer.kernels.tune_cache`,
 ``NINFER_TUNE_CACHE``): a later process on the same GPU model takes a stored config that is still a
 candidate instead of timing the key again.
-For M <= 8 the GEMV configs of :mod:`ninfer.kernels.quant_gemv` (``kind="gemv"``, no ``tl.dot``)
+For M <= 8 the GEMV configs of :mod:`ninfer.kernels.quant_gemm.gemv` (``kind="gemv"``, no ``tl.dot``)
 follow the dot configs, so they are chosen only by measurement, never as the untuned default. So do,
 for int4 weights, bf16 / fp16 activations and M <= 32, the tensor-core decode configs of
-:mod:`ninfer.kernels.quant_gemv_mma` (``kind="gemv-mma"``), and, for M > 16, the configs of
-:mod:`ninfer.kernels.quant_dequant` (``kind="dequant"``: dequantize the whole weight into a workspace,
+:mod:`ninfer.kernels.quant_gemm.gemv_mma` (``kind="gemv-mma"``), and, for M > 16, the configs of
+:mod:`ninfer.kernels.quant_gemm.dequant` (``kind="dequant"``: dequantize the whole weight into a workspace,
 then cuBLAS), offered only for weights of at most
 ``DEQUANT_MAX_ELEMENTS`` (the workspace is part of the memory plan; the LM head stays out).
 At least one candidate per path fits in 99 KB of shared memory (RTX 5090).
@@ -32,9 +32,9 @@ import triton
 
 from ninfer.kernels import tune_cache
 from ninfer.kernels.dispatch import INTERPRET, autotune_configs
+from ninfer.kernels.quant_gemm.common import FMT_CODES
 
-FMT_CODES = {"fp8": 0, "fp8-b128": 1, "int8-g32": 2, "int8-g64": 2, "int4-g64": 3, "int4-g128": 3, "nvfp4": 4}
-_GROUPS = {"fp8-b128": 128, "int8-g32": 32, "int8-g64": 64, "int4-g64": 64, "int4-g128": 128, "nvfp4": 16}
+GROUPS = {"fp8-b128": 128, "int8-g32": 32, "int8-g64": 64, "int4-g64": 64, "int4-g128": 128, "nvfp4": 16}
 SKINNY_MAX_M = 16
 GEMV_MAX_M = 8
 MMA_MAX_M = 32  # the tensor-core decode: up to 32 tokens (speculative verification of 8 lanes x 4 tokens)
@@ -53,8 +53,8 @@ class GemmConfig:
     num_warps: int = 4
     num_stages: int = 3
     # "dot": quant_gemm's tl.dot kernel; "gemv" / "gemv-prefetch" / "gemv-w32" (int4 codes as 32-bit
-    # words): quant_gemv's decode GEMV (M <= 8); "gemv-mma": quant_gemv_mma's int4 decode on tensor cores
-    # (M <= 32, block_m = tokens per program); "dequant": quant_dequant's whole-weight dequantization
+    # words): gemv's decode GEMV (M <= 8); "gemv-mma": gemv_mma's int4 decode on tensor cores
+    # (M <= 32, block_m = tokens per program); "dequant": dequant's whole-weight dequantization
     # (block_n x block_k tiles) + cuBLAS (M > 16)
     kind: str = "dot"
 
@@ -65,7 +65,7 @@ def kernel_params(fmt: str, cfg: GemmConfig) -> dict[str, int]:
     group scale multiplies the product (small M: fewer multiplies; needs chunk >= 16 for tl.dot)."""
     if fmt not in FMT_CODES:
         raise ValueError(f"no quantized GEMM kernel for format {fmt!r}")
-    group = _GROUPS.get(fmt, cfg.block_k)
+    group = GROUPS.get(fmt, cfg.block_k)
     if cfg.block_k % group and group % cfg.block_k:
         raise ValueError(f"block_k {cfg.block_k} neither divides nor is a multiple of {fmt}'s group size {group}")
     chunk = min(group, cfg.block_k)
@@ -76,7 +76,7 @@ def kernel_params(fmt: str, cfg: GemmConfig) -> dict[str, int]:
 def _block_k(fmt: str, bytes_per_row: int) -> int:
     """K elements per step so that a weight row contributes ``bytes_per_row`` bytes, valid for the format."""
     bk = bytes_per_row * (2 if fmt.startswith("int4") or fmt == "nvfp4" else 1)
-    group = _GROUPS.get(fmt, 1)
+    group = GROUPS.get(fmt, 1)
     if fmt == "fp8-b128":
         return min(bk, 128)
     return max(bk, group)
@@ -120,7 +120,7 @@ def candidates(fmt: str, m: int, n_out: int, k: int, sms: int, *, swiglu: bool =
 
 
 def dequant_candidates(fmt: str, block_m: int) -> list[GemmConfig]:
-    """Tiles of the whole-weight dequantization (:mod:`ninfer.kernels.quant_dequant`), 8192 weights
+    """Tiles of the whole-weight dequantization (:mod:`ninfer.kernels.quant_gemm.dequant`), 8192 weights
     each: the bf16 writes (2-4x the packed reads) dominate, so rows x columns matters little; one
     stage (no shared-memory pipeline: nothing feeds a ``tl.dot``). ``block_m`` is informational
     (the GEMM is cuBLAS's); block_k 128 and 256 suit every format's group size."""
@@ -129,7 +129,7 @@ def dequant_candidates(fmt: str, block_m: int) -> list[GemmConfig]:
     return [GemmConfig(block_m, 32, 256, 1, 4, 1, "dequant"), GemmConfig(block_m, 64, 128, 1, 4, 1, "dequant")]
 
 
-def _gemv_split(tiles: int, k_steps: int, sms: int) -> int:
+def gemv_split(tiles: int, k_steps: int, sms: int) -> int:
     """Split-K factor that brings the GEMV grid near four programs per SM (latency hiding needs many
     loads in flight per SM), at least one K step per split."""
     if tiles >= 4 * sms:
@@ -138,7 +138,7 @@ def _gemv_split(tiles: int, k_steps: int, sms: int) -> int:
 
 
 def gemv_candidates(fmt: str, m: int, n_out: int, k: int, sms: int) -> list[GemmConfig]:
-    """GEMV configs (:mod:`ninfer.kernels.quant_gemv`) for M <= 8: ``(rows, packed bytes per row per
+    """GEMV configs (:mod:`ninfer.kernels.quant_gemm.gemv`) for M <= 8: ``(rows, packed bytes per row per
     K step, warps, stages)``; 1-2 tokens afford wide per-thread slabs (4 x 16-byte loads), 3-8 tokens
     keep the dequantized slab small because it stays live across the token rows. One stage leaves
     the loads in registers; three let Triton prefetch them through shared memory (<= 48 KB)."""
@@ -154,18 +154,18 @@ def gemv_candidates(fmt: str, m: int, n_out: int, k: int, sms: int) -> list[Gemm
     # Two more with a register prefetch of the next K step (twice the bytes in flight per thread: the
     # pipeliner does not stage loads that feed no tl.dot, so one-stage GEMVs keep one step in flight).
     prefetch = [(32, 256, 4, 1), (64, 128, 4, 1)] if bm <= 2 else [(16, 128, 4, 1)]
-    # int4 codes read as 32-bit words (fewer instructions per weight; quant_gemv's module docstring).
+    # int4 codes read as 32-bit words (fewer instructions per weight; gemv's module docstring).
     words = ([(32, 256, 4, 1), (64, 128, 4, 1)] if bm <= 2 else [(16, 128, 4, 1)]) if fmt.startswith("int4") else []
     for kind, group in (("gemv", shapes), ("gemv-prefetch", prefetch), ("gemv-w32", words)):
         for bn, row_bytes, warps, stages in group:
-            bk = max(row_bytes * (2 if four_bit else 1), _GROUPS.get(fmt, 1))
-            split = _gemv_split(triton.cdiv(n_out, bn) * triton.cdiv(m, bm), triton.cdiv(k, bk), sms)
+            bk = max(row_bytes * (2 if four_bit else 1), GROUPS.get(fmt, 1))
+            split = gemv_split(triton.cdiv(n_out, bn) * triton.cdiv(m, bm), triton.cdiv(k, bk), sms)
             out.append(GemmConfig(bm, bn, bk, split, warps, stages, kind))
     return out
 
 
 def mma_candidates(fmt: str, m: int, n_out: int, k: int, sms: int, *, swiglu: bool = False) -> list[GemmConfig]:
-    """Tensor-core int4 decode configs (:mod:`ninfer.kernels.quant_gemv_mma`) for M <= 32: ``(rows, K
+    """Tensor-core int4 decode configs (:mod:`ninfer.kernels.quant_gemm.gemv_mma`) for M <= 32: ``(rows, K
     per step, warps, stages)``, 8 tokens per program up to M = 8, 16 up to 16, else 32. One or two warps
     keep Triton on ``mma.sync`` (its cheap operand layout on Hopper too); SwiGLU holds two accumulators, so
     narrower tiles. Each shape comes with split-K for about 4, 8 and 16 programs per SM (small programs:
@@ -180,7 +180,7 @@ def mma_candidates(fmt: str, m: int, n_out: int, k: int, sms: int, *, swiglu: bo
         shapes = [shape for shape in shapes if shape[0] <= 64]
     out: list[GemmConfig] = []
     for bn, bk, warps, stages in shapes:
-        bk = max(bk, _GROUPS[fmt])
+        bk = max(bk, GROUPS[fmt])
         if k % bk:
             continue
         tiles = triton.cdiv(n_out, bn) * triton.cdiv(m, tokens)
@@ -192,7 +192,7 @@ def mma_candidates(fmt: str, m: int, n_out: int, k: int, sms: int, *, swiglu: bo
     return out
 
 
-def _time_candidates(cands: list[GemmConfig], launch: Callable[[GemmConfig], None],
+def time_candidates(cands: list[GemmConfig], launch: Callable[[GemmConfig], None],
                      graphs: bool) -> dict[GemmConfig, float]:
     """Milliseconds per launch of each candidate that fits the GPU.
 
@@ -211,7 +211,7 @@ def _time_candidates(cands: list[GemmConfig], launch: Callable[[GemmConfig], Non
             if not graphs:
                 raise
             torch.cuda.synchronize()
-            return _time_candidates(cands, launch, graphs=False)
+            return time_candidates(cands, launch, graphs=False)
     return timings
 
 
@@ -300,7 +300,7 @@ def select_config(fmt: str, x: torch.Tensor, n_out: int, k: int, swiglu: bool, h
         return cands[0]
     best = stored_config("quant_gemm", key, cands, x.device)
     if best is None:
-        timings = _time_candidates(cands, launch, graphs=m <= SKINNY_MAX_M)
+        timings = time_candidates(cands, launch, graphs=m <= SKINNY_MAX_M)
         if not timings:
             raise RuntimeError(f"no quantized GEMM config fits this GPU for {key}")
         best = min(timings, key=timings.__getitem__)

@@ -1,32 +1,32 @@
 """Decode GEMV over routed (token, expert) pairs for quantized expert stacks, without ``tl.dot``.
 
-The expert counterpart of :mod:`ninfer.kernels.quant_gemv`. At decode (<= ``MAX_PAIRS`` pairs) the
+The expert counterpart of :mod:`ninfer.kernels.quant_gemm.gemv`. At decode (<= ``MAX_PAIRS`` pairs) the
 expert GEMMs move only the selected experts' packed bytes, and the ``tl.dot`` kernels of
-:mod:`ninfer.kernels.moe_quant_gemm` pad each expert's one or two pairs to a 16-row MMA tile: they
+:mod:`ninfer.kernels.moe.quant_gemm` pad each expert's one or two pairs to a 16-row MMA tile: they
 measured 10-24 % of copy bandwidth at 1-8 tokens on an H200, where the dense GEMV reached 37-47 %
 (4-bit) and 69-94 % (8-bit) against 16-47 % for its ``tl.dot`` path.
 
-* Rows come from ``ids`` as in the alignment-free ``tl.dot`` path (:func:`moe_align.pair_group`):
+* Rows come from ``ids`` as in the alignment-free ``tl.dot`` path (:func:`ninfer.kernels.moe.align.pair_group`):
   grid ``(pairs, column tiles, K splits)``; the program of an expert's first pair serves all pairs
   of that expert (BLOCK_M at a time) and the others exit, so each selected expert's rows are read
   once per column tile and no other expert is read.
 * A K step loads a ``[BLOCK_N, BLOCK_K]`` slab of packed rows (16-byte vectors), decodes it in
-  registers once (:func:`quant_gemv._gemv_decode`, group scales from ``_gemv_scales``; int4 codes
-  as 32-bit words for ``kind="gemv-w32"``: ``_w32_values``) and reduces it against each of the
-  group's activation rows ``a[pair // a_div]`` (``_gemv_dot`` / ``_w32_dot``: ``tl.sum`` per scale
+  registers once (:func:`quant_gemm.gemv_steps.gemv_decode`, group scales from ``gemv_scales``; int4 codes
+  as 32-bit words for ``kind="gemv-w32"``: ``w32_values``) and reduces it against each of the
+  group's activation rows ``a[pair // a_div]`` (``gemv_dot`` / ``w32_dot``: ``tl.sum`` per scale
   group, fp32). Rows of a BLOCK_M tile past the group's count are skipped at run time
   (most experts have one pair at decode), not computed and dropped.
 * Epilogues as the ``tl.dot`` expert kernels: per-row scales (fp8 rows, nvfp4 global scale) on the
   accumulator, then the routing weight ``rw[pair]`` (down) or SwiGLU over the stacked ``[E, 2I, K]``
   weight (gate rows first; ``dst`` has I columns). Split-K writes fp32 partials (the routing weight
   already applied: it is linear) to a scratch ``[splits, pairs, N (x2 for SwiGLU)]`` that every
-  program writes in full, and quant_gemv's reduce kernel sums the splits in order, then SwiGLU:
+  program writes in full, and gemv_steps' reduce kernel sums the splits in order, then SwiGLU:
   deterministic, no atomics, no host syncs, nothing sized by data (CUDA-graph safe).
 
 Selection (:func:`choose_config`): never blind. The first call of a key ``(format, dtype,
 pair-count bucket, N, K, swiglu)`` on CUDA, outside graph capture and the interpreter, times the
 ``tl.dot`` path (``GROUPED_DOT``) and the GEMV candidates from CUDA-graph replays (the dense
-tuner's ``_time_candidates``) and keeps the fastest, also on disk (:mod:`ninfer.kernels.tune_cache`):
+tuner's ``time_candidates``) and keeps the fastest, also on disk (:mod:`ninfer.kernels.tune_cache`):
 a later process takes the stored choice while it is still a candidate. During capture, or with tuning
 off, a key takes what was chosen for it, else the ``tl.dot`` path: warm decode shapes before capturing.
 """
@@ -38,46 +38,39 @@ import torch
 import triton
 import triton.language as tl
 
-from ninfer.kernels import quant_gemm_tune
 from ninfer.kernels.dispatch import INTERPRET
-from ninfer.kernels.moe_align import ExpertRows, pair_group, pair_rows
-from ninfer.kernels.quant_gemm import _finish, kernel_tensors
-from ninfer.kernels.quant_gemm_tune import (
-    FMT_CODES,
-    GemmConfig,
-    kernel_params,
-    sm_count,
+from ninfer.kernels.moe.align import ExpertRows, pair_group, pair_rows
+from ninfer.kernels.quant_gemm import tune as quant_gemm_tune
+from ninfer.kernels.quant_gemm.common import FMT_CODES, finish, kernel_tensors
+from ninfer.kernels.quant_gemm.tune import GemmConfig, kernel_params, sm_count
+from ninfer.kernels.quant_gemm.gemv_steps import (
+    gemv_decode,
+    gemv_dot,
+    gemv_raw,
+    gemv_reduce_kernel,
+    gemv_scales,
+    gemv_x,
+    store_partials,
+    w32_dot,
+    w32_raw,
+    w32_scales,
+    w32_values,
 )
-
-# quant_gemv's building blocks (private there; this kernel is their second user).
-from ninfer.kernels.quant_gemv import (
-    _gemv_decode,
-    _gemv_dot,
-    _gemv_raw,
-    _gemv_reduce_kernel,
-    _gemv_scales,
-    _gemv_x,
-    _store_partials,
-    _w32_dot,
-    _w32_raw,
-    _w32_scales,
-    _w32_values,
-)
-from ninfer.quant.formats import QuantizedTensor
+from ninfer.kernels.quant_gemm.weights import QuantizedTensor
 
 MAX_PAIRS = 64  # routed pairs up to which the GEMV is a candidate (8 tokens at top-8)
-# The tl.dot grouped GEMM of moe_quant_gemm; its tile sizes come from its own triton.autotune.
+# The tl.dot grouped GEMM of moe.quant_gemm; its tile sizes come from its own triton.autotune.
 GROUPED_DOT = GemmConfig(16, 0, 0, kind="dot")
 
 
 @triton.jit
 def _raw(q_ptr, rows, k0, K, stride_qn, FMT: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
          WORDS: tl.constexpr):
-    """The packed slab of a K step: bytes (:func:`_gemv_raw`) or, WORDS, int4 32-bit words (``_w32_raw``)."""
+    """The packed slab of a K step: bytes (:func:`gemv_raw`) or, WORDS, int4 32-bit words (``w32_raw``)."""
     if WORDS:
-        raw = _w32_raw(q_ptr, rows, k0, K, stride_qn, BLOCK_K, EVEN_K)
+        raw = w32_raw(q_ptr, rows, k0, K, stride_qn, BLOCK_K, EVEN_K)
     else:
-        raw = _gemv_raw(q_ptr, rows, k0, K, stride_qn, FMT, BLOCK_K, EVEN_K)
+        raw = gemv_raw(q_ptr, rows, k0, K, stride_qn, FMT, BLOCK_K, EVEN_K)
     return raw
 
 
@@ -88,11 +81,11 @@ def _pair_row(acc, dec, scale, x_ptr, xrows, i: tl.constexpr, k0, K, stride_xm, 
     """``acc[:, i] +=`` the decoded slab ``dec`` times activation row ``xrows[i]``."""
     cols = tl.arange(0, BLOCK_M)
     xrow = tl.sum(tl.where(cols == i, xrows, 0), axis=0)  # element i of the gathered rows
-    xt = _gemv_x(x_ptr, xrow, k0, K, stride_xm, BLOCK_K, EVEN_K)
+    xt = gemv_x(x_ptr, xrow, k0, K, stride_xm, BLOCK_K, EVEN_K)
     if WORDS:
-        y = _w32_dot(dec, scale, xt, GROUP, BLOCK_N, BLOCK_K)
+        y = w32_dot(dec, scale, xt, GROUP, BLOCK_N, BLOCK_K)
     else:
-        y = _gemv_dot(dec[0], dec[1], scale, xt, FMT, GROUP, BLOCK_N, BLOCK_K)
+        y = gemv_dot(dec[0], dec[1], scale, xt, FMT, GROUP, BLOCK_N, BLOCK_K)
     return acc + tl.where(cols[None, :] == i, y[:, None], 0.0)
 
 
@@ -103,11 +96,11 @@ def _pairs_step(acc, raw, x_ptr, xrows, n_rows, s_ptr, rows, k0, K, stride_xm, s
     """``acc[:, i] += W[rows, k0:k0+BLOCK_K] . x[xrows[i], k0:k0+BLOCK_K]`` for i < n_rows; ``raw``: the
     packed slab (:func:`_raw`), decoded once for all rows."""
     if WORDS:
-        dec = _w32_values(raw)
-        scale = _w32_scales(s_ptr, rows, k0, K, stride_sn, GROUP, BLOCK_K, EVEN_K)
+        dec = w32_values(raw)
+        scale = w32_scales(s_ptr, rows, k0, K, stride_sn, GROUP, BLOCK_K, EVEN_K)
     else:
-        dec = _gemv_decode(raw, FMT)
-        scale = _gemv_scales(s_ptr, rows, k0, K, stride_sn, FMT, GROUP, ROW_BLOCK, BLOCK_K, EVEN_K)
+        dec = gemv_decode(raw, FMT)
+        scale = gemv_scales(s_ptr, rows, k0, K, stride_sn, FMT, GROUP, ROW_BLOCK, BLOCK_K, EVEN_K)
     for i in tl.static_range(BLOCK_M):
         # Row 0 always exists (a program only runs for a group with pairs); later rows only when the
         # expert has that many pairs left: a run-time branch, so lone pairs cost one row of arithmetic.
@@ -127,7 +120,7 @@ def _k_range(acc, acc_up, x_ptr, xrows, n_rows, q_ptr, s_ptr, rows, k_first, ste
              EVEN_K: tl.constexpr, PREFETCH: tl.constexpr, WORDS: tl.constexpr):
     """``steps`` K steps from ``k_first``; SWIGLU: the up rows (N_OUT further down) into ``acc_up``."""
     up_rows = rows + N_OUT
-    if PREFETCH:  # the next step's bytes are requested before this step's arithmetic (see quant_gemv)
+    if PREFETCH:  # the next step's bytes are requested before this step's arithmetic (see quant_gemm.gemv)
         raw = _raw(q_ptr, rows, k_first, K, stride_qn, FMT, BLOCK_K, EVEN_K, WORDS)
         raw_up = raw
         if SWIGLU:
@@ -181,7 +174,7 @@ def _moe_gemv_kernel(
     s_ptr += e64 * stride_se
     rs_ptr += e64 * stride_re
     # k_per_split is a multiple of BLOCK_K; written as a product with BLOCK_K, every k0 provably is too,
-    # which keeps the packed loads 16-byte vectors (as in quant_gemv).
+    # which keeps the packed loads 16-byte vectors (as in quant_gemm.gemv).
     k_first = pid_s * (k_per_split // BLOCK_K) * BLOCK_K
     steps = tl.cdiv(tl.minimum(k_per_split, K - k_first), BLOCK_K)
     for t0 in range(0, count, BLOCK_M):  # one trip unless the expert has more than BLOCK_M pairs
@@ -201,9 +194,9 @@ def _moe_gemv_kernel(
             acc *= tl.load(rw_ptr + pairs, mask=row_ok, other=0.0).to(tl.float32)[None, :]
         mask = n_ok[:, None] & row_ok[None, :]
         if SPLIT:  # rows are pairs: scratch [splits, NK, ...]
-            _store_partials(ws_ptr, acc, acc_up, pid_s, NK, pairs, offs_n, mask, N_OUT, SWIGLU)
+            store_partials(ws_ptr, acc, acc_up, pid_s, NK, pairs, offs_n, mask, N_OUT, SWIGLU)
         else:
-            _finish(acc, acc_up, pairs, offs_n, mask, out_ptr, 0, out_ptr, stride_om, SWIGLU, False)
+            finish(acc, acc_up, pairs, offs_n, mask, out_ptr, 0, out_ptr, stride_om, SWIGLU, False)
 
 
 def launch_expert_gemv(rows: ExpertRows, a: torch.Tensor, w: QuantizedTensor, dst: torch.Tensor, rw: torch.Tensor,
@@ -224,7 +217,7 @@ def launch_expert_gemv(rows: ExpertRows, a: torch.Tensor, w: QuantizedTensor, ds
     q, scales, row_scale = kernel_tensors(w)
     n_out, k = dst.shape[1], a.shape[1]
     words = cfg.kind == "gemv-w32"
-    if words:  # int4 codes as 32-bit words, eight nibbles each (quant_gemv); strides below then count words
+    if words:  # int4 codes as 32-bit words, eight nibbles each (quant_gemm.gemv); strides below then count words
         if not name.startswith("int4") or k % 8 or q.data_ptr() % 4 or any(st % 4 for st in q.stride()[:-1]):
             raise ValueError("gemv-w32 reads int4 codes as 32-bit words: it needs K % 8 == 0 and 4-byte aligned rows")
         q = q.view(torch.int32)
@@ -237,19 +230,21 @@ def launch_expert_gemv(rows: ExpertRows, a: torch.Tensor, w: QuantizedTensor, ds
     rs = row_scale if row_scale is not None else scales
     grid = (nk, triton.cdiv(n_out, cfg.block_n), splits)
     _moe_gemv_kernel[grid](
-        a, q, scales, rs, dst, rw, ws, rows.flat_ids, nk, n_out, k, a_div, per_split * cfg.block_k,
-        a.stride(0), q.stride(0), q.stride(1), scales.stride(0), scales.stride(1) if scales.dim() == 3 else 0,
-        rs.stride(0), dst.stride(0),
+        x_ptr=a, q_ptr=q, s_ptr=scales, rs_ptr=rs, out_ptr=dst, rw_ptr=rw, ws_ptr=ws, ids_ptr=rows.flat_ids, NK=nk,
+        N_OUT=n_out, K=k, a_div=a_div, k_per_split=per_split * cfg.block_k, stride_xm=a.stride(0),
+        stride_qe=q.stride(0), stride_qn=q.stride(1), stride_se=scales.stride(0),
+        stride_sn=scales.stride(1) if scales.dim() == 3 else 0, stride_re=rs.stride(0), stride_om=dst.stride(0),
         FMT=FMT_CODES[name], GROUP=p["group"], ROW_BLOCK=p["row_block"], ROW_SCALE=row_scale is not None,
-        SWIGLU=swiglu, ROUTE_WEIGHT=not swiglu, SPLIT=splits > 1, EVEN_K=k % cfg.block_k == 0,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, PAIRS_BLOCK=rows.pairs_block,
+        SWIGLU=swiglu, ROUTE_WEIGHT=not swiglu, SPLIT=splits > 1, EVEN_K=k % cfg.block_k == 0, BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, PAIRS_BLOCK=rows.pairs_block,
         PREFETCH=cfg.kind == "gemv-prefetch", WORDS=words, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if splits > 1:
         bm = min(triton.next_power_of_2(nk), 8)
-        _gemv_reduce_kernel[(triton.cdiv(n_out, 128), triton.cdiv(nk, bm))](
-            ws, dst, dst, nk, n_out, splits, dst.stride(0), dst.stride(0),
-            SWIGLU=swiglu, HAS_RES=False, BLOCK_M=bm, BLOCK_N=128, num_warps=4)
+        gemv_reduce_kernel[(triton.cdiv(n_out, 128), triton.cdiv(nk, bm))](
+            ws_ptr=ws, res_ptr=dst, out_ptr=dst, M=nk, N_OUT=n_out, splits=splits, stride_rm=dst.stride(0),
+            stride_om=dst.stride(0), SWIGLU=swiglu, HAS_RES=False, BLOCK_M=bm, BLOCK_N=128, num_warps=4,
+        )
 
 
 def expert_gemv_candidates(fmt: str, pairs: int, n_out: int, k: int, sms: int) -> list[GemmConfig]:
@@ -270,9 +265,9 @@ def expert_gemv_candidates(fmt: str, pairs: int, n_out: int, k: int, sms: int) -
         shapes += [("gemv-w32", 32, 256, 4, 1), ("gemv-w32", 64, 128, 4, 1)]
     out: list[GemmConfig] = []
     for kind, bn, row_bytes, warps, stages in shapes:
-        bk = max(row_bytes * (2 if four_bit else 1), quant_gemm_tune._GROUPS.get(fmt, 1))
+        bk = max(row_bytes * (2 if four_bit else 1), quant_gemm_tune.GROUPS.get(fmt, 1))
         cfg = GemmConfig(block_m, bn, bk, 1, warps, stages, kind)
-        split = quant_gemm_tune._gemv_split(pairs * triton.cdiv(n_out, bn), triton.cdiv(k, bk), sms)
+        split = quant_gemm_tune.gemv_split(pairs * triton.cdiv(n_out, bn), triton.cdiv(k, bk), sms)
         out.extend([GemmConfig(block_m, bn, bk, split, warps, stages, kind), cfg] if split > 1 else [cfg])
     return out
 
@@ -319,7 +314,7 @@ def choose_config(fmt: str, a: torch.Tensor, rows: ExpertRows, n_out: int, k: in
     cands = [GROUPED_DOT, *expert_gemv_candidates(fmt, rows.pairs, n_out, k, sm_count(a.device))]
     chosen = quant_gemm_tune.stored_config("moe_gemv", key, cands, a.device)
     if chosen is None:  # not stored, or no longer a candidate: time them (no _TIMINGS for stored keys)
-        timings = _TIMINGS[key] = quant_gemm_tune._time_candidates(cands, launch, graphs=True)
+        timings = _TIMINGS[key] = quant_gemm_tune.time_candidates(cands, launch, graphs=True)
         if not timings:
             raise RuntimeError(f"no expert GEMM config fits this GPU for {key}")
         chosen = min(timings, key=timings.__getitem__)

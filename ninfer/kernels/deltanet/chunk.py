@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ninfer.kernels.deltanet_recurrent import check_head_dims, decay_beta, l2_normalize
+from ninfer.kernels.deltanet.common import check_head_dims, decay_beta, l2_normalize
 from ninfer.kernels.dispatch import autotune_configs
 
 CHUNK = 64

@@ -1,6 +1,6 @@
 """Streaming helpers of the sampling kernel: scores of a block of ids, their order keys, and the
 passes over a whole row that the last program of a row makes when a threshold falls below the
-merged candidates (see ``sampling_kernel.py``).
+merged candidates (see ``kernel.py``).
 
 Keys: ``key(u) = bits(u)`` for ``u >= 0`` and ``bits(u) ^ 0x7FFFFFFF`` below, so int32 order is float
 order; ``KEY_NONE`` (int32 min) lies below every real key and means "no threshold".

@@ -22,7 +22,7 @@ distribution (descending, lowest id first on ties).
 
 The caller owns the penalty state: ``seen`` starts with the prompt's ids set, ``output_counts`` at
 zero. Each call advances a row's state in place: ``counter += 1``, ``output_counts[tok] += 1`` and
-``seen[tok] = 1``. The Triton path (``sampling_kernel.py``) does all of it in one CUDA-graph-safe
+``seen[tok] = 1``. The Triton path (``kernel.py``) does all of it in one CUDA-graph-safe
 launch (its divisions are products with rounded reciprocals, within an ulp of the reference);
 the reference does it in torch and draws its uniform from a ``torch.Generator`` seeded from
 ``(seed, counter)``, so it is batch independent too but not bit-equal to the Triton draws.
@@ -35,7 +35,7 @@ import torch
 import triton
 
 from ninfer.kernels.dispatch import use_triton
-from ninfer.kernels.sampling_kernel import sample_kernel
+from ninfer.kernels.sampling.kernel import sample_kernel
 
 MAX_LOGPROBS = 20
 
@@ -192,7 +192,7 @@ _NUM_WARPS = 16
 def sample_triton(logits: torch.Tensor, st: SamplingTensors, output_counts: torch.Tensor, seen: torch.Tensor,
                   *, vocab_limit: int, num_logprobs: int = 0, chunk: int = 4096,
                   candidates: int = 64) -> SampleOutput:
-    """One launch of :mod:`sampling_kernel`, grid ``(ceil(vocab_limit / chunk), B)``.
+    """One launch of :mod:`ninfer.kernels.sampling.kernel`, grid ``(ceil(vocab_limit / chunk), B)``.
 
     ``chunk`` ids per program (power of two), ``candidates`` (power of two) kept per chunk; the
     merged ``next_pow2(n_chunks) * candidates`` slots bound what the last program resolves in
@@ -220,13 +220,14 @@ def sample_triton(logits: torch.Tensor, st: SamplingTensors, output_counts: torc
     cand_u, cand_id, stat_f, stat_i, lp_v, lp_id, arrive = _workspace(logits.device, batch, s_pad, candidates,
                                                                       lp_cap)
     sample_kernel[(n_chunks, batch)](
-        logits, logits.stride(0), output_counts, output_counts.stride(0), seen, seen.stride(0),
-        st.temperature, st.top_k, st.top_p, st.min_p, st.presence_penalty, st.frequency_penalty,
-        st.repetition_penalty, st.seed, st.counter,
-        cand_u, cand_id, stat_f, stat_i, lp_v, lp_id, arrive,
-        token_ids, logprob, top_ids, top_lp,
-        vocab_limit, n_chunks,
-        CHUNK=chunk, KC=candidates, S_PAD=s_pad, NUM_LP=num_logprobs, LP_CAP=max(lp_cap, 1), num_warps=_NUM_WARPS,
+        logits_ptr=logits, stride_l=logits.stride(0), counts_ptr=output_counts, stride_c=output_counts.stride(0),
+        seen_ptr=seen, stride_s=seen.stride(0), temp_ptr=st.temperature, top_k_ptr=st.top_k, top_p_ptr=st.top_p,
+        min_p_ptr=st.min_p, pres_ptr=st.presence_penalty, freq_ptr=st.frequency_penalty,
+        rep_ptr=st.repetition_penalty, seed_ptr=st.seed, counter_ptr=st.counter, cand_u_ptr=cand_u,
+        cand_id_ptr=cand_id, stat_f_ptr=stat_f, stat_i_ptr=stat_i, lp_v_ptr=lp_v, lp_id_ptr=lp_id,
+        arrive_ptr=arrive, tok_ptr=token_ids, logprob_ptr=logprob, top_id_ptr=top_ids, top_lp_ptr=top_lp,
+        vocab_limit=vocab_limit, n_chunks=n_chunks, CHUNK=chunk, KC=candidates, S_PAD=s_pad, NUM_LP=num_logprobs,
+        LP_CAP=max(lp_cap, 1), num_warps=_NUM_WARPS,
     )
     return out
 

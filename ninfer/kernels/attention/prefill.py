@@ -11,22 +11,21 @@ m-blocks run longest-first to shorten the causal tail.
 Split-KV: a short chunk over a long cached context (a 100-token turn continuing a 64k-token
 conversation from the prefix cache) makes only ``q_heads * m_blocks`` programs, 24-48 on the 27B
 model against 132 SMs, each walking every cached key alone. Such launches also split the keys, as
-the decode kernel does (``attention_decode``): the split count is fixed on the host from the
+the decode kernel does (``decode``): the split count is fixed on the host from the
 launch's shape, each split's key range follows the sequence's context length on the device
-(``_split_range``), and the splits write partial outputs and log-sum-exps that the decode
-module's ``_merge_kernel`` combines (applying the gate). Launches that fill the GPU store directly.
+(``split_range``), and the splits write partial outputs and log-sum-exps that the decode
+module's ``merge_kernel`` combines (applying the gate). Launches that fill the GPU store directly.
 """
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
 
 import torch
 import triton
 import triton.language as tl
 
-from ninfer.kernels.attention_common import (
+from ninfer.kernels.attention.common import (
     LOG2E,
     kernel_args,
     kv_tile_rows,
@@ -34,16 +33,9 @@ from ninfer.kernels.attention_common import (
     softmax_step,
     store_output,
 )
-from ninfer.kernels.attention_decode import (
-    MAX_SPLITS,
-    _merge_kernel,
-    _sm_count,
-    _split_range,
-)
+from ninfer.kernels.attention.paged import PagedKV
+from ninfer.kernels.attention.split_kv import MAX_SPLITS, merge_kernel, sm_count, split_range
 from ninfer.kernels.dispatch import autotune_configs, fp32_first_config
-
-if TYPE_CHECKING:
-    from ninfer.kernels.attention import PagedKV
 
 SPLIT_BLOCK_M = 64  # the host's guess at BLOCK_M when counting programs (the autotuner picks 16-128)
 _forced_splits: int | None = None  # set by forced_prefill_splits
@@ -94,7 +86,7 @@ def _prefill_kernel(
         start = tl.load(cu_ptr + b)
         seqlen = tl.load(cu_ptr + b + 1) - start
         ctx = tl.load(ctx_ptr + b)
-        lo, hi, _ = _split_range(ctx, split, num_splits)
+        lo, hi, _ = split_range(ctx, split, num_splits)
         # Splits past the context's last key are not read by the merge either.
         if (m0 >= seqlen) | (lo >= hi):
             return
@@ -175,7 +167,7 @@ def default_prefill_splits(device: torch.device, heads: int, batch: int, max_seq
 
     Host-side: the context lengths stay on the device, so a short chunk over a short context splits
     too; its splits past the context are empty and cost one merge launch."""
-    sms = _sm_count(device)
+    sms = sm_count(device)
     programs = heads * triton.cdiv(max_seqlen, SPLIT_BLOCK_M) * batch
     return 1 if programs >= sms else min(MAX_SPLITS, triton.cdiv(2 * sms, programs))
 
@@ -232,8 +224,10 @@ def paged_attention_prefill_triton(
                           SPLIT=splits > 1, **consts)
     if splits > 1:
         g = out if gate is None else gate
-        _merge_kernel[(heads, max_seqlen, batch)](
-            part_o, part_lse, out, g, cu_seqlens, context_lens, out.stride(0), out.stride(1), g.stride(0),
-            g.stride(1), splits, HEADS=heads, HEAD_DIM=head_dim, SPLITS_POW2=triton.next_power_of_2(splits),
-            HAS_GATE=gate is not None, num_warps=8)
+        merge_kernel[(heads, max_seqlen, batch)](
+            part_o_ptr=part_o, part_lse_ptr=part_lse, o_ptr=out, g_ptr=g, cu_ptr=cu_seqlens, ctx_ptr=context_lens,
+            stride_on=out.stride(0), stride_oh=out.stride(1), stride_gn=g.stride(0), stride_gh=g.stride(1),
+            num_splits=splits, HEADS=heads, HEAD_DIM=head_dim, SPLITS_POW2=triton.next_power_of_2(splits),
+            HAS_GATE=gate is not None, num_warps=8,
+        )
     return out

@@ -1,0 +1,56 @@
+"""Mixture-of-experts expert evaluation (reference §9; the routing is :mod:`.routing`).
+
+``moe_experts`` runs the grouped expert GEMMs of
+:mod:`ninfer.kernels.moe.gemm` on float expert stacks and those of
+:mod:`ninfer.kernels.moe.quant_gemm` on quantized ones (packed bytes read in the K loop; at decode
+the ``tl.dot``-free GEMV of :mod:`ninfer.kernels.moe.quant_gemv` where it measured faster). Both fall
+back to the references off CUDA; the expert reference dequantizes only the experts it uses.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ninfer.kernels.dispatch import use_triton
+from ninfer.kernels.moe.gemm import Weight, moe_experts_triton
+from ninfer.kernels.moe.quant_gemm import QUANT_FORMATS
+from ninfer.kernels.quant_gemm.weights import QuantizedTensor
+
+_FLOATS = (torch.float32, torch.float16, torch.bfloat16)  # expert stacks the Triton GEMMs read directly
+
+
+def _expert(w: Weight, expert: int, dtype: torch.dtype) -> torch.Tensor:
+    """One expert's float weight; a quantized stack dequantizes that expert only, in x's dtype."""
+    return w.select(expert).dequantize(dtype) if isinstance(w, QuantizedTensor) else w[expert]
+
+
+def moe_experts_reference(
+    x: torch.Tensor, gate_up: Weight, down: Weight, weights: torch.Tensor, ids: torch.Tensor
+) -> torch.Tensor:
+    """``sum_j weights[:, j] * down[e] @ swiglu(gate_up[e] @ x)`` with ``e = ids[:, j]``.
+
+    ``gate_up [E, 2I, H]`` (gate rows first), ``down [E, H, I]``, float or quantized; accumulated
+    in x's dtype, one expert at a time, as transformers does.
+    """
+    out = torch.zeros_like(x)
+    for expert in ids.unique().tolist():
+        token_idx, pos = torch.where(ids == expert)
+        gate, up = F.linear(x[token_idx], _expert(gate_up, expert, x.dtype)).chunk(2, dim=-1)
+        y = F.linear(F.silu(gate) * up, _expert(down, expert, x.dtype)) * weights[token_idx, pos, None]
+        out.index_add_(0, token_idx, y.to(out.dtype))
+    return out
+
+
+def _triton_reads(w: Weight) -> bool:
+    if isinstance(w, QuantizedTensor):
+        return w.format.name in QUANT_FORMATS or w.format.name == "bf16"
+    return w.dtype in _FLOATS
+
+
+def moe_experts(
+    x: torch.Tensor, gate_up: Weight, down: Weight, weights: torch.Tensor, ids: torch.Tensor
+) -> torch.Tensor:
+    """Routed experts; ``gate_up`` and ``down`` are float stacks or quantized ones (any mix)."""
+    if use_triton(x) and x.dim() == 2 and _triton_reads(gate_up) and _triton_reads(down):
+        return moe_experts_triton(x, gate_up, down, weights, ids)
+    return moe_experts_reference(x, gate_up, down, weights, ids)

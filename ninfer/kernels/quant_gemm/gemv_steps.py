@@ -1,0 +1,231 @@
+"""Building blocks of the decode GEMVs (no ``tl.dot``): loading and decoding a slab of packed weight rows,
+its group scales, the activation row, the per-group dot, and the split-K epilogue (partials, the
+deterministic sum of the splits, the reduce kernel). Used by the dense GEMV (:mod:`.gemv`), the
+tensor-core decode (:mod:`.gemv_mma`) and the expert GEMV (:mod:`ninfer.kernels.moe.quant_gemv`);
+the arithmetic is described in :mod:`.gemv`.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ninfer.kernels.quant_gemm.common import FMT_FP8, FMT_INT4, FMT_INT8, FMT_NVFP4, e2m1_values, finish, group_scales
+
+
+TWO_63 = tl.constexpr(9.223372036854775808e18)  # 2^63
+
+
+@triton.jit
+def gemv_raw(q_ptr, rows, k0, K, stride_qn, FMT: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+    """The packed bytes of weight rows ``rows`` at columns ``[k0, k0 + BLOCK_K)`` (loaded, not decoded)."""
+    # One return after a static if/else: compiled Triton checks the types of every return statement.
+    if FMT == FMT_INT4 or FMT == FMT_NVFP4:
+        offs = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+        limit = K // 2
+    else:
+        offs = k0 + tl.arange(0, BLOCK_K)
+        limit = K
+    ptrs = q_ptr + rows[:, None] * stride_qn + offs[None, :]
+    if EVEN_K:
+        raw = tl.load(ptrs)
+    else:
+        raw = tl.load(ptrs, mask=offs[None, :] < limit, other=0)
+    return raw
+
+
+@triton.jit
+def w32_raw(q_ptr, rows, k0, K, stride_qn, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+    """int4 codes of rows ``rows``, columns ``[k0, k0 + BLOCK_K)`` as ``[BLOCK_N, BLOCK_K / 8]`` int32 words
+    (``q_ptr`` is the packed tensor viewed as int32, ``stride_qn`` in words)."""
+    offs = k0 // 8 + tl.arange(0, BLOCK_K // 8)
+    ptrs = q_ptr + rows[:, None] * stride_qn + offs[None, :]
+    if EVEN_K:
+        raw = tl.load(ptrs)
+    else:
+        raw = tl.load(ptrs, mask=offs[None, :] < K // 8, other=0)
+    return raw
+
+
+@triton.jit
+def _eighths(xt, W: tl.constexpr):
+    """``[8 W]`` -> the 8 strided ``[W]`` vectors ``xt[j::8]``, j = 0..7, by three rounds of even/odd splits."""
+    even, odd = tl.split(tl.reshape(xt, (W, 4, 2)))  # j = 0, 2, 4, 6 | 1, 3, 5, 7
+    e0, e2 = tl.split(tl.reshape(even, (W, 2, 2)))  # j = 0, 4 | 2, 6
+    o1, o3 = tl.split(tl.reshape(odd, (W, 2, 2)))  # j = 1, 5 | 3, 7
+    x0, x4 = tl.split(e0)
+    x2, x6 = tl.split(e2)
+    x1, x5 = tl.split(o1)
+    x3, x7 = tl.split(o3)
+    return x0, x1, x2, x3, x4, x5, x6, x7
+
+
+@triton.jit
+def w32_values(raw):
+    """The 8 nibbles of each int32 word as fp32 ``1 + nibble / 16``: the nibble shifted into mantissa bits
+    19..22 of 1.0, one shift and one AND-OR each."""
+    v0 = ((raw << 19) & 0x780000) | 0x3F800000
+    v1 = ((raw << 15) & 0x780000) | 0x3F800000
+    v2 = ((raw << 11) & 0x780000) | 0x3F800000
+    v3 = ((raw << 7) & 0x780000) | 0x3F800000
+    v4 = ((raw << 3) & 0x780000) | 0x3F800000
+    v5 = ((raw >> 1) & 0x780000) | 0x3F800000
+    v6 = ((raw >> 5) & 0x780000) | 0x3F800000
+    v7 = ((raw >> 9) & 0x780000) | 0x3F800000
+    return (v0.to(tl.float32, bitcast=True), v1.to(tl.float32, bitcast=True), v2.to(tl.float32, bitcast=True),
+            v3.to(tl.float32, bitcast=True), v4.to(tl.float32, bitcast=True), v5.to(tl.float32, bitcast=True),
+            v6.to(tl.float32, bitcast=True), v7.to(tl.float32, bitcast=True))
+
+
+@triton.jit
+def w32_scales(s_ptr, rows, k0, K, stride_sn, GROUP: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+    """fp16 int4 group scales of a K step as fp32 ``[BLOCK_N, BLOCK_K / GROUP]``."""
+    return group_scales(s_ptr, rows, k0, K, stride_sn, FMT_INT4, GROUP, 1, BLOCK_K // GROUP, EVEN_K)
+
+
+@triton.jit
+def w32_dot(vs, scale, xt, GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """``W . x`` ``[BLOCK_N]`` (fp32) of one K step for one activation row ``xt [BLOCK_K]``, from the words'
+    decoded values ``vs`` (:func:`w32_values`) and the group scales (:func:`w32_scales`)."""
+    W: tl.constexpr = BLOCK_K // 8
+    NG: tl.constexpr = BLOCK_K // GROUP
+    xs = _eighths(xt, W)  # xs[j][w] = x[k0 + 8 w + j]: one contiguous load, split in registers
+    part = tl.zeros((BLOCK_N, W), dtype=tl.float32)
+    x_sum = tl.zeros((W,), dtype=tl.float32)
+    for j in tl.static_range(8):
+        part += vs[j] * xs[j][None, :]
+        x_sum += xs[j]
+    g = tl.sum(tl.reshape(part, (BLOCK_N, NG, GROUP // 8)), axis=2)
+    sx = tl.sum(tl.reshape(x_sum, (NG, GROUP // 8)), axis=1)
+    return tl.sum((g * 16.0 - 24.0 * sx[None, :]) * scale, axis=1)  # sum((nibble - 8) x) per group, scaled
+
+
+@triton.jit
+def gemv_decode(raw, FMT: tl.constexpr):
+    """fp32 weights of a packed tile, before scales.
+
+    4-bit formats: ``(even, odd)`` columns ``[BLOCK_N, BLOCK_K / 2]`` (low and high nibbles of each
+    byte): int4 as ``1 + nibble / 16``, e2m1 as ``value * 2^-126``. 8-bit: ``(w, w)`` ``[BLOCK_N, BLOCK_K]``.
+    """
+    if FMT == FMT_INT4 or FMT == FMT_NVFP4:
+        p = raw.to(tl.int32)
+        if FMT == FMT_INT4:  # nibble into the top mantissa bits of 1.0
+            lo = (((p << 19) & 0x780000) | 0x3F800000).to(tl.float32, bitcast=True)
+            hi = (((p << 15) & 0x780000) | 0x3F800000).to(tl.float32, bitcast=True)
+        else:
+            lo, hi = e2m1_values(p & 0xF), e2m1_values(p >> 4)
+    else:
+        if FMT == FMT_INT8:
+            lo = (raw.to(tl.int32) + 0x4B000080).to(tl.float32, bitcast=True) - 8388736.0  # exact, no cvt
+        else:
+            lo = raw.to(tl.float8e4nv, bitcast=True).to(tl.float32)  # fp8 travels as uint8
+        hi = lo
+    return lo, hi
+
+
+@triton.jit
+def gemv_scales(s_ptr, rows, k0, K, stride_sn, FMT: tl.constexpr, GROUP: tl.constexpr, ROW_BLOCK: tl.constexpr,
+                 BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+    """fp32 group scales ``[BLOCK_N, BLOCK_K / GROUP]`` of a K step (nvfp4's times 2^63, see the module
+    docstring); fp8 rows have none (their row scale multiplies the accumulator): a placeholder."""
+    if FMT == FMT_FP8:
+        scale = tl.zeros((1, 1), dtype=tl.float32)  # never read: gemv_dot skips the scale for fp8
+    else:
+        scale = group_scales(s_ptr, rows, k0, K, stride_sn, FMT, GROUP, ROW_BLOCK, BLOCK_K // GROUP, EVEN_K)
+        if FMT == FMT_NVFP4:
+            scale = scale * TWO_63
+    return scale
+
+
+@triton.jit
+def gemv_x(x_ptr, xrow, k0, K, stride_xm, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+    """Columns ``[k0, k0 + BLOCK_K)`` of activation row ``xrow`` in fp32."""
+    offs_k = k0 + tl.arange(0, BLOCK_K)
+    xp = x_ptr + xrow.to(tl.int64) * stride_xm + offs_k
+    return (tl.load(xp) if EVEN_K else tl.load(xp, mask=offs_k < K, other=0.0)).to(tl.float32)
+
+
+@triton.jit
+def gemv_dot(a, b, scale, xt, FMT: tl.constexpr, GROUP: tl.constexpr, BLOCK_N: tl.constexpr,
+              BLOCK_K: tl.constexpr):
+    """``W . x`` ``[BLOCK_N]`` (fp32) of one K step for one activation row ``xt [BLOCK_K]``, from the
+    decoded weights ``(a, b)`` (:func:`gemv_decode`) and the group scales (:func:`gemv_scales`)."""
+    NG: tl.constexpr = BLOCK_K // GROUP
+    if FMT == FMT_INT4 or FMT == FMT_NVFP4:
+        if FMT == FMT_NVFP4:
+            xt = xt * TWO_63
+        xe, xo = tl.split(tl.reshape(xt, (BLOCK_K // 2, 2)))
+        prod = a * xe[None, :] + b * xo[None, :]
+        part = tl.sum(tl.reshape(prod, (BLOCK_N, NG, GROUP // 2)), axis=2)
+        if FMT == FMT_INT4:
+            sx = tl.sum(tl.reshape(xe + xo, (NG, GROUP // 2)), axis=1)
+            part = part * 16.0 - 24.0 * sx[None, :]
+    else:
+        part = tl.sum(tl.reshape(a * xt[None, :], (BLOCK_N, NG, GROUP)), axis=2)
+    if FMT != FMT_FP8:
+        part = part * scale
+    return tl.sum(part, axis=1)
+
+
+@triton.jit
+def gemv_epilogue(acc, acc_up, pid_s, offs_m, offs_n, mask, M, N_OUT, ws_ptr, cnt_ptr, res_ptr, stride_rm, out_ptr,
+                   stride_om, SPLIT: tl.constexpr, FUSED_REDUCE: tl.constexpr, SWIGLU: tl.constexpr,
+                   HAS_RES: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
+    """A ``[BLOCK_N, BLOCK_M]`` fp32 tile of ``y^T`` to its destination: without split-K the epilogue
+    (:func:`ninfer.kernels.quant_gemm.finish`); with it the partials to the scratch and, with
+    FUSED_REDUCE, the sum of all splits by the last one of this output tile to arrive (in split order:
+    deterministic) and the epilogue, instead of a second launch; release/acquire through the tile's
+    counter, which that program resets, so the next launch (or graph replay) starts from zero."""
+    if SPLIT:
+        store_partials(ws_ptr, acc, acc_up, pid_s, M, offs_m, offs_n, mask, N_OUT, SWIGLU)
+        if FUSED_REDUCE:
+            tile = tl.program_id(2) * tl.num_programs(0) + tl.program_id(0)
+            tl.debug_barrier()
+            arrived = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel")
+            if arrived == tl.num_programs(1) - 1:
+                tl.debug_barrier()
+                acc, acc_up = _sum_splits(ws_ptr, offs_m, offs_n, mask, M, N_OUT, tl.num_programs(1), SWIGLU,
+                                          BLOCK_N, BLOCK_M)
+                finish(acc, acc_up, offs_m, offs_n, mask, res_ptr, stride_rm, out_ptr, stride_om, SWIGLU, HAS_RES)
+                tl.store(cnt_ptr + tile, 0)
+    else:
+        finish(acc, acc_up, offs_m, offs_n, mask, res_ptr, stride_rm, out_ptr, stride_om, SWIGLU, HAS_RES)
+
+
+@triton.jit
+def store_partials(ws_ptr, acc, acc_up, pid_s, rows_total, offs_m, offs_n, mask, N_OUT, SWIGLU: tl.constexpr):
+    """Split ``pid_s``'s fp32 partials into the scratch ``[splits, rows_total, N_OUT * (2 if SWIGLU)]``
+    (gate columns first, then up), which :func:`gemv_reduce_kernel` sums in split order."""
+    n_cols = N_OUT * (1 + SWIGLU)
+    ptrs = ws_ptr + (pid_s * rows_total + offs_m).to(tl.int64)[None, :] * n_cols + offs_n[:, None]
+    tl.store(ptrs, acc, mask=mask)
+    if SWIGLU:
+        tl.store(ptrs + N_OUT, acc_up, mask=mask)
+
+
+@triton.jit
+def _sum_splits(ws_ptr, offs_m, offs_n, mask, M, N_OUT, splits, SWIGLU: tl.constexpr, BLOCK_N: tl.constexpr,
+                BLOCK_M: tl.constexpr):
+    """The split-K partials of one output tile summed in split order (deterministic). Loads bypass L1
+    (``.cg``): in the fused reduction other SMs wrote them during this launch."""
+    n_cols = N_OUT * (1 + SWIGLU)
+    ptrs = ws_ptr + offs_m.to(tl.int64)[None, :] * n_cols + offs_n[:, None]
+    plane = M.to(tl.int64) * n_cols
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    acc_up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for s in range(splits):
+        acc += tl.load(ptrs + s * plane, mask=mask, other=0.0, cache_modifier=".cg")
+        if SWIGLU:
+            acc_up += tl.load(ptrs + s * plane + N_OUT, mask=mask, other=0.0, cache_modifier=".cg")
+    return acc, acc_up
+
+
+@triton.jit(do_not_specialize=["M", "splits"])
+def gemv_reduce_kernel(ws_ptr, res_ptr, out_ptr, M, N_OUT, splits, stride_rm, stride_om,
+                        SWIGLU: tl.constexpr, HAS_RES: tl.constexpr, BLOCK_M: tl.constexpr,
+                        BLOCK_N: tl.constexpr):
+    """Sums the split-K partials in split order (deterministic), then the epilogue."""
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    mask = (offs_n < N_OUT)[:, None] & (offs_m < M)[None, :]
+    acc, acc_up = _sum_splits(ws_ptr, offs_m, offs_n, mask, M, N_OUT, splits, SWIGLU, BLOCK_N, BLOCK_M)
+    finish(acc, acc_up, offs_m, offs_n, mask, res_ptr, stride_rm, out_ptr, stride_om, SWIGLU, HAS_RES)
