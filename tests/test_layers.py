@@ -35,6 +35,9 @@ KNOWN_EXCEPTIONS: dict[tuple[str, str], str] = {
     ("ninfer.api.cli", "ninfer"): "the server command loads the model through ninfer.load",
     ("ninfer.quant.sizes", "ninfer.models.qwen3_5"): "size accounting builds the text model on the meta device "
                                                      "to list its weight shapes",
+    ("ninfer.quant.convert", "ninfer.models.qwen3_5"): "convert builds the text model on the meta device to find "
+                                                      "the parts of each fused projection",
+    ("ninfer.quant.convert", "ninfer.models.mtp"): "likewise for the MTP head's fused projections",
     ("ninfer.vision.prefill", "ninfer.runtime.sequence"): "the vision prefill drives the engine's sequence runner",
 }
 # Private names taken from another file: (importing module, imported module, name).
