@@ -56,8 +56,9 @@ class AsyncLLM:
                              "(concurrent generations batch in the engine)")
         params = self._params(sampling_params, None)
         reqs = self.llm._requests(items[0].token_ids, params)
-        async for out in self._stream(reqs, request_id, None):
-            yield out
+        async with contextlib.aclosing(self._stream(reqs, request_id, None)) as stream:  # closed with this one
+            async for out in stream:
+                yield out
 
     async def chat(self, messages: list[dict[str, Any]], sampling_params: SamplingParams | None = None, *,
                    tools: list[dict[str, Any]] | None = None, enable_thinking: bool | None = None,
@@ -77,8 +78,9 @@ class AsyncLLM:
         ids, mm, _ = await asyncio.to_thread(self.llm._chat_prompt, conversations[0], tools, thinking)
         marks = chat_checkpoint_marks(ids, self.llm.tokenizer.token_id("<|im_start|>"))
         reqs = self.llm._requests(ids, params, thinking=thinking, mm=mm, marks=marks)
-        async for out in self._stream(reqs, request_id, schemas):
-            yield out
+        async with contextlib.aclosing(self._stream(reqs, request_id, schemas)) as stream:  # closed with this one
+            async for out in stream:
+                yield out
 
     def _params(self, sampling_params: SamplingParams | None, thinking: bool | None) -> SamplingParams:
         if sampling_params is None:
