@@ -121,7 +121,8 @@ class LLM:
         many = isinstance(sampling_params, Sequence) and not isinstance(sampling_params, (str, bytes))
         params = list(sampling_params) if many else [sampling_params] * count
         if len(params) != count:
-            raise ValueError(f"sampling_params has {len(params)} entries for {count} prompts (give one, or one per prompt)")
+            raise ValueError(f"sampling_params has {len(params)} entries for {count} prompts "
+                             f"(give one, or one per prompt)")
         for i, p in enumerate(params):
             if not isinstance(p, EngineSamplingParams):
                 where = f"sampling_params[{i}]" if many else "sampling_params"
@@ -157,7 +158,8 @@ class LLM:
     def chat(self, messages: Any, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, *,
              tools: list[dict[str, Any]] | None = None, enable_thinking: bool | None = None,
              chat_template_kwargs: dict[str, Any] | None = None, max_new_tokens: int | None = None,
-             stop: str | list[str] | None = None, **sampling: Any) -> list[RequestOutput] | Completion | list[Completion]:
+             stop: str | list[str] | None = None,
+             **sampling: Any) -> list[RequestOutput] | Completion | list[Completion]:
         """Apply the chat template to one conversation (a list of messages) or a list of them, generate, split
         the reasoning from the answer and, with ``tools`` (OpenAI function tools), parse the tool calls.
 
