@@ -175,6 +175,8 @@ def run_generate(args: argparse.Namespace) -> None:
     if completion.reasoning:
         print(f"[reasoning]\n{completion.reasoning}\n[/reasoning]", file=sys.stderr)
     print(completion.text)
+    for call in completion.tool_calls:  # parsed out of the answer text: one JSON object per call
+        print(json.dumps({"tool_call": {"name": call.name, "arguments": call.arguments}}, ensure_ascii=False))
     print(_report(llm, completion), file=sys.stderr)
 
 

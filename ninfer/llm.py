@@ -1,48 +1,37 @@
-"""The public entry point: ``llm = ninfer.load(...)``, then ``generate``, ``chat`` and ``score``."""
+"""The public entry point: ``llm = ninfer.load(...)``, then ``generate``, ``chat``, ``score`` and the async API."""
 from __future__ import annotations
 
+import dataclasses
 import json
-import os
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ninfer.checkpoint import LoadReport, load_weights, materialize, resolve_model_path
-from ninfer.config import ModelConfig, load_config
+from ninfer.checkpoint import LoadReport
+from ninfer.config import ModelConfig
 from ninfer.models.qwen3_5 import Qwen3_5TextModel
+from ninfer.outputs import Completion, RequestOutput, StreamOutput
+from ninfer.params import REQUEST_FIELDS, SamplingParams
+from ninfer.prompts import PromptInput, parse_conversations, parse_prompts, tool_schemas
+from ninfer.results import RequestResults
 from ninfer.runtime.engine import Engine, EngineConfig
 from ninfer.runtime.output import OutputProcessor
 from ninfer.runtime.prefix_cache import chat_checkpoint_marks
 from ninfer.runtime.request import Request, Status
-from ninfer.runtime.sampling import PRESETS, SamplingParams, check_stop_strings, preset_key
+from ninfer.runtime.sampling import PRESETS, preset_key
+from ninfer.runtime.sampling import SamplingParams as EngineSamplingParams
 from ninfer.runtime.scheduler import QueueFull
 from ninfer.runtime.sequence import SequenceRunner
 from ninfer.tokenizer import Tokenizer, stop_token_ids
 
+if TYPE_CHECKING:
+    from ninfer.async_llm import AsyncLLM
+
 SCORE_SLICE = 256  # rows of logits materialised at once while scoring (V is 248k wide)
-
-
-@dataclass
-class Completion:
-    """One generated continuation (``text`` is the answer; ``reasoning`` the thinking of a chat reply)."""
-
-    text: str
-    token_ids: list[int]
-    finish_reason: str  # "stop" (an end-of-sequence or stop token) or "length" (max_new_tokens)
-    prompt_tokens: int
-    reasoning: str | None = None
-    ttft_s: float = 0.0
-    decode_s: float = 0.0
-    cached_tokens: int = 0  # prompt tokens reused from the prefix cache
-    speculation: dict[str, Any] | None = None  # with spec="mtp": rounds, drafted, accepted, acceptance
-
-    @property
-    def decode_tokens_per_s(self) -> float:
-        steps = len(self.token_ids) - 1
-        return steps / self.decode_s if self.decode_s > 0 and steps > 0 else 0.0
+KEYWORD_MAX_TOKENS = {"generate": 256, "chat": 1024}  # ninfer's keyword-style defaults (SamplingParams: 16)
 
 
 @dataclass(frozen=True)
@@ -56,7 +45,13 @@ class ScoreWindow:
 
 
 class LLM:
-    """A loaded Qwen3.5 checkpoint with its tokenizer and its batching engine."""
+    """A loaded Qwen3.5 checkpoint with its tokenizer and its batching engine.
+
+    Two calling conventions: vLLM's (``generate(prompts, SamplingParams(...))`` gives a list of
+    :class:`RequestOutput`, one per prompt, each with its ``n`` completions) and ninfer's keywords
+    (``generate("text", max_new_tokens=..., temperature=...)`` gives one :class:`Completion`, or a
+    list for a list of prompts). See docs/python-api.md.
+    """
 
     def __init__(self, model: Qwen3_5TextModel, tokenizer: Tokenizer, model_dir: Path, report: LoadReport,
                  engine_config: EngineConfig, vision: Any = None, mtp_head: Any = None) -> None:
@@ -68,18 +63,24 @@ class LLM:
         self.stop_ids = frozenset(stop_token_ids(model_dir, tokenizer, self.config.eos_token_ids))
         self.valid_vocab = min(self.config.vocab_size, tokenizer.vocab_size)
         self.defaults = _generation_defaults(model_dir)
-        self.engine = Engine(model, lambda req: OutputProcessor(req, tokenizer, self.stop_ids), engine_config,
-                             vocab_limit=self.valid_vocab, mtp_head=mtp_head)
+        self.engine = Engine(model, lambda req: OutputProcessor(req, tokenizer, self.stop_ids_for(req)),
+                             engine_config, vocab_limit=self.valid_vocab, mtp_head=mtp_head)
         self.runner = SequenceRunner(model, kv_dtype=engine_config.kv_dtype)  # scoring runs outside the engine's pool
         self.vision = vision  # a ninfer.vision.VisionPipeline when loaded with vision=True
+        self._async: AsyncLLM | None = None
 
     @property
     def device(self) -> torch.device:
         return self.model.device
 
+    def stop_ids_for(self, req: Request) -> frozenset[int]:
+        """The model's end-of-sequence ids that end ``req`` (none with ``ignore_eos``)."""
+        return frozenset() if getattr(req.params, "ignore_eos", False) else self.stop_ids
+
+    # -- sampling parameters ------------------------------------------------------------------
     def sampling_params(self, temperature: float | None = None, top_p: float | None = None,
                         top_k: int | None = None, seed: int | None = None, greedy: bool = False,
-                        thinking: bool | None = None, **extra: Any) -> SamplingParams:
+                        thinking: bool | None = None, **extra: Any) -> EngineSamplingParams:
         """Explicit arguments override the model's preset for the thinking mode (chats of known Qwen
         models), which overrides the checkpoint's generation_config.json. ``extra``: min_p,
         presence/frequency/repetition penalties, logprobs."""
@@ -90,49 +91,101 @@ class LLM:
             values.update(PRESETS[preset][thinking])
         given = {"temperature": temperature, "top_p": top_p, "top_k": top_k, **extra}
         values.update({k: v for k, v in given.items() if v is not None})
-        return SamplingParams(greedy=greedy or not self.defaults.get("do_sample", True), seed=seed, **values)
+        return EngineSamplingParams(greedy=greedy or not self.defaults.get("do_sample", True), seed=seed, **values)
 
-    def generate(
-        self,
-        prompt_or_prompts: str | list[str],
-        max_new_tokens: int = 256,
-        temperature: float | None = None,
-        top_p: float | None = None,
-        top_k: int | None = None,
-        seed: int | None = None,
-        greedy: bool = False,
-        stop_token_ids: list[int] | None = None,
-        stop: list[str] | None = None,
-    ) -> Completion | list[Completion]:
-        """Continue raw prompt text (no chat template); a list of prompts runs concurrently and gives a list."""
-        params = self.sampling_params(temperature, top_p, top_k, seed, greedy)
-        prompts = [prompt_or_prompts] if isinstance(prompt_or_prompts, str) else list(prompt_or_prompts)
-        requests = [self._request(self.tokenizer.encode(p), max_new_tokens, params, stop_token_ids, stop)
-                    for p in prompts]
-        results = self._run(requests)
-        return results[0] if isinstance(prompt_or_prompts, str) else results
+    def get_default_sampling_params(self, thinking: bool | None = None) -> SamplingParams:
+        """vLLM's defaults (``max_tokens=16``) with the sampling values of the model's generation_config.json
+        (and of its preset for a chat's ``thinking`` mode)."""
+        return SamplingParams.from_engine(self.sampling_params(thinking=thinking))
 
-    def chat(
-        self,
-        messages: list[dict[str, Any]],
-        *,
-        tools: list[dict[str, Any]] | None = None,
-        enable_thinking: bool = True,
-        max_new_tokens: int = 1024,
-        stop: list[str] | None = None,
-        **sampling: Any,
-    ) -> Completion:
-        """Apply the chat template, generate, and split the reasoning from the answer.
+    def _keyword_params(self, kind: str, max_new_tokens: int | None, thinking: bool | None,
+                        sampling: dict[str, Any]) -> SamplingParams:
+        """ninfer's keyword convention: sampling keywords over the model's defaults, request keywords as given."""
+        request = {k: sampling.pop(k) for k in REQUEST_FIELDS if k in sampling}
+        for vllm_name, ours in (("max_tokens", "max_new_tokens"), ("n", None)):
+            if vllm_name in request:
+                hint = f"use {ours}=" if ours else "pass ninfer.SamplingParams(n=...): the samples come back as " \
+                                                   "RequestOutput.outputs"
+                raise TypeError(f"{kind}() got the keyword {vllm_name!r}: {hint}")
+        max_tokens = KEYWORD_MAX_TOKENS[kind] if max_new_tokens is None else max_new_tokens
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_tokens!r}")
+        return SamplingParams.from_engine(self.sampling_params(thinking=thinking, **sampling), max_tokens=max_tokens,
+                                          **request)
+
+    @staticmethod
+    def _params_per_prompt(sampling_params: Any, count: int, keywords: dict[str, Any]) -> list[SamplingParams]:
+        given = sorted(k for k, v in keywords.items() if v is not None and v is not False)
+        if given:
+            raise TypeError(f"pass sampling settings either in SamplingParams or as keywords, not both: {given}")
+        many = isinstance(sampling_params, Sequence) and not isinstance(sampling_params, (str, bytes))
+        params = list(sampling_params) if many else [sampling_params] * count
+        if len(params) != count:
+            raise ValueError(f"sampling_params has {len(params)} entries for {count} prompts "
+                             f"(give one, or one per prompt)")
+        for i, p in enumerate(params):
+            if not isinstance(p, EngineSamplingParams):
+                where = f"sampling_params[{i}]" if many else "sampling_params"
+                raise TypeError(f"{where} must be a ninfer.SamplingParams, got {type(p).__name__} (ninfer's "
+                                f"keyword style passes max_new_tokens=, temperature=, ... by name)")
+        return [SamplingParams.from_engine(p) for p in params]
+
+    # -- generation ---------------------------------------------------------------------------
+    def generate(self, prompts: Any, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, *,
+                 max_new_tokens: int | None = None, temperature: float | None = None, top_p: float | None = None,
+                 top_k: int | None = None, seed: int | None = None, greedy: bool = False,
+                 stop_token_ids: list[int] | None = None, stop: str | list[str] | None = None,
+                 **sampling: Any) -> list[RequestOutput] | Completion | list[Completion]:
+        """Continue raw prompts (no chat template): text, token ids, ``{"prompt_token_ids": [...]}``, or a list
+        of these (mixed freely); all run concurrently in the engine.
+
+        With ``sampling_params`` (one, or one per prompt): a list of :class:`RequestOutput` (vLLM's
+        convention). Otherwise ninfer's keywords (``max_new_tokens`` default 256; ``sampling`` takes
+        min_p, presence/frequency/repetition penalties, logprobs, ignore_eos) over the model's
+        generation_config.json defaults, and a :class:`Completion` per prompt (a list for a list).
+        """
+        items, single = parse_prompts(prompts, self.tokenizer.encode, self.config.vocab_size)
+        keywords = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p, "top_k": top_k,
+                    "seed": seed, "greedy": greedy, "stop_token_ids": stop_token_ids, "stop": stop, **sampling}
+        if sampling_params is not None:
+            return self._outputs(items, self._params_per_prompt(sampling_params, len(items), keywords))
+        params = self._keyword_params("generate", max_new_tokens, None, {
+            "temperature": temperature, "top_p": top_p, "top_k": top_k, "seed": seed, "greedy": greedy,
+            "stop_token_ids": stop_token_ids, "stop": stop, **sampling})
+        completions = [out.outputs[0] for out in self._outputs(items, [params] * len(items))]
+        return completions[0] if single else completions
+
+    def chat(self, messages: Any, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, *,
+             tools: list[dict[str, Any]] | None = None, enable_thinking: bool | None = None,
+             chat_template_kwargs: dict[str, Any] | None = None, max_new_tokens: int | None = None,
+             stop: str | list[str] | None = None,
+             **sampling: Any) -> list[RequestOutput] | Completion | list[Completion]:
+        """Apply the chat template to one conversation (a list of messages) or a list of them, generate, split
+        the reasoning from the answer and, with ``tools`` (OpenAI function tools), parse the tool calls.
 
         Message content may be a string or OpenAI-style parts: ``text``, ``image_url`` and
         ``video_url`` (a path, an http(s) URL or a data URI) when the model was loaded with vision.
+        Thinking is on unless ``enable_thinking=False`` (or vLLM's ``chat_template_kwargs={"enable_thinking":
+        False}``). Results as for :meth:`generate` (``max_new_tokens`` default 1024; the model's
+        preset for the thinking mode under the keywords).
         """
-        prompt_ids, mm = self._chat_prompt(messages, tools, enable_thinking)
-        params = self.sampling_params(thinking=enable_thinking, **sampling)
-        req = self._request(prompt_ids, max_new_tokens, params, None, stop,
-                            thinking=enable_thinking, mm=mm)
-        req.checkpoint_marks = chat_checkpoint_marks(prompt_ids, self.tokenizer.token_id("<|im_start|>"))
-        return self._run([req])[0]
+        conversations, single = parse_conversations(messages)
+        thinking = _thinking_mode(enable_thinking, chat_template_kwargs)
+        schemas = tool_schemas(tools)
+        prompts = [self._chat_prompt(c, tools, thinking) for c in conversations]
+        if sampling_params is not None:
+            keywords = {"max_new_tokens": max_new_tokens, "stop": stop, **sampling}
+            params = self._params_per_prompt(sampling_params, len(prompts), keywords)
+        else:
+            params = [self._keyword_params("chat", max_new_tokens, thinking, {"stop": stop, **sampling})] * len(prompts)
+        turn_start = self.tokenizer.token_id("<|im_start|>")
+        outs = self._outputs([PromptInput(ids, text) for ids, _, text in prompts], params, thinking=thinking,
+                             media=[mm for _, mm, _ in prompts], tools=schemas,
+                             marks=[chat_checkpoint_marks(ids, turn_start) for ids, _, _ in prompts])
+        if sampling_params is not None:
+            return outs
+        completions = [out.outputs[0] for out in outs]
+        return completions[0] if single else completions
 
     def count_tokens(self, messages: list[dict[str, Any]], *, tools: list[dict[str, Any]] | None = None,
                      enable_thinking: bool = True) -> int:
@@ -147,21 +200,28 @@ class LLM:
             self.tokenizer.apply_chat_template(messages, tools=tools, enable_thinking=enable_thinking)))
 
     def _chat_prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-                     enable_thinking: bool) -> tuple[list[int], Any]:
+                     enable_thinking: bool) -> tuple[list[int], Any, str | None]:
+        """Prompt ids, multimodal inputs (None without media) and the rendered text (None with media)."""
         from ninfer.vision import MultimodalInputs, collect_media, reject_media
 
         if not collect_media(messages):
             text = self.tokenizer.apply_chat_template(messages, tools=tools, enable_thinking=enable_thinking)
-            return self.tokenizer.encode(text), None
+            return self.tokenizer.encode(text), None, text
         if self.vision is None:
             reject_media(messages)
         prompt = self.vision.prompt_from_messages(messages, self.tokenizer, tools=tools,
                                                   enable_thinking=enable_thinking)
-        return list(prompt.input_ids), MultimodalInputs(prompt, self.vision.encode(prompt))
+        return list(prompt.input_ids), MultimodalInputs(prompt, self.vision.encode(prompt)), None
 
-    def stream(self, prompt: str, max_new_tokens: int = 256, **sampling: Any) -> Iterator[str]:
-        """Yield text deltas of one raw-prompt completion as they are produced."""
-        req = self._request(self.tokenizer.encode(prompt), max_new_tokens, self.sampling_params(**sampling))
+    def stream(self, prompt: Any, max_new_tokens: int = 256, **sampling: Any) -> Iterator[str]:
+        """Yield text deltas of one raw-prompt completion as they are produced (see :meth:`generate_async`
+        for reasoning, tool calls, logprobs and usage)."""
+        self._release_async()
+        items, single = parse_prompts(prompt, self.tokenizer.encode, self.config.vocab_size)
+        if not single:
+            raise ValueError("stream() takes one prompt")
+        params = self._keyword_params("generate", max_new_tokens, None, dict(sampling))
+        req = self._requests(items[0].token_ids, params)[0]
         self.engine.add_request(req)
         try:
             while req.status != Status.FINISHED:
@@ -172,12 +232,39 @@ class LLM:
             if req.status != Status.FINISHED:
                 self.engine.cancel(req.request_id)
 
-    def generate_ids(self, prompt_ids: list[int], max_new_tokens: int, params: SamplingParams,
+    def generate_ids(self, prompt_ids: list[int], max_new_tokens: int, params: EngineSamplingParams,
                      stop_token_ids: list[int] | None = None) -> Completion:
         return self._run([self._request(prompt_ids, max_new_tokens, params, stop_token_ids)])[0]
 
-    def _request(self, prompt_ids: list[int], max_new_tokens: int, params: SamplingParams,
-                 stop_token_ids: list[int] | None = None, stop: list[str] | None = None,
+    # -- the async API ------------------------------------------------------------------------
+    @property
+    def async_llm(self) -> AsyncLLM:
+        """This model's :class:`ninfer.AsyncLLM` (created on first use)."""
+        if self._async is None:
+            from ninfer.async_llm import AsyncLLM
+
+            AsyncLLM(self)  # registers itself as self._async
+        assert self._async is not None
+        return self._async
+
+    def generate_async(self, prompt: Any, sampling_params: SamplingParams | None = None, *,
+                       request_id: str | None = None) -> AsyncIterator[StreamOutput]:
+        """``async for out in llm.generate_async(prompt, params)``: see :meth:`ninfer.AsyncLLM.generate`."""
+        return self.async_llm.generate(prompt, sampling_params, request_id=request_id)
+
+    def chat_async(self, messages: list[dict[str, Any]], sampling_params: SamplingParams | None = None,
+                   **kwargs: Any) -> AsyncIterator[StreamOutput]:
+        """``async for out in llm.chat_async(messages, params)``: see :meth:`ninfer.AsyncLLM.chat`."""
+        return self.async_llm.chat(messages, sampling_params, **kwargs)
+
+    def _release_async(self) -> None:
+        """The synchronous calls step the engine on this thread: stop the async API's engine thread first."""
+        if self._async is not None:
+            self._async.stop_if_idle()
+
+    # -- requests -----------------------------------------------------------------------------
+    def _request(self, prompt_ids: list[int], max_new_tokens: int, params: EngineSamplingParams,
+                 stop_token_ids: Sequence[int] | None = None, stop: Sequence[str] | None = None,
                  thinking: bool | None = None, mm: Any = None) -> Request:
         if not prompt_ids:
             raise ValueError("the prompt is empty: at least one token is needed")
@@ -188,22 +275,71 @@ class LLM:
                        stop_token_ids=frozenset(stop_token_ids or ()), stop_strings=tuple(stop or ()),
                        thinking=thinking, mm=mm, rope_delta=mm.rope_delta if mm is not None else 0)
 
-    def _run(self, requests: list[Request]) -> list[Completion]:
-        """Run requests to completion through the engine (queueing those beyond its lanes)."""
-        pending = list(requests)
-        texts = {r.request_id: ["", ""] for r in requests}
-        while pending or self.engine.has_work:
-            while pending:
-                try:
-                    self.engine.add_request(pending[0])
-                except QueueFull:
-                    break
-                pending.pop(0)
-            for event in self.engine.step():
-                texts[event.request_id][0] += event.text
-                texts[event.request_id][1] += event.reasoning
-        return [_completion(r, *texts[r.request_id]) for r in requests]
+    def _requests(self, prompt_ids: list[int], params: SamplingParams, thinking: bool | None = None,
+                  mm: Any = None, marks: tuple[int, ...] = ()) -> list[Request]:
+        """The ``params.n`` requests of one prompt; sample ``i > 0`` draws from its own derived seed."""
+        max_tokens = params.max_tokens if params.max_tokens is not None else self.engine.config.max_context
+        reqs = []
+        for i in range(params.n):
+            sample = params if i == 0 else dataclasses.replace(params, seed=params.sample_seed(i))
+            req = self._request(list(prompt_ids), max_tokens, sample, params.stop_token_ids, params.stop,
+                                thinking=thinking, mm=mm)
+            req.checkpoint_marks = marks
+            reqs.append(req)
+        return reqs
 
+    def _outputs(self, items: list[PromptInput], params: list[SamplingParams], *, thinking: bool | None = None,
+                 media: list[Any] | None = None, tools: dict[str, Any] | None = None,
+                 marks: list[tuple[int, ...]] | None = None) -> list[RequestOutput]:
+        groups = [self._requests(item.token_ids, p, thinking, media[i] if media else None, marks[i] if marks else ())
+                  for i, (item, p) in enumerate(zip(items, params))]
+        leaders = {r.request_id: g[0] for g in groups for r in g[1:]}
+        completions = iter(self._run([r for g in groups for r in g], tools=tools, leaders=leaders))
+        outs = []
+        for item, group in zip(items, groups):
+            samples = [next(completions) for _ in group]
+            for index, sample in enumerate(samples):
+                sample.index = index
+            outs.append(RequestOutput(group[0].request_id, item.text, list(item.token_ids), samples))
+        return outs
+
+    def _run(self, requests: list[Request], tools: dict[str, Any] | None = None,
+             leaders: dict[str, Request] | None = None) -> list[Completion]:
+        """Run requests to completion through the engine (queueing those beyond its lanes). A request with a
+        leader (another sample of its prompt) waits until the leader has prefilled, so that it starts from
+        the leader's prefix-cache checkpoint instead of prefilling the prompt again. If anything fails (or
+        the caller interrupts), every request of the call is cancelled: the engine is left clean."""
+        self._release_async()
+        leaders = leaders if self.engine.prefix is not None else None
+        results = {r.request_id: RequestResults(r, self.tokenizer, self.stop_ids_for(r), tools) for r in requests}
+        pending, added = list(requests), []
+        try:
+            while pending or self.engine.has_work:
+                self._submit_ready(pending, added, leaders or {})
+                for event in self.engine.step():
+                    result = results.get(event.request_id)
+                    if result is not None:
+                        result.push(event)
+        except BaseException:
+            for req in added:
+                self.engine.cancel(req.request_id)
+            raise
+        return [results[r.request_id].completion() for r in requests]
+
+    def _submit_ready(self, pending: list[Request], added: list[Request], leaders: dict[str, Request]) -> None:
+        """Submit in order until the queue is full or a sample's leader has not prefilled yet (what follows
+        waits too, so that the samples of one prompt run together while its checkpoint is fresh)."""
+        while pending:
+            lead = leaders.get(pending[0].request_id)
+            if lead is not None and not (lead.output_ids or lead.status is Status.FINISHED or not self.engine.has_work):
+                return
+            try:
+                self.engine.add_request(pending[0])
+            except QueueFull:
+                return
+            added.append(pending.pop(0))
+
+    # -- scoring ------------------------------------------------------------------------------
     def score(self, token_ids: list[int], context: int | None = None, stride: int | None = None) -> torch.Tensor:
         """Log-probability (fp32) of each token ``1..n-1`` given its prefix.
 
@@ -240,13 +376,21 @@ class LLM:
             scored_until, start = end, start + stride
 
 
-def _completion(req: Request, text: str, reasoning: str) -> Completion:
-    ttft = (req.first_token_time or req.arrival) - req.arrival
-    decode = (req.finish_time or req.arrival) - (req.first_token_time or req.arrival)
-    return Completion(text=text, token_ids=list(req.output_ids), finish_reason=req.finish_reason or "error",
-                      prompt_tokens=len(req.prompt_ids), reasoning=reasoning if req.thinking else None,
-                      ttft_s=ttft, decode_s=decode, cached_tokens=req.cached_tokens,
-                      speculation=req.spec_stats.as_dict() if req.spec_stats is not None else None)
+def _thinking_mode(enable_thinking: bool | None, chat_template_kwargs: dict[str, Any] | None) -> bool:
+    """The chat's thinking switch from ``enable_thinking`` or vLLM's ``chat_template_kwargs``."""
+    kwargs = dict(chat_template_kwargs or {})
+    unknown = sorted(set(kwargs) - {"enable_thinking"})
+    if unknown:
+        raise ValueError(f"chat_template_kwargs: unsupported key(s) {unknown} (supported: 'enable_thinking')")
+    templated = kwargs.get("enable_thinking")
+    if templated is not None and not isinstance(templated, bool):
+        raise TypeError(f"chat_template_kwargs['enable_thinking'] must be a bool, got {templated!r}")
+    if enable_thinking is not None and templated is not None and enable_thinking != templated:
+        raise ValueError("enable_thinking and chat_template_kwargs['enable_thinking'] disagree")
+    for value in (enable_thinking, templated):
+        if value is not None:
+            return bool(value)
+    return True
 
 
 def _generation_defaults(model_dir: Path) -> dict[str, Any]:
@@ -255,135 +399,3 @@ def _generation_defaults(model_dir: Path) -> dict[str, Any]:
         return {}
     raw = json.loads(path.read_text())
     return {k: raw[k] for k in ("temperature", "top_p", "top_k", "do_sample") if raw.get(k) is not None}
-
-
-def _default_device() -> torch.device:
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
-def load(
-    path_or_hub_id: str | os.PathLike[str] | None = None,
-    device: str | torch.device | None = None,
-    dtype: torch.dtype | str | None = None,
-    *,
-    max_concurrency: int = 4,
-    max_context: int = 4096,
-    kv_capacity: int | str | None = None,
-    kv_dtype: str = "auto",
-    prefill_chunk: int = 1024,
-    page_size: int = 64,
-    cuda_graphs: bool = True,
-    prefix_cache: bool = True,
-    checkpoint_slots: int = 4,
-    checkpoint_interval: int = 4096,
-    host_cache_gib: float = 0.0,
-    pause_host_gib: float = 4.0,
-    host_prepin_gib: float = 0.0,
-    quantize: str | None = None,
-    vision: bool = False,
-    vision_limits: Any = None,
-    spec: str | None = None,
-    draft_tokens: int = 3,
-    progress: bool = True,
-) -> LLM:
-    """Load a Qwen3.5-family checkpoint (local directory or Hub id; the bundled default model if None).
-
-    Defaults: CUDA when available else CPU; bf16 on GPU, fp32 on CPU. The engine serves up to
-    ``max_concurrency`` (1-8) sequences of at most ``max_context`` tokens each from one KV pool of
-    ``kv_capacity`` tokens (default ``max_concurrency * max_context``; ``"auto"`` fills free GPU
-    memory); ``kv_dtype`` is "auto" (model dtype), "bf16", "fp8" or "int8"; KV pages hold
-    ``page_size`` tokens; prompts prefill in chunks of ``prefill_chunk`` tokens; decode steps replay
-    CUDA graphs unless ``cuda_graphs=False``. The prefix cache (on unless ``prefix_cache=False``)
-    reuses the KV pages and DeltaNet state of earlier prompts: checkpoints sit in
-    ``checkpoint_slots`` extra state slots, one token before each prompt's end (or at a chat's
-    assistant turn just before it), every
-    ``checkpoint_interval`` prompt tokens, and at the end of each generation; evicted checkpoints
-    move to ``host_cache_gib`` of pinned host memory and are copied back on a hit. Admission reserves
-    KV pages for the prompt and a small margin; when growing sequences exhaust the pool the newest
-    request is paused: its state and KV are snapshotted to at most ``pause_host_gib`` of pinned host
-    memory (beyond that it is recomputed from its tokens) and it resumes when memory frees up.
-    Host copies reuse blocks of pinned memory; ``host_prepin_gib`` of them are pinned while loading,
-    since pinning fresh memory runs at ~1 GB/s and would otherwise slow the first copies.
-
-    Quantized checkpoints (written by ``ninfer convert``, or NVFP4 / FP8 checkpoints in the ModelOpt
-    and compressed-tensors layouts) load as they are; ``quantize="int4"`` (a recipe name or file, see
-    ``ninfer convert --list-recipes``) quantizes a bf16 checkpoint while loading. ``vision=True``
-    loads the vision tower of a composite checkpoint so chats may hold images and videos
-    (``vision_limits``: a ``ninfer.vision.VisionLimits``).
-
-    ``spec="mtp"`` turns on speculative decoding with the checkpoint's MTP head: each step drafts
-    ``draft_tokens`` (1-7) tokens and verifies them in one target pass; outputs are those of
-    plain decoding (greedy: token for token; sampling: the same distribution).
-    """
-    if spec not in (None, "mtp"):
-        raise ValueError(f"spec must be None or 'mtp', got {spec!r}")
-    if path_or_hub_id is None:
-        from ninfer.default_model import default_model_path
-
-        path_or_hub_id = default_model_path()
-    model_dir = resolve_model_path(path_or_hub_id)
-    config = load_config(model_dir)
-    device = torch.device(device) if device is not None else _default_device()
-    if isinstance(dtype, str):
-        dtype = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
-                 "float16": torch.float16, "fp32": torch.float32, "float32": torch.float32}[dtype]
-    dtype = dtype or (torch.float32 if device.type == "cpu" else torch.bfloat16)
-    tokenizer = Tokenizer(model_dir)
-    with torch.device("meta"):
-        model = Qwen3_5TextModel(config)
-    plan, translate = _stored_quantization(model_dir)
-    if plan:
-        from ninfer.quant.linear import prepare_model_
-
-        prepare_model_(model, plan, dtype=dtype)
-    materialize(model, device, dtype)
-    report = load_weights(model, model_dir, device, dtype=dtype, tied_lm_head=config.tie_word_embeddings,
-                          progress=progress, translate=translate)
-    if quantize is not None:
-        if plan:
-            raise ValueError(f"quantize={quantize!r}: {model_dir} is already quantized; load it without quantize=")
-        from ninfer.quant.linear import quantize_model_, weight_shapes
-        from ninfer.quant.recipe import load_recipe, resolve_plan
-
-        quantize_model_(model, resolve_plan(load_recipe(quantize), weight_shapes(model)), dtype=dtype)
-    model.register_buffer("inv_freq", _inv_freq(config, device), persistent=False)
-    engine_config = EngineConfig(max_concurrency=max_concurrency, max_context=max_context, kv_capacity=kv_capacity,
-                                 kv_dtype=kv_dtype, prefill_chunk=prefill_chunk, page_size=page_size,
-                                 cuda_graphs=cuda_graphs, prefix_cache=prefix_cache, checkpoint_slots=checkpoint_slots,
-                                 checkpoint_interval=checkpoint_interval,
-                                 host_cache_bytes=int(host_cache_gib * (1 << 30)),
-                                 draft_tokens=draft_tokens if spec else 0,
-                                 pause_host_bytes=int(pause_host_gib * (1 << 30)),
-                                 host_prepin_bytes=int(host_prepin_gib * (1 << 30)))
-    mtp_head = None
-    if spec == "mtp":
-        from ninfer.models.mtp import MTPHead
-
-        mtp_head = MTPHead.from_report(model, report.mtp)
-    pipeline = None
-    if vision:
-        from ninfer.vision import VisionPipeline
-
-        if config.vision is None:
-            raise ValueError(f"vision=True: {model_dir} has no vision_config (a text-only checkpoint)")
-        pipeline = VisionPipeline.from_checkpoint(model_dir, config, tokenizer.token_id, device, dtype, vision_limits)
-    return LLM(model.eval(), tokenizer, model_dir, report, engine_config, vision=pipeline, mtp_head=mtp_head)
-
-
-def _stored_quantization(model_dir: Path) -> tuple[dict[str, str], Any]:
-    """The weight -> format plan of an already-quantized checkpoint, and how to translate its tensors."""
-    from ninfer.checkpoint import checkpoint_files
-    from ninfer.quant.convert import manifest_plan, read_manifest
-    from ninfer.quant.imports import scan_checkpoint
-
-    manifest = read_manifest(model_dir)
-    if manifest is not None:
-        return manifest_plan(manifest, "text"), None
-    imported = scan_checkpoint(checkpoint_files(model_dir))
-    return (imported.plan("text"), imported.translate) if imported else ({}, None)
-
-
-def _inv_freq(config: ModelConfig, device: torch.device) -> torch.Tensor:
-    from ninfer.kernels.rope import rope_inv_freq
-
-    return rope_inv_freq(config.rotary_dim, config.rope_theta).to(device)

@@ -1,0 +1,147 @@
+"""``ninfer.load(...)``: read a Qwen3.5-family checkpoint into an :class:`ninfer.llm.LLM`."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ninfer.checkpoint import load_weights, materialize, resolve_model_path
+from ninfer.config import ModelConfig, load_config
+from ninfer.llm import LLM
+from ninfer.models.qwen3_5 import Qwen3_5TextModel
+from ninfer.runtime.engine import EngineConfig
+from ninfer.tokenizer import Tokenizer
+
+
+def _default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def load(
+    path_or_hub_id: str | os.PathLike[str] | None = None,
+    device: str | torch.device | None = None,
+    dtype: torch.dtype | str | None = None,
+    *,
+    max_concurrency: int = 4,
+    max_context: int = 4096,
+    kv_capacity: int | str | None = None,
+    kv_dtype: str = "auto",
+    prefill_chunk: int = 1024,
+    page_size: int = 64,
+    cuda_graphs: bool = True,
+    prefix_cache: bool = True,
+    checkpoint_slots: int = 4,
+    checkpoint_interval: int = 4096,
+    host_cache_gib: float = 0.0,
+    pause_host_gib: float = 4.0,
+    host_prepin_gib: float = 0.0,
+    quantize: str | None = None,
+    vision: bool = False,
+    vision_limits: Any = None,
+    spec: str | None = None,
+    draft_tokens: int = 3,
+    progress: bool = True,
+) -> LLM:
+    """Load a Qwen3.5-family checkpoint (local directory or Hub id; the bundled default model if None).
+
+    Defaults: CUDA when available else CPU; bf16 on GPU, fp32 on CPU. The engine serves up to
+    ``max_concurrency`` (1-8) sequences of at most ``max_context`` tokens each from one KV pool of
+    ``kv_capacity`` tokens (default ``max_concurrency * max_context``; ``"auto"`` fills free GPU
+    memory); ``kv_dtype`` is "auto" (model dtype), "bf16", "fp8" or "int8"; KV pages hold
+    ``page_size`` tokens; prompts prefill in chunks of ``prefill_chunk`` tokens; decode steps replay
+    CUDA graphs unless ``cuda_graphs=False``. The prefix cache (on unless ``prefix_cache=False``)
+    reuses the KV pages and DeltaNet state of earlier prompts: checkpoints sit in
+    ``checkpoint_slots`` extra state slots, one token before each prompt's end (or at a chat's
+    assistant turn just before it), every
+    ``checkpoint_interval`` prompt tokens, and at the end of each generation; evicted checkpoints
+    move to ``host_cache_gib`` of pinned host memory and are copied back on a hit. Admission reserves
+    KV pages for the prompt and a small margin; when growing sequences exhaust the pool the newest
+    request is paused: its state and KV are snapshotted to at most ``pause_host_gib`` of pinned host
+    memory (beyond that it is recomputed from its tokens) and it resumes when memory frees up.
+    Host copies reuse blocks of pinned memory; ``host_prepin_gib`` of them are pinned while loading,
+    since pinning fresh memory runs at ~1 GB/s and would otherwise slow the first copies.
+
+    Quantized checkpoints (written by ``ninfer convert``, or NVFP4 / FP8 checkpoints in the ModelOpt
+    and compressed-tensors layouts) load as they are; ``quantize="int4"`` (a recipe name or file, see
+    ``ninfer convert --list-recipes``) quantizes a bf16 checkpoint while loading. ``vision=True``
+    loads the vision tower of a composite checkpoint so chats may hold images and videos
+    (``vision_limits``: a ``ninfer.vision.VisionLimits``).
+
+    ``spec="mtp"`` turns on speculative decoding with the checkpoint's MTP head: each step drafts
+    ``draft_tokens`` (1-7) tokens and verifies them in one target pass; outputs are those of
+    plain decoding (greedy: token for token; sampling: the same distribution).
+    """
+    if spec not in (None, "mtp"):
+        raise ValueError(f"spec must be None or 'mtp', got {spec!r}")
+    if path_or_hub_id is None:
+        from ninfer.default_model import default_model_path
+
+        path_or_hub_id = default_model_path()
+    model_dir = resolve_model_path(path_or_hub_id)
+    config = load_config(model_dir)
+    device = torch.device(device) if device is not None else _default_device()
+    if isinstance(dtype, str):
+        dtype = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
+                 "float16": torch.float16, "fp32": torch.float32, "float32": torch.float32}[dtype]
+    dtype = dtype or (torch.float32 if device.type == "cpu" else torch.bfloat16)
+    tokenizer = Tokenizer(model_dir)
+    with torch.device("meta"):
+        model = Qwen3_5TextModel(config)
+    plan, translate = _stored_quantization(model_dir)
+    if plan:
+        from ninfer.quant.linear import prepare_model_
+
+        prepare_model_(model, plan, dtype=dtype)
+    materialize(model, device, dtype)
+    report = load_weights(model, model_dir, device, dtype=dtype, tied_lm_head=config.tie_word_embeddings,
+                          progress=progress, translate=translate)
+    if quantize is not None:
+        if plan:
+            raise ValueError(f"quantize={quantize!r}: {model_dir} is already quantized; load it without quantize=")
+        from ninfer.quant.linear import quantize_model_, weight_shapes
+        from ninfer.quant.recipe import load_recipe, resolve_plan
+
+        quantize_model_(model, resolve_plan(load_recipe(quantize), weight_shapes(model)), dtype=dtype)
+    model.register_buffer("inv_freq", _inv_freq(config, device), persistent=False)
+    engine_config = EngineConfig(max_concurrency=max_concurrency, max_context=max_context, kv_capacity=kv_capacity,
+                                 kv_dtype=kv_dtype, prefill_chunk=prefill_chunk, page_size=page_size,
+                                 cuda_graphs=cuda_graphs, prefix_cache=prefix_cache, checkpoint_slots=checkpoint_slots,
+                                 checkpoint_interval=checkpoint_interval,
+                                 host_cache_bytes=int(host_cache_gib * (1 << 30)),
+                                 draft_tokens=draft_tokens if spec else 0,
+                                 pause_host_bytes=int(pause_host_gib * (1 << 30)),
+                                 host_prepin_bytes=int(host_prepin_gib * (1 << 30)))
+    mtp_head = None
+    if spec == "mtp":
+        from ninfer.models.mtp import MTPHead
+
+        mtp_head = MTPHead.from_report(model, report.mtp)
+    pipeline = None
+    if vision:
+        from ninfer.vision import VisionPipeline
+
+        if config.vision is None:
+            raise ValueError(f"vision=True: {model_dir} has no vision_config (a text-only checkpoint)")
+        pipeline = VisionPipeline.from_checkpoint(model_dir, config, tokenizer.token_id, device, dtype, vision_limits)
+    return LLM(model.eval(), tokenizer, model_dir, report, engine_config, vision=pipeline, mtp_head=mtp_head)
+
+
+def _stored_quantization(model_dir: Path) -> tuple[dict[str, str], Any]:
+    """The weight -> format plan of an already-quantized checkpoint, and how to translate its tensors."""
+    from ninfer.checkpoint import checkpoint_files
+    from ninfer.quant.convert import manifest_plan, read_manifest
+    from ninfer.quant.imports import scan_checkpoint
+
+    manifest = read_manifest(model_dir)
+    if manifest is not None:
+        return manifest_plan(manifest, "text"), None
+    imported = scan_checkpoint(checkpoint_files(model_dir))
+    return (imported.plan("text"), imported.translate) if imported else ({}, None)
+
+
+def _inv_freq(config: ModelConfig, device: torch.device) -> torch.Tensor:
+    from ninfer.kernels.rope import rope_inv_freq
+
+    return rope_inv_freq(config.rotary_dim, config.rope_theta).to(device)
