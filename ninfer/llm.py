@@ -20,6 +20,7 @@ from ninfer.runtime.request import Request, Status
 from ninfer.runtime.sampling import PRESETS, SamplingParams, preset_key
 from ninfer.runtime.scheduler import QueueFull
 from ninfer.runtime.sequence import SequenceRunner
+from ninfer.runtime.structured import Constraint, StructuredCompiler
 from ninfer.tokenizer import Tokenizer, stop_token_ids
 
 SCORE_SLICE = 256  # rows of logits materialised at once while scoring (V is 248k wide)
@@ -72,6 +73,9 @@ class LLM:
                              vocab_limit=self.valid_vocab, mtp_head=mtp_head)
         self.runner = SequenceRunner(model, kv_dtype=engine_config.kv_dtype)  # scoring runs outside the engine's pool
         self.vision = vision  # a ninfer.vision.VisionPipeline when loaded with vision=True
+        # Structured output (SamplingParams.structured): grammars over the model's padded vocabulary.
+        self.structured = StructuredCompiler(tokenizer.hf, self.config.vocab_size, sorted(self.stop_ids),
+                                             tokenizer.token_id("</think>"))
 
     @property
     def device(self) -> torch.device:
@@ -103,9 +107,11 @@ class LLM:
         greedy: bool = False,
         stop_token_ids: list[int] | None = None,
         stop: list[str] | None = None,
+        structured: Constraint | None = None,
     ) -> Completion | list[Completion]:
-        """Continue raw prompt text (no chat template); a list of prompts runs concurrently and gives a list."""
-        params = self.sampling_params(temperature, top_p, top_k, seed, greedy)
+        """Continue raw prompt text (no chat template); a list of prompts runs concurrently and gives a list.
+        ``structured``: a :class:`~ninfer.runtime.structured.Constraint` every completion must match."""
+        params = self.sampling_params(temperature, top_p, top_k, seed, greedy, structured=structured)
         prompts = [prompt_or_prompts] if isinstance(prompt_or_prompts, str) else list(prompt_or_prompts)
         requests = [self._request(self.tokenizer.encode(p), max_new_tokens, params, stop_token_ids, stop)
                     for p in prompts]
@@ -183,9 +189,12 @@ class LLM:
             raise ValueError("the prompt is empty: at least one token is needed")
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        return Request(prompt_ids=prompt_ids, params=params, max_new_tokens=max_new_tokens,
-                       stop_token_ids=frozenset(stop_token_ids or ()), stop_strings=tuple(stop or ()),
-                       thinking=thinking, mm=mm, rope_delta=mm.rope_delta if mm is not None else 0)
+        req = Request(prompt_ids=prompt_ids, params=params, max_new_tokens=max_new_tokens,
+                      stop_token_ids=frozenset(stop_token_ids or ()), stop_strings=tuple(stop or ()),
+                      thinking=thinking, mm=mm, rope_delta=mm.rope_delta if mm is not None else 0)
+        if params.structured is not None:
+            req.grammar = self.structured.state(params.structured, bool(thinking))
+        return req
 
     def _run(self, requests: list[Request]) -> list[Completion]:
         """Run requests to completion through the engine (queueing those beyond its lanes)."""

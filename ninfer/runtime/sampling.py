@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -19,6 +19,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0  # HF semantics, over prompt and generated tokens
     logprobs: int | None = None  # report the sampled token's logprob and this many top alternatives (0..20)
+    structured: Any = None  # a ninfer.runtime.structured.Constraint the answer must match
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
