@@ -27,7 +27,7 @@ import torch
 from ninfer.runtime.structured_schema import check_schema
 
 INSTALL_HINT = "structured output needs `pip install ninfer[structured]` (the xgrammar package)"
-KINDS = ("json_object", "json_schema", "regex", "choice", "grammar")
+KINDS = ("json_object", "json_schema", "regex", "choice", "grammar", "tool_call")
 COMPILER_CACHE_BYTES = 256 << 20
 _BOUNDED_STRING_CHARS = r'[^\"\\\r\n]'  # as xgrammar prints it: no quote, backslash, CR or LF
 _JSON_STRING_CHARS = r'[^\0-\x1f\"\\]'  # and no other control character either
@@ -100,6 +100,20 @@ class Constraint:
         """Text of the EBNF (GBNF-style, root rule ``root``) grammar ``ebnf``."""
         return cls("grammar", ebnf, param=param)
 
+    @classmethod
+    def tool_call(cls, tools: list[dict[str, Any]], name: str | None = None, parallel: bool = True,
+                  param: str = "tool_choice") -> Constraint:
+        """Tool calls in the model's Qwen3-Coder XML format whose parameters satisfy each function's JSON
+        Schema: at least one call of any of ``tools`` (OpenAI chat-format definitions), or, with ``name``,
+        one call of that function. ``parallel``: further calls may follow the first."""
+        names = [t["function"]["name"] for t in tools]
+        if name is not None and name not in names:
+            raise StructuredError(f"'{param}' names the function {name!r}, which is not among the tools", param)
+        for i, t in enumerate(tools):
+            check_schema(t["function"].get("parameters") or {}, f"tools[{i}].function.parameters")
+        text = json.dumps({"tools": tools, "name": name, "parallel": parallel and name is None})
+        return cls("tool_call", text, param=param)
+
 
 def _xgrammar() -> Any:
     try:
@@ -147,10 +161,12 @@ class StructuredCompiler:
                 return compiler.compile_regex(c.text)
             if c.kind == "choice":
                 return compiler.compile_grammar(choice_grammar(c.choices))
+            if c.kind == "tool_call":
+                return compiler.compile_structural_tag(_tool_call_tag(c.text))
             return compiler.compile_grammar(c.text)
         except (RuntimeError, ValueError, TypeError) as err:
             what = {"json_object": "JSON object", "json_schema": "JSON Schema", "regex": "regular expression",
-                    "choice": "choice list", "grammar": "grammar"}[c.kind]
+                    "choice": "choice list", "grammar": "grammar", "tool_call": "tool-call format"}[c.kind]
             raise StructuredError(f"'{c.param}': the {what} cannot be compiled: {_short(err)}", c.param) from None
 
     def _compile_schema(self, schema: str) -> Any:
@@ -169,6 +185,16 @@ class StructuredCompiler:
         xgr = _xgrammar()
         matcher = xgr.GrammarMatcher(self.compile(c))
         return GrammarState(matcher, self.think_end_id if thinking else None)
+
+
+def _tool_call_tag(text: str) -> Any:
+    """xgrammar's structural tag of Qwen3.5's tool calls (reasoning is handled by :class:`GrammarState`)."""
+    spec = json.loads(text)
+    name = spec["name"]
+    choice = {"type": "function", "function": {"name": name}} if name is not None else "required"
+    return _xgrammar().get_builtin_structural_tag("qwen_3_5", tools=spec["tools"], tool_choice=choice,
+                                                  reasoning="disabled", parallel_tool_calls=spec["parallel"],
+                                                  max_whitespace_cnt=1)
 
 
 def _short(err: Exception) -> str:
