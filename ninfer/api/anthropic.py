@@ -66,6 +66,9 @@ def parse(body: dict[str, Any], counting: bool = False, media: bool = False
         raise invalid(f"'stop_sequences' must be an array of at most {MAX_STOP_SEQUENCES} strings", "stop_sequences")
     sampling = parse_fields(f, ("temperature", "top_p", "top_k"), temperature_max=1.0)
     spec = GenerationSpec(max_tokens, stops, sampling, structured=structured.from_anthropic(output_config, forced))
+    if spec.structured is not None and prefill is not None:  # as Anthropic: prefill and constraints exclude
+        raise invalid(f"'{spec.structured.param}' cannot be combined with a prefilled assistant turn",
+                      spec.structured.param, code="invalid_structured_output")
     return chat, spec, bool(f.bool("stream"))
 
 

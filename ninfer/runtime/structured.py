@@ -31,6 +31,8 @@ KINDS = ("json_object", "json_schema", "regex", "choice", "grammar", "tool_call"
 COMPILER_CACHE_BYTES = 256 << 20
 _BOUNDED_STRING_CHARS = r'[^\"\\\r\n]'  # as xgrammar prints it: no quote, backslash, CR or LF
 _JSON_STRING_CHARS = r'[^\0-\x1f\"\\]'  # and no other control character either
+_OPTIONAL_BLANK = r'("" | ([ \n\r\t]))'
+_OPTIONAL_NEWLINE = r'("" | ("\n"))'
 
 
 class StructuredError(ValueError):
@@ -162,7 +164,7 @@ class StructuredCompiler:
             if c.kind == "choice":
                 return compiler.compile_grammar(choice_grammar(c.choices))
             if c.kind == "tool_call":
-                return compiler.compile_structural_tag(_tool_call_tag(c.text))
+                return self._compile_tool_call(c.text)
             return compiler.compile_grammar(c.text)
         except (RuntimeError, ValueError, TypeError) as err:
             what = {"json_object": "JSON object", "json_schema": "JSON Schema", "regex": "regular expression",
@@ -180,6 +182,14 @@ class StructuredCompiler:
             return self.compiler.compile_json_schema(schema, any_whitespace=False, strict_mode=True)
         return self.compiler.compile_grammar(fixed)
 
+    def _compile_tool_call(self, text: str) -> Any:
+        """xgrammar's Qwen3.5 tool-call format, its optional blanks (around values, between parameters,
+        inside JSON values) narrowed to one newline: the template's framing, which the tool-call parser
+        strips. A space or tab there would end up inside a string argument (or break an enum)."""
+        xgr = _xgrammar()
+        ebnf = str(xgr.Grammar.from_structural_tag(_tool_call_tag(text)))
+        return self.compiler.compile_grammar(ebnf.replace(_OPTIONAL_BLANK, _OPTIONAL_NEWLINE))
+
     def state(self, c: Constraint, thinking: bool = False) -> GrammarState:
         """A fresh matcher for one request; with ``thinking`` the constraint starts after ``</think>``."""
         xgr = _xgrammar()
@@ -194,7 +204,7 @@ def _tool_call_tag(text: str) -> Any:
     choice = {"type": "function", "function": {"name": name}} if name is not None else "required"
     return _xgrammar().get_builtin_structural_tag("qwen_3_5", tools=spec["tools"], tool_choice=choice,
                                                   reasoning="disabled", parallel_tool_calls=spec["parallel"],
-                                                  max_whitespace_cnt=1)
+                                                  max_whitespace_cnt=1)  # one optional blank, as a rule
 
 
 def _short(err: Exception) -> str:
@@ -275,9 +285,9 @@ def mask_logits(logits: torch.Tensor, reqs: Sequence[Any], rows_per_req: int = 1
         rows.extend(b * rows_per_req + j for j, on in enumerate(flags) if on)
     if not rows:
         return
-    picked = bitmask[rows]
-    shifts = torch.arange(32, dtype=torch.int32)
+    dev = logits.device
+    picked = bitmask[rows].to(dev)  # packed: 1/32 of the vocabulary's bytes cross to the device
+    shifts = torch.arange(32, dtype=torch.int32, device=dev)
     allowed = ((picked.unsqueeze(-1) >> shifts) & 1).view(len(rows), words * 32)[:, :vocab].bool()
-    index = torch.tensor(rows, dtype=torch.long, device=logits.device)
-    allowed = allowed.to(logits.device, non_blocking=True)
+    index = torch.tensor(rows, dtype=torch.long, device=dev)
     logits[index] = logits[index].masked_fill(~allowed, float("-inf"))
