@@ -19,6 +19,7 @@ constraint raises :class:`StructuredUnavailable`.
 from __future__ import annotations
 
 import json
+import threading
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -139,17 +140,19 @@ class StructuredCompiler:
         self.think_end_id = think_end_id
         self._hf, self._stop_ids, self._threads = hf_tokenizer, sorted(stop_ids), threads
         self._compiler: Any = None
+        self._lock = threading.Lock()  # two first requests at once load the vocabulary once
 
     @property
     def compiler(self) -> Any:
         """xgrammar's ``GrammarCompiler``, made on first use (loading the vocabulary takes a moment)."""
-        if self._compiler is None:
-            xgr = _xgrammar()
-            info = xgr.TokenizerInfo.from_huggingface(self._hf, vocab_size=self.vocab_size,
-                                                      stop_token_ids=self._stop_ids)
-            self._compiler = xgr.GrammarCompiler(info, max_threads=self._threads,
-                                                 cache_limit_bytes=COMPILER_CACHE_BYTES)
-        return self._compiler
+        with self._lock:
+            if self._compiler is None:
+                xgr = _xgrammar()
+                info = xgr.TokenizerInfo.from_huggingface(self._hf, vocab_size=self.vocab_size,
+                                                          stop_token_ids=self._stop_ids)
+                self._compiler = xgr.GrammarCompiler(info, max_threads=self._threads,
+                                                     cache_limit_bytes=COMPILER_CACHE_BYTES)
+            return self._compiler
 
     def compile(self, c: Constraint) -> Any:
         """The ``CompiledGrammar`` of ``c``; an invalid or impossible constraint raises StructuredError."""

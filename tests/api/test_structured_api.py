@@ -95,9 +95,13 @@ def test_responses_text_format(oai) -> None:
 
 def test_anthropic_output_config_format(anth) -> None:
     msg = anth.messages.create(model="tiny", max_tokens=40, messages=MSG,
-                               extra_body={"output_config": {"format": {"type": "json_schema", "schema": BOUNDED}}})
+                               extra_body={"output_config": {"format": {"type": "json_schema", "schema": BOUNDED}},
+                                           "thinking": {"type": "disabled"}})
     if msg.stop_reason == "end_turn":
-        jsonschema.validate(json.loads(msg.content[0].text), BOUNDED)
+        [text] = [b.text for b in msg.content if b.type == "text"]
+        jsonschema.validate(json.loads(text), BOUNDED)
+    else:
+        assert msg.stop_reason == "max_tokens"
 
 
 @pytest.mark.parametrize("body, param", [
@@ -214,3 +218,50 @@ def test_forced_tool_errors_name_the_field(server: Server, path: str, body: dict
     r = httpx.post(server.url + path, json={"model": "tiny", **body}, timeout=30)
     assert r.status_code == 400, r.text
     assert param in r.text, r.text
+
+
+def test_concurrent_constrained_and_free_requests(server: Server) -> None:
+    """Two requests in one batch: the constrained one conforms, the free one is served as usual."""
+    import concurrent.futures
+
+    def post(extra: dict) -> dict:
+        r = httpx.post(server.url + "/v1/chat/completions", json={
+            "model": "tiny", "messages": MSG, "max_tokens": 24, "seed": 2, **NO_THINK, **extra}, timeout=60)
+        assert r.status_code == 200, r.text
+        return r.json()["choices"][0]
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        constrained = pool.submit(post, {"guided_choice": ["north", "south"]})
+        free = pool.submit(post, {})
+        c, f = constrained.result(timeout=120), free.result(timeout=120)
+    assert c["finish_reason"] == "stop" and c["message"]["content"] in ("north", "south")
+    assert f["finish_reason"] in ("stop", "length")
+
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_FIELDS = st.one_of(
+    st.just({"type": "boolean"}),
+    st.builds(lambda lo: {"type": "integer", "minimum": lo, "maximum": lo + 20}, st.integers(-20, 20)),
+    st.builds(lambda n: {"type": "string", "maxLength": n}, st.integers(0, 3)),
+    st.builds(lambda vals: {"enum": vals}, st.lists(st.sampled_from(["p", "q r", 7, None]), min_size=1, max_size=3,
+                                                      unique=True)),
+)
+SERVER_SCHEMAS = st.dictionaries(st.sampled_from(["a", "b", "c"]), _FIELDS, min_size=1, max_size=3).map(
+    lambda props: {"type": "object", "properties": props, "required": sorted(props)[:1],
+                   "additionalProperties": False})
+
+
+@settings(max_examples=4, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(schema=SERVER_SCHEMAS)
+def test_sdk_json_schema_outputs_validate(oai, schema: dict) -> None:
+    fmt = {"type": "json_schema", "json_schema": {"name": "s", "schema": schema, "strict": True}}
+    for seed, temperature in ((0, 0.0), (1, 1.0)):
+        out = oai.chat.completions.create(model="tiny", messages=MSG, response_format=fmt, max_tokens=40, seed=seed,
+                                          temperature=temperature, extra_body=NO_THINK)
+        choice = out.choices[0]
+        if choice.finish_reason == "stop":
+            jsonschema.validate(json.loads(choice.message.content), schema)
+        else:
+            assert choice.finish_reason == "length" and out.usage.completion_tokens == 40

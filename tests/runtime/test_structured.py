@@ -22,7 +22,7 @@ from hypothesis import strategies as st  # noqa: E402
 import ninfer  # noqa: E402
 from ninfer.runtime.request import Request  # noqa: E402
 from ninfer.runtime.sampling import SamplingParams  # noqa: E402
-from ninfer.runtime.structured import (Constraint, GrammarState, StructuredError,  # noqa: E402
+from ninfer.runtime.structured import (Constraint, StructuredError,  # noqa: E402
                                        StructuredUnavailable, mask_logits)
 
 PROMPTS = [[5, 17, 33, 99, 12, 7], [300, 301, 302], list(range(20, 31)), [77, 78]]
