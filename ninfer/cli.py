@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ninfer.cli_structured import add_structured_options, constraint_from_args
+
 GENERATE_EXAMPLES = """examples:
   ninfer generate --prompt "Why is the sky blue?"            # bundled tiny default model
   ninfer generate Qwen/Qwen3.6-27B --prompt "Hi" --no-thinking --max-new 64
@@ -94,6 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--stop", action="append", metavar="TEXT", help="stop at this text (repeatable)")
     gen.add_argument("--vision", action="store_true",
                      help="load the vision tower; --messages may hold image_url / video_url parts")
+    add_structured_options(gen)
     _add_model_options(gen, engine=True)
 
     ppl = sub.add_parser("ppl", help="perplexity of a text file",
@@ -156,6 +159,7 @@ def run_generate(args: argparse.Namespace) -> None:
                             ("--top-p", args.top_p, lambda v: 0 < v <= 1), ("--top-k", args.top_k, lambda v: v >= 0)):
         if value is not None and not ok(value):
             raise CliError(f"{flag} is out of range: {value}")
+    constraint = constraint_from_args(args)  # before loading: a bad flag fails fast
     messages, tools = _read_messages(args.messages) if args.messages else (
         [{"role": "user", "content": args.prompt}], None)
     if args.messages:
@@ -166,7 +170,7 @@ def run_generate(args: argparse.Namespace) -> None:
                 kv_dtype=args.kv_dtype, prefill_chunk=args.prefill_chunk, cuda_graphs=not args.no_cuda_graphs,
                 vision=args.vision, spec=args.spec, draft_tokens=args.draft_tokens)
     sampling = dict(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
-                    greedy=args.greedy)
+                    greedy=args.greedy, structured=constraint)
     if args.raw:
         completion = llm.generate(args.prompt, max_new_tokens=args.max_new, stop=args.stop, **sampling)
     else:

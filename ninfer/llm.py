@@ -25,6 +25,7 @@ from ninfer.runtime.sampling import PRESETS, preset_key
 from ninfer.runtime.sampling import SamplingParams as EngineSamplingParams
 from ninfer.runtime.scheduler import QueueFull
 from ninfer.runtime.sequence import SequenceRunner
+from ninfer.runtime.structured import Constraint, StructuredCompiler
 from ninfer.tokenizer import Tokenizer, stop_token_ids
 
 if TYPE_CHECKING:
@@ -68,6 +69,9 @@ class LLM:
         self.runner = SequenceRunner(model, kv_dtype=engine_config.kv_dtype)  # scoring runs outside the engine's pool
         self.vision = vision  # a ninfer.vision.VisionPipeline when loaded with vision=True
         self._async: AsyncLLM | None = None
+        # Structured output (SamplingParams.structured): grammars over the model's padded vocabulary.
+        self.structured = StructuredCompiler(tokenizer.hf, self.config.vocab_size, sorted(self.stop_ids),
+                                             tokenizer.token_id("</think>"))
 
     @property
     def device(self) -> torch.device:
@@ -271,9 +275,12 @@ class LLM:
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         check_stop_strings(stop or ())
-        return Request(prompt_ids=prompt_ids, params=params, max_new_tokens=max_new_tokens,
-                       stop_token_ids=frozenset(stop_token_ids or ()), stop_strings=tuple(stop or ()),
-                       thinking=thinking, mm=mm, rope_delta=mm.rope_delta if mm is not None else 0)
+        req = Request(prompt_ids=prompt_ids, params=params, max_new_tokens=max_new_tokens,
+                      stop_token_ids=frozenset(stop_token_ids or ()), stop_strings=tuple(stop or ()),
+                      thinking=thinking, mm=mm, rope_delta=mm.rope_delta if mm is not None else 0)
+        if params.structured is not None:
+            req.grammar = self.structured.state(params.structured, bool(thinking))
+        return req
 
     def _requests(self, prompt_ids: list[int], params: SamplingParams, thinking: bool | None = None,
                   mm: Any = None, marks: tuple[int, ...] = ()) -> list[Request]:

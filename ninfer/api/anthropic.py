@@ -20,7 +20,7 @@ from typing import Any
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response
 
-from ninfer.api import convert, request_id
+from ninfer.api import convert, request_id, structured
 from ninfer.api.errors import APIError, invalid, unsupported
 from ninfer.api.output import OutputStream
 from ninfer.api.sampling import parse_fields, stop_strings
@@ -52,21 +52,25 @@ def parse(body: dict[str, Any], counting: bool = False, media: bool = False
     output_config = f.sub("output_config")
     effort = None
     if output_config is not None:
-        if output_config.has("format"):
-            raise unsupported("output_config.format", "structured output is not available")
         effort = output_config.str("effort", choices=convert.EFFORTS[2:])
     tools = [_tool(t) for t in f.items("tools")]
     choice = f.sub("tool_choice")
-    tool_choice = convert.tool_choice(choice.str("type", required=True) if choice is not None else None,
-                                      "tool_choice.type")
-    chat = ChatInput(messages, convert.unique_tools(tools, "tools"), tool_choice, thinking, reasoning_effort=effort,
-                     prefill=prefill)
+    tools = convert.unique_tools(tools, "tools")
+    if choice is not None:
+        choice.str("type", required=True)
+        choice.bool("disable_parallel_tool_use")
+    tool_choice, forced = structured.tool_choice(choice.data if choice is not None else None, tools, "tool_choice")
+    chat = ChatInput(messages, tools, tool_choice, thinking, reasoning_effort=effort, prefill=prefill)
     stops = f.list("stop_sequences") or []
     if not all(isinstance(s, str) for s in stops) or len(stops) > MAX_STOP_SEQUENCES:
         raise invalid(f"'stop_sequences' must be an array of at most {MAX_STOP_SEQUENCES} strings", "stop_sequences")
     stop_strings(f, "stop_sequences", MAX_STOP_SEQUENCES)
     sampling = parse_fields(f, ("temperature", "top_p", "top_k"), temperature_max=1.0)
-    return chat, GenerationSpec(max_tokens, stops, sampling), bool(f.bool("stream"))
+    spec = GenerationSpec(max_tokens, stops, sampling, structured=structured.from_anthropic(output_config, forced))
+    if spec.structured is not None and prefill is not None:  # as Anthropic: prefill and constraints exclude
+        raise invalid(f"'{spec.structured.param}' cannot be combined with a prefilled assistant turn",
+                      spec.structured.param, code="invalid_structured_output")
+    return chat, spec, bool(f.bool("stream"))
 
 
 def _system(value: Any, served: bool = False) -> str:

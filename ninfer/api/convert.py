@@ -185,7 +185,7 @@ def arguments_object(value: Any, path: str) -> dict[str, Any]:
 
 
 def tool_choice(value: Any, path: str = "tool_choice") -> str:
-    """``auto`` (default) or ``none``; forcing a call needs grammar constraints this server lacks."""
+    """``auto`` (default) or ``none``; a forced call is ``ninfer.api.structured.tool_choice``'s."""
     if value is None:
         return "auto"
     if value in ("auto", "none"):

@@ -14,7 +14,7 @@ from typing import Any
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response
 
-from ninfer.api import convert, request_id
+from ninfer.api import convert, request_id, structured
 from ninfer.api.errors import APIError, invalid, unsupported
 from ninfer.api.output import Collected, OutputStream, Usage
 from ninfer.api.sampling import logit_bias, parse_fields, stop_strings
@@ -41,13 +41,14 @@ def parse(body: dict[str, Any], max_stop: int, media: bool = False, vocab_size: 
                                    t.path("function"))
              for t in _function_tools(f)]
     enable, preserve, effort = convert.thinking_options(f, f.sub("chat_template_kwargs"))
-    chat = ChatInput(messages, convert.unique_tools(tools, "tools"), convert.tool_choice(body.get("tool_choice")),
-                     enable, preserve, effort)
-    f.bool("parallel_tool_calls")
+    tools = convert.unique_tools(tools, "tools")
+    choice, forced = structured.tool_choice(body.get("tool_choice"), tools, parallel=f.bool("parallel_tool_calls"))
+    chat = ChatInput(messages, tools, choice, enable, preserve, effort)
     max_tokens = f.int("max_completion_tokens", lo=0)
     if max_tokens is None:
         max_tokens = f.int("max_tokens", lo=0)
     spec = GenerationSpec(max_tokens, stop_strings(f, "stop", max_stop), parse_fields(f), _logprobs(f))
+    spec.structured = structured.from_chat(f, forced)
     stream = bool(f.bool("stream"))
     options = f.sub("stream_options")
     include_usage = bool(options.bool("include_usage")) if options is not None else False
@@ -98,9 +99,6 @@ def _reject_unsupported(f: Fields, vocab_size: int) -> None:
     modalities = f.list("modalities")
     if modalities and modalities != ["text"]:
         raise unsupported("modalities", "only [\"text\"] is served")
-    fmt = f.sub("response_format")
-    if fmt is not None and fmt.str("type") not in (None, "text"):
-        raise unsupported("response_format", "structured output is not available")
     if f.has("functions") and f.data["functions"]:
         raise unsupported("functions", "use 'tools'")
     if f.bool("store"):

@@ -17,7 +17,7 @@ from typing import Any
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response
 
-from ninfer.api import convert, request_id
+from ninfer.api import convert, request_id, structured
 from ninfer.api import responses_items as items_
 from ninfer.api.errors import APIError, invalid, unsupported
 from ninfer.api.output import OutputStream
@@ -57,9 +57,6 @@ def parse(body: dict[str, Any], service: Service, store: Any) -> Parsed:
         if f.has(name):
             raise unsupported(name)
     text = f.sub("text")
-    fmt = text.sub("format") if text is not None else None
-    if fmt is not None and fmt.str("type") not in (None, "text"):
-        raise unsupported("text.format", "structured output is not available")
     f.str("truncation", choices=("disabled", "auto"))
     f.list("include")
     instructions = f.str("instructions")
@@ -90,17 +87,18 @@ def parse(body: dict[str, Any], service: Service, store: Any) -> Parsed:
             raise invalid(f"'reasoning.effort' {effort!r} contradicts 'enable_thinking'", "reasoning.effort",
                           code="conflicting_template_option")
         enable = effort != "none"
-    choice = convert.tool_choice(body.get("tool_choice"))
-    chat = ChatInput(items_.template_messages(items, instructions), convert.unique_tools(tools, "tools"), choice,
-                     enable, preserve, effort)
+    tools = convert.unique_tools(tools, "tools")
+    choice, forced = structured.tool_choice(body.get("tool_choice"), tools, parallel=f.bool("parallel_tool_calls"))
+    constraint = structured.from_responses(text, forced)
+    chat = ChatInput(items_.template_messages(items, instructions), tools, choice, enable, preserve, effort)
     top = f.int("top_logprobs", lo=0, hi=20)
     spec = GenerationSpec(f.int("max_output_tokens", lo=1), stop_strings(f, "stop", service.config.max_stop),
-                          parse_fields(f), top if top else None)
+                          parse_fields(f), top if top else None, constraint)
     metadata = f.dict("metadata") or {}
     echo = {"instructions": instructions, "max_output_tokens": spec.max_tokens, "previous_response_id": previous,
-            "reasoning": {"effort": effort, "summary": None}, "tool_choice": choice, "tools": raw_tools,
+            "reasoning": {"effort": effort, "summary": None}, "tool_choice": body.get("tool_choice") or choice, "tools": raw_tools,
             "parallel_tool_calls": f.bool("parallel_tool_calls") is not False, "metadata": metadata,
-            "text": {"format": {"type": "text"}}, "truncation": f.data.get("truncation") or "disabled",
+            "text": {"format": structured.echo_format(constraint)}, "truncation": f.data.get("truncation") or "disabled",
             "user": f.str("user")}
     store_it = f.bool("store") is not False
     return Parsed(chat, spec, items, echo, bool(f.bool("stream")), store_it)

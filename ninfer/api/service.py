@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import time
 import unicodedata
@@ -36,6 +37,7 @@ from ninfer.api.output import OutputStream
 from ninfer.api.run import ClientGone, Run, _watch_disconnect
 from ninfer.api.sampling import resolve
 from ninfer.api.shutdown import Drain
+from ninfer.api.structured import grammar_for
 from ninfer.runtime.prefix_cache import chat_checkpoint_marks
 from ninfer.runtime.request import Request
 from ninfer.runtime.sampling import preset_key
@@ -84,6 +86,7 @@ class GenerationSpec:
     stop: list[str] = field(default_factory=list)
     sampling: dict[str, Any] = field(default_factory=dict)  # only the fields the client set
     logprobs: int | None = None  # None: off; else the number of top alternatives
+    structured: Any = None  # a ninfer.runtime.structured.Constraint on the answer (api/structured.py)
 
 
 class Service:
@@ -238,6 +241,9 @@ class Service:
     async def request_for(self, prompt: Prompt, spec: GenerationSpec) -> Request:
         """The engine request of a prompt; media are encoded by the vision tower off the event loop."""
         req = self.request(prompt.ids, prompt.thinking, spec)
+        if spec.structured is not None:
+            req.params = dataclasses.replace(req.params, structured=spec.structured)
+            req.grammar = await grammar_for(self.llm, spec.structured, prompt.thinking)
         if prompt.media is not None:
             from ninfer.vision import MediaError, MultimodalInputs
 

@@ -36,6 +36,8 @@ _FUNCTION = re.compile(r"<function=([^>\n]*)>(.*)</function>", re.DOTALL)
 _PARAMETER = re.compile(r"\s*<parameter=([^>\n]*)>(.*?)</parameter>", re.DOTALL)
 _NAME = re.compile(r"[^\s<>=\"']+")
 _INT = re.compile(r"[-+]?\d+")
+_JSON_TYPES = {str: "string", bool: "boolean", int: "integer", float: "number", type(None): "null", list: "array",
+               dict: "object"}
 
 PieceKind = Literal["text", "tool_call"]
 
@@ -71,6 +73,12 @@ def schema_types(schema: Any) -> list[str]:
     for key in ("anyOf", "oneOf"):
         for sub in schema.get(key) or []:
             out.extend(x for x in schema_types(sub) if x not in out)
+    if not out and ("enum" in schema or "const" in schema):  # an untyped enum: the types of its values
+        values = schema["enum"] if "enum" in schema else [schema["const"]]
+        for v in values if isinstance(values, list) else []:
+            name = _JSON_TYPES.get(type(v))
+            if name is not None and name not in out:
+                out.append(name)
     return out
 
 

@@ -22,9 +22,12 @@ class OutputProcessor:
         self.stops = StopStringMatcher(list(req.stop_strings)) if req.stop_strings else None
         self.splitter = ReasoningSplitter(bool(req.thinking)) if req.thinking is not None else None
         self.finish_reason: str | None = None
+        self.grammar = req.grammar
 
     def push(self, token: int) -> RequestOutput:
         event = RequestOutput(self.request_id, [token])
+        if self.grammar is not None:
+            self.grammar.accept(token)
         if token in self.stop_ids:
             self.finish_reason = "stop"
             return event

@@ -70,6 +70,7 @@ class Request:
     first_token_time: float | None = None
     finish_time: float | None = None
     spec_stats: Any = None  # a runtime.speculative.SpecStats when the engine speculates
+    grammar: Any = None  # a runtime.structured.GrammarState: the answer's constraint, masked in the sampler
 
     @property
     def total_tokens(self) -> int:

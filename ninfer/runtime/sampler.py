@@ -15,6 +15,7 @@ import torch
 
 from ninfer.kernels.sampling import SampleOutput, SamplingTensors, sample
 from ninfer.runtime.request import Request
+from ninfer.runtime.structured import mask_logits
 
 TokenLogprobs = tuple[int, float, list[tuple[int, float]]]
 LaneState = tuple[int, int]  # (seed, counter) of the counter-based RNG
@@ -112,6 +113,8 @@ class Sampler:
             counts, seen = self._scratch(b * t)
         want_logprobs = any(r.params.logprobs is not None for r in reqs)
         n_logprobs = max((r.params.logprobs or 0) for r in reqs)
+        if any(r.grammar is not None for r in reqs):  # unconstrained batches pay nothing
+            mask_logits(logits, reqs, t, drafts)
         out = sample(logits, st, counts, seen, vocab_limit=self.vocab_limit, num_logprobs=n_logprobs)
         return Draw(reqs, lanes, t, out, st, counts if penalties else None, seen if penalties else None,
                     want_logprobs)

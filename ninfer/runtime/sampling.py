@@ -70,6 +70,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0  # [-2, 2]
     repetition_penalty: float = 1.0  # [1e-9, 1e9], HF semantics, over prompt and generated tokens
     logprobs: int | None = None  # report the sampled token's logprob and this many top alternatives (0..20)
+    structured: Any = None  # a ninfer.runtime.structured.Constraint the answer must match
 
     def __post_init__(self) -> None:
         _number("temperature", self.temperature, 0.0, MAX_TEMPERATURE)

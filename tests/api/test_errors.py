@@ -35,7 +35,7 @@ CASES = [
     ("/v1/chat/completions", {**CHAT, "logprobs": True, "top_logprobs": 21}, 400, "'top_logprobs'"),
     ("/v1/chat/completions", {**CHAT, "top_logprobs": 2}, 400, "'top_logprobs' needs 'logprobs'"),
     ("/v1/chat/completions", {**CHAT, "logit_bias": {"5": 3}}, 400, "'logit_bias'"),
-    ("/v1/chat/completions", {**CHAT, "response_format": {"type": "json_object"}}, 400, "'response_format'"),
+    ("/v1/chat/completions", {**CHAT, "response_format": {"type": "xml"}}, 400, "'response_format.type'"),
     ("/v1/chat/completions", {**CHAT, "tool_choice": "required"}, 400, "'tool_choice'"),
     ("/v1/chat/completions", {**CHAT, "tools": [{"type": "function", "function": {"name": 5}}]}, 400,
      "'tools[0].function.name'"),
@@ -72,7 +72,8 @@ CASES = [
     ("/v1/messages", {**MSG, "stop_sequences": "END"}, 400, "'stop_sequences' must be an array"),
     ("/v1/messages", {**MSG, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, 400,
      "'messages[0].content[0].type'"),
-    ("/v1/messages", {**MSG, "output_config": {"format": {"type": "json_schema"}}}, 400, "'output_config.format'"),
+    ("/v1/messages", {**MSG, "output_config": {"format": {"type": "json_schema"}}}, 400,
+     "'output_config.format.schema'"),
     ("/v1/messages/count_tokens", {"model": "tiny"}, 400, "'messages' is required"),
 ]
 
