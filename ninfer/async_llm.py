@@ -65,13 +65,13 @@ class AsyncLLM:
                    chat_template_kwargs: dict[str, Any] | None = None,
                    request_id: str | None = None) -> AsyncIterator[StreamOutput]:
         """Stream one conversation's reply: reasoning and answer deltas, and tool calls as each completes."""
-        from ninfer.llm import _thinking_mode
+        from ninfer.llm import thinking_mode
         from ninfer.prompts import parse_conversations
 
         conversations, single = parse_conversations(messages)
         if not single:
             raise ValueError("chat() of the async API takes one conversation (a list of messages)")
-        thinking = _thinking_mode(enable_thinking, chat_template_kwargs)
+        thinking = thinking_mode(enable_thinking, chat_template_kwargs)
         schemas = tool_schemas(tools)
         params = self._params(sampling_params, thinking)
         # Rendering may fetch and encode media: off the event loop.

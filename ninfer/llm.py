@@ -21,7 +21,7 @@ from ninfer.runtime.engine import Engine, EngineConfig
 from ninfer.runtime.output import OutputProcessor
 from ninfer.runtime.prefix_cache import chat_checkpoint_marks
 from ninfer.runtime.request import Request, Status
-from ninfer.runtime.sampling import PRESETS, preset_key
+from ninfer.runtime.sampling import PRESETS, check_stop_strings, preset_key
 from ninfer.runtime.sampling import SamplingParams as EngineSamplingParams
 from ninfer.runtime.scheduler import QueueFull
 from ninfer.runtime.sequence import SequenceRunner
@@ -174,7 +174,7 @@ class LLM:
         preset for the thinking mode under the keywords).
         """
         conversations, single = parse_conversations(messages)
-        thinking = _thinking_mode(enable_thinking, chat_template_kwargs)
+        thinking = thinking_mode(enable_thinking, chat_template_kwargs)
         schemas = tool_schemas(tools)
         prompts = [self._chat_prompt(c, tools, thinking) for c in conversations]
         if sampling_params is not None:
@@ -383,7 +383,7 @@ class LLM:
             scored_until, start = end, start + stride
 
 
-def _thinking_mode(enable_thinking: bool | None, chat_template_kwargs: dict[str, Any] | None) -> bool:
+def thinking_mode(enable_thinking: bool | None, chat_template_kwargs: dict[str, Any] | None) -> bool:
     """The chat's thinking switch from ``enable_thinking`` or vLLM's ``chat_template_kwargs``."""
     kwargs = dict(chat_template_kwargs or {})
     unknown = sorted(set(kwargs) - {"enable_thinking"})

@@ -47,6 +47,10 @@ KNOWN_PRIVATE_IMPORTS: dict[tuple[str, str, str], str] = {
 }
 # Cycles between modules of one package (imports under TYPE_CHECKING do not count: they never run).
 KNOWN_CYCLES: dict[frozenset[str], str] = {
+    frozenset({"ninfer.llm", "ninfer.async_llm"}): "LLM.generate_async builds the AsyncLLM (function-level import); "
+                                                   "AsyncLLM reuses LLM's prompt helpers",
+    frozenset({"ninfer.runtime.structured", "ninfer.runtime.structured_schema"}): "the schema checker raises "
+                                                   "structured's error type (imported inside its function)",
     frozenset({"ninfer.vision.fetch", "ninfer.vision.media"}): "media calls fetch; fetch imports media's limits and "
                                                                 "errors inside its functions",
 }
