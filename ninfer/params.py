@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ninfer.runtime.sampling import SamplingParams as EngineSamplingParams
+from ninfer.runtime.sampling import check_stop_strings
 
 MAX_SAMPLES = 64  # n: samples of one prompt (each takes an engine lane while it runs)
 
@@ -47,8 +48,7 @@ class SamplingParams(EngineSamplingParams):
         if isinstance(self.n, bool) or not isinstance(self.n, int) or not 1 <= self.n <= MAX_SAMPLES:
             raise ValueError(f"n must be an integer in [1, {MAX_SAMPLES}], got {self.n!r}")
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or ())
-        if not all(isinstance(s, str) and s for s in stops):
-            raise ValueError(f"stop must be a string or a list of non-empty strings, got {self.stop!r}")
+        check_stop_strings(stops)  # non-empty strings, bounded in length and in all (the matcher's memory)
         object.__setattr__(self, "stop", tuple(stops))
         ids = list(self.stop_token_ids or ())
         if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
