@@ -7,20 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from ninfer.cli import main
+from cli_testing import run_cli
 from tiny_checkpoints import TinyCheckpoint
 
 pytest.importorskip("xgrammar")
 
 
-def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    try:
-        main(list(argv))
-        code = 0
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_constraint_flags_shape_the_answer(capsys, dense_ckpt: TinyCheckpoint, tmp_path: Path) -> None:
@@ -35,10 +27,10 @@ def test_constraint_flags_shape_the_answer(capsys, dense_ckpt: TinyCheckpoint, t
                          (["--choice", "alpha", "--choice", "beta"], lambda s: s in ("alpha", "beta")),
                          (["--regex", "[xyz]{2}[0-9]"], lambda s: re.fullmatch("[xyz]{2}[0-9]", s)),
                          (["--grammar", str(grammar)], lambda s: re.fullmatch("<[a-c][a-c]?>", s))):
-        code, out, err = _run(capsys, *base, *flags)
+        code, out, err = run_cli(capsys, *base, *flags)
         assert code == 0, err
         assert check(out.rstrip("\n")), (flags, out)
-    code, out, err = _run(capsys, "generate", model, "--prompt", "x", "--raw", "--json-object", "--max-new", "6",
+    code, out, err = run_cli(capsys, "generate", model, "--prompt", "x", "--raw", "--json-object", "--max-new", "6",
                           "--device", "cpu")
     assert code == 0 and out.startswith("{"), err
 
@@ -50,7 +42,7 @@ def test_constraint_flags_shape_the_answer(capsys, dense_ckpt: TinyCheckpoint, t
 ])
 def test_constraint_flag_errors_name_the_flag(capsys, dense_ckpt: TinyCheckpoint, flags: list[str],
                                               message: str) -> None:
-    code, _, err = _run(capsys, "generate", str(dense_ckpt.path), "--prompt", "x", "--max-new", "2",
+    code, _, err = run_cli(capsys, "generate", str(dense_ckpt.path), "--prompt", "x", "--max-new", "2",
                         "--device", "cpu", *flags)
     assert code == 2 and message in err, err
 
@@ -58,5 +50,5 @@ def test_constraint_flag_errors_name_the_flag(capsys, dense_ckpt: TinyCheckpoint
 def test_unsupported_schema_keyword_names_the_flag(capsys, tmp_path: Path) -> None:
     schema = tmp_path / "s.json"
     schema.write_text(json.dumps({"type": "array", "uniqueItems": True}))
-    code, _, err = _run(capsys, "generate", "--prompt", "x", "--json-schema", str(schema))
+    code, _, err = run_cli(capsys, "generate", "--prompt", "x", "--json-schema", str(schema))
     assert code == 2 and "'--json-schema.uniqueItems'" in err, err
