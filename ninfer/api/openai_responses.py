@@ -53,7 +53,7 @@ def parse(body: dict[str, Any], service: Service, store: Any) -> Parsed:
     f.str("model")
     if f.bool("background"):
         raise unsupported("background", "there are no background jobs")
-    for name in ("conversation", "prompt"):
+    for name in ("conversation", "prompt", "max_tool_calls"):
         if f.has(name):
             raise unsupported(name)
     text = f.sub("text")

@@ -52,6 +52,7 @@ CASES = [
     ("/v1/responses", {**RESP, "input": 5}, 400, "'input' must be a string or an array"),
     ("/v1/responses", {**RESP, "input": [{"type": "mystery"}]}, 400, "'input[0].type'"),
     ("/v1/responses", {**RESP, "max_output_tokens": 0}, 400, "'max_output_tokens' must be >= 1"),
+    ("/v1/responses", {**RESP, "max_tool_calls": 2}, 400, "max_tool_calls"),
     ("/v1/responses", {**RESP, "previous_response_id": "resp_nope"}, 404, "resp_nope"),
     ("/v1/responses", {**RESP, "tools": [{"type": "web_search"}]}, 400, "'tools[0].type'"),
     ("/v1/responses", {**RESP, "reasoning": {"effort": "extreme"}}, 400, "'reasoning.effort'"),
@@ -208,3 +209,4 @@ def test_engine_failure_is_reported(llm) -> None:
         r = httpx.post(s.url + "/v1/chat/completions", json=CHAT)
         assert r.status_code == 503 and "engine" in r.json()["error"]["message"]
         assert "ninfer_engine_ready 0.0" in httpx.get(s.url + "/metrics").text
+
