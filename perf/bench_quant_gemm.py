@@ -53,7 +53,7 @@ SHAPES = {  # name: (N, K) of W [N, K]
     "in_proj_qkv": (10240, H), "in_proj_z": (6144, H), "in_proj_ab": (96, H), "lm_head": (V, H),
 }
 MS = (1, 2, 4, 8, 16, 64, 512, 4096)
-PATHS = ("default", "dot", "gemv", "mma", "lean", "dequant", "tuned")
+PATHS = ("default", "dot", "gemv", "mma", "regs", "dequant", "tuned")
 GEMLITE_BUDGET_S = 40.0
 
 
@@ -81,7 +81,7 @@ def _int4pack(n: int, k: int, group: int) -> tuple | None:
 
 def _config_name(cfg: quant_gemm_tune.GemmConfig) -> str:
     return (f"{cfg.kind} bm{cfg.block_m} bn{cfg.block_n} bk{cfg.block_k} split{cfg.split_k} "
-            f"w{cfg.num_warps} st{cfg.num_stages}" + (f" sub{cfg.sub_k}" if cfg.sub_k else ""))
+            f"w{cfg.num_warps} st{cfg.num_stages}" + (f" regs{cfg.max_registers}" if cfg.max_registers else ""))
 
 
 def _best(kind: str, cfgs: list[quant_gemm_tune.GemmConfig],
@@ -129,27 +129,12 @@ def _run_path(path: str, fmt: str, x: torch.Tensor, qt, tune: bool) -> tuple | N
         if m > quant_gemm_tune.GEMV_MAX_M:
             return None
         return _best("gemv", quant_gemm_tune.gemv_candidates(fmt, m, n, k, sms), time_cfg)
-    if path == "mma":  # the prmt decode
-        cfgs = [c for c in quant_gemm_tune.mma_candidates(fmt, m, n, k, sms, lean=[])]
+    if path == "mma":
+        cfgs = quant_gemm_tune.mma_candidates(fmt, m, n, k, sms)
         return _best("gemv-mma", cfgs, time_cfg) if cfgs else None
-    if path == "lean":  # every lean-decode config of the sweep, each checked against the reference first
-        cfgs = [c for c in quant_gemm_tune.mma_candidates(fmt, m, n, k, sms, lean=quant_gemm_tune.LEAN_SWEEP)
-                if c.sub_k]
-        ref = quant_matmul_reference(x, qt).float()
-        good = []
-        for cfg in cfgs:
-            try:
-                scratch.fill_(float("nan"))
-                got = quant_matmul_triton(x, qt, out=scratch, config=cfg).float()
-            except Exception as err:  # noqa: BLE001  (out of resources on this GPU: skip the config)
-                print(f"  lean {_config_name(cfg)}: {type(err).__name__}")
-                continue
-            err = ((got - ref).norm() / ref.norm()).item()
-            if not err < 2e-2:
-                print(f"  lean {_config_name(cfg)}: WRONG (relative error {err:.3g})")
-                continue
-            good.append(cfg)
-        return _best("lean", good, time_cfg) if good else None
+    if path == "regs":  # the tensor-core decode's configs under a register cap (more programs per SM)
+        cfgs = [c for cap in (128, 96) for c in quant_gemm_tune.mma_candidates(fmt, m, n, k, sms, max_registers=cap)]
+        return _best("gemv-mma-regs", cfgs, time_cfg) if cfgs else None
     if path == "dequant":
         cfgs = [c for c in quant_gemm_tune.candidates(fmt, m, n, k, sms) if c.kind == "dequant"]
         point = _best("dequant", cfgs, time_cfg) if cfgs else None

@@ -46,7 +46,6 @@ from ninfer.kernels.quant_gemm.tune import (  # noqa: E402
     candidates,
     dequant_candidates,
     kernel_params,
-    LEAN_SWEEP,
     mma_candidates,
 )
 
@@ -134,8 +133,7 @@ def compile_mma(fmt: str, cfg, swiglu: bool, arch: int):
            **dict.fromkeys(strides, "i32")}
     split = cfg.split_k > 1
     consts = dict(GROUP=kernel_params(fmt, cfg)["group"], SWIGLU=swiglu, HAS_RES=not swiglu, SPLIT=split,
-                  FUSED_REDUCE=split, TOKENS=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, ASM=True,
-                  SUB=cfg.sub_k)
+                  FUSED_REDUCE=split, TOKENS=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, ASM=True)
     sig.update(dict.fromkeys(consts, "constexpr"))
     names = list(sig)
     aligned = [n for n in names if n.endswith("_ptr") or n in ("N_OUT", "K", *strides)]
@@ -166,9 +164,9 @@ def mma(fmt: str, m: int, arch: int, sms: int) -> None:
     """Every tensor-core decode candidate at the 27B gate/up (SwiGLU) and down shapes: shared memory,
     registers, and SASS instructions per weight in the K loop (the decode's ALU cost)."""
     for name, n_out, k, swiglu in (("gate_up", 17408, 5120, True), ("down", 5120, 17408, False)):
-        for cfg in mma_candidates(fmt, m, n_out, k, sms, swiglu=swiglu, lean=LEAN_SWEEP):
+        for cfg in mma_candidates(fmt, m, n_out, k, sms, swiglu=swiglu):
             head = (f"{fmt:9s} mma-{name:7s} tokens={cfg.block_m:<2d} n={cfg.block_n:<3d} k={cfg.block_k:<4d} "
-                    f"split={cfg.split_k:<2d} w={cfg.num_warps} s={cfg.num_stages} sub={cfg.sub_k:<2d}")
+                    f"split={cfg.split_k:<2d} w={cfg.num_warps} s={cfg.num_stages}")
             try:
                 kernel = compile_mma(fmt, cfg, swiglu, arch)
                 per_thread = cfg.block_n * cfg.block_k * (2 if swiglu else 1) / (32 * cfg.num_warps)

@@ -99,23 +99,3 @@ def test_mma_candidates() -> None:
             assert mma and all(k % c.block_k == 0 and c.block_k % 128 == 0 for c in mma)
             assert all(c.block_m == (8 if m <= 8 else 16 if m <= 16 else 32) for c in mma)
             assert max(-(-n // c.block_n) * c.split_k for c in mma) >= 8 * 132
-
-
-def _lean(tokens: int, block_n: int, block_k: int, split: int, sub: int) -> GemmConfig:
-    return GemmConfig(tokens, block_n, block_k, split, 2, 2, "gemv-mma", sub_k=sub)
-
-
-@pytest.mark.parametrize("fmt", ["int4-g64", "int4-g128"])
-def test_lean_decode(fmt: str) -> None:
-    """The lean decode (``sub_k``): codes offset by 2^e, the offset and zero point taken off per group from the
-    activations' column sums; several dots per group, split-K, SwiGLU and residual epilogues."""
-    _check(fmt, 1, 48, 512, _lean(8, 32, 256, 1, 16), seed=31)
-    _check(fmt, 5, 96, 768, _lean(8, 32, 128 if fmt == "int4-g64" else 256, 3, 32), residual=True, seed=32)
-    _check(fmt, 3, 128, 512, _lean(8, 32, 128, 2, 16), swiglu=True, residual=True, seed=33)
-    _check(fmt, 13, 64, 512, _lean(16, 32, 128, 1, 32), seed=34)
-
-
-def test_lean_decode_rejects_bad_sub_k() -> None:
-    w = quantize(torch.randn(64, 256) * 0.05, "int4-g64")
-    with pytest.raises(ValueError, match="sub_k"):
-        quant_matmul_triton(torch.randn(1, 256).half(), w, config=_lean(8, 32, 128, 1, 24))

@@ -71,25 +71,6 @@ def _decode_asm(ty: str, high: bool) -> str:
 BF16_LO, BF16_HI = tl.constexpr(_decode_asm("bf16x2", False)), tl.constexpr(_decode_asm("bf16x2", True))
 F16_LO, F16_HI = tl.constexpr(_decode_asm("f16x2", False)), tl.constexpr(_decode_asm("f16x2", True))
 
-# The lean decode (``GemmConfig.sub_k > 0``): the same prmt + lop3 per pair without the fma, so the MMA sees
-# ``2^e + nibble``; the offset ``2^e + 8`` comes off once per scale group as ``(2^e + 8) * sum(x)``.
-_LEAN = """{{
-    .reg .b32 w, t;
-    {shift}
-    prmt.b32 t, w, 0, 0x4140;
-    lop3.b32 $0, t, 0x000F000F, {magic}, 0xEA;
-    prmt.b32 t, w, 0, 0x4342;
-    lop3.b32 $1, t, 0x000F000F, {magic}, 0xEA;
-}}"""
-
-
-def _lean_asm(magic: str, high: bool) -> str:
-    return _LEAN.format(magic=magic, shift="shr.u32 w, $2, 4;" if high else "mov.b32 w, $2;")
-
-
-BF16_LEAN_LO, BF16_LEAN_HI = tl.constexpr(_lean_asm("0x43004300", False)), tl.constexpr(_lean_asm("0x43004300", True))
-F16_LEAN_LO, F16_LEAN_HI = tl.constexpr(_lean_asm("0x64006400", False)), tl.constexpr(_lean_asm("0x64006400", True))
-
 
 @triton.jit
 def _codes(packed, HIGH: tl.constexpr, DTYPE: tl.constexpr, ASM: tl.constexpr):
@@ -108,53 +89,6 @@ def _codes(packed, HIGH: tl.constexpr, DTYPE: tl.constexpr, ASM: tl.constexpr):
     else:
         v = int4_values((packed >> 4) if HIGH else (packed & 0xF), DTYPE)
     return v
-
-
-@triton.jit
-def _lean_codes(packed, HIGH: tl.constexpr, DTYPE: tl.constexpr, ASM: tl.constexpr):
-    """``2^e + nibble`` of each byte's low (or high) nibble, exact in DTYPE (e = 7 for bf16, 10 for fp16)."""
-    if ASM:
-        if DTYPE == tl.bfloat16:
-            if HIGH:
-                v = tl.inline_asm_elementwise(BF16_LEAN_HI, "=r,=r,r", [packed], dtype=tl.bfloat16, is_pure=True,
-                                              pack=4)
-            else:
-                v = tl.inline_asm_elementwise(BF16_LEAN_LO, "=r,=r,r", [packed], dtype=tl.bfloat16, is_pure=True,
-                                              pack=4)
-        else:
-            if HIGH:
-                v = tl.inline_asm_elementwise(F16_LEAN_HI, "=r,=r,r", [packed], dtype=tl.float16, is_pure=True, pack=4)
-            else:
-                v = tl.inline_asm_elementwise(F16_LEAN_LO, "=r,=r,r", [packed], dtype=tl.float16, is_pure=True, pack=4)
-    else:
-        nib = (packed >> 4) if HIGH else (packed & 0xF)
-        if DTYPE == tl.bfloat16:
-            v = (nib.to(tl.int16) | 0x4300).to(tl.bfloat16, bitcast=True)
-        else:
-            v = (nib.to(tl.int16) | 0x6400).to(tl.float16, bitcast=True)
-    return v
-
-
-@triton.jit
-def _lean_group_dot(acc, q_ptr, rows, kg, x_words, scales, g: tl.constexpr, stride_qn, GROUP: tl.constexpr,
-                    SUB: tl.constexpr, DTYPE: tl.constexpr, ASM: tl.constexpr):
-    """:func:`_group_dot` with the lean decode, ``SUB`` packed bytes per row per dot (fewer live registers);
-    the ``2^e + 8`` offset of every code comes off as one ``[TOKENS]`` correction per group."""
-    part = tl.zeros(acc.shape, dtype=tl.float32)
-    col_sum = tl.zeros((acc.shape[1],), dtype=tl.float32)
-    for s in tl.static_range(GROUP // 2 // SUB):
-        b = kg // 2 + s * SUB + tl.arange(0, SUB)
-        packed = tl.load(q_ptr + rows[:, None] * stride_qn + b[None, :])
-        pairs = tl.load(x_words + b[:, None])  # [SUB, TOKENS] (even, odd) column pairs
-        xe = (pairs & 0xFFFF).to(tl.int16).to(DTYPE, bitcast=True)
-        xo = (pairs >> 16).to(tl.int16).to(DTYPE, bitcast=True)
-        part = tl.dot(_lean_codes(packed, False, DTYPE, ASM), xe, part)
-        part = tl.dot(_lean_codes(packed, True, DTYPE, ASM), xo, part)
-        col_sum += tl.sum(xe.to(tl.float32) + xo.to(tl.float32), axis=0)
-    offset = 136.0 if DTYPE == tl.bfloat16 else 1032.0
-    part -= offset * col_sum[None, :]
-    column = tl.arange(0, scales.shape[1])[None, :] == g
-    return acc + part * tl.sum(tl.where(column, scales, 0.0), axis=1)[:, None]
 
 
 @triton.jit
@@ -184,7 +118,7 @@ def _quant_gemv_mma_kernel(
     stride_xm, stride_qn, stride_sn, stride_rm, stride_om,
     GROUP: tl.constexpr, SWIGLU: tl.constexpr, HAS_RES: tl.constexpr, SPLIT: tl.constexpr,
     FUSED_REDUCE: tl.constexpr, TOKENS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    ASM: tl.constexpr, SUB: tl.constexpr = 0,
+    ASM: tl.constexpr,
 ):
     pid_s = tl.program_id(1)
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -210,19 +144,12 @@ def _quant_gemv_mma_kernel(
         scales_up_next = _step_scales(s_ptr, up_rows, k_next, stride_sn, GROUP, BLOCK_K) if SWIGLU else scales_next
         for g in tl.static_range(BLOCK_K // GROUP):
             kg = k0 + g * GROUP
-            if SUB > 0:
-                acc = _lean_group_dot(acc, q_ptr, rows, kg, x_words, scales, g, stride_qn, GROUP, SUB,
-                                      x_ptr.dtype.element_ty, ASM)
-                if SWIGLU:
-                    acc_up = _lean_group_dot(acc_up, q_ptr, up_rows, kg, x_words, scales_up, g, stride_qn, GROUP,
-                                             SUB, x_ptr.dtype.element_ty, ASM)
-            else:
-                pairs = tl.load(x_words + (kg // 2 + tl.arange(0, GROUP // 2))[:, None])  # [GROUP / 2, TOKENS]
-                xe = (pairs & 0xFFFF).to(tl.int16).to(x_ptr.dtype.element_ty, bitcast=True)
-                xo = (pairs >> 16).to(tl.int16).to(x_ptr.dtype.element_ty, bitcast=True)
-                acc = _group_dot(acc, q_ptr, rows, kg, xe, xo, scales, g, stride_qn, GROUP, ASM)
-                if SWIGLU:
-                    acc_up = _group_dot(acc_up, q_ptr, up_rows, kg, xe, xo, scales_up, g, stride_qn, GROUP, ASM)
+            pairs = tl.load(x_words + (kg // 2 + tl.arange(0, GROUP // 2))[:, None])  # [GROUP / 2, TOKENS]
+            xe = (pairs & 0xFFFF).to(tl.int16).to(x_ptr.dtype.element_ty, bitcast=True)
+            xo = (pairs >> 16).to(tl.int16).to(x_ptr.dtype.element_ty, bitcast=True)
+            acc = _group_dot(acc, q_ptr, rows, kg, xe, xo, scales, g, stride_qn, GROUP, ASM)
+            if SWIGLU:
+                acc_up = _group_dot(acc_up, q_ptr, up_rows, kg, xe, xo, scales_up, g, stride_qn, GROUP, ASM)
         scales = scales_next
         scales_up = scales_up_next
     mask = (offs_n < N_OUT)[:, None] & (offs_m < M)[None, :]
@@ -243,8 +170,6 @@ def launch_gemv_mma(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, res:
     n_out = out.shape[1]
     if x.data_ptr() % 4 or x.stride(0) % 2:  # the kernel reads x as 32-bit column pairs
         x = torch.empty_like(x, memory_format=torch.contiguous_format).copy_(x)
-    if cfg.sub_k and (cfg.sub_k < 16 or (group // 2) % cfg.sub_k or cfg.sub_k & (cfg.sub_k - 1)):
-        raise ValueError(f"gemv-mma sub_k {cfg.sub_k} must be a power of two >= 16 dividing the group's {group // 2} bytes")
     if not mma_supported(x.dtype, k, group, cfg.block_k):
         raise ValueError(f"gemv-mma needs bf16/fp16 activations and K ({k}) a multiple of block_k {cfg.block_k}, "
                          f"itself a multiple of the group {group}; got {x.dtype}")
@@ -261,9 +186,8 @@ def launch_gemv_mma(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, res:
         K=k, k_per_split=per_split * cfg.block_k, stride_xm=x.stride(0), stride_qn=q.stride(-2),
         stride_sn=scales.stride(-2), stride_rm=res_arg.stride(0), stride_om=out.stride(0), GROUP=group,
         SWIGLU=swiglu, HAS_RES=res is not None, SPLIT=splits > 1, FUSED_REDUCE=counters is not None,
-        TOKENS=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, ASM=not INTERPRET, SUB=cfg.sub_k,
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
+        TOKENS=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, ASM=not INTERPRET, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages, **({"maxnreg": cfg.max_registers} if cfg.max_registers else {}),
     )
     if splits > 1 and counters is None:
         fin = (triton.cdiv(n_out, 128), triton.cdiv(m, 8))

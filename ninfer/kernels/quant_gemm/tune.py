@@ -57,9 +57,9 @@ class GemmConfig:
     # (M <= 32, block_m = tokens per program); "dequant": dequant's whole-weight dequantization
     # (block_n x block_k tiles) + cuBLAS (M > 16)
     kind: str = "dot"
-    # "gemv-mma" only: packed bytes per weight row per tl.dot with the lean decode (gemv_mma's ``_LEAN``:
-    # no byte permute, the code offset subtracted once per group); 0 = the whole group, prmt decode
-    sub_k: int = 0
+    # "gemv-mma" only: Triton's ``maxnreg`` (registers per thread; fewer let more programs share an SM,
+    # at the risk of spills); 0 = the compiler's choice
+    max_registers: int = 0
 
 
 def kernel_params(fmt: str, cfg: GemmConfig) -> dict[str, int]:
@@ -167,43 +167,30 @@ def gemv_candidates(fmt: str, m: int, n_out: int, k: int, sms: int) -> list[Gemm
     return out
 
 
-# Lean-decode tensor-core configs (``sub_k`` > 0): ``(rows, K per step, warps, stages, bytes per dot)``. Smaller
-# dots hold fewer decoded registers live, so more programs share an SM; LEAN_SWEEP is what perf/bench_quant_gemm.py
-# ``--path lean`` measures, LEAN the subset the tuner times.
-LEAN = [(128, 128, 2, 3, 32), (64, 128, 2, 4, 32), (128, 128, 2, 4, 16), (64, 128, 1, 4, 16)]
-LEAN_SWEEP = LEAN + [(64, 256, 2, 3, 32), (128, 256, 2, 3, 32), (128, 128, 2, 2, 32), (256, 128, 2, 3, 32),
-                     (64, 128, 1, 3, 32), (32, 256, 1, 3, 32), (128, 128, 2, 4, 64), (64, 256, 2, 2, 64)]
-
-
 def mma_candidates(fmt: str, m: int, n_out: int, k: int, sms: int, *, swiglu: bool = False,
-                   lean: list[tuple[int, int, int, int, int]] | None = None) -> list[GemmConfig]:
+                   max_registers: int = 0) -> list[GemmConfig]:
     """Tensor-core int4 decode configs (:mod:`ninfer.kernels.quant_gemm.gemv_mma`) for M <= 32: ``(rows, K
     per step, warps, stages)``, 8 tokens per program up to M = 8, 16 up to 16, else 32. One or two warps
     keep Triton on ``mma.sync`` (its cheap operand layout on Hopper too); SwiGLU holds two accumulators, so
     narrower tiles. Each shape comes with split-K for about 4, 8 and 16 programs per SM (small programs:
     several share an SM, and more of them hide more latency). Shared memory: at most 48 KB of staged
-    weight bytes, 80.5 KB in all (32 tokens; ``perf/ptx_check.py --kinds gemv-mma --arch 120``). Then the
-    lean-decode configs ``lean`` (default :data:`LEAN`)."""
+    weight bytes, 80.5 KB in all (32 tokens; ``perf/ptx_check.py --kinds gemv-mma --arch 120``)."""
     if not fmt.startswith("int4") or m > MMA_MAX_M:
         return []
     tokens = 8 if m <= 8 else 16 if m <= 16 else 32
-    shapes = [(64, 128, 2, 4, 0), (128, 128, 2, 4, 0), (64, 256, 2, 3, 0), (32, 128, 1, 4, 0)] if swiglu else \
-        [(128, 128, 2, 4, 0), (64, 128, 2, 4, 0), (128, 256, 2, 3, 0), (256, 128, 2, 3, 0)]
-    lean_shapes = LEAN if lean is None else lean
-    if swiglu:  # two accumulators and two decoded tiles live
-        lean_shapes = [shape for shape in lean_shapes if shape[0] * shape[4] <= 128 * 32]
-    shapes = shapes + lean_shapes
+    shapes = [(64, 128, 2, 4), (128, 128, 2, 4), (64, 256, 2, 3), (32, 128, 1, 4)] if swiglu else \
+        [(128, 128, 2, 4), (64, 128, 2, 4), (128, 256, 2, 3), (256, 128, 2, 3)]
     if tokens == 32:  # 32-token accumulators: wider tiles run out of registers (sm_90 SASS: 255 + spills)
         shapes = [shape for shape in shapes if shape[0] <= 64]
     out: list[GemmConfig] = []
-    for bn, bk, warps, stages, sub in shapes:
+    for bn, bk, warps, stages in shapes:
         bk = max(bk, GROUPS[fmt])
-        if k % bk or (sub and (GROUPS[fmt] // 2) % sub):
+        if k % bk:
             continue
         tiles = triton.cdiv(n_out, bn) * triton.cdiv(m, tokens)
         for per_sm in (4, 8, 16):
             split = 1 if tiles >= per_sm * sms else max(1, min(triton.cdiv(per_sm * sms, tiles), k // bk, 64))
-            cfg = GemmConfig(tokens, bn, bk, split, warps, stages, "gemv-mma", sub)
+            cfg = GemmConfig(tokens, bn, bk, split, warps, stages, "gemv-mma", max_registers)
             if cfg not in out:
                 out.append(cfg)
     return out
