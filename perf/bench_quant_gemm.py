@@ -53,7 +53,7 @@ SHAPES = {  # name: (N, K) of W [N, K]
     "in_proj_qkv": (10240, H), "in_proj_z": (6144, H), "in_proj_ab": (96, H), "lm_head": (V, H),
 }
 MS = (1, 2, 4, 8, 16, 64, 512, 4096)
-PATHS = ("default", "dot", "gemv", "mma", "stream", "regs", "dequant", "tuned")
+PATHS = ("default", "dot", "gemv", "mma", "regs", "dequant", "tuned")
 GEMLITE_BUDGET_S = 40.0
 
 
@@ -81,8 +81,7 @@ def _int4pack(n: int, k: int, group: int) -> tuple | None:
 
 def _config_name(cfg: quant_gemm_tune.GemmConfig) -> str:
     return (f"{cfg.kind} bm{cfg.block_m} bn{cfg.block_n} bk{cfg.block_k} split{cfg.split_k} "
-            f"w{cfg.num_warps} st{cfg.num_stages}" + (f" regs{cfg.max_registers}" if cfg.max_registers else "")
-            + (f" pps{cfg.programs_per_sm}" if cfg.programs_per_sm else ""))
+            f"w{cfg.num_warps} st{cfg.num_stages}" + (f" regs{cfg.max_registers}" if cfg.max_registers else ""))
 
 
 def _best(kind: str, cfgs: list[quant_gemm_tune.GemmConfig],
@@ -133,9 +132,6 @@ def _run_path(path: str, fmt: str, x: torch.Tensor, qt, tune: bool) -> tuple | N
     if path == "mma":
         cfgs = quant_gemm_tune.mma_candidates(fmt, m, n, k, sms)
         return _best("gemv-mma", cfgs, time_cfg) if cfgs else None
-    if path == "stream":  # the tensor-core decode on a persistent grid
-        cfgs = quant_gemm_tune.stream_candidates(fmt, m, n, k, sms)
-        return _best("gemv-mma-stream", cfgs, time_cfg) if cfgs else None
     if path == "regs":  # the tensor-core decode's configs under a register cap (more programs per SM)
         cfgs = [c for cap in (128, 96) for c in quant_gemm_tune.mma_candidates(fmt, m, n, k, sms, max_registers=cap)]
         return _best("gemv-mma-regs", cfgs, time_cfg) if cfgs else None

@@ -20,7 +20,7 @@ kernels-attention     attention kernels vs torch SDPA (prefill, split-KV chunks,
 sweep-attention-decode  paged decode attention: every tile config x split count at B = 1 / 8, ctx 8k-128k
 kernels-deltanet      DeltaNet decode and chunked prefill vs fla; the fused sampler vs torch sort + multinomial
 quant-gemm-decode     int4 decode GEMMs at 1..32 tokens: GEMV, tensor-core decode and the tuner pick, % of copy bandwidth
-quant-gemm-stream     int4 tensor-core decode: GPU tests of every candidate, then plain vs persistent grid vs register cap at 1 / 8 / 16 tokens
+quant-gemm-regs       int4 tensor-core decode with and without a register cap (maxnreg 128 / 96) at 1 / 8 / 16 tokens
 quant-gemm-gemlite    the tuner pick vs cuBLAS bf16 and gemlite at M = 1 / 8 / 4096, int4 / nvfp4 / fp8
 moe-kernels           35B-A3B expert GEMMs (tl.dot, GEMV, per-key pick) at 1..64 tokens and an 8k prefill
 engine-27b-int4       27B int4 engine: decode at ctx 1k / 32k and C = 1 / 2 / 4 / 8, 8k prefill in one chunk
@@ -125,9 +125,8 @@ stage() {
       part 90 python3 perf/bench_quant_gemm.py --path mma,tuned --m 32 --formats int4-g64 \
         --shapes gate_up,down,q_proj,o_proj --no-gemlite
       ;;
-    quant-gemm-stream)
-      gpu_tests 200 quant_gemm -k "'tensor_core_decode or stream'" -n 8
-      part 330 python3 perf/bench_quant_gemm.py --path mma,stream,regs,tuned --m 1,8,16 --formats int4-g64 \
+    quant-gemm-regs)
+      part 200 python3 perf/bench_quant_gemm.py --path mma,regs --m 1,8,16 --formats int4-g64 \
         --shapes gate_up,down,q_proj,in_proj_qkv,o_proj --no-gemlite
       ;;
     quant-gemm-gemlite)

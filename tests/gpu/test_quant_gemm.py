@@ -18,7 +18,6 @@ from ninfer.kernels.quant_gemm.tune import (
     dequant_candidates,
     gemv_candidates,
     mma_candidates,
-    stream_candidates,
     sm_count,
 )
 from ninfer.quant.formats import quantize
@@ -171,8 +170,7 @@ def test_tensor_core_decode_at_real_shapes(fmt: str, dtype: torch.dtype) -> None
             x = torch.randn(m, k, device="cuda", dtype=dtype)
             res = torch.randn(m, n_out, device="cuda", dtype=dtype) if residual else None
             ref = quant_matmul_reference(x.float(), w, None if res is None else res.float(), swiglu)
-            cands = mma_candidates(fmt, m, n_out, k, sms, swiglu=swiglu) + \
-                stream_candidates(fmt, m, n_out, k, sms, swiglu=swiglu)
+            cands = mma_candidates(fmt, m, n_out, k, sms, swiglu=swiglu)
             assert cands, (fmt, name, m)
             for cfg in cands:
                 out = torch.full((m, n_out), float("nan"), device="cuda", dtype=dtype)
@@ -197,16 +195,6 @@ def _graph_replay_matches(w, cfg, x: torch.Tensor, res: torch.Tensor) -> None:
     x.copy_(torch.randn_like(x))
     graph.replay()
     assert _err(out, quant_matmul_reference(x, w, res)) < TOL[torch.bfloat16]
-
-
-def test_stream_decode_in_cuda_graph() -> None:
-    """The persistent tensor-core decode (split, fused reduction through the arrival counters) replayed from a
-    graph: bit-equal to eager and right on new inputs."""
-    cfg = next(c for c in stream_candidates("int4-g64", 4, 5120, 17408, sm_count(torch.device("cuda")))
-               if c.split_k > 1)
-    w = quantize(_weight(5120, 17408, 14), "int4-g64")
-    x = torch.randn(4, 17408, device="cuda", dtype=torch.bfloat16)
-    _graph_replay_matches(w, cfg, x, torch.randn(4, 5120, device="cuda", dtype=torch.bfloat16))
 
 
 def test_tensor_core_decode_in_cuda_graph() -> None:

@@ -99,31 +99,3 @@ def test_mma_candidates() -> None:
             assert mma and all(k % c.block_k == 0 and c.block_k % 128 == 0 for c in mma)
             assert all(c.block_m == (8 if m <= 8 else 16 if m <= 16 else 32) for c in mma)
             assert max(-(-n // c.block_n) * c.split_k for c in mma) >= 8 * 132
-
-
-def _stream(tokens: int, block_n: int, block_k: int, split: int, per_sm: int) -> GemmConfig:
-    return GemmConfig(tokens, block_n, block_k, split, 2, 2, "gemv-mma-stream", programs_per_sm=per_sm)
-
-
-def test_stream_decode_walks_several_items_per_program() -> None:
-    """The persistent grid (``sm_count`` is 4 on CPU): each program walks several (row tile, split) items in one
-    loop, their epilogues on their last steps; unsplit, split with the fused reduction, SwiGLU, residual,
-    token tiles beyond the first, ragged N."""
-    _check("int4-g64", 1, 200, 512, _stream(8, 32, 128, 1, 1), seed=41)  # 7 items over 4 programs
-    _check("int4-g128", 5, 96, 768, _stream(8, 32, 256, 3, 2), residual=True, seed=42)
-    _check("int4-g64", 3, 128, 512, _stream(8, 32, 128, 2, 1), swiglu=True, residual=True, seed=43)
-    _check("int4-g64", 19, 64, 256, _stream(8, 32, 64, 2, 2), residual=True, seed=44)  # three token tiles
-
-
-def test_stream_decode_falls_back_when_splits_are_uneven() -> None:
-    """K steps that the split does not divide take the plain grid (same tiles, same result)."""
-    _check("int4-g64", 2, 64, 640, _stream(8, 32, 64, 3, 1), seed=45)  # 10 steps, 3 splits
-
-
-def test_stream_candidates_divide_the_k_steps() -> None:
-    from ninfer.kernels.quant_gemm.tune import stream_candidates
-
-    for n, k in ((5120, 17408), (12288, 5120), (5120, 6144), (34816 // 2, 5120)):
-        cands = stream_candidates("int4-g64", 1, n, k, 132)
-        assert cands and all((k // c.block_k) % c.split_k == 0 for c in cands)
-    assert stream_candidates("nvfp4", 1, 5120, 5120, 132) == []

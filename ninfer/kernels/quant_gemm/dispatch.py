@@ -131,7 +131,7 @@ def _launch(x: torch.Tensor, w: QuantizedTensor, res: torch.Tensor | None, out: 
         cfg = candidates(name, m, n_out, k, sm_count(x.device))[0]
     p = kernel_params(name, cfg)
     q, scales, row_scale = kernel_tensors(w)
-    if cfg.kind.startswith("gemv-mma"):  # int4 decode on tensor cores (gemv_mma), also on a persistent grid
+    if cfg.kind == "gemv-mma":  # int4 decode on tensor cores (gemv_mma)
         launch_gemv_mma(x, q, scales, res, out, swiglu, p["group"], cfg)
         return
     if cfg.kind.startswith("gemv"):  # decode GEMV without tl.dot (gemv)

@@ -36,16 +36,10 @@ import triton
 import triton.language as tl
 
 from ninfer.kernels.dispatch import INTERPRET
+from ninfer.kernels.quant_gemm.common import int4_values
 from ninfer.kernels.quant_gemm.gemv import tile_counters
-from ninfer.kernels.quant_gemm.common import finish, int4_values
-from ninfer.kernels.quant_gemm.gemv_steps import (
-    gemv_epilogue,
-    gemv_reduce_kernel,
-    store_partials,
-    sum_splits,
-    tile_epilogue,
-)
-from ninfer.kernels.quant_gemm.tune import GemmConfig, sm_count
+from ninfer.kernels.quant_gemm.gemv_steps import gemv_epilogue, gemv_reduce_kernel
+from ninfer.kernels.quant_gemm.tune import GemmConfig
 
 # Low / high nibbles of bytes 0, 1 (output word 0) and 2, 3 (output word 1) of $2 -> ``nibble - 8`` in the
 # two 16-bit halves of each word. ``prmt`` selector 0x4140 puts byte 0 in the low half and byte 1 in the
@@ -163,96 +157,6 @@ def _quant_gemv_mma_kernel(
                    stride_om, SPLIT, FUSED_REDUCE, SWIGLU, HAS_RES, BLOCK_N, TOKENS)
 
 
-@triton.jit
-def _stream_coords(i, pid, programs, steps, tiles_n, splits):
-    """Step ``i`` of program ``pid`` in the stream kernel: its work item (``pid + j * programs``: output row
-    tile, K split, token tile) and its K step in the split."""
-    j = i // steps
-    item = pid + j * programs
-    tile_n = item % tiles_n
-    rest = item // tiles_n
-    return tile_n, rest % splits, rest // splits, i - j * steps
-
-
-@triton.jit(do_not_specialize=["M", "k_per_split", "items"])
-def _quant_gemv_mma_stream_kernel(
-    x_ptr, q_ptr, s_ptr, res_ptr, out_ptr, ws_ptr, cnt_ptr,
-    M, N_OUT, K, k_per_split, items, tiles_n,
-    stride_xm, stride_qn, stride_sn, stride_rm, stride_om,
-    GROUP: tl.constexpr, SWIGLU: tl.constexpr, HAS_RES: tl.constexpr, SPLITS: tl.constexpr,
-    TOKENS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ASM: tl.constexpr,
-):
-    """The tensor-core decode as a persistent grid: each program walks its work items (row tile, K split, token
-    tile) one after another in ONE loop over their K steps, so the software pipeline keeps loading across item
-    boundaries (no prologue per item, no partial last wave); an item's epilogue runs on its last step. With
-    split-K that epilogue only stores the split's partials: after the loop one barrier orders all of them
-    before the program counts its arrivals, and the last split of a tile to arrive sums the splits in split
-    order (a barrier or a reduction inside the loop stops Triton from pipelining it)."""
-    splits = SPLITS
-    pid = tl.program_id(0)
-    programs = tl.num_programs(0)
-    steps = k_per_split // BLOCK_K  # every split has the same number of steps (the launcher's choice)
-    total = tl.cdiv(items - pid, programs) * steps
-    acc = tl.zeros((BLOCK_N, TOKENS), dtype=tl.float32)
-    acc_up = tl.zeros((BLOCK_N, TOKENS), dtype=tl.float32)
-    tile_n, split, m_tile, ks = _stream_coords(0, pid, programs, steps, tiles_n, splits)
-    rows = tl.minimum(tile_n * BLOCK_N + tl.arange(0, BLOCK_N), N_OUT - 1)
-    k0 = (split * steps + ks) * BLOCK_K
-    scales = _step_scales(s_ptr, rows, k0, stride_sn, GROUP, BLOCK_K)
-    scales_up = _step_scales(s_ptr, rows + N_OUT, k0, stride_sn, GROUP, BLOCK_K) if SWIGLU else scales
-    for i in range(0, total):
-        tile_n, split, m_tile, ks = _stream_coords(i, pid, programs, steps, tiles_n, splits)
-        offs_n = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        offs_m = m_tile * TOKENS + tl.arange(0, TOKENS)
-        rows = tl.minimum(offs_n, N_OUT - 1)
-        up_rows = rows + N_OUT
-        xrows = tl.minimum(offs_m, M - 1)
-        x_words = x_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + xrows.to(tl.int64)[None, :] * (stride_xm // 2)
-        k0 = (split * steps + ks) * BLOCK_K  # a product with BLOCK_K: 16-byte aligned packed rows
-        # the next step's scales, loaded a step ahead (they feed no dot: the pipeline does not stage them)
-        n_tile, n_split, _, n_ks = _stream_coords(tl.minimum(i + 1, total - 1), pid, programs, steps, tiles_n,
-                                                  splits)
-        n_rows = tl.minimum(n_tile * BLOCK_N + tl.arange(0, BLOCK_N), N_OUT - 1)
-        n_k0 = (n_split * steps + n_ks) * BLOCK_K
-        scales_next = _step_scales(s_ptr, n_rows, n_k0, stride_sn, GROUP, BLOCK_K)
-        scales_up_next = _step_scales(s_ptr, n_rows + N_OUT, n_k0, stride_sn, GROUP, BLOCK_K) if SWIGLU \
-            else scales_next
-        for g in tl.static_range(BLOCK_K // GROUP):
-            kg = k0 + g * GROUP
-            pairs = tl.load(x_words + (kg // 2 + tl.arange(0, GROUP // 2))[:, None])  # [GROUP / 2, TOKENS]
-            xe = (pairs & 0xFFFF).to(tl.int16).to(x_ptr.dtype.element_ty, bitcast=True)
-            xo = (pairs >> 16).to(tl.int16).to(x_ptr.dtype.element_ty, bitcast=True)
-            acc = _group_dot(acc, q_ptr, rows, kg, xe, xo, scales, g, stride_qn, GROUP, ASM)
-            if SWIGLU:
-                acc_up = _group_dot(acc_up, q_ptr, up_rows, kg, xe, xo, scales_up, g, stride_qn, GROUP, ASM)
-        scales = scales_next
-        scales_up = scales_up_next
-        if ks == steps - 1:
-            mask = (offs_n < N_OUT)[:, None] & (offs_m < M)[None, :]
-            tile = m_tile * tiles_n + tile_n
-            if SPLITS > 1:
-                store_partials(ws_ptr, acc, acc_up, split, M, offs_m, offs_n, mask, N_OUT, SWIGLU)
-            else:
-                tile_epilogue(acc, acc_up, split, splits, tile, offs_m, offs_n, mask, M, N_OUT, ws_ptr, cnt_ptr,
-                              res_ptr, stride_rm, out_ptr, stride_om, False, False, SWIGLU, HAS_RES, BLOCK_N, TOKENS)
-            acc = tl.zeros((BLOCK_N, TOKENS), dtype=tl.float32)
-            acc_up = tl.zeros((BLOCK_N, TOKENS), dtype=tl.float32)
-    if SPLITS > 1:
-        tl.debug_barrier()  # every thread's partials stored before this program's arrivals are counted
-        for j in range(0, tl.cdiv(items - pid, programs)):
-            tile_n, split, m_tile, _ = _stream_coords(j * steps, pid, programs, steps, tiles_n, splits)
-            tile = m_tile * tiles_n + tile_n
-            arrived = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel")
-            if arrived == SPLITS - 1:
-                tl.debug_barrier()
-                offs_n = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
-                offs_m = m_tile * TOKENS + tl.arange(0, TOKENS)
-                mask = (offs_n < N_OUT)[:, None] & (offs_m < M)[None, :]
-                acc, acc_up = sum_splits(ws_ptr, offs_m, offs_n, mask, M, N_OUT, SPLITS, SWIGLU, BLOCK_N, TOKENS)
-                finish(acc, acc_up, offs_m, offs_n, mask, res_ptr, stride_rm, out_ptr, stride_om, SWIGLU, HAS_RES)
-                tl.store(cnt_ptr + tile, 0)
-
-
 def mma_supported(x_dtype: torch.dtype, k: int, group: int, block_k: int) -> bool:
     """Whether :func:`launch_gemv_mma` takes this call: 16-bit activations and whole K steps."""
     return x_dtype in (torch.bfloat16, torch.float16) and block_k % group == 0 and k % block_k == 0
@@ -277,19 +181,6 @@ def launch_gemv_mma(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, res:
     res_arg = res if res is not None else out
     grid = (triton.cdiv(n_out, cfg.block_n), splits, triton.cdiv(m, cfg.block_m))
     counters = tile_counters(x.device, grid[0] * grid[2]) if splits > 1 else None
-    if cfg.kind == "gemv-mma-stream" and (splits == 1 or counters is not None) and k_steps % splits == 0:
-        items = grid[0] * grid[1] * grid[2]
-        programs = min(items, cfg.programs_per_sm * sm_count(x.device))
-        programs = triton.cdiv(items, triton.cdiv(items, programs))  # every program walks the same item count or one less
-        _quant_gemv_mma_stream_kernel[(programs,)](
-            x_ptr=x, q_ptr=q, s_ptr=scales, res_ptr=res_arg, out_ptr=out, ws_ptr=ws, cnt_ptr=counters, M=m,
-            N_OUT=n_out, K=k, k_per_split=per_split * cfg.block_k, items=items, tiles_n=grid[0],
-            stride_xm=x.stride(0), stride_qn=q.stride(-2), stride_sn=scales.stride(-2), stride_rm=res_arg.stride(0),
-            stride_om=out.stride(0), GROUP=group, SWIGLU=swiglu, HAS_RES=res is not None, SPLITS=splits,
-            TOKENS=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, ASM=not INTERPRET,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        )
-        return
     _quant_gemv_mma_kernel[grid](
         x_ptr=x, q_ptr=q, s_ptr=scales, res_ptr=res_arg, out_ptr=out, ws_ptr=ws, cnt_ptr=counters, M=m, N_OUT=n_out,
         K=k, k_per_split=per_split * cfg.block_k, stride_xm=x.stride(0), stride_qn=q.stride(-2),

@@ -170,33 +170,21 @@ def gemv_dot(a, b, scale, xt, FMT: tl.constexpr, GROUP: tl.constexpr, BLOCK_N: t
 def gemv_epilogue(acc, acc_up, pid_s, offs_m, offs_n, mask, M, N_OUT, ws_ptr, cnt_ptr, res_ptr, stride_rm, out_ptr,
                    stride_om, SPLIT: tl.constexpr, FUSED_REDUCE: tl.constexpr, SWIGLU: tl.constexpr,
                    HAS_RES: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
-    """:func:`tile_epilogue` for a grid of ``(row tiles, splits, token tiles)`` programs."""
-    tile = tl.program_id(2) * tl.num_programs(0) + tl.program_id(0)
-    tile_epilogue(acc, acc_up, pid_s, tl.num_programs(1), tile, offs_m, offs_n, mask, M, N_OUT, ws_ptr, cnt_ptr,
-                  res_ptr, stride_rm, out_ptr, stride_om, SPLIT, FUSED_REDUCE, SWIGLU, HAS_RES, BLOCK_N, BLOCK_M)
-
-
-@triton.jit
-def tile_epilogue(acc, acc_up, split, splits, tile, offs_m, offs_n, mask, M, N_OUT, ws_ptr, cnt_ptr, res_ptr,
-                  stride_rm, out_ptr, stride_om, SPLIT: tl.constexpr, FUSED_REDUCE: tl.constexpr,
-                  SWIGLU: tl.constexpr, HAS_RES: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
-                  STATIC_SPLITS: tl.constexpr = 0):
-    """A ``[BLOCK_N, BLOCK_M]`` fp32 tile of ``y^T`` (split ``split`` of ``splits`` of output tile ``tile``) to
-    its destination: without split-K the epilogue (:func:`ninfer.kernels.quant_gemm.finish`); with it the
-    partials to the scratch and, with FUSED_REDUCE, the sum of all splits by the last one of this output tile
-    to arrive (in split order: deterministic) and the epilogue, instead of a second launch; release/acquire
-    through the tile's counter, which that program resets, so the next launch (or graph replay) starts from zero.
-    ``STATIC_SPLITS`` (= splits) unrolls the sum: inside a loop that Triton should pipeline, which it does only
-    for innermost loops."""
+    """A ``[BLOCK_N, BLOCK_M]`` fp32 tile of ``y^T`` to its destination: without split-K the epilogue
+    (:func:`ninfer.kernels.quant_gemm.finish`); with it the partials to the scratch and, with
+    FUSED_REDUCE, the sum of all splits by the last one of this output tile to arrive (in split order:
+    deterministic) and the epilogue, instead of a second launch; release/acquire through the tile's
+    counter, which that program resets, so the next launch (or graph replay) starts from zero."""
     if SPLIT:
-        store_partials(ws_ptr, acc, acc_up, split, M, offs_m, offs_n, mask, N_OUT, SWIGLU)
+        store_partials(ws_ptr, acc, acc_up, pid_s, M, offs_m, offs_n, mask, N_OUT, SWIGLU)
         if FUSED_REDUCE:
+            tile = tl.program_id(2) * tl.num_programs(0) + tl.program_id(0)
             tl.debug_barrier()
             arrived = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel")
-            if arrived == splits - 1:
+            if arrived == tl.num_programs(1) - 1:
                 tl.debug_barrier()
-                acc, acc_up = sum_splits(ws_ptr, offs_m, offs_n, mask, M, N_OUT, splits, SWIGLU, BLOCK_N, BLOCK_M,
-                                          STATIC_SPLITS)
+                acc, acc_up = _sum_splits(ws_ptr, offs_m, offs_n, mask, M, N_OUT, tl.num_programs(1), SWIGLU,
+                                          BLOCK_N, BLOCK_M)
                 finish(acc, acc_up, offs_m, offs_n, mask, res_ptr, stride_rm, out_ptr, stride_om, SWIGLU, HAS_RES)
                 tl.store(cnt_ptr + tile, 0)
     else:
@@ -215,8 +203,8 @@ def store_partials(ws_ptr, acc, acc_up, pid_s, rows_total, offs_m, offs_n, mask,
 
 
 @triton.jit
-def sum_splits(ws_ptr, offs_m, offs_n, mask, M, N_OUT, splits, SWIGLU: tl.constexpr, BLOCK_N: tl.constexpr,
-                BLOCK_M: tl.constexpr, STATIC_SPLITS: tl.constexpr = 0):
+def _sum_splits(ws_ptr, offs_m, offs_n, mask, M, N_OUT, splits, SWIGLU: tl.constexpr, BLOCK_N: tl.constexpr,
+                BLOCK_M: tl.constexpr):
     """The split-K partials of one output tile summed in split order (deterministic). Loads bypass L1
     (``.cg``): in the fused reduction other SMs wrote them during this launch."""
     n_cols = N_OUT * (1 + SWIGLU)
@@ -224,16 +212,10 @@ def sum_splits(ws_ptr, offs_m, offs_n, mask, M, N_OUT, splits, SWIGLU: tl.conste
     plane = M.to(tl.int64) * n_cols
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     acc_up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    if STATIC_SPLITS:
-        for s in tl.static_range(STATIC_SPLITS):
-            acc += tl.load(ptrs + s * plane, mask=mask, other=0.0, cache_modifier=".cg")
-            if SWIGLU:
-                acc_up += tl.load(ptrs + s * plane + N_OUT, mask=mask, other=0.0, cache_modifier=".cg")
-    else:
-        for s in range(splits):
-            acc += tl.load(ptrs + s * plane, mask=mask, other=0.0, cache_modifier=".cg")
-            if SWIGLU:
-                acc_up += tl.load(ptrs + s * plane + N_OUT, mask=mask, other=0.0, cache_modifier=".cg")
+    for s in range(splits):
+        acc += tl.load(ptrs + s * plane, mask=mask, other=0.0, cache_modifier=".cg")
+        if SWIGLU:
+            acc_up += tl.load(ptrs + s * plane + N_OUT, mask=mask, other=0.0, cache_modifier=".cg")
     return acc, acc_up
 
 
@@ -245,5 +227,5 @@ def gemv_reduce_kernel(ws_ptr, res_ptr, out_ptr, M, N_OUT, splits, stride_rm, st
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     mask = (offs_n < N_OUT)[:, None] & (offs_m < M)[None, :]
-    acc, acc_up = sum_splits(ws_ptr, offs_m, offs_n, mask, M, N_OUT, splits, SWIGLU, BLOCK_N, BLOCK_M)
+    acc, acc_up = _sum_splits(ws_ptr, offs_m, offs_n, mask, M, N_OUT, splits, SWIGLU, BLOCK_N, BLOCK_M)
     finish(acc, acc_up, offs_m, offs_n, mask, res_ptr, stride_rm, out_ptr, stride_om, SWIGLU, HAS_RES)

@@ -54,15 +54,12 @@ class GemmConfig:
     num_stages: int = 3
     # "dot": quant_gemm's tl.dot kernel; "gemv" / "gemv-prefetch" / "gemv-w32" (int4 codes as 32-bit
     # words): gemv's decode GEMV (M <= 8); "gemv-mma": gemv_mma's int4 decode on tensor cores
-    # (M <= 32, block_m = tokens per program); "gemv-mma-stream": the same on a persistent grid
-    # (``programs_per_sm`` programs per SM, each walking its (row tile, split) items in one K loop); "dequant": dequant's whole-weight dequantization
+    # (M <= 32, block_m = tokens per program); "dequant": dequant's whole-weight dequantization
     # (block_n x block_k tiles) + cuBLAS (M > 16)
     kind: str = "dot"
     # "gemv-mma" only: Triton's ``maxnreg`` (registers per thread; fewer let more programs share an SM,
     # at the risk of spills); 0 = the compiler's choice
     max_registers: int = 0
-    # "gemv-mma-stream" only: resident programs per SM of its persistent grid
-    programs_per_sm: int = 0
 
 
 def kernel_params(fmt: str, cfg: GemmConfig) -> dict[str, int]:
@@ -120,7 +117,6 @@ def candidates(fmt: str, m: int, n_out: int, k: int, sms: int, *, swiglu: bool =
         out.extend(gemv_candidates(fmt, m, n_out, k, sms))
     if mma:  # likewise
         out.extend(mma_candidates(fmt, m, n_out, k, sms, swiglu=swiglu))
-        out.extend(stream_candidates(fmt, m, n_out, k, sms, swiglu=swiglu))
     if m > SKINNY_MAX_M and n_out * (2 if swiglu else 1) * k <= DEQUANT_MAX_ELEMENTS:  # likewise last
         out.extend(dequant_candidates(fmt, out[0].block_m))
     return out
@@ -195,32 +191,6 @@ def mma_candidates(fmt: str, m: int, n_out: int, k: int, sms: int, *, swiglu: bo
         for per_sm in (4, 8, 16):
             split = 1 if tiles >= per_sm * sms else max(1, min(triton.cdiv(per_sm * sms, tiles), k // bk, 64))
             cfg = GemmConfig(tokens, bn, bk, split, warps, stages, "gemv-mma", max_registers)
-            if cfg not in out:
-                out.append(cfg)
-    return out
-
-
-def stream_candidates(fmt: str, m: int, n_out: int, k: int, sms: int, *, swiglu: bool = False) -> list[GemmConfig]:
-    """Persistent tensor-core decode configs (``kind="gemv-mma-stream"``): the tile shapes of
-    :func:`mma_candidates`, a split count that divides the K steps (every item the same length) and gives
-    at least ``programs_per_sm`` items per SM, for 2, 4 and 6 resident programs per SM."""
-    if not fmt.startswith("int4") or m > MMA_MAX_M:
-        return []
-    tokens = 8 if m <= 8 else 16 if m <= 16 else 32
-    shapes = [(64, 128, 2, 4), (128, 128, 2, 3), (64, 256, 2, 3)] if swiglu else \
-        [(128, 128, 2, 4), (64, 128, 2, 4), (128, 256, 2, 3)]
-    if tokens == 32:
-        shapes = [shape for shape in shapes if shape[0] <= 64]
-    out: list[GemmConfig] = []
-    for bn, bk, warps, stages in shapes:
-        bk = max(bk, GROUPS[fmt])
-        if k % bk:
-            continue
-        tiles, k_steps = triton.cdiv(n_out, bn) * triton.cdiv(m, tokens), k // bk
-        for per_sm in (2, 4, 6):
-            split = next((d for d in range(1, min(k_steps, 64) + 1) if k_steps % d == 0 and tiles * d >= per_sm * sms),
-                         1)
-            cfg = GemmConfig(tokens, bn, bk, split, warps, stages, "gemv-mma-stream", programs_per_sm=per_sm)
             if cfg not in out:
                 out.append(cfg)
     return out
