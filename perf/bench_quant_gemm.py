@@ -130,7 +130,7 @@ def _run_path(path: str, fmt: str, x: torch.Tensor, qt, tune: bool) -> tuple | N
             return None
         return _best("gemv", quant_gemm_tune.gemv_candidates(fmt, m, n, k, sms), time_cfg)
     if path == "mma":
-        cfgs = quant_gemm_tune.mma_candidates(fmt, m, n, k, sms)
+        cfgs = quant_gemm_tune.mma_candidates(fmt, m, n, k, sms, max_registers=0)
         return _best("gemv-mma", cfgs, time_cfg) if cfgs else None
     if path == "regs":  # the tensor-core decode's configs under a register cap (more programs per SM)
         cfgs = [c for cap in (128, 96) for c in quant_gemm_tune.mma_candidates(fmt, m, n, k, sms, max_registers=cap)]

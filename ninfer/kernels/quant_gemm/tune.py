@@ -168,13 +168,16 @@ def gemv_candidates(fmt: str, m: int, n_out: int, k: int, sms: int) -> list[Gemm
 
 
 def mma_candidates(fmt: str, m: int, n_out: int, k: int, sms: int, *, swiglu: bool = False,
-                   max_registers: int = 0) -> list[GemmConfig]:
+                   max_registers: int | None = None) -> list[GemmConfig]:
     """Tensor-core int4 decode configs (:mod:`ninfer.kernels.quant_gemm.gemv_mma`) for M <= 32: ``(rows, K
     per step, warps, stages)``, 8 tokens per program up to M = 8, 16 up to 16, else 32. One or two warps
     keep Triton on ``mma.sync`` (its cheap operand layout on Hopper too); SwiGLU holds two accumulators, so
     narrower tiles. Each shape comes with split-K for about 4, 8 and 16 programs per SM (small programs:
     several share an SM, and more of them hide more latency). Shared memory: at most 48 KB of staged
-    weight bytes, 80.5 KB in all (32 tokens; ``perf/ptx_check.py --kinds gemv-mma --arch 120``)."""
+    weight bytes, 80.5 KB in all (32 tokens; ``perf/ptx_check.py --kinds gemv-mma --arch 120``).
+    The tiles of up to 128 rows come again with a register cap of 128 and of 96 per thread (``maxnreg``):
+    the kernel is latency-bound at ~10 resident warps per SM, and the cap bought 4-17% at 1 and 8 tokens
+    (run 2026-12-02.2). ``max_registers`` keeps one cap only (0: uncapped)."""
     if not fmt.startswith("int4") or m > MMA_MAX_M:
         return []
     tokens = 8 if m <= 8 else 16 if m <= 16 else 32
@@ -182,17 +185,19 @@ def mma_candidates(fmt: str, m: int, n_out: int, k: int, sms: int, *, swiglu: bo
         [(128, 128, 2, 4), (64, 128, 2, 4), (128, 256, 2, 3), (256, 128, 2, 3)]
     if tokens == 32:  # 32-token accumulators: wider tiles run out of registers (sm_90 SASS: 255 + spills)
         shapes = [shape for shape in shapes if shape[0] <= 64]
+    caps = (0, 128, 96) if max_registers is None else (max_registers,)
     out: list[GemmConfig] = []
-    for bn, bk, warps, stages in shapes:
-        bk = max(bk, GROUPS[fmt])
-        if k % bk:
-            continue
-        tiles = triton.cdiv(n_out, bn) * triton.cdiv(m, tokens)
-        for per_sm in (4, 8, 16):
-            split = 1 if tiles >= per_sm * sms else max(1, min(triton.cdiv(per_sm * sms, tiles), k // bk, 64))
-            cfg = GemmConfig(tokens, bn, bk, split, warps, stages, "gemv-mma", max_registers)
-            if cfg not in out:
-                out.append(cfg)
+    for cap in caps:
+        for bn, bk, warps, stages in shapes:
+            bk = max(bk, GROUPS[fmt])
+            if k % bk or (cap and bn > 128):
+                continue
+            tiles = triton.cdiv(n_out, bn) * triton.cdiv(m, tokens)
+            for per_sm in (4, 8, 16):
+                split = 1 if tiles >= per_sm * sms else max(1, min(triton.cdiv(per_sm * sms, tiles), k // bk, 64))
+                cfg = GemmConfig(tokens, bn, bk, split, warps, stages, "gemv-mma", cap)
+                if cfg not in out:
+                    out.append(cfg)
     return out
 
 
