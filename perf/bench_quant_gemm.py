@@ -50,7 +50,7 @@ from ninfer.quant.formats import FORMATS, quantize, unpack_nibbles
 H, I_FF, V = 5120, 17408, 248320
 SHAPES = {  # name: (N, K) of W [N, K]
     "gate_up": (2 * I_FF, H), "down": (H, I_FF), "q_proj": (12288, H), "kv_proj": (1024, H), "o_proj": (H, 6144),
-    "in_proj_qkv": (10240, H), "in_proj_z": (6144, H), "in_proj_ab": (96, H), "lm_head": (V, H),
+    "in_proj_qkv": (10240, H), "in_proj_z": (6144, H), "in_proj_qkvz": (16384, H), "in_proj_ab": (96, H), "lm_head": (V, H),
 }
 MS = (1, 2, 4, 8, 16, 64, 512, 4096)
 PATHS = ("default", "dot", "gemv", "mma", "regs", "dequant", "tuned")

@@ -130,11 +130,13 @@ class GatedDeltaNet(nn.Module):
         self.head_k_dim, self.head_v_dim = config.linear_key_head_dim, config.linear_value_head_dim
         self.key_dim, self.value_dim = config.key_dim, config.value_dim
         hidden = config.hidden_size
-        self.in_proj_qkv = linear(hidden, config.conv_dim)  # rows: q, k, v; each head-major
-        self.in_proj_z = linear(hidden, self.value_dim)
+        self.conv_dim = config.conv_dim
+        # rows: in_proj_qkv (q, k, v; each head-major), then in_proj_z. a and b have their own module: recipes
+        # keep them in bf16 while q/k/v/z are quantized, and one fused module has one format.
+        self.in_proj_qkvz = linear(hidden, config.conv_dim + self.value_dim)
         self.in_proj_ab = linear(hidden, 2 * self.num_v_heads)  # rows: in_proj_a, then in_proj_b
-        self.fused_rows: FusedRows = {"in_proj_ab": (("in_proj_a", self.num_v_heads),
-                                                     ("in_proj_b", self.num_v_heads))}
+        self.fused_rows: FusedRows = {"in_proj_qkvz": (("in_proj_qkv", config.conv_dim), ("in_proj_z", self.value_dim)),
+                                      "in_proj_ab": (("in_proj_a", self.num_v_heads), ("in_proj_b", self.num_v_heads))}
         self.conv1d = nn.Module()
         self.conv1d.weight = nn.Parameter(torch.zeros(config.conv_dim, 1, config.linear_conv_kernel_dim))
         # Decay parameters stay fp32 whatever the model dtype: exp(A_log) overflows in fp16.
@@ -145,7 +147,7 @@ class GatedDeltaNet(nn.Module):
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: ModelCache) -> torch.Tensor:
         n = x.shape[0]
-        qkv = self.in_proj_qkv(x)
+        qkv, z = self.in_proj_qkvz(x).split([self.conv_dim, self.value_dim], dim=-1)  # column views (row strides)
         if batch.checkpoints:
             save_conv_windows(qkv, cache.conv[self.layer_idx], batch.checkpoints)
         mixed = causal_conv1d(qkv, self.conv1d.weight[:, 0, :], cache.conv[self.layer_idx],
@@ -159,6 +161,6 @@ class GatedDeltaNet(nn.Module):
             batch.max_seqlen, state_out_slots=batch.state_out_slots, ckpt_offsets=batch.ckpt_offsets,
             ckpt_slots=batch.ckpt_slots,
         )
-        z = self.in_proj_z(x).reshape(n * self.num_v_heads, self.head_v_dim)
-        o = self.norm(o.reshape(n * self.num_v_heads, self.head_v_dim), z)
+        heads = (n, self.num_v_heads, self.head_v_dim)
+        o = self.norm(o.reshape(heads), z.view(heads))
         return self.out_proj(o.reshape(n, self.value_dim))
