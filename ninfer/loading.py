@@ -28,7 +28,8 @@ def load(
     max_context: int = 4096,
     kv_capacity: int | str | None = None,
     kv_dtype: str = "auto",
-    prefill_chunk: int = 1024,
+    prefill_chunk: int = 8192,
+    prefill_tokens_while_decoding: int = 1024,
     page_size: int = 64,
     cuda_graphs: bool = True,
     prefix_cache: bool = True,
@@ -50,7 +51,8 @@ def load(
     ``max_concurrency`` (1-8) sequences of at most ``max_context`` tokens each from one KV pool of
     ``kv_capacity`` tokens (default ``max_concurrency * max_context``; ``"auto"`` fills free GPU
     memory); ``kv_dtype`` is "auto" (model dtype), "bf16", "fp8" or "int8"; KV pages hold
-    ``page_size`` tokens; prompts prefill in chunks of ``prefill_chunk`` tokens; decode steps replay
+    ``page_size`` tokens; prompts prefill in chunks of up to ``prefill_chunk`` tokens while no sequence
+    decodes, and of ``prefill_tokens_while_decoding`` while others do (it bounds their stall); decode steps replay
     CUDA graphs unless ``cuda_graphs=False``. The prefix cache (on unless ``prefix_cache=False``)
     reuses the KV pages and DeltaNet state of earlier prompts: checkpoints sit in
     ``checkpoint_slots`` extra state slots, one token before each prompt's end (or at a chat's
@@ -107,6 +109,7 @@ def load(
     model.register_buffer("inv_freq", _inv_freq(config, device), persistent=False)
     engine_config = EngineConfig(max_concurrency=max_concurrency, max_context=max_context, kv_capacity=kv_capacity,
                                  kv_dtype=kv_dtype, prefill_chunk=prefill_chunk, page_size=page_size,
+                                 prefill_tokens_while_decoding=prefill_tokens_while_decoding,
                                  cuda_graphs=cuda_graphs, prefix_cache=prefix_cache, checkpoint_slots=checkpoint_slots,
                                  checkpoint_interval=checkpoint_interval,
                                  host_cache_bytes=int(host_cache_gib * (1 << 30)),
