@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,7 @@ from ninfer.checkpoint import load_weights, materialize, resolve_model_path
 from ninfer.config import ModelConfig, load_config
 from ninfer.llm import LLM
 from ninfer.models.qwen3_5 import Qwen3_5TextModel
+from ninfer.runtime import startup
 from ninfer.runtime.engine import EngineConfig
 from ninfer.tokenizer import Tokenizer
 
@@ -88,24 +90,28 @@ def load(
         dtype = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
                  "float16": torch.float16, "fp32": torch.float32, "float32": torch.float32}[dtype]
     dtype = dtype or (torch.float32 if device.type == "cpu" else torch.bfloat16)
+    startup.begin()  # each phase below times itself into the report printed when ready
     tokenizer = Tokenizer(model_dir)
-    with torch.device("meta"):
-        model = Qwen3_5TextModel(config)
-    plan, translate = _stored_quantization(model_dir)
-    if plan:
-        from ninfer.quant.linear import prepare_model_
+    with startup.phase("model build/quantize"):
+        with torch.device("meta"):
+            model = Qwen3_5TextModel(config)
+        plan, translate = _stored_quantization(model_dir)
+        if plan:
+            from ninfer.quant.linear import prepare_model_
 
-        prepare_model_(model, plan, dtype=dtype)
-    materialize(model, device, dtype)
-    report = load_weights(model, model_dir, device, dtype=dtype, tied_lm_head=config.tie_word_embeddings,
-                          progress=progress, translate=translate)
+            prepare_model_(model, plan, dtype=dtype)
+        materialize(model, device, dtype)
+    with startup.phase("weights read"):
+        report = load_weights(model, model_dir, device, dtype=dtype, tied_lm_head=config.tie_word_embeddings,
+                              progress=progress, translate=translate)
     if quantize is not None:
         if plan:
             raise ValueError(f"quantize={quantize!r}: {model_dir} is already quantized; load it without quantize=")
         from ninfer.quant.linear import quantize_model_, weight_shapes
         from ninfer.quant.recipe import load_recipe, resolve_plan
 
-        quantize_model_(model, resolve_plan(load_recipe(quantize), weight_shapes(model)), dtype=dtype)
+        with startup.phase("model build/quantize"):
+            quantize_model_(model, resolve_plan(load_recipe(quantize), weight_shapes(model)), dtype=dtype)
     model.register_buffer("inv_freq", _inv_freq(config, device), persistent=False)
     engine_config = EngineConfig(max_concurrency=max_concurrency, max_context=max_context, kv_capacity=kv_capacity,
                                  kv_dtype=kv_dtype, prefill_chunk=prefill_chunk, page_size=page_size,
@@ -127,8 +133,13 @@ def load(
 
         if config.vision is None:
             raise ValueError(f"vision=True: {model_dir} has no vision_config (a text-only checkpoint)")
-        pipeline = VisionPipeline.from_checkpoint(model_dir, config, tokenizer.token_id, device, dtype, vision_limits)
-    return LLM(model.eval(), tokenizer, model_dir, report, engine_config, vision=pipeline, mtp_head=mtp_head)
+        with startup.phase("vision tower"):
+            pipeline = VisionPipeline.from_checkpoint(model_dir, config, tokenizer.token_id, device, dtype,
+                                                      vision_limits)
+    with startup.phase("engine (KV pool, buffers)"):  # graph capture and warm-up time themselves inside
+        llm = LLM(model.eval(), tokenizer, model_dir, report, engine_config, vision=pipeline, mtp_head=mtp_head)
+    llm.startup = startup.finish(sys.stderr if progress else None)
+    return llm
 
 
 def _stored_quantization(model_dir: Path) -> tuple[dict[str, str], Any]:

@@ -19,6 +19,7 @@ from ninfer.kernels.attention.prefill import (
 )
 from ninfer.kernels.deltanet import RECURRENT_MAX_SEQLEN
 from ninfer.models.batch import ForwardBatch
+from ninfer.runtime import startup
 
 if TYPE_CHECKING:
     from ninfer.runtime.engine import Engine
@@ -34,6 +35,7 @@ def warmup_chunk_lengths(longest: int) -> list[int]:
     return sorted(n for n in lengths if n <= longest)
 
 
+@startup.timed("warm-up")
 @torch.inference_mode()
 def warm_up(engine: Engine) -> None:
     """Prefill one chunk of each length in :func:`warmup_chunk_lengths` as a one-sequence batch. Where that
