@@ -43,9 +43,11 @@ def warm_up(engine: Engine) -> None:
     chunk runs once more unsplit, the kernel a mixed step of the same length (the chunk plus decode
     rows: programs enough) takes."""
     config, ps, dev = engine.config, engine.config.page_size, engine.device
-    # A mixed step adds up to max_concurrency decode rows to a full chunk: its GEMMs reach the bucket above.
+    # The longest step: prefill_chunk tokens (nothing decodes), or the budget while decoding plus up to
+    # max_concurrency decode rows riding along (their GEMMs may reach the bucket above).
     riders = config.max_concurrency if engine.scheduler.pack_prefills else 0
-    longest = min(config.prefill_chunk + riders, config.max_context - 1, engine.pages.num_available * ps)
+    step = max(config.prefill_chunk, engine.scheduler.prefill_tokens_while_decoding + riders)
+    longest = min(step, config.max_context - 1, engine.pages.num_available * ps)
     if longest < 1 or engine.slots.num_free == 0:
         return
     num_pages = -(-longest // ps)

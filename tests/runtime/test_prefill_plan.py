@@ -153,3 +153,18 @@ def test_a_prompt_alone_is_one_step_with_the_defaults(dense_ckpt: TinyCheckpoint
     llm.engine.scheduler.plan = spy
     llm.generate_ids(_prompts([3000], seed=6)[0], 2, llm.sampling_params(greedy=True))
     assert chunks[0] == [3000] and chunks[1:] == [[]]
+
+
+@pytest.mark.parametrize("chunk,while_decoding,longest", [(8192, 1024, 8192), (64, 64, 68), (64, 16, 64)])
+def test_warm_up_reaches_the_longest_step_the_budgets_allow(dense_ckpt: TinyCheckpoint, monkeypatch, chunk: int,
+                                                            while_decoding: int, longest: int) -> None:
+    """A step without decode rows prefills up to ``prefill_chunk``; one with (up to 4 here) up to the budget
+    while decoding plus those rows: warm-up's longest chunk is the larger of the two, no more."""
+    from ninfer.runtime import warmup
+
+    llm = ninfer.load(dense_ckpt.path, device="cpu", max_concurrency=4, max_context=16384, kv_capacity=16384,
+                      prefill_chunk=chunk, prefill_tokens_while_decoding=while_decoding, progress=False)
+    seen = []
+    monkeypatch.setattr(warmup, "warmup_chunk_lengths", lambda n: seen.append(n) or [])
+    warmup.warm_up(llm.engine)
+    assert seen == [longest] and llm.engine.is_idle()
