@@ -108,9 +108,13 @@ def _constants_text(src: Any) -> str:
 
 
 def _on_compile(previous: Any, *, src: Any, metadata: dict, cache_hit: bool, **kwargs: Any) -> None:
-    options = ", ".join(f"{o}={metadata[o]}" for o in ("num_warps", "num_stages") if o in metadata)
-    name = getattr(src, "name", None) or metadata.get("name", "?")
-    record(LOADED if cache_hit else COMPILED, name, f"[{_constants_text(src)}] {options}".strip())
+    try:  # counting must never fail a compilation
+        options = ", ".join(f"{o}={metadata[o]}" for o in ("num_warps", "num_stages") if o in metadata)
+        name = getattr(src, "name", None) or metadata.get("name", "?")
+        key = f"[{_constants_text(src)}] {options}".strip()
+    except Exception as err:  # noqa: BLE001
+        name, key = "?", f"(not described: {err!r})"
+    record(LOADED if cache_hit else COMPILED, name, key)
     if previous is not None:
         previous(src=src, metadata=metadata, cache_hit=cache_hit, **kwargs)
 
@@ -118,8 +122,11 @@ def _on_compile(previous: Any, *, src: Any, metadata: dict, cache_hit: bool, **k
 def _wrap_bench(bench: Any) -> Any:
     @functools.wraps(bench)
     def timed(self: Any, *args: Any, config: Any, **meta: Any) -> Any:
-        values = {**getattr(self, "nargs", {}), **meta}
-        key = _key_text(tuple(values.get(k) for k in getattr(self, "keys", ())))
+        try:  # the tuning key as Autotuner.run builds it (its named arguments, not their dtypes)
+            values = {**(getattr(self, "nargs", None) or {}), **meta}
+            key = _key_text(tuple(values.get(k) for k in getattr(self, "keys", ())))
+        except Exception as err:  # noqa: BLE001 (counting must never fail a benchmark)
+            key = f"(not described: {err!r})"
         name = getattr(getattr(self, "base_fn", None), "__name__", "?")
         with _lock:
             new = (id(self), key) not in _autotuned

@@ -66,7 +66,7 @@ class StartupReport:
     def describe(self) -> str:
         """Two lines: the time to ready by phase, then what was compiled and tuned."""
         total = self.ready_s if self.ready_s is not None else time.perf_counter() - self.start
-        parts = [f"{name} {p.seconds:.1f} s" + (f" ({p.events} compiled/tuned)" if p.events else "")
+        parts = [f"{name} {p.seconds:.1f} s" + (f" ({p.events} new kernels/tunings)" if p.events else "")
                  for name, p in self.phases.items()]
         parts.append(f"other {self.other_s:.1f} s")
         return f"ready in {total:.1f} s: {', '.join(parts)}\nstart-up {self.watch.summary()}"

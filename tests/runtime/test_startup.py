@@ -31,7 +31,7 @@ def test_nested_phases_are_exclusive_and_count_their_own_events() -> None:
     assert (d["compiled"], d["loaded_from_triton_cache"], d["tuned"], d["loaded_from_tune_cache"]) == (1, 1, 1, 0)
     assert set(d["phases_s"]) == {"outer", "inner"}
     text = report.describe()
-    assert text.startswith(f"ready in {report.ready_s:.1f} s: outer ") and "(2 compiled/tuned)" in text
+    assert text.startswith(f"ready in {report.ready_s:.1f} s: outer ") and "(2 new kernels/tunings)" in text
     assert "1 kernels compiled, 1 loaded from Triton's cache; 1 tuner keys timed" in text
 
 
