@@ -74,7 +74,7 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
     p.add_argument("--prefill-chunk", type=_int("--prefill-chunk"), default=8192, metavar="N",
                    help="most prompt tokens per prefill step (default 8192)")
     p.add_argument("--prefill-tokens-while-decoding", type=_int("--prefill-tokens-while-decoding"), default=1024,
-                   metavar="N", help="most prompt tokens per step while others decode: bounds their stall (default 1024)")
+                   metavar="N", help="most prompt tokens per step while others decode (their stall; default 1024)")
     p.add_argument("--device", help="torch device (default: cuda if available)")
     p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], help="compute dtype")
     p.add_argument("--no-cuda-graphs", action="store_true", help="run decode steps eagerly")
