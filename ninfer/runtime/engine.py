@@ -95,6 +95,7 @@ class Engine:
     def warm_up(self) -> None:
         """Compile and autotune at start-up what serving will meet (:func:`ninfer.runtime.warmup.warm_up`)."""
         warm_up(self)
+        self.sampler.warm_up(self.model)  # the sampling kernel's variants (Sampler.warm_up)
 
     # -- requests ---------------------------------------------------------------------------
     def add_request(self, req: Request) -> None:
