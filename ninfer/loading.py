@@ -136,7 +136,7 @@ def load(
         with startup.phase("vision tower"):
             pipeline = VisionPipeline.from_checkpoint(model_dir, config, tokenizer.token_id, device, dtype,
                                                       vision_limits)
-    with startup.phase("engine (KV pool, buffers)"):  # graph capture and warm-up time themselves inside
+    with startup.phase("engine set-up"):  # KV pool, buffers, grammar compiler (graphs and warm-up: their own)
         llm = LLM(model.eval(), tokenizer, model_dir, report, engine_config, vision=pipeline, mtp_head=mtp_head)
     llm.startup = startup.finish(sys.stderr if progress else None)
     return llm

@@ -76,7 +76,7 @@ class Bench:
         max_context = max([args.long, *args.prefill, 1024]) + 256
         config = EngineConfig(max_concurrency=max(8, *args.ttft_lanes), max_context=max_context,
                               kv_capacity=3 * max_context)
-        with startup.phase("engine (KV pool, buffers)"):
+        with startup.phase("engine set-up"):
             self.llm = random_llm(args.shape, config, model=model)
         startup.finish(sys.stdout)
         self.llm.stop_ids = frozenset()  # random weights: never stop early

@@ -24,7 +24,7 @@ def test_a_warm_child_measures_everything_and_records_it(tmp_path: Path, monkeyp
         by_bench.setdefault(row["bench"], []).append(row)
     ready = by_bench["startup_ready"][0]
     assert ready["shape"] == "tiny bf16 warm" and ready["target_ready_s"] == 15.0
-    assert "engine (KV pool, buffers)" in ready["phases_s"] and ready["compiled"] == 0
+    assert "engine set-up" in ready["phases_s"] and ready["compiled"] == 0
     assert [r["shape"] for r in by_bench["startup_ttft_batch"]] == ["tiny bf16 warm C=2 first",
                                                                     "tiny bf16 warm C=2 second"]
     assert by_bench["startup_prefill"][0]["prefill_chunk"] == 8192
