@@ -91,7 +91,8 @@ def load(
                  "float16": torch.float16, "fp32": torch.float32, "float32": torch.float32}[dtype]
     dtype = dtype or (torch.float32 if device.type == "cpu" else torch.bfloat16)
     startup.begin()  # each phase below times itself into the report printed when ready
-    tokenizer = Tokenizer(model_dir)
+    with startup.phase("tokenizer"):
+        tokenizer = Tokenizer(model_dir)
     with startup.phase("model build/quantize"):
         with torch.device("meta"):
             model = Qwen3_5TextModel(config)
