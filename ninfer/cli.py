@@ -65,8 +65,8 @@ def _add_model_options(p: argparse.ArgumentParser, engine: bool = False) -> None
                    help="KV pool size in tokens, or 'auto' to fill free GPU memory (default: --max-context)")
     p.add_argument("--kv-dtype", choices=["auto", "bf16", "fp8", "int8"], default="auto",
                    help="KV cache storage (default: the model dtype)")
-    p.add_argument("--prefill-chunk", type=_positive("--prefill-chunk"), default=1024, metavar="N",
-                   help="prompt tokens per prefill step (default 1024)")
+    p.add_argument("--prefill-chunk", type=_positive("--prefill-chunk"), default=8192, metavar="N",
+                   help="most prompt tokens per prefill step (default 8192)")
     p.add_argument("--no-cuda-graphs", action="store_true", help="run decode steps eagerly")
     add_spec_options(p)
 

@@ -61,6 +61,7 @@ class LLM:
         self.tokenizer = tokenizer
         self.model_dir = model_dir
         self.load_report = report
+        self.startup: Any = None  # the runtime.startup.StartupReport of ninfer.load (phases, compilations)
         self.stop_ids = frozenset(stop_token_ids(model_dir, tokenizer, self.config.eos_token_ids))
         self.valid_vocab = min(self.config.vocab_size, tokenizer.vocab_size)
         self.defaults = _generation_defaults(model_dir)

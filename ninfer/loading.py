@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,7 @@ from ninfer.checkpoint import load_weights, materialize, resolve_model_path
 from ninfer.config import ModelConfig, load_config
 from ninfer.llm import LLM
 from ninfer.models.qwen3_5 import Qwen3_5TextModel
+from ninfer.runtime import startup
 from ninfer.runtime.engine import EngineConfig
 from ninfer.tokenizer import Tokenizer
 
@@ -28,7 +30,8 @@ def load(
     max_context: int = 4096,
     kv_capacity: int | str | None = None,
     kv_dtype: str = "auto",
-    prefill_chunk: int = 1024,
+    prefill_chunk: int = 8192,
+    prefill_tokens_while_decoding: int = 1024,
     page_size: int = 64,
     cuda_graphs: bool = True,
     prefix_cache: bool = True,
@@ -50,7 +53,8 @@ def load(
     ``max_concurrency`` (1-8) sequences of at most ``max_context`` tokens each from one KV pool of
     ``kv_capacity`` tokens (default ``max_concurrency * max_context``; ``"auto"`` fills free GPU
     memory); ``kv_dtype`` is "auto" (model dtype), "bf16", "fp8" or "int8"; KV pages hold
-    ``page_size`` tokens; prompts prefill in chunks of ``prefill_chunk`` tokens; decode steps replay
+    ``page_size`` tokens; prompts prefill in chunks of up to ``prefill_chunk`` tokens while no sequence
+    decodes, and of ``prefill_tokens_while_decoding`` while others do (it bounds their stall); decode steps replay
     CUDA graphs unless ``cuda_graphs=False``. The prefix cache (on unless ``prefix_cache=False``)
     reuses the KV pages and DeltaNet state of earlier prompts: checkpoints sit in
     ``checkpoint_slots`` extra state slots, one token before each prompt's end (or at a chat's
@@ -86,27 +90,33 @@ def load(
         dtype = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
                  "float16": torch.float16, "fp32": torch.float32, "float32": torch.float32}[dtype]
     dtype = dtype or (torch.float32 if device.type == "cpu" else torch.bfloat16)
-    tokenizer = Tokenizer(model_dir)
-    with torch.device("meta"):
-        model = Qwen3_5TextModel(config)
-    plan, translate = _stored_quantization(model_dir)
-    if plan:
-        from ninfer.quant.linear import prepare_model_
+    startup.begin()  # each phase below times itself into the report printed when ready
+    with startup.phase("tokenizer"):
+        tokenizer = Tokenizer(model_dir)
+    with startup.phase("model build/quantize"):
+        with torch.device("meta"):
+            model = Qwen3_5TextModel(config)
+        plan, translate = _stored_quantization(model_dir)
+        if plan:
+            from ninfer.quant.linear import prepare_model_
 
-        prepare_model_(model, plan, dtype=dtype)
-    materialize(model, device, dtype)
-    report = load_weights(model, model_dir, device, dtype=dtype, tied_lm_head=config.tie_word_embeddings,
-                          progress=progress, translate=translate)
+            prepare_model_(model, plan, dtype=dtype)
+        materialize(model, device, dtype)
+    with startup.phase("weights read"):
+        report = load_weights(model, model_dir, device, dtype=dtype, tied_lm_head=config.tie_word_embeddings,
+                              progress=progress, translate=translate)
     if quantize is not None:
         if plan:
             raise ValueError(f"quantize={quantize!r}: {model_dir} is already quantized; load it without quantize=")
         from ninfer.quant.linear import quantize_model_, weight_shapes
         from ninfer.quant.recipe import load_recipe, resolve_plan
 
-        quantize_model_(model, resolve_plan(load_recipe(quantize), weight_shapes(model)), dtype=dtype)
+        with startup.phase("model build/quantize"):
+            quantize_model_(model, resolve_plan(load_recipe(quantize), weight_shapes(model)), dtype=dtype)
     model.register_buffer("inv_freq", _inv_freq(config, device), persistent=False)
     engine_config = EngineConfig(max_concurrency=max_concurrency, max_context=max_context, kv_capacity=kv_capacity,
                                  kv_dtype=kv_dtype, prefill_chunk=prefill_chunk, page_size=page_size,
+                                 prefill_tokens_while_decoding=prefill_tokens_while_decoding,
                                  cuda_graphs=cuda_graphs, prefix_cache=prefix_cache, checkpoint_slots=checkpoint_slots,
                                  checkpoint_interval=checkpoint_interval,
                                  host_cache_bytes=int(host_cache_gib * (1 << 30)),
@@ -124,8 +134,13 @@ def load(
 
         if config.vision is None:
             raise ValueError(f"vision=True: {model_dir} has no vision_config (a text-only checkpoint)")
-        pipeline = VisionPipeline.from_checkpoint(model_dir, config, tokenizer.token_id, device, dtype, vision_limits)
-    return LLM(model.eval(), tokenizer, model_dir, report, engine_config, vision=pipeline, mtp_head=mtp_head)
+        with startup.phase("vision tower"):
+            pipeline = VisionPipeline.from_checkpoint(model_dir, config, tokenizer.token_id, device, dtype,
+                                                      vision_limits)
+    with startup.phase("engine set-up"):  # KV pool, buffers, grammar compiler (graphs and warm-up: their own)
+        llm = LLM(model.eval(), tokenizer, model_dir, report, engine_config, vision=pipeline, mtp_head=mtp_head)
+    llm.startup = startup.finish(sys.stderr if progress else None)
+    return llm
 
 
 def _stored_quantization(model_dir: Path) -> tuple[dict[str, str], Any]:

@@ -37,6 +37,8 @@ profile-27b           where a 27B int4 step goes (torch.profiler by op family): 
 profile-35b-a3b       where a 35B-A3B 4-bit step goes: decode C = 1, 8k prefill in one chunk
 bench-27b-step        27B int4 engine (decode ctx 1k / 32k, C = 1 / 8, 8k prefill) and its C = 8 profile
 ncu-gemm-mma          Nsight Compute of the tensor-core int4 decode (gate/up, int4-g64 / -g128, 1 and 8 tokens)
+gpu-tests-no-stalls   nothing compiles or tunes after ready over a serving mix (int4, int4 + MTP, bf16); the 8k-chunk workspace bound at 27B widths
+startup-27b-int4      27B int4 cold and warm start-up by phase, TTFT of first / second batch at C = 8 / 1, 8k / 32k prefill, ITL beside a 32k prefill, compiles after ready
 '
 names=$(echo "$STAGES" | awk 'NF { print $1 }')
 if [ "$#" -eq 0 ] || [ "$1" = --list ]; then
@@ -184,6 +186,13 @@ stage() {
       part 150 python3 perf/bench_engine.py --shape 27b --recipe int4 --contexts 1024 32768 --lanes 1 8 --steps 12 \
         --chunk 8192 --prefill 8192
       part 120 python3 perf/profile_step.py --shape 27b --recipe int4 --lanes 8
+      ;;
+    gpu-tests-no-stalls)  # autotuning on: the mix must meet no kernel key that warm-up left out
+      gpu_tests 500 no_stalls -s
+      ;;
+    startup-27b-int4)  # cold: fresh cache directories inside the bench (its own children), then warm on them
+      part 540 python3 perf/bench_startup.py --shape 27b --recipe int4 --modes cold warm --child-timeout 320 \
+        --budget 515
       ;;
     ncu-gemm-mma)  # why the tensor-core decode reads 35-53% of copy bandwidth: its fastest config under ncu
       for fmt in int4-g64 int4-g128; do

@@ -21,7 +21,7 @@ def test_list_names_every_stage_with_what_it_measures() -> None:
     lines = [line.split(None, 1) for line in listed.stdout.splitlines()[1:] if line.strip()]
     names = [name for name, _ in lines]
     assert {"verify-fused", "bench-27b-step", "engine-27b-int4", "quant-gemm-decode", "profile-27b",
-            "ncu-gemm-mma", "gpu-tests-model"} <= set(names)
+            "ncu-gemm-mma", "gpu-tests-model", "startup-27b-int4"} <= set(names)
     assert all(len(what) > 20 for _, what in lines) and len(names) == len(set(names))
     assert not any(name.isdigit() for name in names)
 

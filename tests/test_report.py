@@ -35,6 +35,7 @@ def _write(path: Path, records: list[dict]) -> Path:
     (_record("rms_norm+residual", "8192x5120", 0.1), "elementwise"),
     (_record("attention_decode_sweep", "B=1 ctx=8192", 0.1), "attention-sweeps"),
     (_record("prefix_ttft", "27b ctx=65536+100 cache=device", 70.0), "prefix-cache-27b"),
+    (_record("startup_ready", "27b int4 cold", 90000.0), "startup-27b-int4"),
     (_record("engine_decode_b1", "27b int4 ctx=1024", 10.0, not_shipped="reverted"), "not-shipped"),
 ])
 def test_topic_names_what_a_record_measures(record: dict, name: str) -> None:

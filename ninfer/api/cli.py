@@ -71,8 +71,10 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
                    help="KV pool size in tokens, or 'auto' (default: max-concurrency x max-context)")
     p.add_argument("--kv-dtype", choices=["auto", "bf16", "fp8", "int8"], default="auto",
                    help="KV cache storage (default: the model dtype)")
-    p.add_argument("--prefill-chunk", type=_int("--prefill-chunk"), default=1024, metavar="N",
-                   help="prompt tokens per prefill step (default 1024)")
+    p.add_argument("--prefill-chunk", type=_int("--prefill-chunk"), default=8192, metavar="N",
+                   help="most prompt tokens per prefill step (default 8192)")
+    p.add_argument("--prefill-tokens-while-decoding", type=_int("--prefill-tokens-while-decoding"), default=1024,
+                   metavar="N", help="most prompt tokens per step while others decode (their stall; default 1024)")
     p.add_argument("--device", help="torch device (default: cuda if available)")
     p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], help="compute dtype")
     p.add_argument("--no-cuda-graphs", action="store_true", help="run decode steps eagerly")
@@ -205,6 +207,7 @@ def run_serve(args: argparse.Namespace) -> None:
     llm = ninfer.load(args.model, device=args.device, dtype=args.dtype, max_concurrency=args.max_concurrency,
                       max_context=args.max_context, kv_capacity=args.kv_capacity, kv_dtype=args.kv_dtype,
                       prefill_chunk=args.prefill_chunk, cuda_graphs=not args.no_cuda_graphs,
+                      prefill_tokens_while_decoding=args.prefill_tokens_while_decoding,
                       prefix_cache=not args.no_prefix_cache, checkpoint_slots=args.checkpoint_slots,
                       checkpoint_interval=args.checkpoint_interval, host_cache_gib=args.host_cache_gib,
                       spec=args.spec, draft_tokens=args.draft_tokens,

@@ -23,6 +23,8 @@ from pathlib import Path
 import torch
 import triton
 
+from ninfer.kernels import compile_watch
+
 _loaded: dict[Path, dict[str, dict[str, dict]]] = {}  # file -> table -> key text -> value, read once per process
 _warned: list[str] = []  # the one warning given (warn once: a broken directory would warn for every key)
 
@@ -122,7 +124,10 @@ def lookup(table: str, key: tuple, device: torch.device) -> dict | None:
     if where[0] not in _loaded:  # once per process: later misses are new keys, tuned here
         _loaded[where[0]] = _read(where[0])
     value = _loaded[where[0]].get(table, {}).get(key_text(key))
-    return dict(value) if isinstance(value, dict) else None
+    if not isinstance(value, dict):
+        return None
+    compile_watch.record_tune(table, key, measured=False)
+    return dict(value)
 
 
 def record(table: str, key: tuple, value: dict, device: torch.device) -> None:
@@ -130,6 +135,7 @@ def record(table: str, key: tuple, value: dict, device: torch.device) -> None:
     keys since this one read it), through a temporary file renamed over the old one: readers see the
     old or the new file, never half of one. Racing writers may drop each other's new entries (no file
     lock): those keys are tuned again on a later start, nothing worse."""
+    compile_watch.record_tune(table, key, measured=True)  # the tuners store every choice they time
     try:
         where = _location(device)
         if where is None:

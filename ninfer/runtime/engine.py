@@ -65,7 +65,8 @@ class Engine:
         self.scheduler = Scheduler(max_concurrency=config.max_concurrency, max_context=config.max_context,
                                    page_size=config.page_size, prefill_chunk=config.prefill_chunk,
                                    pages=self.pages, slots=self.slots, max_pending=config.max_pending,
-                                   prefix=self.prefix, lookahead=config.draft_tokens)
+                                   prefix=self.prefix, lookahead=config.draft_tokens,
+                                   prefill_tokens_while_decoding=config.prefill_tokens_while_decoding)
         max_pages = -(-(config.max_context + config.draft_tokens) // config.page_size)
         self.lane_block_tables = torch.zeros(config.max_concurrency, max_pages, dtype=torch.int32, device=self.device)
         self.sampler = Sampler(config.max_concurrency, model.config.vocab_size, vocab_limit, self.device)
@@ -94,6 +95,7 @@ class Engine:
     def warm_up(self) -> None:
         """Compile and autotune at start-up what serving will meet (:func:`ninfer.runtime.warmup.warm_up`)."""
         warm_up(self)
+        self.sampler.warm_up(self.model)  # the sampling kernel's variants (Sampler.warm_up)
 
     # -- requests ---------------------------------------------------------------------------
     def add_request(self, req: Request) -> None:

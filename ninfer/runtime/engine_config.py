@@ -13,7 +13,8 @@ class EngineConfig:
     max_context: int = 4096
     kv_capacity: int | str | None = None  # tokens; "auto" fills free memory; None = max_concurrency * max_context
     kv_dtype: str = "auto"
-    prefill_chunk: int = 1024
+    prefill_chunk: int = 8192  # most prompt tokens per step: the chunk when no sequence is decoding
+    prefill_tokens_while_decoding: int = 1024  # most prompt tokens per step while sequences decode (their stall)
     cuda_graphs: bool = True
     page_size: int = 64
     max_pending: int = 64

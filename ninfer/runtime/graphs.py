@@ -14,10 +14,12 @@ import torch
 from ninfer.models.batch import ForwardBatch
 from ninfer.models.cache import ModelCache
 from ninfer.models.qwen3_5 import Qwen3_5TextModel
+from ninfer.runtime import startup
 
 T = TypeVar("T")
 
 
+@startup.timed("graph capture")
 @torch.inference_mode()
 def capture(fn: Callable[[], T], pool: object = None) -> tuple[torch.cuda.CUDAGraph, T]:
     """Run ``fn`` once on a side stream (compiling and autotuning every kernel outside the capture),

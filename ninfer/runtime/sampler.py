@@ -10,10 +10,12 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
+from typing import Any
 
 import torch
 
 from ninfer.kernels.sampling import SampleOutput, SamplingTensors, sample
+from ninfer.kernels.sampling.dispatch import LOGPROB_CLASSES
 from ninfer.runtime.request import Request
 from ninfer.runtime.structured import mask_logits
 
@@ -69,6 +71,20 @@ class Sampler:
                 self.counts[lane] = torch.bincount(out, minlength=self.counts.shape[1]).to(self.counts.dtype)
             self.seen[lane].zero_()
             self.seen[lane, seen] = 1
+
+    @torch.inference_mode()
+    def warm_up(self, model: Any) -> None:
+        """Launch the sampling kernel once per top-logprobs class (each a compiled variant) on a row of logits
+        that ``model`` (a ``Qwen3_5TextModel``) computes, so its dtype and width are the served ones, with
+        throwaway state: no request compiles it. Lane state is untouched."""
+        hidden = torch.zeros(1, model.config.hidden_size, dtype=model.dtype, device=self.device)
+        row = model.logits(hidden)
+        vocab = self.counts.shape[1]
+        for n in LOGPROB_CLASSES:
+            counts = torch.zeros(1, vocab, dtype=torch.int32, device=self.device)
+            seen = torch.zeros(1, vocab, dtype=torch.int8, device=self.device)
+            sample(row, SamplingTensors.full(1, device=self.device), counts, seen, vocab_limit=self.vocab_limit,
+                   num_logprobs=n)
 
     def lane_state(self, req: Request) -> LaneState:
         """The (seed, counter) of a request's lane, for :meth:`start` after a pause (one host sync)."""

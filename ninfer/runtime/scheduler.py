@@ -1,9 +1,14 @@
 """Admission and step planning: which sequences decode and which prompt chunks prefill this step.
 
 Up to ``max_concurrency`` sequences are resident (one lane and one state slot each). Every step
-decodes all resident sequences whose prompt is done and prefills at most ``prefill_chunk`` prompt
-tokens, taken from the oldest unfinished prompts in order (prompts that arrive together share a
-step), so a long prompt never stalls decoding for more than one chunk.
+decodes all resident sequences whose prompt is done and prefills prompt tokens taken from the oldest
+unfinished prompts in order (prompts that arrive together share a step), within a token budget:
+
+* nothing decoding: ``prefill_chunk`` tokens (default 8192): one large chunk keeps the GPU busy (a
+  1024-token chunk leaves it idle between launches; vLLM and SGLang default to 8192 on this class of GPU);
+* sequences decoding: ``prefill_tokens_while_decoding`` (default 1024, at most ``prefill_chunk``): each of
+  their steps waits for at most that many prompt tokens, so a long prompt never stalls decoding for
+  more than one such chunk.
 
 Admission reserves the pages a request needs now plus a growth margin (:meth:`Scheduler.admission_pages`);
 sequences take more as they grow, and when the pool runs dry ``pause.Pauser`` sends the newest resident
@@ -42,14 +47,18 @@ class StepPlan:
 class Scheduler:
     def __init__(self, *, max_concurrency: int, max_context: int, page_size: int, prefill_chunk: int,
                  pages: PagePool, slots: SlotPool, max_pending: int = 64, prefix: PrefixCache | None = None,
-                 lookahead: int = 0) -> None:
+                 lookahead: int = 0, prefill_tokens_while_decoding: int | None = None) -> None:
         if not 1 <= max_concurrency <= 8:
             raise ValueError(f"max_concurrency must be in 1..8, got {max_concurrency}")
         if prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
+        decoding = prefill_chunk if prefill_tokens_while_decoding is None else prefill_tokens_while_decoding
+        if decoding < 1:
+            raise ValueError(f"prefill_tokens_while_decoding must be >= 1, got {decoding}")
         self.max_context = max_context
         self.page_size = page_size
         self.prefill_chunk = prefill_chunk
+        self.prefill_tokens_while_decoding = min(decoding, prefill_chunk)
         self.pack_prefills = True  # the engine turns packing off when speculating (its prefill hook takes one prompt)
         self.pages, self.slots = pages, slots
         self.max_pending = max_pending
@@ -134,14 +143,18 @@ class Scheduler:
             return None
         return [self.slots.acquire() for _ in range(want)]
 
+    def prefill_budget(self, decoding: int) -> int:
+        """Prompt tokens a step may prefill next to ``decoding`` decode rows (the module docstring)."""
+        return self.prefill_tokens_while_decoding if decoding else self.prefill_chunk
+
     def plan(self) -> StepPlan:
-        """Every prefilled sequence decodes; prompt chunks of the oldest unfinished prompts fill a budget of
-        ``prefill_chunk`` tokens (several short prompts that arrive together prefill in one step). With
+        """Every prefilled sequence decodes; prompt chunks of the oldest unfinished prompts fill the step's
+        :meth:`prefill_budget` (several short prompts that arrive together prefill in one step). With
         ``pack_prefills`` off, and for a prompt with media, a step prefills one chunk of one prompt."""
         decode = [r for r in self.running if r.prefill_done]
         prefills: list[tuple[Request, int]] = []
         checkpoints: dict[str, int] = {}
-        budget = self.prefill_chunk
+        budget = self.prefill_budget(len(decode))
         for req in self.running:
             if req.prefill_done:
                 continue

@@ -19,6 +19,7 @@ from ninfer.kernels.attention.prefill import (
 )
 from ninfer.kernels.deltanet import RECURRENT_MAX_SEQLEN
 from ninfer.models.batch import ForwardBatch
+from ninfer.runtime import startup
 
 if TYPE_CHECKING:
     from ninfer.runtime.engine import Engine
@@ -34,6 +35,7 @@ def warmup_chunk_lengths(longest: int) -> list[int]:
     return sorted(n for n in lengths if n <= longest)
 
 
+@startup.timed("warm-up")
 @torch.inference_mode()
 def warm_up(engine: Engine) -> None:
     """Prefill one chunk of each length in :func:`warmup_chunk_lengths` as a one-sequence batch. Where that
@@ -41,9 +43,11 @@ def warm_up(engine: Engine) -> None:
     chunk runs once more unsplit, the kernel a mixed step of the same length (the chunk plus decode
     rows: programs enough) takes."""
     config, ps, dev = engine.config, engine.config.page_size, engine.device
-    # A mixed step adds up to max_concurrency decode rows to a full chunk: its GEMMs reach the bucket above.
+    # The longest step: prefill_chunk tokens (nothing decodes), or the budget while decoding plus up to
+    # max_concurrency decode rows riding along (their GEMMs may reach the bucket above).
     riders = config.max_concurrency if engine.scheduler.pack_prefills else 0
-    longest = min(config.prefill_chunk + riders, config.max_context - 1, engine.pages.num_available * ps)
+    step = max(config.prefill_chunk, engine.scheduler.prefill_tokens_while_decoding + riders)
+    longest = min(step, config.max_context - 1, engine.pages.num_available * ps)
     if longest < 1 or engine.slots.num_free == 0:
         return
     num_pages = -(-longest // ps)

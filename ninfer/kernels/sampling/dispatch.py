@@ -38,6 +38,15 @@ from ninfer.kernels.dispatch import use_triton
 from ninfer.kernels.sampling.kernel import sample_kernel
 
 MAX_LOGPROBS = 20
+# The kernel unrolls its top-logprobs loop (a constexpr count): a launch computes the smallest class that
+# holds the count asked for and the caller gets its first entries (the same: descending, lowest id first on
+# ties), so serving meets 7 compiled variants, all warmed at start-up (``Sampler.warm_up``), not 21.
+LOGPROB_CLASSES = (0, 1, 2, 4, 8, 16, MAX_LOGPROBS)
+
+
+def logprob_class(num_logprobs: int) -> int:
+    """The count of top logprobs a launch computes for ``num_logprobs`` (see ``LOGPROB_CLASSES``)."""
+    return next(c for c in LOGPROB_CLASSES if c >= num_logprobs)
 
 
 @dataclass
@@ -199,13 +208,13 @@ def sample_triton(logits: torch.Tensor, st: SamplingTensors, output_counts: torc
     registers. The defaults give 61 chunks and 4096 slots at V = 248320.
     """
     _check(logits, vocab_limit, num_logprobs)
-    batch = logits.shape[0]
+    batch, asked, num_logprobs = logits.shape[0], num_logprobs, logprob_class(num_logprobs)
     token_ids = torch.empty(batch, dtype=torch.int64, device=logits.device)
     logprob = torch.empty(batch, dtype=torch.float32, device=logits.device)
     # At least one column, so the kernel never gets a null pointer.
     top_ids = torch.empty(batch, max(num_logprobs, 1), dtype=torch.int64, device=logits.device)
     top_lp = torch.empty(batch, max(num_logprobs, 1), dtype=torch.float32, device=logits.device)
-    out = SampleOutput(token_ids, logprob, top_ids if num_logprobs else None, top_lp if num_logprobs else None)
+    out = SampleOutput(token_ids, logprob, top_ids[:, :asked] if asked else None, top_lp[:, :asked] if asked else None)
     if batch == 0:
         return out
     if logits.stride(-1) != 1:

@@ -1,0 +1,117 @@
+"""The start-up report: how long each phase of building an engine took, and what it compiled or tuned.
+
+``ninfer.load`` opens a report (:func:`begin`), the phases time themselves into it (:func:`phase`, or the
+:func:`timed` decorator on the function that does the phase: graph capture, warm-up), and
+:func:`finish` closes it, prints it when asked (``progress=True``, and so ``ninfer serve``) and returns
+it; ``LLM.startup`` keeps it. Phase times are exclusive: a phase nested in another (graph capture
+inside building the engine) is not counted twice, and ``other`` is the rest of the wall time. Kernel
+and tuner counts come from :mod:`ninfer.kernels.compile_watch` over the whole start-up and per phase.
+
+Phases run outside any report (an engine built directly, in a test) time nothing.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, TextIO, TypeVar
+
+from ninfer.kernels import compile_watch
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@dataclass
+class Phase:
+    seconds: float = 0.0
+    events: int = 0  # compilations and tuner events while the phase (not a nested one) ran
+
+
+@dataclass
+class StartupReport:
+    watch: compile_watch.Watch = field(default_factory=compile_watch.Watch)
+    start: float = field(default_factory=time.perf_counter)
+    phases: dict[str, Phase] = field(default_factory=dict)
+    ready_s: float | None = None
+    _stack: list[list[float]] = field(default_factory=list)  # per open phase: [nested seconds, nested events]
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        entry = self.phases.setdefault(name, Phase())  # listed in the order the phases began
+        t0, e0 = time.perf_counter(), compile_watch.mark()
+        self._stack.append([0.0, 0.0])
+        try:
+            yield
+        finally:
+            nested_s, nested_events = self._stack.pop()
+            seconds, events = time.perf_counter() - t0, compile_watch.mark() - e0
+            entry.seconds += seconds - nested_s
+            entry.events += events - int(nested_events)
+            if self._stack:
+                self._stack[-1][0] += seconds
+                self._stack[-1][1] += events
+
+    def close(self) -> None:
+        if self.ready_s is None:
+            self.ready_s = time.perf_counter() - self.start
+            self.watch.end = compile_watch.mark()
+
+    @property
+    def other_s(self) -> float:
+        total = self.ready_s if self.ready_s is not None else time.perf_counter() - self.start
+        return max(0.0, total - sum(p.seconds for p in self.phases.values()))
+
+    def describe(self) -> str:
+        """Two lines: the time to ready by phase, then what was compiled and tuned."""
+        total = self.ready_s if self.ready_s is not None else time.perf_counter() - self.start
+        parts = [f"{name} {p.seconds:.1f} s" + (f" ({p.events} new kernels/tunings)" if p.events else "")
+                 for name, p in self.phases.items()]
+        parts.append(f"other {self.other_s:.1f} s")
+        return f"ready in {total:.1f} s: {', '.join(parts)}\nstart-up {self.watch.summary()}"
+
+    def as_dict(self) -> dict[str, Any]:
+        """For benchmarks' JSON records: seconds by phase and the compile / tune counts."""
+        w = self.watch
+        return {"ready_s": self.ready_s, "phases_s": {k: round(p.seconds, 3) for k, p in self.phases.items()},
+                "other_s": round(self.other_s, 3), "compiled": w.count(compile_watch.COMPILED),
+                "loaded_from_triton_cache": w.count(compile_watch.LOADED), "tuned": w.count(compile_watch.TUNED),
+                "loaded_from_tune_cache": w.count(compile_watch.TUNE_LOADED),
+                "autotuned": w.count(compile_watch.AUTOTUNED)}
+
+
+_current: list[StartupReport] = []  # the open report, if any
+
+
+def begin() -> StartupReport:
+    """Open a report (replacing an unfinished one) and start counting compilations."""
+    _current[:] = [StartupReport()]
+    return _current[0]
+
+
+def phase(name: str) -> contextlib.AbstractContextManager[None]:
+    """Time the block as phase ``name`` of the open report (nothing without one)."""
+    return _current[0].phase(name) if _current else contextlib.nullcontext()
+
+
+def timed(name: str) -> Callable[[F], F]:
+    """Decorator: each call of the function is (part of) phase ``name``."""
+    def wrap(fn: F) -> F:
+        @functools.wraps(fn)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            with phase(name):
+                return fn(*args, **kwargs)
+        return run  # type: ignore[return-value]
+    return wrap
+
+
+def finish(out: TextIO | None = None) -> StartupReport | None:
+    """Close the open report and print it to ``out`` (None: print nothing); returns it (None without one)."""
+    if not _current:
+        return None
+    report = _current.pop()
+    report.close()
+    if out is not None:
+        print(f"ninfer: {report.describe().replace(chr(10), chr(10) + 'ninfer: ')}", file=out, flush=True)
+    return report
