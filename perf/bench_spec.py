@@ -1,6 +1,6 @@
 """MTP speculative decoding at the real 27B / 35B-A3B shapes with random weights.
 
-Random weights accept nothing, so the engine's forced-acceptance mode accepts exactly ``n`` of
+Random weights accept nothing, so forced acceptance (``speculative.force_acceptance``) accepts exactly ``n`` of
 the ``K`` drafts each round while running every real code path (catch-up, K draft steps, the
 K+1-token verification with per-token DeltaNet states, sampling of every row, rollback). For
 each ``n`` and concurrency ``C`` this measures the round time and the committed tokens per

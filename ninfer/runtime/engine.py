@@ -14,7 +14,6 @@ state may be half-written), and the engine keeps serving the others and new ones
 from __future__ import annotations
 
 import logging
-import time
 from typing import Callable
 
 import torch
@@ -22,15 +21,16 @@ import torch
 from ninfer.models.mtp import MTPHead
 from ninfer.models.qwen3_5 import Qwen3_5TextModel
 from ninfer.runtime.engine_config import EngineConfig
-from ninfer.runtime.isolation import draw_or_isolate, error_message, prepare_each, sample_each
+from ninfer.runtime.isolation import draw_or_isolate, prepare_each, sample_each
 from ninfer.runtime.memory import MemoryPlan
 from ninfer.runtime.model_runner import ModelRunner
 from ninfer.runtime.output import OutputProcessor
 from ninfer.runtime.pause import Pauser
 from ninfer.runtime.pools import PagePool, SlotPool
+from ninfer.runtime.postprocess import Postprocessor
 from ninfer.runtime.prefix_cache import PrefixCache
 from ninfer.runtime.request import Request, RequestOutput, Status
-from ninfer.runtime.sampler import Sampler, TokenLogprobs
+from ninfer.runtime.sampler import Sampler
 from ninfer.runtime.scheduler import Scheduler
 from ninfer.runtime.speculative import MTPSpeculator, SpecStats, committed_tokens
 
@@ -64,12 +64,15 @@ class Engine:
         self.pauser = Pauser(self.scheduler, runner, self.sampler, config.pause_host_bytes, self.spec)
         self.outputs: dict[str, OutputProcessor] = {}
         self.requests: dict[str, Request] = {}
+        self.spec_totals = SpecStats()
+        self.post = Postprocessor(scheduler=self.scheduler, sampler=self.sampler, pauser=self.pauser,
+                                  prefix=self.prefix, requests=self.requests, outputs=self.outputs,
+                                  spec_totals=self.spec_totals)
         self.on_admit: Callable[[Request], None] | None = None  # each admitted request, before its prefill runs
         # Called once a step's forward is queued on the device, before the host waits for its tokens: work
         # done then (the server's streaming) overlaps the device instead of delaying the next launch.
         self.on_launched: Callable[[], None] | None = None
         self.launches_async = self.device.type == "cuda"  # whether there is such a wait to overlap
-        self.spec_totals = SpecStats()
         if config.warmup and self.device.type == "cuda":
             self.warm_up()
 
@@ -101,7 +104,7 @@ class Engine:
         req = self.requests.get(request_id)
         if req is None or req.status == Status.FINISHED:
             return None
-        return self._finish(req, "cancelled")
+        return self.post.finish(req, "cancelled")
 
     supports_logprobs = True
 
@@ -126,7 +129,7 @@ class Engine:
         except Exception as err:  # a batched stage: what ran in it may be half-written, so its requests end
             log.exception("engine step failed; ending the %d resident requests", len(self.scheduler.running))
             for req in list(self.scheduler.running):
-                events.extend(self._fail(req, "the batched step", err, logged=True))
+                events.extend(self.post.fail(req, "the batched step", err, logged=True))
         return events
 
     def _step(self, events: list[RequestOutput]) -> None:
@@ -137,7 +140,7 @@ class Engine:
             try:
                 self._start(req)
             except Exception as err:
-                events.extend(self._fail(req, "admission", err))
+                events.extend(self.post.fail(req, "admission", err))
         plan = self.scheduler.plan()
         if plan.prefills and self.spec is None and plan.prefills[0][0].mm is None:
             # Decode rows ride along with the prompt chunks unless their contexts are long: the prefill
@@ -155,7 +158,7 @@ class Engine:
             try:  # a forward of this request alone: its failure touches no other request's state
                 events.extend(self._prefill(req, end))
             except Exception as err:
-                events.extend(self._fail(req, "prefill", err))
+                events.extend(self.post.fail(req, "prefill", err))
 
     def _start(self, req: Request) -> None:
         """An admitted request's state: prefix-cache hit or a reset slot, its pause snapshot, its sampler lane."""
@@ -181,18 +184,18 @@ class Engine:
         tokens, logprobs = self.sampler.sample(logits, [req])
         if self.spec is not None:
             self.spec.begin(req, tokens[0])
-        return self._append(req, tokens[0], logprobs[0])
+        return self.post.append(req, tokens[0], logprobs[0])
 
     def _decode(self, reqs: list[Request], events: list[RequestOutput]) -> None:
         slots = prepare_each(reqs, lambda r: self._slots_for(r, r.num_computed, r.num_computed + 1)[0],
-                             "decode preparation", self._fail, events)
+                             "decode preparation", self.post.fail, events)
         if not slots:
             return
         reqs = [r for r, _ in slots]
         logits = self._decode_logits(reqs, [slot for _, slot in slots])
         self._launched()
-        for req, token, lp in sample_each(self.sampler, logits, reqs, self._fail, events):
-            events.extend(self._append(req, token, lp))
+        for req, token, lp in sample_each(self.sampler, logits, reqs, self.post.fail, events):
+            events.extend(self.post.append(req, token, lp))
 
     def _mixed_step(self, decode: list[Request], prefills: list[tuple[Request, int]], marks: dict[str, int],
                     events: list[RequestOutput]) -> None:
@@ -201,10 +204,10 @@ class Engine:
         ``marks``: prompt positions inside the chunks whose state the forward also keeps for the prefix cache.
         Each request's rows are prepared on its own: one that cannot be is failed and left out."""
         decode_rows = prepare_each(decode, lambda r: (self._slots_for(r, r.num_computed, r.num_computed + 1),
-                                                      [r.output_ids[-1]]), "decode preparation", self._fail, events)
+                                                      [r.output_ids[-1]]), "decode preparation", self.post.fail, events)
         chunk_rows = prepare_each(prefills, lambda item: (self._slots_for(item[0], item[0].num_computed, item[1]),
                                                           item[0].tokens(item[0].num_computed, item[1])),
-                                  "prefill preparation", self._fail, events)
+                                  "prefill preparation", self.post.fail, events)
         decode, prefills = [r for r, _ in decode_rows], [item for item, _ in chunk_rows]
         if not decode and not prefills:
             return
@@ -230,8 +233,8 @@ class Engine:
         logits = self.runner.logits(hidden[torch.tensor(rows, device=self.device)]) if sampled else None
         self._launched()
         if logits is not None:
-            for req, token, lp in sample_each(self.sampler, logits, sampled, self._fail, events):
-                events.extend(self._append(req, token, lp))
+            for req, token, lp in sample_each(self.sampler, logits, sampled, self.post.fail, events):
+                events.extend(self.post.append(req, token, lp))
 
     def _maybe_checkpoint(self, req: Request, prompt_done: bool) -> None:
         """After a prompt chunk that stopped at a checkpoint mark, let the prefix cache keep the state."""
@@ -293,12 +296,12 @@ class Engine:
         spec, t = self.spec, self.spec.t
         # The verification writes KV at positions n .. n + K.
         reqs = [r for r, _ in prepare_each(reqs, lambda r: self._slots_for(r, r.num_computed, r.num_computed + t),
-                                           "speculation preparation", self._fail, events)]
+                                           "speculation preparation", self.post.fail, events)]
         if not reqs:
             return
         drafts, logits, hidden, n = spec.run(reqs)
         self._launched()
-        draw = draw_or_isolate(self.sampler, logits, reqs, drafts, self._fail, events)
+        draw = draw_or_isolate(self.sampler, logits, reqs, drafts, self.post.fail, events)
         if draw is None:
             return
         sampled = draw.out.token_ids.view(len(reqs), t)
@@ -317,60 +320,10 @@ class Engine:
                 # slot written after verify token i: rolling back is choosing that slot.
                 req.num_computed = n0 + i + 1
                 req.slot, req.spare_slots = outs[i], [s for s in slots if s != outs[i]]
-                events.extend(self._append(req, tok, lp))
+                events.extend(self.post.append(req, tok, lp))
                 if req.status == Status.FINISHED:
                     break
 
     def _launched(self) -> None:
         if self.on_launched is not None:
             self.on_launched()
-
-    # -- outputs --------------------------------------------------------------------------------
-    def _append(self, req: Request, token: int, logprobs: TokenLogprobs | None = None) -> list[RequestOutput]:
-        req.output_ids.append(token)
-        if req.first_token_time is None:
-            req.first_token_time = time.perf_counter()
-        processor = self.outputs[req.request_id]
-        try:
-            event = processor.push(token)
-        except Exception as err:
-            return self._fail(req, "detokenization", err)
-        if logprobs is not None:
-            event.logprobs = [logprobs]
-        if processor.finish_reason is not None:
-            return [self._finish(req, processor.finish_reason, event)]
-        if len(req.output_ids) >= req.max_new_tokens:
-            return [self._finish(req, "length", event)]
-        return [event] if event.token_ids else []
-
-    def _fail(self, req: Request, stage: str, err: Exception, logged: bool = False) -> list[RequestOutput]:
-        """End one request whose ``stage`` raised ``err``: its error event (none if it had already ended)."""
-        if not logged:
-            log.error("request %s failed in %s", req.request_id, stage, exc_info=err)
-        if req.status is Status.FINISHED or req.request_id not in self.requests:
-            return []
-        return [self._finish(req, "error", error=error_message(stage, err))]
-
-    def _finish(self, req: Request, reason: str, event: RequestOutput | None = None,
-                error: str | None = None) -> RequestOutput:
-        """Release the request's lane, pages, slots and snapshot, and build its final event (``error``: why it
-        failed; its held-back text is dropped then, the output processor may be what failed)."""
-        if self.prefix is not None and reason in ("stop", "length") and req.slot is not None and req.prefill_done:
-            # The next turn of a conversation resends all of this: checkpoint where computation stopped.
-            self.prefix.insert(req.tokens(0, req.num_computed), req.slot, req.pages, req.media_keys)
-        if req.spec_stats is not None:
-            self.spec_totals.add(req.spec_stats)
-        self.pauser.discard(req)  # a request cancelled while paused gives its snapshot's host memory back
-        self.scheduler.finish(req)
-        self.sampler.finish(req)
-        req.finish_reason, req.finish_time = reason, time.perf_counter()
-        processor = self.outputs.pop(req.request_id)
-        self.requests.pop(req.request_id, None)
-        if error is None:
-            try:
-                return processor.finish(event, reason)
-            except Exception as err:
-                log.error("request %s failed in finishing its output", req.request_id, exc_info=err)
-                error = error_message("output processing", err)
-                req.finish_reason = "error"
-        return RequestOutput(req.request_id, [], finished=True, finish_reason="error", error=error)

@@ -184,6 +184,18 @@ def test_cancel_mid_generation_frees_the_spare_slots(composite_ckpt) -> None:
 
 # ---------------------------------------------------------------- the MTP cache holds target-conditioned entries
 
+def test_force_acceptance_checks_its_range_and_undoes(composite_ckpt) -> None:
+    spec = _load(composite_ckpt, spec="mtp", draft_tokens=3).engine.spec
+    sampled, drafts = torch.tensor([[1, 2, 9, 4], [7, 0, 0, 0]]), torch.tensor([[1, 2, 3], [1, 2, 3]])
+    assert spec.acceptance(sampled, drafts).tolist() == [2, 0]
+    with pytest.raises(ValueError, match=r"0\.\.3"):
+        force_acceptance(spec, 4)
+    force_acceptance(spec, 3)
+    assert spec.acceptance(sampled, drafts).tolist() == [3, 3]
+    force_acceptance(spec, None)
+    assert spec.acceptance(sampled, drafts).tolist() == [2, 0]
+
+
 def _reference_mtp(llm, tokens: list[int], upto: int, extra_pages: int = 2):
     """Target hidden states of ``tokens[:upto]`` and an MTP cache filled from scratch with the true
     pairs (h_t, x_{t+1}) for t < upto (contiguous pages)."""
