@@ -1,9 +1,9 @@
 """The engine: continuous batching of up to 8 sequences over one shared KV pool.
 
-``step()`` is the whole loop: the scheduler admits and plans, the model runs the decode batch
+``step()`` is the whole loop: the scheduler admits and plans, the model runner executes the decode batch
 (replayed from a CUDA graph on GPU) or, when prompt chunks are due, one forward over the decode rows
-and the chunks together, the sampler picks tokens, and each request's output processor turns tokens
-into text events and decides when it stops.
+and the chunks together, the sampler picks tokens, and the postprocessor turns them into each request's
+text events (its output processor decides when it stops) and ends requests.
 
 Failure isolation: whatever raises while one request is prepared (admission, its rows of a batch),
 sampled or turned into text finishes that request alone with ``finish_reason="error"`` and the error
