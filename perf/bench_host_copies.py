@@ -2,7 +2,7 @@
 
 The prefix cache's state offloads and the pauser's snapshots copy a state slot (147 MiB at 27B, 96
 tensors) and KV pages to host memory. Into freshly pinned tensors a save took 151 ms (1 GB/s); into the
-blocks of ``ModelCache.host`` (ninfer/models/host_memory.py) the pinning happens once. Rows:
+blocks of a ``HostCache`` (ninfer/runtime/host_cache.py, host_memory.py) the pinning happens once. Rows:
 
   - host_save_state   fresh-pinned per tensor (the old path) / into new pool blocks / into reused blocks
   - host_restore_state from pool blocks
@@ -27,6 +27,7 @@ from common import record, sync
 from random_model import shape_config
 from ninfer.config import parse_config
 from ninfer.models.cache import ModelCache
+from ninfer.runtime.host_cache import HostCache
 
 
 def _timed(fn) -> tuple[float, object]:
@@ -50,7 +51,7 @@ def _saves(n: int, save: Callable[[], object]) -> tuple[list[float], list]:
 def _legacy_save(cache: ModelCache, slot: int) -> list[torch.Tensor]:
     """The old path: a new pinned tensor per state tensor per save."""
     out = []
-    for state in cache._states():
+    for state in cache.state_tensors():
         host = torch.empty(state[slot].shape, dtype=state.dtype, pin_memory=state.is_cuda)
         host.copy_(state[slot])
         out.append(host)
@@ -72,13 +73,14 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     args = parser.parse_args()
     config, shape = parse_config(shape_config(args.shape)), args.shape
-    cache = ModelCache(config, num_pages=args.pages + 8, page_size=64, num_slots=2, device=args.device,
-                       dtype=torch.bfloat16, kv_dtype=args.kv_dtype, host_limit=64 << 30)
-    for t in (*cache._states(), *cache._page_tensors()):
+    device_cache = ModelCache(config, num_pages=args.pages + 8, page_size=64, num_slots=2, device=args.device,
+                              dtype=torch.bfloat16, kv_dtype=args.kv_dtype)
+    for t in (*device_cache.state_tensors(), *device_cache.page_tensors()):
         t.view(torch.uint8).random_()
-    pool, slot_mib = cache.host, cache.slot_nbytes / 2 ** 20
-    slot_bytes, state_host = cache.slot_nbytes, cache.host_nbytes(slot=True)
-    what = f"{shape} state slot {slot_mib:.0f} MiB in {len(cache._states())} tensors"
+    cache = HostCache(device_cache, limit=64 << 30)
+    pool, slot_mib = cache.pool, device_cache.slot_nbytes / 2 ** 20
+    slot_bytes, state_host = device_cache.slot_nbytes, cache.host_nbytes(slot=True)
+    what = f"{shape} state slot {slot_mib:.0f} MiB in {len(device_cache.state_tensors())} tensors"
     print(f"block {pool.block_bytes >> 10} KiB: a state copy takes {state_host >> 10} KiB of blocks, "
           f"{cache.pages_per_block} KV pages per block")
 
@@ -87,7 +89,7 @@ def main() -> None:
          allocated_blocks=pool.allocated)
     cache.release(*kept)
 
-    times, legacy = _saves(args.saves, lambda: _legacy_save(cache, 0))
+    times, legacy = _saves(args.saves, lambda: _legacy_save(device_cache, 0))
     _row("host_save_state", f"{what} fresh pinned tensors (old path)", times, slot_bytes, saves=args.saves)
     del legacy
 
@@ -99,7 +101,7 @@ def main() -> None:
     _row("host_restore_state", f"{what} from pool blocks", times, slot_bytes)
     cache.release(*kept)
 
-    pages, kv_bytes = list(range(args.pages)), args.pages * cache.page_nbytes
+    pages, kv_bytes = list(range(args.pages)), args.pages * device_cache.page_nbytes
     kv_what = f"{shape} {args.pages} KV pages {kv_bytes / 2 ** 30:.2f} GiB {args.kv_dtype}"
     first, saved = _timed(lambda: cache.save_pages(pages))
     cache.release(saved)
@@ -114,10 +116,10 @@ def main() -> None:
     _row("host_restore_kv", f"{kv_what} from pool blocks", times, kv_bytes)
     cache.release(saved)
 
-    fresh = ModelCache(config, num_pages=8, page_size=64, num_slots=1, device=args.device, dtype=torch.bfloat16,
-                       host_limit=8 << 30)
-    s, _ = _timed(lambda: fresh.host.reserve(4 << 30 if args.device == "cuda" else 64 << 20))
-    _row("host_prepin", f"{shape} pool reserve {fresh.host.held_bytes / 2 ** 30:.1f} GiB", [s], fresh.host.held_bytes)
+    fresh = HostCache(ModelCache(config, num_pages=8, page_size=64, num_slots=1, device=args.device,
+                                 dtype=torch.bfloat16), limit=8 << 30).pool
+    s, _ = _timed(lambda: fresh.reserve(4 << 30 if args.device == "cuda" else 64 << 20))
+    _row("host_prepin", f"{shape} pool reserve {fresh.held_bytes / 2 ** 30:.1f} GiB", [s], fresh.held_bytes)
     stats = getattr(torch.cuda, "host_memory_stats", None)
     if stats is not None and args.device == "cuda":
         print({k: v for k, v in stats().items() if "bytes" in k and "current" in k.lower()})

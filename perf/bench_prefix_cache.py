@@ -88,7 +88,7 @@ def agent_loop(llm, shape: str, turns: int, growth: int, report: bool = True) ->
     history, computed, hits, seconds = [], 0, 0, 0.0
     prefix = llm.engine.prefix
     before = (prefix.stats.offloaded, prefix.stats.kv_offloaded) if prefix is not None else (0, 0)
-    pinned_before = llm.engine.cache.host.allocated
+    pinned_before = llm.engine.runner.host.pool.allocated
     for t in range(turns):
         history = history + _tokens(growth, 100 + t)
         s, cached = _ttft(llm, history)
@@ -102,12 +102,12 @@ def agent_loop(llm, shape: str, turns: int, growth: int, report: bool = True) ->
     record("prefix_agent_loop", f"{shape} {turns} turns to {len(history)} tok cache={mode}", seconds * 1e3,
            achieved=computed, limit=float("nan"), unit="prefill tokens", hit_rate=round(hits / turns, 3),
            state_offloads=after[0] - before[0], kv_offloads=after[1] - before[1],
-           host_blocks_pinned=llm.engine.cache.host.allocated - pinned_before)
+           host_blocks_pinned=llm.engine.runner.host.pool.allocated - pinned_before)
 
 
 def offload_bandwidth(llm, shape: str) -> None:
     """One state slot's save into reused host-pool blocks (a first save pins them) and its restore."""
-    cache, slot_bytes = llm.engine.cache, state_bytes_per_slot(llm.config, llm.model.dtype)
+    cache, slot_bytes = llm.engine.runner.host, state_bytes_per_slot(llm.config, llm.model.dtype)
     cache.release(cache.save_slot(0))
     sync(llm.device)
     start = time.perf_counter()

@@ -1,6 +1,6 @@
 """MTP speculative decoding at the real 27B / 35B-A3B shapes with random weights.
 
-Random weights accept nothing, so the engine's forced-acceptance mode accepts exactly ``n`` of
+Random weights accept nothing, so forced acceptance (``speculative.force_acceptance``) accepts exactly ``n`` of
 the ``K`` drafts each round while running every real code path (catch-up, K draft steps, the
 K+1-token verification with per-token DeltaNet states, sampling of every row, rollback). For
 each ``n`` and concurrency ``C`` this measures the round time and the committed tokens per
@@ -25,6 +25,7 @@ from ninfer.llm import LLM
 from ninfer.models.mtp import MTPHead
 from ninfer.runtime.engine import EngineConfig
 from ninfer.runtime.memory import kv_bytes_per_token, state_bytes_per_slot
+from ninfer.runtime.speculative import force_acceptance
 
 TOKENS_PER_ROUND = (2.1, 2.7, 3.7)
 TARGETS = {("27b", 1): 470.0, ("35b-a3b", 1): 1100.0}  # tok/s at C=1, K=3, 2.7 tokens per round (4-bit)
@@ -77,10 +78,10 @@ def run(args: argparse.Namespace) -> None:
         del plain
         record("spec_plain_decode", f"{args.shape} {label} C={lanes} ctx={ctx}", base * 1e3,
                achieved=lanes / base, limit=float("nan"), unit="tok/s")
-        llm = make_llm(model, head, args.shape, EngineConfig(**common, draft_tokens=k, forced_accept=0))
+        llm = make_llm(model, head, args.shape, EngineConfig(**common, draft_tokens=k))
         rounds = {}
         for n in range(k + 1):
-            llm.engine.spec.forced_accept = n
+            force_acceptance(llm.engine.spec, n)
             rounds[n] = steady_decode(llm, lanes, ctx, args.steps)
             record("spec_forced_accept", f"{args.shape} {label} C={lanes} K={k} n={n} ctx={ctx}", rounds[n] * 1e3,
                    achieved=lanes * (n + 1) / rounds[n], limit=float("nan"), unit="tok/s",

@@ -90,7 +90,7 @@ def simulate_device(llm: Any, times: DeviceTimes, overlap: bool = True) -> None:
     allowed = [i for i in range(min(llm.valid_vocab, vocab))
                if (s := tok.decode([i])) and s.isascii() and s.isprintable() and not any(c in s for c in "<>&")]
     device = _Device()
-    engine.model = _SimulatedModel(device, times, torch.tensor(allowed), vocab)
+    engine.runner.model = _SimulatedModel(device, times, torch.tensor(allowed), vocab)
     engine.launches_async = overlap
     sample = engine.sampler.sample
 

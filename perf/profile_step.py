@@ -26,7 +26,9 @@ from bench_spec import make_llm, random_head
 from common import record
 from random_model import SHAPES, random_model
 
+from ninfer.llm import LLM
 from ninfer.runtime.engine import EngineConfig
+from ninfer.runtime.speculative import force_acceptance
 
 # Op families by lower-cased kernel name (first match wins): Triton kernel names, cuBLAS and torch kernels.
 FAMILIES = [
@@ -113,13 +115,18 @@ def run(args: argparse.Namespace) -> None:
     head = random_head(model) if args.draft_tokens else None
     common = dict(max_concurrency=args.lanes, max_context=args.context + 4096,
                   kv_capacity=args.lanes * (args.context + 4096), prefix_cache=False)
-    spec = dict(draft_tokens=args.draft_tokens, forced_accept=args.draft_tokens) if args.draft_tokens else {}
+    spec = dict(draft_tokens=args.draft_tokens) if args.draft_tokens else {}
     if args.draft_tokens:
         label += f" K={args.draft_tokens} (round)"
     graphs = args.device == "cuda"
-    step_s = steady_decode(make_llm(model, head, args.shape, EngineConfig(**common, **spec, cuda_graphs=graphs)),
-                           args.lanes, args.context, args.steps)
-    eager_llm = make_llm(model, head, args.shape, EngineConfig(**common, **spec, cuda_graphs=False))
+
+    def llm_with(cuda_graphs: bool) -> LLM:
+        llm = make_llm(model, head, args.shape, EngineConfig(**common, **spec, cuda_graphs=cuda_graphs))
+        if args.draft_tokens:  # random weights accept nothing: profile the full round, every draft accepted
+            force_acceptance(llm.engine.spec, args.draft_tokens)
+        return llm
+    step_s = steady_decode(llm_with(graphs), args.lanes, args.context, args.steps)
+    eager_llm = llm_with(False)
     steady_decode(eager_llm, args.lanes, args.context, 2)  # compile and tune outside the profile
     # Profile prefill + 3 warm + N steps, then the same with 0 timed steps: the difference is N steps.
     long = kernel_times(eager_llm, args.lanes, args.context, args.steps)

@@ -18,6 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from tiny_checkpoints import make_composite  # noqa: E402
 
 import ninfer  # noqa: E402
+from ninfer.runtime.speculative import force_acceptance  # noqa: E402
 
 REAL_HEADS = dict(hidden_size=256, intermediate_size=512, head_dim=256, num_attention_heads=6,
                   num_key_value_heads=1, linear_num_key_heads=2, linear_num_value_heads=6,
@@ -33,7 +34,7 @@ def main(args: argparse.Namespace) -> None:
     prompts = [torch.randint(0, 448, (n,)).tolist() for n in (5, 70, 130, 300)]
     params = llm.sampling_params(greedy=True)
     for n in range(args.k + 1):
-        spec.forced_accept = n  # every acceptance count (so every rollback slot), graphs replayed
+        force_acceptance(spec, n)  # every acceptance count (so every rollback slot), graphs replayed
         reqs = [llm._request(p, args.tokens, params) for p in prompts]
         llm._run(reqs)
         print(f"forced n={n}: {[len(r.output_ids) for r in reqs]} tokens", flush=True)

@@ -141,12 +141,13 @@ def test_no_private_names_imported_across_files() -> None:
     assert not wrong, "private names taken from another file:\n" + "\n".join(wrong)
 
 
-def _package_graph(package: str) -> dict[str, set[str]]:
-    """Imports among the modules of one package (its ``__init__`` excluded: it only re-exports)."""
+def _package_graph(package: str, typing_only: bool = False) -> dict[str, set[str]]:
+    """Imports among the modules of one package (its ``__init__`` excluded: it only re-exports);
+    ``typing_only``: those under ``TYPE_CHECKING`` too."""
     members = {m for m in MODULES if m.rpartition(".")[0] == package and m != package}
     graph: dict[str, set[str]] = {m: set() for m in members}
     for m in members:
-        for module, names, _ in _imports(MODULES[m], typing_only=False):
+        for module, names, _ in _imports(MODULES[m], typing_only=typing_only):
             graph[m] |= {t for t in _target(module, names) if t in members and t != m}
     return graph
 
@@ -185,6 +186,46 @@ def test_no_import_cycles_inside_a_package() -> None:
         if cycle := _cycle(graph):
             cycles[pkg] = cycle
     assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles.values())
+
+
+def test_no_back_arrows_in_the_runtime() -> None:
+    """The engine's collaborators (runner, scheduler, pauser, speculator, memory plan, ...) never point back at
+    the modules that build them, not even for type hints: each gets what it needs at construction."""
+    graph = _package_graph("ninfer.runtime", typing_only=True)
+    for known in KNOWN_CYCLES:
+        if known <= graph.keys():
+            for a in known:
+                graph[a] -= known
+    assert _cycle(graph) is None, " -> ".join(_cycle(graph) or [])
+
+
+def _calls_and_subscript_writes(path: Path) -> tuple[set[str], set[str]]:
+    """Names called (``f(...)``, ``x.f(...)``) and attributes written through a subscript (``x.a[i] = ...``)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    called = {n.func.id if isinstance(n.func, ast.Name) else n.func.attr for n in ast.walk(tree)
+              if isinstance(n, ast.Call) and isinstance(n.func, (ast.Name, ast.Attribute))}
+    written = set()
+    for node in ast.walk(tree):
+        targets = (node.targets if isinstance(node, ast.Assign)
+                   else [node.target] if isinstance(node, ast.AugAssign) else [])
+        for t in targets:
+            if isinstance(t, ast.Subscript) and isinstance(t.value, ast.Attribute):
+                written.add(t.value.attr)
+    return called, written
+
+
+def test_one_batch_constructor_and_one_block_table_writer() -> None:
+    """Every ``ForwardBatch`` comes from ``models.batch.make_batch``; the lanes' block tables are written only by
+    the model runner (its ``set_pages`` / ``clear``)."""
+    builders, writers = [], []
+    for name, path in MODULES.items():
+        called, written = _calls_and_subscript_writes(path)
+        if "ForwardBatch" in called and name != "ninfer.models.batch":
+            builders.append(name)
+        if written & {"block_tables", "lane_block_tables"} and name != "ninfer.runtime.model_runner":
+            writers.append(name)
+    assert not builders, f"ForwardBatch built outside make_batch: {builders}"
+    assert not writers, f"block tables written outside the model runner: {writers}"
 
 
 def test_the_checks_see_function_level_and_relative_imports(tmp_path: Path) -> None:

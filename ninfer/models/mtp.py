@@ -22,7 +22,7 @@ from torch import nn
 from ninfer.checkpoint import CheckpointError, fused_parts
 from ninfer.config import ModelConfig
 from ninfer.kernels.rope import mrope_cos_sin, rope_inv_freq
-from ninfer.models.batch import ForwardBatch
+from ninfer.models.batch import ForwardBatch, make_batch
 from ninfer.models.cache import ModelCache
 from ninfer.models.layers import RMSNorm, linear
 from ninfer.models.qwen3_5 import DecoderLayer, Qwen3_5TextModel
@@ -207,17 +207,11 @@ def single_token_batch(token: int, position: int, *, block_table: torch.Tensor, 
 
     ``rope_delta`` shifts the rotary position only (multimodal prompts, reference §11.4), not the slot.
     """
-    device = block_table.device
     page = int(block_table[position // page_size])
-    return ForwardBatch(
-        input_ids=torch.tensor([token], dtype=torch.long, device=device),
-        positions=torch.full((3, 1), position + rope_delta, dtype=torch.long, device=device),
-        cu_seqlens=torch.tensor([0, 1], dtype=torch.int32, device=device),
-        context_lens=torch.tensor([position + 1], dtype=torch.int32, device=device),
-        block_tables=block_table.to(torch.int32)[None],
-        slot_mapping=torch.tensor([page * page_size + position % page_size], dtype=torch.long, device=device),
-        state_slots=torch.zeros(1, dtype=torch.long, device=device),  # unused: no DeltaNet layer
-        max_seqlen=1,
+    return make_batch(
+        input_ids=[token], positions=[position + rope_delta], seq_lens=[1], context_lens=[position + 1],
+        block_tables=block_table.to(torch.int32)[None], slot_mapping=[page * page_size + position % page_size],
+        state_slots=[0],  # unused: no DeltaNet layer
     )
 
 

@@ -1,9 +1,9 @@
 """The engine: continuous batching of up to 8 sequences over one shared KV pool.
 
-``step()`` is the whole loop: the scheduler admits and plans, the model runs the decode batch
+``step()`` is the whole loop: the scheduler admits and plans, the model runner executes the decode batch
 (replayed from a CUDA graph on GPU) or, when prompt chunks are due, one forward over the decode rows
-and the chunks together, the sampler picks tokens, and each request's output processor turns tokens
-into text events and decides when it stops.
+and the chunks together, the sampler picks tokens, and the postprocessor turns them into each request's
+text events (its output processor decides when it stops) and ends requests.
 
 Failure isolation: whatever raises while one request is prepared (admission, its rows of a batch),
 sampled or turned into text finishes that request alone with ``finish_reason="error"`` and the error
@@ -14,29 +14,25 @@ state may be half-written), and the engine keeps serving the others and new ones
 from __future__ import annotations
 
 import logging
-import time
 from typing import Callable
 
 import torch
 
-from ninfer.models.batch import ForwardBatch
-from ninfer.models.cache import ModelCache
 from ninfer.models.mtp import MTPHead
 from ninfer.models.qwen3_5 import Qwen3_5TextModel
 from ninfer.runtime.engine_config import EngineConfig
-from ninfer.runtime.graphs import DecodeGraphs
-from ninfer.runtime.isolation import draw_or_isolate, error_message, prepare_each, sample_each
-from ninfer.runtime.memory import MemoryPlan, dequant_workspace_bytes, plan_memory
-from ninfer.runtime.mixed_step import mixed_step
+from ninfer.runtime.isolation import draw_or_isolate, prepare_each, sample_each
+from ninfer.runtime.memory import MemoryPlan
+from ninfer.runtime.model_runner import ModelRunner
 from ninfer.runtime.output import OutputProcessor
 from ninfer.runtime.pause import Pauser
 from ninfer.runtime.pools import PagePool, SlotPool
+from ninfer.runtime.postprocess import Postprocessor
 from ninfer.runtime.prefix_cache import PrefixCache
 from ninfer.runtime.request import Request, RequestOutput, Status
-from ninfer.runtime.sampler import Sampler, TokenLogprobs
+from ninfer.runtime.sampler import Sampler
 from ninfer.runtime.scheduler import Scheduler
 from ninfer.runtime.speculative import MTPSpeculator, SpecStats, committed_tokens
-from ninfer.runtime.warmup import warm_up
 
 # Decode rows join a step's prompt chunks in one forward while their contexts are shorter than this:
 # beyond it their attention (prefill kernel, no split-KV) costs more than the separate decode step saved.
@@ -50,52 +46,52 @@ class Engine:
                  config: EngineConfig, *, vocab_limit: int, mtp_head: MTPHead | None = None) -> None:
         if config.draft_tokens and mtp_head is None:
             raise ValueError("draft_tokens > 0 needs the checkpoint's MTP head (mtp_head=...)")
-        self.model, self.config, self.make_output = model, config, make_output
+        self.config, self.make_output = config, make_output
         self.device = model.device
-        self.plan: MemoryPlan = plan_memory(model.config, config, self.device, model.dtype,
-                                            dequant_workspace_bytes([model, mtp_head], model.dtype))
-        host_bytes = (config.host_cache_bytes if config.prefix_cache else 0) + config.pause_host_bytes  # both budgets
-        self.cache = ModelCache(model.config, num_pages=self.plan.num_pages, page_size=config.page_size,
-                                num_slots=config.num_state_slots, device=self.device,
-                                dtype=model.dtype, kv_dtype=config.kv_dtype, with_mtp=bool(config.draft_tokens),
-                                host_limit=host_bytes, host_prepin=config.host_prepin_bytes)
-        self.pages, self.slots = PagePool(self.plan.num_pages), SlotPool(config.num_state_slots)
-        self.prefix = PrefixCache(self.cache, self.pages, self.slots, config.page_size, config.checkpoint_interval,
-                                  config.host_cache_bytes) if config.prefix_cache else None
+        # The device side (memory plan, cache, block tables, decode graphs); then the bookkeeping of its pages and
+        # slots, the scheduler that hands them out, and the collaborators that need the runner.
+        self.runner = runner = ModelRunner(model, config, mtp_head=mtp_head)
+        self.pages, self.slots = PagePool(runner.plan.num_pages), SlotPool(config.num_state_slots)
+        self.prefix = PrefixCache(runner.cache, runner.host, self.pages, self.slots, config.page_size,
+                                  config.checkpoint_interval, config.host_cache_bytes) if config.prefix_cache else None
         self.scheduler = Scheduler(max_concurrency=config.max_concurrency, max_context=config.max_context,
                                    page_size=config.page_size, prefill_chunk=config.prefill_chunk,
                                    pages=self.pages, slots=self.slots, max_pending=config.max_pending,
                                    prefix=self.prefix, lookahead=config.draft_tokens,
+                                   pack_prefills=not config.draft_tokens,  # speculation prefills one prompt a step
                                    prefill_tokens_while_decoding=config.prefill_tokens_while_decoding)
-        max_pages = -(-(config.max_context + config.draft_tokens) // config.page_size)
-        self.lane_block_tables = torch.zeros(config.max_concurrency, max_pages, dtype=torch.int32, device=self.device)
         self.sampler = Sampler(config.max_concurrency, model.config.vocab_size, vocab_limit, self.device)
-        self.pauser = Pauser(self.scheduler, self.cache, self.sampler, self.lane_block_tables, config.pause_host_bytes)
+        self.spec = MTPSpeculator(runner, mtp_head, vocab_limit=vocab_limit) if config.draft_tokens else None
+        self.pauser = Pauser(self.scheduler, runner, self.sampler, config.pause_host_bytes, self.spec)
         self.outputs: dict[str, OutputProcessor] = {}
         self.requests: dict[str, Request] = {}
+        self.spec_totals = SpecStats()
+        self.post = Postprocessor(scheduler=self.scheduler, sampler=self.sampler, pauser=self.pauser,
+                                  prefix=self.prefix, requests=self.requests, outputs=self.outputs,
+                                  spec_totals=self.spec_totals)
         self.on_admit: Callable[[Request], None] | None = None  # each admitted request, before its prefill runs
         # Called once a step's forward is queued on the device, before the host waits for its tokens: work
         # done then (the server's streaming) overlaps the device instead of delaying the next launch.
         self.on_launched: Callable[[], None] | None = None
         self.launches_async = self.device.type == "cuda"  # whether there is such a wait to overlap
-        self.graphs = self.spec = None
-        self.spec_totals = SpecStats()
-        if config.draft_tokens:
-            self.spec = MTPSpeculator(model, mtp_head, self.cache, self.lane_block_tables,
-                                      max_lanes=config.max_concurrency, draft_tokens=config.draft_tokens,
-                                      vocab_limit=vocab_limit, forced_accept=config.forced_accept,
-                                      cuda_graphs=config.cuda_graphs)
-        elif config.cuda_graphs and self.device.type == "cuda":
-            self.graphs = DecodeGraphs(model, self.cache, self.lane_block_tables, config.max_concurrency)
-        self.pauser.spec = self.spec
-        self.scheduler.pack_prefills = self.spec is None  # the speculator's prefill hook takes one prompt at a time
         if config.warmup and self.device.type == "cuda":
             self.warm_up()
 
+    @property
+    def model(self) -> Qwen3_5TextModel:
+        return self.runner.model
+
+    @property
+    def plan(self) -> MemoryPlan:
+        return self.runner.plan
+
     def warm_up(self) -> None:
-        """Compile and autotune at start-up what serving will meet (:func:`ninfer.runtime.warmup.warm_up`)."""
-        warm_up(self)
-        self.sampler.warm_up(self.model)  # the sampling kernel's variants (Sampler.warm_up)
+        """Compile and autotune at start-up what serving will meet (:meth:`ModelRunner.warm_up`), on pages and a
+        slot the pools lend for it, then the sampling kernel's variants (:meth:`Sampler.warm_up`)."""
+        riders = self.config.max_concurrency if self.scheduler.pack_prefills else 0
+        self.runner.warm_up(self.pages, self.slots, riders=riders,
+                            while_decoding=self.scheduler.prefill_tokens_while_decoding)
+        self.sampler.warm_up(self.model)
 
     # -- requests ---------------------------------------------------------------------------
     def add_request(self, req: Request) -> None:
@@ -111,7 +107,7 @@ class Engine:
         req = self.requests.get(request_id)
         if req is None or req.status == Status.FINISHED:
             return None
-        return self._finish(req, "cancelled")
+        return self.post.finish(req, "cancelled")
 
     supports_logprobs = True
 
@@ -136,7 +132,7 @@ class Engine:
         except Exception as err:  # a batched stage: what ran in it may be half-written, so its requests end
             log.exception("engine step failed; ending the %d resident requests", len(self.scheduler.running))
             for req in list(self.scheduler.running):
-                events.extend(self._fail(req, "the batched step", err, logged=True))
+                events.extend(self.post.fail(req, "the batched step", err, logged=True))
         return events
 
     def _step(self, events: list[RequestOutput]) -> None:
@@ -147,7 +143,7 @@ class Engine:
             try:
                 self._start(req)
             except Exception as err:
-                events.extend(self._fail(req, "admission", err))
+                events.extend(self.post.fail(req, "admission", err))
         plan = self.scheduler.plan()
         if plan.prefills and self.spec is None and plan.prefills[0][0].mm is None:
             # Decode rows ride along with the prompt chunks unless their contexts are long: the prefill
@@ -165,14 +161,14 @@ class Engine:
             try:  # a forward of this request alone: its failure touches no other request's state
                 events.extend(self._prefill(req, end))
             except Exception as err:
-                events.extend(self._fail(req, "prefill", err))
+                events.extend(self.post.fail(req, "prefill", err))
 
     def _start(self, req: Request) -> None:
         """An admitted request's state: prefix-cache hit or a reset slot, its pause snapshot, its sampler lane."""
         if req.prefix_hit is not None:
             self._resume_from_prefix(req)
         else:
-            self.cache.reset_slot(req.slot)
+            self.runner.cache.reset_slot(req.slot)
         if req.paused is not None:
             self.pauser.resume(req)  # its snapshot, or nothing (it prefills again); its sampler lane
         else:
@@ -191,23 +187,57 @@ class Engine:
         tokens, logprobs = self.sampler.sample(logits, [req])
         if self.spec is not None:
             self.spec.begin(req, tokens[0])
-        return self._append(req, tokens[0], logprobs[0])
+        return self.post.append(req, tokens[0], logprobs[0])
 
     def _decode(self, reqs: list[Request], events: list[RequestOutput]) -> None:
         slots = prepare_each(reqs, lambda r: self._slots_for(r, r.num_computed, r.num_computed + 1)[0],
-                             "decode preparation", self._fail, events)
+                             "decode preparation", self.post.fail, events)
         if not slots:
             return
         reqs = [r for r, _ in slots]
         logits = self._decode_logits(reqs, [slot for _, slot in slots])
         self._launched()
-        for req, token, lp in sample_each(self.sampler, logits, reqs, self._fail, events):
-            events.extend(self._append(req, token, lp))
+        for req, token, lp in sample_each(self.sampler, logits, reqs, self.post.fail, events):
+            events.extend(self.post.append(req, token, lp))
 
     def _mixed_step(self, decode: list[Request], prefills: list[tuple[Request, int]], marks: dict[str, int],
                     events: list[RequestOutput]) -> None:
-        """Decode rows and prompt chunks in one forward (:func:`ninfer.runtime.mixed_step.mixed_step`)."""
-        mixed_step(self, decode, prefills, marks, events)
+        """One forward over ``decode`` (one new token each) and the prompt chunks ``prefills`` (request, end):
+        the weights are read once instead of twice (a decode graph, then the prefill); eager, as every prefill.
+        ``marks``: prompt positions inside the chunks whose state the forward also keeps for the prefix cache.
+        Each request's rows are prepared on its own: one that cannot be is failed and left out."""
+        decode_rows = prepare_each(decode, lambda r: (self._slots_for(r, r.num_computed, r.num_computed + 1),
+                                                      [r.output_ids[-1]]), "decode preparation", self.post.fail, events)
+        chunk_rows = prepare_each(prefills, lambda item: (self._slots_for(item[0], item[0].num_computed, item[1]),
+                                                          item[0].tokens(item[0].num_computed, item[1])),
+                                  "prefill preparation", self.post.fail, events)
+        decode, prefills = [r for r, _ in decode_rows], [item for item, _ in chunk_rows]
+        if not decode and not prefills:
+            return
+        checkpoints = self.prefix.forward_checkpoints(prefills, marks, len(decode)) if marks else []
+        try:
+            hidden, cu = self.runner.mixed(decode_rows, chunk_rows, checkpoints)
+        except Exception:
+            for *_, slot in checkpoints:  # reserved for this forward's checkpoints, which will not exist
+                self.slots.release(slot)
+            raise
+        for req in decode:
+            req.num_computed += 1
+        for _, req, _, r, slot in checkpoints:  # num_computed is still the chunk's start
+            self.prefix.adopt(req.tokens(0, req.num_computed + r), slot, req.pages, req.media_keys)
+        rows, sampled = list(range(len(decode))), list(decode)  # the rows that sample a token, in order
+        for i, (req, end) in enumerate(prefills, start=len(decode)):
+            req.num_computed = end
+            done = end >= req.prefill_target
+            self._maybe_checkpoint(req, done)
+            if done:
+                rows.append(cu[i + 1] - 1)
+                sampled.append(req)
+        logits = self.runner.logits(hidden[torch.tensor(rows, device=self.device)]) if sampled else None
+        self._launched()
+        if logits is not None:
+            for req, token, lp in sample_each(self.sampler, logits, sampled, self.post.fail, events):
+                events.extend(self.post.append(req, token, lp))
 
     def _maybe_checkpoint(self, req: Request, prompt_done: bool) -> None:
         """After a prompt chunk that stopped at a checkpoint mark, let the prefix cache keep the state."""
@@ -234,79 +264,47 @@ class Engine:
             return
         self.prefix.restore(hit.checkpoint, req.slot)  # the state, from its slot or host memory
         if req.pages:
-            self.lane_block_tables[req.lane, :len(req.pages)] = torch.tensor(req.pages, dtype=torch.int32)
+            self.runner.set_pages(req.lane, req.pages)
         if hit.length % ps:
             self._slots_for(req, hit.length, hit.length + 1)  # takes the page that holds position hit.length
-            self.cache.copy_page(hit.checkpoint.pages[hit.length // ps], req.pages[-1])
+            self.runner.cache.copy_page(hit.checkpoint.pages[hit.length // ps], req.pages[-1])
 
     # -- model calls --------------------------------------------------------------------------
     def _slots_for(self, req: Request, start: int, end: int) -> list[int]:
-        ps = self.config.page_size
+        """The KV slots of positions ``[start, end)``, taking the request's reserved pages that they need."""
         new_pages = self.scheduler.ensure_pages(req, end)
         if new_pages:
-            first = len(req.pages) - len(new_pages)
-            self.lane_block_tables[req.lane, first:len(req.pages)] = torch.tensor(new_pages, dtype=torch.int32)
-        return [req.pages[p // ps] * ps + p % ps for p in range(start, end)]
+            self.runner.set_pages(req.lane, new_pages, first=len(req.pages) - len(new_pages))
+        return self.runner.slot_mapping(req.pages, start, end)
 
     def _decode_logits(self, reqs: list[Request], slot_mapping: list[int]) -> torch.Tensor:
-        dev = self.device
-        pos = [r.num_computed for r in reqs]
-        ids = torch.tensor([r.output_ids[-1] for r in reqs], dtype=torch.long)
-        positions = torch.tensor([p + r.rope_delta for r, p in zip(reqs, pos)], dtype=torch.long).expand(3, len(reqs))
-        context = torch.tensor([p + 1 for p in pos], dtype=torch.int32)
-        lanes = torch.tensor([r.lane for r in reqs], dtype=torch.long)
-        state_slots = torch.tensor([r.slot for r in reqs], dtype=torch.long)
-        slots = torch.tensor(slot_mapping, dtype=torch.long)
+        logits = self.runner.decode(reqs, slot_mapping)
         for r in reqs:
             r.num_computed += 1
-        if self.graphs is not None:
-            return self.graphs.run(ids, positions, context, slots, lanes, state_slots)
-        lanes = lanes.to(dev)
-        batch = ForwardBatch(
-            input_ids=ids.to(dev), positions=positions.to(dev),
-            cu_seqlens=torch.arange(len(reqs) + 1, dtype=torch.int32, device=dev),
-            context_lens=context.to(dev), block_tables=self.lane_block_tables[lanes],
-            slot_mapping=slots.to(dev), state_slots=state_slots.to(dev), max_seqlen=1,
-        )
-        return self.model.logits(self.model(batch, self.cache))
+        return logits
 
     def _prefill_logits(self, req: Request, end: int) -> torch.Tensor | None:
-        dev, start = self.device, req.num_computed
-        slots = self._slots_for(req, start, end)
-        embeds = None
-        if req.mm is not None:  # media: 3-axis positions and vision features in place of pad embeddings
-            positions, embeds = req.mm.chunk(self.model, start, end)
-        else:
-            positions = torch.arange(start, end, device=dev).expand(3, end - start)
-        batch = ForwardBatch(
-            input_ids=torch.tensor(req.tokens(start, end), dtype=torch.long, device=dev),
-            positions=positions,
-            cu_seqlens=torch.tensor([0, end - start], dtype=torch.int32, device=dev),
-            context_lens=torch.tensor([end], dtype=torch.int32, device=dev),
-            block_tables=self.lane_block_tables[req.lane:req.lane + 1],
-            slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
-            state_slots=torch.tensor([req.slot], dtype=torch.long, device=dev), max_seqlen=end - start,
-        )
-        hidden = self.model(batch, self.cache, inputs_embeds=embeds)
+        start = req.num_computed
+        hidden, batch = self.runner.prefill(req, start, end, self._slots_for(req, start, end))
         if self.spec is not None:
             self.spec.prefill(req, hidden, batch, start, end)
         req.num_computed = end
         if end < req.prefill_target:  # a paused request's replay ends with its last output token
             return None
         req.mm = None  # the media embeddings are no longer needed once the prompt is in the cache
-        return self.model.logits(hidden[-1:])
+        return self.runner.logits(hidden[-1:])
 
     def _speculative_round(self, reqs: list[Request], events: list[RequestOutput]) -> None:
         """Draft K tokens per sequence, verify them in one target step, commit the accepted run."""
         spec, t = self.spec, self.spec.t
         # The verification writes KV at positions n .. n + K.
         reqs = [r for r, _ in prepare_each(reqs, lambda r: self._slots_for(r, r.num_computed, r.num_computed + t),
-                                           "speculation preparation", self._fail, events)]
+                                           "speculation preparation", self.post.fail, events)]
         if not reqs:
             return
         drafts, logits, hidden, n = spec.run(reqs)
         self._launched()
-        draw = draw_or_isolate(self.sampler, logits, reqs, drafts, self._fail, events)
+        draw = draw_or_isolate(self.sampler, logits, reqs, drafts, self.post.fail, events)
         if draw is None:
             return
         sampled = draw.out.token_ids.view(len(reqs), t)
@@ -325,60 +323,10 @@ class Engine:
                 # slot written after verify token i: rolling back is choosing that slot.
                 req.num_computed = n0 + i + 1
                 req.slot, req.spare_slots = outs[i], [s for s in slots if s != outs[i]]
-                events.extend(self._append(req, tok, lp))
+                events.extend(self.post.append(req, tok, lp))
                 if req.status == Status.FINISHED:
                     break
 
     def _launched(self) -> None:
         if self.on_launched is not None:
             self.on_launched()
-
-    # -- outputs --------------------------------------------------------------------------------
-    def _append(self, req: Request, token: int, logprobs: TokenLogprobs | None = None) -> list[RequestOutput]:
-        req.output_ids.append(token)
-        if req.first_token_time is None:
-            req.first_token_time = time.perf_counter()
-        processor = self.outputs[req.request_id]
-        try:
-            event = processor.push(token)
-        except Exception as err:
-            return self._fail(req, "detokenization", err)
-        if logprobs is not None:
-            event.logprobs = [logprobs]
-        if processor.finish_reason is not None:
-            return [self._finish(req, processor.finish_reason, event)]
-        if len(req.output_ids) >= req.max_new_tokens:
-            return [self._finish(req, "length", event)]
-        return [event] if event.token_ids else []
-
-    def _fail(self, req: Request, stage: str, err: Exception, logged: bool = False) -> list[RequestOutput]:
-        """End one request whose ``stage`` raised ``err``: its error event (none if it had already ended)."""
-        if not logged:
-            log.error("request %s failed in %s", req.request_id, stage, exc_info=err)
-        if req.status is Status.FINISHED or req.request_id not in self.requests:
-            return []
-        return [self._finish(req, "error", error=error_message(stage, err))]
-
-    def _finish(self, req: Request, reason: str, event: RequestOutput | None = None,
-                error: str | None = None) -> RequestOutput:
-        """Release the request's lane, pages, slots and snapshot, and build its final event (``error``: why it
-        failed; its held-back text is dropped then, the output processor may be what failed)."""
-        if self.prefix is not None and reason in ("stop", "length") and req.slot is not None and req.prefill_done:
-            # The next turn of a conversation resends all of this: checkpoint where computation stopped.
-            self.prefix.insert(req.tokens(0, req.num_computed), req.slot, req.pages, req.media_keys)
-        if req.spec_stats is not None:
-            self.spec_totals.add(req.spec_stats)
-        self.pauser.discard(req)  # a request cancelled while paused gives its snapshot's host memory back
-        self.scheduler.finish(req)
-        self.sampler.finish(req)
-        req.finish_reason, req.finish_time = reason, time.perf_counter()
-        processor = self.outputs.pop(req.request_id)
-        self.requests.pop(req.request_id, None)
-        if error is None:
-            try:
-                return processor.finish(event, reason)
-            except Exception as err:
-                log.error("request %s failed in finishing its output", req.request_id, exc_info=err)
-                error = error_message("output processing", err)
-                req.finish_reason = "error"
-        return RequestOutput(req.request_id, [], finished=True, finish_reason="error", error=error)

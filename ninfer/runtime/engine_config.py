@@ -23,7 +23,6 @@ class EngineConfig:
     checkpoint_interval: int = 4096  # also checkpoint every this many tokens of a long prompt
     host_cache_bytes: int = 0  # host memory that evicted checkpoints move to (0: evicted ones are dropped)
     draft_tokens: int = 0  # speculative decoding with the MTP head: K drafts per round (0: off)
-    forced_accept: int | None = None  # benchmarks only: accept exactly this many drafts per round
     pause_host_bytes: int = 4 << 30  # host memory for snapshots of paused requests (beyond it: recompute)
     host_prepin_bytes: int = 0  # host memory pinned at start-up for those copies (at most both budgets)
     warmup: bool = True  # on CUDA, compile and autotune for every prefill chunk length class at start-up

@@ -11,7 +11,7 @@ from typing import TypeVar
 
 import torch
 
-from ninfer.models.batch import ForwardBatch
+from ninfer.models.batch import make_batch
 from ninfer.models.cache import ModelCache
 from ninfer.models.qwen3_5 import Qwen3_5TextModel
 from ninfer.runtime import startup
@@ -59,10 +59,10 @@ class DecodeGraphs:
 
     def _forward(self, b: int) -> torch.Tensor:
         torch.index_select(self.lane_block_tables, 0, self.lanes[:b], out=self.block_tables[:b])
-        batch = ForwardBatch(
+        batch = make_batch(
             input_ids=self.input_ids[:b], positions=self.positions[:, :b], cu_seqlens=self.cu_seqlens[:b + 1],
-            context_lens=self.context_lens[:b], block_tables=self.block_tables[:b],
-            slot_mapping=self.slot_mapping[:b], state_slots=self.state_slots[:b], max_seqlen=1,
+            max_seqlen=1, context_lens=self.context_lens[:b], block_tables=self.block_tables[:b],
+            slot_mapping=self.slot_mapping[:b], state_slots=self.state_slots[:b],
         )
         return self.model.logits(self.model(batch, self.cache))
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -18,9 +17,7 @@ from torch import nn
 from ninfer.config import ModelConfig
 from ninfer.kernels.quant_gemm.dequant import workspace_bytes as dequant_bytes
 from ninfer.quant.linear import QuantLinear
-
-if TYPE_CHECKING:
-    from ninfer.runtime.engine import EngineConfig
+from ninfer.runtime.engine_config import EngineConfig
 
 HEADROOM_BYTES = 1 << 30
 KV_ELEMENT_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp32": 4.0, "fp8": 1.0, "int8": 1.0}
@@ -52,7 +49,7 @@ def state_bytes_per_slot(cfg: ModelConfig, model_dtype: torch.dtype) -> int:
     return len(cfg.deltanet_layers) * (conv + recurrent)
 
 
-def workspace_bytes(cfg: ModelConfig, engine: "EngineConfig", model_dtype: torch.dtype) -> int:
+def workspace_bytes(cfg: ModelConfig, engine: EngineConfig, model_dtype: torch.dtype) -> int:
     """A generous bound on activations of one prefill chunk plus the logits of a decode batch."""
     elem = torch.finfo(model_dtype).bits // 8
     widest = max(cfg.conv_dim + cfg.value_dim, 2 * cfg.num_attention_heads * cfg.head_dim,
@@ -71,7 +68,7 @@ def dequant_workspace_bytes(modules: Iterable[nn.Module | None], model_dtype: to
     return dequant_bytes(shapes, model_dtype)
 
 
-def plan_memory(cfg: ModelConfig, engine: "EngineConfig", device: torch.device, model_dtype: torch.dtype,
+def plan_memory(cfg: ModelConfig, engine: EngineConfig, device: torch.device, model_dtype: torch.dtype,
                 dequant_bytes: int = 0) -> MemoryPlan:
     """``dequant_bytes``: :func:`dequant_workspace_bytes` of the model (part of the workspace)."""
     per_token = kv_bytes_per_token(cfg, engine.kv_dtype, model_dtype, mtp=engine.draft_tokens > 0)

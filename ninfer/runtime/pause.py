@@ -12,8 +12,8 @@ A paused request goes back to the head of the wait queue, keeping its sampler la
 the random stream continues where it stopped) and either
 
 * a snapshot: its DeltaNet state slot and the KV pages of its computed tokens, copied to host memory
-  (blocks of the cache's pinned host pool, given back on resume or cancel: see
-  :mod:`ninfer.models.host_memory`); it resumes by copying them into freshly taken pages and a slot
+  (blocks of the runner's pinned host pool, given back on resume or cancel: see
+  :mod:`ninfer.runtime.host_memory`); it resumes by copying them into freshly taken pages and a slot
   (asynchronous on a GPU), or
 * nothing, when the snapshot would exceed the host budget (``EngineConfig.pause_host_bytes``): it
   resumes by prefilling its prompt and committed output tokens again ("recompute"), starting from the
@@ -29,13 +29,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
-from ninfer.models.cache import ModelCache
+from ninfer.runtime.model_runner import ModelRunner
 from ninfer.runtime.prefix_cache import HostCopy
 from ninfer.runtime.request import Request, Status
 from ninfer.runtime.sampler import LaneState, Sampler
 from ninfer.runtime.scheduler import Scheduler
+from ninfer.runtime.speculative import MTPSpeculator
 
 
 @dataclass
@@ -63,12 +62,11 @@ class PauseStats:
 @dataclass
 class Pauser:
     scheduler: Scheduler
-    cache: ModelCache
+    runner: ModelRunner  # the device state a snapshot copies (its host cache) and the block tables resumes fill
     sampler: Sampler
-    block_tables: torch.Tensor  # the engine's [lanes, max_pages] page tables
     host_bytes_limit: int  # host memory for snapshots of paused requests (beyond it: recompute)
+    spec: MTPSpeculator | None = None  # the engine's speculator, when it speculates
     stats: PauseStats = field(default_factory=PauseStats)
-    spec: Any = None  # the engine's MTPSpeculator, when it speculates
 
     @property
     def host_bytes(self) -> int:
@@ -101,7 +99,7 @@ class Pauser:
         if req.num_computed > 0 and (self._must_snapshot(req) or
                                      self.host_bytes + self._snapshot_bytes(req) <= self.host_bytes_limit):
             computed_pages = req.pages[: self.scheduler.pages_for(req.num_computed)]
-            host = HostCopy(self.cache.save_slot(req.slot), self.cache.save_pages(computed_pages))
+            host = HostCopy(self.runner.host.save_slot(req.slot), self.runner.host.save_pages(computed_pages))
             self.stats.snapshots += 1
         else:
             req.num_computed = 0
@@ -120,10 +118,10 @@ class Pauser:
         if state.host is not None:
             assert not req.pages, "a snapshot resumes without shared prefix pages"
             self.scheduler.ensure_pages(req, req.num_computed)
-            self.block_tables[req.lane, :len(req.pages)] = torch.tensor(req.pages, dtype=torch.int32)
-            self.cache.restore_slot(req.slot, state.host.state)
-            self.cache.restore_pages(req.pages, state.host.kv)
-            state.host.release(self.cache)  # the restores hold the blocks until they complete (host_memory)
+            self.runner.set_pages(req.lane, req.pages)
+            self.runner.host.restore_slot(req.slot, state.host.state)
+            self.runner.host.restore_pages(req.pages, state.host.kv)
+            state.host.release(self.runner.host)  # the restores hold the blocks until they complete (host_memory)
             if state.spec is not None:  # the next round's catch-up needs the last verification's states
                 self.spec.restore_lane(req.lane, state.spec, req.rope_delta)
         req.cached_tokens = state.cached_tokens
@@ -133,7 +131,7 @@ class Pauser:
     def discard(self, req: Request) -> None:
         """Drop a paused request's snapshot (it finishes while waiting: cancelled), giving its host memory back."""
         if req.paused is not None and req.paused.host is not None:
-            req.paused.host.release(self.cache)
+            req.paused.host.release(self.runner.host)
         req.paused = None
 
     def _grow(self, req: Request, upto_tokens: int) -> bool:
@@ -146,7 +144,7 @@ class Pauser:
         return True
 
     def _snapshot_bytes(self, req: Request) -> int:
-        return self.cache.host_nbytes(slot=True, pages=self.scheduler.pages_for(req.num_computed))
+        return self.runner.host.host_nbytes(slot=True, pages=self.scheduler.pages_for(req.num_computed))
 
     @staticmethod
     def _must_snapshot(req: Request) -> bool:

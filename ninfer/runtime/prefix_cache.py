@@ -15,7 +15,7 @@ checkpoints of one conversation share most of their pages, so eviction takes two
 slot moves only the state to the host (~150 MB at 27B) and leaves the KV pages shared on the device;
 the KV follows only when admission runs short of pages (64 KiB per token at 27B: copying it with every
 slot eviction cost 2 GiB per 32k-token checkpoint, seconds per turn of a long chat). Host copies live in
-blocks of the cache's host pool (:mod:`ninfer.models.host_memory`: pinning fresh memory per offload ran
+blocks of the runtime's host pool (:mod:`ninfer.runtime.host_memory`: pinning fresh memory per offload ran
 at 1 GB/s) and go back to it when a checkpoint is dropped (from the host budget, by eviction, or clear).
 """
 from __future__ import annotations
@@ -24,27 +24,29 @@ import itertools
 from dataclasses import dataclass, field
 
 from ninfer.models.cache import ModelCache
-from ninfer.models.host_memory import HostTensors
+from ninfer.runtime.host_cache import HostCache
+from ninfer.runtime.host_memory import HostTensors
 from ninfer.runtime.pools import PagePool, SlotPool
+from ninfer.runtime.request import Request
 
 
 @dataclass
 class HostCopy:
     """What a checkpoint (or a paused request) keeps in host memory: its state slot and, unless its KV
-    pages are still on the device, their contents; in blocks of the cache's host pool, which the owner
+    pages are still on the device, their contents; in blocks of the host cache's pool, which the owner
     gives back (:meth:`release`) when it drops the copy."""
 
-    state: HostTensors  # ModelCache.save_slot: conv then recurrent state, one tensor per DeltaNet layer
-    kv: HostTensors | None  # ModelCache.save_pages: k, v (and scales) of the pages; None: on the device
+    state: HostTensors  # HostCache.save_slot: conv then recurrent state, one tensor per DeltaNet layer
+    kv: HostTensors | None  # HostCache.save_pages: k, v (and scales) of the pages; None: on the device
 
     @property
     def nbytes(self) -> int:
         """Host memory held (whole pool blocks)."""
         return self.state.nbytes + (self.kv.nbytes if self.kv is not None else 0)
 
-    def release(self, cache: ModelCache) -> None:
-        """Give the blocks back to ``cache``'s host pool (the owner drops the copy; a second call is a no-op)."""
-        cache.release(self.state, self.kv)
+    def release(self, host: HostCache) -> None:
+        """Give the blocks back to ``host``'s pool (the owner drops the copy; a second call is a no-op)."""
+        host.release(self.state, self.kv)
 
 
 def cache_key(tokens: list[int] | tuple[int, ...], media_keys: tuple[tuple[int, str], ...] = ()) -> tuple:
@@ -89,6 +91,7 @@ class PrefixCacheStats:
 @dataclass
 class PrefixCache:
     cache: ModelCache
+    host: HostCache  # the offloads' copies
     pages: PagePool
     slots: SlotPool
     page_size: int
@@ -171,6 +174,24 @@ class PrefixCache:
         self.stats.inserted += 1
         return True
 
+    def forward_checkpoints(self, prefills: list[tuple[Request, int]], marks: dict[str, int],
+                            first_row: int) -> list[tuple[int, Request, int, int, int]]:
+        """The checkpoints a packed forward writes itself: ``(i, req, row, r, slot)`` per prompt chunk
+        ``(req, end)`` with a mark (``marks``: request id -> prompt position) inside it whose prefix is not
+        cached yet, while state slots can be reserved for them: its index in the batch (chunks start at
+        ``first_row``, after the decode rows), the chunk's first packed row, the tokens before the mark, and
+        the checkpoint's slot (:meth:`adopt` takes it after the forward)."""
+        out = []
+        row = first_row
+        for i, (req, end) in enumerate(prefills, start=first_row):
+            start, mark = req.num_computed, marks.get(req.request_id)
+            if mark is not None and not self.holds(req.tokens(0, mark), req.media_keys):
+                slot = self.reserve_slot()
+                if slot is not None:
+                    out.append((i, req, row, mark - start, slot))
+            row += end - start
+        return out
+
     def free_slot(self) -> bool:
         """Free one state slot: the least recently used checkpoint holding one moves its state to host
         memory and keeps its KV pages on the device (when the host budget allows), or is dropped.
@@ -198,10 +219,10 @@ class PrefixCache:
             self.cache.copy_slot(ckpt.slot, slot)
             return
         assert ckpt.host is not None
-        self.cache.restore_slot(slot, ckpt.host.state)
+        self.host.restore_slot(slot, ckpt.host.state)
         if ckpt.host.kv is not None:
             assert pages is not None, "a checkpoint with its KV on the host needs the sequence's pages"
-            self.cache.restore_pages(pages[: ckpt.host.kv.rows], ckpt.host.kv)
+            self.host.restore_pages(pages[: ckpt.host.kv.rows], ckpt.host.kv)
         self.stats.restored += 1
 
     def clear(self) -> None:
@@ -224,10 +245,10 @@ class PrefixCache:
         """Move the checkpoint's state (if on the device) and, with ``kv``, its KV pages to host memory,
         dropping older host copies to fit; False (nothing moved) when the budget cannot hold them."""
         kv_pages = ckpt.pages if kv else []
-        if not self._host_room(self.cache.host_nbytes(slot=ckpt.slot is not None, pages=len(kv_pages)), keep=ckpt):
+        if not self._host_room(self.host.host_nbytes(slot=ckpt.slot is not None, pages=len(kv_pages)), keep=ckpt):
             return False
         if ckpt.slot is not None:
-            state = self.cache.save_slot(ckpt.slot)
+            state = self.host.save_slot(ckpt.slot)
             self.slots.release(ckpt.slot)
             ckpt.slot = None
             self.stats.offloaded += 1
@@ -236,7 +257,7 @@ class PrefixCache:
             state = ckpt.host.state
         kv_copy = ckpt.host.kv if ckpt.host is not None else None
         if kv_pages:
-            kv_copy = self.cache.save_pages(kv_pages)
+            kv_copy = self.host.save_pages(kv_pages)
             self.pages.release(kv_pages)
             ckpt.pages = []
             self.stats.kv_offloaded += 1
@@ -264,7 +285,7 @@ class PrefixCache:
         if ckpt.slot is not None:
             self.slots.release(ckpt.slot)
         if ckpt.host is not None:  # the pinned blocks serve the next offload
-            ckpt.host.release(self.cache)
+            ckpt.host.release(self.host)
             ckpt.host = None
         self.stats.evicted += 1
 

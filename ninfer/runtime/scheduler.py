@@ -47,7 +47,8 @@ class StepPlan:
 class Scheduler:
     def __init__(self, *, max_concurrency: int, max_context: int, page_size: int, prefill_chunk: int,
                  pages: PagePool, slots: SlotPool, max_pending: int = 64, prefix: PrefixCache | None = None,
-                 lookahead: int = 0, prefill_tokens_while_decoding: int | None = None) -> None:
+                 lookahead: int = 0, pack_prefills: bool = True,
+                 prefill_tokens_while_decoding: int | None = None) -> None:
         if not 1 <= max_concurrency <= 8:
             raise ValueError(f"max_concurrency must be in 1..8, got {max_concurrency}")
         if prefill_chunk < 1:
@@ -59,7 +60,7 @@ class Scheduler:
         self.page_size = page_size
         self.prefill_chunk = prefill_chunk
         self.prefill_tokens_while_decoding = min(decoding, prefill_chunk)
-        self.pack_prefills = True  # the engine turns packing off when speculating (its prefill hook takes one prompt)
+        self.pack_prefills = pack_prefills  # off when speculating: the speculator's prefill hook takes one prompt
         self.pages, self.slots = pages, slots
         self.max_pending = max_pending
         self.prefix = prefix

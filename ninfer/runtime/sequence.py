@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from ninfer.models.batch import ForwardBatch
+from ninfer.models.batch import make_batch
 from ninfer.models.cache import ModelCache
 from ninfer.models.qwen3_5 import Qwen3_5TextModel
 
@@ -61,15 +61,10 @@ class SequenceRunner:
         slots = torch.arange(start, start + n, device=device)  # pages are laid out in order
         if positions is None:
             positions = (slots + self.rope_delta).expand(3, n)
-        batch = ForwardBatch(
-            input_ids=torch.tensor(token_ids, dtype=torch.long, device=device),
-            positions=positions.to(device),
-            cu_seqlens=torch.tensor([0, n], dtype=torch.int32, device=device),
-            context_lens=torch.tensor([start + n], dtype=torch.int32, device=device),
+        batch = make_batch(
+            input_ids=token_ids, positions=positions, seq_lens=[n], context_lens=[start + n],
             block_tables=torch.arange(self.cache.num_pages, dtype=torch.int32, device=device)[None],
-            slot_mapping=slots,
-            state_slots=torch.zeros(1, dtype=torch.long, device=device),
-            max_seqlen=n,
+            slot_mapping=slots, state_slots=[0],
         )
         hidden = self.model(batch, self.cache, inputs_embeds=inputs_embeds)
         self.length += n

@@ -26,11 +26,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ninfer.models.batch import ForwardBatch
-from ninfer.models.cache import ModelCache
+from ninfer.models.batch import ForwardBatch, make_batch
 from ninfer.models.mtp import MTPHead
-from ninfer.models.qwen3_5 import Qwen3_5TextModel
 from ninfer.runtime.graphs import capture
+from ninfer.runtime.model_runner import ModelRunner
 from ninfer.runtime.request import Request
 
 MAX_DRAFT_TOKENS = 7  # verification runs K + 1 <= 8 tokens per sequence through the decode kernels
@@ -87,17 +86,17 @@ def committed_tokens(sampled: torch.Tensor, drafts: torch.Tensor, accepted: torc
 class MTPSpeculator:
     """Device buffers per lane and the draft + verify round; rounds replay CUDA graphs on GPU."""
 
-    def __init__(self, model: Qwen3_5TextModel, head: MTPHead, cache: ModelCache, lane_block_tables: torch.Tensor,
-                 *, max_lanes: int, draft_tokens: int, vocab_limit: int, forced_accept: int | None = None,
-                 cuda_graphs: bool = True) -> None:
+    def __init__(self, runner: ModelRunner, head: MTPHead, *, vocab_limit: int) -> None:
+        """Rounds of ``runner.config.draft_tokens`` drafts over the runner's model, cache and block tables, for
+        up to ``max_concurrency`` lanes; captured as CUDA graphs on GPU unless ``cuda_graphs`` is off."""
+        config, model = runner.config, runner.model
+        draft_tokens, max_lanes, lane_block_tables = config.draft_tokens, config.max_concurrency, runner.block_tables
         if not 1 <= draft_tokens <= MAX_DRAFT_TOKENS:
             raise ValueError(f"draft_tokens must be in 1..{MAX_DRAFT_TOKENS}, got {draft_tokens}")
-        if forced_accept is not None and not 0 <= forced_accept <= draft_tokens:
-            raise ValueError(f"forced_accept must be in 0..{draft_tokens}, got {forced_accept}")
-        self.model, self.head, self.cache, self.lane_block_tables = model, head, cache, lane_block_tables
-        self.mtp_cache = cache.mtp_view()
+        self.model, self.head, self.cache, self.lane_block_tables = model, head, runner.cache, lane_block_tables
+        self.mtp_cache = runner.cache.mtp_view()
         self.k, self.t = draft_tokens, draft_tokens + 1
-        self.vocab_limit, self.forced_accept = vocab_limit, forced_accept
+        self.vocab_limit = vocab_limit
         dev, t, hidden = lane_block_tables.device, self.t, model.config.hidden_size
         long = dict(dtype=torch.long, device=dev)
         # What the previous round left per lane: the target's hidden states at positions
@@ -121,7 +120,7 @@ class MTPSpeculator:
         # Test hook: ``propose(lanes [b], n [b], drafts [b, K]) -> drafts`` replaces the head's drafts
         # (tests drive full acceptance and every rejection path with it; eager rounds only).
         self.propose: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None = None
-        if cuda_graphs and dev.type == "cuda":
+        if config.cuda_graphs and dev.type == "cuda":
             pool = None
             for b in range(max_lanes, 0, -1):  # largest first, so smaller graphs reuse its memory pool
                 pool = self._capture(b, pool)
@@ -136,12 +135,9 @@ class MTPSpeculator:
         if pairs > 0:
             dev = hidden.device
             ids = torch.tensor(req.tokens(start + 1, start + 1 + pairs), dtype=torch.long, device=dev)
-            mtp_batch = ForwardBatch(
-                input_ids=ids, positions=batch.positions[:, :pairs],
-                cu_seqlens=torch.tensor([0, pairs], dtype=torch.int32, device=dev),
-                context_lens=torch.tensor([start + pairs], dtype=torch.int32, device=dev),
-                block_tables=batch.block_tables, slot_mapping=batch.slot_mapping[:pairs],
-                state_slots=batch.state_slots, max_seqlen=pairs)
+            mtp_batch = make_batch(input_ids=ids, positions=batch.positions[:, :pairs], seq_lens=[pairs],
+                                   context_lens=[start + pairs], block_tables=batch.block_tables,
+                                   slot_mapping=batch.slot_mapping[:pairs], state_slots=batch.state_slots)
             self.head(hidden[:pairs], ids, mtp_batch, self.mtp_cache)
         if end == n:
             self._last_hidden[req.lane] = hidden[-1]
@@ -182,8 +178,7 @@ class MTPSpeculator:
         return self._forward(b)
 
     def acceptance(self, sampled: torch.Tensor, drafts: torch.Tensor) -> torch.Tensor:
-        if self.forced_accept is not None:  # benchmarks: random weights accept nothing
-            return torch.full((drafts.shape[0],), self.forced_accept, dtype=torch.long, device=drafts.device)
+        """``[B]`` drafts each lane accepts (:func:`accepted_drafts`; benchmarks: :func:`force_acceptance`)."""
         return accepted_drafts(sampled, drafts)
 
     def advance(self, reqs: list[Request], hidden: torch.Tensor, committed: torch.Tensor, accepted: torch.Tensor,
@@ -203,10 +198,10 @@ class MTPSpeculator:
         bt = self.block_tables[:b]
         slots = bt.gather(1, positions // ps).long() * ps + positions % ps
         rope = (positions + self.rope_delta.index_select(0, self.lanes[:b])[:, None]).reshape(1, -1).expand(3, -1)
-        return ForwardBatch(input_ids=ids.reshape(-1), positions=rope, cu_seqlens=self._cu[t][:b + 1],
-                            context_lens=(positions[:, -1] + 1).int(), block_tables=bt,
-                            slot_mapping=slots.reshape(-1), state_slots=self.state_slots[:b], max_seqlen=t,
-                            state_out_slots=state_out_slots)
+        return make_batch(input_ids=ids.reshape(-1), positions=rope, cu_seqlens=self._cu[t][:b + 1], max_seqlen=t,
+                          context_lens=(positions[:, -1] + 1).int(), block_tables=bt,
+                          slot_mapping=slots.reshape(-1), state_slots=self.state_slots[:b],
+                          state_out_slots=state_out_slots)
 
     def _forward(self, b: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         lanes, t, limit = self.lanes[:b], self.t, self.vocab_limit
@@ -236,3 +231,18 @@ class MTPSpeculator:
         # Warm-up and capture run on lane 0, slot 0 and page 0: scratch that a real sequence resets.
         self.graphs[b], self.outputs[b] = capture(lambda: self._forward(b), pool)
         return self.graphs[b].pool()
+
+
+def force_acceptance(spec: MTPSpeculator, n: int | None) -> None:
+    """Benchmarks and tests: every round of ``spec`` accepts exactly ``n`` drafts, whatever the target samples
+    (random weights accept next to none, so rounds of every acceptance count need this); ``None``: the real rule
+    again. The committed tokens are then drafts the target did not choose: outputs are meaningless, timings not."""
+    if n is None:
+        spec.__dict__.pop("acceptance", None)
+        return
+    if not 0 <= n <= spec.k:
+        raise ValueError(f"forced acceptance must be in 0..{spec.k} (the draft tokens), got {n}")
+
+    def forced(sampled: torch.Tensor, drafts: torch.Tensor) -> torch.Tensor:
+        return torch.full((drafts.shape[0],), n, dtype=torch.long, device=drafts.device)
+    spec.acceptance = forced  # type: ignore[method-assign]

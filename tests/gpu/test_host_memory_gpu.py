@@ -8,6 +8,7 @@ import torch
 import ninfer
 from ninfer.config import parse_config
 from ninfer.models.cache import ModelCache
+from ninfer.runtime.host_cache import HostCache
 from ninfer.runtime.sampling import SamplingParams
 from tiny_checkpoints import TinyCheckpoint, make_dense, text_config_kwargs
 
@@ -34,13 +35,14 @@ def _fill(tensors: list[torch.Tensor], seed: int) -> None:
 
 @pytest.mark.parametrize("kv_dtype", ["auto", "fp8", "int8"])
 def test_async_copies_are_exact_under_immediate_reuse(kv_dtype: str) -> None:
-    cache = ModelCache(CONFIG, num_pages=40, page_size=64, num_slots=3, device="cuda", dtype=torch.bfloat16,
-                       kv_dtype=kv_dtype, host_limit=4 << 30, host_block_bytes=4 << 20)
-    states, pages_t = cache._states(), cache._page_tensors()
+    device_cache = ModelCache(CONFIG, num_pages=40, page_size=64, num_slots=3, device="cuda", dtype=torch.bfloat16,
+                              kv_dtype=kv_dtype)
+    cache = HostCache(device_cache, limit=4 << 30, block_bytes=4 << 20)
+    states, pages_t = device_cache.state_tensors(), device_cache.page_tensors()
     _fill([*states, *pages_t], seed=0)
     pages = list(range(3, 40, 2))
     # both copies span several blocks (a slot's state is 18 MiB, a bf16 page 512 KiB: 8 pages per block)
-    assert cache._state_layout.num_blocks > 1 and len(pages) > cache.pages_per_block
+    assert cache.state_layout.num_blocks > 1 and len(pages) > cache.pages_per_block
     want_slot, want_pages = _bits([s[0] for s in states]), _bits([t[pages] for t in pages_t])
     state, kv = cache.save_slot(0), cache.save_pages(pages)
     assert all(b.data.is_pinned() for b in (*state.blocks, *kv.blocks))
@@ -60,7 +62,7 @@ def test_async_copies_are_exact_under_immediate_reuse(kv_dtype: str) -> None:
     assert sorted(b.data.data_ptr() for b in again.blocks) == sorted(ptrs)
     assert all(torch.equal(a, b) for a, b in zip(_bits([s[2] for s in states]), want_slot))
     cache.release(again, kv)
-    assert cache.host.used_bytes == 0
+    assert cache.pool.used_bytes == 0
 
 
 PAGE = 16
@@ -94,8 +96,8 @@ def test_engine_pauses_and_offloads_through_pinned_blocks(dense: TinyCheckpoint,
     assert run(llm) == expected
     engine = llm.engine
     assert engine.pauser.stats.snapshots > 0 and engine.prefix.stats.offloaded > 0
-    assert engine.cache.host.used_bytes == engine.prefix.host_bytes
+    assert engine.runner.host.pool.used_bytes == engine.prefix.host_bytes
     engine.prefix.clear()
-    assert engine.cache.host.used_bytes == 0 and engine.cache.host.free_bytes > 0
-    allocated = engine.cache.host.allocated
-    assert run(llm) == expected and engine.cache.host.allocated == allocated  # the second pass pinned nothing
+    assert engine.runner.host.pool.used_bytes == 0 and engine.runner.host.pool.free_bytes > 0
+    allocated = engine.runner.host.pool.allocated
+    assert run(llm) == expected and engine.runner.host.pool.allocated == allocated  # the second pass pinned nothing

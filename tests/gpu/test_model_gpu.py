@@ -69,6 +69,7 @@ def test_engine_graphs_equal_eager_and_batched_equals_single(request, ckpt_name:
     for graphs in (False, True):
         llm = ninfer.load(ckpt.path, device="cuda", dtype=torch.float32, max_concurrency=3, cuda_graphs=graphs,
                           prefill_chunk=64, progress=False, prefix_cache=False)  # pools must drain
+        assert (llm.engine.runner.graphs is not None) == graphs  # the runner captured (or not) the decode graphs
         reqs = [llm._request(p, 24, llm.sampling_params(greedy=True)) for p in prompts]
         results[graphs] = [c.token_ids for c in llm._run(reqs)]
         single = [llm._run([llm._request(p, 24, llm.sampling_params(greedy=True))])[0].token_ids for p in prompts]

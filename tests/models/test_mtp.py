@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 
 import ninfer
 from ninfer.checkpoint import CheckpointError, fused_parts
-from ninfer.models.batch import ForwardBatch
+from ninfer.models.batch import ForwardBatch, make_batch
 from ninfer.models.mtp import MTPHead, draft
 from ninfer.models.qwen3_5 import Qwen3_5TextModel
 from tiny_checkpoints import TinyCheckpoint
@@ -132,10 +132,8 @@ def _block_table(num_pages: int) -> torch.Tensor:
 def _batch(start: int, n: int, table: torch.Tensor) -> ForwardBatch:
     pos = torch.arange(start, start + n)
     slots = table.long()[pos // PAGE] * PAGE + pos % PAGE
-    return ForwardBatch(input_ids=torch.zeros(n, dtype=torch.long), positions=pos.expand(3, n),
-                        cu_seqlens=torch.tensor([0, n], dtype=torch.int32),
-                        context_lens=torch.tensor([start + n], dtype=torch.int32), block_tables=table[None],
-                        slot_mapping=slots, state_slots=torch.zeros(1, dtype=torch.long), max_seqlen=n)
+    return make_batch(input_ids=torch.zeros(n, dtype=torch.long), positions=pos, seq_lens=[n],
+                      context_lens=[start + n], block_tables=table[None], slot_mapping=slots, state_slots=[0])
 
 
 # ---------------------------------------------------------------- tests

@@ -53,14 +53,14 @@ def _assert_balanced(llm: ninfer.LLM, reqs: list[Request]) -> None:
     assert engine.pauser.host_bytes == 0 and all(r.paused is None for r in reqs)
     assert engine.pauser.stats.resumes <= engine.pauser.stats.pauses  # the difference: cancelled while paused
     # Resumed and cancelled snapshots gave their host blocks back (the prefix cache may still hold some).
-    assert engine.cache.host.used_bytes == (engine.prefix.host_bytes if engine.prefix is not None else 0)
+    assert engine.runner.host.pool.used_bytes == (engine.prefix.host_bytes if engine.prefix is not None else 0)
     if engine.prefix is not None:
         engine.prefix.clear()
-    assert engine.cache.host.used_bytes == 0 and engine.cache.host.held_bytes <= engine.cache.host.limit
+    assert engine.runner.host.pool.used_bytes == 0 and engine.runner.host.pool.held_bytes <= engine.runner.host.pool.limit
     cfg = engine.config  # the pool holds at most the two host budgets together
-    assert engine.cache.host.limit == cfg.pause_host_bytes + (cfg.host_cache_bytes if cfg.prefix_cache else 0)
+    assert engine.runner.host.pool.limit == cfg.pause_host_bytes + (cfg.host_cache_bytes if cfg.prefix_cache else 0)
     if engine.pauser.stats.snapshots:
-        assert engine.cache.host.free_bytes > 0  # the snapshots' blocks, kept for the next ones
+        assert engine.runner.host.pool.free_bytes > 0  # the snapshots' blocks, kept for the next ones
     assert engine.pages.num_free == engine.pages.num_pages and engine.pages.reserved == 0
     assert engine.slots.num_free == engine.slots.num_slots
     assert len(engine.scheduler.free_lanes) == engine.config.max_concurrency
@@ -148,11 +148,11 @@ def test_cancel_while_paused_frees_the_snapshot(dense_ckpt: TinyCheckpoint, big,
     victim = next(r for r in reqs if r.status is Status.PAUSED)
     assert (engine.pauser.host_bytes > 0) == (mode == "snapshot") == (victim.paused.host is not None)
     held = victim.paused.nbytes
-    assert engine.cache.host.used_bytes == held
+    assert engine.runner.host.pool.used_bytes == held
     final = engine.cancel(victim.request_id)
     assert final is not None and final.finished and final.finish_reason == "cancelled"
     assert victim.status is Status.FINISHED and victim.paused is None and engine.pauser.host_bytes == 0
-    assert engine.cache.host.used_bytes == 0 and engine.cache.host.free_bytes >= held
+    assert engine.runner.host.pool.used_bytes == 0 and engine.runner.host.pool.free_bytes >= held
     assert engine.cancel(victim.request_id) is None
     engine.run_until_done()
     for r, want in zip(reqs, expected):

@@ -160,11 +160,11 @@ def test_warm_up_reaches_the_longest_step_the_budgets_allow(dense_ckpt: TinyChec
                                                             while_decoding: int, longest: int) -> None:
     """A step without decode rows prefills up to ``prefill_chunk``; one with (up to 4 here) up to the budget
     while decoding plus those rows: warm-up's longest chunk is the larger of the two, no more."""
-    from ninfer.runtime import warmup
+    from ninfer.runtime import model_runner
 
     llm = ninfer.load(dense_ckpt.path, device="cpu", max_concurrency=4, max_context=16384, kv_capacity=16384,
                       prefill_chunk=chunk, prefill_tokens_while_decoding=while_decoding, progress=False)
     seen = []
-    monkeypatch.setattr(warmup, "warmup_chunk_lengths", lambda n: seen.append(n) or [])
-    warmup.warm_up(llm.engine)
+    monkeypatch.setattr(model_runner, "warmup_chunk_lengths", lambda n: seen.append(n) or [])
+    llm.engine.warm_up()
     assert seen == [longest] and llm.engine.is_idle()

@@ -26,9 +26,9 @@ def _greedy(llm: ninfer.LLM, prompts: list[list[int]], n: int = 8):
 def _assert_balanced(llm: ninfer.LLM) -> None:
     engine = llm.engine
     if engine.prefix is not None:
-        assert engine.cache.host.used_bytes == engine.prefix.host_bytes  # every dropped host copy gave its blocks back
+        assert engine.runner.host.pool.used_bytes == engine.prefix.host_bytes  # every dropped host copy gave its blocks back
         engine.prefix.clear()
-    assert engine.cache.host.used_bytes == 0 and engine.cache.host.held_bytes <= engine.cache.host.limit
+    assert engine.runner.host.pool.used_bytes == 0 and engine.runner.host.pool.held_bytes <= engine.runner.host.pool.limit
     assert engine.pages.num_free == engine.pages.num_pages and engine.pages.reserved == 0
     assert engine.slots.num_free == engine.slots.num_slots
     assert not engine.requests
@@ -37,8 +37,8 @@ def _assert_balanced(llm: ninfer.LLM) -> None:
 def _page_copies(llm: ninfer.LLM) -> list[int]:
     """The KV pages the engine copies to host memory from now on (a list that grows)."""
     copied: list[int] = []
-    save_pages = llm.engine.cache.save_pages
-    llm.engine.cache.save_pages = lambda pages: copied.extend(pages) or save_pages(pages)
+    save_pages = llm.engine.runner.host.save_pages
+    llm.engine.runner.host.save_pages = lambda pages: copied.extend(pages) or save_pages(pages)
     return copied
 
 
@@ -174,23 +174,23 @@ def test_host_copies_reuse_the_pool_and_give_it_back_when_dropped(dense_ckpt: Ti
     # A host budget of three state copies: offloads beyond it drop the oldest host copies, whose pinned
     # blocks serve the next offload; a second identical pass pins nothing new.
     probe = _load(dense_ckpt, prefix_cache=True)
-    budget = 3 * probe.engine.cache.host_nbytes(slot=True)
+    budget = 3 * probe.engine.runner.host.host_nbytes(slot=True)
     llm = _load(dense_ckpt, prefix_cache=True, checkpoint_interval=1000, checkpoint_slots=1,
                 host_cache_gib=budget / (1 << 30), pause_host_gib=0.0)
     engine, prefix = llm.engine, llm.engine.prefix
-    assert engine.cache.host.limit == budget
+    assert engine.runner.host.pool.limit == budget
     prompts = [_tokens(30, s) for s in range(70, 77)]
     outs = [_greedy(llm, [p], 3)[0] for p in prompts]
     assert [o.output_ids for o in outs] == _expected(plain, prompts, 3)
     assert prefix.stats.offloaded > 3 and prefix.stats.evicted > 0  # host copies were dropped to fit
-    assert engine.cache.host.used_bytes == prefix.host_bytes <= budget
-    allocated = engine.cache.host.allocated
-    assert allocated * engine.cache.host.block_bytes <= budget  # dropped copies' blocks were reused
+    assert engine.runner.host.pool.used_bytes == prefix.host_bytes <= budget
+    allocated = engine.runner.host.pool.allocated
+    assert allocated * engine.runner.host.pool.block_bytes <= budget  # dropped copies' blocks were reused
     prefix.clear()
-    assert engine.cache.host.used_bytes == 0 and engine.cache.host.free_bytes == budget
+    assert engine.runner.host.pool.used_bytes == 0 and engine.runner.host.pool.free_bytes == budget
     again = [_greedy(llm, [p], 3)[0] for p in prompts]
     assert [o.output_ids for o in again] == [o.output_ids for o in outs]
-    assert engine.cache.host.allocated == allocated  # every offload of the second pass reused a block
+    assert engine.runner.host.pool.allocated == allocated  # every offload of the second pass reused a block
     _assert_balanced(llm)
 
 
@@ -228,7 +228,7 @@ def test_a_chat_prompt_prefills_in_one_forward(dense_ckpt: TinyCheckpoint, plain
 def test_load_pins_host_blocks_ahead(dense_ckpt: TinyCheckpoint) -> None:
     llm = ninfer.load(dense_ckpt.path, device="cpu", max_concurrency=1, prefix_cache=True, host_cache_gib=0.01,
                       pause_host_gib=0.0, host_prepin_gib=0.005, progress=False)
-    pool = llm.engine.cache.host
+    pool = llm.engine.runner.host.pool
     assert pool.allocated > 0 and pool.allocated * pool.block_bytes <= 0.01 * (1 << 30)
 
 

@@ -15,6 +15,7 @@ import torch
 import ninfer
 from ninfer.runtime.request import Request
 from ninfer.runtime.sampling import SamplingParams
+from ninfer.runtime.speculative import force_acceptance
 
 GREEDY = SamplingParams(greedy=True)
 SAMPLED = SamplingParams(temperature=1.0, top_p=0.9, seed=1234)
@@ -145,7 +146,7 @@ def test_prefix_cache_hits_with_speculation(composite_ckpt) -> None:
 def test_forced_acceptance_commits_exactly_n_plus_one_per_round(composite_ckpt) -> None:
     for n in range(4):
         llm = _load(composite_ckpt, spec="mtp", draft_tokens=3)
-        llm.engine.spec.forced_accept = n
+        force_acceptance(llm.engine.spec, n)
         reqs = _requests(llm, GREEDY, max_new=30)
         outs = _run(llm, reqs)
         for r, out in zip(reqs, outs):
@@ -183,10 +184,22 @@ def test_cancel_mid_generation_frees_the_spare_slots(composite_ckpt) -> None:
 
 # ---------------------------------------------------------------- the MTP cache holds target-conditioned entries
 
+def test_force_acceptance_checks_its_range_and_undoes(composite_ckpt) -> None:
+    spec = _load(composite_ckpt, spec="mtp", draft_tokens=3).engine.spec
+    sampled, drafts = torch.tensor([[1, 2, 9, 4], [7, 0, 0, 0]]), torch.tensor([[1, 2, 3], [1, 2, 3]])
+    assert spec.acceptance(sampled, drafts).tolist() == [2, 0]
+    with pytest.raises(ValueError, match=r"0\.\.3"):
+        force_acceptance(spec, 4)
+    force_acceptance(spec, 3)
+    assert spec.acceptance(sampled, drafts).tolist() == [3, 3]
+    force_acceptance(spec, None)
+    assert spec.acceptance(sampled, drafts).tolist() == [2, 0]
+
+
 def _reference_mtp(llm, tokens: list[int], upto: int, extra_pages: int = 2):
     """Target hidden states of ``tokens[:upto]`` and an MTP cache filled from scratch with the true
     pairs (h_t, x_{t+1}) for t < upto (contiguous pages)."""
-    from ninfer.models.batch import ForwardBatch
+    from ninfer.models.batch import make_batch
     from ninfer.models.mtp import MTPCache
 
     llm.runner.start(upto)
@@ -195,12 +208,10 @@ def _reference_mtp(llm, tokens: list[int], upto: int, extra_pages: int = 2):
     ref = MTPCache(llm.config, num_pages=-(-upto // ps) + extra_pages, page_size=ps, device="cpu", dtype=hidden.dtype)
     pairs = upto - 1
     if pairs > 0:
-        batch = ForwardBatch(
-            input_ids=torch.tensor(tokens[1:upto]), positions=torch.arange(pairs).expand(3, pairs),
-            cu_seqlens=torch.tensor([0, pairs], dtype=torch.int32),
-            context_lens=torch.tensor([pairs], dtype=torch.int32),
+        batch = make_batch(
+            input_ids=tokens[1:upto], positions=torch.arange(pairs), seq_lens=[pairs], context_lens=[pairs],
             block_tables=torch.arange(ref.num_pages, dtype=torch.int32)[None], slot_mapping=torch.arange(pairs),
-            state_slots=torch.zeros(1, dtype=torch.long), max_seqlen=pairs)
+            state_slots=[0])
         with torch.inference_mode():
             head(hidden[:pairs], torch.tensor(tokens[1:upto]), batch, ref)
     return hidden, ref
@@ -210,7 +221,8 @@ def _assert_mtp_kv_matches_reference(llm, req: Request, upto: int) -> None:
     """MTP K/V of positions ``0 .. upto - 1`` equal the head run over the true pairs (h_t, x_{t+1})."""
     _, ref = _reference_mtp(llm, req.tokens(0, upto + 1), upto + 1)
     ps = llm.engine.config.page_size
-    kv = llm.engine.cache.kv[llm.engine.cache.mtp_layer]
+    cache = llm.engine.runner.cache
+    kv = cache.kv[cache.mtp_layer]
     for name in ("k", "v"):
         got = torch.stack([getattr(kv, name)[req.pages[t // ps], t % ps] for t in range(upto)])
         want = getattr(ref.kv[0], name).flatten(0, 1)[:upto]

@@ -1,0 +1,197 @@
+"""The model runner: the device side of the engine's step.
+
+The scheduler decides what a step computes; the runner executes it. It owns what the forwards read and
+write: the memory plan, the KV pages and state slots (:class:`~ninfer.models.cache.ModelCache`) and their
+host copies (:class:`~ninfer.runtime.host_cache.HostCache`), the lanes' block tables (the runner is their
+one writer: :meth:`ModelRunner.set_pages`, :meth:`ModelRunner.clear`), the CUDA graphs of the decode step,
+the start-up warm-up, and the batches of the engine's forwards (all through
+:func:`~ninfer.models.batch.make_batch`). The speculator and the pauser take the runner at construction.
+
+Runner methods never change a request: the engine moves ``num_computed`` and the outputs on.
+"""
+from __future__ import annotations
+
+import itertools
+
+import torch
+
+from ninfer.kernels.attention.decode import DECODE_MAX_TOKENS
+from ninfer.kernels.attention.prefill import default_prefill_splits, forced_prefill_splits
+from ninfer.kernels.deltanet import RECURRENT_MAX_SEQLEN
+from ninfer.models.batch import ForwardBatch, make_batch
+from ninfer.models.cache import ModelCache
+from ninfer.models.mtp import MTPHead
+from ninfer.models.qwen3_5 import Qwen3_5TextModel
+from ninfer.runtime import startup
+from ninfer.runtime.engine_config import EngineConfig
+from ninfer.runtime.graphs import DecodeGraphs
+from ninfer.runtime.host_cache import HostCache
+from ninfer.runtime.memory import MemoryPlan, dequant_workspace_bytes, plan_memory
+from ninfer.runtime.pools import PagePool, SlotPool
+from ninfer.runtime.request import Request
+
+# A mixed step's rows: decode ``(request, (kv slots, [token]))``, prompt chunks ``((request, end), (kv slots,
+# tokens))``, and in-forward checkpoints ``(index in the batch, request, first packed row, tokens before the
+# mark, target slot)`` (:meth:`ninfer.runtime.prefix_cache.PrefixCache.forward_checkpoints`).
+DecodeRow = tuple[Request, tuple[list[int], list[int]]]
+ChunkRow = tuple[tuple[Request, int], tuple[list[int], list[int]]]
+ForwardCheckpoint = tuple[int, Request, int, int, int]
+
+
+class ModelRunner:
+    def __init__(self, model: Qwen3_5TextModel, config: EngineConfig, *, mtp_head: MTPHead | None = None) -> None:
+        self.model, self.config = model, config
+        self.device = model.device
+        self.plan: MemoryPlan = plan_memory(model.config, config, self.device, model.dtype,
+                                            dequant_workspace_bytes([model, mtp_head], model.dtype))
+        self.cache = ModelCache(model.config, num_pages=self.plan.num_pages, page_size=config.page_size,
+                                num_slots=config.num_state_slots, device=self.device, dtype=model.dtype,
+                                kv_dtype=config.kv_dtype, with_mtp=bool(config.draft_tokens))
+        host_bytes = (config.host_cache_bytes if config.prefix_cache else 0) + config.pause_host_bytes  # both budgets
+        self.host = HostCache(self.cache, limit=host_bytes, prepin=config.host_prepin_bytes)
+        max_pages = -(-(config.max_context + config.draft_tokens) // config.page_size)
+        # [lanes, max_pages]: row ``lane`` lists the KV pages of the sequence in that lane. Read by every
+        # forward (and the graphs' replays); written only by set_pages / clear.
+        self.block_tables = torch.zeros(config.max_concurrency, max_pages, dtype=torch.int32, device=self.device)
+        # Speculation captures its own round graphs (MTPSpeculator); plain decoding replays these.
+        self.graphs: DecodeGraphs | None = None
+        if not config.draft_tokens and config.cuda_graphs and self.device.type == "cuda":
+            self.graphs = DecodeGraphs(model, self.cache, self.block_tables, config.max_concurrency)
+
+    # -- block tables -------------------------------------------------------------------------
+    def set_pages(self, lane: int, pages: list[int], first: int = 0) -> None:
+        """Entries ``first ..`` of ``lane``'s block table become ``pages``."""
+        self.block_tables[lane, first:first + len(pages)] = torch.tensor(pages, dtype=torch.int32)
+
+    def clear(self, lane: int) -> None:
+        """Point every entry of ``lane``'s table at page 0 (the lane's pages went back to the pool)."""
+        self.block_tables[lane].zero_()
+
+    def slot_mapping(self, pages: list[int], start: int, end: int) -> list[int]:
+        """The flat KV slots of token positions ``[start, end)`` of a sequence holding ``pages``."""
+        ps = self.config.page_size
+        return [pages[p // ps] * ps + p % ps for p in range(start, end)]
+
+    # -- forwards -----------------------------------------------------------------------------
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.model.logits(hidden)
+
+    def decode(self, reqs: list[Request], slot_mapping: list[int]) -> torch.Tensor:
+        """Logits ``[b, V]`` of one new token per request (its last output token at ``num_computed``), from a
+        CUDA graph's replay where there is one (its buffer: valid until the next replay)."""
+        pos = [r.num_computed for r in reqs]
+        ids = torch.tensor([r.output_ids[-1] for r in reqs], dtype=torch.long)
+        positions = torch.tensor([p + r.rope_delta for r, p in zip(reqs, pos)], dtype=torch.long).expand(3, len(reqs))
+        context = torch.tensor([p + 1 for p in pos], dtype=torch.int32)
+        lanes = torch.tensor([r.lane for r in reqs], dtype=torch.long)
+        state_slots = torch.tensor([r.slot for r in reqs], dtype=torch.long)
+        slots = torch.tensor(slot_mapping, dtype=torch.long)
+        if self.graphs is not None:
+            return self.graphs.run(ids, positions, context, slots, lanes, state_slots)
+        batch = make_batch(input_ids=ids, positions=positions, seq_lens=[1] * len(reqs), context_lens=context,
+                           block_tables=self.block_tables[lanes.to(self.device)], slot_mapping=slots,
+                           state_slots=state_slots)
+        return self.model.logits(self.model(batch, self.cache))
+
+    def prefill(self, req: Request, start: int, end: int,
+                slot_mapping: list[int]) -> tuple[torch.Tensor, ForwardBatch]:
+        """Hidden states ``[end - start, H]`` of prompt tokens ``[start, end)`` of one request (media: 3-axis
+        positions and vision features in place of pad embeddings), and the batch that computed them."""
+        embeds = None
+        if req.mm is not None:
+            positions, embeds = req.mm.chunk(self.model, start, end)
+        else:
+            positions = torch.arange(start, end, device=self.device).expand(3, end - start)
+        batch = make_batch(input_ids=req.tokens(start, end), positions=positions, seq_lens=[end - start],
+                           context_lens=[end], block_tables=self.block_tables[req.lane:req.lane + 1],
+                           slot_mapping=slot_mapping, state_slots=[req.slot])
+        return self.model(batch, self.cache, inputs_embeds=embeds), batch
+
+    def mixed(self, decode: list[DecodeRow], chunks: list[ChunkRow],
+              checkpoints: list[ForwardCheckpoint]) -> tuple[torch.Tensor, list[int]]:
+        """One forward over decode rows (one new token each, at ``num_computed``) and prompt chunks (request,
+        end: tokens ``[num_computed, end)``) packed in that order; also writes the state at each checkpoint.
+        Returns the hidden states ``[N, H]`` and the packed offsets ``cu_seqlens`` (host ints)."""
+        ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        lengths: list[int] = []
+        context: list[int] = []
+        for req, (row_slots, row_ids) in decode:
+            p = req.num_computed
+            slots += row_slots
+            ids += row_ids
+            positions.append(p + req.rope_delta)
+            lengths.append(1)
+            context.append(p + 1)
+        for (req, end), (row_slots, row_ids) in chunks:
+            start = req.num_computed
+            slots += row_slots
+            ids += row_ids
+            positions += range(start, end)
+            lengths.append(end - start)
+            context.append(end)
+        reqs = [r for r, _ in decode] + [req for (req, _), _ in chunks]
+        lanes = torch.tensor([r.lane for r in reqs], dtype=torch.long, device=self.device)
+        marks: tuple[tuple[int, int, int, int], ...] = ()
+        offsets = targets = None
+        if checkpoints:
+            offsets, targets = [0] * len(reqs), [0] * len(reqs)
+            for i, _, row, r, slot in checkpoints:
+                offsets[i], targets[i] = r, slot
+            marks = tuple((row, r, req.slot, slot) for _, req, row, r, slot in checkpoints)
+        batch = make_batch(input_ids=ids, positions=positions, seq_lens=lengths, context_lens=context,
+                           block_tables=self.block_tables[lanes], slot_mapping=slots,
+                           state_slots=[r.slot for r in reqs], checkpoints=marks, ckpt_offsets=offsets,
+                           ckpt_slots=targets)
+        return self.model(batch, self.cache), [0, *itertools.accumulate(lengths)]
+
+    # -- start-up -----------------------------------------------------------------------------
+    @torch.inference_mode()
+    @startup.timed("warm-up")
+    def warm_up(self, pages: PagePool, slots: SlotPool, *, riders: int, while_decoding: int) -> None:
+        """Compile and autotune on CUDA what serving will meet: prefill one chunk of each length in
+        :func:`warmup_chunk_lengths` as a one-sequence batch on scratch pages and a scratch state slot (given
+        back after), up to the longest step: ``prefill_chunk`` tokens (nothing decodes), or the budget
+        ``while_decoding`` plus ``riders``, the decode rows a mixed step adds (their GEMMs may reach the bucket
+        above). Where a short chunk takes the split-KV prefill attention (too few programs to fill the GPU),
+        it runs once more unsplit, the kernel a mixed step of the same length (programs enough) takes.
+
+        Why: on a GPU the first chunk of a new length class costs seconds of compiling and benchmarking
+        configs, and prompts meet new classes late (a short turn after long prompts, the 1-token chunk
+        before an end-of-prompt checkpoint, the remainder up to a checkpoint interval)."""
+        config, ps, dev = self.config, self.config.page_size, self.device
+        step = max(config.prefill_chunk, while_decoding + riders)
+        longest = min(step, config.max_context - 1, pages.num_available * ps)
+        if longest < 1 or slots.num_free == 0:
+            return
+        num_pages = -(-longest // ps)
+        pages.reserve(num_pages)
+        scratch, slot = [pages.take_reserved() for _ in range(num_pages)], slots.acquire()
+        self.set_pages(0, scratch)
+        slot_mapping = torch.tensor(self.slot_mapping(scratch, 0, longest), dtype=torch.long, device=dev)
+        heads = self.model.config.num_attention_heads
+        for n in warmup_chunk_lengths(longest):
+            batch = make_batch(input_ids=torch.zeros(n, dtype=torch.long, device=dev),
+                               positions=torch.arange(n, device=dev), seq_lens=[n], context_lens=[n],
+                               block_tables=self.block_tables[:1], slot_mapping=slot_mapping[:n], state_slots=[slot])
+            self.cache.reset_slot(slot)
+            self.model.logits(self.model(batch, self.cache)[-1:])
+            if n > DECODE_MAX_TOKENS and default_prefill_splits(dev, heads, 1, n) > 1:
+                self.cache.reset_slot(slot)
+                with forced_prefill_splits(1):
+                    self.model(batch, self.cache)
+        self.cache.reset_slot(slot)
+        self.clear(0)
+        slots.release(slot)
+        pages.release(scratch)
+
+
+def warmup_chunk_lengths(longest: int) -> list[int]:
+    """Prefill chunk lengths (up to ``longest``) that reach every autotune key one prompt's chunks can:
+    each length the short-chunk kernels take (decode attention sizes its tile by the length; recurrent
+    DeltaNet) and each power of two, since prefill attention (``tune_len``), quantized GEMMs (M bucket) and
+    MoE GEMMs (``tune_m``) tune once per power-of-two bucket; ``longest`` reaches the bucket above it."""
+    short = max(DECODE_MAX_TOKENS, RECURRENT_MAX_SEQLEN)
+    lengths = {*range(1, short + 1), *(1 << i for i in range(longest.bit_length())), longest}
+    return sorted(n for n in lengths if n <= longest)
