@@ -32,14 +32,14 @@ def parse(body: dict[str, Any], max_stop: int, media: bool = False, vocab_size: 
     ``vocab_size`` bounds the token ids of ``logit_bias``."""
     f = Fields(body)
     f.str("model")
-    messages = [_message(m, media) for m in f.items("messages", required=True, nonempty=True)]
+    messages = parse_messages(f, media)
     if f.int("n") not in (None, 1):
         raise invalid(f"'n' must be 1 (one choice per request), got {body['n']}", "n")
     _reject_unsupported(f, vocab_size)
     tools = [convert.function_tool(t.sub("function", required=True).data.get("name"),
                                    t.data["function"].get("description"), t.data["function"].get("parameters"),
                                    t.path("function"))
-             for t in _function_tools(f)]
+             for t in function_tools(f)]
     enable, preserve, effort = convert.thinking_options(f, f.sub("chat_template_kwargs"))
     tools = convert.unique_tools(tools, "tools")
     choice, forced = structured.tool_choice(body.get("tool_choice"), tools, parallel=f.bool("parallel_tool_calls"))
@@ -55,7 +55,12 @@ def parse(body: dict[str, Any], max_stop: int, media: bool = False, vocab_size: 
     return chat, spec, stream, include_usage
 
 
-def _function_tools(f: Fields) -> list[Fields]:
+def parse_messages(f: Fields, media: bool = False) -> list[dict[str, Any]]:
+    """The template messages of ``messages`` (required, non-empty)."""
+    return [_message(m, media) for m in f.items("messages", required=True, nonempty=True)]
+
+
+def function_tools(f: Fields) -> list[Fields]:
     tools = f.items("tools")
     for t in tools:
         if t.str("type") not in (None, "function"):

@@ -61,7 +61,7 @@ class Run:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + svc.config.pending_timeout_ms / 1000
         self._next = asyncio.ensure_future(self._events.__anext__())
-        watch = _watch_disconnect(http)
+        watch = watch_disconnect(http)
         # The engine tells when the scheduler takes the request (headers go out then); an engine that
         # cannot is polled for the request's status.
         hook = getattr(svc.engine, "admission", None)
@@ -122,7 +122,7 @@ class Run:
 
     async def events(self, http: HTTPRequest | None = None) -> AsyncIterator[RequestOutput]:
         """Engine events until the finished one; with ``http``, a disconnect cancels (ClientGone)."""
-        watch = _watch_disconnect(http)
+        watch = watch_disconnect(http)
         try:
             while not self.finished:
                 try:
@@ -229,7 +229,7 @@ def _close_soon(agen: Any) -> None:
         pass
 
 
-def _watch_disconnect(http: HTTPRequest | None) -> asyncio.Task | None:
+def watch_disconnect(http: HTTPRequest | None) -> asyncio.Task | None:
     """A task that ends when the client disconnects (the body must already have been read)."""
     if http is None:
         return None
