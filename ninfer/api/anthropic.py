@@ -195,13 +195,14 @@ async def create(request: HTTPRequest, service: Service) -> Response:
     async with service.preparing_request():
         body = await read_json(request, service.config.max_request_bytes)
         chat, spec, stream = parse(body, media=service.vision is not None)
+        model = service.model_name(body["model"])
         prompt = await service.prompt(chat, request)
         req = await service.request_for(prompt, spec)
     mid = request_id.body_id(request, "msg_")
     out = service.output(req, chat)
     run = await service.start(req, request)
     if stream:
-        return sse_response(_stream(service, run, out, mid), service.config.keepalive_s, run.close)
+        return sse_response(_stream(service, run, out, mid, model), service.config.keepalive_s, run.close)
     result = await run.collect(out, request)
     content: list[dict[str, Any]] = []
     if result.reasoning:
@@ -211,7 +212,7 @@ async def create(request: HTTPRequest, service: Service) -> Response:
     content.extend(_tool_use(c) for c in result.tool_calls)
     if not content:  # an empty answer still has one (empty) text block, as in the stream
         content.append({"type": "text", "text": ""})
-    return JSONResponse({"id": mid, "type": "message", "role": "assistant", "model": service.model_id,
+    return JSONResponse({"id": mid, "type": "message", "role": "assistant", "model": model,
                          "content": content, "stop_reason": _stop_reason(result.finish_reason, out,
                                                                           result.stop_sequence),
                          "stop_sequence": result.stop_sequence, "usage": _usage(result.usage)})
@@ -221,7 +222,7 @@ def _frame(kind: str, **fields: Any) -> bytes:
     return sse_frame(json_text({"type": kind, **fields}), kind)
 
 
-async def _stream(service: Service, run: Run, out: OutputStream, mid: str) -> AsyncIterator[bytes]:
+async def _stream(service: Service, run: Run, out: OutputStream, mid: str, model: str) -> AsyncIterator[bytes]:
     index = -1
     open_kind: str | None = None
     thinking: list[str] = []
@@ -245,7 +246,7 @@ async def _stream(service: Service, run: Run, out: OutputStream, mid: str) -> As
         return frames + [_frame("content_block_start", index=index, content_block=block)]
 
     try:
-        message = {"id": mid, "type": "message", "role": "assistant", "model": service.model_id, "content": [],
+        message = {"id": mid, "type": "message", "role": "assistant", "model": model, "content": [],
                    "stop_reason": None, "stop_sequence": None, "usage": _usage(out.usage(), output=False)}
         yield _frame("message_start", message=message)
         async for event in run.events():

@@ -17,8 +17,9 @@ from starlette.responses import JSONResponse, Response
 from ninfer.api import convert, request_id, structured
 from ninfer.api.errors import APIError, invalid, unsupported
 from ninfer.api.output import Collected, OutputStream, Usage
+from ninfer.api.samples import Samples, check_n, sample_requests
 from ninfer.api.sampling import logit_bias, parse_fields, stop_strings
-from ninfer.api.service import ChatInput, GenerationSpec, Run, Service
+from ninfer.api.service import ChatInput, GenerationSpec, Service
 from ninfer.api.streaming import json_text, sse_frame, sse_response
 from ninfer.api.validation import Fields, read_json
 from ninfer.runtime.sampling import INT32_MAX
@@ -33,8 +34,6 @@ def parse(body: dict[str, Any], max_stop: int, media: bool = False, vocab_size: 
     f = Fields(body)
     f.str("model")
     messages = parse_messages(f, media)
-    if f.int("n") not in (None, 1):
-        raise invalid(f"'n' must be 1 (one choice per request), got {body['n']}", "n")
     _reject_unsupported(f, vocab_size)
     tools = [convert.function_tool(t.sub("function", required=True).data.get("name"),
                                    t.data["function"].get("description"), t.data["function"].get("parameters"),
@@ -47,7 +46,10 @@ def parse(body: dict[str, Any], max_stop: int, media: bool = False, vocab_size: 
     max_tokens = f.int("max_completion_tokens", lo=0)
     if max_tokens is None:
         max_tokens = f.int("max_tokens", lo=0)
-    spec = GenerationSpec(max_tokens, stop_strings(f, "stop", max_stop), parse_fields(f), _logprobs(f))
+    spec = GenerationSpec(max_tokens, stop_strings(f, "stop", max_stop), parse_fields(f), _logprobs(f),
+                          n=f.int("n", lo=1) or 1, ignore_eos=bool(f.bool("ignore_eos")))
+    if f.int("min_tokens") not in (None, 0):
+        raise unsupported("min_tokens", "the sampler cannot suppress end-of-sequence tokens")
     spec.structured = structured.from_chat(f, forced)
     stream = bool(f.bool("stream"))
     options = f.sub("stream_options")
@@ -140,73 +142,93 @@ async def handle(request: HTTPRequest, service: Service) -> Response:
         body = await read_json(request, service.config.max_request_bytes)
         chat, spec, stream, include_usage = parse(body, service.config.max_stop, service.vision is not None,
                                                   service.tokenizer.vocab_size)
+        check_n(spec.n, service)
+        model = service.model_name(body.get("model") if isinstance(body.get("model"), str) else None)
         prompt = await service.prompt(chat, request)
         created, cid = int(time.time()), request_id.body_id(request, "chatcmpl-")
         if spec.max_tokens == 0:  # process the prompt only: nothing to generate
             service.check_context(len(prompt.ids))
-            return JSONResponse(_empty(service, cid, created, len(prompt.ids)))
-        req = await service.request_for(prompt, spec)
-    out = service.output(req, chat)
-    run = await service.start(req, request)
+            return JSONResponse(_empty(model, cid, created, len(prompt.ids), spec.n))
+        reqs = await sample_requests(service, await service.request_for(prompt, spec), spec)
+    outs = [service.output(req, chat) for req in reqs]
+    samples = Samples(service, reqs)
+    await samples.start(request)
     if stream:
-        return sse_response(_stream(service, run, out, cid, created, include_usage, spec.logprobs is not None),
-                            service.config.keepalive_s, run.close)
-    result = await run.collect(out, request)
-    message: dict[str, Any] = {"role": "assistant",
-                               "content": result.text if result.text or not result.tool_calls else None,
-                               "refusal": None}
-    if result.reasoning is not None:
-        message["reasoning_content"] = result.reasoning
-    if result.tool_calls:
-        message["tool_calls"] = [_tool_call(c) for c in result.tool_calls]
-    logprobs = {"content": convert.logprob_entries(result.logprobs, service.tokenizer)} if spec.logprobs is not None else None
-    return JSONResponse({
-        "id": cid, "object": "chat.completion", "created": created, "model": service.model_id,
-        "choices": [{"index": 0, "message": message, "logprobs": logprobs,
-                     "finish_reason": _finish_reason(result, result.finish_reason)}],
-        "usage": convert.openai_usage(result.usage), "system_fingerprint": None,
-    })
+        return sse_response(_stream(service, samples, outs, model, cid, created, include_usage,
+                                    spec.logprobs is not None), service.config.keepalive_s, samples.close)
+    results = await samples.collect(outs, request)
+    choices = []
+    for index, result in enumerate(results):
+        message: dict[str, Any] = {"role": "assistant",
+                                   "content": result.text if result.text or not result.tool_calls else None,
+                                   "refusal": None}
+        if result.reasoning is not None:
+            message["reasoning_content"] = result.reasoning
+        if result.tool_calls:
+            message["tool_calls"] = [_tool_call(c) for c in result.tool_calls]
+        logprobs = ({"content": convert.logprob_entries(result.logprobs, service.tokenizer)}
+                    if spec.logprobs is not None else None)
+        choices.append({"index": index, "message": message, "logprobs": logprobs,
+                        "finish_reason": _finish_reason(result, result.finish_reason)})
+    return JSONResponse({"id": cid, "object": "chat.completion", "created": created, "model": model,
+                         "choices": choices, "usage": convert.openai_usage(_total([r.usage for r in results])),
+                         "system_fingerprint": None})
 
 
-def _empty(service: Service, cid: str, created: int, prompt_tokens: int) -> dict[str, Any]:
+def _total(usages: list[Usage]) -> Usage:
+    """One prompt's usage (its tokens counted once, as sample 0 read them) with every sample's completion."""
+    first = usages[0]
+    if len(usages) == 1:
+        return first
+    return Usage(first.prompt_tokens, sum(u.completion_tokens for u in usages), sum(u.reasoning_tokens for u in usages),
+                 first.cached_tokens, sum(u.accepted_prediction_tokens for u in usages),
+                 sum(u.rejected_prediction_tokens for u in usages))
+
+
+def _empty(model: str, cid: str, created: int, prompt_tokens: int, n: int) -> dict[str, Any]:
     usage = convert.openai_usage(Usage(prompt_tokens=prompt_tokens))
-    return {"id": cid, "object": "chat.completion", "created": created, "model": service.model_id,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": "", "refusal": None},
-                         "logprobs": None, "finish_reason": "length"}], "usage": usage, "system_fingerprint": None}
+    return {"id": cid, "object": "chat.completion", "created": created, "model": model,
+            "choices": [{"index": i, "message": {"role": "assistant", "content": "", "refusal": None},
+                         "logprobs": None, "finish_reason": "length"} for i in range(n)],
+            "usage": usage, "system_fingerprint": None}
 
 
-async def _stream(service: Service, run: Run, out: OutputStream, cid: str, created: int, include_usage: bool,
-                  logprobs: bool) -> AsyncIterator[bytes]:
-    base = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": service.model_id,
+async def _stream(service: Service, samples: Samples, outs: list[OutputStream], model: str, cid: str, created: int,
+                  include_usage: bool, logprobs: bool) -> AsyncIterator[bytes]:
+    base = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
             "system_fingerprint": None}
     if include_usage:
         base["usage"] = None
 
-    def chunk(delta: dict[str, Any], finish: str | None = None, lp: Any = None) -> bytes:
-        return sse_frame(json_text({**base, "choices": [{"index": 0, "delta": delta, "logprobs": lp,
+    def chunk(index: int, delta: dict[str, Any], finish: str | None = None, lp: Any = None) -> bytes:
+        return sse_frame(json_text({**base, "choices": [{"index": index, "delta": delta, "logprobs": lp,
                                                          "finish_reason": finish}]}))
     try:
-        yield chunk({"role": "assistant", "content": ""})
-        async for event in run.events():
+        for index in range(len(outs)):
+            yield chunk(index, {"role": "assistant", "content": ""})
+        async for index, event in samples.events():
+            out = outs[index]
             lp = ({"content": convert.logprob_entries(event.logprobs, service.tokenizer)}
                   if logprobs and event.logprobs else None)
             for kind, value in out.push(event):
                 if kind == "reasoning":
-                    yield chunk({"reasoning_content": value}, lp=lp)
+                    yield chunk(index, {"reasoning_content": value}, lp=lp)
                 elif kind == "text":
-                    yield chunk({"content": value}, lp=lp)
+                    yield chunk(index, {"content": value}, lp=lp)
                 else:
-                    yield chunk({"tool_calls": [{"index": value.index, **_tool_call(value)}]}, lp=lp)
+                    yield chunk(index, {"tool_calls": [{"index": value.index, **_tool_call(value)}]}, lp=lp)
                 lp = None
             if lp is not None:
-                yield chunk({}, lp=lp)
-        if (err := convert.engine_failure(out.finish_reason, out.error)) is not None:
-            raise err
-        yield chunk({}, _finish_reason(out, out.finish_reason or "stop"))
+                yield chunk(index, {}, lp=lp)
+            if event.finished:
+                if (err := convert.engine_failure(out.finish_reason, out.error)) is not None:
+                    raise err
+                yield chunk(index, {}, _finish_reason(out, out.finish_reason or "stop"))
         if include_usage:
-            yield sse_frame(json.dumps({**base, "choices": [], "usage": convert.openai_usage(out.usage())}))
+            usage = _total([o.usage() for o in outs])
+            yield sse_frame(json.dumps({**base, "choices": [], "usage": convert.openai_usage(usage)}))
     except APIError as err:
         yield sse_frame(json.dumps(err.body("openai")))
     finally:
-        run.close()
+        samples.close()
     yield sse_frame("[DONE]")

@@ -49,8 +49,10 @@ class Parsed:
 
 def parse(body: dict[str, Any], service: Service, store: Any) -> Parsed:
     f = Fields(body)
+    if "n" in body:  # before the generic unknown-field check: say why
+        raise unsupported("n", "a response has one output; send one request per sample, or use Chat Completions' n")
     check_unknown(f, KNOWN)
-    f.str("model")
+    model = service.model_name(f.str("model"))
     if f.bool("background"):
         raise unsupported("background", "there are no background jobs")
     for name in ("conversation", "prompt", "max_tool_calls"):
@@ -95,7 +97,7 @@ def parse(body: dict[str, Any], service: Service, store: Any) -> Parsed:
     spec = GenerationSpec(f.int("max_output_tokens", lo=1), stop_strings(f, "stop", service.config.max_stop),
                           parse_fields(f), top if top else None, constraint)
     metadata = f.dict("metadata") or {}
-    echo = {"instructions": instructions, "max_output_tokens": spec.max_tokens, "previous_response_id": previous,
+    echo = {"model": model, "instructions": instructions, "max_output_tokens": spec.max_tokens, "previous_response_id": previous,
             "reasoning": {"effort": effort, "summary": None}, "tool_choice": body.get("tool_choice") or choice, "tools": raw_tools,
             "parallel_tool_calls": f.bool("parallel_tool_calls") is not False, "metadata": metadata,
             "text": {"format": structured.echo_format(constraint)}, "truncation": f.data.get("truncation") or "disabled",

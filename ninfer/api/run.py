@@ -46,6 +46,7 @@ class Run:
         self.interrupted = False  # ended by the server's shutdown: reported as truncated ("length")
         self.log_id = req.request_id  # the HTTP request id once admission knows the HTTP request
         self._start = time.perf_counter()
+        self._last_token: float | None = None  # when the last token was delivered (inter-token latency)
         service.in_flight += 1
         service.drain.opened(self)
 
@@ -89,9 +90,8 @@ class Run:
                 watch.cancel()
             if admitted is not None:
                 admitted.cancel()
-        svc.metrics.queue_time.observe(time.perf_counter() - self._start)
-        svc.metrics.prompt_tokens.inc(len(self.req.prompt_ids))
-        svc.metrics.prompt_tokens_cached.inc(int(getattr(self.req, "cached_tokens", 0) or 0))
+        svc.metrics.admitted(len(self.req.prompt_ids), int(getattr(self.req, "cached_tokens", 0) or 0),
+                             time.perf_counter() - self._start)
 
     def _check_first(self) -> None:
         """Turn an admission failure delivered as the first event into an HTTP error."""
@@ -136,6 +136,13 @@ class Run:
                     self.close("error")
                     raise APIError(500, "the engine stopped while the request ran", code="engine_error") from None
                 self.generated += len(event.token_ids)
+                if event.token_ids:
+                    now = time.perf_counter()
+                    if self._last_token is not None:  # the gap shared by the tokens this event delivers
+                        gap = (now - self._last_token) / len(event.token_ids)
+                        for _ in event.token_ids:
+                            self.service.metrics.itl.observe(gap)
+                    self._last_token = now
                 if event.finished:
                     self.finished = True
                     await self._events.aclose()

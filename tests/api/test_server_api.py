@@ -1,0 +1,108 @@
+"""Chat n, served model names, the chat-template override, tokenize routes, access log and metrics, on loopback."""
+from __future__ import annotations
+
+import logging
+
+import httpx
+import openai
+import pytest
+
+import ninfer
+from ninfer.api import ServerConfig
+
+from api_testing import ScriptedEngine, serve, wait_idle
+
+
+def test_chat_n_shares_the_prompt(oai: openai.OpenAI, server, llm: ninfer.LLM) -> None:
+    before = server.service.llm.engine.prefix.stats.hits if server.service.llm.engine.prefix else None
+    out = oai.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], n=3,
+                                      max_tokens=4, temperature=0, extra_body={"enable_thinking": False})
+    assert [c.index for c in out.choices] == [0, 1, 2]
+    assert len({c.message.content for c in out.choices}) == 1  # greedy: the samples agree
+    assert out.usage.completion_tokens == sum(4 if c.finish_reason == "length" else 0 for c in out.choices) or \
+        out.usage.completion_tokens <= 12
+    if before is not None:  # samples 1 and 2 resumed from sample 0's prompt checkpoint
+        assert server.service.llm.engine.prefix.stats.hits >= before + 2
+    wait_idle(llm)
+
+
+def test_chat_n_streams_every_index(oai: openai.OpenAI, llm: ninfer.LLM) -> None:
+    finishes = {}
+    for chunk in oai.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], n=2,
+                                             max_tokens=3, stream=True):
+        for c in chunk.choices:
+            if c.finish_reason:
+                finishes[c.index] = c.finish_reason
+    assert set(finishes) == {0, 1}
+    wait_idle(llm)
+
+
+def test_tokenize_and_detokenize(server, llm: ninfer.LLM) -> None:
+    r = httpx.post(server.url + "/tokenize", json={"model": "tiny", "prompt": "Hello world"})
+    body = r.json()
+    assert r.status_code == 200 and body["tokens"] == llm.tokenizer.encode("Hello world")
+    assert body["count"] == len(body["tokens"]) and body["max_model_len"] == llm.engine.config.max_context
+    messages = [{"role": "user", "content": "hi"}]
+    r = httpx.post(server.url + "/tokenize", json={"messages": messages, "return_token_strs": True})
+    text = llm.tokenizer.apply_chat_template(messages, enable_thinking=True)
+    assert r.json()["tokens"] == llm.tokenizer.encode(text) and len(r.json()["token_strs"]) == r.json()["count"]
+    r = httpx.post(server.url + "/detokenize", json={"tokens": body["tokens"]})
+    assert r.json() == {"prompt": "Hello world"}
+    for path, payload, param in (("/tokenize", {}, "prompt"), ("/tokenize", {"prompt": "a", "messages": messages},
+                                                                "messages"),
+                                 ("/tokenize", {"prompt": "a", "tools": []}, "tools"),
+                                 ("/detokenize", {"tokens": [-1]}, "tokens[0]"),
+                                 ("/detokenize", {"tokens": [1], "x": 1}, "x")):
+        r = httpx.post(server.url + path, json=payload)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, (path, payload, r.text)
+    assert httpx.get(server.url + "/version").json()["version"]
+
+
+def test_served_names_and_strict_models(llm: ninfer.LLM) -> None:
+    engine = ScriptedEngine(llm, pieces=[("", "ok")])
+    from ninfer.api import create_app  # noqa: F401  (the keywords under test)
+    with serve(llm, ServerConfig(default_max_tokens=4), engine=engine,
+               served_model_names=["alpha", "beta"]) as s:
+        assert [m.id for m in s.openai().models.list()] == ["alpha", "beta"]
+        out = s.openai().chat.completions.create(model="other", messages=[{"role": "user", "content": "x"}])
+        assert out.model == "other"  # served anyway, named as asked
+        assert s.openai().completions.create(model="beta", prompt="x").model == "beta"
+    with serve(llm, ServerConfig(default_max_tokens=4), engine=engine, served_model_names=["alpha"],
+               strict_model_names=True) as s:
+        with pytest.raises(openai.NotFoundError) as err:
+            s.openai().chat.completions.create(model="other", messages=[{"role": "user", "content": "x"}])
+        assert err.value.code == "model_not_found"
+        assert s.anthropic().messages.create(model="alpha", max_tokens=4,
+                                             messages=[{"role": "user", "content": "x"}]).model == "alpha"
+
+
+def test_chat_template_override(llm: ninfer.LLM, tmp_path) -> None:
+    template = "{% for m in messages %}<<{{ m['content'] }}>>{% endfor %}ANSWER:"
+    path = tmp_path / "t.jinja"
+    path.write_text(template)
+    with serve(llm, ServerConfig(default_max_tokens=4), engine=ScriptedEngine(llm),
+               chat_template=str(path)) as s:
+        r = httpx.post(s.url + "/tokenize", json={"messages": [{"role": "user", "content": "hey"}]})
+        assert r.json()["tokens"] == llm.tokenizer.encode("<<hey>>ANSWER:")
+    with pytest.raises(ValueError, match="chat_template"):
+        ninfer.api.create_app(llm, chat_template="{% for %}")
+
+
+def test_access_log_and_metrics(llm: ninfer.LLM, caplog) -> None:
+    engine = ScriptedEngine(llm, pieces=[("", "a"), ("", "b"), ("", "c")], step_s=0.01)
+    with serve(llm, ServerConfig(default_max_tokens=4, model_id="tiny"), engine=engine, access_log=True) as s:
+        with caplog.at_level(logging.INFO, logger="ninfer.api.access"):
+            s.openai().completions.create(model="tiny", prompt="x", max_tokens=3)
+            httpx.post(s.url + "/v1/completions", json={"prompt": "x", "suffix": "y"})
+        lines = [r.getMessage() for r in caplog.records if r.name == "ninfer.api.access"]
+        assert any(line.startswith("POST /v1/completions 200 ") for line in lines)
+        assert any(line.startswith("POST /v1/completions 400 ") for line in lines)
+        text = httpx.get(s.url + "/metrics").text
+    for name in ("ninfer_time_to_first_token_seconds_bucket", "ninfer_time_per_output_token_seconds_bucket",
+                 "ninfer_inter_token_latency_seconds_bucket", "ninfer_request_queue_seconds_bucket",
+                 "ninfer_prompt_tokens_total", "ninfer_generation_tokens_total"):
+        assert f'{name}{{' in text and 'model_name="tiny"' in text, name
+    assert 'ninfer_http_responses_total{model_name="tiny",route="/v1/completions",status="400"} 1.0' in text
+    assert "# TYPE ninfer_prefill_tokens_total counter" in text and "# TYPE ninfer_prefix_cache_hits_total counter" in text
+    lines = [line for line in text.splitlines() if line.startswith("ninfer_generation_tokens_total{")]
+    assert lines and float(lines[0].split()[-1]) == 3.0
