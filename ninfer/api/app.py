@@ -196,6 +196,7 @@ def create_app(llm: Any, config: ServerConfig | None = None, *, engine: Any = No
         route("/v1/completions", openai_completions.handle, ["POST"]),
         route("/tokenize", tokenize.tokenize, ["POST"]),
         route("/detokenize", tokenize.detokenize, ["POST"]),
+        route("/tokenizer_info", tokenize.tokenizer_info, ["GET"]),
         route("/version", tokenize.version, ["GET"]),
         store_route("/v1/responses", openai_responses.create, ["POST"]),
         store_route("/v1/responses/input_tokens", openai_responses.input_tokens, ["POST"]),

@@ -4,7 +4,9 @@
 ``add_generation_prompt`` default true) and answers ``{"count", "max_model_len", "tokens"}`` (plus
 ``token_strs`` with ``return_token_strs``). ``add_special_tokens`` (default: true for a prompt, false
 for messages, as vLLM) is honoured; the Qwen tokenizers add no special tokens either way.
-``/detokenize`` takes ``tokens`` and answers ``{"prompt"}``.
+``/detokenize`` takes ``tokens`` and answers ``{"prompt"}``. ``GET /tokenizer_info`` describes the
+tokenizer (special tokens, the served chat template), as vLLM's does: lm-evaluation-harness's
+``local-completions`` then tokenizes through these routes instead of loading a tokenizer itself.
 """
 from __future__ import annotations
 
@@ -86,6 +88,15 @@ async def detokenize(request: HTTPRequest, service: Service) -> Response:
         if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab:
             raise invalid(f"'tokens[{i}]' must be a token id in [0, {vocab}), got {t!r}"[:200], f"tokens[{i}]")
     return JSONResponse({"prompt": service.tokenizer.decode(tokens)})
+
+
+async def tokenizer_info(request: HTTPRequest, service: Service) -> Response:
+    hf = service.tokenizer.hf
+    info: dict[str, Any] = {"tokenizer_class": type(hf).__name__, "model_max_length": service.max_context,
+                            "chat_template": service.chat_template or getattr(hf, "chat_template", None)}
+    for name in ("eos_token", "bos_token", "pad_token", "unk_token"):
+        info[name] = getattr(hf, name, None)
+    return JSONResponse(info)
 
 
 async def version(request: HTTPRequest, service: Service) -> Response:
