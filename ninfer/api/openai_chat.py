@@ -2,7 +2,8 @@
 
 Stream grammar: an assistant-role chunk, then reasoning (``reasoning_content``), content and
 tool-call deltas, a finish chunk, the optional usage chunk (empty ``choices``), ``[DONE]``.
-Unknown top-level fields are ignored; unsupported non-neutral features are a 400 naming the field.
+Every field of OpenAI's and vLLM's request is either honoured or a 400 naming it (vLLM's extensions:
+:mod:`ninfer.api.extra_fields`); a field in neither list is a 400 ``unknown_parameter``, as OpenAI answers.
 """
 from __future__ import annotations
 
@@ -14,17 +15,30 @@ from typing import Any
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response
 
-from ninfer.api import convert, request_id, structured
+from ninfer.api import convert, extra_fields, request_id, structured
 from ninfer.api.errors import APIError, invalid, unsupported
 from ninfer.api.output import Collected, OutputStream, Usage
 from ninfer.api.samples import Samples, check_n, sample_requests
 from ninfer.api.sampling import logit_bias, parse_fields, stop_strings
 from ninfer.api.service import ChatInput, GenerationSpec, Service
 from ninfer.api.streaming import json_text, sse_frame, sse_response
-from ninfer.api.validation import Fields, read_json
+from ninfer.api.validation import Fields, check_unknown, read_json
 from ninfer.runtime.sampling import INT32_MAX
 
 ROLES = ("system", "developer", "user", "assistant", "tool", "function")
+KNOWN = frozenset({
+    # OpenAI's
+    "model", "messages", "audio", "frequency_penalty", "function_call", "functions", "logit_bias", "logprobs",
+    "max_completion_tokens", "max_tokens", "metadata", "modalities", "moderation", "n", "parallel_tool_calls",
+    "prediction", "presence_penalty", "prompt_cache_key", "prompt_cache_options", "prompt_cache_retention",
+    "reasoning_effort", "response_format", "safety_identifier", "seed", "service_tier", "stop", "store", "stream",
+    "stream_options", "temperature", "tool_choice", "tools", "top_logprobs", "top_p", "user", "verbosity",
+    "web_search_options",
+    # vLLM's and ninfer's extensions
+    "top_k", "min_p", "repetition_penalty", "ignore_eos", "stop_token_ids", "chat_template_kwargs", "enable_thinking",
+    "preserve_thinking", "structured_outputs", *structured.GUIDED, "guided_decoding_backend",
+    "guided_whitespace_pattern", *extra_fields.NAMES, *extra_fields.CHAT_NEUTRAL,
+})
 
 
 def parse(body: dict[str, Any], max_stop: int, media: bool = False, vocab_size: int = INT32_MAX
@@ -32,6 +46,7 @@ def parse(body: dict[str, Any], max_stop: int, media: bool = False, vocab_size: 
     """``(chat, spec, stream, include_usage)`` of a request body; ``media``: keep image/video parts of user turns;
     ``vocab_size`` bounds the token ids of ``logit_bias``."""
     f = Fields(body)
+    check_unknown(f, KNOWN)
     f.str("model")
     messages = parse_messages(f, media)
     _reject_unsupported(f, vocab_size)
@@ -47,9 +62,8 @@ def parse(body: dict[str, Any], max_stop: int, media: bool = False, vocab_size: 
     if max_tokens is None:
         max_tokens = f.int("max_tokens", lo=0)
     spec = GenerationSpec(max_tokens, stop_strings(f, "stop", max_stop), parse_fields(f), _logprobs(f),
-                          n=f.int("n", lo=1) or 1, ignore_eos=bool(f.bool("ignore_eos")))
-    if f.int("min_tokens") not in (None, 0):
-        raise unsupported("min_tokens", "the sampler cannot suppress end-of-sequence tokens")
+                          n=f.int("n", lo=1) or 1, ignore_eos=bool(f.bool("ignore_eos")),
+                          stop_token_ids=extra_fields.stop_token_ids(f, vocab_size))
     spec.structured = structured.from_chat(f, forced)
     stream = bool(f.bool("stream"))
     options = f.sub("stream_options")
@@ -116,6 +130,28 @@ def _reject_unsupported(f: Fields, vocab_size: int) -> None:
         raise unsupported("verbosity", "only 'medium' is accepted")
     if f.has("prediction"):
         raise unsupported("prediction")
+    if f.has("function_call"):
+        raise unsupported("function_call", "use 'tool_choice'")
+    if f.has("moderation"):
+        raise unsupported("moderation", "no moderation runs")
+    if f.str("service_tier") not in (None, "auto", "default"):
+        raise unsupported("service_tier", "one tier is served: 'auto' or 'default'")
+    if f.str("prompt_cache_retention") not in (None, "in_memory", "in-memory"):
+        raise unsupported("prompt_cache_retention", "the prefix cache lives in memory (evicted under pressure)")
+    if f.has("prompt_cache_options"):
+        raise unsupported("prompt_cache_options", "the prefix cache is automatic")
+    for name in ("user", "safety_identifier", "prompt_cache_key"):  # identifiers: nothing to do with them
+        f.str(name)
+    f.dict("metadata")
+    options = f.sub("stream_options")
+    if options is not None:
+        check_unknown(options, frozenset({"include_usage", "include_obfuscation", "continuous_usage_stats"}))
+        if options.bool("include_obfuscation"):
+            raise unsupported("stream_options.include_obfuscation", "chunks are not padded")
+        if options.bool("continuous_usage_stats"):
+            raise unsupported("stream_options.continuous_usage_stats", "usage comes in the last chunk")
+    extra_fields.check(f)
+    extra_fields.check(f, extra_fields.CHAT_NEUTRAL, {})
 
 
 def _logprobs(f: Fields) -> int | None:

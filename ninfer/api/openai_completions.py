@@ -20,7 +20,7 @@ from typing import Any
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response
 
-from ninfer.api import convert, request_id, structured
+from ninfer.api import convert, extra_fields, request_id, structured
 from ninfer.api.errors import APIError, invalid, unsupported
 from ninfer.api.legacy_logprobs import LegacyLogprobs, prompt_entries
 from ninfer.api.output import OutputStream, Usage
@@ -37,22 +37,10 @@ KNOWN = frozenset({
     "model", "prompt", "suffix", "max_tokens", "temperature", "top_p", "n", "stream", "stream_options", "logprobs",
     "echo", "stop", "presence_penalty", "frequency_penalty", "best_of", "logit_bias", "user", "seed",
     # vLLM's extensions
-    "top_k", "min_p", "repetition_penalty", "min_tokens", "ignore_eos", "stop_token_ids", "skip_special_tokens",
-    "spaces_between_special_tokens", "include_stop_str_in_output", "add_special_tokens", "prompt_logprobs",
-    "return_tokens_as_token_ids", "truncate_prompt_tokens", "response_format", "structured_outputs",
-    *structured.GUIDED, "guided_decoding_backend", "guided_whitespace_pattern",
+    "top_k", "min_p", "repetition_penalty", "ignore_eos", "stop_token_ids", "add_special_tokens", "response_format",
+    "structured_outputs", *structured.GUIDED, "guided_decoding_backend", "guided_whitespace_pattern",
+    *extra_fields.NAMES,
 })
-# vLLM fields accepted only with the value that changes nothing (what this engine always does).
-NEUTRAL = {"skip_special_tokens": True, "spaces_between_special_tokens": True, "include_stop_str_in_output": False,
-           "return_tokens_as_token_ids": False, "min_tokens": 0}
-_WHY = {"min_tokens": "the sampler cannot suppress end-of-sequence tokens (ignore_eos with max_tokens gives a "
-                      "fixed length)",
-        "skip_special_tokens": "special tokens are always left out of the text",
-        "spaces_between_special_tokens": "special tokens are left out of the text",
-        "include_stop_str_in_output": "stop strings are cut from the text",
-        "return_tokens_as_token_ids": "tokens are reported as text"}
-
-
 @dataclass
 class Parsed:
     prompts: list[list[int]]  # token ids of each prompt
@@ -62,7 +50,6 @@ class Parsed:
     stream: bool
     include_usage: bool
     model: str | None
-    stop_token_ids: frozenset[int]
 
 
 def parse(body: dict[str, Any], service: Service) -> Parsed:
@@ -71,14 +58,7 @@ def parse(body: dict[str, Any], service: Service) -> Parsed:
     model = f.str("model")
     if f.data.get("suffix") not in (None, ""):
         raise unsupported("suffix", "insertion (fill-in-the-middle) is not served")
-    for name, neutral in NEUTRAL.items():
-        value = f.int(name) if name == "min_tokens" else f.bool(name)
-        if value is not None and value != neutral:
-            raise unsupported(name, _WHY[name])
-    for name, what in (("prompt_logprobs", "use 'echo': true with 'logprobs'"),
-                       ("truncate_prompt_tokens", "prompts are never truncated")):
-        if f.has(name):
-            raise unsupported(name, what)
+    extra_fields.check(f)
     if any(logit_bias(f, service.tokenizer.vocab_size).values()):
         raise unsupported("logit_bias", "only an empty or all-zero bias is accepted")
     f.str("user")
@@ -96,17 +76,12 @@ def parse(body: dict[str, Any], service: Service) -> Parsed:
     spec = GenerationSpec(DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens,
                           stop_strings(f, "stop", service.config.max_stop), parse_fields(f), logprobs,
                           structured.from_chat(f), n, bool(f.bool("ignore_eos")))
-    stops = f.list("stop_token_ids") or []
-    for i, t in enumerate(stops):
-        if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < service.tokenizer.vocab_size:
-            raise invalid(f"'stop_token_ids[{i}]' must be a token id in [0, {service.tokenizer.vocab_size})",
-                          f"stop_token_ids[{i}]")
+    spec.stop_token_ids = extra_fields.stop_token_ids(f, service.tokenizer.vocab_size)
     options = f.sub("stream_options")
     include_usage = bool(options.bool("include_usage")) if options is not None else False
     if options is not None and options.bool("continuous_usage_stats"):
         raise unsupported("stream_options.continuous_usage_stats", "usage comes in the last chunk")
-    return Parsed(prompts, texts, spec, bool(f.bool("echo")), bool(f.bool("stream")), include_usage, model,
-                  frozenset(stops))
+    return Parsed(prompts, texts, spec, bool(f.bool("echo")), bool(f.bool("stream")), include_usage, model)
 
 
 def _prompts(f: Fields, service: Service, add_special: bool) -> tuple[list[list[int]], list[str | None]]:
@@ -184,7 +159,6 @@ async def handle(request: HTTPRequest, service: Service) -> Response:
                 groups.append([None] * p.spec.n)
                 continue
             first = service.request(ids, None, p.spec, param="prompt")
-            first.stop_token_ids = p.stop_token_ids
             if p.spec.structured is not None:
                 first.params = dataclasses.replace(first.params, structured=p.spec.structured)
                 first.grammar = await structured.grammar_for(service.llm, p.spec.structured, False)

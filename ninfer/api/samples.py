@@ -45,7 +45,7 @@ async def sample_requests(service: Service, first: Request, spec: GenerationSpec
     for i in range(1, spec.n):
         params = dataclasses.replace(first.params, seed=sample_seed(first.params.seed, i))
         req = Request(prompt_ids=list(first.prompt_ids), params=params, max_new_tokens=first.max_new_tokens,
-                      stop_strings=first.stop_strings, thinking=first.thinking, mm=first.mm,
+                      stop_token_ids=first.stop_token_ids, stop_strings=first.stop_strings, thinking=first.thinking, mm=first.mm,
                       rope_delta=first.rope_delta, checkpoint_marks=first.checkpoint_marks,
                       media_keys=first.media_keys)
         if spec.structured is not None:

@@ -89,6 +89,7 @@ class GenerationSpec:
     structured: Any = None  # a ninfer.runtime.structured.Constraint on the answer (api/structured.py)
     n: int = 1  # samples of the prompt (they share its prefill: ninfer.api.samples)
     ignore_eos: bool = False  # generate past the model's end-of-sequence tokens (stops still apply)
+    stop_token_ids: frozenset[int] = frozenset()  # vLLM's: the request ends after any of these tokens
 
 
 class Service:
@@ -295,7 +296,7 @@ class Service:
         limit = max(1, min(limit, self.max_context - len(prompt_ids)))
         marks = chat_checkpoint_marks(prompt_ids, self.tokenizer.token_id("<|im_start|>")) if thinking is not None \
             else ()
-        return Request(prompt_ids=prompt_ids, params=params, max_new_tokens=limit,
+        return Request(prompt_ids=prompt_ids, params=params, max_new_tokens=limit, stop_token_ids=spec.stop_token_ids,
                        stop_strings=tuple(spec.stop), thinking=thinking, checkpoint_marks=marks)
 
     def stop_ids(self, req: Request) -> frozenset[int]:
