@@ -26,9 +26,13 @@ from ninfer.api.output import OutputStream
 from ninfer.api.sampling import parse_fields, stop_strings
 from ninfer.api.service import ChatInput, GenerationSpec, Run, Service
 from ninfer.api.streaming import json_text, sse_frame, sse_response
-from ninfer.api.validation import Fields, read_json, type_name
+from ninfer.api.validation import Fields, check_unknown, read_json, type_name
 
 MAX_STOP_SEQUENCES = 16
+KNOWN = frozenset({"model", "messages", "max_tokens", "system", "stop_sequences", "stream", "temperature", "top_p",
+                   "top_k", "thinking", "tools", "tool_choice", "output_config", "metadata", "service_tier",
+                   "cache_control", "container", "context_management", "mcp_servers", "speed", "inference_geo",
+                   "diagnostics", "user_profile_id", "workspace_id"})
 _BILLING_HEADER = "x-anthropic-billing-header:"
 
 
@@ -36,7 +40,9 @@ def parse(body: dict[str, Any], counting: bool = False, media: bool = False
           ) -> tuple[ChatInput, GenerationSpec, bool]:
     """``media``: keep image blocks of user turns (the server serves vision)."""
     f = Fields(body)
+    check_unknown(f, KNOWN)
     f.str("model", required=True)
+    _refuse_unsupported(f)
     max_tokens = None if counting else f.int("max_tokens", required=True, lo=1)
     system = _system(body.get("system"), media)
     messages = [{"role": "system", "content": system}] if system else []
@@ -71,6 +77,28 @@ def parse(body: dict[str, Any], counting: bool = False, media: bool = False
         raise invalid(f"'{spec.structured.param}' cannot be combined with a prefilled assistant turn",
                       spec.structured.param, code="invalid_structured_output")
     return chat, spec, bool(f.bool("stream"))
+
+
+def _refuse_unsupported(f: Fields) -> None:
+    """Messages fields that would change what is served are a 400 naming them; identifiers and cache hints
+    (the prefix cache is automatic) are checked for their type."""
+    for name, why in (("container", "there are no code-execution containers"),
+                      ("context_management", "context is not edited by the server"),
+                      ("diagnostics", "no diagnostics are collected")):
+        if f.has(name):
+            raise unsupported(name, why)
+    if f.list("mcp_servers"):
+        raise unsupported("mcp_servers", "the server connects to no MCP servers")
+    if f.str("service_tier") not in (None, "auto", "standard_only"):
+        raise unsupported("service_tier", "one tier is served: 'auto' or 'standard_only'")
+    if f.str("speed") not in (None, "standard"):
+        raise unsupported("speed", "only 'standard' is served")
+    cache = f.sub("cache_control")
+    if cache is not None:
+        cache.str("type", choices=("ephemeral",))
+    for name in ("inference_geo", "user_profile_id", "workspace_id"):
+        f.str(name)
+    f.dict("metadata")
 
 
 def _system(value: Any, served: bool = False) -> str:

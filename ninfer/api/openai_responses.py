@@ -60,7 +60,13 @@ def parse(body: dict[str, Any], service: Service, store: Any) -> Parsed:
             raise unsupported(name)
     text = f.sub("text")
     f.str("truncation", choices=("disabled", "auto"))
-    f.list("include")
+    include = f.str_or_list("include", max_items=16)
+    if f.str("service_tier") not in (None, "auto", "default"):
+        raise unsupported("service_tier", "one tier is served: 'auto' or 'default'")
+    if f.str("prompt_cache_retention") not in (None, "in_memory", "in-memory"):
+        raise unsupported("prompt_cache_retention", "the prefix cache lives in memory (evicted under pressure)")
+    for name in ("user", "safety_identifier", "prompt_cache_key"):  # identifiers: nothing to do with them
+        f.str(name)
     instructions = f.str("instructions")
     media = service.vision is not None
     items = items_.input_items(body.get("input"), media) if body.get("input") is not None else []
@@ -94,8 +100,10 @@ def parse(body: dict[str, Any], service: Service, store: Any) -> Parsed:
     constraint = structured.from_responses(text, forced)
     chat = ChatInput(items_.template_messages(items, instructions), tools, choice, enable, preserve, effort)
     top = f.int("top_logprobs", lo=0, hi=20)
+    # logprobs come back with top_logprobs > 0 or when include asks for them (then with top_logprobs alternatives)
+    wanted = bool(top) or "message.output_text.logprobs" in include
     spec = GenerationSpec(f.int("max_output_tokens", lo=1), stop_strings(f, "stop", service.config.max_stop),
-                          parse_fields(f), top if top else None, constraint)
+                          parse_fields(f), (top or 0) if wanted else None, constraint)
     metadata = f.dict("metadata") or {}
     echo = {"model": model, "instructions": instructions, "max_output_tokens": spec.max_tokens, "previous_response_id": previous,
             "reasoning": {"effort": effort, "summary": None}, "tool_choice": body.get("tool_choice") or choice, "tools": raw_tools,

@@ -106,3 +106,50 @@ def test_access_log_and_metrics(llm: ninfer.LLM, caplog) -> None:
     assert "# TYPE ninfer_prefill_tokens_total counter" in text and "# TYPE ninfer_prefix_cache_hits_total counter" in text
     lines = [line for line in text.splitlines() if line.startswith("ninfer_generation_tokens_total{")]
     assert lines and float(lines[0].split()[-1]) == 3.0
+
+
+CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+MESSAGES = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+
+
+@pytest.mark.parametrize("path,body,param", [
+    ("/v1/chat/completions", {**CHAT, "bogus": 1}, "bogus"),
+    ("/v1/chat/completions", {**CHAT, "min_tokens": 2}, "min_tokens"),
+    ("/v1/chat/completions", {**CHAT, "skip_special_tokens": False}, "skip_special_tokens"),
+    ("/v1/chat/completions", {**CHAT, "use_beam_search": True}, "use_beam_search"),
+    ("/v1/chat/completions", {**CHAT, "echo": True}, "echo"),
+    ("/v1/chat/completions", {**CHAT, "continue_final_message": True}, "continue_final_message"),
+    ("/v1/chat/completions", {**CHAT, "chat_template": "{{ x }}"}, "chat_template"),
+    ("/v1/chat/completions", {**CHAT, "bad_words": ["x"]}, "bad_words"),
+    ("/v1/chat/completions", {**CHAT, "service_tier": "flex"}, "service_tier"),
+    ("/v1/chat/completions", {**CHAT, "function_call": "auto"}, "function_call"),
+    ("/v1/chat/completions", {**CHAT, "stream": True, "stream_options": {"include_obfuscation": True}},
+     "stream_options.include_obfuscation"),
+    ("/v1/chat/completions", {**CHAT, "stop_token_ids": [-1]}, "stop_token_ids[0]"),
+    ("/v1/messages", {**MESSAGES, "bogus": 1}, None),
+    ("/v1/messages", {**MESSAGES, "container": "c1"}, None),
+    ("/v1/messages", {**MESSAGES, "speed": "fast"}, None),
+    ("/v1/responses", {"model": "tiny", "input": "hi", "service_tier": "flex"}, "service_tier"),
+])
+def test_fields_that_cannot_be_honoured_are_400s_naming_them(server, path: str, body: dict, param: str | None) -> None:
+    r = httpx.post(server.url + path, json=body)
+    assert r.status_code == 400, r.text
+    if param is not None:
+        assert r.json()["error"]["param"] == param
+    else:  # Anthropic errors have no param: the message names the field
+        name = next(k for k in body if k not in MESSAGES)
+        assert f"'{name}'" in r.json()["error"]["message"]
+
+
+def test_neutral_and_honoured_extensions_are_accepted(oai: openai.OpenAI, server, llm: ninfer.LLM) -> None:
+    out = oai.chat.completions.create(**CHAT, extra_body={
+        "skip_special_tokens": True, "add_generation_prompt": True, "min_tokens": 0, "ignore_eos": True,
+        "stop_token_ids": [], "priority": 0, "user": "u1", "metadata": {"k": "v"}, "service_tier": "auto"})
+    assert out.usage.completion_tokens == 2
+    reply = server.anthropic().messages.create(**MESSAGES, metadata={"user_id": "u"}, service_tier="auto")
+    assert reply.usage.output_tokens >= 1
+    resp = oai.responses.create(model="tiny", input="hi", max_output_tokens=2,
+                                include=["message.output_text.logprobs"])
+    texts = [c for item in resp.output if item.type == "message" for c in item.content]
+    assert texts and all(c.logprobs for c in texts if c.text)
+    wait_idle(llm)
