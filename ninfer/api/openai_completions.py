@@ -180,11 +180,16 @@ async def handle(request: HTTPRequest, service: Service) -> Response:
     for c, out in zip(choices, outs):
         if c.lp is not None:
             c.lp.add(out.logprobs)  # type: ignore[union-attr]
-    usage = Usage(prompt_tokens, completion_tokens=sum(r.usage.completion_tokens for r in results),
-                  cached_tokens=sum(r.usage.cached_tokens for r in results))
+    usage = _usage(prompt_tokens, [r.usage for r in results], samples.leaders())
     return JSONResponse({**base, "choices": [_choice(i, c, _finish(r.finish_reason), r.text)
                                              for i, (c, r) in enumerate(zip(choices, results))],
                          "usage": convert.openai_usage(usage), "system_fingerprint": None})
+
+
+def _usage(prompt_tokens: int, usages: list[Usage], leaders: list[int]) -> Usage:
+    """Each prompt counted once, with the cached tokens its first sample read; every sample's completion."""
+    return Usage(prompt_tokens, completion_tokens=sum(u.completion_tokens for u in usages),
+                 cached_tokens=sum(usages[i].cached_tokens for i in leaders))
 
 
 def _finish(reason: str | None) -> str:
@@ -220,9 +225,7 @@ async def _stream(service: Service, samples: Samples, choices: list[Choice], bas
                     raise err
                 yield chunk(i, "", None, _finish(c.out.finish_reason))
         if p.include_usage:
-            outs = [c.out.usage() for c in choices if c.out is not None]
-            usage = Usage(prompt_tokens, completion_tokens=sum(u.completion_tokens for u in outs),
-                          cached_tokens=sum(u.cached_tokens for u in outs))
+            usage = _usage(prompt_tokens, [c.out.usage() for c in choices if c.out is not None], samples.leaders())
             yield sse_frame(json.dumps({**head, "choices": [], "usage": convert.openai_usage(usage)}))
     except APIError as err:
         yield sse_frame(json.dumps(err.body("openai")))

@@ -76,6 +76,10 @@ class Samples:
         """Admit the first sample (429 / 503 / 400 are still HTTP statuses); the places of all are checked now."""
         self.runs[0] = await self.service.start(self.reqs[0], http, siblings=self.n - 1)
 
+    def leaders(self) -> list[int]:
+        """The index of each prompt's first sample."""
+        return list(self._followers)
+
     async def events(self, http: HTTPRequest | None = None) -> AsyncIterator[tuple[int, RequestOutput]]:
         """Every sample's events until each has finished; with ``http``, a disconnect cancels all (ClientGone)."""
         if self.n == 1:  # the common case: no tasks in between
@@ -115,6 +119,7 @@ class Samples:
             run = self.runs.get(i)
             if run is None:
                 run = self.runs[i] = self.service.open_sibling(self.reqs[i])
+                run.log_id = f"{self.runs[0].log_id}/{i}"  # the log line names the HTTP request and the sample
                 await run.admit(None)
             async for event in run.events():
                 queue.put_nowait((i, event))
