@@ -10,6 +10,7 @@ fields the engine cannot honour are 400s naming them.
 """
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import time
@@ -26,7 +27,7 @@ from ninfer.api.legacy_logprobs import LegacyLogprobs, prompt_entries
 from ninfer.api.output import OutputStream, Usage
 from ninfer.api.samples import Samples, check_n, sample_requests
 from ninfer.api.sampling import logit_bias, parse_fields, stop_strings
-from ninfer.api.service import GenerationSpec, Service
+from ninfer.api.service import INLINE_PROMPT_CHARS, GenerationSpec, Service
 from ninfer.api.streaming import json_text, sse_frame, sse_response
 from ninfer.api.validation import Fields, check_unknown, read_json
 from ninfer.runtime.sampling import MAX_LOGPROBS
@@ -89,7 +90,8 @@ def _prompts(f: Fields, service: Service, add_special: bool) -> tuple[list[list[
     value = f.data.get("prompt")
     if value is None:
         raise invalid("'prompt' is required", "prompt", code="missing_required_parameter")
-    if isinstance(value, str) or (isinstance(value, list) and value and all(_is_id(v) for v in value)):
+    single = isinstance(value, str) or (isinstance(value, list) and bool(value) and all(_is_id(v) for v in value))
+    if single:
         value = [value]
     if not isinstance(value, list) or not value:
         raise invalid("'prompt' must be a string, an array of token ids, or a non-empty array of these", "prompt")
@@ -98,9 +100,9 @@ def _prompts(f: Fields, service: Service, add_special: bool) -> tuple[list[list[
     ids, texts = [], []
     vocab = service.tokenizer.vocab_size
     for i, item in enumerate(value):
-        path = f"prompt[{i}]" if len(value) > 1 or isinstance(f.data["prompt"][0], (str, list)) else "prompt"
+        path = "prompt" if single else f"prompt[{i}]"
         if isinstance(item, str):
-            service.check_prompt_size(item)
+            service.check_prompt_size(item, path)
             encoded = (service.tokenizer.hf.encode(item, add_special_tokens=True) if add_special
                        else service.tokenizer.encode(item))
             ids.append(list(encoded))
@@ -117,6 +119,14 @@ def _prompts(f: Fields, service: Service, add_special: bool) -> tuple[list[list[
             raise invalid(f"'{path}' is empty: at least one token is needed", path, code="invalid_prompt")
         service.check_context(len(ids[-1]), path)
     return ids, texts
+
+
+def _size(prompt: Any) -> int:
+    """Characters (or token ids) of a ``prompt`` field, roughly: what tokenizing it costs."""
+    if isinstance(prompt, (str, list)):
+        return sum(len(p) if isinstance(p, (str, list)) else 1 for p in prompt) if isinstance(prompt, list) \
+            else len(prompt)
+    return 0
 
 
 def _is_id(v: Any) -> bool:
@@ -150,7 +160,9 @@ async def _choices(service: Service, p: Parsed, groups: list[list[Any]]) -> list
 async def handle(request: HTTPRequest, service: Service) -> Response:
     async with service.preparing_request():
         body = await read_json(request, service.config.max_request_bytes)
-        p = parse(body, service)
+        # long prompts are tokenized on a worker thread, so the event loop keeps streaming meanwhile
+        p = parse(body, service) if _size(body.get("prompt")) <= INLINE_PROMPT_CHARS else \
+            await asyncio.to_thread(parse, body, service)
         model = service.model_name(p.model)
         generate = p.spec.max_tokens != 0
         groups: list[list[Any]] = []

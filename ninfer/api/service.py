@@ -242,7 +242,7 @@ class Service:
         async with self._long_prompts:  # waiting here still holds the request's place (preparing)
             return await asyncio.to_thread(work)
 
-    def check_prompt_size(self, text: str) -> None:
+    def check_prompt_size(self, text: str, param: str = "messages") -> None:
         """A cheap early bound before tokenizing: one token covers at most ``max_token_bytes`` bytes of the
         normalized text, so text of more than ``max_context * max_token_bytes`` bytes is certainly too long."""
         limit = self.max_context * self.max_token_bytes
@@ -252,7 +252,7 @@ class Service:
         at_least = -(-len(normalized.encode("utf-8", "replace")) // self.max_token_bytes)
         if at_least >= self.max_context:
             raise APIError(400, f"the prompt has at least {at_least} tokens but the context limit is "
-                                f"{self.max_context} tokens", code="context_length_exceeded", param="messages")
+                                f"{self.max_context} tokens", code="context_length_exceeded", param=param)
 
     async def prompt_ids(self, chat: ChatInput) -> tuple[list[int], bool]:
         prompt = await self.prompt(chat)

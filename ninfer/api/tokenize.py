@@ -45,7 +45,7 @@ async def tokenize(request: HTTPRequest, service: Service) -> Response:
                     raise invalid(f"'{name}' applies to 'messages' only", name)
             text = f.str("prompt", required=True)
             assert text is not None
-            service.check_prompt_size(text)
+            service.check_prompt_size(text, "prompt")
             add_special = f.bool("add_special_tokens") is not False
         else:
             text = _render(f, service)

@@ -117,7 +117,7 @@ def test_unsupported_fields_are_400s_naming_them(server, field: str, value: obje
 
 def test_bad_prompts(server) -> None:
     for prompt, param in ((None, "prompt"), ([], "prompt"), ([[1, 2], [10 ** 9]], "prompt[1]"), ([[]], "prompt[0]"),
-                          ([1.5], "prompt")):
+                          ([1.5], "prompt[0]")):
         r = httpx.post(server.url + "/v1/completions", json={"prompt": prompt})
         assert r.status_code == 400 and r.json()["error"]["param"] == param, (prompt, r.text)
 
@@ -136,3 +136,11 @@ def test_stop_token_ids_and_ignore_eos(oai: openai.OpenAI, llm: ninfer.LLM, ref:
                                  extra_body={"ignore_eos": True})
     assert out.usage.completion_tokens == len(expected.token_ids) == 5 and out.choices[0].text == expected.text
     assert eos in llm.stop_ids
+
+
+def test_long_prompts_are_bounded_by_the_context(server, llm: ninfer.LLM) -> None:
+    # tokenized on a worker thread (over the inline size); too long for the context: a 400 naming the prompt
+    for prompt, param in (("word " * 20000, "prompt"), (["ok", "word " * 20000], "prompt[1]")):
+        r = httpx.post(server.url + "/v1/completions", json={"prompt": prompt, "max_tokens": 1})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text
+        assert r.json()["error"]["param"] == param
