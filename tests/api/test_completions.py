@@ -144,3 +144,15 @@ def test_long_prompts_are_bounded_by_the_context(server, llm: ninfer.LLM) -> Non
         r = httpx.post(server.url + "/v1/completions", json={"prompt": prompt, "max_tokens": 1})
         assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text
         assert r.json()["error"]["param"] == param
+
+
+def test_n_samples_each_follow_the_constraint(oai: openai.OpenAI, llm: ninfer.LLM) -> None:
+    # every sample has its own grammar state: each answer is one of the choices
+    out = oai.completions.create(model="tiny", prompt="Pick:", max_tokens=8, temperature=1.0, n=3, seed=3,
+                                 extra_body={"structured_outputs": {"choice": ["yes", "no", "maybe"]}})
+    assert len(out.choices) == 3 and all(c.text in ("yes", "no", "maybe") for c in out.choices)
+    chat = oai.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Pick"}], n=2, seed=1,
+                                       max_tokens=8, extra_body={"guided_choice": ["red", "blue"],
+                                                                 "enable_thinking": False})
+    assert [c.message.content in ("red", "blue") for c in chat.choices] == [True, True]
+    wait_idle(llm)
