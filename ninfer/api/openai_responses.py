@@ -105,7 +105,8 @@ def parse(body: dict[str, Any], service: Service, store: Any) -> Parsed:
     spec = GenerationSpec(f.int("max_output_tokens", lo=1), stop_strings(f, "stop", service.config.max_stop),
                           parse_fields(f), (top or 0) if wanted else None, constraint)
     metadata = f.dict("metadata") or {}
-    echo = {"model": model, "instructions": instructions, "max_output_tokens": spec.max_tokens, "previous_response_id": previous,
+    echo = {"model": model, "instructions": instructions, "max_output_tokens": spec.max_tokens,
+            "previous_response_id": previous,
             "reasoning": {"effort": effort, "summary": None}, "tool_choice": body.get("tool_choice") or choice, "tools": raw_tools,
             "parallel_tool_calls": f.bool("parallel_tool_calls") is not False, "metadata": metadata,
             "text": {"format": structured.echo_format(constraint)}, "truncation": f.data.get("truncation") or "disabled",

@@ -34,8 +34,8 @@ def check_n(n: int | None, service: Service, param: str = "n") -> int:
     n = 1 if n is None else n
     room = min(MAX_SAMPLES, service.lanes + service.config.max_pending)
     if not 1 <= n <= room:
-        raise invalid(f"'{param}' must be in [1, {room}] (samples per request; this server has {service.lanes} "
-                      f"lanes and {service.config.max_pending} queue places), got {n}", param)
+        raise invalid(f"'{param}' must be in [1, {room}] (samples per request; this server has "
+                      f"{service.lanes} lanes and {service.config.max_pending} queue places), got {n}", param)
     return n
 
 

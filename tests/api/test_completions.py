@@ -12,7 +12,6 @@ import pytest
 import torch
 
 import ninfer
-from ninfer.api import ServerConfig
 
 from api_testing import wait_idle
 from tiny_checkpoints import TinyCheckpoint
