@@ -1,7 +1,7 @@
 """vLLM's ``POST /tokenize`` and ``POST /detokenize``, and ``GET /version``.
 
-``/tokenize`` takes a raw ``prompt`` or chat ``messages`` (rendered by the served chat template,
-``add_generation_prompt`` default true) and answers ``{"count", "max_model_len", "tokens"}`` (plus
+``/tokenize`` takes a raw ``prompt`` or chat ``messages`` (rendered by the served chat template with
+the generation prompt, images and videos expanded to their pad tokens as a chat request's are) and answers ``{"count", "max_model_len", "tokens"}`` (plus
 ``token_strs`` with ``return_token_strs``). ``add_special_tokens`` (default: true for a prompt, false
 for messages, as vLLM) is honoured; the Qwen tokenizers add no special tokens either way.
 ``/detokenize`` takes ``tokens`` and answers ``{"prompt"}``. ``GET /tokenizer_info`` describes the
@@ -47,34 +47,33 @@ async def tokenize(request: HTTPRequest, service: Service) -> Response:
             assert text is not None
             service.check_prompt_size(text, "prompt")
             add_special = f.bool("add_special_tokens") is not False
-        else:
-            text = _render(f, service)
-            add_special = bool(f.bool("add_special_tokens"))
-        ids = tokenizer.hf.encode(text, add_special_tokens=True) if add_special else tokenizer.encode(text)
+            ids = tokenizer.hf.encode(text, add_special_tokens=True) if add_special else tokenizer.encode(text)
+        else:  # rendered and tokenized as a chat request would be: media pads expanded, long prompts off the loop
+            if f.bool("add_special_tokens") and tokenizer.hf.encode("", add_special_tokens=True):
+                raise invalid("'add_special_tokens': true is not supported for messages: the chat template "
+                              "places the special tokens", "add_special_tokens", code="unsupported_parameter")
+            ids = (await service.prompt(_chat(f, service), request)).ids
     out: dict[str, Any] = {"count": len(ids), "max_model_len": service.max_context, "tokens": list(ids)}
     if f.bool("return_token_strs"):
         out["token_strs"] = tokenizer.hf.convert_ids_to_tokens(list(ids))
     return JSONResponse(out)
 
 
-def _render(f: Fields, service: Service) -> str:
-    """The chat prompt text of ``messages`` (and ``tools``), as a chat completion would render it."""
+def _chat(f: Fields, service: Service) -> ChatInput:
+    """The chat of ``messages`` (and ``tools``, thinking options), as a chat completion would read it."""
     if f.bool("continue_final_message"):
         raise invalid("'continue_final_message' is not supported by this server", "continue_final_message",
                       code="unsupported_parameter")
+    if f.bool("add_generation_prompt") is False:
+        raise invalid("'add_generation_prompt': false is not supported by this server (the prompt ends with the "
+                      "assistant turn's opening)", "add_generation_prompt", code="unsupported_parameter")
     messages = parse_messages(f, service.vision is not None)
     tools = [convert.function_tool(t.sub("function", required=True).data.get("name"),
                                    t.data["function"].get("description"), t.data["function"].get("parameters"),
                                    t.path("function"))
              for t in function_tools(f)]
     enable, preserve, effort = convert.thinking_options(f, f.sub("chat_template_kwargs"))
-    chat = ChatInput(messages, convert.unique_tools(tools, "tools"), "auto", enable, preserve, effort)
-    if f.bool("add_generation_prompt") is False:
-        raise invalid("'add_generation_prompt': false is not supported by this server (the prompt ends with the "
-                      "assistant turn's opening)", "add_generation_prompt", code="unsupported_parameter")
-    text, _ = service.render(chat)
-    service.check_prompt_size(text)
-    return text
+    return ChatInput(messages, convert.unique_tools(tools, "tools"), "auto", enable, preserve, effort)
 
 
 async def detokenize(request: HTTPRequest, service: Service) -> Response:

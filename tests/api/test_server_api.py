@@ -153,3 +153,14 @@ def test_neutral_and_honoured_extensions_are_accepted(oai: openai.OpenAI, server
     texts = [c for item in resp.output if item.type == "message" for c in item.content]
     assert texts and all(c.logprobs for c in texts if c.text)
     wait_idle(llm)
+
+
+def test_tokenize_counts_like_the_chat_route(server, llm: ninfer.LLM) -> None:
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hello"}]
+    tok = httpx.post(server.url + "/tokenize", json={"messages": messages, "add_special_tokens": True,
+                                                     "enable_thinking": False}).json()
+    chat = server.openai().chat.completions.create(model="tiny", messages=messages, max_tokens=0,
+                                                   extra_body={"enable_thinking": False})
+    assert tok["count"] == chat.usage.prompt_tokens
+    raw = httpx.post(server.url + "/tokenize", json={"prompt": "hello", "add_special_tokens": True}).json()
+    assert raw["tokens"] == llm.tokenizer.hf.encode("hello", add_special_tokens=True)
