@@ -184,6 +184,9 @@ async def handle(request: HTTPRequest, service: Service) -> Response:
         created, cid = int(time.time()), request_id.body_id(request, "chatcmpl-")
         if spec.max_tokens == 0:  # process the prompt only: nothing to generate
             service.check_context(len(prompt.ids))
+            if stream:
+                return sse_response(_empty_stream(_empty(model, cid, created, len(prompt.ids), spec.n),
+                                                  include_usage), service.config.keepalive_s, lambda: None)
             return JSONResponse(_empty(model, cid, created, len(prompt.ids), spec.n))
         reqs = await sample_requests(service, await service.request_for(prompt, spec), spec)
     outs = [service.output(req, chat) for req in reqs]
@@ -227,6 +230,19 @@ def _empty(model: str, cid: str, created: int, prompt_tokens: int, n: int) -> di
             "choices": [{"index": i, "message": {"role": "assistant", "content": "", "refusal": None},
                          "logprobs": None, "finish_reason": "length"} for i in range(n)],
             "usage": usage, "system_fingerprint": None}
+
+
+async def _empty_stream(done: dict[str, Any], include_usage: bool) -> AsyncIterator[bytes]:
+    """The stream of an answer with nothing generated (``max_tokens: 0``)."""
+    base = {k: done[k] for k in ("id", "created", "model", "system_fingerprint")}
+    base["object"] = "chat.completion.chunk"
+    for choice in done["choices"]:
+        yield sse_frame(json_text({**base, "choices": [{"index": choice["index"], "logprobs": None,
+                                                        "delta": {"role": "assistant", "content": ""},
+                                                        "finish_reason": "length"}]}))
+    if include_usage:
+        yield sse_frame(json.dumps({**base, "choices": [], "usage": done["usage"]}))
+    yield sse_frame("[DONE]")
 
 
 async def _stream(service: Service, samples: Samples, outs: list[OutputStream], model: str, cid: str, created: int,

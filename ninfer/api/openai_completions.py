@@ -179,7 +179,10 @@ async def handle(request: HTTPRequest, service: Service) -> Response:
     cid, created = request_id.body_id(request, "cmpl-"), int(time.time())
     base = {"id": cid, "object": "text_completion", "created": created, "model": model}
     prompt_tokens = sum(len(ids) for ids in p.prompts)
-    if not generate:
+    if not generate:  # the prompt only (echoed and scored)
+        if p.stream:
+            return sse_response(_prompt_only_stream(choices, base, p, prompt_tokens), service.config.keepalive_s,
+                                lambda: None)
         return JSONResponse({**base, "choices": [_choice(i, c, "length") for i, c in enumerate(choices)],
                              "usage": convert.openai_usage(Usage(prompt_tokens)), "system_fingerprint": None})
     samples = Samples(service, [r for g in groups for r in g], groups=[len(g) for g in groups])
@@ -211,6 +214,17 @@ def _finish(reason: str | None) -> str:
 def _choice(index: int, c: Choice, finish: str | None, text: str = "") -> dict[str, Any]:
     return {"index": index, "text": c.prefix + text, "logprobs": c.lp.body() if c.lp is not None else None,
             "finish_reason": finish}
+
+
+async def _prompt_only_stream(choices: list[Choice], base: dict[str, Any], p: Parsed,
+                              prompt_tokens: int) -> AsyncIterator[bytes]:
+    head = {**base, "usage": None} if p.include_usage else base
+    for i, c in enumerate(choices):
+        yield sse_frame(json_text({**head, "choices": [{"index": i, "text": c.prefix, "finish_reason": "length",
+                                                        "logprobs": c.lp.body() if c.lp is not None else None}]}))
+    if p.include_usage:
+        yield sse_frame(json.dumps({**head, "choices": [], "usage": convert.openai_usage(Usage(prompt_tokens))}))
+    yield sse_frame("[DONE]")
 
 
 async def _stream(service: Service, samples: Samples, choices: list[Choice], base: dict[str, Any], p: Parsed,

@@ -155,3 +155,12 @@ def test_n_samples_each_follow_the_constraint(oai: openai.OpenAI, llm: ninfer.LL
                                                                  "enable_thinking": False})
     assert [c.message.content in ("red", "blue") for c in chat.choices] == [True, True]
     wait_idle(llm)
+
+
+def test_stream_of_the_prompt_only(oai: openai.OpenAI) -> None:
+    chunks = list(oai.completions.create(model="tiny", prompt="alpha beta", max_tokens=0, echo=True, logprobs=0,
+                                         stream=True, stream_options={"include_usage": True}))
+    texts = [c.choices[0].text for c in chunks if c.choices]
+    assert texts == ["alpha beta"] and chunks[0].choices[0].finish_reason == "length"
+    assert chunks[0].choices[0].logprobs.token_logprobs[0] is None
+    assert chunks[-1].usage.prompt_tokens > 0 and chunks[-1].usage.completion_tokens == 0

@@ -164,3 +164,11 @@ def test_tokenize_counts_like_the_chat_route(server, llm: ninfer.LLM) -> None:
     assert tok["count"] == chat.usage.prompt_tokens
     raw = httpx.post(server.url + "/tokenize", json={"prompt": "hello", "add_special_tokens": True}).json()
     assert raw["tokens"] == llm.tokenizer.hf.encode("hello", add_special_tokens=True)
+
+
+def test_chat_stream_with_nothing_to_generate(oai: openai.OpenAI) -> None:
+    chunks = list(oai.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
+                                              max_tokens=0, n=2, stream=True, stream_options={"include_usage": True}))
+    assert sorted(c.choices[0].index for c in chunks if c.choices) == [0, 1]
+    assert all(c.choices[0].finish_reason == "length" for c in chunks if c.choices)
+    assert chunks[-1].usage.completion_tokens == 0 and chunks[-1].usage.prompt_tokens > 0
