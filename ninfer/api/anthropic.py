@@ -215,6 +215,7 @@ async def count_tokens(request: HTTPRequest, service: Service) -> Response:
     async with service.preparing_request():
         body = await read_json(request, service.config.max_request_bytes)
         chat, _, _ = parse(body, counting=True, media=service.vision is not None)
+        service.model_name(body["model"])  # strict_model_names: a model not served is a 404 here too
         prompt = await service.prompt(chat, request)
     return JSONResponse({"input_tokens": len(prompt.ids)})
 

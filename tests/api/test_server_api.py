@@ -73,6 +73,12 @@ def test_served_names_and_strict_models(llm: ninfer.LLM) -> None:
         assert err.value.code == "model_not_found"
         assert s.anthropic().messages.create(model="alpha", max_tokens=4,
                                              messages=[{"role": "user", "content": "x"}]).model == "alpha"
+        for path, body in (("/v1/completions", {"model": "other", "prompt": "x"}),
+                           ("/tokenize", {"model": "other", "prompt": "x"}),
+                           ("/v1/responses", {"model": "other", "input": "x"}),
+                           ("/v1/messages/count_tokens", {"model": "other", "messages": [{"role": "user",
+                                                                                          "content": "x"}]})):
+            assert httpx.post(s.url + path, json=body).status_code == 404, path
 
 
 def test_chat_template_override(llm: ninfer.LLM, tmp_path) -> None:
