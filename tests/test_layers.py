@@ -42,8 +42,6 @@ KNOWN_EXCEPTIONS: dict[tuple[str, str], str] = {
 }
 # Private names taken from another file: (importing module, imported module, name).
 KNOWN_PRIVATE_IMPORTS: dict[tuple[str, str, str], str] = {
-    ("ninfer.api.service", "ninfer.api.run", "_watch_disconnect"): "the service's non-streaming path shares the "
-                                                                    "runner's disconnect watcher",
 }
 # Cycles between modules of one package (imports under TYPE_CHECKING do not count: they never run).
 KNOWN_CYCLES: dict[frozenset[str], str] = {

@@ -26,9 +26,13 @@ from ninfer.api.output import OutputStream
 from ninfer.api.sampling import parse_fields, stop_strings
 from ninfer.api.service import ChatInput, GenerationSpec, Run, Service
 from ninfer.api.streaming import json_text, sse_frame, sse_response
-from ninfer.api.validation import Fields, read_json, type_name
+from ninfer.api.validation import Fields, check_unknown, read_json, type_name
 
 MAX_STOP_SEQUENCES = 16
+KNOWN = frozenset({"model", "messages", "max_tokens", "system", "stop_sequences", "stream", "temperature", "top_p",
+                   "top_k", "thinking", "tools", "tool_choice", "output_config", "metadata", "service_tier",
+                   "cache_control", "container", "context_management", "mcp_servers", "speed", "inference_geo",
+                   "diagnostics", "user_profile_id", "workspace_id"})
 _BILLING_HEADER = "x-anthropic-billing-header:"
 
 
@@ -36,7 +40,9 @@ def parse(body: dict[str, Any], counting: bool = False, media: bool = False
           ) -> tuple[ChatInput, GenerationSpec, bool]:
     """``media``: keep image blocks of user turns (the server serves vision)."""
     f = Fields(body)
+    check_unknown(f, KNOWN)
     f.str("model", required=True)
+    _refuse_unsupported(f)
     max_tokens = None if counting else f.int("max_tokens", required=True, lo=1)
     system = _system(body.get("system"), media)
     messages = [{"role": "system", "content": system}] if system else []
@@ -71,6 +77,28 @@ def parse(body: dict[str, Any], counting: bool = False, media: bool = False
         raise invalid(f"'{spec.structured.param}' cannot be combined with a prefilled assistant turn",
                       spec.structured.param, code="invalid_structured_output")
     return chat, spec, bool(f.bool("stream"))
+
+
+def _refuse_unsupported(f: Fields) -> None:
+    """Messages fields that would change what is served are a 400 naming them; identifiers and cache hints
+    (the prefix cache is automatic) are checked for their type."""
+    for name, why in (("container", "there are no code-execution containers"),
+                      ("context_management", "context is not edited by the server"),
+                      ("diagnostics", "no diagnostics are collected")):
+        if f.has(name):
+            raise unsupported(name, why)
+    if f.list("mcp_servers"):
+        raise unsupported("mcp_servers", "the server connects to no MCP servers")
+    if f.str("service_tier") not in (None, "auto", "standard_only"):
+        raise unsupported("service_tier", "one tier is served: 'auto' or 'standard_only'")
+    if f.str("speed") not in (None, "standard"):
+        raise unsupported("speed", "only 'standard' is served")
+    cache = f.sub("cache_control")
+    if cache is not None:
+        cache.str("type", choices=("ephemeral",))
+    for name in ("inference_geo", "user_profile_id", "workspace_id"):
+        f.str(name)
+    f.dict("metadata")
 
 
 def _system(value: Any, served: bool = False) -> str:
@@ -187,6 +215,7 @@ async def count_tokens(request: HTTPRequest, service: Service) -> Response:
     async with service.preparing_request():
         body = await read_json(request, service.config.max_request_bytes)
         chat, _, _ = parse(body, counting=True, media=service.vision is not None)
+        service.model_name(body["model"])  # strict_model_names: a model not served is a 404 here too
         prompt = await service.prompt(chat, request)
     return JSONResponse({"input_tokens": len(prompt.ids)})
 
@@ -195,13 +224,14 @@ async def create(request: HTTPRequest, service: Service) -> Response:
     async with service.preparing_request():
         body = await read_json(request, service.config.max_request_bytes)
         chat, spec, stream = parse(body, media=service.vision is not None)
+        model = service.model_name(body["model"])
         prompt = await service.prompt(chat, request)
         req = await service.request_for(prompt, spec)
     mid = request_id.body_id(request, "msg_")
     out = service.output(req, chat)
     run = await service.start(req, request)
     if stream:
-        return sse_response(_stream(service, run, out, mid), service.config.keepalive_s, run.close)
+        return sse_response(_stream(service, run, out, mid, model), service.config.keepalive_s, run.close)
     result = await run.collect(out, request)
     content: list[dict[str, Any]] = []
     if result.reasoning:
@@ -211,7 +241,7 @@ async def create(request: HTTPRequest, service: Service) -> Response:
     content.extend(_tool_use(c) for c in result.tool_calls)
     if not content:  # an empty answer still has one (empty) text block, as in the stream
         content.append({"type": "text", "text": ""})
-    return JSONResponse({"id": mid, "type": "message", "role": "assistant", "model": service.model_id,
+    return JSONResponse({"id": mid, "type": "message", "role": "assistant", "model": model,
                          "content": content, "stop_reason": _stop_reason(result.finish_reason, out,
                                                                           result.stop_sequence),
                          "stop_sequence": result.stop_sequence, "usage": _usage(result.usage)})
@@ -221,7 +251,7 @@ def _frame(kind: str, **fields: Any) -> bytes:
     return sse_frame(json_text({"type": kind, **fields}), kind)
 
 
-async def _stream(service: Service, run: Run, out: OutputStream, mid: str) -> AsyncIterator[bytes]:
+async def _stream(service: Service, run: Run, out: OutputStream, mid: str, model: str) -> AsyncIterator[bytes]:
     index = -1
     open_kind: str | None = None
     thinking: list[str] = []
@@ -245,7 +275,7 @@ async def _stream(service: Service, run: Run, out: OutputStream, mid: str) -> As
         return frames + [_frame("content_block_start", index=index, content_block=block)]
 
     try:
-        message = {"id": mid, "type": "message", "role": "assistant", "model": service.model_id, "content": [],
+        message = {"id": mid, "type": "message", "role": "assistant", "model": model, "content": [],
                    "stop_reason": None, "stop_sequence": None, "usage": _usage(out.usage(), output=False)}
         yield _frame("message_start", message=message)
         async for event in run.events():

@@ -9,6 +9,8 @@ from __future__ import annotations
 import contextlib
 import hmac
 import logging
+import time
+from pathlib import Path
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -20,7 +22,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from ninfer.api import anthropic, openai_chat, openai_responses, request_id
+from ninfer.api import anthropic, openai_chat, openai_completions, openai_responses, request_id, tokenize
 from ninfer.api.config import ServerConfig
 from ninfer.api.errors import APIError, Protocol
 from ninfer.api.metrics import Metrics
@@ -28,6 +30,7 @@ from ninfer.api.response_store import ResponseStore
 from ninfer.api.service import ClientGone, Service
 
 log = logging.getLogger("ninfer.api")
+access_log = logging.getLogger("ninfer.api.access")
 Handler = Callable[..., Awaitable[Response]]
 # Seconds a client should wait before retrying a 429 / 503 (Anthropic: 529 / 504), by error code.
 _RETRY_AFTER = {"server_shutting_down": 5, "engine_unavailable": 10}
@@ -62,6 +65,7 @@ def _endpoint(handler: Handler, path: str, *, auth: bool = True, with_store: boo
         protocol = _protocol(request.url.path)
         state = request.app.state
         rid = None
+        began = time.perf_counter()
         try:
             rid = request.state.request_id = request_id.read(request)
             if not while_draining and state.service.drain.draining:
@@ -86,8 +90,16 @@ def _endpoint(handler: Handler, path: str, *, auth: bool = True, with_store: boo
         if protocol == "anthropic":
             response.headers["request-id"] = rid
         state.service.metrics.responded(path, response.status_code)
+        if state.access_log:
+            _log_access(request, response.status_code, began, rid)
         return response
     return route
+
+
+def _log_access(request: Request, status: int, began: float, rid: str) -> None:
+    """One line per request: method, path, status, duration (to the response's start for a stream), id."""
+    access_log.info("%s %s %d %.1fms %s", request.method, request.url.path, status,
+                    (time.perf_counter() - began) * 1000, rid)
 
 
 async def _health(request: Request, service: Service) -> Response:
@@ -105,21 +117,21 @@ async def _metrics(request: Request, service: Service) -> Response:
     return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
-def _model_card(service: Service) -> dict[str, Any]:
-    return {"id": service.model_id, "object": "model", "created": service.created, "owned_by": "ninfer",
+def _model_card(service: Service, name: str) -> dict[str, Any]:
+    return {"id": name, "object": "model", "created": service.created, "owned_by": "ninfer",
             "max_model_len": service.max_context}
 
 
 async def _models(request: Request, service: Service) -> Response:
-    return JSONResponse({"object": "list", "data": [_model_card(service)]})
+    return JSONResponse({"object": "list", "data": [_model_card(service, n) for n in service.served_names]})
 
 
 async def _model(request: Request, service: Service) -> Response:
     model_id = request.path_params["model_id"]
-    if model_id != service.model_id:
-        raise APIError(404, f"model {model_id!r} does not exist; this server serves {service.model_id!r}",
-                       code="model_not_found", param="model")
-    return JSONResponse(_model_card(service))
+    if model_id not in service.served_names:
+        raise APIError(404, f"model {model_id!r} does not exist; this server serves "
+                            f"{', '.join(map(repr, service.served_names))}", code="model_not_found", param="model")
+    return JSONResponse(_model_card(service, model_id))
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
@@ -132,10 +144,20 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     return _error_response(APIError(exc.status_code, message, code=code), _protocol(request.url.path))
 
 
-def create_app(llm: Any, config: ServerConfig | None = None, *, engine: Any = None) -> Starlette:
-    """The server app for a loaded ``ninfer.LLM``."""
+def create_app(llm: Any, config: ServerConfig | None = None, *, engine: Any = None,
+               served_model_names: list[str] | None = None, chat_template: str | None = None,
+               strict_model_names: bool = False, access_log: bool = False) -> Starlette:
+    """The server app for a loaded ``ninfer.LLM``.
+
+    ``served_model_names``: the names ``/v1/models`` lists (default: ``config.model_id`` or the checkpoint
+    directory's name); responses report the name the request asked for, and a request naming another
+    model is still served unless ``strict_model_names`` (then 404 ``model_not_found``). ``chat_template``:
+    a Jinja template (its text, or the path of a file holding it) replacing the checkpoint's.
+    ``access_log``: one ``ninfer.api.access`` log line per request."""
     config = config or ServerConfig()
-    model_id = config.model_id or llm.model_dir.name
+    names = _served_names(served_model_names, config.model_id or llm.model_dir.name)
+    model_id = names[0]
+    template = _chat_template(chat_template)
     _no_local_media(llm)
 
     @contextlib.asynccontextmanager
@@ -149,8 +171,8 @@ def create_app(llm: Any, config: ServerConfig | None = None, *, engine: Any = No
         else:
             async_engine = engine
         metrics = Metrics(model_id, llm.engine.config.max_concurrency, llm.engine.config.max_context)
-        service = Service(llm, config, async_engine, metrics, model_id)
-        app.state.service, app.state.config = service, config
+        service = Service(llm, config, async_engine, metrics, model_id, names, template, strict_model_names)
+        app.state.service, app.state.config, app.state.access_log = service, config, access_log
         app.state.store = ResponseStore(config.response_store_max_records, config.response_store_max_bytes)
         log.info("serving %s: %d lanes, context %d tokens", model_id, service.lanes, service.max_context)
         try:
@@ -171,6 +193,11 @@ def create_app(llm: Any, config: ServerConfig | None = None, *, engine: Any = No
         route("/v1/models", _models, ["GET"]),
         route("/v1/models/{model_id:path}", _model, ["GET"]),
         route("/v1/chat/completions", openai_chat.handle, ["POST"]),
+        route("/v1/completions", openai_completions.handle, ["POST"]),
+        route("/tokenize", tokenize.tokenize, ["POST"]),
+        route("/detokenize", tokenize.detokenize, ["POST"]),
+        route("/tokenizer_info", tokenize.tokenizer_info, ["GET"]),
+        route("/version", tokenize.version, ["GET"]),
         store_route("/v1/responses", openai_responses.create, ["POST"]),
         store_route("/v1/responses/input_tokens", openai_responses.input_tokens, ["POST"]),
         store_route("/v1/responses/compact", openai_responses.not_supported, ["POST"]),
@@ -187,6 +214,30 @@ def create_app(llm: Any, config: ServerConfig | None = None, *, engine: Any = No
                                      expose_headers=["x-request-id", "request-id", "retry-after"]))
     return Starlette(routes=routes, middleware=middleware, lifespan=lifespan,
                      exception_handlers={HTTPException: _http_error})
+
+
+def _served_names(names: list[str] | None, default: str) -> tuple[str, ...]:
+    if names is None:
+        return (default,)
+    if isinstance(names, str) or not names or not all(isinstance(n, str) and n for n in names):
+        raise ValueError(f"served_model_names must be a non-empty list of non-empty strings, got {names!r}")
+    return tuple(dict.fromkeys(names))
+
+
+def _chat_template(template: str | None) -> str | None:
+    """The template text: ``template`` itself, or the file it names (vLLM's --chat-template takes either);
+    a syntax error is raised here, before the server starts."""
+    if template is None:
+        return None
+    if "{" not in template and Path(template).expanduser().is_file():
+        template = Path(template).expanduser().read_text()
+    import jinja2
+
+    try:
+        jinja2.Environment().parse(template)
+    except jinja2.TemplateSyntaxError as err:
+        raise ValueError(f"chat_template is not a valid Jinja template: {err}") from None
+    return template
 
 
 def _no_local_media(llm: Any) -> None:

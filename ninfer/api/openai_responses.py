@@ -49,8 +49,10 @@ class Parsed:
 
 def parse(body: dict[str, Any], service: Service, store: Any) -> Parsed:
     f = Fields(body)
+    if "n" in body:  # before the generic unknown-field check: say why
+        raise unsupported("n", "a response has one output; send one request per sample, or use Chat Completions' n")
     check_unknown(f, KNOWN)
-    f.str("model")
+    model = service.model_name(f.str("model"))
     if f.bool("background"):
         raise unsupported("background", "there are no background jobs")
     for name in ("conversation", "prompt", "max_tool_calls"):
@@ -58,7 +60,13 @@ def parse(body: dict[str, Any], service: Service, store: Any) -> Parsed:
             raise unsupported(name)
     text = f.sub("text")
     f.str("truncation", choices=("disabled", "auto"))
-    f.list("include")
+    include = f.str_or_list("include", max_items=16)
+    if f.str("service_tier") not in (None, "auto", "default"):
+        raise unsupported("service_tier", "one tier is served: 'auto' or 'default'")
+    if f.str("prompt_cache_retention") not in (None, "in_memory", "in-memory"):
+        raise unsupported("prompt_cache_retention", "the prefix cache lives in memory (evicted under pressure)")
+    for name in ("user", "safety_identifier", "prompt_cache_key"):  # identifiers: nothing to do with them
+        f.str(name)
     instructions = f.str("instructions")
     media = service.vision is not None
     items = items_.input_items(body.get("input"), media) if body.get("input") is not None else []
@@ -92,10 +100,13 @@ def parse(body: dict[str, Any], service: Service, store: Any) -> Parsed:
     constraint = structured.from_responses(text, forced)
     chat = ChatInput(items_.template_messages(items, instructions), tools, choice, enable, preserve, effort)
     top = f.int("top_logprobs", lo=0, hi=20)
+    # logprobs come back with top_logprobs > 0 or when include asks for them (then with top_logprobs alternatives)
+    wanted = bool(top) or "message.output_text.logprobs" in include
     spec = GenerationSpec(f.int("max_output_tokens", lo=1), stop_strings(f, "stop", service.config.max_stop),
-                          parse_fields(f), top if top else None, constraint)
+                          parse_fields(f), (top or 0) if wanted else None, constraint)
     metadata = f.dict("metadata") or {}
-    echo = {"instructions": instructions, "max_output_tokens": spec.max_tokens, "previous_response_id": previous,
+    echo = {"model": model, "instructions": instructions, "max_output_tokens": spec.max_tokens,
+            "previous_response_id": previous,
             "reasoning": {"effort": effort, "summary": None}, "tool_choice": body.get("tool_choice") or choice, "tools": raw_tools,
             "parallel_tool_calls": f.bool("parallel_tool_calls") is not False, "metadata": metadata,
             "text": {"format": structured.echo_format(constraint)}, "truncation": f.data.get("truncation") or "disabled",

@@ -46,6 +46,7 @@ class Run:
         self.interrupted = False  # ended by the server's shutdown: reported as truncated ("length")
         self.log_id = req.request_id  # the HTTP request id once admission knows the HTTP request
         self._start = time.perf_counter()
+        self._last_token: float | None = None  # when the last token was delivered (inter-token latency)
         service.in_flight += 1
         service.drain.opened(self)
 
@@ -61,7 +62,7 @@ class Run:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + svc.config.pending_timeout_ms / 1000
         self._next = asyncio.ensure_future(self._events.__anext__())
-        watch = _watch_disconnect(http)
+        watch = watch_disconnect(http)
         # The engine tells when the scheduler takes the request (headers go out then); an engine that
         # cannot is polled for the request's status.
         hook = getattr(svc.engine, "admission", None)
@@ -89,9 +90,8 @@ class Run:
                 watch.cancel()
             if admitted is not None:
                 admitted.cancel()
-        svc.metrics.queue_time.observe(time.perf_counter() - self._start)
-        svc.metrics.prompt_tokens.inc(len(self.req.prompt_ids))
-        svc.metrics.prompt_tokens_cached.inc(int(getattr(self.req, "cached_tokens", 0) or 0))
+        svc.metrics.admitted(len(self.req.prompt_ids), int(getattr(self.req, "cached_tokens", 0) or 0),
+                             time.perf_counter() - self._start)
 
     def _check_first(self) -> None:
         """Turn an admission failure delivered as the first event into an HTTP error."""
@@ -122,7 +122,7 @@ class Run:
 
     async def events(self, http: HTTPRequest | None = None) -> AsyncIterator[RequestOutput]:
         """Engine events until the finished one; with ``http``, a disconnect cancels (ClientGone)."""
-        watch = _watch_disconnect(http)
+        watch = watch_disconnect(http)
         try:
             while not self.finished:
                 try:
@@ -136,6 +136,13 @@ class Run:
                     self.close("error")
                     raise APIError(500, "the engine stopped while the request ran", code="engine_error") from None
                 self.generated += len(event.token_ids)
+                if event.token_ids:
+                    now = time.perf_counter()
+                    if self._last_token is not None:  # the gap shared by the tokens this event delivers
+                        gap = (now - self._last_token) / len(event.token_ids)
+                        for _ in event.token_ids:
+                            self.service.metrics.itl.observe(gap)
+                    self._last_token = now
                 if event.finished:
                     self.finished = True
                     await self._events.aclose()
@@ -229,7 +236,7 @@ def _close_soon(agen: Any) -> None:
         pass
 
 
-def _watch_disconnect(http: HTTPRequest | None) -> asyncio.Task | None:
+def watch_disconnect(http: HTTPRequest | None) -> asyncio.Task | None:
     """A task that ends when the client disconnects (the body must already have been read)."""
     if http is None:
         return None

@@ -6,6 +6,8 @@ no preset uses its ``generation_config.json`` defaults through ``llm.sampling_pa
 from __future__ import annotations
 
 import dataclasses
+import random
+from dataclasses import dataclass
 from typing import Any
 
 from ninfer.api.config import SamplingOverrides
@@ -20,12 +22,28 @@ _NEUTRAL: dict[str, Any] = {"min_p": 0.0, "presence_penalty": 0.0, "frequency_pe
                             "repetition_penalty": 1.0, "logprobs": None}
 
 
+@dataclass(frozen=True)
+class ServerSamplingParams(SamplingParams):
+    """The engine's parameters plus ``ignore_eos``, which the engine's output processor reads (through
+    ``LLM.stop_ids_for``) to keep generating past the model's end-of-sequence tokens."""
+
+    ignore_eos: bool = False
+
+
+def sample_seed(seed: int | None, index: int) -> int | None:
+    """The seed of sample ``index`` of ``n``: the derivation ``ninfer.SamplingParams.sample_seed`` uses, so the
+    server's ``n`` samples of a seeded request are the Python API's."""
+    if seed is None or index == 0:
+        return seed
+    return random.Random(f"{seed}:{index}").getrandbits(62)
+
+
 def supported_fields() -> frozenset[str]:
     return frozenset(f.name for f in dataclasses.fields(SamplingParams))
 
 
 def resolve(base: SamplingParams, preset: str | None, thinking: bool, overrides: SamplingOverrides,
-            request: dict[str, Any], logprobs: int | None = None) -> SamplingParams:
+            request: dict[str, Any], logprobs: int | None = None, ignore_eos: bool = False) -> SamplingParams:
     """Merge the layers; ``request`` holds only the fields the client set (paths as keys' names)."""
     values: dict[str, Any] = {"temperature": base.temperature, "top_p": base.top_p, "top_k": base.top_k,
                               "seed": base.seed}
@@ -52,7 +70,7 @@ def resolve(base: SamplingParams, preset: str | None, thinking: bool, overrides:
         values["top_k"] = 0  # -1 means "off", as in vLLM
     kwargs = {k: v for k, v in values.items() if k in known}
     try:
-        return SamplingParams(**kwargs)
+        return ServerSamplingParams(**kwargs, ignore_eos=ignore_eos) if ignore_eos else SamplingParams(**kwargs)
     except ValueError as err:  # the message names the field
         raise APIError(400, str(err), code="invalid_request_error", param=str(err).split()[0]) from None
 

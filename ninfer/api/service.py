@@ -34,7 +34,7 @@ from ninfer.api.config import ServerConfig
 from ninfer.api.errors import APIError, invalid
 from ninfer.api.metrics import Metrics
 from ninfer.api.output import OutputStream
-from ninfer.api.run import ClientGone, Run, _watch_disconnect
+from ninfer.api.run import ClientGone, Run, watch_disconnect
 from ninfer.api.sampling import resolve
 from ninfer.api.shutdown import Drain
 from ninfer.api.structured import grammar_for
@@ -87,18 +87,26 @@ class GenerationSpec:
     sampling: dict[str, Any] = field(default_factory=dict)  # only the fields the client set
     logprobs: int | None = None  # None: off; else the number of top alternatives
     structured: Any = None  # a ninfer.runtime.structured.Constraint on the answer (api/structured.py)
+    n: int = 1  # samples of the prompt (they share its prefill: ninfer.api.samples)
+    ignore_eos: bool = False  # generate past the model's end-of-sequence tokens (stops still apply)
+    stop_token_ids: frozenset[int] = frozenset()  # vLLM's: the request ends after any of these tokens
 
 
 class Service:
-    def __init__(self, llm: Any, config: ServerConfig, engine: Any, metrics: Metrics, model_id: str) -> None:
+    def __init__(self, llm: Any, config: ServerConfig, engine: Any, metrics: Metrics, model_id: str,
+                 served_names: tuple[str, ...] = (), chat_template: str | None = None,
+                 strict_names: bool = False) -> None:
         self.llm, self.config, self.engine, self.metrics = llm, config, engine, metrics
         self.tokenizer = llm.tokenizer
         self.model_id = model_id
+        self.served_names = served_names or (model_id,)  # what /v1/models lists; the first is the default
+        self.chat_template = chat_template  # replaces the checkpoint's template when set
+        self.strict_names = strict_names  # a request naming another model is a 404 (else it is served anyway)
         self.max_context: int = llm.engine.config.max_context
         self.lanes: int = llm.engine.config.max_concurrency
         self.in_flight = 0
         self.drain = Drain()  # open runs, for the graceful shutdown
-        template = getattr(self.tokenizer.hf, "chat_template", None) or ""
+        template = chat_template or getattr(self.tokenizer.hf, "chat_template", None) or ""
         self.template_has_effort = "reasoning_effort" in template
         self.preset = preset_key(model_id, str(llm.model_dir))
         self.created = int(time.time())
@@ -124,11 +132,21 @@ class Service:
         finally:
             self.preparing -= 1
 
-    def _check_room(self) -> None:
-        if self.held >= self.lanes + self.config.max_pending:
+    def _check_room(self, extra: int = 0) -> None:
+        if self.held + extra >= self.lanes + self.config.max_pending:
             self.metrics.rejected("overloaded")
             raise APIError(429, f"the server is overloaded: {self.lanes} lanes and {self.config.max_pending} "
                                 f"queue places are taken; retry later", code="server_overloaded")
+
+    def model_name(self, asked: str | None) -> str:
+        """The model name a response reports: the one the request asked for (any name is served, unless
+        ``strict_model_names``: then a name not served is a 404 ``model_not_found``), else the first served."""
+        if asked is None or asked == "":
+            return self.served_names[0]
+        if self.strict_names and asked not in self.served_names:
+            raise APIError(404, f"the model {asked!r} does not exist; this server serves "
+                                f"{', '.join(map(repr, self.served_names))}", code="model_not_found", param="model")
+        return asked
 
     # -- capabilities -------------------------------------------------------------------------
     @property
@@ -161,6 +179,8 @@ class Service:
             kwargs["preserve_thinking"] = True
         if chat.reasoning_effort is not None and self.template_has_effort:
             kwargs["reasoning_effort"] = chat.reasoning_effort
+        if self.chat_template is not None:
+            kwargs["chat_template"] = self.chat_template
         tools = chat.tools if chat.tools and chat.tool_choice != "none" else None
         try:
             prompt = self.tokenizer.apply_chat_template(chat.messages, tools=tools, enable_thinking=thinking, **kwargs)
@@ -209,7 +229,7 @@ class Service:
         if short and self.in_flight == 0 and self.preparing <= 1:
             return work()
         if refs and self.vision is not None:
-            watch = _watch_disconnect(http)
+            watch = watch_disconnect(http)
             try:
                 return await self.vision.jobs.run(work, watch)
             except FetchCancelled:
@@ -222,7 +242,7 @@ class Service:
         async with self._long_prompts:  # waiting here still holds the request's place (preparing)
             return await asyncio.to_thread(work)
 
-    def check_prompt_size(self, text: str) -> None:
+    def check_prompt_size(self, text: str, param: str = "messages") -> None:
         """A cheap early bound before tokenizing: one token covers at most ``max_token_bytes`` bytes of the
         normalized text, so text of more than ``max_context * max_token_bytes`` bytes is certainly too long."""
         limit = self.max_context * self.max_token_bytes
@@ -232,7 +252,7 @@ class Service:
         at_least = -(-len(normalized.encode("utf-8", "replace")) // self.max_token_bytes)
         if at_least >= self.max_context:
             raise APIError(400, f"the prompt has at least {at_least} tokens but the context limit is "
-                                f"{self.max_context} tokens", code="context_length_exceeded", param="messages")
+                                f"{self.max_context} tokens", code="context_length_exceeded", param=param)
 
     async def prompt_ids(self, chat: ChatInput) -> tuple[list[int], bool]:
         prompt = await self.prompt(chat)
@@ -255,39 +275,53 @@ class Service:
             req.rope_delta = req.mm.rope_delta
         return req
 
-    def check_context(self, n: int) -> None:
+    def check_context(self, n: int, param: str = "messages") -> None:
         if n >= self.max_context:
             raise APIError(400, f"the prompt has {n} tokens but the context limit is {self.max_context} tokens "
                                 f"(room is needed for at least one generated token)",
-                           code="context_length_exceeded", param="messages")
+                           code="context_length_exceeded", param=param)
 
-    def request(self, prompt_ids: list[int], thinking: bool, spec: GenerationSpec) -> Request:
+    def request(self, prompt_ids: list[int], thinking: bool | None, spec: GenerationSpec,
+                param: str = "messages") -> Request:
+        """The engine request of sample 0; ``thinking`` None: a raw prompt (no preset, no reasoning split)."""
         if not prompt_ids:
-            raise invalid("the prompt is empty: at least one token is needed", "messages", code="invalid_prompt")
-        self.check_context(len(prompt_ids))
+            raise invalid("the prompt is empty: at least one token is needed", param, code="invalid_prompt")
+        self.check_context(len(prompt_ids), param)
         if spec.logprobs is not None and not self.supports_logprobs:
             raise invalid("'logprobs' is not supported by this engine yet", "logprobs",
                           code="unsupported_parameter")
-        params = resolve(self.llm.sampling_params(), self.preset, thinking, self.config.sampling, spec.sampling,
-                         spec.logprobs)
+        params = resolve(self.llm.sampling_params(), self.preset if thinking is not None else None, bool(thinking),
+                         self.config.sampling, spec.sampling, spec.logprobs, spec.ignore_eos)
         limit = self.config.default_max_tokens if spec.max_tokens is None else spec.max_tokens
         limit = max(1, min(limit, self.max_context - len(prompt_ids)))
-        return Request(prompt_ids=prompt_ids, params=params, max_new_tokens=limit,
-                       stop_strings=tuple(spec.stop), thinking=thinking,
-                       checkpoint_marks=chat_checkpoint_marks(prompt_ids, self.tokenizer.token_id("<|im_start|>")))
+        marks = chat_checkpoint_marks(prompt_ids, self.tokenizer.token_id("<|im_start|>")) if thinking is not None \
+            else ()
+        return Request(prompt_ids=prompt_ids, params=params, max_new_tokens=limit, stop_token_ids=spec.stop_token_ids,
+                       stop_strings=tuple(spec.stop), thinking=thinking, checkpoint_marks=marks)
 
-    def output(self, req: Request, chat: ChatInput) -> OutputStream:
-        return OutputStream(req, self.tokenizer, self.llm.stop_ids, self.tool_schemas(chat))
+    def stop_ids(self, req: Request) -> frozenset[int]:
+        """The end-of-sequence ids that end ``req`` (none with ``ignore_eos``)."""
+        return frozenset() if getattr(req.params, "ignore_eos", False) else self.llm.stop_ids
+
+    def output(self, req: Request, chat: ChatInput | None) -> OutputStream:
+        return OutputStream(req, self.tokenizer, self.stop_ids(req), self.tool_schemas(chat) if chat else None)
 
     # -- running ---------------------------------------------------------------------------------
-    async def start(self, req: Request, http: HTTPRequest | None) -> Run:
-        """Submit ``req`` and wait until the engine admits it; raises 429, 503 or 400 as APIError."""
+    async def start(self, req: Request, http: HTTPRequest | None, siblings: int = 0) -> Run:
+        """Submit ``req`` and wait until the engine admits it; raises 429, 503 or 400 as APIError.
+        ``siblings``: more samples of the same prompt that will follow (their places are checked now)."""
         if not self.alive:
             raise APIError(503, "the engine is not running", code="engine_unavailable")
-        self._check_room()
+        self._check_room(siblings)
         run = Run(self, req)
         await run.admit(http)
         return run
+
+    def open_sibling(self, req: Request) -> Run:
+        """Submit a further sample of an admitted request (its place was checked by :meth:`start`)."""
+        if not self.alive:
+            raise APIError(503, "the engine is not running", code="engine_unavailable")
+        return Run(self, req)
 
 
 def _text_chars(value: Any, limit: int = INLINE_PROMPT_CHARS) -> int:

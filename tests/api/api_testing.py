@@ -45,8 +45,9 @@ class Server:
 
 
 @contextlib.contextmanager
-def serve(llm: Any, config: ServerConfig | None = None, engine: Any = None) -> Iterator[Server]:
-    app = create_app(llm, config or ServerConfig(default_max_tokens=8), engine=engine)
+def serve(llm: Any, config: ServerConfig | None = None, engine: Any = None, **app_kw: Any) -> Iterator[Server]:
+    """``app_kw``: create_app's keywords (served_model_names, chat_template, strict_model_names, access_log)."""
+    app = create_app(llm, config or ServerConfig(default_max_tokens=8), engine=engine, **app_kw)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # asyncio sets TCP_NODELAY
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))

@@ -57,6 +57,17 @@ ROUTES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "/v1/messages/count_tokens": ({"messages": st.lists(MESSAGE, max_size=3)}, {
         "model": COMMON["model"], "system": st.one_of(TEXT, JSON), "tools": st.lists(FLAT_TOOL, max_size=2),
         "thinking": JSON}),
+    "/v1/completions": ({"prompt": st.one_of(TEXT, st.lists(st.one_of(TEXT, st.integers(-2, 600),
+                                                                      st.lists(st.integers(-2, 600), max_size=4)),
+                                                            max_size=3), JSON)}, {
+        **COMMON, "max_tokens": LIMIT, "stop": STOP, "n": st.one_of(st.integers(0, 3), JSON),
+        "best_of": JSON, "echo": JSON, "logprobs": st.one_of(st.integers(-1, 3), JSON), "suffix": JSON,
+        "stream_options": JSON, "ignore_eos": JSON, "stop_token_ids": JSON, "logit_bias": JSON}),
+    "/tokenize": ({"prompt": st.one_of(TEXT, JSON)}, {
+        "model": COMMON["model"], "messages": st.lists(MESSAGE, max_size=2), "add_special_tokens": JSON,
+        "return_token_strs": JSON, "tools": JSON}),
+    "/detokenize": ({"tokens": st.one_of(st.lists(st.integers(-2, 600), max_size=4), JSON)},
+                    {"model": COMMON["model"]}),
 }
 
 
@@ -77,6 +88,11 @@ GOOD = {
                      {"temperature": st.floats(0, 1), "top_k": st.integers(0, 40), "stream": st.booleans(),
                       "system": GOOD_TEXT, "stop_sequences": st.lists(GOOD_TEXT, max_size=2)}),
     "/v1/messages/count_tokens": ({"messages": GOOD_MESSAGES}, {"system": GOOD_TEXT}),
+    "/v1/completions": ({"prompt": st.one_of(GOOD_TEXT, st.lists(st.integers(0, 400), min_size=1, max_size=4)),
+                         "max_tokens": st.integers(0, 3)},
+                        {**GOOD_SAMPLING, "n": st.integers(1, 2), "echo": st.booleans(), "logprobs": st.integers(0, 2)}),
+    "/tokenize": ({"prompt": GOOD_TEXT}, {"add_special_tokens": st.booleans(), "return_token_strs": st.booleans()}),
+    "/detokenize": ({"tokens": st.lists(st.integers(0, 400), max_size=4)}, {}),
 }
 
 
@@ -105,7 +121,7 @@ def bodies(draw: st.DrawFn) -> tuple[str, bytes]:
     return route, raw
 
 
-@settings(max_examples=100, deadline=10_000, database=None, derandomize=True,
+@settings(max_examples=160, deadline=10_000, database=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(case=bodies())
 def test_no_route_answers_a_server_error(server: Server, case: tuple[str, bytes]) -> None:

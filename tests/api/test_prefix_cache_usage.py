@@ -26,5 +26,5 @@ def test_cached_tokens_in_usage_and_metrics(dense_ckpt: TinyCheckpoint) -> None:
                                        messages=[{"role": "user", "content": "Hello there"}])
         assert reply.usage.cache_read_input_tokens > 0
         metrics = httpx.get(f"{server.url}/metrics").text
-    hits = [line for line in metrics.splitlines() if line.startswith("ninfer_prefix_cache_hits ")]
+    hits = [line for line in metrics.splitlines() if line.startswith("ninfer_prefix_cache_hits_total ")]
     assert hits and float(hits[0].split()[1]) >= 2

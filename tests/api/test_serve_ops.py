@@ -150,8 +150,8 @@ def _responses(server: Server) -> dict[tuple[str, str], float]:
     for line in text.splitlines():
         if line.startswith("ninfer_http_responses_total{"):
             labels, value = line[len("ninfer_http_responses_total{"):].split("} ")
-            route, status = (part.split("=")[1].strip('"') for part in labels.split(","))
-            counts[(route, status)] = float(value)
+            named = dict(part.split("=") for part in labels.split(","))
+            counts[(named["route"].strip('"'), named["status"].strip('"'))] = float(value)
     return counts
 
 

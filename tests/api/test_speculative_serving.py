@@ -28,5 +28,5 @@ def test_speculative_server_matches_plain_and_reports_drafts(composite_ckpt: Tin
     assert want.usage.completion_tokens_details.accepted_prediction_tokens == 0
     values = {line.split()[0]: float(line.split()[1]) for line in metrics.splitlines()
               if line.startswith("ninfer_spec_decode_")}
-    assert values["ninfer_spec_decode_draft_tokens"] >= 3 * rounds
-    assert values["ninfer_spec_decode_rounds"] >= rounds
+    assert values["ninfer_spec_decode_draft_tokens_total"] >= 3 * rounds
+    assert values["ninfer_spec_decode_rounds_total"] >= rounds
