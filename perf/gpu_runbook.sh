@@ -13,6 +13,7 @@ cd "$(dirname "$0")/.."
 # name | what it measures (one line each; `--list` prints them)
 STAGES='
 gpu-tests-model       whole-model GPU tests: fp32 parity with transformers, graphs = eager, batched = single, KV dtypes
+gpu-tests-runtime     whole-model tests beside the runtime ones: MTP, host copies, structured output, /v1/completions scoring
 gpu-tests-attention   attention (split-KV prefill, decode tiles), pinned host pool and DeltaNet GPU tests, model tests beside
 gpu-tests-quant       quantized GEMM GPU tests: GEMV split-K, graph-timed tuning, epilogues, tensor-core decode; stacked MoE gate
 verify-fused          the fused projection modules: whole-model, DeltaNet and stacked-MoE GPU tests
@@ -89,6 +90,16 @@ stage() {
     gpu-tests-model)
       export NINFER_AUTOTUNE=off
       gpu_tests 330 model_gpu -n 3
+      ;;
+    gpu-tests-runtime)  # compile-bound, no timings: the model tests run beside the runtime tests
+      export NINFER_AUTOTUNE=off
+      ( timeout 300 python3 -m pytest -m gpu -v -p no:cacheprovider --durations=5 tests/gpu/test_model_gpu.py -n 3 \
+          > "$OUT/model_gpu.log" 2>&1; echo "--- rc=$? test_model_gpu.py" >> "$OUT/model_gpu.log" ) &
+      gpu_tests 150 speculative_gpu
+      gpu_tests 90 host_memory_gpu
+      gpu_tests 120 structured_gpu
+      gpu_tests 90 completions_gpu
+      wait
       ;;
     gpu-tests-attention)  # compile-bound, no timings: the model tests run beside the kernel tests
       export NINFER_AUTOTUNE=off
