@@ -1,6 +1,7 @@
 """``ninfer.load(...)``: read a Qwen3.5-family checkpoint into an :class:`ninfer.llm.LLM`."""
 from __future__ import annotations
 
+import inspect
 import os
 from pathlib import Path
 from typing import Any
@@ -11,7 +12,7 @@ from ninfer.checkpoint import load_weights, materialize, resolve_model_path
 from ninfer.config import ModelConfig, load_config
 from ninfer.llm import LLM
 from ninfer.models.qwen3_5 import Qwen3_5TextModel
-from ninfer.runtime.engine import EngineConfig
+from ninfer.runtime.engine_config import EngineConfig
 from ninfer.tokenizer import Tokenizer
 
 
@@ -24,34 +25,24 @@ def load(
     device: str | torch.device | None = None,
     dtype: torch.dtype | str | None = None,
     *,
-    max_concurrency: int = 4,
-    max_context: int = 4096,
-    kv_capacity: int | str | None = None,
-    kv_dtype: str = "auto",
-    prefill_chunk: int = 1024,
-    page_size: int = 64,
-    cuda_graphs: bool = True,
-    prefix_cache: bool = True,
-    checkpoint_slots: int = 4,
-    checkpoint_interval: int = 4096,
-    host_cache_gib: float = 0.0,
-    pause_host_gib: float = 4.0,
-    host_prepin_gib: float = 0.0,
     quantize: str | None = None,
     vision: bool = False,
     vision_limits: Any = None,
-    spec: str | None = None,
-    draft_tokens: int = 3,
+    chat_template: str | None = None,
     progress: bool = True,
+    **options: Any,
 ) -> LLM:
     """Load a Qwen3.5-family checkpoint (local directory or Hub id; the bundled default model if None).
 
-    Defaults: CUDA when available else CPU; bf16 on GPU, fp32 on CPU. The engine serves up to
-    ``max_concurrency`` (1-8) sequences of at most ``max_context`` tokens each from one KV pool of
+    Defaults: CUDA when available else CPU; bf16 on GPU, fp32 on CPU. ``options`` are the engine's
+    (:class:`ninfer.runtime.engine_config.EngineConfig` defines each one, its default and its check;
+    docs/python-api.md lists them): the engine serves up to ``max_concurrency`` (1-8, default 4)
+    sequences of at most ``max_context`` tokens each (default 8192) from one KV pool of
     ``kv_capacity`` tokens (default ``max_concurrency * max_context``; ``"auto"`` fills free GPU
     memory); ``kv_dtype`` is "auto" (model dtype), "bf16", "fp8" or "int8"; KV pages hold
     ``page_size`` tokens; prompts prefill in chunks of ``prefill_chunk`` tokens; decode steps replay
-    CUDA graphs unless ``cuda_graphs=False``. The prefix cache (on unless ``prefix_cache=False``)
+    CUDA graphs unless ``cuda_graphs=False``; on CUDA the engine compiles and autotunes its kernels
+    at start-up unless ``warmup=False``. The prefix cache (on unless ``prefix_cache=False``)
     reuses the KV pages and DeltaNet state of earlier prompts: checkpoints sit in
     ``checkpoint_slots`` extra state slots, one token before each prompt's end (or at a chat's
     assistant turn just before it), every
@@ -67,14 +58,14 @@ def load(
     and compressed-tensors layouts) load as they are; ``quantize="int4"`` (a recipe name or file, see
     ``ninfer convert --list-recipes``) quantizes a bf16 checkpoint while loading. ``vision=True``
     loads the vision tower of a composite checkpoint so chats may hold images and videos
-    (``vision_limits``: a ``ninfer.vision.VisionLimits``).
+    (``vision_limits``: a ``ninfer.vision.VisionLimits``). ``chat_template`` (Jinja text) replaces
+    the tokenizer's chat template.
 
     ``spec="mtp"`` turns on speculative decoding with the checkpoint's MTP head: each step drafts
-    ``draft_tokens`` (1-7) tokens and verifies them in one target pass; outputs are those of
-    plain decoding (greedy: token for token; sampling: the same distribution).
+    ``draft_tokens`` (1-7, default 3; only with ``spec``) tokens and verifies them in one target pass;
+    outputs are those of plain decoding (greedy: token for token; sampling: the same distribution).
     """
-    if spec not in (None, "mtp"):
-        raise ValueError(f"spec must be None or 'mtp', got {spec!r}")
+    engine_config = EngineConfig.from_options(options)  # before anything is read: a bad option fails fast
     if path_or_hub_id is None:
         from ninfer.default_model import default_model_path
 
@@ -87,6 +78,8 @@ def load(
                  "float16": torch.float16, "fp32": torch.float32, "float32": torch.float32}[dtype]
     dtype = dtype or (torch.float32 if device.type == "cpu" else torch.bfloat16)
     tokenizer = Tokenizer(model_dir)
+    if chat_template is not None:
+        tokenizer.set_chat_template(chat_template)
     with torch.device("meta"):
         model = Qwen3_5TextModel(config)
     plan, translate = _stored_quantization(model_dir)
@@ -105,16 +98,8 @@ def load(
 
         quantize_model_(model, resolve_plan(load_recipe(quantize), weight_shapes(model)), dtype=dtype)
     model.register_buffer("inv_freq", _inv_freq(config, device), persistent=False)
-    engine_config = EngineConfig(max_concurrency=max_concurrency, max_context=max_context, kv_capacity=kv_capacity,
-                                 kv_dtype=kv_dtype, prefill_chunk=prefill_chunk, page_size=page_size,
-                                 cuda_graphs=cuda_graphs, prefix_cache=prefix_cache, checkpoint_slots=checkpoint_slots,
-                                 checkpoint_interval=checkpoint_interval,
-                                 host_cache_bytes=int(host_cache_gib * (1 << 30)),
-                                 draft_tokens=draft_tokens if spec else 0,
-                                 pause_host_bytes=int(pause_host_gib * (1 << 30)),
-                                 host_prepin_bytes=int(host_prepin_gib * (1 << 30)))
     mtp_head = None
-    if spec == "mtp":
+    if engine_config.draft_tokens:
         from ninfer.models.mtp import MTPHead
 
         mtp_head = MTPHead.from_report(model, report.mtp)
@@ -126,6 +111,18 @@ def load(
             raise ValueError(f"vision=True: {model_dir} has no vision_config (a text-only checkpoint)")
         pipeline = VisionPipeline.from_checkpoint(model_dir, config, tokenizer.token_id, device, dtype, vision_limits)
     return LLM(model.eval(), tokenizer, model_dir, report, engine_config, vision=pipeline, mtp_head=mtp_head)
+
+
+def _signature() -> inspect.Signature:
+    """``load``'s signature with the engine options spelt out (``help(ninfer.load)``, IDEs)."""
+    sig = inspect.signature(load)
+    params = [p for p in sig.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    params += [inspect.Parameter(opt.name, inspect.Parameter.KEYWORD_ONLY, default=opt.default)
+               for opt in EngineConfig.options()]
+    return sig.replace(parameters=params)
+
+
+load.__signature__ = _signature()  # type: ignore[attr-defined]
 
 
 def _stored_quantization(model_dir: Path) -> tuple[dict[str, str], Any]:

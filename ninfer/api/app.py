@@ -111,15 +111,16 @@ def _model_card(service: Service) -> dict[str, Any]:
 
 
 async def _models(request: Request, service: Service) -> Response:
-    return JSONResponse({"object": "list", "data": [_model_card(service)]})
+    cards = [{**_model_card(service), "id": name} for name in request.app.state.served_names]
+    return JSONResponse({"object": "list", "data": cards})
 
 
 async def _model(request: Request, service: Service) -> Response:
     model_id = request.path_params["model_id"]
-    if model_id != service.model_id:
+    if model_id not in request.app.state.served_names:
         raise APIError(404, f"model {model_id!r} does not exist; this server serves {service.model_id!r}",
                        code="model_not_found", param="model")
-    return JSONResponse(_model_card(service))
+    return JSONResponse({**_model_card(service), "id": model_id})
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
@@ -132,10 +133,21 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     return _error_response(APIError(exc.status_code, message, code=code), _protocol(request.url.path))
 
 
-def create_app(llm: Any, config: ServerConfig | None = None, *, engine: Any = None) -> Starlette:
-    """The server app for a loaded ``ninfer.LLM``."""
+def create_app(llm: Any, config: ServerConfig | None = None, *, engine: Any = None,
+               served_model_names: list[str] | None = None, chat_template: str | None = None) -> Starlette:
+    """The server app for a loaded ``ninfer.LLM``. ``served_model_names``: the public model names (the
+    first is the one responses carry; default ``config.model_id`` or the checkpoint directory name);
+    ``chat_template``: Jinja text that replaces the tokenizer's chat template."""
     config = config or ServerConfig()
-    model_id = config.model_id or llm.model_dir.name
+    if served_model_names is not None:
+        if not served_model_names or not all(isinstance(n, str) and n.strip() for n in served_model_names):
+            raise ValueError(f"served_model_names must be non-empty names, got {served_model_names!r}")
+        if config.model_id is not None and config.model_id != served_model_names[0]:
+            raise ValueError("served_model_names conflicts with ServerConfig.model_id: give the public name once")
+    names = list(served_model_names or [config.model_id or llm.model_dir.name])
+    model_id = names[0]
+    if chat_template is not None:
+        llm.tokenizer.set_chat_template(chat_template)
     _no_local_media(llm)
 
     @contextlib.asynccontextmanager
@@ -185,8 +197,10 @@ def create_app(llm: Any, config: ServerConfig | None = None, *, engine: Any = No
     if config.cors:
         middleware.append(Middleware(CORSMiddleware, allow_origins=["*"], allow_methods=["*"], allow_headers=["*"],
                                      expose_headers=["x-request-id", "request-id", "retry-after"]))
-    return Starlette(routes=routes, middleware=middleware, lifespan=lifespan,
-                     exception_handlers={HTTPException: _http_error})
+    app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan,
+                    exception_handlers={HTTPException: _http_error})
+    app.state.served_names = names
+    return app
 
 
 def _no_local_media(llm: Any) -> None:
