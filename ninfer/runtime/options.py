@@ -77,7 +77,8 @@ class Option:
 
 def _kind_name(opt: Option) -> str:
     name = {int: "an integer", float: "a number", bool: "True or False", str: "a string"}[opt.kind]
-    return " or ".join([name, *(repr(v) for v in opt.literals)])
+    names = [name, *(repr(v) for v in opt.literals)]
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
 
 
 def at_least(lo: float) -> Callable[[Any], str | None]:
