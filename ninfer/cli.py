@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ninfer.cli_options import (
+    HelpFormatter,
     CliError,
     add_engine_options,
     add_log_level_option,
@@ -40,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen = sub.add_parser("generate", help="generate a reply to a prompt or a chat",
                          description="Generate a reply. The answer goes to stdout; reasoning, timings and "
                                      "tok/s go to stderr.", epilog=GENERATE_EXAMPLES,
-                         formatter_class=argparse.RawDescriptionHelpFormatter)
+                         formatter_class=HelpFormatter)
     gen.add_argument("model", nargs="?", help="checkpoint directory or Hugging Face id (default: bundled tiny model)")
     source = gen.add_mutually_exclusive_group(required=True)
     source.add_argument("--prompt", help="user message text (rendered with the chat template)")
@@ -71,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
                          description="Score a UTF-8 text file with sliding windows and print tokens, mean NLL "
                                      "and perplexity.",
                          epilog="example:\n  ninfer ppl ./my-model --text wiki.txt --context 4096 --stride 2048 "
-                                "--output report.json", formatter_class=argparse.RawDescriptionHelpFormatter)
+                                "--output report.json", formatter_class=HelpFormatter)
     ppl.add_argument("model", help="checkpoint directory or Hugging Face id")
     ppl.add_argument("--text", type=Path, required=True, metavar="FILE", help="UTF-8 text to score")
     ppl.add_argument("--context", type=positive("--context"), default=4096, metavar="N",
@@ -88,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
                                       "without repacking.",
                           epilog="examples:\n  ninfer convert --list-recipes\n"
                                  "  ninfer convert ./Qwen3.6-27B --recipe qwen3_5_27b_int4 --out ./Qwen3.6-27B-int4",
-                          formatter_class=argparse.RawDescriptionHelpFormatter)
+                          formatter_class=HelpFormatter)
     conv.add_argument("src", nargs="?", help="bf16 checkpoint directory or Hugging Face id")
     conv.add_argument("--recipe", metavar="NAME_OR_FILE", help="a shipped recipe name or a recipe JSON file")
     conv.add_argument("--out", type=Path, metavar="DIR", help="output directory (must not exist or be empty)")

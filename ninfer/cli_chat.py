@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 from ninfer.cli_options import (
+    HelpFormatter,
     add_engine_options,
     add_log_level_option,
     add_model_options,
@@ -46,7 +47,7 @@ def add_chat_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                        description="Interactive multi-turn chat: one message per line of stdin; the answer "
                                    "streams to stdout, thinking is shown dimmed (on stderr when stdout is not a "
                                    "terminal) unless --hide-thinking.",
-                       epilog=CHAT_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       epilog=CHAT_EXAMPLES, formatter_class=HelpFormatter)
     p.add_argument("model", nargs="?", help="checkpoint directory or Hugging Face id (default: bundled tiny model)")
     p.add_argument("--system", metavar="TEXT", help="system message at the start of the conversation")
     p.add_argument("--max-new", type=positive("--max-new"), default=1024, metavar="N",
@@ -117,7 +118,7 @@ def add_warmup_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParse
                                    "flags, compile and autotune the kernels (on CUDA; Triton's compile cache "
                                    "and ninfer's tuning cache keep the results), run one short decode per "
                                    "lane count, print each phase's time and exit. On CPU it loads and reports.",
-                       epilog=WARMUP_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       epilog=WARMUP_EXAMPLES, formatter_class=HelpFormatter)
     p.add_argument("model", nargs="?", help="checkpoint directory or Hugging Face id (default: bundled tiny model)")
     add_log_level_option(p)
     add_model_options(p)

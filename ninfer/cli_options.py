@@ -31,6 +31,15 @@ def load_model(args: argparse.Namespace, **fixed: Any):
     return ninfer.load(args.model, device=args.device, dtype=args.dtype, **engine_options(args), **fixed)
 
 
+class HelpFormatter(argparse.HelpFormatter):
+    """Wraps the description to the terminal; keeps the epilog (examples) as written."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        if text.startswith("example"):
+            return "".join(indent + line for line in text.splitlines(keepends=True))
+        return super()._fill_text(text, width, indent)
+
+
 def flag_error(flag: str, problem: str) -> argparse.ArgumentTypeError:
     return argparse.ArgumentTypeError(f"{flag} {problem}")
 

@@ -10,6 +10,7 @@ import sys
 
 from ninfer.api.config import ServerConfig
 from ninfer.cli_options import (
+    HelpFormatter,
     add_engine_options,
     add_log_level_option,
     add_model_options,
@@ -35,7 +36,7 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
 
     p = subparsers.add_parser("serve", help="serve a model over HTTP (OpenAI and Anthropic APIs)",
                               description="Serve OpenAI Chat Completions / Responses and Anthropic Messages.",
-                              epilog=SERVE_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+                              epilog=SERVE_EXAMPLES, formatter_class=HelpFormatter)
     p.add_argument("model", nargs="?", help="checkpoint directory or Hugging Face id (default: bundled tiny model)")
     p.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
     p.add_argument("--port", type=positive("--port", 0), default=8080, help="listen port (default 8080)")
