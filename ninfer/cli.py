@@ -73,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      "and perplexity.",
                          epilog="example:\n  ninfer ppl ./my-model --text wiki.txt --context 4096 --stride 2048 "
                                 "--output report.json", formatter_class=HelpFormatter)
-    ppl.add_argument("model", help="checkpoint directory or Hugging Face id")
+    ppl.add_argument("model", nargs="?", help="checkpoint directory or Hugging Face id (default: bundled tiny model)")
     ppl.add_argument("--text", type=Path, required=True, metavar="FILE", help="UTF-8 text to score")
     ppl.add_argument("--context", type=positive("--context"), default=4096, metavar="N",
                      help="window length in tokens (default 4096)")

@@ -94,7 +94,7 @@ def _engine_type(opt: Option):
 
 def _engine_help(opt: Option) -> str:
     if opt.kind is bool:
-        return f"{opt.help} (on by default; this flag turns it off)" if opt.default else opt.help
+        return opt.flag_help or opt.help
     if opt.needs is not None:
         return f"{opt.help} (default {opt.default}; needs --{opt.needs.replace('_', '-')})"
     return opt.help if opt.default is None else f"{opt.help} (default {opt.default})"

@@ -107,6 +107,7 @@ def test_flag_errors_name_the_flag(capsys, argv: list[str], message: str) -> Non
 
 def test_commands_get_the_engine_flags_and_no_bench_knobs() -> None:
     flags = {opt.flag for opt in EngineConfig.options()}
+    assert all(opt.flag_help for opt in EngineConfig.options() if opt.kind is bool)  # --no-X says what X is off
     for command, fixed in (("serve", set()), ("warmup", {"--no-warmup"}), ("generate", {"--max-concurrency"}),
                            ("chat", {"--max-concurrency"})):
         text = _subparser(command).format_help()

@@ -50,12 +50,14 @@ class EngineConfig:
     prefill_chunk: int = option(Option(
         "prefill_chunk", 1024, "prompt tokens per prefill step", check=at_least(1), metavar="N"))
     cuda_graphs: bool = option(Option(
-        "cuda_graphs", True, "replay decode steps from CUDA graphs (the flag runs them eagerly)", kind=bool))
+        "cuda_graphs", True, "replay decode steps from CUDA graphs", kind=bool,
+        flag_help="run decode steps eagerly, without CUDA graphs"))
     page_size: int = option(Option(
         "page_size", 64, "tokens per KV page (vLLM's block size)", check=at_least(1), metavar="N"))
     max_pending: int = 64  # the wait queue; the server widens it to its own admission limit
     prefix_cache: bool = option(Option(
-        "prefix_cache", True, "reuse the KV pages and DeltaNet state of earlier prompts", kind=bool))
+        "prefix_cache", True, "reuse the KV pages and DeltaNet state of earlier prompts", kind=bool,
+        flag_help="do not reuse the KV pages and DeltaNet state of earlier prompts"))
     checkpoint_slots: int = option(Option(
         "checkpoint_slots", 8, "DeltaNet state checkpoints kept for prefix reuse, beyond the lanes",
         check=at_least(1), metavar="N"))
@@ -77,7 +79,8 @@ class EngineConfig:
         "copies run at copy speed rather than at the ~1 GB/s of pinning fresh memory", kind=float,
         check=at_least(0), to_field=gib_to_bytes, metavar="GIB"))
     warmup: bool = option(Option(
-        "warmup", True, "on CUDA, compile and autotune every prefill chunk length class at start-up", kind=bool))
+        "warmup", True, "on CUDA, compile and autotune every prefill chunk length class at start-up", kind=bool,
+        flag_help="skip the start-up compiling and autotuning on CUDA (the first requests then wait for it)"))
 
     @property
     def num_state_slots(self) -> int:

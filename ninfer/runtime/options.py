@@ -29,7 +29,7 @@ class Option:
     values accepted as they are (``"auto"``); ``check`` returns what is wrong with a value ("must be
     >= 1") or None; ``to_field`` turns the value into the field's (GiB -> bytes); ``needs`` names an
     option that must be set for this one to mean anything; ``flag`` overrides the command-line spelling
-    (switches that default to on are ``--no-...``).
+    (switches that default to on are ``--no-...``, described by ``flag_help``).
     """
 
     name: str
@@ -43,6 +43,7 @@ class Option:
     needs: str | None = None
     metavar: str | None = None
     flag_name: str | None = None
+    flag_help: str | None = None  # what the flag does, where that is not ``help`` (``--no-...`` switches)
 
     @property
     def flag(self) -> str:
