@@ -92,11 +92,22 @@ def _engine_type(opt: Option):
     return parse
 
 
+GIVEN = "engine_flags_given"  # the namespace attribute listing the engine flags given on the command line
+
+
+class _Given(argparse.Action):
+    """Stores the flag's value and notes that it was given: only given flags reach ``ninfer.load``, so that
+    an option that needs another one is checked only when the user set it."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        setattr(namespace, self.dest, self.const if self.nargs == 0 else values)
+        setattr(namespace, GIVEN, getattr(namespace, GIVEN, set()) | {self.dest})
+
+
 def _engine_help(opt: Option) -> str:
     if opt.kind is bool:
         return opt.flag_help or opt.help
-    if opt.needs is not None:
-        return f"{opt.help} (default {opt.default}; needs --{opt.needs.replace('_', '-')})"
     return opt.help if opt.default is None else f"{opt.help} (default {opt.default})"
 
 
@@ -107,19 +118,18 @@ def add_engine_options(p: argparse.ArgumentParser, exclude: tuple[str, ...] = ()
         if opt.name in exclude:
             continue
         if opt.kind is bool:
-            g.add_argument(opt.flag, dest=opt.name, action="store_false" if opt.default else "store_true",
-                           help=_engine_help(opt))
+            g.add_argument(opt.flag, dest=opt.name, action=_Given, nargs=0, const=not opt.default,
+                           default=opt.default, help=_engine_help(opt))
             continue
         choices = [c for c in opt.choices if c is not None] if opt.choices else None
-        g.add_argument(opt.flag, dest=opt.name, type=None if choices else _engine_type(opt), choices=choices,
-                       default=None if opt.needs else opt.default, metavar=opt.metavar, help=_engine_help(opt))
+        g.add_argument(opt.flag, dest=opt.name, action=_Given, type=None if choices else _engine_type(opt),
+                       choices=choices, default=opt.default, metavar=opt.metavar, help=_engine_help(opt))
 
 
 def engine_options(args: argparse.Namespace) -> dict[str, Any]:
     """The ``ninfer.load`` keywords of the engine flags the command has, checked together; a flag that
     needs another one fails naming both."""
-    given = {opt.name: getattr(args, opt.name) for opt in EngineConfig.options()
-             if getattr(args, opt.name, None) is not None}
+    given = {name: getattr(args, name) for name in sorted(getattr(args, GIVEN, ()))}
     EngineConfig.from_options(given, label=lambda opt: opt.flag, caller="ninfer")
     return given
 

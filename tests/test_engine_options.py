@@ -36,8 +36,7 @@ def test_one_set_of_defaults() -> None:
         assert signature[opt.name].default == opt.default, opt.name
     serve = _serve_args()
     for opt in EngineConfig.options():
-        if opt.kind is not bool and opt.needs is None:
-            assert getattr(serve, opt.name) == opt.default, opt.name
+        assert getattr(serve, opt.name) == opt.default, opt.name
     assert EngineConfig.from_options(engine_options(serve)) == EngineConfig()
     assert (EngineConfig().max_concurrency, EngineConfig().max_context) == (4, 8192)
 
@@ -75,6 +74,7 @@ def test_units_and_derived_fields() -> None:
     ({"spec": "mtp", "draft_tokens": 8}, "draft_tokens must be 1-7, got 8"),
     ({"draft_tokens": 2}, "draft_tokens needs spec"),
     ({"prefix_cache": "no"}, "prefix_cache must be True or False, got 'no'"),
+    ({"prefix_cache": False, "checkpoint_slots": 2}, "checkpoint_slots conflicts with prefix_cache=False"),
 ])
 def test_python_errors_name_the_keyword(options: dict, message: str) -> None:
     with pytest.raises(OptionError) as err:
@@ -98,6 +98,9 @@ def test_unknown_and_bench_only_keywords_are_refused() -> None:
     (["serve", "--draft-tokens", "2"], "--draft-tokens needs --spec"),
     (["generate", "--prompt", "x", "--draft-tokens", "2"], "--draft-tokens needs --spec"),
     (["warmup", "--draft-tokens", "2"], "--draft-tokens needs --spec"),
+    (["serve", "--no-prefix-cache", "--host-cache-gib", "1"], "--host-cache-gib conflicts with --no-prefix-cache"),
+    (["serve", "--max-image-pixels", "100"], "--max-image-pixels needs --vision"),
+    (["serve", "--no-remote-media"], "--no-remote-media needs --vision"),
     (["chat", "--max-context", "1"], "--max-context must be >= 2, got 1"),
 ])
 def test_flag_errors_name_the_flag(capsys, argv: list[str], message: str) -> None:
@@ -123,12 +126,12 @@ def test_generate_flags_reach_the_engine(capsys, monkeypatch, dense_ckpt: TinyCh
     monkeypatch.setattr(ninfer, "load", lambda *a, **kw: loaded.append(real(*a, **kw)) or loaded[-1])
     code, _, err = run_cli(capsys, "generate", str(dense_ckpt.path), "--prompt", "hi", "--max-new", "2", "--device",
                            "cpu", "--max-context", "300", "--kv-capacity", "640", "--prefill-chunk", "32", "--page-size",
-                           "16", "--no-prefix-cache", "--checkpoint-interval", "128", "--pause-host-gib", "0.5",
+                           "16", "--checkpoint-interval", "128", "--pause-host-gib", "0.5",
                            "--kv-dtype", "bf16", "--no-warmup", "--no-cuda-graphs")
     assert code == 0, err
     cfg = loaded[0].engine.config
     assert dataclasses.asdict(cfg) == dataclasses.asdict(EngineConfig(
-        max_concurrency=1, max_context=300, kv_capacity=640, prefill_chunk=32, page_size=16, prefix_cache=False,
+        max_concurrency=1, max_context=300, kv_capacity=640, prefill_chunk=32, page_size=16,
         checkpoint_interval=128, pause_host_bytes=1 << 29, kv_dtype="bf16", warmup=False, cuda_graphs=False))
     assert loaded[0].engine.plan.num_pages == 640 // 16
 

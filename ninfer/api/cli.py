@@ -156,6 +156,9 @@ def run_serve(args: argparse.Namespace) -> None:
     if config.model_id is None and args.model and not args.served_model_name:
         config = _with_model_id(config, args.model)
     options = engine_options(args)  # before loading: a bad combination fails fast, naming the flags
+    for dest in (*_LIMIT_FLAGS, "allow_private_media", "no_remote_media"):
+        if getattr(args, dest, None) not in (None, False) and not args.vision:
+            raise ValueError(f"--{dest.replace('_', '-')} needs --vision")
     template = read_chat_template(args)
     llm = ninfer.load(args.model, device=args.device, dtype=args.dtype, **options,
                       **({"vision": True, "vision_limits": vision_limits(args)} if args.vision else {}))

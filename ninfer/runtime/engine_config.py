@@ -60,14 +60,14 @@ class EngineConfig:
         flag_help="do not reuse the KV pages and DeltaNet state of earlier prompts"))
     checkpoint_slots: int = option(Option(
         "checkpoint_slots", 8, "DeltaNet state checkpoints kept for prefix reuse, beyond the lanes",
-        check=at_least(1), metavar="N"))
+        check=at_least(1), needs="prefix_cache", metavar="N"))
     checkpoint_interval: int = option(Option(
         "checkpoint_interval", 4096, "also checkpoint every N tokens of a long prompt", check=at_least(1),
-        metavar="N"))
+        needs="prefix_cache", metavar="N"))
     host_cache_bytes: int = option(Option(
         "host_cache_gib", 0.0, "pinned host memory that evicted prefix checkpoints move to and are restored "
         "from (0: evicted checkpoints are dropped)", kind=float, check=at_least(0), to_field=gib_to_bytes,
-        metavar="GIB"))
+        needs="prefix_cache", metavar="GIB"))
     draft_tokens: int = dataclasses.field(default=0, metadata={"options": (_SPEC, _DRAFT), "resolve": _draft_tokens})
     forced_accept: int | None = None  # benchmarks only: accept exactly this many drafts per round
     pause_host_bytes: int = option(Option(

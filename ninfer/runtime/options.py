@@ -119,8 +119,13 @@ def resolve(cls: type, given: Mapping[str, Any], label: Callable[[Option], str],
         values[name] = options[name].validate(value, label(options[name]))
     for name in given:
         needed = options[name].needs
-        if needed is not None and values[needed] in (None, False):
-            raise OptionError(f"{label(options[name])} needs {label(options[needed])}")
+        if needed is None or values[needed] not in (None, False):
+            continue
+        other = options[needed]
+        if other.kind is bool:  # a switch turned off: name the way it was turned off
+            off = label(other)
+            raise OptionError(f"{label(options[name])} conflicts with {off if off != other.name else other.name + '=False'}")
+        raise OptionError(f"{label(options[name])} needs {label(other)}")
     fields = {}
     for f in dataclasses.fields(cls):
         opts = f.metadata.get("options", ())
