@@ -210,7 +210,10 @@ def add_log_level_option(p: argparse.ArgumentParser, default: str = "warning") -
 
 
 def set_log_level(args: argparse.Namespace) -> None:
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s  %(levelname)s  %(message)s", force=True)
+    """``--log-level`` for ninfer's loggers (``ninfer.*``), with a stderr handler unless the process has one."""
+    level = args.log_level.upper()
+    logging.basicConfig(level=level, format="%(asctime)s  %(levelname)s  %(message)s")
+    logging.getLogger("ninfer").setLevel(level)
 
 
 def needs(args: argparse.Namespace, flag: str, needed: str, ok: bool) -> None:

@@ -163,6 +163,7 @@ def test_serve_passes_names_template_and_log_level(monkeypatch, tmp_path: Path, 
     made = {}
     monkeypatch.setattr(ninfer.api.app, "create_app", lambda llm, config, **kw: made.update(kw, config=config))
     monkeypatch.setattr(ninfer.api.serve_ops, "serve", lambda app, args: None)
+    monkeypatch.setattr(logging.getLogger("ninfer"), "level", logging.NOTSET)  # restored after the test
     template = tmp_path / "t.jinja"
     template.write_text(TEMPLATE)
     from ninfer.cli import main
@@ -171,7 +172,7 @@ def test_serve_passes_names_template_and_log_level(monkeypatch, tmp_path: Path, 
           str(template), "--log-level", "debug", "--min-p", "0.1", "--max-context", "256"])
     assert made["served_model_names"] == ["a", "b"] and made["chat_template"] == TEMPLATE
     assert made["config"].sampling.min_p == 0.1 and made["config"].model_id is None
-    assert logging.getLogger().level == logging.DEBUG
+    assert logging.getLogger("ninfer.api").getEffectiveLevel() == logging.DEBUG
 
 
 def test_serve_name_flags_conflict(capsys) -> None:

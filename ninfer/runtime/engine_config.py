@@ -89,12 +89,11 @@ class EngineConfig:
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any], *, label: Callable[[Option], str] | None = None,
-                     caller: str = "load()", **fixed: Any) -> EngineConfig:
+                     caller: str = "load()") -> EngineConfig:
         """The config of the user-facing ``options`` (``ninfer.load``'s keywords; every other one keeps its
-        default). ``label`` names an option in errors (default: its keyword); ``fixed`` sets fields
-        directly. Raises :class:`~ninfer.runtime.options.OptionError` (a ValueError) or TypeError."""
-        fields = resolve(cls, options, label or (lambda opt: opt.name), caller)
-        return cls(**{**fields, **fixed})
+        default). ``label`` names an option in errors (default: its keyword). Raises
+        :class:`~ninfer.runtime.options.OptionError` (a ValueError) or TypeError."""
+        return cls(**resolve(cls, options, label or (lambda opt: opt.name), caller))
 
     @classmethod
     def options(cls) -> list[Option]:
