@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from ninfer.cli_options import (
-    HelpFormatter,
     CliError,
+    HelpFormatter,
     add_engine_options,
     add_log_level_option,
     add_model_options,
@@ -124,7 +124,7 @@ def run_generate(args: argparse.Namespace) -> None:
         raise CliError("--raw applies to --prompt only")
     needs(args, "--chat-template", "a chat (not --raw)", not args.raw)
     constraint = constraint_from_args(args)  # before loading: a bad flag fails fast
-    engine_options(args)
+    engine_options(args)  # likewise
     messages, tools = _read_messages(args.messages) if args.messages else (
         [{"role": "user", "content": args.prompt}], None)
     if args.messages:
@@ -161,10 +161,10 @@ def run_ppl(args: argparse.Namespace) -> None:
     result = ninfer.perplexity(llm, text, context=args.context, stride=args.stride)
     print(f"tokens {result.tokens}\nmean_nll {result.mean_nll:.6f}\nperplexity {result.perplexity:.4f}")
     if args.output:
-        report = {"model": str(llm.model_dir), "text": str(args.text), "context": args.context,
-                  "stride": args.stride, "tokens": result.tokens, "mean_nll": result.mean_nll,
-                  "perplexity": result.perplexity, "windows": result.windows}
-        args.output.write_text(json.dumps(report, indent=2))
+        summary = {"model": str(llm.model_dir), "text": str(args.text), "context": args.context,
+                   "stride": args.stride, "tokens": result.tokens, "mean_nll": result.mean_nll,
+                   "perplexity": result.perplexity, "windows": result.windows}
+        args.output.write_text(json.dumps(summary, indent=2))
 
 
 def run_convert(args: argparse.Namespace) -> None:
@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> None:
 
     try:
         args.func(args)
-    except (CliError, CheckpointError, ConfigError, ValueError, TypeError) as err:
+    except (CliError, CheckpointError, ConfigError, ValueError) as err:
         print(f"ninfer: error: {err}", file=sys.stderr)
         raise SystemExit(2) from None
     except KeyboardInterrupt:

@@ -104,7 +104,8 @@ def run_chat(args: argparse.Namespace, stdin: Any = None) -> None:
         except ValueError as err:  # e.g. the conversation outgrew --max-context: this turn is dropped
             history.pop()
             printer.abandon()
-            print(f"ninfer: error: {err}", file=sys.stderr)
+            print(f"ninfer: error: {err} (the message is dropped; /reset starts a new conversation)",
+                  file=sys.stderr)
             continue
         printer.close(completion)
         history.append({"role": "assistant", "content": completion.text})

@@ -72,7 +72,8 @@ def number(flag: str, lo: float, hi: float | None = None, lo_open: bool = False)
 
 def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", help="torch device, e.g. cuda, cuda:1, cpu (default: cuda if available)")
-    p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], help="compute dtype (default: bf16 on GPU, fp32 on CPU)")
+    p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"],
+                   help="compute dtype (default: bf16 on GPU, fp32 on CPU)")
 
 
 def _engine_type(opt: Option):

@@ -21,6 +21,7 @@ class ReplyPrinter:
         self.mode = reasoning
         self.out, self.err = out or sys.stdout, err or sys.stderr
         self.in_reasoning = False
+        self.started = False  # whether anything of the reply is on stdout
 
     def on_delta(self, delta: Any) -> None:
         if delta.reasoning:
@@ -29,6 +30,7 @@ class ReplyPrinter:
             self._end_reasoning()
             self.out.write(delta.text)
             self.out.flush()
+            self.started = True
 
     def whole(self, completion: Any) -> None:
         if completion.reasoning:
@@ -48,13 +50,15 @@ class ReplyPrinter:
     def abandon(self) -> None:
         """End a reply that failed half-way, so that what follows starts on a line of its own."""
         self._end_reasoning()
-        self.out.write("\n")
+        if self.started:
+            self.out.write("\n")
         self.out.flush()
 
     def _reasoning(self, text: str) -> None:
         if self.mode == "hide":
             return
         stream = self.err if self.mode == "stderr" else self.out
+        self.started |= stream is self.out
         if not self.in_reasoning:
             stream.write("[reasoning]\n" if self.mode == "stderr" else DIM)
             self.in_reasoning = True

@@ -208,3 +208,15 @@ def test_help_is_readable(capsys, command: str) -> None:
     assert max(len(line) for line in out.splitlines()) <= 120
     if command in ("generate", "chat", "serve", "warmup"):
         assert re.search(r"--max-context N\s+most tokens per sequence, prompt \+ output\s+\(default\s+8192\)", out)
+
+
+def test_chat_reports_a_turn_that_does_not_fit_and_goes_on(capsys, monkeypatch, chats,
+                                                            dense_ckpt: TinyCheckpoint) -> None:
+    long = " ".join(["word"] * 80)
+    monkeypatch.setattr("sys.stdin", io.StringIO(f"{long}\nshort\n"))
+    code, _, err = run_cli(capsys, "chat", str(dense_ckpt.path), "--device", "cpu", "--max-new", "2",
+                           "--no-thinking", "--max-context", "64")
+    assert code == 0, err
+    assert "but max_context is 64" in err and "the message is dropped" in err
+    assert [[m["content"] for m in c] for c in chats] == [[long], ["short"]]  # the failed turn left no trace
+    assert err.count(" tokens, ") == 1

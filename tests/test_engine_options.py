@@ -125,8 +125,8 @@ def test_generate_flags_reach_the_engine(capsys, monkeypatch, dense_ckpt: TinyCh
     real = ninfer.load
     monkeypatch.setattr(ninfer, "load", lambda *a, **kw: loaded.append(real(*a, **kw)) or loaded[-1])
     code, _, err = run_cli(capsys, "generate", str(dense_ckpt.path), "--prompt", "hi", "--max-new", "2", "--device",
-                           "cpu", "--max-context", "300", "--kv-capacity", "640", "--prefill-chunk", "32", "--page-size",
-                           "16", "--checkpoint-interval", "128", "--pause-host-gib", "0.5",
+                           "cpu", "--max-context", "300", "--kv-capacity", "640", "--prefill-chunk", "32",
+                           "--page-size", "16", "--checkpoint-interval", "128", "--pause-host-gib", "0.5",
                            "--kv-dtype", "bf16", "--no-warmup", "--no-cuda-graphs")
     assert code == 0, err
     cfg = loaded[0].engine.config

@@ -48,8 +48,8 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
                    help="admission deadline; past it 503 (default 30000)")
     add_model_options(p)
     add_engine_options(p)
-    p.add_argument("--max-request-mib", type=positive("--max-request-mib"), default=ServerConfig.max_request_bytes >> 20,
-                   metavar="N", help="request body limit; larger bodies get 413 (default %(default)s)")
+    p.add_argument("--max-request-mib", type=positive("--max-request-mib"),
+                   default=ServerConfig.max_request_bytes >> 20, metavar="N", help="request body limit; larger bodies get 413 (default %(default)s)")
     p.add_argument("--default-max-tokens", type=positive("--default-max-tokens"), default=8192, metavar="N",
                    help="output limit when a request sets none (default 8192)")
     p.add_argument("--no-thinking", action="store_true", help="thinking off unless a request turns it on")
@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> None:
 
     try:
         args.func(args)
-    except (CheckpointError, ConfigError, ValueError, TypeError) as err:
+    except (CheckpointError, ConfigError, ValueError) as err:
         print(f"ninfer: error: {err}", file=sys.stderr)
         raise SystemExit(2) from None
     except KeyboardInterrupt:

@@ -122,9 +122,9 @@ def resolve(cls: type, given: Mapping[str, Any], label: Callable[[Option], str],
         if needed is None or values[needed] not in (None, False):
             continue
         other = options[needed]
-        if other.kind is bool:  # a switch turned off: name the way it was turned off
-            off = label(other)
-            raise OptionError(f"{label(options[name])} conflicts with {off if off != other.name else other.name + '=False'}")
+        if other.kind is bool:  # a switch turned off: name it the way it was turned off
+            off = label(other) if label(other) != other.name else f"{other.name}=False"
+            raise OptionError(f"{label(options[name])} conflicts with {off}")
         raise OptionError(f"{label(options[name])} needs {label(other)}")
     fields = {}
     for f in dataclasses.fields(cls):
