@@ -154,24 +154,29 @@ def test_warmup_loads_reports_the_phases_and_exits(capsys, monkeypatch, dense_ck
     assert loaded[0].engine.is_idle()
 
 
-def test_serve_passes_names_template_and_log_level(monkeypatch, tmp_path: Path, dense_ckpt: TinyCheckpoint) -> None:
+def test_serve_passes_engine_flags_names_template_and_log_level(monkeypatch, tmp_path: Path,
+                                                                composite_ckpt: TinyCheckpoint) -> None:
     import logging
 
     import ninfer.api.app
     import ninfer.api.serve_ops
 
     made = {}
-    monkeypatch.setattr(ninfer.api.app, "create_app", lambda llm, config, **kw: made.update(kw, config=config))
+    monkeypatch.setattr(ninfer.api.app, "create_app",
+                        lambda llm, config, **kw: made.update(kw, config=config, engine=llm.engine.config))
     monkeypatch.setattr(ninfer.api.serve_ops, "serve", lambda app, args: None)
     monkeypatch.setattr(logging.getLogger("ninfer"), "level", logging.NOTSET)  # restored after the test
     template = tmp_path / "t.jinja"
     template.write_text(TEMPLATE)
     from ninfer.cli import main
 
-    main(["serve", str(dense_ckpt.path), "--device", "cpu", "--served-model-name", "a", "b", "--chat-template",
-          str(template), "--log-level", "debug", "--min-p", "0.1", "--max-context", "256"])
+    main(["serve", str(composite_ckpt.path), "--device", "cpu", "--served-model-name", "a", "b", "--chat-template",
+          str(template), "--log-level", "debug", "--min-p", "0.1", "--max-context", "256", "--max-concurrency", "2",
+          "--no-prefix-cache", "--spec", "mtp", "--draft-tokens", "2"])
     assert made["served_model_names"] == ["a", "b"] and made["chat_template"] == TEMPLATE
     assert made["config"].sampling.min_p == 0.1 and made["config"].model_id is None
+    engine = made["engine"]
+    assert (engine.max_context, engine.max_concurrency, engine.prefix_cache, engine.draft_tokens) == (256, 2, False, 2)
     assert logging.getLogger("ninfer.api").getEffectiveLevel() == logging.DEBUG
 
 
