@@ -70,6 +70,7 @@ def test_units_and_derived_fields() -> None:
     ({"kv_capacity": "lots"}, "kv_capacity must be an integer, 'auto' or None, got 'lots'"),
     ({"kv_dtype": "fp4"}, "kv_dtype must be one of 'auto', 'bf16', 'fp8', 'int8', got 'fp4'"),
     ({"host_cache_gib": -1}, "host_cache_gib must be >= 0, got -1.0"),
+    ({"pause_host_gib": float("inf")}, "pause_host_gib must be finite, got inf"),
     ({"spec": "eagle"}, "spec must be one of None, 'mtp', got 'eagle'"),
     ({"spec": "mtp", "draft_tokens": 8}, "draft_tokens must be 1-7, got 8"),
     ({"draft_tokens": 2}, "draft_tokens needs spec"),

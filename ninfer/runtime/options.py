@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -28,7 +29,7 @@ class Option:
     ``kind`` is the Python type of the value (``bool`` options are switches); ``literals`` are other
     values accepted as they are (``"auto"``); ``check`` returns what is wrong with a value ("must be
     >= 1") or None; ``to_field`` turns the value into the field's (GiB -> bytes); ``needs`` names an
-    option that must be set for this one to mean anything; ``flag`` overrides the command-line spelling
+    option that must be set for this one to mean anything. The command-line spelling is ``flag``
     (switches that default to on are ``--no-...``, described by ``flag_help``).
     """
 
@@ -42,13 +43,10 @@ class Option:
     to_field: Callable[[Any], Any] | None = None
     needs: str | None = None
     metavar: str | None = None
-    flag_name: str | None = None
     flag_help: str | None = None  # what the flag does, where that is not ``help`` (``--no-...`` switches)
 
     @property
     def flag(self) -> str:
-        if self.flag_name:
-            return self.flag_name
         if self.kind is bool and self.default:
             return "--no-" + self.name.replace("_", "-")
         return "--" + self.name.replace("_", "-")
@@ -83,7 +81,11 @@ def _kind_name(opt: Option) -> str:
 
 
 def at_least(lo: float) -> Callable[[Any], str | None]:
-    return lambda v: None if v >= lo else f"must be >= {lo}"
+    def check(v: Any) -> str | None:
+        if isinstance(v, float) and not math.isfinite(v):
+            return "must be finite"
+        return None if v >= lo else f"must be >= {lo}"
+    return check
 
 
 def between(lo: int, hi: int) -> Callable[[Any], str | None]:
