@@ -129,6 +129,22 @@ def materialize(model: nn.Module, device: torch.device, dtype: torch.dtype) -> N
                                                requires_grad=False))
 
 
+def tensor_bytes(files: dict[str, Path]) -> int:
+    """Stored bytes of the named tensors, from the safetensors headers: what the load progress bar counts
+    (the shards' sizes would also count their headers and the tensors that are skipped)."""
+    by_file: dict[Path, list[str]] = {}
+    for name, path in files.items():
+        by_file.setdefault(path, []).append(name)
+    total = 0
+    for path, names in by_file.items():
+        with open(path, "rb") as f:
+            header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+        for name in names:
+            begin, end = header.get(name, {}).get("data_offsets", (0, 0))
+            total += end - begin
+    return total
+
+
 def _iter_tensors(files: dict[str, Path], device: torch.device) -> Iterator[tuple[str, torch.Tensor]]:
     by_file: dict[Path, list[str]] = {}
     for name, path in files.items():
@@ -183,7 +199,7 @@ def load_weights(
     files = {k: p for k, p in files.items() if canonical_name(k)[0] != "vision"}
     filled: set[str] = set()
     expert_parts: dict[tuple[str, str], int] = {}  # (stacked experts, field) -> per-expert tensors placed
-    total = sum(os.path.getsize(p) for p in set(files.values()))  # vision shards included: an upper bound
+    total = tensor_bytes(files)
     bar = tqdm(total=total, unit="B", unit_scale=True, desc="loading weights", disable=not progress or None)
     for raw_key, raw in _iter_tensors(files, device):
         bar.update(raw.numel() * raw.element_size())

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -140,6 +140,7 @@ class LLM:
                  max_new_tokens: int | None = None, temperature: float | None = None, top_p: float | None = None,
                  top_k: int | None = None, seed: int | None = None, greedy: bool = False,
                  stop_token_ids: list[int] | None = None, stop: str | list[str] | None = None,
+                 on_delta: Callable[[StreamOutput], None] | None = None,
                  **sampling: Any) -> list[RequestOutput] | Completion | list[Completion]:
         """Continue raw prompts (no chat template): text, token ids, ``{"prompt_token_ids": [...]}``, or a list
         of these (mixed freely); all run concurrently in the engine.
@@ -148,22 +149,25 @@ class LLM:
         convention). Otherwise ninfer's keywords (``max_new_tokens`` default 256; ``sampling`` takes
         min_p, presence/frequency/repetition penalties, logprobs, ignore_eos) over the model's
         generation_config.json defaults, and a :class:`Completion` per prompt (a list for a list).
+        ``on_delta`` is called with each :class:`StreamOutput` as it is produced (its ``request_id`` tells
+        the prompts apart), so a caller can show the text while it is generated.
         """
         items, single = parse_prompts(prompts, self.tokenizer.encode, self.config.vocab_size)
         keywords = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p, "top_k": top_k,
                     "seed": seed, "greedy": greedy, "stop_token_ids": stop_token_ids, "stop": stop, **sampling}
         if sampling_params is not None:
-            return self._outputs(items, self._params_per_prompt(sampling_params, len(items), keywords))
+            return self._outputs(items, self._params_per_prompt(sampling_params, len(items), keywords),
+                                 on_delta=on_delta)
         params = self._keyword_params("generate", max_new_tokens, None, {
             "temperature": temperature, "top_p": top_p, "top_k": top_k, "seed": seed, "greedy": greedy,
             "stop_token_ids": stop_token_ids, "stop": stop, **sampling})
-        completions = [out.outputs[0] for out in self._outputs(items, [params] * len(items))]
+        completions = [out.outputs[0] for out in self._outputs(items, [params] * len(items), on_delta=on_delta)]
         return completions[0] if single else completions
 
     def chat(self, messages: Any, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, *,
              tools: list[dict[str, Any]] | None = None, enable_thinking: bool | None = None,
              chat_template_kwargs: dict[str, Any] | None = None, max_new_tokens: int | None = None,
-             stop: str | list[str] | None = None,
+             stop: str | list[str] | None = None, on_delta: Callable[[StreamOutput], None] | None = None,
              **sampling: Any) -> list[RequestOutput] | Completion | list[Completion]:
         """Apply the chat template to one conversation (a list of messages) or a list of them, generate, split
         the reasoning from the answer and, with ``tools`` (OpenAI function tools), parse the tool calls.
@@ -172,7 +176,7 @@ class LLM:
         ``video_url`` (a path, an http(s) URL or a data URI) when the model was loaded with vision.
         Thinking is on unless ``enable_thinking=False`` (or vLLM's ``chat_template_kwargs={"enable_thinking":
         False}``). Results as for :meth:`generate` (``max_new_tokens`` default 1024; the model's
-        preset for the thinking mode under the keywords).
+        preset for the thinking mode under the keywords; ``on_delta`` as for :meth:`generate`).
         """
         conversations, single = parse_conversations(messages)
         thinking = thinking_mode(enable_thinking, chat_template_kwargs)
@@ -186,7 +190,8 @@ class LLM:
         turn_start = self.tokenizer.token_id("<|im_start|>")
         outs = self._outputs([PromptInput(ids, text) for ids, _, text in prompts], params, thinking=thinking,
                              media=[mm for _, mm, _ in prompts], tools=schemas,
-                             marks=[chat_checkpoint_marks(ids, turn_start) for ids, _, _ in prompts])
+                             marks=[chat_checkpoint_marks(ids, turn_start) for ids, _, _ in prompts],
+                             on_delta=on_delta)
         if sampling_params is not None:
             return outs
         completions = [out.outputs[0] for out in outs]
@@ -298,11 +303,13 @@ class LLM:
 
     def _outputs(self, items: list[PromptInput], params: list[SamplingParams], *, thinking: bool | None = None,
                  media: list[Any] | None = None, tools: dict[str, Any] | None = None,
-                 marks: list[tuple[int, ...]] | None = None) -> list[RequestOutput]:
+                 marks: list[tuple[int, ...]] | None = None,
+                 on_delta: Callable[[StreamOutput], None] | None = None) -> list[RequestOutput]:
         groups = [self._requests(item.token_ids, p, thinking, media[i] if media else None, marks[i] if marks else ())
                   for i, (item, p) in enumerate(zip(items, params))]
         leaders = {r.request_id: g[0] for g in groups for r in g[1:]}
-        completions = iter(self._run([r for g in groups for r in g], tools=tools, leaders=leaders))
+        completions = iter(self._run([r for g in groups for r in g], tools=tools, leaders=leaders,
+                                     on_delta=on_delta))
         outs = []
         for item, group in zip(items, groups):
             samples = [next(completions) for _ in group]
@@ -312,7 +319,8 @@ class LLM:
         return outs
 
     def _run(self, requests: list[Request], tools: dict[str, Any] | None = None,
-             leaders: dict[str, Request] | None = None) -> list[Completion]:
+             leaders: dict[str, Request] | None = None,
+             on_delta: Callable[[StreamOutput], None] | None = None) -> list[Completion]:
         """Run requests to completion through the engine (queueing those beyond its lanes). A request with a
         leader (another sample of its prompt) waits until the leader has prefilled, so that it starts from
         the leader's prefix-cache checkpoint instead of prefilling the prompt again. If anything fails (or
@@ -327,7 +335,9 @@ class LLM:
                 for event in self.engine.step():
                     result = results.get(event.request_id)
                     if result is not None:
-                        result.push(event)
+                        delta = result.push(event)
+                        if on_delta is not None:
+                            on_delta(delta)
         except BaseException:
             for req in added:
                 self.engine.cancel(req.request_id)

@@ -1,6 +1,7 @@
 """``ninfer.load(...)``: read a Qwen3.5-family checkpoint into an :class:`ninfer.llm.LLM`."""
 from __future__ import annotations
 
+import inspect
 import os
 import sys
 from pathlib import Path
@@ -13,7 +14,7 @@ from ninfer.config import ModelConfig, load_config
 from ninfer.llm import LLM
 from ninfer.models.qwen3_5 import Qwen3_5TextModel
 from ninfer.runtime import startup
-from ninfer.runtime.engine import EngineConfig
+from ninfer.runtime.engine_config import EngineConfig
 from ninfer.tokenizer import Tokenizer
 
 
@@ -26,36 +27,25 @@ def load(
     device: str | torch.device | None = None,
     dtype: torch.dtype | str | None = None,
     *,
-    max_concurrency: int = 4,
-    max_context: int = 4096,
-    kv_capacity: int | str | None = None,
-    kv_dtype: str = "auto",
-    prefill_chunk: int = 8192,
-    prefill_tokens_while_decoding: int = 1024,
-    page_size: int = 64,
-    cuda_graphs: bool = True,
-    prefix_cache: bool = True,
-    checkpoint_slots: int = 4,
-    checkpoint_interval: int = 4096,
-    host_cache_gib: float = 0.0,
-    pause_host_gib: float = 4.0,
-    host_prepin_gib: float = 0.0,
     quantize: str | None = None,
     vision: bool = False,
     vision_limits: Any = None,
-    spec: str | None = None,
-    draft_tokens: int = 3,
+    chat_template: str | None = None,
     progress: bool = True,
+    **options: Any,
 ) -> LLM:
     """Load a Qwen3.5-family checkpoint (local directory or Hub id; the bundled default model if None).
 
-    Defaults: CUDA when available else CPU; bf16 on GPU, fp32 on CPU. The engine serves up to
-    ``max_concurrency`` (1-8) sequences of at most ``max_context`` tokens each from one KV pool of
+    Defaults: CUDA when available else CPU; bf16 on GPU, fp32 on CPU. ``options`` are the engine's
+    (:class:`ninfer.runtime.engine_config.EngineConfig` defines each one, its default and its check;
+    docs/python-api.md lists them): the engine serves up to ``max_concurrency`` (1-8, default 4)
+    sequences of at most ``max_context`` tokens each (default 8192) from one KV pool of
     ``kv_capacity`` tokens (default ``max_concurrency * max_context``; ``"auto"`` fills free GPU
     memory); ``kv_dtype`` is "auto" (model dtype), "bf16", "fp8" or "int8"; KV pages hold
     ``page_size`` tokens; prompts prefill in chunks of up to ``prefill_chunk`` tokens while no sequence
-    decodes, and of ``prefill_tokens_while_decoding`` while others do (it bounds their stall); decode steps replay
-    CUDA graphs unless ``cuda_graphs=False``. The prefix cache (on unless ``prefix_cache=False``)
+    decodes, and of ``prefill_tokens_while_decoding`` while others do (it bounds their stall); decode steps
+    replay CUDA graphs unless ``cuda_graphs=False``; on CUDA the engine compiles and autotunes its kernels
+    at start-up unless ``warmup=False``. The prefix cache (on unless ``prefix_cache=False``)
     reuses the KV pages and DeltaNet state of earlier prompts: checkpoints sit in
     ``checkpoint_slots`` extra state slots, one token before each prompt's end (or at a chat's
     assistant turn just before it), every
@@ -71,14 +61,14 @@ def load(
     and compressed-tensors layouts) load as they are; ``quantize="int4"`` (a recipe name or file, see
     ``ninfer convert --list-recipes``) quantizes a bf16 checkpoint while loading. ``vision=True``
     loads the vision tower of a composite checkpoint so chats may hold images and videos
-    (``vision_limits``: a ``ninfer.vision.VisionLimits``).
+    (``vision_limits``: a ``ninfer.vision.VisionLimits``). ``chat_template`` (Jinja text) replaces
+    the tokenizer's chat template.
 
     ``spec="mtp"`` turns on speculative decoding with the checkpoint's MTP head: each step drafts
-    ``draft_tokens`` (1-7) tokens and verifies them in one target pass; outputs are those of
-    plain decoding (greedy: token for token; sampling: the same distribution).
+    ``draft_tokens`` (1-7, default 3; only with ``spec``) tokens and verifies them in one target pass;
+    outputs are those of plain decoding (greedy: token for token; sampling: the same distribution).
     """
-    if spec not in (None, "mtp"):
-        raise ValueError(f"spec must be None or 'mtp', got {spec!r}")
+    engine_config = EngineConfig.from_options(options)  # before anything is read: a bad option fails fast
     if path_or_hub_id is None:
         from ninfer.default_model import default_model_path
 
@@ -93,6 +83,8 @@ def load(
     startup.begin()  # each phase below times itself into the report printed when ready
     with startup.phase("tokenizer"):
         tokenizer = Tokenizer(model_dir)
+        if chat_template is not None:
+            tokenizer.set_chat_template(chat_template)
     with startup.phase("model build/quantize"):
         with torch.device("meta"):
             model = Qwen3_5TextModel(config)
@@ -114,17 +106,8 @@ def load(
         with startup.phase("model build/quantize"):
             quantize_model_(model, resolve_plan(load_recipe(quantize), weight_shapes(model)), dtype=dtype)
     model.register_buffer("inv_freq", _inv_freq(config, device), persistent=False)
-    engine_config = EngineConfig(max_concurrency=max_concurrency, max_context=max_context, kv_capacity=kv_capacity,
-                                 kv_dtype=kv_dtype, prefill_chunk=prefill_chunk, page_size=page_size,
-                                 prefill_tokens_while_decoding=prefill_tokens_while_decoding,
-                                 cuda_graphs=cuda_graphs, prefix_cache=prefix_cache, checkpoint_slots=checkpoint_slots,
-                                 checkpoint_interval=checkpoint_interval,
-                                 host_cache_bytes=int(host_cache_gib * (1 << 30)),
-                                 draft_tokens=draft_tokens if spec else 0,
-                                 pause_host_bytes=int(pause_host_gib * (1 << 30)),
-                                 host_prepin_bytes=int(host_prepin_gib * (1 << 30)))
     mtp_head = None
-    if spec == "mtp":
+    if engine_config.draft_tokens:
         from ninfer.models.mtp import MTPHead
 
         mtp_head = MTPHead.from_report(model, report.mtp)
@@ -141,6 +124,18 @@ def load(
         llm = LLM(model.eval(), tokenizer, model_dir, report, engine_config, vision=pipeline, mtp_head=mtp_head)
     llm.startup = startup.finish(sys.stderr if progress else None)
     return llm
+
+
+def _signature() -> inspect.Signature:
+    """``load``'s signature with the engine options spelt out (``help(ninfer.load)``, IDEs)."""
+    sig = inspect.signature(load)
+    params = [p for p in sig.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    params += [inspect.Parameter(opt.name, inspect.Parameter.KEYWORD_ONLY, default=opt.default)
+               for opt in EngineConfig.options()]
+    return sig.replace(parameters=params)
+
+
+load.__signature__ = _signature()  # type: ignore[attr-defined]
 
 
 def _stored_quantization(model_dir: Path) -> tuple[dict[str, str], Any]:

@@ -38,6 +38,12 @@ class Tokenizer:
         tid = self.hf.convert_tokens_to_ids(token)
         return tid if isinstance(tid, int) and tid != self.hf.unk_token_id else None
 
+    def set_chat_template(self, template: str) -> None:
+        """Render chats with ``template`` (Jinja text) instead of the checkpoint's own."""
+        if not isinstance(template, str) or not template.strip():
+            raise ValueError("chat_template must be non-empty Jinja text")
+        self.hf.chat_template = template
+
     def apply_chat_template(
         self,
         messages: list[dict[str, Any]],

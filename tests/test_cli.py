@@ -36,7 +36,7 @@ def test_generate_messages_file_and_raw(capsys, dense_ckpt: TinyCheckpoint, tmp_
 
 @pytest.mark.parametrize("argv, message", [
     (["generate", "--prompt", "x", "--max-new", "0"], "--max-new must be >= 1"),
-    (["generate", "--prompt", "x", "--top-p", "1.5"], "--top-p is out of range"),
+    (["generate", "--prompt", "x", "--top-p", "1.5"], "--top-p must be in (0, 1], got 1.5"),
     (["generate", "--messages", "/no/such/file.json"], "--messages: file /no/such/file.json not found"),
     (["ppl", "m", "--text", "t.txt", "--context", "8", "--stride", "9"], "--stride (9) must not exceed --context (8)"),
     (["generate", "--prompt", "x", "--spec", "mtp", "--draft-tokens", "9"], "--draft-tokens must be 1-7"),

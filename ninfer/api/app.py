@@ -212,8 +212,10 @@ def create_app(llm: Any, config: ServerConfig | None = None, *, engine: Any = No
     if config.cors:
         middleware.append(Middleware(CORSMiddleware, allow_origins=["*"], allow_methods=["*"], allow_headers=["*"],
                                      expose_headers=["x-request-id", "request-id", "retry-after"]))
-    return Starlette(routes=routes, middleware=middleware, lifespan=lifespan,
-                     exception_handlers={HTTPException: _http_error})
+    app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan,
+                    exception_handlers={HTTPException: _http_error})
+    app.state.served_names = names
+    return app
 
 
 def _served_names(names: list[str] | None, default: str) -> tuple[str, ...]:

@@ -1,33 +1,107 @@
 """The engine's settings: lanes, context and KV capacity, chunking, prefix cache, speculation, host memory.
 
-``ninfer.load(...)`` and ``ninfer serve`` map their arguments onto these fields; the engine reads them once.
+This dataclass is the one definition of the engine options: each field's metadata holds the
+:class:`~ninfer.runtime.options.Option` users set it with (default, help, unit, check).
+``ninfer.load(**options)`` builds the config with :meth:`EngineConfig.from_options`, and the commands
+generate their flags from the same options (``ninfer.cli_options``). Fields without an option
+(``max_pending``) are for the server, which builds the config
+itself.
+
+The defaults are those a vLLM or SGLang user expects of a server that batches: several lanes
+(4) and a context long enough for ordinary chats and tool use (8192 tokens; both engines default
+to the model's full context, which ninfer would have to reserve up front).
 """
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
+
+from ninfer.runtime.options import GIB, Option, at_least, between, gib_to_bytes, option, options_of, resolve
+
+MAX_LANES = 8  # the scheduler's bound on max_concurrency
+MAX_DRAFT_TOKENS = 7  # verification runs K + 1 <= 8 tokens per sequence through the decode kernels
+DEFAULT_DRAFT_TOKENS = 3
+
+_SPEC = Option("spec", None, "speculative decoding with the checkpoint's MTP head", kind=str,
+               choices=(None, "mtp"), metavar="mtp")
+_DRAFT = Option("draft_tokens", DEFAULT_DRAFT_TOKENS, f"tokens drafted per speculative round, 1-{MAX_DRAFT_TOKENS}",
+                check=between(1, MAX_DRAFT_TOKENS), needs="spec", metavar="K")
+
+
+def _draft_tokens(values: Mapping[str, Any]) -> int:
+    return values["draft_tokens"] if values["spec"] else 0
 
 
 @dataclass(frozen=True)
 class EngineConfig:
-    max_concurrency: int = 1
-    max_context: int = 4096
-    kv_capacity: int | str | None = None  # tokens; "auto" fills free memory; None = max_concurrency * max_context
-    kv_dtype: str = "auto"
-    prefill_chunk: int = 8192  # most prompt tokens per step: the chunk when no sequence is decoding
-    prefill_tokens_while_decoding: int = 1024  # most prompt tokens per step while sequences decode (their stall)
-    cuda_graphs: bool = True
-    page_size: int = 64
-    max_pending: int = 64
-    prefix_cache: bool = True  # reuse KV pages + DeltaNet state checkpoints of earlier prompts
-    checkpoint_slots: int = 4  # state slots beyond the lanes that hold prefix checkpoints
-    checkpoint_interval: int = 4096  # also checkpoint every this many tokens of a long prompt
-    host_cache_bytes: int = 0  # host memory that evicted checkpoints move to (0: evicted ones are dropped)
-    draft_tokens: int = 0  # speculative decoding with the MTP head: K drafts per round (0: off)
-    pause_host_bytes: int = 4 << 30  # host memory for snapshots of paused requests (beyond it: recompute)
-    host_prepin_bytes: int = 0  # host memory pinned at start-up for those copies (at most both budgets)
-    warmup: bool = True  # on CUDA, compile and autotune for every prefill chunk length class at start-up
+    max_concurrency: int = option(Option(
+        "max_concurrency", 4, f"sequences decoded together, 1-{MAX_LANES}", check=between(1, MAX_LANES),
+        metavar="N"))
+    max_context: int = option(Option(
+        "max_context", 8192, "most tokens per sequence, prompt + output", check=at_least(2), metavar="N"))
+    kv_capacity: int | str | None = option(Option(
+        "kv_capacity", None, "KV pool size in tokens, or 'auto' to fill free GPU memory (default: "
+        "max-concurrency x max-context)", check=at_least(1), literals=("auto", None), metavar="N|auto"))
+    kv_dtype: str = option(Option(
+        "kv_dtype", "auto", "KV cache storage; auto: the model dtype", kind=str,
+        choices=("auto", "bf16", "fp8", "int8")))
+    prefill_chunk: int = option(Option(
+        "prefill_chunk", 8192, "most prompt tokens per step while no sequence decodes (one chunk of a long "
+        "prompt)", check=at_least(1), metavar="N"))
+    prefill_tokens_while_decoding: int = option(Option(
+        "prefill_tokens_while_decoding", 1024, "most prompt tokens per step while sequences decode: bounds their "
+        "stall (at most prefill-chunk)", check=at_least(1), metavar="N"))
+    cuda_graphs: bool = option(Option(
+        "cuda_graphs", True, "replay decode steps from CUDA graphs", kind=bool,
+        flag_help="run decode steps eagerly, without CUDA graphs"))
+    page_size: int = option(Option(
+        "page_size", 64, "tokens per KV page (vLLM's block size)", check=at_least(1), metavar="N"))
+    max_pending: int = 64  # the wait queue; the server widens it to its own admission limit
+    prefix_cache: bool = option(Option(
+        "prefix_cache", True, "reuse the KV pages and DeltaNet state of earlier prompts", kind=bool,
+        flag_help="do not reuse the KV pages and DeltaNet state of earlier prompts"))
+    checkpoint_slots: int = option(Option(
+        "checkpoint_slots", 8, "DeltaNet state checkpoints kept for prefix reuse, beyond the lanes",
+        check=at_least(1), needs="prefix_cache", metavar="N"))
+    checkpoint_interval: int = option(Option(
+        "checkpoint_interval", 4096, "also checkpoint every N tokens of a long prompt", check=at_least(1),
+        needs="prefix_cache", metavar="N"))
+    host_cache_bytes: int = option(Option(
+        "host_cache_gib", 0.0, "pinned host memory that evicted prefix checkpoints move to and are restored "
+        "from (0: evicted checkpoints are dropped)", kind=float, check=at_least(0), to_field=gib_to_bytes,
+        needs="prefix_cache", metavar="GIB"))
+    draft_tokens: int = dataclasses.field(default=0, metadata={"options": (_SPEC, _DRAFT), "resolve": _draft_tokens})
+    pause_host_bytes: int = option(Option(
+        "pause_host_gib", 4.0, "pinned host memory for snapshots of requests paused when the KV pool runs "
+        "out; beyond it paused requests are recomputed", kind=float, check=at_least(0), to_field=gib_to_bytes,
+        metavar="GIB"))
+    host_prepin_bytes: int = option(Option(
+        "host_prepin_gib", 0.0, "pin this much of the host memory above at start-up, so that the first host "
+        "copies run at copy speed rather than at the ~1 GB/s of pinning fresh memory", kind=float,
+        check=at_least(0), to_field=gib_to_bytes, metavar="GIB"))
+    warmup: bool = option(Option(
+        "warmup", True, "on CUDA, compile and autotune every prefill chunk length class at start-up", kind=bool,
+        flag_help="skip the start-up compiling and autotuning on CUDA (the first requests then wait for it)"))
 
     @property
     def num_state_slots(self) -> int:
         per_lane = 1 + (self.draft_tokens + 1 if self.draft_tokens else 0)  # + per-token verify states
         return self.max_concurrency * per_lane + (self.checkpoint_slots if self.prefix_cache else 0)
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any], *, label: Callable[[Option], str] | None = None,
+                     caller: str = "load()") -> EngineConfig:
+        """The config of the user-facing ``options`` (``ninfer.load``'s keywords; every other one keeps its
+        default). ``label`` names an option in errors (default: its keyword). Raises
+        :class:`~ninfer.runtime.options.OptionError` (a ValueError) or TypeError."""
+        return cls(**resolve(cls, options, label or (lambda opt: opt.name), caller))
+
+    @classmethod
+    def options(cls) -> list[Option]:
+        """The user-facing options, in field order."""
+        return options_of(cls)
+
+
+__all__ = ["EngineConfig", "GIB", "MAX_DRAFT_TOKENS", "MAX_LANES", "Option"]

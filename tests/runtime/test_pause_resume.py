@@ -67,8 +67,9 @@ def _assert_balanced(llm: ninfer.LLM, reqs: list[Request]) -> None:
     assert not engine.requests and not engine.outputs
 
 
-PREFIX = {"no-prefix": dict(prefix_cache=False), "prefix": dict(prefix_cache=True),
-          "prefix-host": dict(prefix_cache=True, host_cache_gib=0.01)}  # evicted checkpoints survive on the host
+PREFIX = {"no-prefix": dict(prefix_cache=False), "prefix": dict(prefix_cache=True, checkpoint_interval=16),
+          "prefix-host": dict(prefix_cache=True, checkpoint_interval=16, host_cache_gib=0.01)}  # evicted
+# checkpoints survive on the host
 
 
 @pytest.mark.parametrize("prefix", list(PREFIX))
@@ -76,7 +77,7 @@ PREFIX = {"no-prefix": dict(prefix_cache=False), "prefix": dict(prefix_cache=Tru
 def test_tiny_pool_pauses_and_matches_a_big_pool(dense_ckpt: TinyCheckpoint, big, mode: str, prefix: str) -> None:
     prompts = _prompts([5, 9, 30, 20, 3, 15], seed=1)
     expected = [r.output_ids for r in _greedy(big, prompts, 48)]
-    llm = _tiny(dense_ckpt, mode, checkpoint_interval=16, prefill_chunk=8, **PREFIX[prefix])
+    llm = _tiny(dense_ckpt, mode, prefill_chunk=8, **PREFIX[prefix])
     reqs = _greedy(llm, prompts, 48)
     assert [r.output_ids for r in reqs] == expected
     stats = llm.engine.pauser.stats
