@@ -199,8 +199,9 @@ def test_the_app_answers_to_every_served_name(dense_ckpt: TinyCheckpoint, tmp_pa
         assert client.get("/v1/models/other").status_code == 404
         reply = client.post("/v1/chat/completions", json={"model": "alias", "messages": [
             {"role": "user", "content": "hi"}]}).json()
-        assert reply["model"] == "main"
-    assert llm.tokenizer.apply_chat_template([{"role": "user", "content": "x"}]) == "CUSTOM-user: x\nANSWER:"
+        assert reply["model"] == "alias"  # the name the request asked for
+        tokens = client.post("/tokenize", json={"messages": [{"role": "user", "content": "x"}]}).json()["tokens"]
+        assert llm.tokenizer.decode(tokens) == "CUSTOM-user: x\nANSWER:"  # the server renders with the override
     with pytest.raises(ValueError, match="served_model_names"):
         create_app(llm, served_model_names=[])
 
