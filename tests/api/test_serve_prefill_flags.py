@@ -7,6 +7,7 @@ import pytest
 
 import ninfer
 from ninfer.api.cli import add_serve_parser, run_serve
+from ninfer.runtime.engine_config import EngineConfig
 
 
 def _parse(*argv: str) -> argparse.Namespace:
@@ -27,11 +28,14 @@ def test_budgets_reach_load(monkeypatch: pytest.MonkeyPatch) -> None:
         raise _Loaded
 
     monkeypatch.setattr(ninfer, "load", load)
-    for argv, chunk, budget in (((), 8192, 1024), (("--prefill-chunk", "4096", "--prefill-tokens-while-decoding",
-                                                    "256"), 4096, 256)):
-        with pytest.raises(_Loaded):
-            run_serve(_parse("m", *argv))
-        assert (seen[-1]["prefill_chunk"], seen[-1]["prefill_tokens_while_decoding"]) == (chunk, budget)
+    with pytest.raises(_Loaded):
+        run_serve(_parse("m"))
+    assert "prefill_chunk" not in seen[-1] and "prefill_tokens_while_decoding" not in seen[-1]  # EngineConfig's
+    defaults = EngineConfig()
+    assert (defaults.prefill_chunk, defaults.prefill_tokens_while_decoding) == (8192, 1024)
+    with pytest.raises(_Loaded):
+        run_serve(_parse("m", "--prefill-chunk", "4096", "--prefill-tokens-while-decoding", "256"))
+    assert (seen[-1]["prefill_chunk"], seen[-1]["prefill_tokens_while_decoding"]) == (4096, 256)
 
 
 def test_a_bad_budget_is_refused_naming_the_flag(capsys: pytest.CaptureFixture) -> None:
