@@ -177,9 +177,9 @@ def test_chunked_tiny_model_dims_one_long_sequence() -> None:
     inp["state"][: slots - 1] = float("nan")
     expect = inp["state"].clone()
     keys = ("q", "k", "v", "a", "b")
-    args = lambda st: (*(inp[x] for x in keys), inp["A_log"], inp["dt_bias"], st, inp["cu_seqlens"], slot_ids)  # noqa: E731
-    out = gated_delta_rule_chunked_triton(*args(inp["state"]))
-    ref = gated_delta_rule_reference(*args(expect))
+    fixed = [inp[x] for x in keys] + [inp["A_log"], inp["dt_bias"]]
+    out = gated_delta_rule_chunked_triton(*fixed, inp["state"], inp["cu_seqlens"], slot_ids)
+    ref = gated_delta_rule_reference(*fixed, expect, inp["cu_seqlens"], slot_ids)
     assert out.shape == (sum(lens), HV, dv) and torch.isfinite(out).all()
     assert _rel(out, ref) < 2e-2
     assert _rel(inp["state"][-1], expect[-1]) < 2e-2
