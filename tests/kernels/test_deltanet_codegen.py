@@ -89,7 +89,7 @@ def _compile_sm90(launch: dict, num_warps: int, num_stages: int) -> str:
         else:
             signature[name] = "i32"
     kernel = triton.compile(ASTSource(fn, signature, constexprs=constexprs, attrs=attrs),
-                            target=GPUTarget("cuda", 90, 64), options=dict(num_warps=num_warps, num_stages=num_stages))
+                            target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps, num_stages=num_stages))
     return kernel.asm["ttgir"]
 
 
