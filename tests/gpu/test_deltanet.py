@@ -11,11 +11,15 @@ from ninfer.kernels.deltanet.recurrent import gated_delta_rule_recurrent_triton
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 HK, HV, DK, DV = 16, 48, 128, 128  # Qwen3.5-27B linear-attention heads
+# tests/tiny_checkpoints.py's linear attention: dv < 64, the state kernel's padded dv block
+TINY = (2, 4, 16, 16)
 KEYS = ("q", "k", "v", "a", "b")
 
 
-def _inputs(lens: list[int], slots: int, dtype: torch.dtype, seed: int) -> dict:
+def _inputs(lens: list[int], slots: int, dtype: torch.dtype, seed: int,
+            dims: tuple[int, int, int, int] = (HK, HV, DK, DV)) -> dict:
     """Random inputs shaped like the model's: q, k, v are strided views of one conv output."""
+    HK, HV, DK, DV = dims  # noqa: N806
     gen = torch.Generator(device="cuda").manual_seed(seed)
     n = sum(lens)
     mixed = torch.randn(n, 2 * HK * DK + HV * DV, generator=gen, device="cuda").to(dtype)
@@ -48,10 +52,13 @@ def _tolerances(launcher, dtype: torch.dtype) -> tuple[float, float]:
     return (5e-3 if dtype == torch.bfloat16 else 1e-4), 1e-4
 
 
-def _compare(launcher, lens: list[int], dtype: torch.dtype, seed: int, **kwargs) -> None:
+def _compare(launcher, lens: list[int], dtype: torch.dtype, seed: int,
+             dims: tuple[int, int, int, int] = (HK, HV, DK, DV), slot_ids: torch.Tensor | None = None,
+             **kwargs) -> None:
     slots = len(lens) + 3
-    inp = _inputs(lens, slots, dtype, seed)
-    slot_ids = torch.randperm(slots, device="cuda")[: len(lens)]
+    inp = _inputs(lens, slots, dtype, seed, dims)
+    if slot_ids is None:
+        slot_ids = torch.randperm(slots, device="cuda")[: len(lens)]
     expect = inp["state"].clone()
     out = launcher(*(inp[x] for x in KEYS), inp["A_log"], inp["dt_bias"], inp["state"], inp["cu_seqlens"], slot_ids,
                    **kwargs)
@@ -142,7 +149,23 @@ def test_dispatch_prefill_then_decode_under_cuda_graph() -> None:
     assert _rel_err(inp["state"][slot_ids], expect[slot_ids]) < 1e-2
 
 
-def test_chunked_checkpoints_inside_the_launch() -> None:
+@pytest.mark.parametrize("length", [1024, 2048, 4096, 4097, 8191, 8192])
+def test_chunked_tiny_dims_long_prefill(length: int) -> None:
+    """What engine warm-up prefills with the tiny checkpoints in bf16 (which faulted with an illegal
+    address when the state kernel's dv block was 16): one long sequence in a scratch slot above 0."""
+    _compare(gated_delta_rule_chunked_triton, [length], torch.bfloat16, 6, dims=TINY,
+             slot_ids=torch.tensor([3], device="cuda", dtype=torch.int32))
+
+
+@pytest.mark.parametrize("dims", [(2, 4, 16, 32), (2, 4, 32, 16), (4, 8, 64, 32)], ids=str)
+def test_chunked_small_head_dims(dims: tuple[int, int, int, int]) -> None:
+    """Other dv < 64 (padded dv block) and small dk, ragged, bf16 and fp32."""
+    for dtype in (torch.bfloat16, torch.float32):
+        _compare(gated_delta_rule_chunked_triton, [1, 63, 64, 0, 65, 300, 8191], dtype, 7, dims=dims)
+
+
+@pytest.mark.parametrize("dims", [(HK, HV, DK, DV), TINY], ids=["27b", "tiny"])
+def test_chunked_checkpoints_inside_the_launch(dims: tuple[int, int, int, int]) -> None:
     """Prefix-cache checkpoints written by the chunked launch: o and final states match the reference as
     without them; each checkpoint slot holds the fp32 reference's state after the first r tokens; other
     slots are untouched. (The runs with and without checkpoints are tuned apart and may pick different
@@ -150,7 +173,7 @@ def test_chunked_checkpoints_inside_the_launch() -> None:
     lens = [1, 63, 64, 65, 300, 1000, 200]
     offsets = [1, 0, 64, 37, 300, 515, 128]  # 1, none, chunk boundaries, mid-chunk, the last token
     batch = len(lens)
-    inp = _inputs(lens, 2 * batch + 2, torch.bfloat16, 5)
+    inp = _inputs(lens, 2 * batch + 2, torch.bfloat16, 5, dims)
     perm = torch.randperm(2 * batch + 2, device="cuda")
     slot_ids, ckpt_slots = perm[:batch], perm[batch:2 * batch].to(torch.int32)
     ckpt_offsets = torch.tensor(offsets, device="cuda", dtype=torch.int32)

@@ -165,3 +165,22 @@ def test_chunked_checkpoints_fp32() -> None:
 
 def test_chunked_checkpoints_fp16_inputs() -> None:
     _check_checkpoints(CKPT_LENS, [1, 0, 37, 65, 150, 64, 129, 128], torch.float16, 2e-2, 6)
+
+
+def test_chunked_tiny_model_dims_one_long_sequence() -> None:
+    """The tiny checkpoints' linear attention (dk = dv = 16: a dv block padded to 64 columns) as engine
+    warm-up prefills it: one sequence of many chunks, its state in the last of a few slots (the others,
+    NaN, must stay untouched), 16-bit operands."""
+    lens, dk, dv, slots = [1100], 16, 16, 4
+    inp = _inputs(lens, dk, dv, slots, torch.float16, 7)
+    slot_ids = torch.tensor([slots - 1], dtype=torch.int32)
+    inp["state"][: slots - 1] = float("nan")
+    expect = inp["state"].clone()
+    keys = ("q", "k", "v", "a", "b")
+    fixed = [inp[x] for x in keys] + [inp["A_log"], inp["dt_bias"]]
+    out = gated_delta_rule_chunked_triton(*fixed, inp["state"], inp["cu_seqlens"], slot_ids)
+    ref = gated_delta_rule_reference(*fixed, expect, inp["cu_seqlens"], slot_ids)
+    assert out.shape == (sum(lens), HV, dv) and torch.isfinite(out).all()
+    assert _rel(out, ref) < 2e-2
+    assert _rel(inp["state"][-1], expect[-1]) < 2e-2
+    assert torch.isnan(inp["state"][: slots - 1]).all()

@@ -38,10 +38,12 @@ SUB = 16  # side of the blocks of T
 # run; on the H200 "tf32x3" was the fastest at 1k/8k/32k (4-5% over "ieee" at 8k/32k) with outputs within
 # 1.1e-3 relative of "ieee"'s, so it is the default.
 INVERSE_PRECISION = "tf32x3"
-# dv block of the state kernel; not smaller: with 16 or 32 (wgmma N = 16 / 32 in its chain of
-# dots) Triton 3.6 on sm_90 emits wgmma reads past the end of a shared-memory operand (memcheck:
-# invalid __shared__ read at the ``T @ (V - ...)`` dot), so 16-bit inputs fault with an illegal
-# address or, with num_stages = 2, give wrong results. 64 is clean in every config.
+# dv block of the state kernel, never smaller, also for dv < 64 (small test models: padded, masked
+# columns): with 16 or 32 the B operands of its chain of wgmma dots are 16 / 32-column tiles (32 / 64-byte
+# swizzle) and Triton on sm_90 emits wgmma reads past the end of one (memcheck: invalid __shared__ read at
+# the ``T @ (V - ...)`` dot), so 16-bit inputs fault with an illegal address or, with num_stages = 2, give
+# wrong results. 64 (128-byte swizzled B tiles) is clean in every config; tests/kernels/
+# test_deltanet_codegen.py compiles the launcher's configs for sm_90 and checks those tiles on any host.
 BLOCK_V = 64
 
 
@@ -233,6 +235,14 @@ def _inverse_kernel(
     _store_block(tm_c, bet_c, n, t33, 3, 3, HV, C, BC)
 
 
+@triton.jit
+def _value_cols(offs_v, DV: tl.constexpr, BV: tl.constexpr):
+    """Columns of a dv block inside dv: all of them unless the block is padded (dv < BV)."""
+    if DV % BV == 0:
+        return tl.full(offs_v.shape, 1, tl.int1)  # folded away: the 27B path compiles as without masks
+    return offs_v < DV
+
+
 @triton.autotune(
     configs=autotune_configs([triton.Config({}, num_warps=w, num_stages=s) for s in (1, 2) for w in (4, 8)]),
     key=["HV", "GROUP", "DK", "DV", "BV", "BATCH_LOG2", "CKPT"],
@@ -256,9 +266,10 @@ def _state_kernel(
     r = tl.arange(0, C)
     offs_k = tl.arange(0, DK)
     offs_v = tl.program_id(2) * BV + tl.arange(0, BV)
+    cols = _value_cols(offs_v, DV, BV)[None, :]  # padded columns: zero state and values, so zero updates
     state_ptrs = (state + tl.load(slot_ids + seq).to(tl.int64) * stride_state_s + head * (DK * DV)
                   + offs_k[:, None] * DV + offs_v[None, :])
-    s = tl.load(state_ptrs)
+    s = tl.load(state_ptrs, mask=cols, other=0.0)
     if CKPT:  # the state after the first ``ckpt`` tokens also goes to slot ``ckpt_slots[seq]``
         ckpt = tl.load(ckpt_offsets + seq).to(tl.int64)
         ckpt_ptrs = (state + tl.load(ckpt_slots + seq).to(tl.int64) * stride_state_s + head * (DK * DV)
@@ -271,7 +282,7 @@ def _state_kernel(
         k_c = tl.load(kn + qk_off, mask=valid[:, None], other=0.0)
         q_c = tl.load(qn + qk_off, mask=valid[:, None], other=0.0)
         v_c = tl.load(v + rows[:, None] * stride_v_t + head * stride_v_h + offs_v[None, :],
-                      mask=valid[:, None], other=0.0).to(tl.float32)
+                      mask=valid[:, None] & cols, other=0.0).to(tl.float32)
         gamma = tl.load(gam + rows * HV + head, mask=valid, other=0.0)
         gamma_last = tl.load(gam + (bos + c * C + n - 1) * HV + head)
         mat_off = (rows[:, None] * HV + head) * C + r[None, :]
@@ -286,17 +297,18 @@ def _state_kernel(
         o_c = (decay * tl.dot(q_c, s_d, input_precision=DOT_PREC)
                + tl.dot(p_c, v_new.to(dot_t), input_precision=DOT_PREC))
         tl.store(o + rows[:, None] * (HV * DV) + head * DV + offs_v[None, :], o_c.to(o.dtype.element_ty),
-                 mask=valid[:, None])
+                 mask=valid[:, None] & cols)
         if CKPT:
             r_in = ckpt - c * C  # checkpoint's rows in this chunk; only its chunk does the extra work
             if (r_in > 0) & (r_in <= n):
                 # Rows of v_new below r_in do not depend on later rows (T is lower triangular).
                 gamma_ck = tl.load(gam + (bos + c * C + r_in - 1) * HV + head)
                 to_ck = (tl.exp(tl.where(r < r_in, gamma_ck - gamma, float("-inf")))[:, None] * v_new).to(dot_t)
-                tl.store(ckpt_ptrs, s * tl.exp(gamma_ck) + tl.dot(tl.trans(k_c), to_ck, input_precision=DOT_PREC))
+                tl.store(ckpt_ptrs, s * tl.exp(gamma_ck) + tl.dot(tl.trans(k_c), to_ck, input_precision=DOT_PREC),
+                         mask=cols)
         to_end = (tl.exp(gamma_last - gamma)[:, None] * v_new).to(dot_t)
         s = s * tl.exp(gamma_last) + tl.dot(tl.trans(k_c), to_end, input_precision=DOT_PREC)
-    tl.store(state_ptrs, s)
+    tl.store(state_ptrs, s, mask=cols)
 
 
 def gated_delta_rule_chunked_triton(
@@ -359,10 +371,9 @@ def gated_delta_rule_chunked_triton(
         HV=hv, GROUP=group, DK=dk, BK=min(dk, 64), BLOCK_B=block_b, C=CHUNK, BC=SUB, DOT_PREC=prec,
         INV_PREC=inv_prec,
     )
-    block_v = min(BLOCK_V, dv)
-    _state_kernel[(batch, hv, dv // block_v)](
+    _state_kernel[(batch, hv, triton.cdiv(dv, BLOCK_V))](
         qn, kn, v, gam, tmat, pmat, state, o, cu_seqlens, slot_ids, ckpt_offsets, ckpt_slots, v.stride(0),
-        v.stride(1), state.stride(0), batch.bit_length(), HV=hv, GROUP=group, DK=dk, DV=dv, BV=block_v, C=CHUNK,
+        v.stride(1), state.stride(0), batch.bit_length(), HV=hv, GROUP=group, DK=dk, DV=dv, BV=BLOCK_V, C=CHUNK,
         DOT_PREC=prec, CKPT=ckpt,
     )
     return o
