@@ -74,20 +74,29 @@ def test_end_of_sequence_ids_wait_for_min_tokens(llm, free_run, monkeypatch) -> 
     assert _run(llm, _greedy(min_tokens=MIN, ignore_eos=True)).token_ids == free_run
 
 
+def _piece(llm, tokens: list[int], a: int, b: int) -> str:
+    """The text tokens ``a .. b-1`` add to the decoded output."""
+    return llm.tokenizer.decode(tokens[:b])[len(llm.tokenizer.decode(tokens[:a])):]
+
+
 def test_stop_strings_do_not_match_before_min_tokens(llm, free_run) -> None:
     text = llm.tokenizer.decode(free_run)
     i = _first_new(free_run)
-    stop = llm.tokenizer.decode(free_run[:i + 1])[len(llm.tokenizer.decode(free_run[:i])):]
-    assert stop and stop in text
-    early = _run(llm, _greedy(stop=[stop]))
-    assert early.finish_reason == "stop" and len(early.token_ids) <= i + 1
-    out = _run(llm, _greedy(stop=[stop], min_tokens=MIN))
-    # The stop string is text, not a masked id: the tokens are the free run's, and the first MIN pass.
-    assert out.token_ids == free_run[:len(out.token_ids)] and len(out.token_ids) > MIN
+    early_stop = _piece(llm, free_run, i, i + 1)
+    assert early_stop
+    early = _run(llm, _greedy(stop=[early_stop]))
+    assert early.finish_reason == "stop" and len(early.token_ids) <= i + 1 and early.stop_reason == early_stop
+    # A stop string begun by token MIN - 1 (before the minimum) and completed by token MIN (the first that
+    # may end the request) counts, as in vLLM, whose check covers stop strings ending in the new text.
+    span = _piece(llm, free_run, MIN - 1, MIN + 1)
+    out = _run(llm, _greedy(stop=[early_stop, span], min_tokens=MIN))
     head = llm.tokenizer.decode(free_run[:MIN])
-    assert out.text.startswith(head) and stop in head
-    if out.finish_reason == "stop":
-        assert out.text == text[:text.index(stop, len(head) - len(stop) + 1)]
+    assert early_stop in head  # the early stop string was passed over
+    # The oracle: the first occurrence of either stop string that ends after the first MIN tokens' text.
+    end, neg, matched = min((j + len(s), -len(s), s) for s in (early_stop, span) for j in range(len(text))
+                            if text.startswith(s, j) and j + len(s) > len(head))
+    assert out.finish_reason == "stop" and out.stop_reason == matched and out.text == text[:end + neg]
+    assert out.token_ids == free_run[:len(out.token_ids)] and len(out.token_ids) > MIN
 
 
 def test_mixed_batch_leaves_the_other_rows_unchanged(llm, free_run) -> None:
