@@ -209,3 +209,22 @@ def test_unarmed_matcher_passes_hits_and_matches_after(pieces: list[str]) -> Non
             assert m.matched == s and got == text[:end + neg], (armed_from, got)
         else:
             assert not m.stopped and got == text, (armed_from, got)
+
+
+def test_structured_output_ends_where_the_grammar_must(llm) -> None:
+    """A grammar that can only end ends (the stop id is all it allows: the row keeps it), before min_tokens; one
+    that may go on is held open until min_tokens, and still conforms."""
+    pytest.importorskip("xgrammar")
+    from ninfer.runtime.structured import Constraint
+
+    def run(constraint, **kw):
+        return _run(llm, _greedy(structured=constraint, **kw))
+
+    done = run(Constraint.choice(["yes"]), min_tokens=MIN)
+    assert done.text == "yes" and done.finish_reason == "stop" and len(done.token_ids) < MIN
+    assert done.token_ids[-1] in llm.stop_ids
+    free = run(Constraint.regex("(ab)+"))
+    held = run(Constraint.regex("(ab)+"), min_tokens=MIN)
+    assert len(free.token_ids) < MIN  # without the minimum the grammar lets this model end early
+    assert len(held.token_ids) > MIN and held.finish_reason in ("stop", "length")
+    assert held.text.startswith("ab") and set(held.text.replace("ab", "")) == set()
