@@ -228,3 +228,39 @@ def test_structured_output_ends_where_the_grammar_must(llm) -> None:
     assert len(free.token_ids) < MIN  # without the minimum the grammar lets this model end early
     assert len(held.token_ids) > MIN and held.finish_reason in ("stop", "length")
     assert held.text.startswith("ab") and set(held.text.replace("ab", "")) == set()
+
+
+def _feed_all(stops: list[str], pieces: list[str], armed_from: int) -> tuple[str, str | None]:
+    m = StopStringMatcher(stops)
+    out = []
+    for n, piece in enumerate(pieces):
+        emitted, hit = m.feed(piece, armed=n >= armed_from)
+        out.append(emitted)
+        if hit:
+            return "".join(out), m.matched
+    return "".join(out) + m.flush(), None
+
+
+def _oracle(stops: list[str], pieces: list[str], armed_from: int) -> tuple[str, str | None]:
+    """The first occurrence (ending first, then longest) that ends inside an armed piece; the text before it."""
+    text, start = "".join(pieces), sum(len(p) for p in pieces[:armed_from])
+    hits = sorted((j + len(s), -len(s), s) for s in set(stops) for j in range(len(text))
+                  if text.startswith(s, j) and j + len(s) > start)
+    if not hits:
+        return text, None
+    end, neg, s = hits[0]
+    return text[:end + neg], s
+
+
+def test_unarmed_matcher_matches_the_oracle_on_random_streams() -> None:
+    """Periodic stop strings ("aa", "abab", "aba") exercise the KMP continuation after a passed-over hit."""
+    import random
+
+    rng = random.Random(0)
+    for _ in range(3000):
+        stops = ["".join(rng.choice("ab") for _ in range(rng.randint(1, 4))) for _ in range(rng.randint(1, 3))]
+        text = "".join(rng.choice("abc") for _ in range(rng.randint(0, 16)))
+        cuts = sorted(rng.sample(range(len(text) + 1), min(len(text) + 1, rng.randint(0, 5))))
+        pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
+        armed_from = rng.randint(0, len(pieces))
+        assert _feed_all(stops, pieces, armed_from) == _oracle(stops, pieces, armed_from), (stops, pieces, armed_from)
