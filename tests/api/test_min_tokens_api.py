@@ -13,6 +13,13 @@ MIN, MAX = 10, 24
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "Tell me a story"}]}
 
 
+@pytest.fixture(scope="module")
+def ref(dense_ckpt) -> ninfer.LLM:
+    """A second engine over the server's checkpoint, for the Python API's view (the server's own ``llm`` is
+    stepped by its engine thread, so the test thread must not step it too)."""
+    return ninfer.load(dense_ckpt.path, device="cpu", max_concurrency=2, progress=False)
+
+
 def _first_new(tokens: list[int], at: int = 2) -> int:
     return next(i for i in range(at, len(tokens)) if tokens[i] not in tokens[:i])
 
@@ -21,10 +28,10 @@ def _completion(oai: openai.OpenAI, **extra):
     return oai.completions.create(model="tiny", prompt=PROMPT, max_tokens=MAX, temperature=0, extra_body=extra)
 
 
-def test_completions_stop_token_ids_wait_for_min_tokens(oai: openai.OpenAI, llm) -> None:
+def test_completions_stop_token_ids_wait_for_min_tokens(oai: openai.OpenAI, ref) -> None:
     free = oai.completions.create(model="tiny", prompt=PROMPT, max_tokens=MAX, temperature=0,
                                   extra_body={"ignore_eos": True})
-    run = llm.generate([PROMPT], ninfer.SamplingParams(temperature=0, max_tokens=MAX, ignore_eos=True))[0].outputs[0]
+    run = ref.generate([PROMPT], ninfer.SamplingParams(temperature=0, max_tokens=MAX, ignore_eos=True))[0].outputs[0]
     assert run.text == free.choices[0].text  # the server's run is the Python API's
     ids = run.token_ids
     stop = ids[_first_new(ids)]
@@ -32,7 +39,7 @@ def test_completions_stop_token_ids_wait_for_min_tokens(oai: openai.OpenAI, llm)
     assert early.choices[0].finish_reason == "stop" and early.usage.completion_tokens == _first_new(ids) + 1
     out = _completion(oai, stop_token_ids=[stop], min_tokens=MIN)
     assert out.usage.completion_tokens > MIN
-    want = llm.generate([PROMPT], ninfer.SamplingParams(temperature=0, max_tokens=MAX, min_tokens=MIN,
+    want = ref.generate([PROMPT], ninfer.SamplingParams(temperature=0, max_tokens=MAX, min_tokens=MIN,
                                                        stop_token_ids=[stop]))[0].outputs[0]
     assert out.choices[0].text == want.text and out.usage.completion_tokens == len(want.token_ids)
 
@@ -70,6 +77,14 @@ def test_responses_honour_min_tokens(oai: openai.OpenAI) -> None:
     assert len(early.output_text) < len(text) // 4 + 1
     out = oai.responses.create(**{**kw, "extra_body": {**kw["extra_body"], "stop": [stop], "min_tokens": MAX}})
     assert out.output_text == text and out.usage.output_tokens == MAX
+
+
+def test_min_tokens_raises_the_default_budget(oai: openai.OpenAI) -> None:
+    """Without max_tokens a request gets the server's default (8 here), raised to its min_tokens."""
+    out = oai.chat.completions.create(**CHAT, temperature=0, extra_body={"min_tokens": 12, "ignore_eos": True})
+    assert out.usage.completion_tokens == 12
+    plain = oai.chat.completions.create(**CHAT, temperature=0, extra_body={"ignore_eos": True})
+    assert plain.usage.completion_tokens == 8
 
 
 @pytest.mark.parametrize("path,body,message", [
