@@ -35,8 +35,8 @@ KNOWN = frozenset({
     "stream_options", "temperature", "tool_choice", "tools", "top_logprobs", "top_p", "user", "verbosity",
     "web_search_options",
     # vLLM's and ninfer's extensions
-    "top_k", "min_p", "repetition_penalty", "ignore_eos", "stop_token_ids", "min_tokens", "chat_template_kwargs", "enable_thinking",
-    "preserve_thinking", "structured_outputs", *structured.GUIDED, "guided_decoding_backend",
+    "top_k", "min_p", "repetition_penalty", "ignore_eos", "stop_token_ids", "min_tokens", "chat_template_kwargs",
+    "enable_thinking", "preserve_thinking", "structured_outputs", *structured.GUIDED, "guided_decoding_backend",
     "guided_whitespace_pattern", *extra_fields.NAMES, *extra_fields.CHAT_NEUTRAL,
 })
 

@@ -38,8 +38,8 @@ KNOWN = frozenset({
     "model", "prompt", "suffix", "max_tokens", "temperature", "top_p", "n", "stream", "stream_options", "logprobs",
     "echo", "stop", "presence_penalty", "frequency_penalty", "best_of", "logit_bias", "user", "seed",
     # vLLM's extensions
-    "top_k", "min_p", "repetition_penalty", "ignore_eos", "stop_token_ids", "min_tokens", "add_special_tokens", "response_format",
-    "structured_outputs", *structured.GUIDED, "guided_decoding_backend", "guided_whitespace_pattern",
+    "top_k", "min_p", "repetition_penalty", "ignore_eos", "stop_token_ids", "min_tokens", "add_special_tokens",
+    "response_format", "structured_outputs", *structured.GUIDED, "guided_decoding_backend", "guided_whitespace_pattern",
     *extra_fields.NAMES,
 })
 @dataclass
