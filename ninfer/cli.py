@@ -16,6 +16,7 @@ from ninfer.cli_options import (
     add_sampling_options,
     add_stop_options,
     add_template_option,
+    check_min_tokens,
     engine_options,
     load_model,
     needs,
@@ -125,6 +126,7 @@ def run_generate(args: argparse.Namespace) -> None:
     needs(args, "--chat-template", "a chat (not --raw)", not args.raw)
     constraint = constraint_from_args(args)  # before loading: a bad flag fails fast
     engine_options(args)  # likewise
+    check_min_tokens(args)
     messages, tools = _read_messages(args.messages) if args.messages else (
         [{"role": "user", "content": args.prompt}], None)
     if args.messages:

@@ -19,6 +19,7 @@ from ninfer.cli_options import (
     add_sampling_options,
     add_stop_options,
     add_template_option,
+    check_min_tokens,
     engine_options,
     load_model,
     positive,
@@ -69,6 +70,7 @@ def run_chat(args: argparse.Namespace, stdin: Any = None) -> None:
     if args.hide_thinking and args.no_thinking:
         raise ValueError("--hide-thinking conflicts with --no-thinking: with thinking off there is none to hide")
     engine_options(args)  # before loading: a bad flag fails fast
+    check_min_tokens(args)
     stdin = stdin or sys.stdin
     llm = load_model(args, max_concurrency=1, chat_template=read_chat_template(args))
     sampling = dict(max_new_tokens=args.max_new, stop=args.stop, stop_token_ids=args.stop_token_ids,

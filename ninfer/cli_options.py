@@ -178,11 +178,22 @@ def add_stop_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stop", action="append", metavar="TEXT", help="stop at this text (repeatable)")
     p.add_argument("--stop-token-id", action="append", type=positive("--stop-token-id", 0), metavar="ID",
                    dest="stop_token_ids", help="also stop at this token id (repeatable)")
+    p.add_argument("--min-tokens", type=positive("--min-tokens", 0), metavar="N",
+                   help="generate at least N tokens before any stop (end-of-sequence, --stop, --stop-token-id) "
+                        "may end the reply, at most --max-new")
+
+
+def check_min_tokens(args: argparse.Namespace) -> None:
+    """Before loading: ``--min-tokens`` above ``--max-new`` can never be met."""
+    least, most = getattr(args, "min_tokens", None), getattr(args, "max_new", None)
+    if least and most is not None and least > most:
+        raise CliError(f"--min-tokens {least} is more than --max-new {most}")
 
 
 def sampling_keywords(args: argparse.Namespace) -> dict[str, Any]:
     """The sampling flags given, as keywords of ``LLM.generate`` / ``LLM.chat``."""
-    given = {name: getattr(args, name) for name in SAMPLING_FLAGS if getattr(args, name, None) is not None}
+    given = {name: getattr(args, name) for name in (*SAMPLING_FLAGS, "min_tokens")
+             if getattr(args, name, None) is not None}
     return {**given, "greedy": bool(getattr(args, "greedy", False))}
 
 

@@ -3,7 +3,7 @@
 It extends the engine's :class:`ninfer.runtime.sampling.SamplingParams` (what the sampler reads per
 lane) with what belongs to a request: the token budget, stops, the number of samples. Field names
 are vLLM's; every field is honoured, and vLLM fields the engine cannot honour are absent (the
-constructor's TypeError names them) or, for ``min_tokens``, rejected unless neutral.
+constructor's TypeError names them).
 """
 from __future__ import annotations
 
@@ -25,7 +25,9 @@ class SamplingParams(EngineSamplingParams):
     ``temperature=0`` (or ``greedy=True``) is greedy; ``top_k`` 0 or -1 is off. ``max_tokens=None``
     generates until a stop or the context's end. ``stop`` strings are cut from the text;
     ``stop_token_ids`` stop after that token. ``ignore_eos`` keeps generating past the model's
-    end-of-sequence tokens (``stop`` and ``stop_token_ids`` still apply). ``n`` samples share the
+    end-of-sequence tokens (``stop`` and ``stop_token_ids`` still apply). ``min_tokens`` tokens come
+    before any stop can end the output (end-of-sequence and ``stop_token_ids`` are never sampled before,
+    ``stop`` strings completed before do not match). ``n`` samples share the
     prompt's prefill through the prefix cache. ``logprobs=k`` reports each token's log-probability
     and the ``k`` most likely alternatives. With ``seed`` the ``n`` samples are reproducible (sample
     ``i > 0`` draws from a seed derived from ``(seed, i)``).
@@ -36,7 +38,6 @@ class SamplingParams(EngineSamplingParams):
     stop_token_ids: list[int] | tuple[int, ...] | None = None
     n: int = 1
     ignore_eos: bool = False
-    min_tokens: int = 0
 
     def __post_init__(self) -> None:
         if self.top_k == -1:  # vLLM's "off"
@@ -54,9 +55,8 @@ class SamplingParams(EngineSamplingParams):
         if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
             raise ValueError(f"stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}")
         object.__setattr__(self, "stop_token_ids", tuple(ids))
-        if self.min_tokens != 0:
-            raise ValueError("min_tokens is not supported: the sampler cannot suppress end-of-sequence tokens "
-                             "(use ignore_eos=True with max_tokens for a fixed length)")
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise ValueError(f"min_tokens must be at most max_tokens ({self.max_tokens}), got {self.min_tokens}")
 
     @classmethod
     def from_engine(cls, params: EngineSamplingParams, **request: Any) -> SamplingParams:
@@ -75,4 +75,4 @@ class SamplingParams(EngineSamplingParams):
         return random.Random(f"{self.seed}:{index}").getrandbits(62)
 
 
-REQUEST_FIELDS = ("max_tokens", "stop", "stop_token_ids", "n", "ignore_eos", "min_tokens")
+REQUEST_FIELDS = ("max_tokens", "stop", "stop_token_ids", "n", "ignore_eos")

@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 # name | what it measures (one line each; `--list` prints them)
 STAGES='
 gpu-tests-model       whole-model GPU tests: fp32 parity with transformers, graphs = eager, batched = single, KV dtypes
-gpu-tests-runtime     whole-model tests beside the runtime ones: MTP, host copies, structured output, /v1/completions scoring
+gpu-tests-runtime     whole-model tests beside the runtime ones: MTP, host copies, structured output, min_tokens, /v1/completions scoring
 gpu-tests-attention   attention (split-KV prefill, decode tiles), pinned host pool and DeltaNet GPU tests, model tests beside
 gpu-tests-quant       quantized GEMM GPU tests: GEMV split-K, graph-timed tuning, epilogues, tensor-core decode; stacked MoE gate
 verify-fused          the fused projection modules: whole-model, DeltaNet and stacked-MoE GPU tests
@@ -98,6 +98,7 @@ stage() {
       gpu_tests 150 speculative_gpu
       gpu_tests 90 host_memory_gpu
       gpu_tests 120 structured_gpu
+      gpu_tests 90 min_tokens_gpu
       gpu_tests 90 completions_gpu
       wait
       ;;

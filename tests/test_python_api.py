@@ -18,7 +18,9 @@ def llm(dense_ckpt: TinyCheckpoint) -> ninfer.LLM:
 
 def test_sampling_params_reject_what_the_engine_cannot_honour() -> None:
     with pytest.raises(ValueError, match="min_tokens"):
-        ninfer.SamplingParams(min_tokens=3)
+        ninfer.SamplingParams(min_tokens=17)  # above max_tokens (16)
+    with pytest.raises(ValueError, match="min_tokens"):
+        ninfer.SamplingParams(min_tokens=-1)
     with pytest.raises(TypeError, match="prompt_logprobs"):
         ninfer.SamplingParams(prompt_logprobs=1)
     for bad, field in [({"n": 0}, "n"), ({"max_tokens": 0}, "max_tokens"), ({"stop": [""]}, "stop"),

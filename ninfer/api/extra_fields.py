@@ -13,8 +13,6 @@ from ninfer.api.validation import Fields
 
 # name -> (the neutral value, why any other is refused)
 NEUTRAL: dict[str, tuple[Any, str]] = {
-    "min_tokens": (0, "the sampler cannot suppress end-of-sequence tokens (ignore_eos with max_tokens gives a "
-                      "fixed length)"),
     "skip_special_tokens": (True, "special tokens are always left out of the text"),
     "spaces_between_special_tokens": (True, "special tokens are left out of the text"),
     "include_stop_str_in_output": (False, "stop strings are cut from the text"),

@@ -19,7 +19,7 @@ from ninfer.api import convert, extra_fields, request_id, structured
 from ninfer.api.errors import APIError, invalid, unsupported
 from ninfer.api.output import Collected, OutputStream, Usage
 from ninfer.api.samples import Samples, check_n, sample_requests
-from ninfer.api.sampling import logit_bias, parse_fields, stop_strings
+from ninfer.api.sampling import check_min_tokens, logit_bias, parse_fields, stop_strings
 from ninfer.api.service import ChatInput, GenerationSpec, Service
 from ninfer.api.streaming import json_text, sse_frame, sse_response
 from ninfer.api.validation import Fields, check_unknown, read_json
@@ -35,8 +35,8 @@ KNOWN = frozenset({
     "stream_options", "temperature", "tool_choice", "tools", "top_logprobs", "top_p", "user", "verbosity",
     "web_search_options",
     # vLLM's and ninfer's extensions
-    "top_k", "min_p", "repetition_penalty", "ignore_eos", "stop_token_ids", "chat_template_kwargs", "enable_thinking",
-    "preserve_thinking", "structured_outputs", *structured.GUIDED, "guided_decoding_backend",
+    "top_k", "min_p", "repetition_penalty", "ignore_eos", "stop_token_ids", "min_tokens", "chat_template_kwargs",
+    "enable_thinking", "preserve_thinking", "structured_outputs", *structured.GUIDED, "guided_decoding_backend",
     "guided_whitespace_pattern", *extra_fields.NAMES, *extra_fields.CHAT_NEUTRAL,
 })
 
@@ -64,6 +64,7 @@ def parse(body: dict[str, Any], max_stop: int, media: bool = False, vocab_size: 
     spec = GenerationSpec(max_tokens, stop_strings(f, "stop", max_stop), parse_fields(f), _logprobs(f),
                           n=f.int("n", lo=1) or 1, ignore_eos=bool(f.bool("ignore_eos")),
                           stop_token_ids=extra_fields.stop_token_ids(f, vocab_size))
+    check_min_tokens(spec.sampling, max_tokens)
     spec.structured = structured.from_chat(f, forced)
     stream = bool(f.bool("stream"))
     options = f.sub("stream_options")

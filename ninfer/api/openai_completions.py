@@ -26,7 +26,7 @@ from ninfer.api.errors import APIError, invalid, unsupported
 from ninfer.api.legacy_logprobs import LegacyLogprobs, prompt_entries
 from ninfer.api.output import OutputStream, Usage
 from ninfer.api.samples import Samples, check_n, sample_requests
-from ninfer.api.sampling import logit_bias, parse_fields, stop_strings
+from ninfer.api.sampling import check_min_tokens, logit_bias, parse_fields, stop_strings
 from ninfer.api.service import INLINE_PROMPT_CHARS, GenerationSpec, Service
 from ninfer.api.streaming import json_text, sse_frame, sse_response
 from ninfer.api.validation import Fields, check_unknown, read_json
@@ -38,8 +38,8 @@ KNOWN = frozenset({
     "model", "prompt", "suffix", "max_tokens", "temperature", "top_p", "n", "stream", "stream_options", "logprobs",
     "echo", "stop", "presence_penalty", "frequency_penalty", "best_of", "logit_bias", "user", "seed",
     # vLLM's extensions
-    "top_k", "min_p", "repetition_penalty", "ignore_eos", "stop_token_ids", "add_special_tokens", "response_format",
-    "structured_outputs", *structured.GUIDED, "guided_decoding_backend", "guided_whitespace_pattern",
+    "top_k", "min_p", "repetition_penalty", "ignore_eos", "stop_token_ids", "min_tokens", "add_special_tokens",
+    "response_format", "structured_outputs", *structured.GUIDED, "guided_decoding_backend", "guided_whitespace_pattern",
     *extra_fields.NAMES,
 })
 @dataclass
@@ -78,6 +78,7 @@ def parse(body: dict[str, Any], service: Service) -> Parsed:
                           stop_strings(f, "stop", service.config.max_stop), parse_fields(f), logprobs,
                           structured.from_chat(f), n, bool(f.bool("ignore_eos")))
     spec.stop_token_ids = extra_fields.stop_token_ids(f, service.tokenizer.vocab_size)
+    check_min_tokens(spec.sampling, spec.max_tokens)
     options = f.sub("stream_options")
     include_usage = bool(options.bool("include_usage")) if options is not None else False
     if options is not None and options.bool("continuous_usage_stats"):

@@ -21,7 +21,7 @@ from ninfer.api import convert, request_id, structured
 from ninfer.api import responses_items as items_
 from ninfer.api.errors import APIError, invalid, unsupported
 from ninfer.api.output import OutputStream
-from ninfer.api.sampling import parse_fields, stop_strings
+from ninfer.api.sampling import check_min_tokens, parse_fields, stop_strings
 from ninfer.api.service import ChatInput, GenerationSpec, Prompt, Run, Service
 from ninfer.api.streaming import json_text, sse_frame, sse_response
 from ninfer.api.validation import Fields, check_unknown, read_json
@@ -32,7 +32,7 @@ KNOWN = frozenset({
     "parallel_tool_calls", "truncation", "user", "include", "top_logprobs", "service_tier", "safety_identifier",
     "prompt_cache_key", "prompt_cache_retention", "background", "max_tool_calls", "conversation", "prompt",
     # extensions
-    "top_k", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty", "seed", "stop",
+    "top_k", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty", "seed", "stop", "min_tokens",
     "enable_thinking", "preserve_thinking", "chat_template_kwargs",
 })
 
@@ -104,6 +104,7 @@ def parse(body: dict[str, Any], service: Service, store: Any) -> Parsed:
     wanted = bool(top) or "message.output_text.logprobs" in include
     spec = GenerationSpec(f.int("max_output_tokens", lo=1), stop_strings(f, "stop", service.config.max_stop),
                           parse_fields(f), (top or 0) if wanted else None, constraint)
+    check_min_tokens(spec.sampling, spec.max_tokens, "max_output_tokens")
     metadata = f.dict("metadata") or {}
     echo = {"model": model, "instructions": instructions, "max_output_tokens": spec.max_tokens,
             "previous_response_id": previous,

@@ -111,7 +111,14 @@ class OutputStream:
         if self.token_ids and self.token_ids[-1] in self.stop_ids:
             return None  # an end-of-sequence token, not a stop string
         matcher = StopStringMatcher(self.req.stop_strings)
-        matcher.feed(self.tokenizer.decode(self.token_ids, skip_special_tokens=True))
+        # As the engine matched: a stop string completed within the first min_tokens tokens does not count.
+        n = min(getattr(self.req.params, "min_tokens", 0), len(self.token_ids))
+        head = self.tokenizer.decode(self.token_ids[:n], skip_special_tokens=True) if n else ""
+        text = self.tokenizer.decode(self.token_ids, skip_special_tokens=True)
+        if head and text.startswith(head):
+            matcher.feed(head, armed=False)
+            text = text[len(head):]
+        matcher.feed(text)
         return matcher.matched
 
     def usage(self) -> Usage:

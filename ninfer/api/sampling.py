@@ -17,6 +17,8 @@ from ninfer.runtime.sampling import (INT32_MAX, INT64_MAX, INT64_MIN, PRESETS, R
 
 FIELDS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
           "repetition_penalty", "seed")
+# What a request may set: the above and vLLM's min_tokens (no server flag for it).
+REQUEST_FIELDS = (*FIELDS, "min_tokens")
 # Values that mean "off": a field the engine lacks may still be sent with these.
 _NEUTRAL: dict[str, Any] = {"min_p": 0.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
                             "repetition_penalty": 1.0, "logprobs": None}
@@ -75,7 +77,7 @@ def resolve(base: SamplingParams, preset: str | None, thinking: bool, overrides:
         raise APIError(400, str(err), code="invalid_request_error", param=str(err).split()[0]) from None
 
 
-def parse_fields(f: Any, names: tuple[str, ...] = FIELDS, temperature_max: float = 2.0) -> dict[str, Any]:
+def parse_fields(f: Any, names: tuple[str, ...] = REQUEST_FIELDS, temperature_max: float = 2.0) -> dict[str, Any]:
     """The sampling fields a request sets, range-checked (``f`` is a ``validation.Fields``)."""
     getters = {
         "temperature": lambda: f.float("temperature", lo=0, hi=temperature_max),
@@ -87,9 +89,17 @@ def parse_fields(f: Any, names: tuple[str, ...] = FIELDS, temperature_max: float
         "repetition_penalty": lambda: f.float("repetition_penalty", lo=REPETITION_PENALTY_RANGE[0],
                                               hi=REPETITION_PENALTY_RANGE[1]),
         "seed": lambda: f.int("seed", lo=INT64_MIN, hi=INT64_MAX),
+        "min_tokens": lambda: f.int("min_tokens", lo=0, hi=INT32_MAX),
     }
     values = {name: getters[name]() for name in names}
     return {k: v for k, v in values.items() if v is not None}
+
+
+def check_min_tokens(sampling: dict[str, Any], max_tokens: int | None, max_name: str = "max_tokens") -> None:
+    """vLLM's rule: ``min_tokens`` may not exceed the request's own token budget (a 400 naming it)."""
+    least = sampling.get("min_tokens")
+    if least and max_tokens is not None and least > max_tokens:
+        raise invalid(f"'min_tokens' ({least}) must be at most '{max_name}' ({max_tokens})", "min_tokens")
 
 
 def stop_strings(f: Any, name: str, max_items: int) -> list[str]:

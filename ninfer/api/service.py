@@ -292,7 +292,9 @@ class Service:
                           code="unsupported_parameter")
         params = resolve(self.llm.sampling_params(), self.preset if thinking is not None else None, bool(thinking),
                          self.config.sampling, spec.sampling, spec.logprobs, spec.ignore_eos)
-        limit = self.config.default_max_tokens if spec.max_tokens is None else spec.max_tokens
+        # Without a budget of its own, a request gets the server's default, raised to its min_tokens.
+        limit = max(self.config.default_max_tokens, params.min_tokens) if spec.max_tokens is None \
+            else spec.max_tokens
         limit = max(1, min(limit, self.max_context - len(prompt_ids)))
         marks = chat_checkpoint_marks(prompt_ids, self.tokenizer.token_id("<|im_start|>")) if thinking is not None \
             else ()

@@ -99,6 +99,8 @@ class Engine:
         if req.mm is not None:
             req.media_keys = req.mm.media_keys
         processor = self.make_output(req)  # before the scheduler holds the request: a failure leaves nothing behind
+        if req.params.min_tokens:
+            req.min_tokens_ids = processor.stop_ids
         self.scheduler.add(req)
         self.requests[req.request_id] = req
         self.outputs[req.request_id] = processor

@@ -12,7 +12,9 @@ class OutputProcessor:
     """Per-request text pipeline: tokens -> UTF-8-safe text -> stop strings -> reasoning/content channels.
 
     ``finish_reason`` becomes "stop" when a stop token or stop string ends the request. Stop
-    tokens count in ``token_ids`` but add no text; a stop string is cut from the text.
+    tokens count in ``token_ids`` but add no text; a stop string is cut from the text. A stop string
+    completed within the first ``min_tokens`` tokens does not match (vLLM's rule); a stop token there
+    still ends the request, as the sampler lets one through only when a grammar allows nothing else.
     """
 
     def __init__(self, req: Request, tokenizer: Tokenizer, stop_ids: frozenset[int]) -> None:
@@ -23,9 +25,12 @@ class OutputProcessor:
         self.splitter = ReasoningSplitter(bool(req.thinking)) if req.thinking is not None else None
         self.finish_reason: str | None = None
         self.grammar = req.grammar
+        self.min_tokens = req.params.min_tokens
+        self.count = 0  # tokens pushed
 
     def push(self, token: int) -> RequestOutput:
         event = RequestOutput(self.request_id, [token])
+        self.count += 1
         if self.grammar is not None:
             self.grammar.accept(token)
         if token in self.stop_ids:
@@ -33,7 +38,7 @@ class OutputProcessor:
             return event
         text = self.detok.push(token)
         if self.stops is not None and text:
-            text, hit = self.stops.feed(text)
+            text, hit = self.stops.feed(text, armed=self.count > self.min_tokens)
             if hit:
                 self.finish_reason = "stop"
         self._route(event, text)
@@ -46,7 +51,7 @@ class OutputProcessor:
         if not stopped_by_string:
             tail = self.detok.flush()
             if self.stops is not None:
-                tail, _ = self.stops.feed(tail) if tail else ("", False)
+                tail, _ = self.stops.feed(tail, armed=self.count > self.min_tokens) if tail else ("", False)
                 if self.stops.matched is None:
                     tail += self.stops.flush()
             self._route(event, tail)

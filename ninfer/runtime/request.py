@@ -71,6 +71,9 @@ class Request:
     finish_time: float | None = None
     spec_stats: Any = None  # a runtime.speculative.SpecStats when the engine speculates
     grammar: Any = None  # a runtime.structured.GrammarState: the answer's constraint, masked in the sampler
+    # The ids that end this request (its output processor's stop ids), which the sampler masks while fewer
+    # than params.min_tokens tokens are out; the engine sets them when the request is added.
+    min_tokens_ids: frozenset[int] = frozenset()
 
     @property
     def total_tokens(self) -> int:

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from ninfer.kernels.sampling import SampleOutput, SamplingTensors, sample
+from ninfer.kernels.sampling import SampleOutput, SamplingTensors, sample, suppress_tokens
 from ninfer.kernels.sampling.dispatch import LOGPROB_CLASSES
 from ninfer.runtime.request import Request
 from ninfer.runtime.structured import mask_logits
@@ -131,9 +131,31 @@ class Sampler:
         n_logprobs = max((r.params.logprobs or 0) for r in reqs)
         if any(r.grammar is not None for r in reqs):  # unconstrained batches pay nothing
             mask_logits(logits, reqs, t, drafts)
+        self._suppress_stops(logits, reqs, t)
         out = sample(logits, st, counts, seen, vocab_limit=self.vocab_limit, num_logprobs=n_logprobs)
         return Draw(reqs, lanes, t, out, st, counts if penalties else None, seen if penalties else None,
                     want_logprobs)
+
+    def _suppress_stops(self, logits: torch.Tensor, reqs: list[Request], rows_per_req: int) -> None:
+        """``min_tokens``: row ``j`` of a request draws its output token ``len(output_ids) + j``; while that is
+        below the minimum its stop ids get ``-inf``. After the grammar mask, so a grammar that can only end
+        still ends (see :func:`suppress_tokens`); batches without such rows launch nothing."""
+        rows: list[int] = []
+        pair_rows: list[int] = []
+        pair_ids: list[int] = []
+        vocab = logits.shape[1]
+        for b, req in enumerate(reqs):
+            need = min(req.params.min_tokens - len(req.output_ids), rows_per_req)
+            ids = [i for i in req.min_tokens_ids if i < vocab]  # larger ids can never be drawn
+            for j in range(need if ids else 0):
+                pair_rows.extend([len(rows)] * len(ids))
+                pair_ids.extend(ids)
+                rows.append(b * rows_per_req + j)
+        if not rows:
+            return
+        dev = self.device
+        suppress_tokens(logits, torch.tensor(rows, device=dev), torch.tensor(pair_rows, device=dev),
+                        torch.tensor(pair_ids, device=dev), vocab_limit=self.vocab_limit)
 
     def commit(self, draw: Draw, rows: torch.Tensor | None = None) -> None:
         """Keep, per request, the sampler state after its row ``rows[b]`` (the last committed token; the

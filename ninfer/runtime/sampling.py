@@ -71,6 +71,9 @@ class SamplingParams:
     repetition_penalty: float = 1.0  # [1e-9, 1e9], HF semantics, over prompt and generated tokens
     logprobs: int | None = None  # report the sampled token's logprob and this many top alternatives (0..20)
     structured: Any = None  # a ninfer.runtime.structured.Constraint the answer must match
+    # Tokens generated before a stop may end the request: stop ids get -inf logits and stop strings do not
+    # match until then (vLLM semantics); [0, 2^31 - 1].
+    min_tokens: int = 0
 
     def __post_init__(self) -> None:
         _number("temperature", self.temperature, 0.0, MAX_TEMPERATURE)
@@ -86,6 +89,7 @@ class SamplingParams:
         _number("repetition_penalty", self.repetition_penalty, *REPETITION_PENALTY_RANGE)
         if self.logprobs is not None:
             _integer("logprobs", self.logprobs, 0, MAX_LOGPROBS)
+        _integer("min_tokens", self.min_tokens, 0, INT32_MAX)
 
     @property
     def is_greedy(self) -> bool:

@@ -56,6 +56,17 @@ class _StopAutomaton:
                 fail.append(k + 1 if stop[q - 1] == stop[k] else k)
         self.state = q
 
+    def pass_hit(self) -> None:
+        """After a hit that must not stop the stream: continue as KMP does, from the stop string's longest
+        proper border (built here: the table never needed its last entry before)."""
+        stop, fail, q = self.stop, self._fail, self.length
+        if len(fail) < q:
+            k = fail[q - 2] if q > 1 else 0
+            while k and stop[q - 1] != stop[k]:
+                k = fail[k - 1]
+            fail.append(k + 1 if q > 1 and stop[q - 1] == stop[k] else k)
+        self.state = fail[q - 1]
+
 
 class StopStringMatcher:
     """Filters a text stream, holding back possible stop-string prefixes and cutting at a hit.
@@ -86,8 +97,10 @@ class StopStringMatcher:
     def stopped(self) -> bool:
         return self.matched is not None
 
-    def feed(self, delta: str) -> tuple[str, bool]:
-        """Process the next piece of text; return ``(text safe to emit, stop string hit)``."""
+    def feed(self, delta: str, armed: bool = True) -> tuple[str, bool]:
+        """Process the next piece of text; return ``(text safe to emit, stop string hit)``. With ``armed``
+        False (``min_tokens`` not reached) a stop string completed in ``delta`` is passed over, while one
+        that it only begins can still complete, and stop, in a later armed delta."""
         if self.matched is not None:
             return "", True
         if self._first_char is None:
@@ -102,7 +115,12 @@ class StopStringMatcher:
                 i = found.start()
             hit = self._advance(delta[i])
             i += 1
-            if hit is not None:
+            if hit is not None and not armed:
+                for a in self._active:
+                    if a.hit:
+                        a.pass_hit()
+                self._active = [a for a in self._active if a.state]
+            elif hit is not None:
                 self.matched = hit.stop
                 end = held_before + i
                 out = self._release(end if self.include_stop_str else end - len(hit.stop))

@@ -105,7 +105,7 @@ def test_stream_echo(oai: openai.OpenAI) -> None:
     assert text.startswith("Hey")
 
 
-@pytest.mark.parametrize("field,value", [("suffix", "x"), ("best_of", 3), ("min_tokens", 2), ("prompt_logprobs", 1),
+@pytest.mark.parametrize("field,value", [("suffix", "x"), ("best_of", 3), ("min_tokens", 17), ("prompt_logprobs", 1),
                                          ("logit_bias", {"5": 3}), ("bogus_field", 1),
                                          ("include_stop_str_in_output", True), ("logprobs", 21)])
 def test_unsupported_fields_are_400s_naming_them(server, field: str, value: object) -> None:

@@ -31,7 +31,7 @@ CASES = [
     ("/v1/chat/completions", {**CHAT, "n": 0}, 400, "'n'"),
     ("/v1/chat/completions", {**CHAT, "n": 1000}, 400, "'n' must be in [1, "),
     ("/v1/responses", {"input": "hi", "n": 2}, 400, "'n' is not supported"),
-    ("/v1/chat/completions", {**CHAT, "min_tokens": 3}, 400, "'min_tokens'"),
+    ("/v1/chat/completions", {**CHAT, "min_tokens": -1}, 400, "'min_tokens'"),
     ("/v1/chat/completions", {**CHAT, "stop": ["a", "b", "c", "d", "e"]}, 400, "'stop' has 5 entries"),
     ("/v1/chat/completions", {**CHAT, "stream": "yes"}, 400, "'stream' must be a boolean"),
     ("/v1/chat/completions", {**CHAT, "seed": "x"}, 400, "'seed' must be an integer"),

@@ -120,7 +120,7 @@ MESSAGES = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "m
 
 @pytest.mark.parametrize("path,body,param", [
     ("/v1/chat/completions", {**CHAT, "bogus": 1}, "bogus"),
-    ("/v1/chat/completions", {**CHAT, "min_tokens": 2}, "min_tokens"),
+    ("/v1/chat/completions", {**CHAT, "min_tokens": 9}, "min_tokens"),  # above max_tokens (2)
     ("/v1/chat/completions", {**CHAT, "skip_special_tokens": False}, "skip_special_tokens"),
     ("/v1/chat/completions", {**CHAT, "use_beam_search": True}, "use_beam_search"),
     ("/v1/chat/completions", {**CHAT, "echo": True}, "echo"),

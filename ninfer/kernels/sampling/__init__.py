@@ -12,7 +12,9 @@ from ninfer.kernels.sampling.dispatch import (
     sample_reference,
     sample_triton,
     sampling_probs_reference,
+    suppress_tokens,
 )
 
 __all__ = ["MAX_LOGPROBS", "SampleOutput", "SamplingTensors", "apply_penalties_reference", "sample",
-           "sample_reference", "sample_triton", "sampling_probs_reference"]
+           "sample_reference", "sample_triton", "sampling_probs_reference",
+           "suppress_tokens"]

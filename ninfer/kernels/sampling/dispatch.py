@@ -241,6 +241,22 @@ def sample_triton(logits: torch.Tensor, st: SamplingTensors, output_counts: torc
     return out
 
 
+def suppress_tokens(logits: torch.Tensor, rows: torch.Tensor, pair_rows: torch.Tensor, pair_ids: torch.Tensor,
+                    *, vocab_limit: int) -> None:
+    """Set ``logits[rows[pair_rows[i]], pair_ids[i]]`` to ``-inf`` in place (``min_tokens``: stop ids before
+    the minimum), before :func:`sample`, so the fused kernel stays as it is and other rows are not touched.
+
+    ``rows [r]`` are distinct row indices; pair ``i`` names its row by position in ``rows``. A row whose
+    every other id ``< vocab_limit`` is already ``-inf`` (a grammar that only allows ending) keeps its
+    logits: a row with nothing left to draw has no defined sample, and ending is what the constraint wants.
+    No host synchronisation (the index tensors are the caller's), so it may run inside a CUDA graph.
+    """
+    picked = logits[rows]
+    picked[pair_rows, pair_ids] = float("-inf")
+    alive = picked[:, :vocab_limit].isfinite().any(dim=1, keepdim=True)
+    logits[rows] = torch.where(alive, picked, logits[rows])
+
+
 def sample(logits: torch.Tensor, st: SamplingTensors, output_counts: torch.Tensor, seen: torch.Tensor,
            *, vocab_limit: int, num_logprobs: int = 0) -> SampleOutput:
     """Sample one token per row of ``logits [B, V]``; ``output_counts [B, V]`` int32 and ``seen [B, V]``
