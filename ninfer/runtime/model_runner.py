@@ -5,7 +5,8 @@ write: the memory plan, the KV pages and state slots (:class:`~ninfer.models.cac
 host copies (:class:`~ninfer.runtime.host_cache.HostCache`), the lanes' block tables (the runner is their
 one writer: :meth:`ModelRunner.set_pages`, :meth:`ModelRunner.clear`), the CUDA graphs of the decode step,
 the start-up warm-up, and the batches of the engine's forwards (all through
-:func:`~ninfer.models.batch.make_batch`). The speculator and the pauser take the runner at construction.
+:func:`~ninfer.models.batch.make_batch`). It holds the kernels' tuner state its forwards use
+(:mod:`ninfer.kernels.tuning`). The speculator and the pauser take the runner at construction.
 
 Runner methods never change a request: the engine moves ``num_computed`` and the outputs on.
 """
@@ -18,6 +19,7 @@ import torch
 from ninfer.kernels.attention.decode import DECODE_MAX_TOKENS
 from ninfer.kernels.attention.prefill import default_prefill_splits, forced_prefill_splits
 from ninfer.kernels.deltanet import RECURRENT_MAX_SEQLEN
+from ninfer.kernels.tuning import TunerState, default_tuner
 from ninfer.models.batch import ForwardBatch, make_batch
 from ninfer.models.cache import ModelCache
 from ninfer.models.mtp import MTPHead
@@ -42,6 +44,10 @@ class ModelRunner:
     def __init__(self, model: Qwen3_5TextModel, config: EngineConfig, *, mtp_head: MTPHead | None = None) -> None:
         self.model, self.config = model, config
         self.device = model.device
+        # The kernels' tuner choices its forwards use (read for reports). The process's state, not a new one:
+        # the kernels find it without a parameter from inside the forward, and engines of one process share
+        # the configs timed for their device (a second engine times nothing the first one timed).
+        self.tuner: TunerState = default_tuner()
         self.plan: MemoryPlan = plan_memory(model.config, config, self.device, model.dtype,
                                             dequant_workspace_bytes([model, mtp_head], model.dtype))
         self.cache = ModelCache(model.config, num_pages=self.plan.num_pages, page_size=config.page_size,
