@@ -16,7 +16,6 @@ import torch
 from kernel_testing import expert_routing, expert_stacks, nan_experts, poisoned_outputs  # noqa: F401  (fixture)
 
 from ninfer.kernels.moe import quant_gemm as moe_quant_gemm
-from ninfer.kernels.moe import quant_gemv as moe_quant_gemv
 from ninfer.kernels.quant_gemm import tune as quant_gemm_tune
 from ninfer.kernels.dispatch import INTERPRET
 from ninfer.kernels.moe import moe_experts_reference
