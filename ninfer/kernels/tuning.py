@@ -4,7 +4,7 @@ Two tuners pick launch configurations by timing their candidates on a key's firs
 GEMM (:mod:`ninfer.kernels.quant_gemm.tune`, table ``"quant_gemm"``) and the MoE expert path at decode
 (:mod:`ninfer.kernels.moe.quant_gemv`, table ``"moe_gemv"``). Both keep their choices in one
 :class:`TunerState` per process (:func:`default_tuner`): the kernels find it without a parameter, as they
-are called deep inside a model's forward. The model runner holds the instance its forwards use
+are called deep inside a model's forward. The model runner reports the instance its forwards use
 (``ModelRunner.tuner``); tests and benchmarks swap in a fresh one with :func:`use_tuner` (a new process, as
 far as tuning goes). A choice also goes to disk (:mod:`ninfer.kernels.tune_cache`) and a later process takes
 it while it is still a candidate.

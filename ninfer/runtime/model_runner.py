@@ -5,7 +5,7 @@ write: the memory plan, the KV pages and state slots (:class:`~ninfer.models.cac
 host copies (:class:`~ninfer.runtime.host_cache.HostCache`), the lanes' block tables (the runner is their
 one writer: :meth:`ModelRunner.set_pages`, :meth:`ModelRunner.clear`), the CUDA graphs of the decode step,
 the start-up warm-up, and the batches of the engine's forwards (all through
-:func:`~ninfer.models.batch.make_batch`). It holds the kernels' tuner state its forwards use
+:func:`~ninfer.models.batch.make_batch`). It reports the kernels' tuner state its forwards use
 (:mod:`ninfer.kernels.tuning`). The speculator and the pauser take the runner at construction.
 
 Runner methods never change a request: the engine moves ``num_computed`` and the outputs on.
@@ -44,10 +44,6 @@ class ModelRunner:
     def __init__(self, model: Qwen3_5TextModel, config: EngineConfig, *, mtp_head: MTPHead | None = None) -> None:
         self.model, self.config = model, config
         self.device = model.device
-        # The kernels' tuner choices its forwards use (read for reports). The process's state, not a new one:
-        # the kernels find it without a parameter from inside the forward, and engines of one process share
-        # the configs timed for their device (a second engine times nothing the first one timed).
-        self.tuner: TunerState = default_tuner()
         self.plan: MemoryPlan = plan_memory(model.config, config, self.device, model.dtype,
                                             dequant_workspace_bytes([model, mtp_head], model.dtype))
         self.cache = ModelCache(model.config, num_pages=self.plan.num_pages, page_size=config.page_size,
@@ -65,6 +61,13 @@ class ModelRunner:
             self.graphs = DecodeGraphs(model, self.cache, self.block_tables, config.max_concurrency)
 
     # -- block tables -------------------------------------------------------------------------
+    @property
+    def tuner(self) -> TunerState:
+        """The kernels' tuner state that this runner's forwards use (its choices and timings, for reports): the
+        process's, looked up now. The kernels find it without a parameter from inside the forward, and engines
+        of one process share what was timed for their device (a second engine times nothing the first did)."""
+        return default_tuner()
+
     def set_pages(self, lane: int, pages: list[int], first: int = 0) -> None:
         """Entries ``first ..`` of ``lane``'s block table become ``pages``."""
         self.block_tables[lane, first:first + len(pages)] = torch.tensor(pages, dtype=torch.int32)
