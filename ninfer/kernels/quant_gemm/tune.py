@@ -30,8 +30,8 @@ import torch
 import triton
 
 from ninfer.kernels.dispatch import autotune_configs
-from ninfer.kernels.tuning import default_tuner
 from ninfer.kernels.quant_gemm.common import FMT_CODES
+from ninfer.kernels.tuning import default_tuner
 
 GROUPS = {"fp8-b128": 128, "int8-g32": 32, "int8-g64": 64, "int4-g64": 64, "int4-g128": 128, "nvfp4": 16}
 SKINNY_MAX_M = 16
