@@ -54,6 +54,7 @@ from ninfer.kernels.moe import (
 )
 from ninfer.kernels.moe.gemm import Weight, moe_experts_triton
 from ninfer.kernels.quant_gemm.tune import GemmConfig
+from ninfer.kernels.tuning import default_tuner
 from ninfer.quant.formats import QuantizedTensor, quantize
 
 E, TOP_K, H, I = 256, 8, 2048, 512
@@ -90,7 +91,8 @@ def _config_name(cfg: GemmConfig) -> str:
 def _tuner_record(fmt: str, n: int) -> dict[str, Any]:
     """The auto path's choice per GEMM at this point and every candidate's tuner time (graph replays)."""
     bucket = min(1 << max(n * TOP_K - 1, 0).bit_length(), 65536)  # ExpertRows.tune_m
-    chosen, timings = moe_quant_gemv.chosen_configs(), moe_quant_gemv.tuning_timings()
+    tuner = default_tuner()
+    chosen, timings = tuner.chosen(moe_quant_gemv.TABLE), tuner.timings(moe_quant_gemv.TABLE)
     out: dict[str, Any] = {"expert_configs": {}, "tuner_ms": {}}
     for key, cfg in chosen.items():
         if key[0] == fmt and key[1] == DTYPE and key[2] == bucket:

@@ -44,6 +44,7 @@ from common import bench_graph_ms, bench_ms, copy_bandwidth_tbps, matmul_peak_tf
 
 from ninfer.kernels.quant_gemm import tune as quant_gemm_tune
 from ninfer.kernels.quant_gemm.dequant import dequantize_triton, workspace
+from ninfer.kernels.tuning import default_tuner
 from ninfer.kernels.quant_gemm import quant_matmul_reference, quant_matmul_triton
 from ninfer.quant.formats import FORMATS, quantize, unpack_nibbles
 
@@ -142,13 +143,14 @@ def _run_path(path: str, fmt: str, x: torch.Tensor, qt, tune: bool) -> tuple | N
             return None
         weight_bytes = sum(t.numel() * t.element_size() for t in qt.tensors.values())
         return (*point, _dequant_extra(qt, x, point[1], weight_bytes))
-    saved = quant_gemm_tune.TUNE
-    quant_gemm_tune.TUNE = tune if path == "default" else True
+    tuner = default_tuner()
+    saved = tuner.enabled
+    tuner.enabled = tune if path == "default" else True
     try:
         cfg = quant_gemm_tune.select_config(
             fmt, x, n, k, False, False, lambda c: quant_matmul_triton(x, qt, out=scratch, config=c))
     finally:
-        quant_gemm_tune.TUNE = saved
+        tuner.enabled = saved
     return time_cfg(cfg), cfg
 
 
@@ -259,7 +261,7 @@ def main() -> None:
                         print(f"    cuBLAS bf16 {100 * cublas_frac:.1f}% of copy BW; torch int4pack {pack_ms:.4f} ms "
                               f"({100 * pack_frac:.1f}%)")
         torch.cuda.empty_cache()
-    tuned = len(quant_gemm_tune.tuned_configs())
+    tuned = len(default_tuner().chosen(quant_gemm_tune.TABLE))
     print(f"done in {time.time() - start:.0f} s ({tuned} tuned keys; gemlite {gemlite_s:.0f} s)")
 
 

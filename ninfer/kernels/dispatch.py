@@ -10,6 +10,8 @@ import os
 
 import torch
 
+# Read once, at import, on purpose: Triton picks the interpreter when ``@triton.jit`` decorates a kernel (at
+# the kernel modules' import), so a later change of the variable cannot change how the kernels run.
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
@@ -19,8 +21,9 @@ def use_triton(x: torch.Tensor) -> bool:
 
 def autotune_configs(configs: list) -> list:
     """All configs on a GPU; only the first (the portable one, inside 99 KB of shared memory) under
-    the interpreter, which cannot benchmark, or with ``NINFER_AUTOTUNE=off`` (read at import), which
-    trades speed for start-up time: engine-level GPU tests compile each kernel once, not per config."""
+    the interpreter, which cannot benchmark, or with ``NINFER_AUTOTUNE=off``, which trades speed for
+    start-up time: engine-level GPU tests compile each kernel once, not per config. Read per call: the
+    ``triton.autotune`` kernels call it when their module is imported, the quantized GEMM's tuner per key."""
     return configs[:1] if INTERPRET or os.environ.get("NINFER_AUTOTUNE") == "off" else configs
 
 

@@ -40,9 +40,10 @@ def cache_dir() -> Path | None:
 
 
 # The modules the tuned kernels, their candidates and their launchers live in (the quantized GEMMs and
-# GEMVs, the MoE expert paths, the autotune switches): an edit there invalidates earlier timings, an edit
-# to attention or DeltaNet kernels does not (it would throw away minutes of tuning at the 27B shapes).
-TUNED_SOURCES = ("quant_gemm/*.py", "moe/*.py", "dispatch.py")
+# GEMVs, the MoE expert paths, the autotune switches, the choice among timings): an edit there invalidates
+# earlier timings, an edit to attention or DeltaNet kernels does not (it would throw away minutes of tuning
+# at the 27B shapes).
+TUNED_SOURCES = ("quant_gemm/*.py", "moe/*.py", "dispatch.py", "tuning.py")
 
 
 def source_hash(folder: Path | None = None) -> str:

@@ -5,7 +5,8 @@ write: the memory plan, the KV pages and state slots (:class:`~ninfer.models.cac
 host copies (:class:`~ninfer.runtime.host_cache.HostCache`), the lanes' block tables (the runner is their
 one writer: :meth:`ModelRunner.set_pages`, :meth:`ModelRunner.clear`), the CUDA graphs of the decode step,
 the start-up warm-up, and the batches of the engine's forwards (all through
-:func:`~ninfer.models.batch.make_batch`). The speculator and the pauser take the runner at construction.
+:func:`~ninfer.models.batch.make_batch`). It reports the kernels' tuner state its forwards use
+(:mod:`ninfer.kernels.tuning`). The speculator and the pauser take the runner at construction.
 
 Runner methods never change a request: the engine moves ``num_computed`` and the outputs on.
 """
@@ -18,6 +19,7 @@ import torch
 from ninfer.kernels.attention.decode import DECODE_MAX_TOKENS
 from ninfer.kernels.attention.prefill import default_prefill_splits, forced_prefill_splits
 from ninfer.kernels.deltanet import RECURRENT_MAX_SEQLEN
+from ninfer.kernels.tuning import TunerState, default_tuner
 from ninfer.models.batch import ForwardBatch, make_batch
 from ninfer.models.cache import ModelCache
 from ninfer.models.mtp import MTPHead
@@ -59,6 +61,13 @@ class ModelRunner:
             self.graphs = DecodeGraphs(model, self.cache, self.block_tables, config.max_concurrency)
 
     # -- block tables -------------------------------------------------------------------------
+    @property
+    def tuner(self) -> TunerState:
+        """The kernels' tuner state that this runner's forwards use (its choices and timings, for reports): the
+        process's, looked up now. The kernels find it without a parameter from inside the forward, and engines
+        of one process share what was timed for their device (a second engine times nothing the first did)."""
+        return default_tuner()
+
     def set_pages(self, lane: int, pages: list[int], first: int = 0) -> None:
         """Entries ``first ..`` of ``lane``'s block table become ``pages``."""
         self.block_tables[lane, first:first + len(pages)] = torch.tensor(pages, dtype=torch.int32)

@@ -3,7 +3,7 @@
 Run: ``python -m pytest -m gpu tests/gpu/test_moe_quant.py``. Most tests pin each tuner to its first
 config (fewer compilations; that config is also the one that must fit an RTX 5090's 99 KB of shared
 memory, checked on the compiled kernels); ``test_every_config`` covers the others. Those tests pin
-the ``tl.dot`` kernels (``moe_quant_gemm.DEFAULT_PATH = "dot"``); the ``test_expert_gemv_*`` tests
+the ``tl.dot`` kernels (``NINFER_MOE_PATH=dot``); the ``test_expert_gemv_*`` tests
 cover the decode GEMV of :mod:`ninfer.kernels.moe.quant_gemv` (every candidate, CUDA graphs) and
 the measured selection between the two.
 """
@@ -23,6 +23,7 @@ from ninfer.kernels.moe import (
     route_topk_reference,
 )
 from ninfer.kernels.moe.gemm import moe_experts_triton
+from ninfer.kernels.tuning import TunerState, use_tuner
 from ninfer.quant.formats import QuantizedTensor, quantize
 from ninfer.runtime.graphs import capture
 
@@ -57,7 +58,7 @@ def _stacks(fmt: str, float_experts: tuple[torch.Tensor, torch.Tensor]) -> tuple
 @pytest.fixture
 def dot_path(monkeypatch: pytest.MonkeyPatch) -> None:
     """The tl.dot expert kernels at every size (no measured choice of the decode GEMV)."""
-    monkeypatch.setattr(moe_quant_gemm, "DEFAULT_PATH", "dot")
+    monkeypatch.setenv("NINFER_MOE_PATH", "dot")
 
 
 @pytest.fixture
@@ -251,31 +252,31 @@ def test_expert_gemv_in_cuda_graph(float_experts, monkeypatch: pytest.MonkeyPatc
                                    path: str | None) -> None:
     """A captured decode step (router + experts) replays exactly what eager calls compute, at 1 and 8
     tokens; auto: the first (eager) call measured both paths per GEMM, the capture reuses the choice."""
-    monkeypatch.setattr(moe_quant_gemv, "_CHOSEN", {})
-    monkeypatch.setattr(moe_quant_gemv, "_TIMINGS", {})
     monkeypatch.setenv("NINFER_TUNE_CACHE", "off")  # the timings below come from this run
-    gate_up, down = _stacks(fmt, float_experts)
-    for n in (1, 8):
-        logits = torch.randn(n, E, device="cuda", dtype=torch.bfloat16)
-        x = torch.randn(n, H, device="cuda", dtype=torch.bfloat16)
+    tuner = TunerState()  # a fresh state: the choices and timings below come from this test
+    with use_tuner(tuner):
+        gate_up, down = _stacks(fmt, float_experts)
+        for n in (1, 8):
+            logits = torch.randn(n, E, device="cuda", dtype=torch.bfloat16)
+            x = torch.randn(n, H, device="cuda", dtype=torch.bfloat16)
 
-        def step() -> torch.Tensor:
-            weights, ids = route_topk(logits, TOP_K)
-            return moe_experts_triton(x, gate_up, down, weights, ids, path=path)
+            def step() -> torch.Tensor:
+                weights, ids = route_topk(logits, TOP_K)
+                return moe_experts_triton(x, gate_up, down, weights, ids, path=path)
 
-        first = step()
-        weights, ids = route_topk_reference(logits, TOP_K)
-        ref = moe_experts_reference(x.float(), gate_up.dequantize(), down.dequantize(), weights.float(), ids)
-        assert ((first.float() - ref).norm() / ref.norm()).item() < TOL[torch.bfloat16], (fmt, n, path)
-        graph, out = capture(step)
-        for _ in range(2):
-            logits.copy_(torch.randn_like(logits))
-            x.copy_(torch.randn_like(x))
-            graph.replay()
-            torch.cuda.synchronize()
-            assert torch.equal(out, step()), (fmt, n, path)
+            first = step()
+            weights, ids = route_topk_reference(logits, TOP_K)
+            ref = moe_experts_reference(x.float(), gate_up.dequantize(), down.dequantize(), weights.float(), ids)
+            assert ((first.float() - ref).norm() / ref.norm()).item() < TOL[torch.bfloat16], (fmt, n, path)
+            graph, out = capture(step)
+            for _ in range(2):
+                logits.copy_(torch.randn_like(logits))
+                x.copy_(torch.randn_like(x))
+                graph.replay()
+                torch.cuda.synchronize()
+                assert torch.equal(out, step()), (fmt, n, path)
     if path is None:
-        chosen, timings = moe_quant_gemv.chosen_configs(), moe_quant_gemv.tuning_timings()
+        chosen, timings = tuner.chosen("moe_gemv"), tuner.timings("moe_gemv")
         want = {(fmt, torch.bfloat16, p, n_out, k, sw, x.device) for p in (8, 64)
                 for n_out, k, sw in ((I, H, True), (H, I, False))}
         assert set(chosen) == want

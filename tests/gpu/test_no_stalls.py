@@ -137,10 +137,10 @@ def test_workspace_estimate_bounds_a_default_chunk_at_27b_widths(monkeypatch: py
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "perf"))
     from random_model import random_llm
 
-    from ninfer.kernels.quant_gemm import tune as quant_gemm_tune
+    from ninfer.kernels.tuning import default_tuner
     from ninfer.runtime.engine_config import EngineConfig
 
-    monkeypatch.setattr(quant_gemm_tune, "TUNE", False)
+    monkeypatch.setattr(default_tuner(), "enabled", False)
     config = EngineConfig(max_concurrency=1, max_context=16384, kv_capacity=16384, prefix_cache=False,
                           cuda_graphs=False, warmup=False)
     llm = random_llm("27b", config, num_layers=4, recipe="int4")

@@ -20,6 +20,7 @@ from ninfer.kernels.quant_gemm.tune import (
     mma_candidates,
     sm_count,
 )
+from ninfer.kernels.tuning import TunerState, default_tuner, use_tuner
 from ninfer.quant.formats import quantize
 from ninfer.quant.linear import QuantEmbedding, QuantLinear
 
@@ -34,7 +35,7 @@ TOL = {torch.bfloat16: 1.5e-2, torch.float32: 1e-5}  # relative Frobenius error 
 def heuristic_configs(monkeypatch: pytest.MonkeyPatch) -> None:
     """The favourite config per key instead of a tuning pass (fewer compilations; every candidate is
     checked by test_every_candidate_config, and the tuner by test_cuda_graph_replay_matches_eager)."""
-    monkeypatch.setattr(quant_gemm_tune, "TUNE", False)
+    monkeypatch.setattr(default_tuner(), "enabled", False)
 
 
 def _weight(n: int, k: int, seed: int) -> torch.Tensor:
@@ -216,8 +217,7 @@ def test_gemv_split_k_in_cuda_graph() -> None:
 def test_decode_tuning_times_graphs_and_keeps_a_working_config(monkeypatch: pytest.MonkeyPatch) -> None:
     # The tuner times decode-sized keys from graph replays (quant_gemm_tune._graph_ms); the winner must
     # compute the right product, also when the output aliases the residual.
-    monkeypatch.setattr(quant_gemm_tune, "TUNE", True)
-    monkeypatch.setattr(quant_gemm_tune, "_BEST", {})
+    tuner = TunerState(enabled=True)  # a fresh state: nothing chosen yet
     monkeypatch.setenv("NINFER_TUNE_CACHE", "off")  # time it here, not from an earlier run's choice
     # every candidate, also under NINFER_AUTOTUNE=off (which keeps one and so never times anything)
     monkeypatch.setattr(quant_gemm_tune, "autotune_configs", lambda configs: configs)
@@ -228,8 +228,9 @@ def test_decode_tuning_times_graphs_and_keeps_a_working_config(monkeypatch: pyte
     x = torch.randn(1, 6144, device="cuda", dtype=torch.bfloat16)
     res = torch.randn(1, 5120, device="cuda", dtype=torch.bfloat16)
     ref = quant_matmul_reference(x, w, res)
-    got = quant_matmul_triton(x, w, res, out=res)
-    assert used and len(quant_gemm_tune.tuned_configs()) == 1
+    with use_tuner(tuner):
+        got = quant_matmul_triton(x, w, res, out=res)
+    assert used and len(tuner.chosen("quant_gemm")) == 1
     assert _err(got, ref) < TOL[torch.bfloat16]
 
 

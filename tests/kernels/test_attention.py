@@ -7,6 +7,7 @@ that reads past a sequence or skips a row fails.
 """
 from __future__ import annotations
 
+import threading
 from typing import Callable
 
 import pytest
@@ -189,9 +190,15 @@ def test_forced_prefill_splits_override_the_default_and_restore_it(monkeypatch: 
     ref = paged_attention_reference(q, kv, table, cu, ctx, 0.3)
     with forced_prefill_splits(1):
         inside = paged_attention_prefill_triton(q, kv, table, cu, ctx, 0.3, 20, out=_poisoned_out(q))
+        # another thread meanwhile: the override holds only where it was set
+        other = threading.Thread(target=paged_attention_prefill_triton, args=(q, kv, table, cu, ctx, 0.3, 20))
+        other.start()
+        other.join()
     after = paged_attention_prefill_triton(q, kv, table, cu, ctx, 0.3, 20, out=_poisoned_out(q))
-    assert seen == [False, True]
+    assert seen == [False, True, True]
     assert _rel_err(inside, ref) < 1e-5 and _rel_err(after, ref) < 1e-5
+    with pytest.raises(ValueError, match="splits >= 1"), forced_prefill_splits(0):
+        pass
 
 
 @pytest.mark.parametrize("kv_dtype", KV_DTYPES)

@@ -24,6 +24,7 @@ from triton.runtime.jit import JITFunction
 from ninfer.kernels import compile_watch, tune_cache
 from ninfer.kernels.quant_gemm import tune as quant_gemm_tune
 from ninfer.kernels.quant_gemm.tune import GemmConfig, select_config
+from ninfer.kernels.tuning import TunerState, use_tuner
 
 
 def _add_one(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
@@ -123,7 +124,8 @@ def test_autotune_benchmarks_count_once_per_key() -> None:
 def test_tuner_timings_and_tune_cache_reads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NINFER_TUNE_CACHE", str(tmp_path))
     monkeypatch.setattr(tune_cache, "file_parts", lambda device: {"gpu": "NVIDIA H200", "capability": "9.0"})
-    monkeypatch.setattr(quant_gemm_tune, "_tunable", lambda x: True)
+    tuner = TunerState()
+    monkeypatch.setattr(tuner, "tunable", lambda device: True)
     monkeypatch.setattr(quant_gemm_tune, "autotune_configs", lambda cfgs: cfgs)
 
     def time_candidates(cands: list[GemmConfig], launch, graphs: bool) -> dict[GemmConfig, float]:
@@ -134,14 +136,14 @@ def test_tuner_timings_and_tune_cache_reads(tmp_path: Path, monkeypatch: pytest.
 
     def new_process_select() -> None:
         tune_cache.forget()
-        monkeypatch.setattr(quant_gemm_tune, "_BEST", {})
+        tuner.clear()
         select_config("int4-g64", x, 32, 64, False, False, lambda cfg: None)
 
     try:
-        with compile_watch.watch() as first:
+        with use_tuner(tuner), compile_watch.watch() as first:
             new_process_select()
             select_config("int4-g64", x, 32, 64, False, False, lambda cfg: None)  # in memory now: nothing
-        with compile_watch.watch() as second:
+        with use_tuner(tuner), compile_watch.watch() as second:
             new_process_select()
     finally:
         tune_cache.forget()

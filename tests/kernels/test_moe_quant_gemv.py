@@ -9,12 +9,13 @@ scratch are NaN-poisoned. The selection tests fake the timings and the GPU.
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 import torch
 from kernel_testing import expert_routing, expert_stacks, nan_experts, poisoned_outputs  # noqa: F401  (fixture)
 
 from ninfer.kernels.moe import quant_gemm as moe_quant_gemm
-from ninfer.kernels.moe import quant_gemv as moe_quant_gemv
 from ninfer.kernels.quant_gemm import tune as quant_gemm_tune
 from ninfer.kernels.dispatch import INTERPRET
 from ninfer.kernels.moe import moe_experts_reference
@@ -26,7 +27,9 @@ from ninfer.kernels.moe.quant_gemv import (
     choose_config,
     expert_gemv_candidates,
 )
+from ninfer.kernels import tuning
 from ninfer.kernels.quant_gemm.tune import GemmConfig
+from ninfer.kernels.tuning import TunerState, use_tuner
 
 pytestmark = [pytest.mark.skipif(not INTERPRET, reason="Triton launchers on CPU need TRITON_INTERPRET=1"),
               pytest.mark.usefixtures("poisoned_outputs")]
@@ -144,6 +147,14 @@ def test_path_pins(monkeypatch: pytest.MonkeyPatch) -> None:
         moe_experts_triton(x, gate_up, down, weights, ids, path=_gemv("int8-g64", 1, 16, 1, "gemv-w32"))
     with pytest.raises(ValueError, match="path must be"):
         moe_experts_triton(x, gate_up, down, weights, ids, path="fast")
+    # path=None follows NINFER_MOE_PATH as it is at the call; a bad value names the variable
+    monkeypatch.setenv("NINFER_MOE_PATH", "gemv")
+    ran.clear()
+    moe_experts_triton(x, gate_up, down, weights, ids)
+    assert ran == ["gemv", "gemv"]
+    monkeypatch.setenv("NINFER_MOE_PATH", "fast")
+    with pytest.raises(ValueError, match="NINFER_MOE_PATH must be one of auto, dot, gemv, got 'fast'"):
+        moe_experts_triton(x, gate_up, down, weights, ids)
 
 
 def test_candidates() -> None:
@@ -167,16 +178,20 @@ def _rows(pairs: int, direct: bool = True) -> ExpertRows:
     return expert_rows(ids, E, MAX_PAIRS if direct else 0, 16)
 
 
-def test_selection_keeps_the_faster_path_per_key(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def tuner() -> Iterator[TunerState]:
+    """A fresh tuner state with tuning on, the process's for the test."""
+    with use_tuner(TunerState(enabled=True)) as state:
+        yield state
+
+
+def test_selection_keeps_the_faster_path_per_key(monkeypatch: pytest.MonkeyPatch, tuner: TunerState) -> None:
     """First tunable call of a key times GROUPED_DOT and the GEMV candidates from graph replays and keeps
     the fastest; later calls, and calls under capture, reuse it; untuned keys under capture, calls with
     tuning off, aligned rows and > MAX_PAIRS pairs take the dot without timing anything."""
-    monkeypatch.setattr(moe_quant_gemv, "_CHOSEN", {})
-    monkeypatch.setattr(moe_quant_gemv, "_TIMINGS", {})
-    monkeypatch.setattr(moe_quant_gemv, "_on_gpu", lambda a: True)
+    monkeypatch.setattr(tuning, "on_gpu", lambda device: True)
     capturing = [False]
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
-    monkeypatch.setattr(quant_gemm_tune, "TUNE", True)
     fast_gemv: dict[str, GemmConfig | None] = {"cfg": None}  # the GEMV candidate made faster than the dot
     launched: list[GemmConfig] = []
 
@@ -213,19 +228,17 @@ def test_selection_keeps_the_faster_path_per_key(monkeypatch: pytest.MonkeyPatch
     many = expert_rows(torch.arange(MAX_PAIRS + 1).reshape(-1, 1) % E, E, 2 * MAX_PAIRS, 16)
     assert many.direct and choose(many, swiglu=True) == GROUPED_DOT
     assert choose(_rows(16, direct=False), swiglu=True) == GROUPED_DOT
-    monkeypatch.setattr(quant_gemm_tune, "TUNE", False)
+    tuner.enabled = False
     assert choose(_rows(16), swiglu=True) == GROUPED_DOT and not launched
-    assert set(moe_quant_gemv.chosen_configs().values()) == {fast, GROUPED_DOT}
-    timings = moe_quant_gemv.tuning_timings()
+    assert set(tuner.chosen("moe_gemv").values()) == {fast, GROUPED_DOT}
+    timings = tuner.timings("moe_gemv")
     assert len(timings) == 2 and all(len(t) == n_cands and t[GROUPED_DOT] == 1.0 for t in timings.values())
 
 
-def test_auto_path_runs_the_chosen_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_auto_path_runs_the_chosen_kernel(monkeypatch: pytest.MonkeyPatch, tuner: TunerState) -> None:
     """launch_quant_experts with path=None: the selection's candidates really launch (fake timings make
     the prefetch GEMV the fastest for gate/up, the dot for down) and the chosen kernels give the output."""
-    monkeypatch.setattr(moe_quant_gemv, "_CHOSEN", {})
-    monkeypatch.setattr(moe_quant_gemv, "_TIMINGS", {})
-    monkeypatch.setattr(moe_quant_gemv, "_tunable", lambda a: True)
+    monkeypatch.setattr(tuner, "tunable", lambda device: True)
     ran: list[tuple[GemmConfig, bool]] = []
     dot, gemv = moe_quant_gemm._launch_dot, moe_quant_gemm.launch_expert_gemv
 
@@ -251,7 +264,7 @@ def test_auto_path_runs_the_chosen_kernel(monkeypatch: pytest.MonkeyPatch) -> No
     weights, ids = expert_routing(2, E, K)
     x = torch.randn(2, h)
     got = moe_experts_triton(x, gate_up, down, weights, ids)
-    picked = {key[5]: cfg for key, cfg in moe_quant_gemv.chosen_configs().items()}  # by swiglu
+    picked = {key[5]: cfg for key, cfg in tuner.chosen("moe_gemv").items()}  # by swiglu
     assert len(picked) == 2 and picked[True].kind == "gemv-prefetch" and picked[False] == GROUPED_DOT
     assert ran[-1] == (GROUPED_DOT, False) and (picked[True], True) in ran  # the real launches after timing
     ref = moe_experts_reference(x, gate_up.dequantize(), down.dequantize(), weights, ids)

@@ -126,7 +126,7 @@ def test_gemv_words_only_for_int4() -> None:
 
 
 @pytest.mark.parametrize("swiglu", [False, True])
-def test_split_k_fused_reduction_equals_the_reduce_kernel(monkeypatch: pytest.MonkeyPatch, swiglu: bool) -> None:
+def test_split_k_fused_reduction_equals_the_reduce_kernel(swiglu: bool) -> None:
     """Split-K partials summed by each tile's last program (arrival counters) give the same bits as the
     separate reduce kernel (both sum in split order), and every counter is back at zero afterwards."""
     from ninfer.kernels.quant_gemm import gemv as quant_gemv
@@ -137,10 +137,12 @@ def test_split_k_fused_reduction_equals_the_reduce_kernel(monkeypatch: pytest.Mo
     res = torch.randn(3, 100 if swiglu else 200, generator=g)
     cfg = _gemv(3, 16, 128, 3)
     fused = quant_matmul_triton(x, w, res, swiglu, config=cfg)
-    counters = quant_gemv._COUNTERS[x.device]
-    assert int(counters.abs().sum()) == 0
-    monkeypatch.setattr(quant_gemv, "FUSED_REDUCE", False)
-    separate = quant_matmul_triton(x, w, res, swiglu, config=cfg)
+    counters = quant_gemv.tile_counters(x.device, 1)
+    assert counters is not None and int(counters.abs().sum()) == 0
+    with quant_gemv.reduce_kernel_for_splits():
+        assert quant_gemv.tile_counters(x.device, 1) is None
+        separate = quant_matmul_triton(x, w, res, swiglu, config=cfg)
+    assert quant_gemv.tile_counters(x.device, 1) is counters
     assert torch.equal(fused, separate)
     ref = quant_matmul_reference(x, w, res, swiglu)
     assert (fused - ref).norm() / ref.norm() < TOL[torch.float32]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import warnings
 from dataclasses import asdict
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -17,7 +18,6 @@ import pytest
 import torch
 
 from ninfer.kernels import tune_cache
-from ninfer.kernels.moe import quant_gemv as moe_quant_gemv
 from ninfer.kernels.quant_gemm import tune as quant_gemm_tune
 from ninfer.kernels.moe.quant_gemv import (
     GROUPED_DOT,
@@ -25,6 +25,7 @@ from ninfer.kernels.moe.quant_gemv import (
     expert_gemv_candidates,
 )
 from ninfer.kernels.quant_gemm.tune import GemmConfig, candidates, select_config
+from ninfer.kernels.tuning import TunerState, default_tuner, use_tuner
 
 DEV = torch.device("cuda", 0)  # only a key entry and an argument: nothing runs on it
 KEY = ("int4-g64", torch.bfloat16, 1, 5120, 6144, True, False, DEV)
@@ -151,13 +152,13 @@ def test_other_gpu_or_software_uses_another_file(cache_dir: Path, gpu: dict[str,
 def test_source_hash_covers_the_tuned_kernels_only(tmp_path: Path) -> None:
     digest = tune_cache.source_hash()
     assert len(digest) == 16 and int(digest, 16) >= 0
-    for name in ("quant_gemm/gemm.py", "moe/quant_gemv.py", "attention/prefill.py", "dispatch.py"):
+    for name in ("quant_gemm/gemm.py", "moe/quant_gemv.py", "attention/prefill.py", "dispatch.py", "tuning.py"):
         (tmp_path / name).parent.mkdir(exist_ok=True)
         (tmp_path / name).write_text("x = 1\n")
     before = tune_cache.source_hash(tmp_path)
     (tmp_path / "attention/prefill.py").write_text("x = 2\n")  # not tuned by these tables
     assert tune_cache.source_hash(tmp_path) == before
-    for name in ("quant_gemm/gemm.py", "moe/quant_gemv.py", "dispatch.py"):
+    for name in ("quant_gemm/gemm.py", "moe/quant_gemv.py", "dispatch.py", "tuning.py"):
         (tmp_path / name).write_text("x = 3\n")
         changed = tune_cache.source_hash(tmp_path)
         assert changed != before
@@ -176,23 +177,28 @@ def test_source_hash_tells_same_named_files_of_two_packages_apart(tmp_path: Path
 # --- the selections ---------------------------------------------------------------------------------
 
 
+class AlwaysTunable(TunerState):
+    """Every call may benchmark (as on a GPU with tuning on, not capturing), whatever its device."""
+
+    def tunable(self, device: torch.device) -> bool:
+        return True
+
+
 @pytest.fixture
-def tunable(cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> list[list]:
-    """Calls look tunable (a GPU, tuning on, not capturing) with every candidate offered; returns the
-    list of candidate lists passed to the faked timing function."""
+def tunable(cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[list]]:
+    """Calls look tunable with every candidate offered, in a fresh tuner state; yields the list of
+    candidate lists passed to the faked timing function."""
     timed: list[list] = []
-    monkeypatch.setattr(quant_gemm_tune, "_tunable", lambda x: True)
-    monkeypatch.setattr(moe_quant_gemv, "_tunable", lambda a: True)
     monkeypatch.setattr(quant_gemm_tune, "autotune_configs", lambda cfgs: cfgs)  # the interpreter keeps one
-    new_process(monkeypatch)
-    return timed
-
-
-def new_process(monkeypatch: pytest.MonkeyPatch) -> None:
     tune_cache.forget()
-    for module, name in ((quant_gemm_tune, "_BEST"), (quant_gemm_tune, "_FAVOURITE"),
-                         (moe_quant_gemv, "_CHOSEN"), (moe_quant_gemv, "_TIMINGS")):
-        monkeypatch.setattr(module, name, {})
+    with use_tuner(AlwaysTunable()):
+        yield timed
+
+
+def new_process() -> None:
+    """What a new process starts with: nothing read from disk, nothing chosen."""
+    tune_cache.forget()
+    default_tuner().clear()
 
 
 def fake_timing(monkeypatch: pytest.MonkeyPatch, timed: list[list], fastest: GemmConfig | None) -> None:
@@ -215,36 +221,38 @@ def test_select_config_takes_the_stored_config_without_timing(tunable: list[list
 
     fake_timing(monkeypatch, tunable, fast)
     assert select() == fast and len(tunable) == 1
-    new_process(monkeypatch)
+    new_process()
     fake_timing(monkeypatch, tunable, None)  # would now pick cands[0]
     assert select() == fast and len(tunable) == 1  # from disk, not timed
-    assert quant_gemm_tune.tuned_configs() == {("int4-g64", torch.float32, 1, 32, 64, False, True, x.device): fast}
+    assert default_tuner().chosen("quant_gemm") == {("int4-g64", torch.float32, 1, 32, 64, False, True, x.device): fast}
 
     # A stored config that is no longer a candidate (or not a GemmConfig at all) is timed again and replaced.
     key = ("int4-g64", torch.float32, 1, 32, 64, False, True, x.device)
     for stale in ({**asdict(fast), "block_n": 48}, {"block_m": 16, "warps": 4}):
         tune_cache.record("quant_gemm", key, stale, x.device)
-        new_process(monkeypatch)
+        new_process()
         assert select() == cands[0] and len(tunable) == 2
-        new_process(monkeypatch)
+        new_process()
         assert select() == cands[0] and len(tunable) == 2  # the new choice was stored
         tunable.pop()
 
 
 def test_untunable_calls_never_touch_the_disk(cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """CPU tensors (and the interpreter, capture, NINFER_QUANT_TUNE=0: all in _tunable) keep the favourite."""
+    """CPU tensors (and the interpreter, capture, NINFER_QUANT_TUNE=0: all in TunerState.tunable) keep the
+    favourite, even with tuning on."""
     def fail(*args: object) -> None:
         raise AssertionError("the disk cache was consulted")
 
     monkeypatch.setattr(tune_cache, "lookup", fail)
     monkeypatch.setattr(tune_cache, "record", fail)
-    new_process(monkeypatch)
     x = torch.zeros(1, 64)
-    assert not quant_gemm_tune._tunable(x)
-    assert select_config("int4-g64", x, 32, 64, False, False, lambda cfg: None) == \
-        candidates("int4-g64", 1, 32, 64, 4)[0]
-    rows = SimpleNamespace(direct=True, pairs=8, tune_m=8)
-    assert choose_config("int4-g64", x, rows, 32, 64, True, lambda cfg: None) == GROUPED_DOT
+    with use_tuner(TunerState(enabled=True)) as tuner:
+        assert not tuner.tunable(x.device)
+        assert select_config("int4-g64", x, 32, 64, False, False, lambda cfg: None) == \
+            candidates("int4-g64", 1, 32, 64, 4)[0]
+        rows = SimpleNamespace(direct=True, pairs=8, tune_m=8)
+        assert choose_config("int4-g64", x, rows, 32, 64, True, lambda cfg: None) == GROUPED_DOT
+        assert not tuner.chosen("quant_gemm") and not tuner.chosen("moe_gemv")
     assert not _files(cache_dir)
 
 
@@ -262,13 +270,13 @@ def test_choose_config_round_trips_the_dot_and_gemv_choices(tunable: list[list],
     fake_timing(monkeypatch, tunable, GROUPED_DOT)
     assert choose(swiglu=False) == GROUPED_DOT and len(tunable) == 2
     assert tunable[0][0] == GROUPED_DOT
-    new_process(monkeypatch)
+    new_process()
     fake_timing(monkeypatch, tunable, None)
     assert choose(swiglu=True) == gemv and choose(swiglu=False) == GROUPED_DOT
-    assert len(tunable) == 2 and not moe_quant_gemv.tuning_timings()  # nothing timed in this "process"
-    assert set(moe_quant_gemv.chosen_configs().values()) == {gemv, GROUPED_DOT}
+    assert len(tunable) == 2 and not default_tuner().timings("moe_gemv")  # nothing timed in this "process"
+    assert set(default_tuner().chosen("moe_gemv").values()) == {gemv, GROUPED_DOT}
     # a choice no longer among the candidates is timed again
     key = ("int4-g64", torch.float32, 8, 32, 64, True, a.device)
     tune_cache.record("moe_gemv", key, {**asdict(gemv), "split_k": 7}, a.device)
-    new_process(monkeypatch)
+    new_process()
     assert choose(swiglu=True) == GROUPED_DOT and len(tunable) == 3  # fake_timing(None): cands[0] is fastest

@@ -54,3 +54,14 @@ def test_set_pages_clear_and_slot_mapping(dense_ckpt: TinyCheckpoint) -> None:
     assert not runner.block_tables.any()
     # positions 14 .. 17 of a sequence on pages [3, 1]: the last two of page 3, the first two of page 1
     assert runner.slot_mapping([3, 1], 14, 18) == [3 * 16 + 14, 3 * 16 + 15, 1 * 16, 1 * 16 + 1]
+
+
+def test_the_runner_holds_the_process_tuner_state(dense_ckpt: TinyCheckpoint) -> None:
+    """The runner reports the state the kernels' tuners use: the process's, also one swapped in later."""
+    from ninfer.kernels.tuning import TunerState, default_tuner, use_tuner
+
+    llm = ninfer.load(dense_ckpt.path, device="cpu", max_concurrency=1, max_context=128, progress=False)
+    assert llm.engine.runner.tuner is default_tuner()
+    with use_tuner(TunerState(enabled=False)) as mine:
+        assert llm.engine.runner.tuner is mine
+    assert llm.engine.runner.tuner is default_tuner() and default_tuner() is not mine

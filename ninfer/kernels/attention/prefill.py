@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 
 import torch
 import triton
@@ -38,7 +39,9 @@ from ninfer.kernels.attention.split_kv import MAX_SPLITS, merge_kernel, sm_count
 from ninfer.kernels.dispatch import autotune_configs, fp32_first_config
 
 SPLIT_BLOCK_M = 64  # the host's guess at BLOCK_M when counting programs (the autotuner picks 16-128)
-_forced_splits: int | None = None  # set by forced_prefill_splits
+# forced_prefill_splits' override: a context variable, so that it holds only inside the block and only for
+# the thread (or task) that entered it
+_forced_splits: ContextVar[int | None] = ContextVar("ninfer_forced_prefill_splits", default=None)
 
 
 def _config(block_m: int, block_n: int, warps: int, stages: int) -> triton.Config:
@@ -177,13 +180,14 @@ def forced_prefill_splits(splits: int) -> Iterator[None]:
     """Every prefill launch inside uses ``splits`` key ranges. The engine's start-up warm-up prefills one
     sequence per chunk length, which takes the split kernel for short chunks, while a mixed step (a chunk
     plus decode rows) of the same length takes the unsplit one: warming both keeps their compilation and
-    autotuning out of serving."""
-    global _forced_splits
-    before, _forced_splits = _forced_splits, splits
+    autotuning out of serving. Tests use it too. A launch's own ``num_splits`` still wins."""
+    if splits < 1:
+        raise ValueError(f"forced_prefill_splits needs splits >= 1, got {splits}")
+    token = _forced_splits.set(splits)
     try:
         yield
     finally:
-        _forced_splits = before
+        _forced_splits.reset(token)
 
 
 def paged_attention_prefill_triton(
@@ -206,7 +210,7 @@ def paged_attention_prefill_triton(
     batch = context_lens.shape[0]
     if n == 0:
         return out
-    splits = num_splits or _forced_splits or default_prefill_splits(q.device, heads, batch, max_seqlen)
+    splits = num_splits or _forced_splits.get() or default_prefill_splits(q.device, heads, batch, max_seqlen)
     assert splits == 1 or max_seqlen < 65536, "the merge grid has one program per token in its second axis"
     if splits > 1:
         part_o = torch.empty((n, heads, splits, head_dim), dtype=torch.float32, device=q.device)

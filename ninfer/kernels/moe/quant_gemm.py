@@ -49,9 +49,18 @@ from ninfer.kernels.quant_gemm.tune import GemmConfig, sm_count
 from ninfer.kernels.quant_gemm.weights import QuantizedTensor
 
 QUANT_FORMATS = frozenset(FMT_CODES)  # formats these kernels read
-# Default of launch_quant_experts' path: "auto" (measure dot vs GEMV per decode key), "dot" or "gemv"
-# (pinned everywhere, e.g. to compare whole engine runs: NINFER_MOE_PATH=dot perf/bench_engine.py ...).
-DEFAULT_PATH = os.environ.get("NINFER_MOE_PATH", "auto")
+PATH_ENV = "NINFER_MOE_PATH"
+PATHS = ("auto", "dot", "gemv")
+
+
+def default_path() -> str:
+    """The path of a ``launch_quant_experts`` call that names none: ``NINFER_MOE_PATH`` (read per call, so a
+    test or benchmark may set it late), "auto" (measure dot vs GEMV per decode key) unless it pins "dot" or
+    "gemv" everywhere (e.g. to compare whole engine runs: ``NINFER_MOE_PATH=dot perf/bench_engine.py ...``)."""
+    path = os.environ.get(PATH_ENV, "auto")
+    if path not in PATHS:
+        raise ValueError(f"{PATH_ENV} must be one of {', '.join(PATHS)}, got {path!r}")
+    return path
 
 
 def _config(block_n: int, block_k: int, warps: int, stages: int) -> triton.Config:
@@ -178,7 +187,7 @@ def launch_quant_experts(rows: ExpertRows, a: torch.Tensor, w: QuantizedTensor, 
     quantized stack ``[E, N, K]``: SwiGLU over the two row halves (gate/up, ``dst`` has N / 2
     columns) or times the routing weight ``rw[pair]`` (down).
 
-    ``path``: "auto" (None: ``DEFAULT_PATH``) measures the ``tl.dot`` kernels here against the GEMV of
+    ``path``: "auto" (None: :func:`default_path`) measures the ``tl.dot`` kernels here against the GEMV of
     :mod:`ninfer.kernels.moe.quant_gemv` per key at decode (:func:`ninfer.kernels.moe.quant_gemv.choose_config`);
     "dot" pins the ``tl.dot`` kernels, "gemv" the GEMV's first candidate wherever it applies
     (alignment-free decode rows; the dot elsewhere); a ``GemmConfig`` of either kind pins exactly that
@@ -198,7 +207,7 @@ def launch_quant_experts(rows: ExpertRows, a: torch.Tensor, w: QuantizedTensor, 
         else:
             launch_expert_gemv(rows, a, w, dst, rw, a_div=a_div, swiglu=swiglu, cfg=cfg)
 
-    path = DEFAULT_PATH if path is None else path
+    path = default_path() if path is None else path
     if isinstance(path, GemmConfig):
         cfg = path
     elif path == "auto":

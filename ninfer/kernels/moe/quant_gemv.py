@@ -26,7 +26,8 @@ measured 10-24 % of copy bandwidth at 1-8 tokens on an H200, where the dense GEM
 Selection (:func:`choose_config`): never blind. The first call of a key ``(format, dtype,
 pair-count bucket, N, K, swiglu)`` on CUDA, outside graph capture and the interpreter, times the
 ``tl.dot`` path (``GROUPED_DOT``) and the GEMV candidates from CUDA-graph replays (the dense
-tuner's ``time_candidates``) and keeps the fastest, also on disk (:mod:`ninfer.kernels.tune_cache`):
+tuner's ``time_candidates``) and keeps the fastest in the process's tuner state (:mod:`ninfer.kernels.tuning`),
+also on disk (:mod:`ninfer.kernels.tune_cache`):
 a later process takes the stored choice while it is still a candidate. During capture, or with tuning
 off, a key takes what was chosen for it, else the ``tl.dot`` path: warm decode shapes before capturing.
 """
@@ -38,7 +39,6 @@ import torch
 import triton
 import triton.language as tl
 
-from ninfer.kernels.dispatch import INTERPRET
 from ninfer.kernels.moe.align import ExpertRows, pair_group, pair_rows
 from ninfer.kernels.quant_gemm import tune as quant_gemm_tune
 from ninfer.kernels.quant_gemm.common import FMT_CODES, finish, kernel_tensors
@@ -57,6 +57,7 @@ from ninfer.kernels.quant_gemm.gemv_steps import (
     w32_values,
 )
 from ninfer.kernels.quant_gemm.weights import QuantizedTensor
+from ninfer.kernels.tuning import default_tuner
 
 MAX_PAIRS = 64  # routed pairs up to which the GEMV is a candidate (8 tokens at top-8)
 # The tl.dot grouped GEMM of moe.quant_gemm; its tile sizes come from its own triton.autotune.
@@ -272,52 +273,24 @@ def expert_gemv_candidates(fmt: str, pairs: int, n_out: int, k: int, sms: int) -
     return out
 
 
-_CHOSEN: dict[tuple, GemmConfig] = {}  # measured: the faster of GROUPED_DOT and the GEMV candidates
-_TIMINGS: dict[tuple, dict[GemmConfig, float]] = {}  # every candidate's ms behind each choice
-
-
-def chosen_configs() -> dict[tuple, GemmConfig]:
-    """What :func:`choose_config` chose so far in this process (timed, or from the disk cache), per key
-    ``(format, dtype, pair-count bucket, N, K, swiglu, device)`` (for reports)."""
-    return dict(_CHOSEN)
-
-
-def tuning_timings() -> dict[tuple, dict[GemmConfig, float]]:
-    """Milliseconds per launch (graph replays) of every candidate timed for each key (for reports; keys
-    taken from the disk cache were not timed in this process and have none)."""
-    return {key: dict(t) for key, t in _TIMINGS.items()}
-
-
-def _on_gpu(a: torch.Tensor) -> bool:
-    return a.is_cuda and not INTERPRET
-
-
-def _tunable(a: torch.Tensor) -> bool:
-    """Whether this call may benchmark: CUDA outside the interpreter, tuning on, no graph being captured."""
-    return quant_gemm_tune.TUNE and _on_gpu(a) and not torch.cuda.is_current_stream_capturing()
+TABLE = "moe_gemv"  # the tuner state's and the disk cache's table of these choices
 
 
 def choose_config(fmt: str, a: torch.Tensor, rows: ExpertRows, n_out: int, k: int, swiglu: bool,
                   launch: Callable[[GemmConfig], None]) -> GemmConfig:
-    """``GROUPED_DOT`` or a GEMV config for this call. Only alignment-free calls of <= MAX_PAIRS pairs
-    are candidates; their first tunable call per key takes the choice stored on disk if it is still a
-    candidate, else times ``launch`` of each candidate (graph replays) and keeps (and stores) the
-    fastest. Untuned keys (capture, interpreter, CPU, ``NINFER_QUANT_TUNE=0``): the dot."""
+    """``GROUPED_DOT`` or a GEMV config for this call, by the process's tuner state
+    (:func:`ninfer.kernels.tuning.default_tuner`, table ``"moe_gemv"``). Only alignment-free calls of
+    <= MAX_PAIRS pairs are candidates; their first tunable call per key takes the choice stored on disk if
+    it is still a candidate, else times ``launch`` of each candidate (graph replays) and keeps (and stores)
+    the fastest. Untuned keys (capture, interpreter, CPU, ``NINFER_QUANT_TUNE=0``): the dot."""
     if not rows.direct or rows.pairs > MAX_PAIRS:
         return GROUPED_DOT
     key = (fmt, a.dtype, rows.tune_m, n_out, k, swiglu, a.device)
-    chosen = _CHOSEN.get(key)
-    if chosen is not None:
-        return chosen
-    if not _tunable(a):
-        return GROUPED_DOT
-    cands = [GROUPED_DOT, *expert_gemv_candidates(fmt, rows.pairs, n_out, k, sm_count(a.device))]
-    chosen = quant_gemm_tune.stored_config("moe_gemv", key, cands, a.device)
-    if chosen is None:  # not stored, or no longer a candidate: time them (no _TIMINGS for stored keys)
-        timings = _TIMINGS[key] = quant_gemm_tune.time_candidates(cands, launch, graphs=True)
-        if not timings:
-            raise RuntimeError(f"no expert GEMM config fits this GPU for {key}")
-        chosen = min(timings, key=timings.__getitem__)
-        quant_gemm_tune.store_config("moe_gemv", key, chosen, a.device)
-    _CHOSEN[key] = chosen
-    return chosen
+
+    def cands() -> list[GemmConfig]:
+        return [GROUPED_DOT, *expert_gemv_candidates(fmt, rows.pairs, n_out, k, sm_count(a.device))]
+
+    def time_fn(cfgs: list[GemmConfig]) -> dict[GemmConfig, float]:
+        return quant_gemm_tune.time_candidates(cfgs, launch, graphs=True)
+
+    return default_tuner().choose(TABLE, key, cands, time_fn, a.device)

@@ -44,6 +44,10 @@ The expert GEMV of :mod:`ninfer.kernels.moe.quant_gemv` reuses the steps' pieces
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+
 import torch
 import triton
 import triton.language as tl
@@ -170,16 +174,29 @@ def _quant_gemv_kernel(
 # Split-K partials summed by the last program of each output tile (FUSED_REDUCE) rather than by a second
 # launch: a 27B int4 decode step ran 272 reduce launches (0.34 ms of kernels, and a ~1.3 us gap before
 # each in the graph). One zeroed counter per output tile, per device, left at zero by every launch;
-# launches that do not fit it, or a first use inside graph capture, take the reduce kernel.
-FUSED_REDUCE = True
+# launches that do not fit it, or a first use inside graph capture, take the reduce kernel. The counters
+# are a device buffer, not a choice: captured graphs keep their address, so they live as long as the process.
 _COUNTER_SLOTS = 1 << 16
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
+# reduce_kernel_for_splits' override (a context variable: it holds only in the block and the thread that set it)
+_reduce_kernel_only: ContextVar[bool] = ContextVar("ninfer_gemv_reduce_kernel_only", default=False)
+
+
+@contextmanager
+def reduce_kernel_for_splits() -> Iterator[None]:
+    """Test hook: split-K GEMV launches inside (this module's and :mod:`gemv_mma`'s) sum their partials with
+    the separate reduce kernel instead of the arrival counters, so that tests can compare the two paths."""
+    token = _reduce_kernel_only.set(True)
+    try:
+        yield
+    finally:
+        _reduce_kernel_only.reset(token)
 
 
 def tile_counters(device: torch.device, tiles: int) -> torch.Tensor | None:
     """The device's arrival counters if ``tiles`` fit them (allocated zeroed on first use, outside capture;
     one GEMV at a time per device: launches on concurrent streams would share them)."""
-    if not FUSED_REDUCE or tiles > _COUNTER_SLOTS:
+    if _reduce_kernel_only.get() or tiles > _COUNTER_SLOTS:
         return None
     counters = _COUNTERS.get(device)
     if counters is None:

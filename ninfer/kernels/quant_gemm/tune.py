@@ -4,7 +4,7 @@ Candidates depend on the shape: the skinny decode path (M <= 16) uses 16-token t
 weight tiles and a split-K variant when the weight tiles alone cannot fill the GPU; the tiled
 prefill path uses 32..128-token tiles. On the first call for a key ``(format, dtype, M bucket, N,
 K, epilogue)`` every candidate is benchmarked (decode sizes from CUDA-graph replays, as the engine
-runs them) and the fastest is kept for the process (a tuning
+runs them) and the fastest is kept in the process's tuner state (:mod:`ninfer.kernels.tuning`; a tuning
 pass must not happen inside CUDA-graph capture: warm each shape up first; during capture an
 untuned key takes the first candidate, as every key does with ``NINFER_QUANT_TUNE=0``). Split-K
 is chosen here rather than by ``triton.autotune`` because it changes the launch (workspace and
@@ -22,17 +22,16 @@ At least one candidate per path fits in 99 KB of shared memory (RTX 5090).
 """
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from functools import cache
 
 import torch
 import triton
 
-from ninfer.kernels import tune_cache
-from ninfer.kernels.dispatch import INTERPRET, autotune_configs
+from ninfer.kernels.dispatch import autotune_configs
 from ninfer.kernels.quant_gemm.common import FMT_CODES
+from ninfer.kernels.tuning import default_tuner
 
 GROUPS = {"fp8-b128": 128, "int8-g32": 32, "int8-g64": 64, "int4-g64": 64, "int4-g128": 128, "nvfp4": 16}
 SKINNY_MAX_M = 16
@@ -41,7 +40,7 @@ MMA_MAX_M = 32  # the tensor-core decode: up to 32 tokens (speculative verificat
 # Largest weight (rows x K) the dequant path takes: 512 MiB of bf16 workspace. Every dense projection of
 # Qwen3.5-27B fits (gate_up 34816 x 5120 = 356 MB); the 248320 x 5120 LM head (2.5 GB) does not.
 DEQUANT_MAX_ELEMENTS = 256 << 20
-TUNE = os.environ.get("NINFER_QUANT_TUNE", "1") != "0"
+TABLE = "quant_gemm"  # the tuner state's and the disk cache's table of these choices
 
 
 @dataclass(frozen=True)
@@ -259,60 +258,20 @@ def sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-_BEST: dict[tuple, GemmConfig] = {}  # tuned
-_FAVOURITE: dict[tuple, GemmConfig] = {}  # untuned keys: the heuristic favourite
-
-
-def tuned_configs() -> dict[tuple, GemmConfig]:
-    """The configs chosen so far in this process, by benchmark or from the disk cache (for reports)."""
-    return dict(_BEST)
-
-
-def _tunable(x: torch.Tensor) -> bool:
-    """Whether this call may benchmark: tuning on, CUDA outside the interpreter, no graph being captured."""
-    return TUNE and x.is_cuda and not INTERPRET and not torch.cuda.is_current_stream_capturing()
-
-
-def stored_config(table: str, key: tuple, cands: list[GemmConfig], device: torch.device) -> GemmConfig | None:
-    """The config an earlier process chose for ``key`` (:mod:`tune_cache`), if it is still one of ``cands``:
-    changed heuristics, SM counts or autotune settings make a stored config stale, not wrong to launch."""
-    fields = tune_cache.lookup(table, key, device)
-    try:
-        cfg = GemmConfig(**fields) if fields is not None else None
-    except TypeError:  # fields of another GemmConfig version
-        return None
-    return cfg if cfg in cands else None
-
-
-def store_config(table: str, key: tuple, cfg: GemmConfig, device: torch.device) -> None:
-    """Keep a measured choice for later processes (:mod:`tune_cache`; never raises on I/O)."""
-    tune_cache.record(table, key, asdict(cfg), device)
-
-
 def select_config(fmt: str, x: torch.Tensor, n_out: int, k: int, swiglu: bool, has_res: bool,
                   launch: Callable[[GemmConfig], None]) -> GemmConfig:
-    """The config for this call's key: on first sight of the key in a tunable call (CUDA, not capturing,
-    tuning enabled) the one stored on disk if still a candidate, else the fastest candidate by
-    benchmark (then stored); untunable calls take the heuristic favourite."""
+    """The config for this call's key, by the process's tuner state (:func:`ninfer.kernels.tuning.default_tuner`,
+    table ``"quant_gemm"``): on first sight of the key in a tunable call (CUDA, not capturing, tuning
+    enabled) the one stored on disk if still a candidate, else the fastest candidate by benchmark (then
+    stored); untunable calls take the heuristic favourite."""
     m = x.shape[0]
     key = (fmt, x.dtype, m_bucket(m), n_out, k, swiglu, has_res, x.device)
-    best = _BEST.get(key)
-    if best is not None:
-        return best
-    tune = _tunable(x)
-    if not tune and key in _FAVOURITE:
-        return _FAVOURITE[key]
-    mma = x.dtype in (torch.bfloat16, torch.float16)
-    cands = autotune_configs(candidates(fmt, m, n_out, k, sm_count(x.device), swiglu=swiglu, mma=mma))
-    if not tune or len(cands) == 1:
-        _FAVOURITE[key] = cands[0]
-        return cands[0]
-    best = stored_config("quant_gemm", key, cands, x.device)
-    if best is None:
-        timings = time_candidates(cands, launch, graphs=m <= SKINNY_MAX_M)
-        if not timings:
-            raise RuntimeError(f"no quantized GEMM config fits this GPU for {key}")
-        best = min(timings, key=timings.__getitem__)
-        store_config("quant_gemm", key, best, x.device)
-    _BEST[key] = best
-    return best
+
+    def cands() -> list[GemmConfig]:
+        mma = x.dtype in (torch.bfloat16, torch.float16)
+        return autotune_configs(candidates(fmt, m, n_out, k, sm_count(x.device), swiglu=swiglu, mma=mma))
+
+    def time_fn(cfgs: list[GemmConfig]) -> dict[GemmConfig, float]:
+        return time_candidates(cfgs, launch, graphs=m <= SKINNY_MAX_M)
+
+    return default_tuner().choose(TABLE, key, cands, time_fn, x.device)

@@ -1,0 +1,129 @@
+"""The runtime tuners' state: what each tuner chose per key, and whether calls may benchmark.
+
+Two tuners pick launch configurations by timing their candidates on a key's first call: the quantized
+GEMM (:mod:`ninfer.kernels.quant_gemm.tune`, table ``"quant_gemm"``) and the MoE expert path at decode
+(:mod:`ninfer.kernels.moe.quant_gemv`, table ``"moe_gemv"``). Both keep their choices in one
+:class:`TunerState` per process (:func:`default_tuner`): the kernels find it without a parameter, as they
+are called deep inside a model's forward. The model runner reports the instance its forwards use
+(``ModelRunner.tuner``); tests and benchmarks swap in a fresh one with :func:`use_tuner` (a new process, as
+far as tuning goes). A choice also goes to disk (:mod:`ninfer.kernels.tune_cache`) and a later process takes
+it while it is still a candidate.
+
+A call may benchmark (:meth:`TunerState.tunable`) only on CUDA outside the interpreter, outside CUDA-graph
+capture and with tuning on (``enabled``; None: ``NINFER_QUANT_TUNE``, ``0`` turns it off, read at the call).
+Other calls take what was chosen for the key, else its first candidate (the heuristic favourite), kept
+per key so that later untunable calls skip building the candidate list.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict
+from typing import Any, TypeVar
+
+import torch
+
+from ninfer.kernels import tune_cache
+from ninfer.kernels.dispatch import INTERPRET
+
+Config = TypeVar("Config")  # a tuner's launch configuration: a frozen (hashable) dataclass
+TUNE_ENV = "NINFER_QUANT_TUNE"
+
+
+def on_gpu(device: torch.device) -> bool:
+    """Whether kernels on ``device`` really run on a GPU (not the Triton interpreter), so can be timed."""
+    return device.type == "cuda" and not INTERPRET
+
+
+class TunerState:
+    """Chosen configs per table and key, the untuned keys' favourites, the timings behind each choice and
+    the on/off switch (``enabled``; None: the ``NINFER_QUANT_TUNE`` environment variable when asked)."""
+
+    def __init__(self, enabled: bool | None = None) -> None:
+        self.enabled = enabled
+        self._chosen: dict[str, dict[tuple, Any]] = {}
+        self._favourites: dict[str, dict[tuple, Any]] = {}
+        self._timings: dict[str, dict[tuple, dict[Any, float]]] = {}
+
+    def tuning_on(self) -> bool:
+        if self.enabled is not None:
+            return self.enabled
+        return os.environ.get(TUNE_ENV, "1") != "0"
+
+    def tunable(self, device: torch.device) -> bool:
+        """Whether a call on ``device`` may benchmark now: tuning on, a real GPU, no graph being captured."""
+        return self.tuning_on() and on_gpu(device) and not torch.cuda.is_current_stream_capturing()
+
+    def choose(self, table: str, key: tuple, candidates: Callable[[], list[Config]],
+               time_fn: Callable[[list[Config]], dict[Config, float]], device: torch.device) -> Config:
+        """The config of ``key`` in ``table``: the one chosen earlier; else, in a tunable call, the one stored
+        on disk if still among ``candidates()``, else the fastest by ``time_fn`` (ms per candidate that ran;
+        then stored); untunable calls, and keys with a single candidate, take the first candidate."""
+        chosen = self._chosen.get(table, {}).get(key)
+        if chosen is not None:
+            return chosen
+        tunable = self.tunable(device)
+        favourites = self._favourites.setdefault(table, {})
+        if not tunable and key in favourites:
+            return favourites[key]
+        cands = candidates()
+        if not tunable or len(cands) == 1:
+            favourites[key] = cands[0]
+            return cands[0]
+        chosen = stored_config(table, key, cands, device)
+        if chosen is None:
+            timings = time_fn(cands)
+            if not timings:
+                raise RuntimeError(f"no {table} config fits this GPU for {key}")
+            self._timings.setdefault(table, {})[key] = dict(timings)
+            chosen = min(timings, key=timings.__getitem__)
+            tune_cache.record(table, key, asdict(chosen), device)
+        self._chosen.setdefault(table, {})[key] = chosen
+        return chosen
+
+    def chosen(self, table: str) -> dict[tuple, Any]:
+        """The configs chosen so far in ``table``, by benchmark or from the disk cache (for reports)."""
+        return dict(self._chosen.get(table, {}))
+
+    def timings(self, table: str) -> dict[tuple, dict[Any, float]]:
+        """Milliseconds per launch of every candidate timed for each key of ``table`` (keys taken from the
+        disk cache were not timed by this state and have none)."""
+        return {key: dict(t) for key, t in self._timings.get(table, {}).items()}
+
+    def clear(self) -> None:
+        """Forget every choice, favourite and timing (the disk cache stays)."""
+        self._chosen.clear()
+        self._favourites.clear()
+        self._timings.clear()
+
+
+def stored_config(table: str, key: tuple, cands: list[Config], device: torch.device) -> Config | None:
+    """The config an earlier process chose for ``key`` (:mod:`tune_cache`), if it is still one of ``cands``:
+    changed heuristics, SM counts or autotune settings make a stored config stale, not wrong to launch."""
+    fields = tune_cache.lookup(table, key, device)
+    try:
+        cfg = type(cands[0])(**fields) if fields is not None else None
+    except TypeError:  # fields of another version of the config class
+        return None
+    return cfg if cfg in cands else None
+
+
+_default = TunerState()
+
+
+def default_tuner() -> TunerState:
+    """The process's tuner state, which the kernels' tuners use."""
+    return _default
+
+
+@contextmanager
+def use_tuner(state: TunerState) -> Iterator[TunerState]:
+    """Make ``state`` the process's tuner state inside the block (tests, benchmarks: a fresh or a
+    pre-set state), then put the previous one back."""
+    global _default
+    before, _default = _default, state
+    try:
+        yield state
+    finally:
+        _default = before

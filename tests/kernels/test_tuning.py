@@ -1,0 +1,138 @@
+"""The tuners' state (:mod:`ninfer.kernels.tuning`) on its own: choices, favourites, the on/off switch, the
+process default. Timing functions are faked and the disk cache is a temporary directory; nothing launches."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+from ninfer.kernels import tune_cache, tuning
+from ninfer.kernels.tuning import TunerState, default_tuner, use_tuner
+
+GPU = torch.device("cuda", 0)  # only a key entry and an argument: nothing runs on it
+
+
+@dataclass(frozen=True)
+class Cfg:
+    tile: int
+    warps: int = 4
+
+
+CANDS = [Cfg(16), Cfg(32), Cfg(64, 8)]
+
+
+@pytest.fixture
+def disk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("NINFER_TUNE_CACHE", str(tmp_path))
+    monkeypatch.setattr(tune_cache, "file_parts", lambda device: {"gpu": "NVIDIA H200", "capability": "9.0"})
+    tune_cache.forget()
+    yield tmp_path
+    tune_cache.forget()
+
+
+class Calls:
+    """Counts candidate-list builds and timings; ``fastest`` is the candidate the fake timing favours."""
+
+    def __init__(self, fastest: Cfg) -> None:
+        self.fastest, self.built, self.timed = fastest, 0, 0
+
+    def candidates(self) -> list[Cfg]:
+        self.built += 1
+        return list(CANDS)
+
+    def time(self, cands: list[Cfg]) -> dict[Cfg, float]:
+        self.timed += 1
+        return {c: 0.5 if c == self.fastest else 1.0 for c in cands}
+
+
+def test_a_tunable_call_times_once_and_keeps_the_fastest(disk: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tuner = TunerState(enabled=True)
+    monkeypatch.setattr(tuning, "on_gpu", lambda device: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    calls = Calls(fastest=CANDS[2])
+    assert tuner.choose("t", ("k", GPU), calls.candidates, calls.time, GPU) == CANDS[2]
+    assert tuner.choose("t", ("k", GPU), calls.candidates, calls.time, GPU) == CANDS[2]
+    assert (calls.built, calls.timed) == (1, 1)
+    assert tuner.chosen("t") == {("k", GPU): CANDS[2]} and tuner.chosen("other") == {}
+    assert tuner.timings("t") == {("k", GPU): {CANDS[0]: 1.0, CANDS[1]: 1.0, CANDS[2]: 0.5}}
+    # a fresh state (a new process) takes the stored choice without timing; the file holds the fields
+    fresh = TunerState(enabled=True)
+    assert fresh.choose("t", ("k", GPU), calls.candidates, Calls(CANDS[0]).time, GPU) == CANDS[2]
+    assert calls.timed == 1 and fresh.timings("t") == {} and fresh.chosen("t") == {("k", GPU): CANDS[2]}
+    assert tune_cache.lookup("t", ("k", GPU), GPU) == {"tile": 64, "warps": 8}
+    tuner.clear()
+    assert tuner.chosen("t") == {} and tuner.timings("t") == {}
+
+
+def test_untunable_calls_take_the_favourite_and_build_the_list_once(disk: Path) -> None:
+    """On CPU (or under capture, or with tuning off) the first candidate, kept per key; a key with one
+    candidate is never timed either; nothing reaches the disk."""
+    tuner = TunerState(enabled=True)
+    calls = Calls(fastest=CANDS[2])
+    cpu = torch.device("cpu")
+    for _ in range(3):
+        assert tuner.choose("t", ("k",), calls.candidates, calls.time, cpu) == CANDS[0]
+    assert (calls.built, calls.timed) == (1, 0) and tuner.chosen("t") == {}
+    assert not list(disk.iterdir())
+
+
+def test_a_single_candidate_is_not_timed(monkeypatch: pytest.MonkeyPatch) -> None:
+    tuner = TunerState(enabled=True)
+    monkeypatch.setattr(tuner, "tunable", lambda device: True)
+    calls = Calls(fastest=CANDS[0])
+    assert tuner.choose("t", ("k",), lambda: [CANDS[1]], calls.time, GPU) == CANDS[1]
+    assert calls.timed == 0 and tuner.chosen("t") == {}
+
+
+def test_no_candidate_that_runs_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    tuner = TunerState(enabled=True)
+    monkeypatch.setattr(tuner, "tunable", lambda device: True)
+    monkeypatch.setattr(tuning, "stored_config", lambda *args: None)
+    with pytest.raises(RuntimeError, match="no t config fits this GPU"):
+        tuner.choose("t", ("k",), lambda: list(CANDS), lambda cands: {}, GPU)
+
+
+def test_the_switch_reads_the_environment_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tuning, "on_gpu", lambda device: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    tuner = TunerState()
+    monkeypatch.delenv("NINFER_QUANT_TUNE", raising=False)
+    assert tuner.tuning_on() and tuner.tunable(GPU)
+    monkeypatch.setenv("NINFER_QUANT_TUNE", "0")
+    assert not tuner.tuning_on() and not tuner.tunable(GPU)
+    assert TunerState(enabled=True).tunable(GPU)  # an explicit switch wins over the environment
+    monkeypatch.setenv("NINFER_QUANT_TUNE", "1")
+    assert not TunerState(enabled=False).tunable(GPU)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    assert not tuner.tunable(GPU)  # never inside graph capture
+
+
+def test_use_tuner_swaps_the_process_default_and_restores_it() -> None:
+    before = default_tuner()
+    mine = TunerState()
+    with use_tuner(mine) as state:
+        assert state is mine and default_tuner() is mine
+        with pytest.raises(KeyError), use_tuner(TunerState()):
+            raise KeyError("restored on errors too")
+        assert default_tuner() is mine
+    assert default_tuner() is before
+
+
+def test_the_quant_gemm_tuner_uses_the_process_state(monkeypatch: pytest.MonkeyPatch) -> None:
+    """select_config's choice lands in default_tuner()'s "quant_gemm" table (and nowhere once swapped out)."""
+    from ninfer.kernels.quant_gemm import tune as quant_gemm_tune
+
+    monkeypatch.setattr(quant_gemm_tune, "autotune_configs", lambda cfgs: cfgs)
+    monkeypatch.setattr(quant_gemm_tune, "time_candidates",
+                        lambda cands, launch, graphs: {c: 0.5 if i == 1 else 1.0 for i, c in enumerate(cands)})
+    monkeypatch.setattr(tuning, "stored_config", lambda *args: None)
+    monkeypatch.setattr(tune_cache, "record", lambda *args: None)
+    x = torch.zeros(2, 64)
+    with use_tuner(TunerState()) as tuner:
+        monkeypatch.setattr(tuner, "tunable", lambda device: True)
+        cfg = quant_gemm_tune.select_config("int4-g64", x, 32, 64, False, False, lambda c: None)
+        assert cfg == quant_gemm_tune.candidates("int4-g64", 2, 32, 64, 4)[1]
+        assert tuner.chosen("quant_gemm") == {("int4-g64", torch.float32, 2, 32, 64, False, False, x.device): cfg}
+    assert ("int4-g64", torch.float32, 2, 32, 64, False, False, x.device) not in default_tuner().chosen("quant_gemm")
