@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 
 from ninfer.cli import main
+from ninfer.llm import LLM
 
 
 def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -15,3 +16,17 @@ def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, s
         code = int(exc.code or 0)
     out, err = capsys.readouterr()
     return code, out, err
+
+
+@pytest.fixture
+def requests(monkeypatch: pytest.MonkeyPatch) -> list:
+    """Every engine request the command makes (import it into a test module to use it)."""
+    seen: list = []
+    real = LLM._run
+
+    def run(self, reqs, *args, **kwargs):
+        seen.extend(reqs)
+        return real(self, reqs, *args, **kwargs)
+
+    monkeypatch.setattr(LLM, "_run", run)
+    return seen

@@ -10,25 +10,13 @@ import pytest
 
 import ninfer
 import ninfer.cli_stream
+from cli_testing import requests  # noqa: F401  (fixture)
 from cli_testing import run_cli
 from ninfer.llm import LLM
 from tiny_checkpoints import TinyCheckpoint
 
 TEMPLATE = "{% for m in messages %}CUSTOM-{{ m.role }}: {{ m.content }}\n{% endfor %}ANSWER:"
 
-
-@pytest.fixture
-def requests(monkeypatch) -> list:
-    """Every engine request the command makes."""
-    seen: list = []
-    real = LLM._run
-
-    def run(self, reqs, *args, **kwargs):
-        seen.extend(reqs)
-        return real(self, reqs, *args, **kwargs)
-
-    monkeypatch.setattr(LLM, "_run", run)
-    return seen
 
 
 @pytest.fixture

@@ -5,23 +5,10 @@ import io
 
 import pytest
 
+from cli_testing import requests  # noqa: F401  (fixture)
 from cli_testing import run_cli
-from ninfer.llm import LLM
 from tiny_checkpoints import TinyCheckpoint
 
-
-@pytest.fixture
-def requests(monkeypatch) -> list:
-    """Every engine request the command makes."""
-    seen: list = []
-    real = LLM._run
-
-    def run(self, reqs, *args, **kwargs):
-        seen.extend(reqs)
-        return real(self, reqs, *args, **kwargs)
-
-    monkeypatch.setattr(LLM, "_run", run)
-    return seen
 
 
 def test_min_tokens_holds_off_the_stop_token(capsys, requests, dense_ckpt: TinyCheckpoint) -> None:
