@@ -11,6 +11,7 @@ import torch
 import ninfer
 from ninfer.runtime.sampling import SamplingParams
 from ninfer.runtime.structured import Constraint
+from bf16_oracle import assert_same_up_to_rounding
 from tiny_checkpoints import make_composite
 
 xgr = pytest.importorskip("xgrammar")
@@ -33,11 +34,15 @@ def test_constrained_and_free_rows_on_the_gpu(ckpt, kw: dict, dtype: torch.dtype
     llm = ninfer.load(ckpt.path, device="cuda", dtype=dtype, max_concurrency=4, progress=False, **kw)
     c = Constraint.json_schema(SCHEMA)
     params = [SamplingParams(temperature=0.0, structured=c), SamplingParams(temperature=1.0, seed=3, structured=c),
-              SamplingParams(temperature=1.0, seed=4)]
+              SamplingParams(temperature=1.0, seed=4, logprobs=5)]
     reqs = [llm._request(p, 48, sp) for p, sp in zip(PROMPTS, params)]
     outs = llm._run(reqs)
     free_alone = llm._run([llm._request(PROMPTS[2], 48, params[2])])[0]
-    assert outs[2].token_ids == free_alone.token_ids  # the free row is not touched by its neighbours' masks
+    # the free row is not touched by its neighbours' masks (bf16: batch widths round differently)
+    if dtype == torch.float32:
+        assert outs[2].token_ids == free_alone.token_ids
+    else:
+        assert_same_up_to_rounding(outs[2], free_alone, greedy=False)
     for out in outs[:2]:
         matcher = xgr.GrammarMatcher(llm.structured.compile(c))
         assert all(matcher.accept_token(t) for t in out.token_ids)
