@@ -18,7 +18,7 @@ import torch
 
 from ninfer.kernels.attention.decode import DECODE_MAX_TOKENS
 from ninfer.kernels.attention.prefill import default_prefill_splits, forced_prefill_splits
-from ninfer.kernels.deltanet import RECURRENT_MAX_SEQLEN
+from ninfer.kernels.deltanet import CHUNK, RECURRENT_MAX_SEQLEN, chunked_batch_sizes
 from ninfer.kernels.tuning import TunerState, default_tuner
 from ninfer.models.batch import ForwardBatch, make_batch
 from ninfer.models.cache import ModelCache
@@ -191,9 +191,47 @@ class ModelRunner:
                 with forced_prefill_splits(1):
                     self.model(batch, self.cache)
         self.cache.reset_slot(slot)
-        self.clear(0)
         slots.release(slot)
+        self._warm_packed(scratch, slot_mapping, slots)
+        self.clear(0)
         pages.release(scratch)
+
+    def _warm_packed(self, scratch: list[int], slot_mapping: torch.Tensor, slots: SlotPool) -> None:
+        """Prefill packed batches as serving builds them (decode rows, then one prompt chunk long enough
+        for the chunked DeltaNet kernels), of each sequence count in :func:`chunked_batch_sizes` up to the
+        lanes, with and without a prefix-cache checkpoint: those kernels compile and tune per count class
+        and per checkpoint flag, which one-sequence warm-up never meets. The rows share the scratch pages
+        (their KV is never read back)."""
+        dev, chunk = self.device, PACKED_WARMUP_CHUNK
+        if slot_mapping.shape[0] < chunk:
+            return
+        for seqs in chunked_batch_sizes(min(self.block_tables.shape[0], slots.num_free - 1)):
+            taken = [slots.acquire() for _ in range(seqs + 1)]  # the last one takes the checkpoint
+            own, ckpt_slot = taken[:-1], taken[-1]
+            for lane in range(seqs):
+                self.set_pages(lane, scratch)
+            lengths = [1] * (seqs - 1) + [chunk]
+            positions = [0] * (seqs - 1) + list(range(chunk))
+            mapping = torch.cat([slot_mapping[:1].expand(seqs - 1), slot_mapping[:chunk]])
+            for checkpoint in (False, True):
+                marks = ((seqs - 1, chunk // 2, own[-1], ckpt_slot),) if checkpoint else ()
+                offsets = [0] * (seqs - 1) + [chunk // 2] if checkpoint else None
+                targets = [0] * (seqs - 1) + [ckpt_slot] if checkpoint else None
+                batch = make_batch(input_ids=torch.zeros(seqs - 1 + chunk, dtype=torch.long, device=dev),
+                                   positions=positions, seq_lens=lengths, context_lens=lengths,
+                                   block_tables=self.block_tables[:seqs], slot_mapping=mapping, state_slots=own,
+                                   checkpoints=marks, ckpt_offsets=offsets, ckpt_slots=targets)
+                for s in taken:
+                    self.cache.reset_slot(s)
+                self.model.logits(self.model(batch, self.cache)[-1:])
+            for s in taken:
+                self.cache.reset_slot(s)
+                slots.release(s)
+            for lane in range(1, seqs):
+                self.clear(lane)
+
+
+PACKED_WARMUP_CHUNK = 2 * CHUNK + 3  # a prompt chunk of two full DeltaNet chunks and a partial one
 
 
 def warmup_chunk_lengths(longest: int) -> list[int]:
@@ -202,5 +240,9 @@ def warmup_chunk_lengths(longest: int) -> list[int]:
     DeltaNet) and each power of two, since prefill attention (``tune_len``), quantized GEMMs (M bucket) and
     MoE GEMMs (``tune_m``) tune once per power-of-two bucket; ``longest`` reaches the bucket above it."""
     short = max(DECODE_MAX_TOKENS, RECURRENT_MAX_SEQLEN)
-    lengths = {*range(1, short + 1), *(1 << i for i in range(longest.bit_length())), longest}
+    buckets = [1 << i for i in range(longest.bit_length())]
+    # and one length off a multiple of 16 in each bucket above the short ones: Triton compiles a kernel
+    # once for integer arguments divisible by 16 and once for the rest, with the bucket's tuned config
+    uneven = [b - 1 for b in buckets if b - 1 > short] + [longest - 1]
+    lengths = {*range(1, short + 1), *buckets, *uneven, longest}
     return sorted(n for n in lengths if n <= longest)

@@ -205,8 +205,9 @@ def test_logprobs_match_scores_and_penalties_change_choices(solo) -> None:
 def test_warmup_lengths_reach_every_tuning_bucket() -> None:
     from ninfer.runtime.model_runner import warmup_chunk_lengths
 
-    assert warmup_chunk_lengths(4096) == [1, 2, 3, 4, 5, 6, 7, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096]
-    assert warmup_chunk_lengths(100) == [1, 2, 3, 4, 5, 6, 7, 8, 16, 32, 64, 100]
+    assert warmup_chunk_lengths(4096) == [1, 2, 3, 4, 5, 6, 7, 8, 15, 16, 31, 32, 63, 64, 127, 128, 255, 256, 511, 512,
+                                        1023, 1024, 2047, 2048, 4095, 4096]
+    assert warmup_chunk_lengths(100) == [1, 2, 3, 4, 5, 6, 7, 8, 15, 16, 31, 32, 63, 64, 99, 100]
     assert warmup_chunk_lengths(3) == [1, 2, 3]
 
 

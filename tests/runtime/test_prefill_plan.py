@@ -168,3 +168,29 @@ def test_warm_up_reaches_the_longest_step_the_budgets_allow(dense_ckpt: TinyChec
     monkeypatch.setattr(model_runner, "warmup_chunk_lengths", lambda n: seen.append(n) or [])
     llm.engine.warm_up()
     assert seen == [longest] and llm.engine.is_idle()
+
+
+def test_warm_up_prefills_packed_batches_of_each_count_class(dense_ckpt: TinyCheckpoint, monkeypatch) -> None:
+    """Serving packs decode rows and prompt chunks into one chunked DeltaNet launch, whose kernels compile per
+    sequence-count class and checkpoint flag: warm-up runs each class with and without a checkpoint, then
+    gives every page and slot back."""
+    from ninfer.kernels.deltanet import chunked_batch_sizes
+    from ninfer.runtime import model_runner
+
+    llm = ninfer.load(dense_ckpt.path, device="cpu", max_concurrency=4, progress=False)
+    monkeypatch.setattr(model_runner, "warmup_chunk_lengths", lambda n: [])
+    seen = []
+    forward = llm.engine.model.forward
+    monkeypatch.setattr(llm.engine.model, "forward", lambda batch, cache, *a: seen.append(batch) or forward(batch, cache, *a))
+    free_pages, free_slots = llm.engine.pages.num_available, llm.engine.slots.num_free
+    llm.engine.warm_up()
+    packed = [(b.cu_seqlens.numel() - 1, b.ckpt_offsets is not None) for b in seen]
+    assert packed == [(n, ckpt) for n in chunked_batch_sizes(4) for ckpt in (False, True)]
+    for b in seen:
+        assert b.max_seqlen > model_runner.RECURRENT_MAX_SEQLEN  # the chunked kernels, not the recurrent one
+        if b.ckpt_offsets is not None:
+            row, r, own, slot = b.checkpoints[0]
+            assert int(b.ckpt_offsets[-1]) == r and int(b.ckpt_slots[-1]) == slot and slot not in b.state_slots.tolist()
+    assert llm.engine.is_idle() and llm.engine.pages.num_available == free_pages
+    assert llm.engine.slots.num_free == free_slots
+    assert not llm.engine.runner.block_tables.any()

@@ -3,8 +3,9 @@
 Modules, bottom up: ``common`` (fused gates, L2 norm, supported head dims), the kernels ``recurrent``
 (decode) and ``chunk`` (chunked WY/UT form), the plain-PyTorch ``reference`` and ``dispatch``.
 """
+from ninfer.kernels.deltanet.chunk import chunked_batch_sizes
 from ninfer.kernels.deltanet.dispatch import RECURRENT_MAX_SEQLEN, gated_delta_rule
 from ninfer.kernels.deltanet.reference import CHUNK, chunked_rule, gated_delta_rule_reference, recurrent_rule
 
-__all__ = ["CHUNK", "RECURRENT_MAX_SEQLEN", "chunked_rule", "gated_delta_rule", "gated_delta_rule_reference",
+__all__ = ["CHUNK", "RECURRENT_MAX_SEQLEN", "chunked_batch_sizes", "chunked_rule", "gated_delta_rule", "gated_delta_rule_reference",
            "recurrent_rule"]

@@ -377,3 +377,15 @@ def gated_delta_rule_chunked_triton(
         DOT_PREC=prec, CKPT=ckpt,
     )
     return o
+
+
+def chunked_batch_sizes(max_batch: int) -> list[int]:
+    """Sequence counts up to ``max_batch`` that reach every compiled variant and autotune key of the
+    chunked kernels: ``BLOCK_B`` (the next power of two, at least 2), the state kernel's ``BATCH_LOG2``
+    tuning key, and Triton's specialisation of the ``batch`` argument (equal to 1, divisible by 16).
+    Warm-up prefills packed batches of these sizes, since serving packs several prompts (and decode rows)
+    into one chunked launch."""
+    seen: dict[tuple[int, int, bool, bool], int] = {}
+    for b in range(1, max_batch + 1):
+        seen.setdefault((max(2, triton.next_power_of_2(b)), b.bit_length(), b == 1, b % 16 == 0), b)
+    return sorted(seen.values())
