@@ -281,6 +281,9 @@ class LLM:
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         check_stop_strings(stop or ())
+        if params.thinking_budget is not None and thinking is None:
+            raise ValueError("thinking_budget applies to chat replies (LLM.chat): a raw prompt has no reasoning "
+                             "to limit")
         req = Request(prompt_ids=prompt_ids, params=params, max_new_tokens=max_new_tokens,
                       stop_token_ids=frozenset(stop_token_ids or ()), stop_strings=tuple(stop or ()),
                       thinking=thinking, mm=mm, rope_delta=mm.rope_delta if mm is not None else 0)

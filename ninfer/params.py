@@ -24,7 +24,8 @@ class SamplingParams(EngineSamplingParams):
 
     ``temperature=0`` (or ``greedy=True``) is greedy; ``top_k`` 0 or -1 is off. ``max_tokens=None``
     generates until a stop or the context's end. ``stop`` strings are cut from the text;
-    ``stop_token_ids`` stop after that token. ``ignore_eos`` keeps generating past the model's
+    ``stop_token_ids`` stop after that token. ``thinking_budget`` (chats with thinking on) closes the reasoning with ``</think>`` after that many
+    tokens. ``ignore_eos`` keeps generating past the model's
     end-of-sequence tokens (``stop`` and ``stop_token_ids`` still apply). ``min_tokens`` tokens come
     before any stop can end the output (end-of-sequence and ``stop_token_ids`` are never sampled before,
     ``stop`` strings completed before do not match). ``n`` samples share the

@@ -4,8 +4,8 @@ Stream grammar: ``message_start``, then per content block ``content_block_start`
 ``content_block_delta`` (``thinking_delta`` + a final ``signature_delta``, ``text_delta``, or
 ``input_json_delta``) → ``content_block_stop``, then ``message_delta`` (stop reason, output
 tokens) and ``message_stop``. A final text-only assistant message is a prefill: the answer
-continues it (thinking off). ``thinking`` absent means the server default; ``budget_tokens`` is
-validated but not enforced (the engine has no thinking budget yet). Sampling fields
+continues it (thinking off). ``thinking`` absent means the server default; ``budget_tokens`` caps the
+reasoning: once that many tokens are out, the engine closes it with ``</think>`` and the answer follows. Sampling fields
 (``temperature``, ``top_p``, ``top_k``) are accepted although current SDKs send them only
 through ``extra_body``.
 """
@@ -54,7 +54,7 @@ def parse(body: dict[str, Any], counting: bool = False, media: bool = False
     if last.data.get("role") == "assistant" and messages[-1]["role"] == "assistant" \
             and not messages[-1].get("tool_calls"):
         prefill = messages.pop()["content"]
-    thinking = _thinking(f.sub("thinking"), max_tokens)
+    thinking, budget = _thinking(f.sub("thinking"), max_tokens)
     output_config = f.sub("output_config")
     effort = None
     if output_config is not None:
@@ -72,6 +72,8 @@ def parse(body: dict[str, Any], counting: bool = False, media: bool = False
         raise invalid(f"'stop_sequences' must be an array of at most {MAX_STOP_SEQUENCES} strings", "stop_sequences")
     stop_strings(f, "stop_sequences", MAX_STOP_SEQUENCES)
     sampling = parse_fields(f, ("temperature", "top_p", "top_k"), temperature_max=1.0)
+    if budget is not None:
+        sampling["thinking_budget"] = budget
     spec = GenerationSpec(max_tokens, stops, sampling, structured=structured.from_anthropic(output_config, forced))
     if spec.structured is not None and prefill is not None:  # as Anthropic: prefill and constraints exclude
         raise invalid(f"'{spec.structured.param}' cannot be combined with a prefilled assistant turn",
@@ -168,18 +170,20 @@ def _message(m: Fields, media: bool = False) -> list[dict[str, Any]]:
     return [message]
 
 
-def _thinking(t: Fields | None, max_tokens: int | None) -> bool | None:
+def _thinking(t: Fields | None, max_tokens: int | None) -> tuple[bool | None, int | None]:
+    """The thinking mode (None: the server default) and the reasoning budget in tokens, if any."""
     if t is None:
-        return None
+        return None, None
     kind = t.str("type", required=True, choices=("enabled", "disabled", "adaptive", "between_tools"))
     if t.str("display") == "omitted":
         raise unsupported("thinking.display", "'omitted' is not available")
+    budget = None
     if kind == "enabled":
         budget = t.int("budget_tokens", required=True, lo=1024)
         if max_tokens is not None and budget is not None and budget >= max_tokens:
             raise invalid(f"'thinking.budget_tokens' ({budget}) must be less than 'max_tokens' ({max_tokens})",
                           "thinking.budget_tokens")
-    return kind != "disabled"
+    return kind != "disabled", budget
 
 
 def _tool(t: Fields) -> dict[str, Any]:

@@ -292,6 +292,8 @@ class Service:
                           code="unsupported_parameter")
         params = resolve(self.llm.sampling_params(), self.preset if thinking is not None else None, bool(thinking),
                          self.config.sampling, spec.sampling, spec.logprobs, spec.ignore_eos)
+        if params.thinking_budget is not None and thinking is None:
+            raise invalid("'thinking_budget' applies to chat replies (a raw prompt has no reasoning)", "thinking_budget")
         # Without a budget of its own, a request gets the server's default, raised to its min_tokens.
         limit = max(self.config.default_max_tokens, params.min_tokens) if spec.max_tokens is None \
             else spec.max_tokens

@@ -101,6 +101,7 @@ class Engine:
         processor = self.make_output(req)  # before the scheduler holds the request: a failure leaves nothing behind
         if req.params.min_tokens:
             req.min_tokens_ids = processor.stop_ids
+        req.think_end = processor.think_end_id
         self.scheduler.add(req)
         self.requests[req.request_id] = req
         self.outputs[req.request_id] = processor

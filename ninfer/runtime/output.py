@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ninfer.runtime.detokenize import IncrementalDetokenizer
-from ninfer.runtime.reasoning import ReasoningSplitter
+from ninfer.runtime.reasoning import THINK_END, ReasoningSplitter
 from ninfer.runtime.request import Request, RequestOutput
 from ninfer.runtime.stops import StopStringMatcher
 from ninfer.tokenizer import Tokenizer
@@ -27,6 +27,13 @@ class OutputProcessor:
         self.grammar = req.grammar
         self.min_tokens = req.params.min_tokens
         self.count = 0  # tokens pushed
+        budget = req.params.thinking_budget if req.thinking else None
+        self.think_end_id = tokenizer.token_id(THINK_END) if budget is not None else None
+
+    @property
+    def reasoning_open(self) -> bool:
+        """Whether the reply is still in its reasoning (thinking on, no ``</think>`` or tool call yet)."""
+        return self.splitter is not None and self.splitter.thinking and not self.splitter.reasoning_done
 
     def push(self, token: int) -> RequestOutput:
         event = RequestOutput(self.request_id, [token])

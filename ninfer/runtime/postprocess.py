@@ -42,6 +42,8 @@ class Postprocessor:
             return self.fail(req, "detokenization", err)
         if logprobs is not None:
             event.logprobs = [logprobs]
+        if req.think_end is not None and (token == req.think_end or not processor.reasoning_open):
+            req.think_end = None  # the reasoning closed: the budget has nothing left to force
         if processor.finish_reason is not None:
             return [self.finish(req, processor.finish_reason, event)]
         if len(req.output_ids) >= req.max_new_tokens:

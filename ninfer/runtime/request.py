@@ -74,6 +74,9 @@ class Request:
     # The ids that end this request (its output processor's stop ids), which the sampler masks while fewer
     # than params.min_tokens tokens are out; the engine sets them when the request is added.
     min_tokens_ids: frozenset[int] = frozenset()
+    # With a thinking budget, while the reasoning is open: the ``</think>`` id the sampler forces once
+    # params.thinking_budget tokens are out (the engine sets it on add; None once the reasoning closed).
+    think_end: int | None = None
 
     @property
     def total_tokens(self) -> int:

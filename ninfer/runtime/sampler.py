@@ -132,9 +132,30 @@ class Sampler:
         if any(r.grammar is not None for r in reqs):  # unconstrained batches pay nothing
             mask_logits(logits, reqs, t, drafts)
         self._suppress_stops(logits, reqs, t)
+        self._force_think_end(logits, reqs, t)
         out = sample(logits, st, counts, seen, vocab_limit=self.vocab_limit, num_logprobs=n_logprobs)
         return Draw(reqs, lanes, t, out, st, counts if penalties else None, seen if penalties else None,
                     want_logprobs)
+
+    @staticmethod
+    def _force_think_end(logits: torch.Tensor, reqs: list[Request], rows_per_req: int) -> None:
+        """Thinking budgets: the row that draws a request's output token ``thinking_budget`` (the first such
+        row, if reasoning is still open) can only draw ``</think>``. Later rows of a speculative round follow a
+        draft, which verification rejects unless it was ``</think>`` too; after the grammar mask and the
+        stop suppression, so the budget wins (the constraint starts after ``</think>``)."""
+        rows: list[int] = []
+        ids: list[int] = []
+        for b, req in enumerate(reqs):
+            if req.think_end is None or req.params.thinking_budget is None:
+                continue
+            j = max(0, req.params.thinking_budget - len(req.output_ids))
+            if j < rows_per_req:
+                rows.append(b * rows_per_req + j)
+                ids.append(req.think_end)
+        if rows:
+            index = torch.tensor(rows, dtype=torch.long, device=logits.device)
+            logits[index] = float("-inf")
+            logits[index, torch.tensor(ids, dtype=torch.long, device=logits.device)] = 0.0
 
     def _suppress_stops(self, logits: torch.Tensor, reqs: list[Request], rows_per_req: int) -> None:
         """``min_tokens``: row ``j`` of a request draws its output token ``len(output_ids) + j``; while that is

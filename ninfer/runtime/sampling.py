@@ -74,6 +74,9 @@ class SamplingParams:
     # Tokens generated before a stop may end the request: stop ids get -inf logits and stop strings do not
     # match until then (vLLM semantics); [0, 2^31 - 1].
     min_tokens: int = 0
+    # Chat replies with thinking on: once this many reasoning tokens are out and the model has not closed
+    # its reasoning, the next token is ``</think>`` (the answer follows); None = no limit; [0, 2^31 - 1].
+    thinking_budget: int | None = None
 
     def __post_init__(self) -> None:
         _number("temperature", self.temperature, 0.0, MAX_TEMPERATURE)
@@ -90,6 +93,8 @@ class SamplingParams:
         if self.logprobs is not None:
             _integer("logprobs", self.logprobs, 0, MAX_LOGPROBS)
         _integer("min_tokens", self.min_tokens, 0, INT32_MAX)
+        if self.thinking_budget is not None:
+            _integer("thinking_budget", self.thinking_budget, 0, INT32_MAX)
 
     @property
     def is_greedy(self) -> bool:
