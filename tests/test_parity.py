@@ -82,7 +82,8 @@ def test_chunked_prefill_and_decode_equal_one_pass(moe_ckpt: TinyCheckpoint) -> 
         runner.prefill_chunk = chunk
         runner.start(len(ids))
         pieces = runner.extend(ids[:100]), *(runner.extend([t]) for t in ids[100:])
-        assert (torch.cat(pieces) - one_pass).abs().max().item() < 1e-5
+        # fp32: chunking only reorders sums (one fp32 ulp of logits ~10 is 1e-6)
+        torch.testing.assert_close(torch.cat(pieces), one_pass, rtol=1e-5, atol=1e-5)
 
 
 def test_sliding_window_scores_every_token_once(dense_ckpt: TinyCheckpoint) -> None:
