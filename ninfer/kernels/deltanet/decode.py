@@ -33,19 +33,37 @@ TL_DTYPE = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16
 
 
 @triton.jit
+def _tap_tile(rows, taps, TAP_AXIS: tl.constexpr):
+    """``rows [D]`` and ``taps [KP]`` broadcast to a ``[D, KP]`` (``TAP_AXIS = 1``) or ``[KP, D]`` tile."""
+    if TAP_AXIS == 1:
+        tile = rows[:, None] + taps[None, :]
+    else:
+        tile = taps[:, None] + rows[None, :]
+    return tile
+
+
+@triton.jit
 def _conv_silu(x_rows, sx_n, slot_row, ss_k, w_rows, sw_k, t: tl.constexpr, K: tl.constexpr, WDT: tl.constexpr,
-               XDT: tl.constexpr):
+               XDT: tl.constexpr, TAP_AXIS: tl.constexpr):
     """``silu(conv)`` of token ``t`` (fp32, rounded as the conv kernel's output): the conv reads the inputs at
-    positions ``t - K + 1 .. t``, those before position 0 from the old window in the state slot."""
-    acc = tl.zeros(w_rows.shape, dtype=tl.float32)
-    for i in tl.static_range(K):
-        pos: tl.constexpr = t - (K - 1) + i
-        if pos >= 0:
-            x = tl.load(x_rows + pos * sx_n)
-        else:
-            x = tl.load(slot_row + (K - 1 + pos) * ss_k)
-        acc += x.to(WDT).to(tl.float32) * tl.load(w_rows + i * sw_k).to(tl.float32)
-    y = acc.to(WDT).to(tl.float32)
+    positions ``t - K + 1 .. t``, those before position 0 from the old window in the state slot.
+
+    The window is one tile of channels x taps: as separate per-tap vectors it kept so many pointer vectors
+    live beside the state that ptxas spilled ~10 KB per thread at dk = dv = 128. Its taps lie along
+    ``TAP_AXIS``, the other axis along the state's axis the result multiplies (q, k: dk = 0; v: dv = 1),
+    so that the compiler keeps the state in one register layout (else it converts the whole state
+    through 64 KB of shared memory)."""
+    KP: tl.constexpr = triton.next_power_of_2(K)
+    tap = tl.arange(0, KP)
+    pos = t - (K - 1) + tap
+    zero = tl.zeros(x_rows.shape, dtype=tl.int32)
+    in_k = _tap_tile(zero, tap, TAP_AXIS) < K
+    fresh = _tap_tile(zero, pos, TAP_AXIS) >= 0  # a new token's input, else one of the old window
+    from_x = tl.load(_tap_tile(x_rows, pos * sx_n, TAP_AXIS), mask=fresh & in_k, other=0.0)
+    from_old = tl.load(_tap_tile(slot_row, (K - 1 + pos) * ss_k, TAP_AXIS), mask=~fresh, other=0.0)
+    window = tl.where(fresh, from_x.to(WDT), from_old.to(WDT)).to(tl.float32)
+    w = tl.load(_tap_tile(w_rows, tap * sw_k, TAP_AXIS), mask=in_k, other=0.0).to(tl.float32)
+    y = tl.sum(window * w, axis=TAP_AXIS).to(WDT).to(tl.float32)
     return (y / (1.0 + tl.exp(-y))).to(WDT).to(XDT).to(tl.float32)
 
 
@@ -79,7 +97,7 @@ def _update_windows(rows, sx_n, slot_rows, conv_state, out_slots, seq, length, c
 
 
 @triton.autotune(
-    configs=autotune_configs([triton.Config({}, num_warps=w) for w in (8, 4, 16)]),
+    configs=autotune_configs([triton.Config({}, num_warps=w) for w in (8, 16)]),  # 4: the state spills
     key=["HV", "GROUP", "DK", "DV", "K", "T_MAX", "BATCH_LOG2", "HAS_OUT_SLOTS"],
     restore_value=["state", "conv_state"],  # both are updated in place: benchmarking must not advance them
 )
@@ -117,11 +135,11 @@ def _decode_kernel(
             if t < length:
                 tok = bos + t
                 q_t = _conv_silu(rows + q_ch, stride_qkv_t, slot_rows + q_ch * stride_cs_c, stride_cs_k,
-                                 conv_w + q_ch * stride_w_c, stride_w_k, t, K, WDT, xdt)
+                                 conv_w + q_ch * stride_w_c, stride_w_k, t, K, WDT, xdt, 1)
                 k_t = _conv_silu(rows + k_ch, stride_qkv_t, slot_rows + k_ch * stride_cs_c, stride_cs_k,
-                                 conv_w + k_ch * stride_w_c, stride_w_k, t, K, WDT, xdt)
+                                 conv_w + k_ch * stride_w_c, stride_w_k, t, K, WDT, xdt, 1)
                 v_t = _conv_silu(rows + v_ch, stride_qkv_t, slot_rows + v_ch * stride_cs_c, stride_cs_k,
-                                 conv_w + v_ch * stride_w_c, stride_w_k, t, K, WDT, xdt)
+                                 conv_w + v_ch * stride_w_c, stride_w_k, t, K, WDT, xdt, 0)
                 q_t = l2_normalize(q_t, scale, 0)[:, None]
                 k_t = l2_normalize(k_t, 1.0, 0)[:, None]
                 g, beta = decay_beta(tl.load(a + tok * stride_a_t + head), tl.load(b + tok * stride_b_t + head),
