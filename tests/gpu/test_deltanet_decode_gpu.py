@@ -17,6 +17,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
               pytest.mark.usefixtures("poisoned_outputs")]
 
 SHAPES = {"27B": (16, 48, 128, 128), "35B-A3B": (16, 32, 128, 128)}  # (Hk, Hv, dk, dv), perf/random_model.py
+TINY = {"tiny-16": (2, 4, 16, 16), "tiny-64": (2, 4, 64, 64)}  # the test checkpoints' heads: small dv rows
 TAPS, EPS = 4, 1e-6
 # Relative Frobenius errors: the output is bf16 (its rounding alone ~2e-3) and the rule runs in fp32 on
 # both sides, so a flipped bf16 rounding of a conv output is the largest difference the state sees.
@@ -83,11 +84,11 @@ def _check_slots(layer: dict, conv_state: torch.Tensor, state: torch.Tensor) -> 
 @pytest.mark.parametrize("per_token", [False, True], ids=["in-place", "per-token-slots"])
 @pytest.mark.parametrize("tokens", [1, 4])
 @pytest.mark.parametrize("batch", [1, 4, 8])
-@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("shape", list(SHAPES) + list(TINY))
 def test_fused_decode_matches_composed_paths(shape: str, batch: int, tokens: int, per_token: bool) -> None:
     if per_token and tokens == 1:
         pytest.skip("per-token slots are for verification rows (K + 1 > 1 tokens)")
-    dims = SHAPES[shape]
+    dims = {**SHAPES, **TINY}[shape]
     layer, slot_ids, out_slots, cu = _setup(dims, batch, tokens, per_token, seed=batch * 10 + tokens)
     ref_conv, ref_state = layer["conv_state"].clone(), layer["state"].clone()
     tri_conv, tri_state = layer["conv_state"].clone(), layer["state"].clone()
