@@ -17,8 +17,8 @@ from torch import nn
 from ninfer.config import ModelConfig
 from ninfer.kernels.activations import swiglu as swiglu_op
 from ninfer.kernels.attention import paged_attention, write_kv
-from ninfer.kernels.conv import causal_conv1d, save_conv_windows
-from ninfer.kernels.deltanet import gated_delta_rule
+from ninfer.kernels.conv import save_conv_windows
+from ninfer.kernels.deltanet import gated_deltanet
 from ninfer.kernels.norms import gated_rms_norm, rms_norm
 from ninfer.kernels.rope import qk_norm_rope
 from ninfer.models.batch import ForwardBatch
@@ -146,21 +146,15 @@ class GatedDeltaNet(nn.Module):
         self.out_proj = linear(self.value_dim, hidden)
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: ModelCache) -> torch.Tensor:
-        n = x.shape[0]
         qkv, z = self.in_proj_qkvz(x).split([self.conv_dim, self.value_dim], dim=-1)  # column views (row strides)
         if batch.checkpoints:
             save_conv_windows(qkv, cache.conv[self.layer_idx], batch.checkpoints)
-        mixed = causal_conv1d(qkv, self.conv1d.weight[:, 0, :], cache.conv[self.layer_idx],
-                              batch.cu_seqlens, batch.state_slots, batch.max_seqlen, batch.state_out_slots)
-        q, k, v = mixed.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
         a, b = self.in_proj_ab(x).split(self.num_v_heads, dim=-1)  # column views: the kernels take row strides
-        o = gated_delta_rule(
-            q.reshape(n, self.num_k_heads, self.head_k_dim), k.reshape(n, self.num_k_heads, self.head_k_dim),
-            v.reshape(n, self.num_v_heads, self.head_v_dim), a, b,
-            self.A_log, self.dt_bias, cache.recurrent[self.layer_idx], batch.cu_seqlens, batch.state_slots,
+        # conv + SiLU -> gated delta rule -> gated RMSNorm (one kernel at decode; the dispatcher decides)
+        o = gated_deltanet(
+            qkv, z, a, b, self.conv1d.weight[:, 0, :], cache.conv[self.layer_idx], self.A_log, self.dt_bias,
+            self.norm.weight, self.norm.eps, cache.recurrent[self.layer_idx], batch.cu_seqlens, batch.state_slots,
             batch.max_seqlen, state_out_slots=batch.state_out_slots, ckpt_offsets=batch.ckpt_offsets,
             ckpt_slots=batch.ckpt_slots,
         )
-        heads = (n, self.num_v_heads, self.head_v_dim)
-        o = self.norm(o.reshape(heads), z.view(heads))
-        return self.out_proj(o.reshape(n, self.value_dim))
+        return self.out_proj(o)

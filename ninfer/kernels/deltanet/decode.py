@@ -1,0 +1,214 @@
+"""Gated DeltaNet decode in one launch: causal conv + SiLU, q/k L2 norm, gates, the delta rule and the
+gated RMSNorm, for a few tokens per sequence (decode, speculative verification).
+
+One program owns one (sequence, key head) and walks the key head's ``GROUP`` value heads one after
+another, each with its whole ``[dk, dv]`` fp32 state in registers (``BV = DV``):
+
+* The gated norm needs the full dv row of a head's output, so dv is not split across programs.
+* The conv window is updated in place. Every value head of a group reads the same q/k channels'
+  old window, so if value heads were separate programs, the one writing the new q/k window would race
+  with the others still reading the old one. One program per key head is the only reader and writer of
+  all its channels (q, k and the group's v), and a block barrier orders its reads before its writes.
+
+This trades parallelism at batch 1 (``B * Hk`` programs instead of the recurrent kernel's
+``B * Hv * dv / BV``) for two fewer launches per layer (the conv and the norm) and no round trip of
+the conv output and the rule's output through memory. Numerics follow the composed path: the conv
+output is rounded to the input dtype before the norm and the rule, the rule's output to the input
+dtype before the gated norm.
+
+Speculative verification (``state_out_slots``) keeps its per-token states: the conv window and the
+DeltaNet state after token ``t`` go to slot ``state_out_slots[b, t]`` and the input slot is only read.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ninfer.kernels.deltanet.common import check_head_dims, decay_beta, l2_normalize
+from ninfer.kernels.dispatch import autotune_configs
+
+MAX_TOKENS = 8  # per sequence and call: 1 + at most 7 draft tokens (the tokens are an unrolled loop)
+TL_DTYPE = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
+
+
+@triton.jit
+def _tap_tile(rows, taps, TAP_AXIS: tl.constexpr):
+    """``rows [D]`` and ``taps [KP]`` broadcast to a ``[D, KP]`` (``TAP_AXIS = 1``) or ``[KP, D]`` tile."""
+    if TAP_AXIS == 1:
+        tile = rows[:, None] + taps[None, :]
+    else:
+        tile = taps[:, None] + rows[None, :]
+    return tile
+
+
+@triton.jit
+def _conv_silu(x_rows, sx_n, slot_row, ss_k, w_rows, sw_k, t: tl.constexpr, K: tl.constexpr, WDT: tl.constexpr,
+               XDT: tl.constexpr, TAP_AXIS: tl.constexpr):
+    """``silu(conv)`` of token ``t`` (fp32, rounded as the conv kernel's output): the conv reads the inputs at
+    positions ``t - K + 1 .. t``, those before position 0 from the old window in the state slot.
+
+    The window is one tile of channels x taps: as separate per-tap vectors it kept so many pointer vectors
+    live beside the state that ptxas spilled ~10 KB per thread at dk = dv = 128. Its taps lie along
+    ``TAP_AXIS``, the other axis along the state's axis the result multiplies (q, k: dk = 0; v: dv = 1),
+    so that the compiler keeps the state in one register layout (else it converts the whole state
+    through 64 KB of shared memory)."""
+    KP: tl.constexpr = triton.next_power_of_2(K)
+    tap = tl.arange(0, KP)
+    pos = t - (K - 1) + tap
+    zero = tl.zeros(x_rows.shape, dtype=tl.int32)
+    in_k = _tap_tile(zero, tap, TAP_AXIS) < K
+    fresh = _tap_tile(zero, pos, TAP_AXIS) >= 0  # a new token's input, else one of the old window
+    from_x = tl.load(_tap_tile(x_rows, pos * sx_n, TAP_AXIS), mask=fresh & in_k, other=0.0)
+    from_old = tl.load(_tap_tile(slot_row, (K - 1 + pos) * ss_k, TAP_AXIS), mask=~fresh, other=0.0)
+    window = tl.where(fresh, from_x.to(WDT), from_old.to(WDT)).to(tl.float32)
+    w = tl.load(_tap_tile(w_rows, tap * sw_k, TAP_AXIS), mask=in_k, other=0.0).to(tl.float32)
+    y = tl.sum(window * w, axis=TAP_AXIS).to(WDT).to(tl.float32)
+    return (y / (1.0 + tl.exp(-y))).to(WDT).to(XDT).to(tl.float32)
+
+
+@triton.jit
+def _store_window(x_rows, sx_n, old_row, new_row, ss_k, last, K: tl.constexpr):
+    """Write the window after position ``last`` (its ``K - 1`` inputs, oldest first; those before position 0
+    from the old window ``old_row``) to ``new_row``."""
+    vals = ()
+    for j in tl.static_range(K - 1):
+        pos = last - (K - 2) + j
+        from_x = tl.load(x_rows + pos * sx_n, mask=pos >= 0, other=0.0)
+        from_old = tl.load(old_row + (K - 1 + pos) * ss_k, mask=pos < 0, other=0.0)
+        vals = vals + (tl.where(pos >= 0, from_x.to(tl.float32), from_old.to(tl.float32)),)
+    tl.debug_barrier()  # in place: every thread's reads of the old window come before any write
+    for j in tl.static_range(K - 1):
+        tl.store(new_row + j * ss_k, vals[j].to(new_row.dtype.element_ty))
+
+
+@triton.jit
+def _update_windows(rows, sx_n, slot_rows, conv_state, out_slots, seq, length, ch, ss_s, ss_c, ss_k, so_b,
+                    K: tl.constexpr, T_MAX: tl.constexpr, HAS_OUT_SLOTS: tl.constexpr):
+    """The conv windows of channels ``ch``: after every token to its out slot, or after the last one in place."""
+    if HAS_OUT_SLOTS:
+        for t in tl.static_range(T_MAX):
+            if t < length:
+                out_slot = tl.load(out_slots + seq * so_b + t).to(tl.int64)
+                _store_window(rows + ch, sx_n, slot_rows + ch * ss_c, conv_state + out_slot * ss_s + ch * ss_c,
+                              ss_k, t, K)
+    else:
+        _store_window(rows + ch, sx_n, slot_rows + ch * ss_c, slot_rows + ch * ss_c, ss_k, length - 1, K)
+
+
+@triton.autotune(
+    configs=autotune_configs([triton.Config({}, num_warps=w) for w in (8, 16)]),  # 4: the state spills
+    key=["HV", "GROUP", "DK", "DV", "K", "T_MAX", "BATCH_LOG2", "HAS_OUT_SLOTS"],
+    restore_value=["state", "conv_state"],  # both are updated in place: benchmarking must not advance them
+)
+@triton.jit
+def _decode_kernel(
+    qkv, z, a, b, conv_w, conv_state, A_log, dt_bias, norm_w, state, y, cu_seqlens, slot_ids, out_slots,
+    stride_qkv_t, stride_z_t, stride_a_t, stride_b_t, stride_w_c, stride_w_k,
+    stride_cs_s, stride_cs_c, stride_cs_k, stride_state_s, stride_out_slots_b, scale, eps, BATCH_LOG2,
+    HV: tl.constexpr, GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, K: tl.constexpr,
+    T_MAX: tl.constexpr, HAS_OUT_SLOTS: tl.constexpr, WDT: tl.constexpr, PROD_DTYPE: tl.constexpr,
+):
+    seq, key_head = tl.program_id(0), tl.program_id(1)
+    bos = tl.load(cu_seqlens + seq).to(tl.int64)
+    length = tl.load(cu_seqlens + seq + 1).to(tl.int64) - bos
+    if length <= 0:  # an empty sequence leaves its slots alone, as the references do
+        return
+    xdt = y.dtype.element_ty
+    offs_k = tl.arange(0, DK)
+    offs_v = tl.arange(0, DV)
+    slot = tl.load(slot_ids + seq).to(tl.int64)
+    # Channels of the conv: q of this key head, its k, then (per value head) v.
+    q_ch = key_head * DK + offs_k
+    k_ch = HV // GROUP * DK + q_ch
+    rows = qkv + bos * stride_qkv_t
+    slot_rows = conv_state + slot * stride_cs_s
+    norm_weight = tl.load(norm_w + offs_v).to(tl.float32)
+    for j in range(GROUP):
+        head = key_head * GROUP + j
+        v_ch = 2 * (HV // GROUP) * DK + head * DV + offs_v
+        head_block = head * (DK * DV) + offs_k[:, None] * DV + offs_v[None, :]
+        s = tl.load(state + slot * stride_state_s + head_block)
+        neg_A = -tl.exp(tl.load(A_log + head).to(tl.float32))
+        bias = tl.load(dt_bias + head).to(tl.float32)
+        for t in tl.static_range(T_MAX):
+            if t < length:
+                tok = bos + t
+                q_t = _conv_silu(rows + q_ch, stride_qkv_t, slot_rows + q_ch * stride_cs_c, stride_cs_k,
+                                 conv_w + q_ch * stride_w_c, stride_w_k, t, K, WDT, xdt, 1)
+                k_t = _conv_silu(rows + k_ch, stride_qkv_t, slot_rows + k_ch * stride_cs_c, stride_cs_k,
+                                 conv_w + k_ch * stride_w_c, stride_w_k, t, K, WDT, xdt, 1)
+                v_t = _conv_silu(rows + v_ch, stride_qkv_t, slot_rows + v_ch * stride_cs_c, stride_cs_k,
+                                 conv_w + v_ch * stride_w_c, stride_w_k, t, K, WDT, xdt, 0)
+                q_t = l2_normalize(q_t, scale, 0)[:, None]
+                k_t = l2_normalize(k_t, 1.0, 0)[:, None]
+                g, beta = decay_beta(tl.load(a + tok * stride_a_t + head), tl.load(b + tok * stride_b_t + head),
+                                     neg_A, bias)
+                s = s * tl.exp(g)
+                delta = (v_t - tl.sum(s * k_t, axis=0)) * beta
+                s = s + k_t * delta[None, :]
+                o = tl.sum(s * q_t, axis=0).to(xdt).to(tl.float32)
+                # Gated RMSNorm, in the reference's order of roundings.
+                rstd = tl.rsqrt(tl.sum(o * o, axis=0) / DV + eps)
+                n = (o * rstd).to(xdt).to(tl.float32)
+                gz = tl.load(z + tok * stride_z_t + head * DV + offs_v).to(tl.float32)
+                out = (norm_weight * n).to(PROD_DTYPE).to(tl.float32) * (gz / (1.0 + tl.exp(-gz)))
+                tl.store(y + tok * (HV * DV) + head * DV + offs_v, out.to(xdt))
+                if HAS_OUT_SLOTS:
+                    out_slot = tl.load(out_slots + seq * stride_out_slots_b + t).to(tl.int64)
+                    tl.store(state + out_slot * stride_state_s + head_block, s)
+        if not HAS_OUT_SLOTS:
+            tl.store(state + slot * stride_state_s + head_block, s)
+        _update_windows(rows, stride_qkv_t, slot_rows, conv_state, out_slots, seq, length, v_ch, stride_cs_s,
+                        stride_cs_c, stride_cs_k, stride_out_slots_b, K, T_MAX, HAS_OUT_SLOTS)
+    # The q/k windows last: every value head above convolved the old ones.
+    _update_windows(rows, stride_qkv_t, slot_rows, conv_state, out_slots, seq, length, q_ch, stride_cs_s,
+                    stride_cs_c, stride_cs_k, stride_out_slots_b, K, T_MAX, HAS_OUT_SLOTS)
+    _update_windows(rows, stride_qkv_t, slot_rows, conv_state, out_slots, seq, length, k_ch, stride_cs_s,
+                    stride_cs_c, stride_cs_k, stride_out_slots_b, K, T_MAX, HAS_OUT_SLOTS)
+
+
+def gated_deltanet_decode_triton(
+    qkv: torch.Tensor,
+    z: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    conv_weight: torch.Tensor,
+    conv_state: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    norm_weight: torch.Tensor,
+    eps: float,
+    state: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    slot_ids: torch.Tensor,
+    max_seqlen: int,
+    state_out_slots: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Triton :func:`ninfer.kernels.deltanet.mixer.gated_deltanet_reference` for at most ``MAX_TOKENS``
+    tokens per sequence (``max_seqlen`` bounds them: a host int, no sync). Updates ``conv_state`` and
+    ``state`` in place (or writes per-token slots with ``state_out_slots [B, >= max_seqlen]``)."""
+    n = qkv.shape[0]
+    hv, dk, dv = state.shape[1:]
+    taps = conv_weight.shape[1]
+    hk = (qkv.shape[1] - hv * dv) // (2 * dk)
+    batch = slot_ids.shape[0]
+    assert 1 <= max_seqlen <= MAX_TOKENS and hv % hk == 0 and check_head_dims(dk, dv)
+    assert qkv.stride(1) == 1 and z.stride(1) == 1 and a.stride(1) == 1 and b.stride(1) == 1
+    assert state.dtype == torch.float32 and state[0].is_contiguous() and norm_weight.is_contiguous()
+    assert conv_state.shape[1:] == (qkv.shape[1], taps - 1) and z.shape == (n, hv * dv)
+    y = torch.empty((n, hv * dv), dtype=qkv.dtype, device=qkv.device)
+    if n == 0 or batch == 0:
+        return y
+    has_out = state_out_slots is not None
+    out_slots = state_out_slots if has_out else slot_ids
+    _decode_kernel[(batch, hk)](
+        qkv, z, a, b, conv_weight, conv_state, A_log, dt_bias, norm_weight, state, y, cu_seqlens, slot_ids,
+        out_slots, qkv.stride(0), z.stride(0), a.stride(0), b.stride(0), conv_weight.stride(0),
+        conv_weight.stride(1), conv_state.stride(0), conv_state.stride(1), conv_state.stride(2), state.stride(0),
+        out_slots.stride(0) if has_out else 0, dk ** -0.5, eps, batch.bit_length(),
+        HV=hv, GROUP=hv // hk, DK=dk, DV=dv, K=taps, T_MAX=triton.next_power_of_2(max_seqlen),
+        HAS_OUT_SLOTS=has_out, WDT=TL_DTYPE[conv_weight.dtype],
+        PROD_DTYPE=TL_DTYPE[torch.promote_types(norm_weight.dtype, qkv.dtype)],
+    )
+    return y

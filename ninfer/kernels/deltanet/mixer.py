@@ -1,0 +1,102 @@
+"""The Gated DeltaNet token mixer after its input projections: causal conv + SiLU, the gated delta rule and
+the gated RMSNorm, as one op (reference §8).
+
+``qkv [N, 2 Hk dk + Hv dv]`` are the pre-conv channels (q, k, v, each head-major), ``z [N, Hv dv]`` the
+output gate, ``a, b [N, Hv]`` the raw decay and beta projections (all may be row-strided views of the
+projections' outputs). At decode on CUDA one kernel (:mod:`.decode`) does it all; elsewhere (prefill,
+prefix-cache checkpoints, CPU) the three ops run one after another, each through its own dispatcher.
+"""
+from __future__ import annotations
+
+import torch
+
+from ninfer.kernels.conv import causal_conv1d, causal_conv1d_reference
+from ninfer.kernels.deltanet.common import check_head_dims
+from ninfer.kernels.deltanet.decode import MAX_TOKENS, gated_deltanet_decode_triton
+from ninfer.kernels.deltanet.dispatch import RECURRENT_MAX_SEQLEN, gated_delta_rule
+from ninfer.kernels.deltanet.reference import gated_delta_rule_reference
+from ninfer.kernels.dispatch import use_triton
+from ninfer.kernels.norms import gated_rms_norm, gated_rms_norm_reference
+
+
+def _split_heads(mixed: torch.Tensor, hk: int, dk: int, hv: int, dv: int) -> tuple[torch.Tensor, ...]:
+    n = mixed.shape[0]
+    q, k, v = mixed.split([hk * dk, hk * dk, hv * dv], dim=-1)
+    return q.reshape(n, hk, dk), k.reshape(n, hk, dk), v.reshape(n, hv, dv)
+
+
+def _head_counts(qkv: torch.Tensor, state: torch.Tensor) -> tuple[int, int, int, int]:
+    hv, dk, dv = state.shape[1:]
+    return (qkv.shape[1] - hv * dv) // (2 * dk), dk, hv, dv
+
+
+def gated_deltanet_reference(
+    qkv: torch.Tensor,
+    z: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    conv_weight: torch.Tensor,
+    conv_state: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    norm_weight: torch.Tensor,
+    eps: float,
+    state: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    slot_ids: torch.Tensor,
+    max_seqlen: int | None = None,
+    state_out_slots: torch.Tensor | None = None,
+    ckpt_offsets: torch.Tensor | None = None,
+    ckpt_slots: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``gated_rms_norm(rule(conv(qkv)), z)`` of the three references; returns ``[N, Hv dv]`` in qkv's dtype.
+
+    ``conv_weight [C, K]``, ``conv_state [S, C, K - 1]`` and the fp32 ``state [S, Hv, dk, dv]`` are read at
+    ``slot_ids`` and updated in place, or, with ``state_out_slots [B, max_T]`` (slots other than the inputs),
+    written after every token (see :func:`causal_conv1d_reference` and :func:`gated_delta_rule_reference`,
+    which also describes ``ckpt_offsets`` / ``ckpt_slots``; their conv windows are not written here).
+    """
+    hk, dk, hv, dv = _head_counts(qkv, state)
+    mixed = causal_conv1d_reference(qkv, conv_weight, conv_state, cu_seqlens, slot_ids, max_seqlen, state_out_slots)
+    o = gated_delta_rule_reference(*_split_heads(mixed, hk, dk, hv, dv), a, b, A_log, dt_bias, state, cu_seqlens,
+                                   slot_ids, max_seqlen, state_out_slots, ckpt_offsets, ckpt_slots)
+    return gated_rms_norm_reference(o, z.view(z.shape[0], hv, dv), norm_weight, eps).reshape(-1, hv * dv)
+
+
+def fused_decode_applies(qkv: torch.Tensor, state: torch.Tensor, max_seqlen: int | None,
+                         state_out_slots: torch.Tensor | None, ckpt_offsets: torch.Tensor | None) -> bool:
+    """Whether :func:`gated_deltanet` takes the one-launch decode kernel: on CUDA, a few tokens per sequence
+    (decode, speculative verification; never with checkpoints, which the chunked kernel writes in-launch)."""
+    few = max_seqlen is not None and max_seqlen <= min(RECURRENT_MAX_SEQLEN, MAX_TOKENS)
+    return (use_triton(qkv) and few and ckpt_offsets is None and check_head_dims(*state.shape[2:])
+            and (state_out_slots is None or state_out_slots.shape[1] >= max_seqlen))
+
+
+def gated_deltanet(
+    qkv: torch.Tensor,
+    z: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    conv_weight: torch.Tensor,
+    conv_state: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    norm_weight: torch.Tensor,
+    eps: float,
+    state: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    slot_ids: torch.Tensor,
+    max_seqlen: int | None = None,
+    state_out_slots: torch.Tensor | None = None,
+    ckpt_offsets: torch.Tensor | None = None,
+    ckpt_slots: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """See :func:`gated_deltanet_reference`: one kernel at decode on CUDA, else conv, rule and norm in turn."""
+    if fused_decode_applies(qkv, state, max_seqlen, state_out_slots, ckpt_offsets):
+        return gated_deltanet_decode_triton(qkv, z, a, b, conv_weight, conv_state, A_log, dt_bias, norm_weight, eps,
+                                            state, cu_seqlens, slot_ids, max_seqlen, state_out_slots)
+    hk, dk, hv, dv = _head_counts(qkv, state)
+    mixed = causal_conv1d(qkv, conv_weight, conv_state, cu_seqlens, slot_ids, max_seqlen, state_out_slots)
+    o = gated_delta_rule(*_split_heads(mixed, hk, dk, hv, dv), a, b, A_log, dt_bias, state, cu_seqlens, slot_ids,
+                         max_seqlen, state_out_slots, ckpt_offsets, ckpt_slots)
+    return gated_rms_norm(o, z.view(z.shape[0], hv, dv), norm_weight, eps).reshape(-1, hv * dv)

@@ -1,0 +1,154 @@
+"""The one-launch Gated DeltaNet decode kernel on the GPU at 27B and 35B-A3B shapes, bf16 inputs with fp32
+state, against the composed PyTorch reference (conv, rule, gated norm) and the composed Triton path, in and
+out of a CUDA graph; outputs are NaN-poisoned before every run."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernel_testing import poisoned_outputs  # noqa: F401  (fixture)
+from ninfer.kernels.conv import causal_conv1d_triton
+from ninfer.kernels.deltanet.decode import gated_deltanet_decode_triton
+from ninfer.kernels.deltanet.mixer import fused_decode_applies, gated_deltanet, gated_deltanet_reference
+from ninfer.kernels.deltanet.recurrent import gated_delta_rule_recurrent_triton
+from ninfer.kernels.norms import gated_rms_norm_triton
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+              pytest.mark.usefixtures("poisoned_outputs")]
+
+SHAPES = {"27B": (16, 48, 128, 128), "35B-A3B": (16, 32, 128, 128)}  # (Hk, Hv, dk, dv), perf/random_model.py
+TINY = {"tiny-16": (2, 4, 16, 16), "tiny-64": (2, 4, 64, 64)}  # the test checkpoints' heads: small dv rows
+TAPS, EPS = 4, 1e-6
+# Relative Frobenius errors: the output is bf16 (its rounding alone ~2e-3) and the rule runs in fp32 on
+# both sides, so a flipped bf16 rounding of a conv output is the largest difference the state sees.
+OUT_TOL, STATE_TOL = 1e-2, 1e-3
+
+
+def _layer(dims: tuple[int, int, int, int], slots: int, seed: int) -> dict:
+    hk, hv, dk, dv = dims
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    channels = 2 * hk * dk + hv * dv
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen, device="cuda")
+
+    return dict(
+        conv_weight=(0.5 * randn(channels, 1, TAPS)).bfloat16()[:, 0, :],  # the model passes this view
+        conv_state=randn(slots, channels, TAPS - 1).bfloat16(),
+        A_log=torch.empty(hv, device="cuda").uniform_(0, 16, generator=gen).clamp_min(0.5).log(),
+        dt_bias=randn(hv), norm_weight=(1.0 + 0.1 * randn(dv)).bfloat16(), state=0.1 * randn(slots, hv, dk, dv),
+    )
+
+
+def _tokens(dims: tuple[int, int, int, int], n: int, seed: int) -> tuple[torch.Tensor, ...]:
+    """qkv, z (column views of one projection) and a, b (of another), bf16, as the model passes them."""
+    hk, hv, dk, dv = dims
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    channels = 2 * hk * dk + hv * dv
+    qkvz = torch.randn(n, channels + hv * dv, generator=gen, device="cuda").bfloat16()
+    ab = torch.randn(n, 2 * hv, generator=gen, device="cuda").bfloat16()
+    return (*qkvz.split([channels, hv * dv], dim=-1), *ab.split([hv, hv], dim=-1))
+
+
+def _rel(x: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((x.double() - ref.double()).norm() / ref.double().norm()).item()
+
+
+def _composed_triton(qkv, z, a, b, layer, conv_state, state, cu, slot_ids, max_seqlen, out_slots):
+    """conv, recurrent rule and gated norm as three launches: the path the fused kernel replaces."""
+    hv, dk, dv = state.shape[1:]
+    hk = (qkv.shape[1] - hv * dv) // (2 * dk)
+    n = qkv.shape[0]
+    mixed = causal_conv1d_triton(qkv, layer["conv_weight"], conv_state, cu, slot_ids, max_seqlen, out_slots)
+    q, k, v = mixed.split([hk * dk, hk * dk, hv * dv], dim=-1)
+    o = gated_delta_rule_recurrent_triton(q.reshape(n, hk, dk), k.reshape(n, hk, dk), v.reshape(n, hv, dv), a, b,
+                                          layer["A_log"], layer["dt_bias"], state, cu, slot_ids, out_slots)
+    return gated_rms_norm_triton(o, z.view(n, hv, dv), layer["norm_weight"], EPS).reshape(n, hv * dv)
+
+
+def _setup(dims, batch: int, tokens: int, per_token: bool, seed: int):
+    slots = 2 * batch + batch * tokens + 1
+    layer = _layer(dims, slots, seed)
+    perm = torch.randperm(slots, generator=torch.Generator().manual_seed(seed)).cuda()
+    slot_ids = perm[:batch]
+    out_slots = perm[batch:batch + batch * tokens].reshape(batch, tokens) if per_token else None
+    cu = torch.arange(0, batch * tokens + 1, tokens, device="cuda", dtype=torch.int32)
+    return layer, slot_ids, out_slots, cu
+
+
+def _check_slots(layer: dict, conv_state: torch.Tensor, state: torch.Tensor) -> None:
+    assert torch.equal(layer["conv_state"], conv_state)  # the windows are copies of inputs: exact
+    assert _rel(layer["state"], state) < STATE_TOL
+
+
+@pytest.mark.parametrize("per_token", [False, True], ids=["in-place", "per-token-slots"])
+@pytest.mark.parametrize("tokens", [1, 4])
+@pytest.mark.parametrize("batch", [1, 4, 8])
+@pytest.mark.parametrize("shape", list(SHAPES) + list(TINY))
+def test_fused_decode_matches_composed_paths(shape: str, batch: int, tokens: int, per_token: bool) -> None:
+    if per_token and tokens == 1:
+        pytest.skip("per-token slots are for verification rows (K + 1 > 1 tokens)")
+    dims = {**SHAPES, **TINY}[shape]
+    layer, slot_ids, out_slots, cu = _setup(dims, batch, tokens, per_token, seed=batch * 10 + tokens)
+    ref_conv, ref_state = layer["conv_state"].clone(), layer["state"].clone()
+    tri_conv, tri_state = layer["conv_state"].clone(), layer["state"].clone()
+    for step in range(2):  # the second step reads the slots the first one wrote (in place)
+        qkv, z, a, b = _tokens(dims, batch * tokens, seed=1000 * step + batch)
+        params = (layer["A_log"], layer["dt_bias"], layer["norm_weight"], EPS)
+        assert fused_decode_applies(qkv, layer["state"], tokens, out_slots, None)
+        out = gated_deltanet(qkv, z, a, b, layer["conv_weight"], layer["conv_state"], *params, layer["state"], cu,
+                             slot_ids, tokens, out_slots)
+        ref = gated_deltanet_reference(qkv, z, a, b, layer["conv_weight"], ref_conv, *params, ref_state, cu,
+                                       slot_ids, tokens, out_slots)
+        tri = _composed_triton(qkv, z, a, b, layer, tri_conv, tri_state, cu, slot_ids, tokens, out_slots)
+        assert torch.isfinite(out).all()
+        assert _rel(out, ref) < OUT_TOL and _rel(out, tri) < OUT_TOL
+        _check_slots(layer, ref_conv, ref_state)
+        assert torch.equal(layer["conv_state"], tri_conv) and _rel(layer["state"], tri_state) < STATE_TOL
+
+
+@pytest.mark.parametrize("per_token", [False, True], ids=["in-place", "per-token-slots"])
+@pytest.mark.parametrize("tokens", [1, 4])
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_fused_decode_replays_in_a_cuda_graph(shape: str, tokens: int, per_token: bool) -> None:
+    """Captured once, replayed on new inputs copied into the static buffers: each replay equals the reference
+    advancing its own copies of the slots; the output buffer is NaN-filled before every replay."""
+    if per_token and tokens == 1:
+        pytest.skip("per-token slots are for verification rows (K + 1 > 1 tokens)")
+    dims, batch = SHAPES[shape], 4
+    layer, slot_ids, out_slots, cu = _setup(dims, batch, tokens, per_token, seed=7 + tokens)
+    static = [t.clone() for t in _tokens(dims, batch * tokens, seed=0)]
+    params = (layer["A_log"], layer["dt_bias"], layer["norm_weight"], EPS)
+
+    def step() -> torch.Tensor:
+        return gated_deltanet_decode_triton(*static, layer["conv_weight"], layer["conv_state"], *params,
+                                            layer["state"], cu, slot_ids, tokens, out_slots)
+
+    saved = layer["conv_state"].clone(), layer["state"].clone()
+    step()  # compile and autotune outside the graph, then undo the step's writes
+    layer["conv_state"].copy_(saved[0])
+    layer["state"].copy_(saved[1])
+    ref_conv, ref_state = layer["conv_state"].clone(), layer["state"].clone()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    for replay in range(3):
+        inputs = _tokens(dims, batch * tokens, seed=100 + replay)
+        for buf, new in zip(static, inputs):
+            buf.copy_(new)
+        out.fill_(float("nan"))
+        graph.replay()
+        ref = gated_deltanet_reference(*inputs, layer["conv_weight"], ref_conv, *params, ref_state, cu, slot_ids,
+                                       tokens, out_slots)
+        assert torch.isfinite(out).all() and _rel(out, ref) < OUT_TOL
+        _check_slots(layer, ref_conv, ref_state)
+
+
+def test_dispatcher_keeps_prefill_and_checkpoints_on_the_composed_path() -> None:
+    dims = SHAPES["27B"]
+    layer, _, _, _ = _setup(dims, 1, 1, False, seed=3)
+    qkv = _tokens(dims, 1, seed=3)[0]
+    assert not fused_decode_applies(qkv, layer["state"], 64, None, None)  # prefill: chunked kernels
+    assert not fused_decode_applies(qkv, layer["state"], None, None, None)  # no host bound on the lengths
+    ckpt = torch.ones(1, device="cuda", dtype=torch.int32)
+    assert not fused_decode_applies(qkv, layer["state"], 4, None, ckpt)  # checkpoints: written by the chunked kernel
