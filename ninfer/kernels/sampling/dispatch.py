@@ -269,7 +269,8 @@ def sample_triton(logits: torch.Tensor, st: SamplingTensors, output_counts: torc
     sample_kernel[(n_chunks, batch)](
         logits_ptr=logits, stride_l=logits.stride(0), counts_ptr=output_counts, stride_c=output_counts.stride(0),
         seen_ptr=seen, stride_s=seen.stride(0), mask_ptr=bitmask if has_mask else arrive,
-        stride_m=bitmask.stride(0) if has_mask else 0, mask_idx_ptr=mask_rows if has_mask else arrive, temp_ptr=st.temperature, top_k_ptr=st.top_k, top_p_ptr=st.top_p,
+        stride_m=bitmask.stride(0) if has_mask else 0, mask_idx_ptr=mask_rows if has_mask else arrive,
+        temp_ptr=st.temperature, top_k_ptr=st.top_k, top_p_ptr=st.top_p,
         min_p_ptr=st.min_p, pres_ptr=st.presence_penalty, freq_ptr=st.frequency_penalty,
         rep_ptr=st.repetition_penalty, seed_ptr=st.seed, counter_ptr=st.counter, cand_u_ptr=cand_u,
         cand_id_ptr=cand_id, stat_f_ptr=stat_f, stat_i_ptr=stat_i, lp_v_ptr=lp_v, lp_id_ptr=lp_id,

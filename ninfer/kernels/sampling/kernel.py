@@ -100,7 +100,8 @@ def _pick_in_registers(kept, w, ids, u01, NC: tl.constexpr):
 
 @triton.jit
 def _sample_row(ck, cid, t_g, M, p_c, z, cm, logits_row, counts_row, seen_row, vocab_limit, inv_temp, inv_rep,
-                rep, pres, freq, rep_lim, pen_lim, mask_row, mask_lim, HAS_MASK: tl.constexpr, n_chunks, top_k, top_p, min_p, u01, cand_u, cand_id,
+                rep, pres, freq, rep_lim, pen_lim, mask_row, mask_lim, HAS_MASK: tl.constexpr, n_chunks, top_k, top_p,
+                min_p, u01, cand_u, cand_id,
                 S_PAD: tl.constexpr, NC: tl.constexpr, CHUNK: tl.constexpr):
     """Filters (min_p, top_k, then top_p over what they keep) and the draw, for a T > 0 row.
 
@@ -121,11 +122,13 @@ def _sample_row(ck, cid, t_g, M, p_c, z, cm, logits_row, counts_row, seen_row, v
             tk = _largest_key_reaching(ck, tl.where(inc, 1.0, 0.0), inc, top_k, none)
         else:
             tk, _f, n_lo = row_search(logits_row, counts_row, seen_row, vocab_limit, inv_temp, inv_rep, rep,
-                                      pres, freq, rep_lim, pen_lim, mask_row, mask_lim, HAS_MASK, n_chunks, M, none, 0.0, top_k.to(tl.float32),
+                                      pres, freq, rep_lim, pen_lim, mask_row, mask_lim, HAS_MASK, n_chunks, M, none,
+                                      0.0, top_k.to(tl.float32),
                                       vocab_limit.to(tl.float32), rb + 1, False, NC, CHUNK)
             if n_lo <= NC:
                 ck, cid = collect_row(logits_row, counts_row, seen_row, vocab_limit, inv_temp, inv_rep, rep,
-                                      pres, freq, rep_lim, pen_lim, mask_row, mask_lim, HAS_MASK, n_chunks, M, none, 0.0, tk, cand_u, cand_id,
+                                      pres, freq, rep_lim, pen_lim, mask_row, mask_lim, HAS_MASK, n_chunks, M, none,
+                                      0.0, tk, cand_u, cand_id,
                                       NC, CHUNK)
                 rb = tk - 1
                 tk = _largest_key_reaching(ck, tl.where(ck != KEY_NONE, 1.0, 0.0), ck != KEY_NONE, top_k, none)
@@ -136,10 +139,12 @@ def _sample_row(ck, cid, t_g, M, p_c, z, cm, logits_row, counts_row, seen_row, v
     if ~complete:
         if k_on | mp_on:
             z0, n0, _nx, _pv = row_pass(logits_row, counts_row, seen_row, vocab_limit, inv_temp, inv_rep, rep,
-                                        pres, freq, rep_lim, pen_lim, mask_row, mask_lim, HAS_MASK, n_chunks, M, tk, min_p, none, True, CHUNK)
+                                        pres, freq, rep_lim, pen_lim, mask_row, mask_lim, HAS_MASK, n_chunks, M, tk,
+                                        min_p, none, True, CHUNK)
             if n0 <= NC:
                 ck, cid = collect_row(logits_row, counts_row, seen_row, vocab_limit, inv_temp, inv_rep, rep,
-                                      pres, freq, rep_lim, pen_lim, mask_row, mask_lim, HAS_MASK, n_chunks, M, tk, min_p, none, cand_u, cand_id,
+                                      pres, freq, rep_lim, pen_lim, mask_row, mask_lim, HAS_MASK, n_chunks, M, tk,
+                                      min_p, none, cand_u, cand_id,
                                       NC, CHUNK)
                 rb = none
                 complete = rb == KEY_NONE
@@ -155,11 +160,13 @@ def _sample_row(ck, cid, t_g, M, p_c, z, cm, logits_row, counts_row, seen_row, v
             kt = _largest_key_reaching(ck, cw, inc, target, none)
         else:
             kt, zk, n_lo = row_search(logits_row, counts_row, seen_row, vocab_limit, inv_temp, inv_rep, rep,
-                                      pres, freq, rep_lim, pen_lim, mask_row, mask_lim, HAS_MASK, n_chunks, M, tk, min_p, target, z0, rb + 1, True,
+                                      pres, freq, rep_lim, pen_lim, mask_row, mask_lim, HAS_MASK, n_chunks, M, tk,
+                                      min_p, target, z0, rb + 1, True,
                                       NC, CHUNK)
             if n_lo <= NC:
                 ck, cid = collect_row(logits_row, counts_row, seen_row, vocab_limit, inv_temp, inv_rep, rep,
-                                      pres, freq, rep_lim, pen_lim, mask_row, mask_lim, HAS_MASK, n_chunks, M, tk, min_p, kt, cand_u, cand_id,
+                                      pres, freq, rep_lim, pen_lim, mask_row, mask_lim, HAS_MASK, n_chunks, M, tk,
+                                      min_p, kt, cand_u, cand_id,
                                       NC, CHUNK)
                 rb = kt - 1
                 cw = register_weights(ck, M)
@@ -178,7 +185,8 @@ def _sample_row(ck, cid, t_g, M, p_c, z, cm, logits_row, counts_row, seen_row, v
                        rep_lim, pen_lim, mask_row, mask_lim, HAS_MASK, pick, pick + 1, M, tk, 0.0, kt, r_in, CHUNK)
     else:
         tok = row_scan(logits_row, counts_row, seen_row, vocab_limit, inv_temp, inv_rep, rep, pres, freq,
-                       rep_lim, pen_lim, mask_row, mask_lim, HAS_MASK, n_chunks * 0, n_chunks, M, tk, min_p, kt, u01 * zk, CHUNK)
+                       rep_lim, pen_lim, mask_row, mask_lim, HAS_MASK, n_chunks * 0, n_chunks, M, tk, min_p, kt,
+                       u01 * zk, CHUNK)
     return tok
 
 
@@ -272,7 +280,8 @@ def sample_kernel(
         else:
             u01 = tl.rand(tl.load(seed_ptr + row), tl.load(counter_ptr + row))
             tok = _sample_row(ck, cid, t_g, M, p_c, z, cm, logits_row, counts_row, seen_row, vocab_limit, inv_temp,
-                              inv_rep, rep, pres, freq, rep_lim, pen_lim, mask_row, mask_lim, HAS_MASK, n_chunks, tl.load(top_k_ptr + row),
+                              inv_rep, rep, pres, freq, rep_lim, pen_lim, mask_row, mask_lim, HAS_MASK, n_chunks,
+                              tl.load(top_k_ptr + row),
                               tl.load(top_p_ptr + row), tl.load(min_p_ptr + row), u01, cand_u, cand_id,
                               S_PAD, NC, CHUNK)
         tok = tok.to(tl.int64)

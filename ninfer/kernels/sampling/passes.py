@@ -32,7 +32,8 @@ def block_scores(logits_row, counts_row, seen_row, offs, vocab_limit, inv_temp, 
     """Raw logits ``x``, scores ``u`` (penalties then temperature) and the valid mask of ``offs``.
 
     Penalty state is only read below ``rep_lim`` / ``pen_lim`` and the token bitmask below
-    ``mask_lim`` (vocab_limit for rows that use it, 0 otherwise: a masked-off load moves no bytes). Divisions are products with the row's
+    ``mask_lim`` (vocab_limit for rows that use it, 0 otherwise: a masked-off load moves no
+    bytes). Divisions are products with the row's
     reciprocals (within an ulp of the reference's division, and far cheaper); every pass uses
     this one function, so a score is bit-identical in all of them.
     """
@@ -60,7 +61,8 @@ def register_weights(ck, M):
 
 
 @triton.jit
-def row_pass(logits_row, counts_row, seen_row, vocab_limit, inv_temp, inv_rep, rep, pres, freq, rep_lim, pen_lim, mask_row, mask_lim, HAS_MASK: tl.constexpr,
+def row_pass(logits_row, counts_row, seen_row, vocab_limit, inv_temp, inv_rep, rep, pres, freq, rep_lim, pen_lim,
+             mask_row, mask_lim, HAS_MASK: tl.constexpr,
              n_chunks, M, tk, min_p, b, USE_MASS: tl.constexpr, CHUNK: tl.constexpr):
     """One pass over the row for the elements kept by top_k (``key >= tk``) and min_p.
 
@@ -90,7 +92,8 @@ def row_pass(logits_row, counts_row, seen_row, vocab_limit, inv_temp, inv_rep, r
 
 
 @triton.jit
-def row_search(logits_row, counts_row, seen_row, vocab_limit, inv_temp, inv_rep, rep, pres, freq, rep_lim, pen_lim, mask_row, mask_lim, HAS_MASK: tl.constexpr,
+def row_search(logits_row, counts_row, seen_row, vocab_limit, inv_temp, inv_rep, rep, pres, freq, rep_lim, pen_lim,
+               mask_row, mask_lim, HAS_MASK: tl.constexpr,
                n_chunks, M, tk, min_p, target, total, hi_key, USE_MASS: tl.constexpr, NC: tl.constexpr,
                CHUNK: tl.constexpr):
     """Bracket the largest key reaching ``target`` below ``hi_key`` by passes over the row.
@@ -107,7 +110,8 @@ def row_search(logits_row, counts_row, seen_row, vocab_limit, inv_temp, inv_rep,
     while (hi - lo > 1) & (n_lo > NC):
         mid = ((lo + hi) // 2).to(tl.int32)
         fb, nb, nxt, prv = row_pass(logits_row, counts_row, seen_row, vocab_limit, inv_temp, inv_rep, rep, pres,
-                                    freq, rep_lim, pen_lim, mask_row, mask_lim, HAS_MASK, n_chunks, M, tk, min_p, mid, USE_MASS, CHUNK)
+                                    freq, rep_lim, pen_lim, mask_row, mask_lim, HAS_MASK, n_chunks, M, tk, min_p, mid,
+                                    USE_MASS, CHUNK)
         if (fb >= target) & (nb > 0):
             lo = nxt.to(tl.int64)
             f_lo = fb
@@ -118,7 +122,8 @@ def row_search(logits_row, counts_row, seen_row, vocab_limit, inv_temp, inv_rep,
 
 
 @triton.jit
-def collect_row(logits_row, counts_row, seen_row, vocab_limit, inv_temp, inv_rep, rep, pres, freq, rep_lim, pen_lim, mask_row, mask_lim, HAS_MASK: tl.constexpr,
+def collect_row(logits_row, counts_row, seen_row, vocab_limit, inv_temp, inv_rep, rep, pres, freq, rep_lim, pen_lim,
+                mask_row, mask_lim, HAS_MASK: tl.constexpr,
                 n_chunks, M, tk, min_p, lo, cand_u, cand_id, NC: tl.constexpr, CHUNK: tl.constexpr):
     """Gather every kept element with key >= lo (at most NC) into the row's slots; load them back
     as the register set ``(keys, ids)``."""
@@ -142,7 +147,8 @@ def collect_row(logits_row, counts_row, seen_row, vocab_limit, inv_temp, inv_rep
 
 
 @triton.jit
-def row_scan(logits_row, counts_row, seen_row, vocab_limit, inv_temp, inv_rep, rep, pres, freq, rep_lim, pen_lim, mask_row, mask_lim, HAS_MASK: tl.constexpr,
+def row_scan(logits_row, counts_row, seen_row, vocab_limit, inv_temp, inv_rep, rep, pres, freq, rep_lim, pen_lim,
+             mask_row, mask_lim, HAS_MASK: tl.constexpr,
              c_begin, c_end, M, tk, min_p, kt, r, CHUNK: tl.constexpr):
     """Inverse CDF over chunks [c_begin, c_end): the first kept id whose running mass exceeds r."""
     run = r * 0.0
