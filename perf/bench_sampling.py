@@ -4,7 +4,8 @@ Configs: the Qwen non-thinking preset (T 0.7, top_k 20, top_p 0.8, presence 1.5:
 read), plain temperature (the chunk draw), greedy, and a wide nucleus (top_p 0.95, no top_k, flat
 logits: thresholds below the merged candidates, so the last program streams the row again).
 Minimal bytes: the logits read once, plus int32 counts and int8 seen when penalties are on.
-Both sides run from CUDA graphs (the baseline falls back to plain timing if it cannot be captured).
+Structured output: the same launches with a packed token bitmask on every row, against the free
+launch, at B = 1 and 8 (``constrained ...`` records). Both sides run from CUDA graphs (the baseline falls back to plain timing if it cannot be captured).
 """
 from __future__ import annotations
 
@@ -80,6 +81,27 @@ def bench_point(name: str, batch: int, dtype: torch.dtype, bandwidth: float) -> 
            bytes=nbytes)
 
 
+def bench_mask_point(name: str, batch: int, dtype: torch.dtype, bandwidth: float) -> None:
+    """Structured output's cost: the same launch with every row constrained by a packed bitmask (5% of
+    ids allowed) against the free launch (the HAS_MASK=False variant)."""
+    cfg = CONFIGS[name]
+    logits = make_logits(batch, dtype, flat=False)
+    counts = torch.zeros(batch, V, dtype=torch.int32, device="cuda")
+    seen = torch.zeros(batch, V, dtype=torch.int8, device="cuda")
+    words = -(-V // 32)
+    bits = (torch.rand(batch, words, 32, device="cuda") < 0.05).long() << torch.arange(32, device="cuda")
+    bits = bits.sum(-1)
+    bitmask = torch.where(bits >= 2 ** 31, bits - 2 ** 32, bits).to(torch.int32)
+    mask_rows = torch.arange(batch, dtype=torch.int32, device="cuda")
+    st = SamplingTensors.full(batch, "cuda", seed=1, **cfg)
+    free_ms = bench_graph_ms(lambda: sample_triton(logits, st, counts, seen, vocab_limit=VL))
+    ms = bench_graph_ms(lambda: sample_triton(logits, st, counts, seen, vocab_limit=VL, bitmask=bitmask,
+                                              mask_rows=mask_rows))
+    nbytes = batch * (VL * logits.element_size() + words * 4)
+    record("sampling", f"constrained {name} B={batch} V={V} {str(dtype)[6:]}", ms, achieved=nbytes / ms / 1e9,
+           limit=bandwidth, unit="TB/s", baseline="same launch, no mask", baseline_ms=free_ms, bytes=nbytes)
+
+
 def main() -> None:
     bandwidth = copy_bandwidth_tbps()
     print(f"copy bandwidth {bandwidth:.3f} TB/s", flush=True)
@@ -87,6 +109,9 @@ def main() -> None:
     for name, dtype in points:
         for batch in (1, 2, 4, 8):
             bench_point(name, batch, dtype, bandwidth)
+    for name in ("greedy", "preset_nonthinking"):
+        for batch in (1, 8):
+            bench_mask_point(name, batch, torch.bfloat16, bandwidth)
 
 
 if __name__ == "__main__":

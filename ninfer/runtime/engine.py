@@ -60,7 +60,8 @@ class Engine:
                                    prefix=self.prefix, lookahead=config.draft_tokens,
                                    pack_prefills=not config.draft_tokens,  # speculation prefills one prompt a step
                                    prefill_tokens_while_decoding=config.prefill_tokens_while_decoding)
-        self.sampler = Sampler(config.max_concurrency, model.config.vocab_size, vocab_limit, self.device)
+        self.sampler = Sampler(config.max_concurrency, model.config.vocab_size, vocab_limit, self.device,
+                               max_rows=config.max_concurrency * (1 + (config.draft_tokens or 0)))
         self.spec = MTPSpeculator(runner, mtp_head, vocab_limit=vocab_limit) if config.draft_tokens else None
         self.pauser = Pauser(self.scheduler, runner, self.sampler, config.pause_host_bytes, self.spec)
         self.outputs: dict[str, OutputProcessor] = {}

@@ -4,6 +4,11 @@ Each lane keeps its request's sampling parameters, its counter-based RNG state (
 and, for penalties, the counts of generated tokens and the set of seen (prompt + generated)
 tokens. A batch gathers the rows of its lanes; when no request in it uses penalties, a scratch
 buffer stands in for the counts so nothing vocabulary-sized is copied per step.
+
+Structured output: the sampler owns a pinned host token bitmask and its device twin, sized for
+``max_rows`` rows (lanes x (K + 1) with speculation). A step with constrained requests fills only
+their rows on the host (xgrammar), copies them with ``non_blocking=True`` on the current stream and
+hands the device buffer and the row index to the fused kernel; a step without any passes nothing.
 """
 from __future__ import annotations
 
@@ -14,10 +19,10 @@ from typing import Any
 
 import torch
 
-from ninfer.kernels.sampling import SampleOutput, SamplingTensors, sample, suppress_tokens
+from ninfer.kernels.sampling import SampleOutput, SamplingTensors, apply_bitmask, sample, suppress_tokens
 from ninfer.kernels.sampling.dispatch import LOGPROB_CLASSES
 from ninfer.runtime.request import Request
-from ninfer.runtime.structured import mask_logits
+from ninfer.runtime.structured import fill_bitmask
 
 TokenLogprobs = tuple[int, float, list[tuple[int, float]]]
 LaneState = tuple[int, int]  # (seed, counter) of the counter-based RNG
@@ -40,9 +45,12 @@ def _check_fits(name: str, value: float, dtype: torch.dtype) -> None:
 
 
 class Sampler:
-    def __init__(self, max_lanes: int, vocab_size: int, vocab_limit: int, device: torch.device) -> None:
+    def __init__(self, max_lanes: int, vocab_size: int, vocab_limit: int, device: torch.device,
+                 max_rows: int | None = None) -> None:
         self.vocab_limit = vocab_limit
         self.device = device
+        self._mask_words = -(-vocab_size // 32)
+        self._alloc_mask(max_rows or max_lanes)
         self.st = SamplingTensors.full(max_lanes, device=device)
         self.counts = torch.zeros(max_lanes, vocab_size, dtype=torch.int32, device=device)
         self.seen = torch.zeros(max_lanes, vocab_size, dtype=torch.int8, device=device)
@@ -74,17 +82,57 @@ class Sampler:
 
     @torch.inference_mode()
     def warm_up(self, model: Any) -> None:
-        """Launch the sampling kernel once per top-logprobs class (each a compiled variant) on a row of logits
+        """Launch the sampling kernel once per top-logprobs class and mask variant (each compiled) on a row of logits
         that ``model`` (a ``Qwen3_5TextModel``) computes, so its dtype and width are the served ones, with
         throwaway state: no request compiles it. Lane state is untouched."""
         hidden = torch.zeros(1, model.config.hidden_size, dtype=model.dtype, device=self.device)
         row = model.logits(hidden)
         vocab = self.counts.shape[1]
+        # Each class with and without the structured-output mask (the kernel's HAS_MASK variants).
+        allow_all = torch.full((1, self._mask_words), -1, dtype=torch.int32, device=self.device)
+        first_row = torch.zeros(1, dtype=torch.int32, device=self.device)
         for n in LOGPROB_CLASSES:
-            counts = torch.zeros(1, vocab, dtype=torch.int32, device=self.device)
-            seen = torch.zeros(1, vocab, dtype=torch.int8, device=self.device)
-            sample(row, SamplingTensors.full(1, device=self.device), counts, seen, vocab_limit=self.vocab_limit,
-                   num_logprobs=n)
+            for mask in ({}, dict(bitmask=allow_all, mask_rows=first_row)):
+                counts = torch.zeros(1, vocab, dtype=torch.int32, device=self.device)
+                seen = torch.zeros(1, vocab, dtype=torch.int8, device=self.device)
+                sample(row, SamplingTensors.full(1, device=self.device), counts, seen, vocab_limit=self.vocab_limit,
+                       num_logprobs=n, **mask)
+
+    def _alloc_mask(self, rows: int) -> None:
+        pinned = self.device.type == "cuda"
+        self._mask_host = torch.full((rows, self._mask_words), -1, dtype=torch.int32, pin_memory=pinned)
+        self._mask_rows_host = torch.full((rows,), -1, dtype=torch.int32, pin_memory=pinned)
+        if pinned:
+            self._mask_dev = torch.full_like(self._mask_host, -1, device=self.device)
+            self._mask_rows_dev = torch.full_like(self._mask_rows_host, -1, device=self.device)
+        else:  # the CPU path reads the host buffers directly
+            self._mask_dev, self._mask_rows_dev = self._mask_host, self._mask_rows_host
+        self._mask_copied: torch.cuda.Event | None = None
+
+    def _token_mask(self, reqs: list[Request], rows_per_req: int,
+                    drafts: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The device bitmask and row index for this step's constrained rows; None when none is.
+
+        Called before anything in the step that waits on the device, so this host work (xgrammar's
+        fill) overlaps the step's forward, which is already queued. The only wait is for the previous
+        step's copy out of the pinned buffer, long done by then (its tokens were read since).
+        """
+        if all(r.grammar is None for r in reqs):
+            return None
+        n_rows = len(reqs) * rows_per_req
+        if self._mask_copied is not None:
+            self._mask_copied.synchronize()
+        if n_rows > self._mask_host.shape[0]:  # only past max_rows: more rows than the engine planned
+            self._alloc_mask(n_rows)
+        used = fill_bitmask(self._mask_host, self._mask_rows_host[:n_rows], reqs, rows_per_req, drafts)
+        if not used:
+            return None
+        if self._mask_dev is not self._mask_host:
+            self._mask_dev[:used].copy_(self._mask_host[:used], non_blocking=True)
+            self._mask_rows_dev[:n_rows].copy_(self._mask_rows_host[:n_rows], non_blocking=True)
+            self._mask_copied = torch.cuda.Event()
+            self._mask_copied.record()
+        return self._mask_dev, self._mask_rows_dev[:n_rows]
 
     def lane_state(self, req: Request) -> LaneState:
         """The (seed, counter) of a request's lane, for :meth:`start` after a pause (one host sync)."""
@@ -110,6 +158,7 @@ class Sampler:
 
     def _draw(self, logits: torch.Tensor, reqs: list[Request], rows_per_req: int, drafts: torch.Tensor | None) -> Draw:
         b, t = len(reqs), rows_per_req
+        mask = self._token_mask(reqs, t, drafts)  # first: the tensors below wait on the device
         lanes = torch.tensor([r.lane for r in reqs], dtype=torch.long, device=self.device)
         rows = lanes.repeat_interleave(t) if t > 1 else lanes
         st = SamplingTensors(**{f.name: getattr(self.st, f.name)[rows] for f in dataclasses.fields(self.st)})
@@ -129,11 +178,14 @@ class Sampler:
             counts, seen = self._scratch(b * t)
         want_logprobs = any(r.params.logprobs is not None for r in reqs)
         n_logprobs = max((r.params.logprobs or 0) for r in reqs)
-        if any(r.grammar is not None for r in reqs):  # unconstrained batches pay nothing
-            mask_logits(logits, reqs, t, drafts)
+        if mask is not None and self._suppresses(reqs, t):
+            # min_tokens must see the grammar's mask (see suppress_tokens): apply it to the logits first.
+            logits, mask = apply_bitmask(logits, *mask), None
         self._suppress_stops(logits, reqs, t)
         self._force_think_end(logits, reqs, t)
-        out = sample(logits, st, counts, seen, vocab_limit=self.vocab_limit, num_logprobs=n_logprobs)
+        bitmask, mask_rows = mask if mask is not None else (None, None)
+        out = sample(logits, st, counts, seen, vocab_limit=self.vocab_limit, num_logprobs=n_logprobs,
+                     bitmask=bitmask, mask_rows=mask_rows)
         return Draw(reqs, lanes, t, out, st, counts if penalties else None, seen if penalties else None,
                     want_logprobs)
 
@@ -141,8 +193,8 @@ class Sampler:
     def _force_think_end(logits: torch.Tensor, reqs: list[Request], rows_per_req: int) -> None:
         """Thinking budgets: the row that draws a request's output token ``thinking_budget`` (the first such
         row, if reasoning is still open) can only draw ``</think>``. Later rows of a speculative round follow a
-        draft, which verification rejects unless it was ``</think>`` too; after the grammar mask and the
-        stop suppression, so the budget wins (the constraint starts after ``</think>``)."""
+        draft, which verification rejects unless it was ``</think>`` too. A grammar masks nothing on that row:
+        its constraint starts after ``</think>``."""
         rows: list[int] = []
         ids: list[int] = []
         for b, req in enumerate(reqs):
@@ -156,6 +208,10 @@ class Sampler:
             index = torch.tensor(rows, dtype=torch.long, device=logits.device)
             logits[index] = float("-inf")
             logits[index, torch.tensor(ids, dtype=torch.long, device=logits.device)] = 0.0
+
+    @staticmethod
+    def _suppresses(reqs: list[Request], rows_per_req: int) -> bool:
+        return any(req.min_tokens_ids and req.params.min_tokens > len(req.output_ids) for req in reqs)
 
     def _suppress_stops(self, logits: torch.Tensor, reqs: list[Request], rows_per_req: int) -> None:
         """``min_tokens``: row ``j`` of a request draws its output token ``len(output_ids) + j``; while that is

@@ -4,9 +4,10 @@ A :class:`Constraint` says what the answer must be (a JSON object, a JSON Schema
 some strings, an EBNF grammar, or a tool call in the model's XML format). :class:`StructuredCompiler`
 turns it into an xgrammar ``CompiledGrammar`` (xgrammar caches compiled grammars by their text) and
 a :class:`GrammarState` for one request; compile before handing the request to the engine, so the
-engine thread never compiles. The sampler calls :func:`mask_logits` only when a request of the
-batch is constrained: it fills the constrained rows' token bitmasks on the host and sets the
-disallowed logits to ``-inf`` before penalties, temperature and the filters. The output processor
+engine thread never compiles. Only when a request of the batch is constrained, the sampler calls
+:func:`fill_bitmask`: it fills the constrained rows' token bitmasks into a pinned host buffer, copies
+them to the device, and the fused sampling kernel treats each disallowed logit as ``-inf`` before
+penalties, temperature and the filters (and the logprobs, which are the constrained distribution's). The output processor
 advances the state with each committed token; stop tokens are allowed only where the grammar
 accepts, so a constrained answer ends exactly when the grammar does (or at ``max_tokens``).
 
@@ -25,6 +26,7 @@ from typing import Any, Sequence
 
 import torch
 
+from ninfer.kernels.sampling import apply_bitmask
 from ninfer.runtime.structured_schema import check_schema
 
 INSTALL_HINT = "structured output needs `pip install ninfer[structured]` (the xgrammar package)"
@@ -270,27 +272,38 @@ class GrammarState:
         return flags
 
 
-def mask_logits(logits: torch.Tensor, reqs: Sequence[Any], rows_per_req: int = 1,
-                drafts: torch.Tensor | None = None) -> None:
-    """Set the logits of tokens each constrained request's grammar forbids to ``-inf``, in place.
-    Row ``b * rows_per_req + j`` belongs to ``reqs[b]``; with ``drafts [b, rows_per_req - 1]`` row ``j``
-    is the token after the first ``j`` drafts. Requests whose ``grammar`` is None are untouched."""
-    n_rows, vocab = logits.shape
-    words = -(-vocab // 32)
-    bitmask = torch.full((n_rows, words), -1, dtype=torch.int32)
+def fill_bitmask(bitmask: torch.Tensor, mask_rows: torch.Tensor, reqs: Sequence[Any], rows_per_req: int = 1,
+                 drafts: torch.Tensor | None = None) -> int:
+    """Fill the token bitmasks of the constrained requests' rows into ``bitmask`` (host, int32 ``[R, words]``)
+    and ``mask_rows [len(reqs) * rows_per_req]`` (host int32: each row's bitmask row, -1 unconstrained), for
+    the fused sampler (``sample(..., bitmask=, mask_rows=)``). Row ``b * rows_per_req + j`` belongs to
+    ``reqs[b]``; with ``drafts [b, rows_per_req - 1]`` row ``j`` is the token after the first ``j`` drafts.
+    Constrained requests take consecutive bitmask rows from 0, so only rows ``[0, n)`` need copying to the
+    device; returns that ``n`` (0: nothing constrained). Requests whose ``grammar`` is None cost nothing."""
+    mask_rows.fill_(-1)
     draft_lists = drafts.tolist() if drafts is not None and rows_per_req > 1 else None
-    rows: list[int] = []
+    used = 0
     for b, req in enumerate(reqs):
         state = getattr(req, "grammar", None)
         if state is None:
             continue
-        flags = state.fill_rows(bitmask, b * rows_per_req, draft_lists[b] if draft_lists else ())
-        rows.extend(b * rows_per_req + j for j, on in enumerate(flags) if on)
-    if not rows:
-        return
-    dev = logits.device
-    picked = bitmask[rows].to(dev)  # packed: 1/32 of the vocabulary's bytes cross to the device
-    shifts = torch.arange(32, dtype=torch.int32, device=dev)
-    allowed = ((picked.unsqueeze(-1) >> shifts) & 1).view(len(rows), words * 32)[:, :vocab].bool()
-    index = torch.tensor(rows, dtype=torch.long, device=dev)
-    logits[index] = logits[index].masked_fill(~allowed, float("-inf"))
+        flags = state.fill_rows(bitmask, used, draft_lists[b] if draft_lists else ())
+        for j, on in enumerate(flags):
+            if on:
+                mask_rows[b * rows_per_req + j] = used + j
+        if any(flags):
+            used += rows_per_req
+    return used
+
+
+def mask_logits(logits: torch.Tensor, reqs: Sequence[Any], rows_per_req: int = 1,
+                drafts: torch.Tensor | None = None) -> None:
+    """Set the logits of tokens each constrained request's grammar forbids to ``-inf``, in place, with torch
+    ops (the sampler passes the bitmask to the fused kernel instead; this is the same mask, for callers
+    that need masked logits). Rows as in :func:`fill_bitmask`."""
+    n_rows, vocab = logits.shape
+    bitmask = torch.full((n_rows, -(-vocab // 32)), -1, dtype=torch.int32)
+    mask_rows = torch.empty(n_rows, dtype=torch.int32)
+    if fill_bitmask(bitmask, mask_rows, reqs, rows_per_req, drafts):
+        # packed: 1/32 of the vocabulary's bytes cross to the device
+        logits.copy_(apply_bitmask(logits, bitmask.to(logits.device), mask_rows.to(logits.device)))

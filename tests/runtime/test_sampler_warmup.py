@@ -1,4 +1,5 @@
-"""``Sampler.warm_up``: one launch per top-logprobs class on the model's own logits row, lane state untouched."""
+"""``Sampler.warm_up``: one launch per top-logprobs class and mask variant (without / with the structured-output
+bitmask) on the model's own logits row, lane state untouched."""
 from __future__ import annotations
 
 import torch
@@ -17,13 +18,18 @@ def test_one_launch_per_logprob_class_and_lanes_untouched(dense_ckpt: TinyCheckp
     launches = []
     real = sampler_module.sample
 
-    def spy(logits, st, counts, seen, *, vocab_limit, num_logprobs):
-        launches.append((tuple(logits.shape), logits.dtype, num_logprobs, vocab_limit))
-        return real(logits, st, counts, seen, vocab_limit=vocab_limit, num_logprobs=num_logprobs)
+    def spy(logits, st, counts, seen, *, vocab_limit, num_logprobs, bitmask=None, mask_rows=None):
+        if bitmask is not None:  # allows every token of the row
+            assert bool((bitmask == -1).all()) and mask_rows.tolist() == [0]
+            assert bitmask.shape[1] * 32 >= logits.shape[1]
+        launches.append((tuple(logits.shape), logits.dtype, num_logprobs, vocab_limit, bitmask is not None))
+        return real(logits, st, counts, seen, vocab_limit=vocab_limit, num_logprobs=num_logprobs, bitmask=bitmask,
+                    mask_rows=mask_rows)
 
     monkeypatch.setattr(sampler_module, "sample", spy)
     sampler.warm_up(llm.model)
     vocab = llm.config.vocab_size
-    assert launches == [((1, vocab), llm.model.dtype, n, sampler.vocab_limit) for n in LOGPROB_CLASSES]
+    assert launches == [((1, vocab), llm.model.dtype, n, sampler.vocab_limit, masked)
+                        for n in LOGPROB_CLASSES for masked in (False, True)]
     assert all(torch.equal(getattr(sampler, k), v) for k, v in before.items())
     assert all(torch.equal(getattr(sampler.st, f), t) for f, t in lanes.items())

@@ -23,7 +23,7 @@ import ninfer  # noqa: E402
 from ninfer.runtime.request import Request  # noqa: E402
 from ninfer.runtime.sampling import SamplingParams  # noqa: E402
 from ninfer.runtime.structured import (Constraint, StructuredError,  # noqa: E402
-                                       StructuredUnavailable, mask_logits)
+                                       StructuredUnavailable, fill_bitmask, mask_logits)
 
 PROMPTS = [[5, 17, 33, 99, 12, 7], [300, 301, 302], list(range(20, 31)), [77, 78]]
 GREEDY = SamplingParams(temperature=0.0)
@@ -295,3 +295,24 @@ def test_speculative_structured_equals_plain(composite_ckpt) -> None:
         assert llm.engine.spec_totals.accepted > 0
     for tokens in want:
         _replay(plain, c, tokens, "stop" if tokens[-1] in plain.stop_ids else "length")
+
+
+def test_fill_bitmask_packs_constrained_rows_first(llm) -> None:
+    """Constrained requests take consecutive bitmask rows from 0 (only those are copied to the device);
+    free rows get -1 and cost nothing; the rows are xgrammar's."""
+    c = Constraint.regex("[0-9]{2}")
+    reqs = [Request([1], GREEDY, 4) for _ in range(4)]
+    reqs[1].grammar, reqs[3].grammar = llm.structured.state(c), llm.structured.state(Constraint.regex("a+"))
+    bitmask = torch.zeros(6, 16, dtype=torch.int32)
+    mask_rows = torch.zeros(4, dtype=torch.int32)
+    assert fill_bitmask(bitmask, mask_rows, reqs) == 2
+    assert mask_rows.tolist() == [-1, 0, -1, 1]
+    for row, cons in ((0, c), (1, Constraint.regex("a+"))):
+        want = xgr.allocate_token_bitmask(1, 512)
+        xgr.GrammarMatcher(llm.structured.compile(cons)).fill_next_token_bitmask(want, 0)
+        assert torch.equal(bitmask[row], want[0])
+    assert bool((bitmask[2:] == 0).all())  # rows past the constrained ones are not written
+    sampler = llm.engine.sampler
+    assert sampler._token_mask(reqs[::2], 1, None) is None  # a free batch does no mask work
+    got_mask, got_rows = sampler._token_mask(reqs, 1, None)
+    assert got_rows.tolist() == [-1, 0, -1, 1] and torch.equal(got_mask[:2], bitmask[:2])

@@ -7,6 +7,7 @@ from ninfer.kernels.sampling.dispatch import (
     MAX_LOGPROBS,
     SampleOutput,
     SamplingTensors,
+    apply_bitmask,
     apply_penalties_reference,
     sample,
     sample_reference,
@@ -15,6 +16,6 @@ from ninfer.kernels.sampling.dispatch import (
     suppress_tokens,
 )
 
-__all__ = ["MAX_LOGPROBS", "SampleOutput", "SamplingTensors", "apply_penalties_reference", "sample",
+__all__ = ["MAX_LOGPROBS", "SampleOutput", "SamplingTensors", "apply_bitmask", "apply_penalties_reference", "sample",
            "sample_reference", "sample_triton", "sampling_probs_reference",
            "suppress_tokens"]

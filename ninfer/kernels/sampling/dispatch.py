@@ -14,6 +14,12 @@ Semantics (vLLM's order), per row:
 4. Draw by inverse CDF from the kept, renormalised ``softmax(u)``, with one uniform per row that
    depends only on the row's ``(seed, counter)``: a row's token does not depend on the other rows.
 
+Structured output: an optional packed token bitmask ``int32 [R, ceil(V / 32)]`` (xgrammar's layout: bit
+``t % 32`` of word ``t // 32`` set = token ``t`` allowed) with ``mask_rows [B]`` int32 naming each row's
+bitmask row (-1: unconstrained, its mask is never read). A disallowed token's raw logit is ``-inf``
+before anything else, so penalties, filters, the draw *and the logprobs* see the masked logits: the
+logprobs are those of the constrained distribution, as when the caller masked the logits in place.
+
 Ids ``>= vocab_limit`` (vocabulary padding) are never chosen and are not part of any softmax.
 ``logprob`` is the OpenAI convention: the log-probability of the token under the model's raw
 distribution, ``log_softmax`` of the raw logits over ids ``< vocab_limit``, before penalties,
@@ -132,10 +138,25 @@ def _row_generator(seed: int, counter: int) -> torch.Generator:
     return torch.Generator().manual_seed(mixed)
 
 
+def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, mask_rows: torch.Tensor) -> torch.Tensor:
+    """``logits`` with each disallowed token of a constrained row (``mask_rows[b] >= 0``) at ``-inf``
+    (a new tensor; the torch form of the kernel's mask, shape-static so a graph may capture it)."""
+    vocab = logits.shape[1]
+    words = bitmask[mask_rows.long().clamp(min=0)]
+    shifts = torch.arange(32, dtype=torch.int32, device=logits.device)
+    allowed = ((words.unsqueeze(-1) >> shifts) & 1).view(words.shape[0], -1)[:, :vocab].bool()
+    allowed |= (mask_rows < 0)[:, None]
+    return logits.masked_fill(~allowed, float("-inf"))
+
+
 def sample_reference(logits: torch.Tensor, st: SamplingTensors, output_counts: torch.Tensor, seen: torch.Tensor,
-                     *, vocab_limit: int, num_logprobs: int = 0) -> SampleOutput:
+                     *, vocab_limit: int, num_logprobs: int = 0, bitmask: torch.Tensor | None = None,
+                     mask_rows: torch.Tensor | None = None) -> SampleOutput:
     """Torch sampler with the module's semantics (the CPU path); updates the row state in place."""
     _check(logits, vocab_limit, num_logprobs)
+    _check_mask(logits, bitmask, mask_rows)
+    if bitmask is not None:
+        logits = apply_bitmask(logits, bitmask, mask_rows)
     probs = sampling_probs_reference(logits, st, output_counts, seen, vocab_limit=vocab_limit)
     raw = torch.log_softmax(logits[:, :vocab_limit].float(), dim=-1)
     tokens = []
@@ -169,6 +190,18 @@ def _check(logits: torch.Tensor, vocab_limit: int, num_logprobs: int) -> None:
         raise ValueError(f"num_logprobs must be in [0, {MAX_LOGPROBS}], got {num_logprobs}")
 
 
+def _check_mask(logits: torch.Tensor, bitmask: torch.Tensor | None, mask_rows: torch.Tensor | None) -> None:
+    if (bitmask is None) != (mask_rows is None):
+        raise ValueError("bitmask and mask_rows come together")
+    if bitmask is None:
+        return
+    words = -(-logits.shape[1] // 32)
+    if bitmask.dtype != torch.int32 or bitmask.dim() != 2 or bitmask.shape[1] < words:
+        raise ValueError(f"bitmask must be int32 [R, >= {words}], got {bitmask.dtype} {tuple(bitmask.shape)}")
+    if mask_rows.shape != (logits.shape[0],) or mask_rows.dtype != torch.int32:
+        raise ValueError(f"mask_rows must be int32 [{logits.shape[0]}], got {mask_rows.dtype} {tuple(mask_rows.shape)}")
+
+
 _WORKSPACES: dict[tuple, tuple[torch.Tensor, ...]] = {}
 
 
@@ -199,15 +232,17 @@ _NUM_WARPS = 16
 
 
 def sample_triton(logits: torch.Tensor, st: SamplingTensors, output_counts: torch.Tensor, seen: torch.Tensor,
-                  *, vocab_limit: int, num_logprobs: int = 0, chunk: int = 4096,
-                  candidates: int = 64) -> SampleOutput:
+                  *, vocab_limit: int, num_logprobs: int = 0, chunk: int = 4096, candidates: int = 64,
+                  bitmask: torch.Tensor | None = None, mask_rows: torch.Tensor | None = None) -> SampleOutput:
     """One launch of :mod:`ninfer.kernels.sampling.kernel`, grid ``(ceil(vocab_limit / chunk), B)``.
 
     ``chunk`` ids per program (power of two), ``candidates`` (power of two) kept per chunk; the
     merged ``next_pow2(n_chunks) * candidates`` slots bound what the last program resolves in
-    registers. The defaults give 61 chunks and 4096 slots at V = 248320.
+    registers. The defaults give 61 chunks and 4096 slots at V = 248320. Without ``bitmask`` the
+    launch is the HAS_MASK=False variant: no mask argument is read at all.
     """
     _check(logits, vocab_limit, num_logprobs)
+    _check_mask(logits, bitmask, mask_rows)
     batch, asked, num_logprobs = logits.shape[0], num_logprobs, logprob_class(num_logprobs)
     token_ids = torch.empty(batch, dtype=torch.int64, device=logits.device)
     logprob = torch.empty(batch, dtype=torch.float32, device=logits.device)
@@ -228,15 +263,20 @@ def sample_triton(logits: torch.Tensor, st: SamplingTensors, output_counts: torc
     s_pad = triton.next_power_of_2(n_chunks)
     cand_u, cand_id, stat_f, stat_i, lp_v, lp_id, arrive = _workspace(logits.device, batch, s_pad, candidates,
                                                                       lp_cap)
+    has_mask = bitmask is not None
+    if has_mask and bitmask.stride(-1) != 1:
+        bitmask = bitmask.contiguous()
     sample_kernel[(n_chunks, batch)](
         logits_ptr=logits, stride_l=logits.stride(0), counts_ptr=output_counts, stride_c=output_counts.stride(0),
-        seen_ptr=seen, stride_s=seen.stride(0), temp_ptr=st.temperature, top_k_ptr=st.top_k, top_p_ptr=st.top_p,
+        seen_ptr=seen, stride_s=seen.stride(0), mask_ptr=bitmask if has_mask else arrive,
+        stride_m=bitmask.stride(0) if has_mask else 0, mask_idx_ptr=mask_rows if has_mask else arrive,
+        temp_ptr=st.temperature, top_k_ptr=st.top_k, top_p_ptr=st.top_p,
         min_p_ptr=st.min_p, pres_ptr=st.presence_penalty, freq_ptr=st.frequency_penalty,
         rep_ptr=st.repetition_penalty, seed_ptr=st.seed, counter_ptr=st.counter, cand_u_ptr=cand_u,
         cand_id_ptr=cand_id, stat_f_ptr=stat_f, stat_i_ptr=stat_i, lp_v_ptr=lp_v, lp_id_ptr=lp_id,
         arrive_ptr=arrive, tok_ptr=token_ids, logprob_ptr=logprob, top_id_ptr=top_ids, top_lp_ptr=top_lp,
         vocab_limit=vocab_limit, n_chunks=n_chunks, CHUNK=chunk, KC=candidates, S_PAD=s_pad, NUM_LP=num_logprobs,
-        LP_CAP=max(lp_cap, 1), num_warps=_NUM_WARPS,
+        LP_CAP=max(lp_cap, 1), HAS_MASK=has_mask, num_warps=_NUM_WARPS,
     )
     return out
 
@@ -258,9 +298,12 @@ def suppress_tokens(logits: torch.Tensor, rows: torch.Tensor, pair_rows: torch.T
 
 
 def sample(logits: torch.Tensor, st: SamplingTensors, output_counts: torch.Tensor, seen: torch.Tensor,
-           *, vocab_limit: int, num_logprobs: int = 0) -> SampleOutput:
+           *, vocab_limit: int, num_logprobs: int = 0, bitmask: torch.Tensor | None = None,
+           mask_rows: torch.Tensor | None = None) -> SampleOutput:
     """Sample one token per row of ``logits [B, V]``; ``output_counts [B, V]`` int32 and ``seen [B, V]``
-    (int8/bool) are the caller's penalty buffers, updated in place with the sampled tokens."""
+    (int8/bool) are the caller's penalty buffers, updated in place with the sampled tokens. ``bitmask`` /
+    ``mask_rows``: the structured-output token mask (see the module docstring); ``logits`` is not modified."""
+    kw = dict(vocab_limit=vocab_limit, num_logprobs=num_logprobs, bitmask=bitmask, mask_rows=mask_rows)
     if use_triton(logits):
-        return sample_triton(logits, st, output_counts, seen, vocab_limit=vocab_limit, num_logprobs=num_logprobs)
-    return sample_reference(logits, st, output_counts, seen, vocab_limit=vocab_limit, num_logprobs=num_logprobs)
+        return sample_triton(logits, st, output_counts, seen, **kw)
+    return sample_reference(logits, st, output_counts, seen, **kw)

@@ -100,7 +100,8 @@ def _pick_in_registers(kept, w, ids, u01, NC: tl.constexpr):
 
 @triton.jit
 def _sample_row(ck, cid, t_g, M, p_c, z, cm, logits_row, counts_row, seen_row, vocab_limit, inv_temp, inv_rep,
-                rep, pres, freq, rep_lim, pen_lim, n_chunks, top_k, top_p, min_p, u01, cand_u, cand_id,
+                rep, pres, freq, rep_lim, pen_lim, mask_row, mask_lim, HAS_MASK: tl.constexpr, n_chunks, top_k, top_p,
+                min_p, u01, cand_u, cand_id,
                 S_PAD: tl.constexpr, NC: tl.constexpr, CHUNK: tl.constexpr):
     """Filters (min_p, top_k, then top_p over what they keep) and the draw, for a T > 0 row.
 
@@ -121,11 +122,13 @@ def _sample_row(ck, cid, t_g, M, p_c, z, cm, logits_row, counts_row, seen_row, v
             tk = _largest_key_reaching(ck, tl.where(inc, 1.0, 0.0), inc, top_k, none)
         else:
             tk, _f, n_lo = row_search(logits_row, counts_row, seen_row, vocab_limit, inv_temp, inv_rep, rep,
-                                      pres, freq, rep_lim, pen_lim, n_chunks, M, none, 0.0, top_k.to(tl.float32),
+                                      pres, freq, rep_lim, pen_lim, mask_row, mask_lim, HAS_MASK, n_chunks, M, none,
+                                      0.0, top_k.to(tl.float32),
                                       vocab_limit.to(tl.float32), rb + 1, False, NC, CHUNK)
             if n_lo <= NC:
                 ck, cid = collect_row(logits_row, counts_row, seen_row, vocab_limit, inv_temp, inv_rep, rep,
-                                      pres, freq, rep_lim, pen_lim, n_chunks, M, none, 0.0, tk, cand_u, cand_id,
+                                      pres, freq, rep_lim, pen_lim, mask_row, mask_lim, HAS_MASK, n_chunks, M, none,
+                                      0.0, tk, cand_u, cand_id,
                                       NC, CHUNK)
                 rb = tk - 1
                 tk = _largest_key_reaching(ck, tl.where(ck != KEY_NONE, 1.0, 0.0), ck != KEY_NONE, top_k, none)
@@ -136,10 +139,12 @@ def _sample_row(ck, cid, t_g, M, p_c, z, cm, logits_row, counts_row, seen_row, v
     if ~complete:
         if k_on | mp_on:
             z0, n0, _nx, _pv = row_pass(logits_row, counts_row, seen_row, vocab_limit, inv_temp, inv_rep, rep,
-                                        pres, freq, rep_lim, pen_lim, n_chunks, M, tk, min_p, none, True, CHUNK)
+                                        pres, freq, rep_lim, pen_lim, mask_row, mask_lim, HAS_MASK, n_chunks, M, tk,
+                                        min_p, none, True, CHUNK)
             if n0 <= NC:
                 ck, cid = collect_row(logits_row, counts_row, seen_row, vocab_limit, inv_temp, inv_rep, rep,
-                                      pres, freq, rep_lim, pen_lim, n_chunks, M, tk, min_p, none, cand_u, cand_id,
+                                      pres, freq, rep_lim, pen_lim, mask_row, mask_lim, HAS_MASK, n_chunks, M, tk,
+                                      min_p, none, cand_u, cand_id,
                                       NC, CHUNK)
                 rb = none
                 complete = rb == KEY_NONE
@@ -155,11 +160,13 @@ def _sample_row(ck, cid, t_g, M, p_c, z, cm, logits_row, counts_row, seen_row, v
             kt = _largest_key_reaching(ck, cw, inc, target, none)
         else:
             kt, zk, n_lo = row_search(logits_row, counts_row, seen_row, vocab_limit, inv_temp, inv_rep, rep,
-                                      pres, freq, rep_lim, pen_lim, n_chunks, M, tk, min_p, target, z0, rb + 1, True,
+                                      pres, freq, rep_lim, pen_lim, mask_row, mask_lim, HAS_MASK, n_chunks, M, tk,
+                                      min_p, target, z0, rb + 1, True,
                                       NC, CHUNK)
             if n_lo <= NC:
                 ck, cid = collect_row(logits_row, counts_row, seen_row, vocab_limit, inv_temp, inv_rep, rep,
-                                      pres, freq, rep_lim, pen_lim, n_chunks, M, tk, min_p, kt, cand_u, cand_id,
+                                      pres, freq, rep_lim, pen_lim, mask_row, mask_lim, HAS_MASK, n_chunks, M, tk,
+                                      min_p, kt, cand_u, cand_id,
                                       NC, CHUNK)
                 rb = kt - 1
                 cw = register_weights(ck, M)
@@ -175,22 +182,24 @@ def _sample_row(ck, cid, t_g, M, p_c, z, cm, logits_row, counts_row, seen_row, v
         pick = tl.minimum(tl.min(tl.where(cm & (cum > r), c, S_PAD), 0), n_chunks - 1)
         r_in = r - tl.sum(tl.where(c == pick, cum - p_c, 0.0), 0)
         tok = row_scan(logits_row, counts_row, seen_row, vocab_limit, inv_temp, inv_rep, rep, pres, freq,
-                       rep_lim, pen_lim, pick, pick + 1, M, tk, 0.0, kt, r_in, CHUNK)
+                       rep_lim, pen_lim, mask_row, mask_lim, HAS_MASK, pick, pick + 1, M, tk, 0.0, kt, r_in, CHUNK)
     else:
         tok = row_scan(logits_row, counts_row, seen_row, vocab_limit, inv_temp, inv_rep, rep, pres, freq,
-                       rep_lim, pen_lim, n_chunks * 0, n_chunks, M, tk, min_p, kt, u01 * zk, CHUNK)
+                       rep_lim, pen_lim, mask_row, mask_lim, HAS_MASK, n_chunks * 0, n_chunks, M, tk, min_p, kt,
+                       u01 * zk, CHUNK)
     return tok
 
 
 # n_chunks == 1 must stay a runtime value (it seeds loop-carried scalars).
 @triton.jit(do_not_specialize=["vocab_limit", "n_chunks"])
 def sample_kernel(
-    logits_ptr, stride_l, counts_ptr, stride_c, seen_ptr, stride_s,
+    logits_ptr, stride_l, counts_ptr, stride_c, seen_ptr, stride_s, mask_ptr, stride_m, mask_idx_ptr,
     temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, pres_ptr, freq_ptr, rep_ptr, seed_ptr, counter_ptr,
     cand_u_ptr, cand_id_ptr, stat_f_ptr, stat_i_ptr, lp_v_ptr, lp_id_ptr, arrive_ptr,
     tok_ptr, logprob_ptr, top_id_ptr, top_lp_ptr,
     vocab_limit, n_chunks,
     CHUNK: tl.constexpr, KC: tl.constexpr, S_PAD: tl.constexpr, NUM_LP: tl.constexpr, LP_CAP: tl.constexpr,
+    HAS_MASK: tl.constexpr,
 ):
     chunk = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)
@@ -209,11 +218,17 @@ def sample_kernel(
     freq = tl.load(freq_ptr + row)
     rep_lim = tl.where(rep != 1.0, vocab_limit, 0)
     pen_lim = tl.where((pres != 0.0) | (freq != 0.0), vocab_limit, 0)
+    mask_row = mask_ptr
+    mask_lim = vocab_limit * 0
+    if HAS_MASK:  # row -> its bitmask row, -1: unconstrained (reads no mask bytes)
+        m_idx = tl.load(mask_idx_ptr + row)
+        mask_row = mask_ptr + tl.maximum(m_idx, 0).to(tl.int64) * stride_m
+        mask_lim = tl.where(m_idx >= 0, vocab_limit, 0)
 
     # ---- this chunk: statistics and candidates
     offs = chunk * CHUNK + tl.arange(0, CHUNK)
     x, u, ok = block_scores(logits_row, counts_row, seen_row, offs, vocab_limit, inv_temp, inv_rep, rep, pres, freq,
-                            rep_lim, pen_lim)
+                            rep_lim, pen_lim, mask_row, mask_lim, HAS_MASK)
     raw_ok = (offs < vocab_limit) & (x == x)
     xm = tl.max(tl.where(raw_ok, x, float("-inf")), 0)
     xs = tl.sum(tl.where(raw_ok, tl.exp(x - tl.where(xm == float("-inf"), 0.0, xm)), 0.0), 0)
@@ -265,7 +280,8 @@ def sample_kernel(
         else:
             u01 = tl.rand(tl.load(seed_ptr + row), tl.load(counter_ptr + row))
             tok = _sample_row(ck, cid, t_g, M, p_c, z, cm, logits_row, counts_row, seen_row, vocab_limit, inv_temp,
-                              inv_rep, rep, pres, freq, rep_lim, pen_lim, n_chunks, tl.load(top_k_ptr + row),
+                              inv_rep, rep, pres, freq, rep_lim, pen_lim, mask_row, mask_lim, HAS_MASK, n_chunks,
+                              tl.load(top_k_ptr + row),
                               tl.load(top_p_ptr + row), tl.load(min_p_ptr + row), u01, cand_u, cand_id,
                               S_PAD, NC, CHUNK)
         tok = tok.to(tl.int64)

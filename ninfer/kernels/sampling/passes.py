@@ -28,16 +28,22 @@ def key_value(k):
 
 @triton.jit
 def block_scores(logits_row, counts_row, seen_row, offs, vocab_limit, inv_temp, inv_rep, rep, pres, freq, rep_lim,
-                 pen_lim):
+                 pen_lim, mask_row, mask_lim, HAS_MASK: tl.constexpr):
     """Raw logits ``x``, scores ``u`` (penalties then temperature) and the valid mask of ``offs``.
 
-    Penalty state is only read below ``rep_lim`` / ``pen_lim`` (vocab_limit for rows that use it, 0
-    otherwise: a masked-off load moves no bytes). Divisions are products with the row's
+    Penalty state is only read below ``rep_lim`` / ``pen_lim`` and the token bitmask below
+    ``mask_lim`` (vocab_limit for rows that use it, 0 otherwise: a masked-off load moves no
+    bytes). Divisions are products with the row's
     reciprocals (within an ulp of the reference's division, and far cheaper); every pass uses
     this one function, so a score is bit-identical in all of them.
     """
     valid = offs < vocab_limit
     x = tl.load(logits_row + offs, mask=valid, other=0.0).to(tl.float32)
+    if HAS_MASK:
+        # Structured output: a token whose bit is clear is -inf from here on, for the scores and
+        # the raw logprobs alike. Unconstrained rows have mask_lim 0: their loads move no bytes.
+        word = tl.load(mask_row + offs // 32, mask=offs < mask_lim, other=-1)
+        x = tl.where(((word >> (offs % 32)) & 1) != 0, x, float("-inf"))
     seen = tl.load(seen_row + offs, mask=offs < rep_lim, other=0)
     z = tl.where(seen != 0, tl.where(x > 0, x * inv_rep, x * rep), x)
     cnt = tl.load(counts_row + offs, mask=offs < pen_lim, other=0)
@@ -56,6 +62,7 @@ def register_weights(ck, M):
 
 @triton.jit
 def row_pass(logits_row, counts_row, seen_row, vocab_limit, inv_temp, inv_rep, rep, pres, freq, rep_lim, pen_lim,
+             mask_row, mask_lim, HAS_MASK: tl.constexpr,
              n_chunks, M, tk, min_p, b, USE_MASS: tl.constexpr, CHUNK: tl.constexpr):
     """One pass over the row for the elements kept by top_k (``key >= tk``) and min_p.
 
@@ -69,7 +76,7 @@ def row_pass(logits_row, counts_row, seen_row, vocab_limit, inv_temp, inv_rep, r
     for c in range(0, n_chunks):
         offs = c * CHUNK + tl.arange(0, CHUNK)
         x, u, ok = block_scores(logits_row, counts_row, seen_row, offs, vocab_limit, inv_temp, inv_rep, rep,
-                                pres, freq, rep_lim, pen_lim)
+                                pres, freq, rep_lim, pen_lim, mask_row, mask_lim, HAS_MASK)
         key = order_key(u)
         wm = tl.exp(u - M)
         keep = ok & (key >= tk) & (wm >= min_p)
@@ -86,6 +93,7 @@ def row_pass(logits_row, counts_row, seen_row, vocab_limit, inv_temp, inv_rep, r
 
 @triton.jit
 def row_search(logits_row, counts_row, seen_row, vocab_limit, inv_temp, inv_rep, rep, pres, freq, rep_lim, pen_lim,
+               mask_row, mask_lim, HAS_MASK: tl.constexpr,
                n_chunks, M, tk, min_p, target, total, hi_key, USE_MASS: tl.constexpr, NC: tl.constexpr,
                CHUNK: tl.constexpr):
     """Bracket the largest key reaching ``target`` below ``hi_key`` by passes over the row.
@@ -102,7 +110,8 @@ def row_search(logits_row, counts_row, seen_row, vocab_limit, inv_temp, inv_rep,
     while (hi - lo > 1) & (n_lo > NC):
         mid = ((lo + hi) // 2).to(tl.int32)
         fb, nb, nxt, prv = row_pass(logits_row, counts_row, seen_row, vocab_limit, inv_temp, inv_rep, rep, pres,
-                                    freq, rep_lim, pen_lim, n_chunks, M, tk, min_p, mid, USE_MASS, CHUNK)
+                                    freq, rep_lim, pen_lim, mask_row, mask_lim, HAS_MASK, n_chunks, M, tk, min_p, mid,
+                                    USE_MASS, CHUNK)
         if (fb >= target) & (nb > 0):
             lo = nxt.to(tl.int64)
             f_lo = fb
@@ -114,6 +123,7 @@ def row_search(logits_row, counts_row, seen_row, vocab_limit, inv_temp, inv_rep,
 
 @triton.jit
 def collect_row(logits_row, counts_row, seen_row, vocab_limit, inv_temp, inv_rep, rep, pres, freq, rep_lim, pen_lim,
+                mask_row, mask_lim, HAS_MASK: tl.constexpr,
                 n_chunks, M, tk, min_p, lo, cand_u, cand_id, NC: tl.constexpr, CHUNK: tl.constexpr):
     """Gather every kept element with key >= lo (at most NC) into the row's slots; load them back
     as the register set ``(keys, ids)``."""
@@ -122,7 +132,7 @@ def collect_row(logits_row, counts_row, seen_row, vocab_limit, inv_temp, inv_rep
     for c in range(0, n_chunks):
         offs = c * CHUNK + tl.arange(0, CHUNK)
         x, u, ok = block_scores(logits_row, counts_row, seen_row, offs, vocab_limit, inv_temp, inv_rep, rep,
-                                pres, freq, rep_lim, pen_lim)
+                                pres, freq, rep_lim, pen_lim, mask_row, mask_lim, HAS_MASK)
         key = order_key(u)
         keep = ok & (key >= tk) & (tl.exp(u - M) >= min_p) & (key >= lo)
         pos = n + tl.cumsum(keep.to(tl.int32), 0) - 1
@@ -138,6 +148,7 @@ def collect_row(logits_row, counts_row, seen_row, vocab_limit, inv_temp, inv_rep
 
 @triton.jit
 def row_scan(logits_row, counts_row, seen_row, vocab_limit, inv_temp, inv_rep, rep, pres, freq, rep_lim, pen_lim,
+             mask_row, mask_lim, HAS_MASK: tl.constexpr,
              c_begin, c_end, M, tk, min_p, kt, r, CHUNK: tl.constexpr):
     """Inverse CDF over chunks [c_begin, c_end): the first kept id whose running mass exceeds r."""
     run = r * 0.0
@@ -147,7 +158,7 @@ def row_scan(logits_row, counts_row, seen_row, vocab_limit, inv_temp, inv_rep, r
     while (c < c_end) & (tok < 0):
         offs = c * CHUNK + tl.arange(0, CHUNK)
         x, u, ok = block_scores(logits_row, counts_row, seen_row, offs, vocab_limit, inv_temp, inv_rep, rep,
-                                pres, freq, rep_lim, pen_lim)
+                                pres, freq, rep_lim, pen_lim, mask_row, mask_lim, HAS_MASK)
         key = order_key(u)
         wm = tl.exp(u - M)
         kept = ok & (key >= tk) & (wm >= min_p) & (key >= kt)
