@@ -7,7 +7,9 @@ it; ``LLM.startup`` keeps it. Phase times are exclusive: a phase nested in anoth
 inside building the engine) is not counted twice, and ``other`` is the rest of the wall time. Kernel
 and tuner counts come from :mod:`ninfer.kernels.compile_watch` over the whole start-up and per phase.
 
-Phases run outside any report (an engine built directly, in a test) time nothing.
+:func:`parallel_compile` is the phase of that name: a dry pass of the warm-up's work whose kernels compile on
+a thread pool (:mod:`ninfer.kernels.precompile`); the report counts what it compiled and says when it was
+off. Phases run outside any report (an engine built directly, in a test) time nothing.
 """
 from __future__ import annotations
 
@@ -18,9 +20,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TextIO, TypeVar
 
-from ninfer.kernels import compile_watch
+from ninfer.kernels import compile_watch, precompile
 
 F = TypeVar("F", bound=Callable[..., Any])
+PARALLEL_COMPILE = "parallel compile"
 
 
 @dataclass
@@ -35,6 +38,7 @@ class StartupReport:
     start: float = field(default_factory=time.perf_counter)
     phases: dict[str, Phase] = field(default_factory=dict)
     ready_s: float | None = None
+    precompiled: list[precompile.Precompiled] = field(default_factory=list)  # each parallel_compile's result
     _stack: list[list[float]] = field(default_factory=list)  # per open phase: [nested seconds, nested events]
 
     @contextlib.contextmanager
@@ -69,7 +73,18 @@ class StartupReport:
         parts = [f"{name} {p.seconds:.1f} s" + (f" ({p.events} new kernels/tunings)" if p.events else "")
                  for name, p in self.phases.items()]
         parts.append(f"other {self.other_s:.1f} s")
-        return f"ready in {total:.1f} s: {', '.join(parts)}\nstart-up {self.watch.summary()}"
+        text = f"ready in {total:.1f} s: {', '.join(parts)}\nstart-up {self.watch.summary()}"
+        return text + (f"; {self.precompile_summary()}" if self.precompiled else "")
+
+    def precompile_summary(self) -> str:
+        """``parallel compile: N kernels on W threads`` (with failures), or why it was off."""
+        ran = [p for p in self.precompiled if p.ran]
+        if not ran:
+            return f"parallel compile off ({self.precompiled[0].reason})"
+        jobs, failed = sum(p.jobs for p in ran), sum(p.failed for p in ran)
+        notes = [r.reason for r in ran if r.reason] + ([f"{failed} failed, compiled again at launch"] if failed else [])
+        return (f"parallel compile: {jobs} kernels on {max(p.workers for p in ran)} threads"
+                + (f" ({'; '.join(notes)})" if notes else ""))
 
     def as_dict(self) -> dict[str, Any]:
         """For benchmarks' JSON records: seconds by phase and the compile / tune counts."""
@@ -78,7 +93,12 @@ class StartupReport:
                 "other_s": round(self.other_s, 3), "compiled": w.count(compile_watch.COMPILED),
                 "loaded_from_triton_cache": w.count(compile_watch.LOADED), "tuned": w.count(compile_watch.TUNED),
                 "loaded_from_tune_cache": w.count(compile_watch.TUNE_LOADED),
-                "autotuned": w.count(compile_watch.AUTOTUNED)}
+                "autotuned": w.count(compile_watch.AUTOTUNED),
+                "parallel_compile": {"on": any(p.ran for p in self.precompiled),
+                                     "kernels": sum(p.jobs for p in self.precompiled),
+                                     "failed": sum(p.failed for p in self.precompiled),
+                                     "workers": max((p.workers for p in self.precompiled), default=0),
+                                     "reason": next((p.reason for p in self.precompiled if p.reason), "")}}
 
 
 _current: list[StartupReport] = []  # the open report, if any
@@ -104,6 +124,20 @@ def timed(name: str) -> Callable[[F], F]:
                 return fn(*args, **kwargs)
         return run  # type: ignore[return-value]
     return wrap
+
+
+def parallel_compile(dry_pass: Callable[[], Any]) -> precompile.Precompiled:
+    """Phase ``parallel compile``: :func:`ninfer.kernels.precompile.precompile` of ``dry_pass``, its result
+    kept in the open report (switched off: no phase, and the report says why)."""
+    reason = precompile.disabled_reason()
+    if reason is not None:
+        result = precompile.Precompiled(ran=False, reason=reason)
+    else:
+        with phase(PARALLEL_COMPILE):
+            result = precompile.precompile(dry_pass)
+    if _current:
+        _current[0].precompiled.append(result)
+    return result
 
 
 def finish(out: TextIO | None = None) -> StartupReport | None:
