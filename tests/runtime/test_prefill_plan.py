@@ -168,3 +168,4 @@ def test_warm_up_reaches_the_longest_step_the_budgets_allow(dense_ckpt: TinyChec
     monkeypatch.setattr(model_runner, "warmup_chunk_lengths", lambda n: seen.append(n) or [])
     llm.engine.warm_up()
     assert seen == [longest] and llm.engine.is_idle()
+
