@@ -30,6 +30,11 @@ PARALLEL_COMPILE = "parallel compile"
 class Phase:
     seconds: float = 0.0
     events: int = 0  # compilations and tuner events while the phase (not a nested one) ran
+    compiles: int = 0  # of them: kernels compiled or loaded from Triton's disk cache
+
+
+def _compiles(position: int) -> int:
+    return sum(e.kind in (compile_watch.COMPILED, compile_watch.LOADED) for e in compile_watch.since(position))
 
 
 @dataclass
@@ -39,23 +44,26 @@ class StartupReport:
     phases: dict[str, Phase] = field(default_factory=dict)
     ready_s: float | None = None
     precompiled: list[precompile.Precompiled] = field(default_factory=list)  # each parallel_compile's result
-    _stack: list[list[float]] = field(default_factory=list)  # per open phase: [nested seconds, nested events]
+    # per open phase: [nested seconds, nested events, nested compiles]
+    _stack: list[list[float]] = field(default_factory=list)
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
         entry = self.phases.setdefault(name, Phase())  # listed in the order the phases began
         t0, e0 = time.perf_counter(), compile_watch.mark()
-        self._stack.append([0.0, 0.0])
+        self._stack.append([0.0, 0.0, 0.0])
         try:
             yield
         finally:
-            nested_s, nested_events = self._stack.pop()
-            seconds, events = time.perf_counter() - t0, compile_watch.mark() - e0
+            nested_s, nested_events, nested_compiles = self._stack.pop()
+            seconds, events, compiles = time.perf_counter() - t0, compile_watch.mark() - e0, _compiles(e0)
             entry.seconds += seconds - nested_s
             entry.events += events - int(nested_events)
+            entry.compiles += compiles - int(nested_compiles)
             if self._stack:
                 self._stack[-1][0] += seconds
                 self._stack[-1][1] += events
+                self._stack[-1][2] += compiles
 
     def close(self) -> None:
         if self.ready_s is None:
@@ -90,6 +98,7 @@ class StartupReport:
         """For benchmarks' JSON records: seconds by phase and the compile / tune counts."""
         w = self.watch
         return {"ready_s": self.ready_s, "phases_s": {k: round(p.seconds, 3) for k, p in self.phases.items()},
+                "phases_compiles": {k: p.compiles for k, p in self.phases.items()},
                 "other_s": round(self.other_s, 3), "compiled": w.count(compile_watch.COMPILED),
                 "loaded_from_triton_cache": w.count(compile_watch.LOADED), "tuned": w.count(compile_watch.TUNED),
                 "loaded_from_tune_cache": w.count(compile_watch.TUNE_LOADED),

@@ -25,7 +25,7 @@ def test_nested_phases_are_exclusive_and_count_their_own_events() -> None:
     assert startup.finish() is report and startup.finish() is None
     outer, inner = report.phases["outer"], report.phases["inner"]
     assert 0.05 <= outer.seconds < 0.1 and 0.15 <= inner.seconds < 0.25
-    assert (outer.events, inner.events) == (1, 2)
+    assert (outer.events, inner.events) == (1, 2) and (outer.compiles, inner.compiles) == (1, 1)
     assert report.ready_s >= outer.seconds + inner.seconds and report.other_s >= 0
     d = report.as_dict()
     assert (d["compiled"], d["loaded_from_triton_cache"], d["tuned"], d["loaded_from_tune_cache"]) == (1, 1, 1, 0)
@@ -83,6 +83,7 @@ def test_the_parallel_compile_is_a_phase_with_its_count(monkeypatch: pytest.Monk
     assert passes == ["dry", "real"]
     assert list(report.phases) == ["warm-up", startup.PARALLEL_COMPILE]
     assert report.phases[startup.PARALLEL_COMPILE].events == 2 and report.phases["warm-up"].events == 0
+    assert report.as_dict()["phases_compiles"] == {"warm-up": 0, startup.PARALLEL_COMPILE: 2}
     assert report.describe().endswith("; parallel compile: 2 kernels on 16 threads (1 failed, compiled again at launch)")
     assert report.as_dict()["parallel_compile"] == {"on": True, "kernels": 2, "failed": 1, "workers": 16, "reason": ""}
 
