@@ -11,7 +11,8 @@ launch waits for it: a warm-up that meets a few hundred specialisations compiles
 * ``triton.autotune`` kernels (``Autotuner.run``) request every pruned config instead of benchmarking;
 * the runtime tuners (:mod:`ninfer.kernels.tuning`) see a :class:`DryTuner`: a key already chosen, or stored
   in the tune cache, requests its config; a key to be timed requests every candidate (their timings of
-  launches that did not run are thrown away, nothing is stored).
+  launches that did not run are thrown away, nothing is stored; ``triton.testing.do_bench`` calls its
+  function once instead of timing hundreds of repeats).
 
 The pool's threads run ``triton.compile``; leaving the async mode waits for all of them and puts each kernel
 into its function's in-memory cache. The real pass that follows finds every specialisation the dry pass
@@ -156,6 +157,7 @@ class DryTuner(TunerState):
 _dry = threading.local()  # .on: this thread's launches are dry
 _patch_lock = threading.Lock()
 _patched: list[int] = [0]  # open dry_launches blocks (any thread): the patches stay while one is open
+_originals: list[Any] = []  # JITFunction.run and Autotuner.run while patched
 
 
 def _is_dry() -> bool:
@@ -167,6 +169,17 @@ def _dry_jit_run(original: Callable[..., Any]) -> Callable[..., Any]:
     def run(self: Any, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> Any:
         return original(self, *args, grid=grid, warmup=warmup or _is_dry(), **kwargs)
     return run
+
+
+def _dry_do_bench(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def do_bench(fn: Callable[[], Any], *args: Any, **kwargs: Any) -> Any:
+        if not _is_dry():
+            return original(fn, *args, **kwargs)
+        fn()  # the one launch that requests the kernel; hundreds of timed repeats of nothing would cost seconds
+        quantiles = kwargs.get("quantiles")
+        return [0.0] * len(quantiles) if quantiles else 0.0
+    return do_bench
 
 
 def _dry_autotune_run(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -190,27 +203,29 @@ def _dry_autotune_run(original: Callable[..., Any]) -> Callable[..., Any]:
 @contextmanager
 def dry_launches() -> Iterator[None]:
     """Inside the block, this thread's Triton launches compile (or find) their kernel and run nothing;
-    multi-config ``triton.autotune`` launches request every pruned config and benchmark nothing."""
+    multi-config ``triton.autotune`` launches request every pruned config and benchmark nothing;
+    ``triton.testing.do_bench`` calls its function once and measures nothing."""
+    import triton.testing
     from triton.runtime.autotuner import Autotuner
     from triton.runtime.jit import JITFunction
 
     with _patch_lock:
         if _patched[0] == 0:
-            _originals[:] = [JITFunction.run, Autotuner.run]
+            _originals[:] = [JITFunction.run, Autotuner.run, triton.testing.do_bench]
             JITFunction.run = _dry_jit_run(JITFunction.run)
             Autotuner.run = _dry_autotune_run(Autotuner.run)
+            triton.testing.do_bench = _dry_do_bench(triton.testing.do_bench)
         _patched[0] += 1
     before = _is_dry()
     _dry.on = True
     try:
-        yield
+        with warnings.catch_warnings():  # tuners capture graphs of dry launches: graphs without kernels
+            warnings.filterwarnings("ignore", message=".*CUDA Graph is empty.*")
+            yield
     finally:
         _dry.on = before
         with _patch_lock:
             _patched[0] -= 1
             if _patched[0] == 0:
-                JITFunction.run, Autotuner.run = _originals
+                JITFunction.run, Autotuner.run, triton.testing.do_bench = _originals
                 _originals.clear()
-
-
-_originals: list[Any] = []

@@ -210,7 +210,8 @@ class ModelRunner:
         same batch layout on scratch page 0 and slot 0: slices of ``max_batch`` buffers, so that strides
         specialise the kernels alike), for the parallel compile's dry pass before them."""
         long = dict(dtype=torch.long, device=self.device)
-        ids, slots, positions = torch.zeros(max_batch, **long), torch.zeros(max_batch, **long), torch.zeros(3, max_batch, **long)
+        ids, slots, positions = (torch.zeros(max_batch, **long), torch.zeros(max_batch, **long),
+                                 torch.zeros(3, max_batch, **long))
         context = torch.ones(max_batch, dtype=torch.int32, device=self.device)
         cu_seqlens = torch.arange(max_batch + 1, dtype=torch.int32, device=self.device)
         tables = torch.zeros_like(self.block_tables)

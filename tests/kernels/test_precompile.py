@@ -266,3 +266,11 @@ def test_the_dry_tuner_launches_only_the_config_the_real_tuner_will_take(monkeyp
 
     untunable, timed = TunerState(), []  # on CPU: the favourite, never timed
     assert _choose(precompile.DryTuner(untunable), timed) == A and timed == []
+
+
+def test_do_bench_in_a_dry_pass_calls_its_function_once_and_times_nothing() -> None:
+    calls: list[int] = []
+    with precompile.dry_launches():
+        assert triton.testing.do_bench(lambda: calls.append(1), warmup=5, rep=20) == 0.0
+        assert triton.testing.do_bench(lambda: calls.append(1), quantiles=(0.5, 0.2)) == [0.0, 0.0]
+    assert calls == [1, 1] and not getattr(triton.testing.do_bench, "__wrapped__", None)

@@ -84,7 +84,8 @@ def test_the_parallel_compile_is_a_phase_with_its_count(monkeypatch: pytest.Monk
     assert list(report.phases) == ["warm-up", startup.PARALLEL_COMPILE]
     assert report.phases[startup.PARALLEL_COMPILE].events == 2 and report.phases["warm-up"].events == 0
     assert report.as_dict()["phases_compiles"] == {"warm-up": 0, startup.PARALLEL_COMPILE: 2}
-    assert report.describe().endswith("; parallel compile: 2 kernels on 16 threads (1 failed, compiled again at launch)")
+    assert report.describe().endswith(
+        "; parallel compile: 2 kernels on 16 threads (1 failed, compiled again at launch)")
     assert report.as_dict()["parallel_compile"] == {"on": True, "kernels": 2, "failed": 1, "workers": 16, "reason": ""}
 
 
