@@ -22,6 +22,13 @@ prefix cache on, CUDA graphs, warm-up), and reports the start-up phases and what
     python perf/bench_startup.py --shape 27b --recipe int4                   # cold then warm (GPU)
     python perf/bench_startup.py --shape 27b --recipe int4 --modes warm      # the caches as they are
     python perf/bench_startup.py --shape tiny --device cpu --long 600 --prefill 300 --modes warm  # smoke test
+    python perf/bench_startup.py --shape 27b --recipe int4 --modes cold --compile both --measure ttft \
+        --ttft-lanes 1 --budget 560                                          # parallel vs serial compile, cold
+
+The report's phases include ``parallel compile`` (the dry passes whose kernels compile on a thread pool,
+:mod:`ninfer.kernels.precompile`) and the record its count (``parallel_compile``). ``--compile serial``
+starts with ``NINFER_PARALLEL_COMPILE=0`` (each kernel compiled at its first launch, one after another);
+``--compile both`` runs each mode once per setting, each cold start with caches of its own, parallel first.
 """
 from __future__ import annotations
 
@@ -38,6 +45,7 @@ from common import record, sync
 from random_model import SHAPES, random_llm, random_model
 
 from ninfer.kernels import compile_watch
+from ninfer.kernels.precompile import ENV as PARALLEL_ENV
 from ninfer.runtime import startup
 from ninfer.runtime.engine_config import EngineConfig
 from ninfer.runtime.sampling import SamplingParams
@@ -62,7 +70,8 @@ def _nan() -> float:
 class Bench:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args, self.seed = args, 0
-        self.label = f"{args.shape} {args.recipe or 'bf16'}" + (f" L={args.layers}" if args.layers else "")
+        self.label = (f"{args.shape} {args.recipe or 'bf16'}" + (f" L={args.layers}" if args.layers else "")
+                      + (" serial-compile" if args.compile == "serial" else ""))
 
     def request(self, n: int, max_new: int):
         self.seed += 1  # a new prompt each time: no prefix-cache hit
@@ -70,6 +79,8 @@ class Bench:
 
     def start(self) -> None:
         args = self.args
+        if args.compile == "serial":  # also when this child was started by hand
+            os.environ[PARALLEL_ENV] = "0"
         report = startup.begin()
         with startup.phase(WEIGHTS):
             model = random_model(args.shape, device=args.device, num_layers=args.layers, recipe=args.recipe)
@@ -190,28 +201,40 @@ class Bench:
 
 
 def parent(args: argparse.Namespace, argv: list[str]) -> None:
-    """One child per mode; ``cold`` gets fresh cache directories that a later ``warm`` child reuses."""
-    env = dict(os.environ)
-    if "cold" in args.modes:
-        root = tempfile.mkdtemp(prefix="ninfer-startup-")
-        env |= {"TRITON_CACHE_DIR": f"{root}/triton", "NINFER_TUNE_CACHE": f"{root}/tune"}
+    """One child per mode (and compile setting); ``cold`` gets fresh cache directories that a later ``warm``
+    child of the same setting reuses."""
     deadline = time.perf_counter() + args.budget
-    for mode in args.modes:
-        # the warm child does the longer measurements (--measure all) unless told otherwise
-        measure = args.measure or ("all" if mode == "warm" else "ttft")
-        cmd = [sys.executable, __file__, *argv, "--child", mode, "--measure", measure]
-        limit = int(min(args.child_timeout, deadline - time.perf_counter()))
-        if limit < 30:
-            print(f"=== {mode} start skipped: {limit} s left of --budget {args.budget}", flush=True)
-            continue
-        print(f"=== {mode} start (child process, timeout {limit} s): caches "
-              f"{env.get('TRITON_CACHE_DIR', 'default')}, {env.get('NINFER_TUNE_CACHE', 'default')}", flush=True)
-        try:
-            rc = subprocess.run(cmd, env=env, timeout=limit, check=False).returncode
-            if rc:
-                print(f"{mode} child exited with status {rc}", flush=True)
-        except subprocess.TimeoutExpired:
-            print(f"{mode} child killed after {limit} s (records printed above were kept)", flush=True)
+    settings = ["parallel", "serial"] if args.compile == "both" else [args.compile]
+    for setting in settings:
+        env = dict(os.environ)
+        env.pop(PARALLEL_ENV, None)
+        if setting == "serial":
+            env[PARALLEL_ENV] = "0"
+        if "cold" in args.modes:
+            root = tempfile.mkdtemp(prefix="ninfer-startup-")
+            env |= {"TRITON_CACHE_DIR": f"{root}/triton", "NINFER_TUNE_CACHE": f"{root}/tune"}
+        for mode in args.modes:
+            _child(args, argv, mode, setting, env, deadline)
+
+
+def _child(args: argparse.Namespace, argv: list[str], mode: str, setting: str, env: dict, deadline: float) -> None:
+    """One start-up child: ``mode`` (cold / warm) with ``setting`` (parallel / serial compile)."""
+    # the warm child does the longer measurements (--measure all) unless told otherwise
+    measure = args.measure or ("all" if mode == "warm" else "ttft")
+    cmd = [sys.executable, __file__, *argv, "--child", mode, "--measure", measure, "--compile", setting]
+    limit = int(min(args.child_timeout, deadline - time.perf_counter()))
+    if limit < 30:
+        print(f"=== {mode} start ({setting} compile) skipped: {limit} s left of --budget {args.budget}",
+              flush=True)
+        return
+    print(f"=== {mode} start, {setting} compile (child process, timeout {limit} s): caches "
+          f"{env.get('TRITON_CACHE_DIR', 'default')}, {env.get('NINFER_TUNE_CACHE', 'default')}", flush=True)
+    try:
+        rc = subprocess.run(cmd, env=env, timeout=limit, check=False).returncode
+        if rc:
+            print(f"{mode} child exited with status {rc}", flush=True)
+    except subprocess.TimeoutExpired:
+        print(f"{mode} child killed after {limit} s (records printed above were kept)", flush=True)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -232,6 +255,9 @@ def main(argv: list[str] | None = None) -> None:
                    help="ttft: start-up and TTFT batches only (default for cold), all: also prefill and ITL")
     p.add_argument("--child-timeout", type=int, default=320, help="seconds a start-up mode's child may take")
     p.add_argument("--budget", type=int, default=520, help="seconds for all children together")
+    p.add_argument("--compile", choices=["parallel", "serial", "both"], default="parallel",
+                   help=f"kernels compiled in parallel before the warm-up (the default), serially at their "
+                        f"first launch ({PARALLEL_ENV}=0), or each start-up mode once with each")
     p.add_argument("--child", choices=["cold", "warm"], help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.recipe == "none":

@@ -33,3 +33,26 @@ def test_a_warm_child_measures_everything_and_records_it(tmp_path: Path, monkeyp
     assert all(r["itl_p50_ms"] <= r["itl_p99_ms"] <= r["itl_max_ms"] and r["tpot_ms"] > 0 for r in itl)
     after = by_bench["startup_after_ready"][0]
     assert after["median_ms"] == 0 and after["first_events"] == []
+
+
+def test_compile_both_starts_each_mode_once_per_setting_with_caches_of_its_own(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from ninfer.kernels import precompile
+
+    started: list[tuple[str, str, str | None, str]] = []
+
+    class Done:
+        returncode = 0
+
+    def run(cmd: list[str], env: dict, **kw: object) -> Done:
+        started.append((cmd[cmd.index("--child") + 1], cmd[len(cmd) - 1 - cmd[::-1].index("--compile") + 1],
+                        env.get(precompile.ENV), env["TRITON_CACHE_DIR"]))
+        return Done()
+
+    monkeypatch.setenv(precompile.ENV, "0")  # the parent's own setting does not leak into the parallel children
+    monkeypatch.setattr(bench_startup.subprocess, "run", run)
+    bench_startup.main(["--shape", "tiny", "--modes", "cold", "warm", "--compile", "both"])
+    assert [(m, s, e) for m, s, e, _ in started] == [("cold", "parallel", None), ("warm", "parallel", None),
+                                                      ("cold", "serial", "0"), ("warm", "serial", "0")]
+    caches = [c for *_, c in started]
+    assert caches[0] == caches[1] != caches[2] == caches[3]

@@ -21,6 +21,10 @@ report them and a test can prove that nothing happens after "ready":
 
 A Triton without the listener or ``Autotuner._bench`` leaves ``SUPPORT`` saying what cannot be counted,
 and :func:`install` warns once; :attr:`Watch.complete` is False then.
+
+:func:`muted` drops the events of the calling thread inside a block: the dry pass of
+:mod:`ninfer.kernels.precompile` reads tune-cache entries that the real pass reads again, while the
+compilations it requests run (and count) on the compile pool's threads.
 """
 from __future__ import annotations
 
@@ -53,6 +57,7 @@ _events: list[Event] = []
 _lock = threading.Lock()
 _installed: list[bool] = []
 _autotuned: set[tuple[int, str]] = set()  # (autotuner id, key): one event per key, not per timed config
+_thread = threading.local()  # ``muted``: this thread's events are dropped
 
 
 def _knob(path: str) -> Any:
@@ -76,7 +81,9 @@ SUPPORT = _support()
 
 
 def record(kind: str, name: str, key: str) -> None:
-    """Add one event (the hooks call this; so may a tuner of ninfer's own)."""
+    """Add one event (the hooks call this; so may a tuner of ninfer's own), unless this thread is muted."""
+    if getattr(_thread, "muted", False):
+        return
     with _lock:
         _events.append(Event(kind, name, key))
 
@@ -157,6 +164,17 @@ def install() -> dict[str, bool]:
         warnings.warn(f"Triton {triton.__version__} offers no hook for {' and '.join(missing)}: "
                       f"those are not counted (Triton >= 3.4 has them)", RuntimeWarning, stacklevel=2)
     return SUPPORT
+
+
+@contextlib.contextmanager
+def muted() -> Iterator[None]:
+    """Drop the events recorded by this thread inside the block (other threads' still count)."""
+    before = getattr(_thread, "muted", False)
+    _thread.muted = True
+    try:
+        yield
+    finally:
+        _thread.muted = before
 
 
 def mark() -> int:

@@ -58,6 +58,7 @@ class ModelRunner:
         # Speculation captures its own round graphs (MTPSpeculator); plain decoding replays these.
         self.graphs: DecodeGraphs | None = None
         if not config.draft_tokens and config.cuda_graphs and self.device.type == "cuda":
+            startup.parallel_compile(lambda: self._decode_passes(config.max_concurrency))
             self.graphs = DecodeGraphs(model, self.cache, self.block_tables, config.max_concurrency)
 
     # -- block tables -------------------------------------------------------------------------
@@ -168,8 +169,10 @@ class ModelRunner:
 
         Why: on a GPU the first chunk of a new length class costs seconds of compiling and benchmarking
         configs, and prompts meet new classes late (a short turn after long prompts, the 1-token chunk
-        before an end-of-prompt checkpoint, the remainder up to a checkpoint interval)."""
-        config, ps, dev = self.config, self.config.page_size, self.device
+        before an end-of-prompt checkpoint, the remainder up to a checkpoint interval). The passes run
+        twice: first dry, their kernels compiled in parallel (:func:`startup.parallel_compile`), then for
+        real, timing the tuners' candidates with nothing left to compile."""
+        config, ps = self.config, self.config.page_size
         step = max(config.prefill_chunk, while_decoding + riders)
         longest = min(step, config.max_context - 1, pages.num_available * ps)
         if longest < 1 or slots.num_free == 0:
@@ -178,8 +181,20 @@ class ModelRunner:
         pages.reserve(num_pages)
         scratch, slot = [pages.take_reserved() for _ in range(num_pages)], slots.acquire()
         self.set_pages(0, scratch)
-        slot_mapping = torch.tensor(self.slot_mapping(scratch, 0, longest), dtype=torch.long, device=dev)
-        heads = self.model.config.num_attention_heads
+        slot_mapping = torch.tensor(self.slot_mapping(scratch, 0, longest), dtype=torch.long, device=self.device)
+        startup.parallel_compile(lambda: self._warm_up_passes(longest, slot, slot_mapping, scratch, slots))
+        self._warm_up_passes(longest, slot, slot_mapping, scratch, slots)
+        self.cache.reset_slot(slot)
+        self.clear(0)
+        slots.release(slot)
+        pages.release(scratch)
+
+    def _warm_up_passes(self, longest: int, slot: int, slot_mapping: torch.Tensor, scratch: list[int],
+                        slots: SlotPool) -> None:
+        """The warm-up's forwards: one chunk of each :func:`warmup_chunk_lengths` length on lane 0's table
+        and ``slot`` (state reset before each), short split-KV lengths once more unsplit, then the packed
+        prefills of :meth:`_warm_packed`."""
+        dev, heads = self.device, self.model.config.num_attention_heads
         for n in warmup_chunk_lengths(longest):
             batch = make_batch(input_ids=torch.zeros(n, dtype=torch.long, device=dev),
                                positions=torch.arange(n, device=dev), seq_lens=[n], context_lens=[n],
@@ -191,10 +206,7 @@ class ModelRunner:
                 with forced_prefill_splits(1):
                     self.model(batch, self.cache)
         self.cache.reset_slot(slot)
-        slots.release(slot)
         self._warm_packed(scratch, slot_mapping, slots)
-        self.clear(0)
-        pages.release(scratch)
 
     def _warm_packed(self, scratch: list[int], slot_mapping: torch.Tensor, slots: SlotPool) -> None:
         """Prefill packed batches as serving builds them (decode rows, then one prompt chunk long enough
@@ -229,6 +241,23 @@ class ModelRunner:
                 slots.release(s)
             for lane in range(1, seqs):
                 self.clear(lane)
+
+    @torch.inference_mode()
+    def _decode_passes(self, max_batch: int) -> None:
+        """The decode forwards the graphs capture (:class:`DecodeGraphs`, batch sizes ``max_batch .. 1``, the
+        same batch layout on scratch page 0 and slot 0: slices of ``max_batch`` buffers, so that strides
+        specialise the kernels alike), for the parallel compile's dry pass before them."""
+        long = dict(dtype=torch.long, device=self.device)
+        ids, slots, positions = (torch.zeros(max_batch, **long), torch.zeros(max_batch, **long),
+                                 torch.zeros(3, max_batch, **long))
+        context = torch.ones(max_batch, dtype=torch.int32, device=self.device)
+        cu_seqlens = torch.arange(max_batch + 1, dtype=torch.int32, device=self.device)
+        tables = torch.zeros_like(self.block_tables)
+        for b in range(max_batch, 0, -1):
+            batch = make_batch(input_ids=ids[:b], positions=positions[:, :b], cu_seqlens=cu_seqlens[:b + 1],
+                               max_seqlen=1, context_lens=context[:b], block_tables=tables[:b],
+                               slot_mapping=slots[:b], state_slots=slots[:b])
+            self.model.logits(self.model(batch, self.cache))
 
 
 PACKED_WARMUP_CHUNK = 2 * CHUNK + 3  # a prompt chunk of two full DeltaNet chunks and a partial one

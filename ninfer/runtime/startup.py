@@ -7,7 +7,9 @@ it; ``LLM.startup`` keeps it. Phase times are exclusive: a phase nested in anoth
 inside building the engine) is not counted twice, and ``other`` is the rest of the wall time. Kernel
 and tuner counts come from :mod:`ninfer.kernels.compile_watch` over the whole start-up and per phase.
 
-Phases run outside any report (an engine built directly, in a test) time nothing.
+:func:`parallel_compile` is the phase of that name: a dry pass of the warm-up's work whose kernels compile on
+a thread pool (:mod:`ninfer.kernels.precompile`); the report counts what it compiled and says when it was
+off. Phases run outside any report (an engine built directly, in a test) time nothing.
 """
 from __future__ import annotations
 
@@ -18,15 +20,21 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TextIO, TypeVar
 
-from ninfer.kernels import compile_watch
+from ninfer.kernels import compile_watch, precompile
 
 F = TypeVar("F", bound=Callable[..., Any])
+PARALLEL_COMPILE = "parallel compile"
 
 
 @dataclass
 class Phase:
     seconds: float = 0.0
     events: int = 0  # compilations and tuner events while the phase (not a nested one) ran
+    compiles: int = 0  # of them: kernels compiled or loaded from Triton's disk cache
+
+
+def _compiles(position: int) -> int:
+    return sum(e.kind in (compile_watch.COMPILED, compile_watch.LOADED) for e in compile_watch.since(position))
 
 
 @dataclass
@@ -35,23 +43,27 @@ class StartupReport:
     start: float = field(default_factory=time.perf_counter)
     phases: dict[str, Phase] = field(default_factory=dict)
     ready_s: float | None = None
-    _stack: list[list[float]] = field(default_factory=list)  # per open phase: [nested seconds, nested events]
+    precompiled: list[precompile.Precompiled] = field(default_factory=list)  # each parallel_compile's result
+    # per open phase: [nested seconds, nested events, nested compiles]
+    _stack: list[list[float]] = field(default_factory=list)
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
         entry = self.phases.setdefault(name, Phase())  # listed in the order the phases began
         t0, e0 = time.perf_counter(), compile_watch.mark()
-        self._stack.append([0.0, 0.0])
+        self._stack.append([0.0, 0.0, 0.0])
         try:
             yield
         finally:
-            nested_s, nested_events = self._stack.pop()
-            seconds, events = time.perf_counter() - t0, compile_watch.mark() - e0
+            nested_s, nested_events, nested_compiles = self._stack.pop()
+            seconds, events, compiles = time.perf_counter() - t0, compile_watch.mark() - e0, _compiles(e0)
             entry.seconds += seconds - nested_s
             entry.events += events - int(nested_events)
+            entry.compiles += compiles - int(nested_compiles)
             if self._stack:
                 self._stack[-1][0] += seconds
                 self._stack[-1][1] += events
+                self._stack[-1][2] += compiles
 
     def close(self) -> None:
         if self.ready_s is None:
@@ -69,16 +81,33 @@ class StartupReport:
         parts = [f"{name} {p.seconds:.1f} s" + (f" ({p.events} new kernels/tunings)" if p.events else "")
                  for name, p in self.phases.items()]
         parts.append(f"other {self.other_s:.1f} s")
-        return f"ready in {total:.1f} s: {', '.join(parts)}\nstart-up {self.watch.summary()}"
+        text = f"ready in {total:.1f} s: {', '.join(parts)}\nstart-up {self.watch.summary()}"
+        return text + (f"; {self.precompile_summary()}" if self.precompiled else "")
+
+    def precompile_summary(self) -> str:
+        """``parallel compile: N kernels on W threads`` (with failures), or why it was off."""
+        ran = [p for p in self.precompiled if p.ran]
+        if not ran:
+            return f"parallel compile off ({self.precompiled[0].reason})"
+        jobs, failed = sum(p.jobs for p in ran), sum(p.failed for p in ran)
+        notes = [r.reason for r in ran if r.reason] + ([f"{failed} failed, compiled again at launch"] if failed else [])
+        return (f"parallel compile: {jobs} kernels on {max(p.workers for p in ran)} threads"
+                + (f" ({'; '.join(notes)})" if notes else ""))
 
     def as_dict(self) -> dict[str, Any]:
         """For benchmarks' JSON records: seconds by phase and the compile / tune counts."""
         w = self.watch
         return {"ready_s": self.ready_s, "phases_s": {k: round(p.seconds, 3) for k, p in self.phases.items()},
+                "phases_compiles": {k: p.compiles for k, p in self.phases.items()},
                 "other_s": round(self.other_s, 3), "compiled": w.count(compile_watch.COMPILED),
                 "loaded_from_triton_cache": w.count(compile_watch.LOADED), "tuned": w.count(compile_watch.TUNED),
                 "loaded_from_tune_cache": w.count(compile_watch.TUNE_LOADED),
-                "autotuned": w.count(compile_watch.AUTOTUNED)}
+                "autotuned": w.count(compile_watch.AUTOTUNED),
+                "parallel_compile": {"on": any(p.ran for p in self.precompiled),
+                                     "kernels": sum(p.jobs for p in self.precompiled),
+                                     "failed": sum(p.failed for p in self.precompiled),
+                                     "workers": max((p.workers for p in self.precompiled), default=0),
+                                     "reason": next((p.reason for p in self.precompiled if p.reason), "")}}
 
 
 _current: list[StartupReport] = []  # the open report, if any
@@ -104,6 +133,20 @@ def timed(name: str) -> Callable[[F], F]:
                 return fn(*args, **kwargs)
         return run  # type: ignore[return-value]
     return wrap
+
+
+def parallel_compile(dry_pass: Callable[[], Any]) -> precompile.Precompiled:
+    """Phase ``parallel compile``: :func:`ninfer.kernels.precompile.precompile` of ``dry_pass``, its result
+    kept in the open report (switched off: no phase, and the report says why)."""
+    reason = precompile.disabled_reason()
+    if reason is not None:
+        result = precompile.Precompiled(ran=False, reason=reason)
+    else:
+        with phase(PARALLEL_COMPILE):
+            result = precompile.precompile(dry_pass)
+    if _current:
+        _current[0].precompiled.append(result)
+    return result
 
 
 def finish(out: TextIO | None = None) -> StartupReport | None:

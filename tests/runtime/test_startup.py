@@ -25,7 +25,7 @@ def test_nested_phases_are_exclusive_and_count_their_own_events() -> None:
     assert startup.finish() is report and startup.finish() is None
     outer, inner = report.phases["outer"], report.phases["inner"]
     assert 0.05 <= outer.seconds < 0.1 and 0.15 <= inner.seconds < 0.25
-    assert (outer.events, inner.events) == (1, 2)
+    assert (outer.events, inner.events) == (1, 2) and (outer.compiles, inner.compiles) == (1, 1)
     assert report.ready_s >= outer.seconds + inner.seconds and report.other_s >= 0
     d = report.as_dict()
     assert (d["compiled"], d["loaded_from_triton_cache"], d["tuned"], d["loaded_from_tune_cache"]) == (1, 1, 1, 0)
@@ -61,3 +61,42 @@ def test_load_prints_the_report_when_ready(dense_ckpt: TinyCheckpoint, capsys: p
     assert lines[1].startswith("ninfer: start-up 0 kernels compiled, 0 loaded from Triton's cache")
     quiet = ninfer.load(dense_ckpt.path, device="cpu", max_concurrency=1, progress=False)
     assert "ready in" not in capsys.readouterr().err and quiet.startup.ready_s > 0
+
+
+def test_the_parallel_compile_is_a_phase_with_its_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ninfer.kernels import precompile
+
+    def compile_in_parallel(dry_pass):  # as precompile.precompile: the pool's compiles are events of the phase
+        dry_pass()
+        compile_watch.record(compile_watch.COMPILED, "k", "[A=1]")
+        compile_watch.record(compile_watch.COMPILED, "k", "[A=2]")
+        return precompile.Precompiled(ran=True, jobs=2, failed=1, workers=16, seconds=0.0)
+
+    monkeypatch.setattr(precompile, "disabled_reason", lambda: None)
+    monkeypatch.setattr(precompile, "precompile", compile_in_parallel)
+    report = startup.begin()
+    passes: list[str] = []
+    with startup.phase("warm-up"):
+        startup.parallel_compile(lambda: passes.append("dry"))
+        passes.append("real")
+    startup.finish()
+    assert passes == ["dry", "real"]
+    assert list(report.phases) == ["warm-up", startup.PARALLEL_COMPILE]
+    assert report.phases[startup.PARALLEL_COMPILE].events == 2 and report.phases["warm-up"].events == 0
+    assert report.as_dict()["phases_compiles"] == {"warm-up": 0, startup.PARALLEL_COMPILE: 2}
+    assert report.describe().endswith(
+        "; parallel compile: 2 kernels on 16 threads (1 failed, compiled again at launch)")
+    assert report.as_dict()["parallel_compile"] == {"on": True, "kernels": 2, "failed": 1, "workers": 16, "reason": ""}
+
+
+def test_switched_off_the_parallel_compile_is_no_phase_and_the_report_says_why(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from ninfer.kernels import precompile
+
+    monkeypatch.setenv(precompile.ENV, "0")
+    report = startup.begin()
+    result = startup.parallel_compile(lambda: pytest.fail("no dry pass when off"))
+    startup.finish()
+    assert not result.ran and startup.PARALLEL_COMPILE not in report.phases
+    assert report.describe().endswith(f"; parallel compile off ({precompile.ENV}=0)")
+    assert report.as_dict()["parallel_compile"]["on"] is False
