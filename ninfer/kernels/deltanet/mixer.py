@@ -8,6 +8,8 @@ prefix-cache checkpoints, CPU) the three ops run one after another, each through
 """
 from __future__ import annotations
 
+import os
+
 import torch
 
 from ninfer.kernels.conv import causal_conv1d, causal_conv1d_reference
@@ -63,12 +65,19 @@ def gated_deltanet_reference(
     return gated_rms_norm_reference(o, z.view(z.shape[0], hv, dv), norm_weight, eps).reshape(-1, hv * dv)
 
 
+def fused_decode_enabled() -> bool:
+    """Opt-in (``NINFER_FUSED_DELTANET_DECODE=1``) until its bf16 outputs are reconciled with the composed
+    path on the GPU: run 2026-12-02.5 measured 1.4-2.3% relative output and 2.6e-3 state differences at
+    4 tokens per sequence, above the test's bounds; the interpreter (fp32) agrees."""
+    return os.environ.get("NINFER_FUSED_DELTANET_DECODE", "0") == "1"
+
+
 def fused_decode_applies(qkv: torch.Tensor, state: torch.Tensor, max_seqlen: int | None,
                          state_out_slots: torch.Tensor | None, ckpt_offsets: torch.Tensor | None) -> bool:
     """Whether :func:`gated_deltanet` takes the one-launch decode kernel: on CUDA, a few tokens per sequence
     (decode, speculative verification; never with checkpoints, which the chunked kernel writes in-launch)."""
     few = max_seqlen is not None and max_seqlen <= min(RECURRENT_MAX_SEQLEN, MAX_TOKENS)
-    return (use_triton(qkv) and few and ckpt_offsets is None and check_head_dims(*state.shape[2:])
+    return (fused_decode_enabled() and use_triton(qkv) and few and ckpt_offsets is None and check_head_dims(*state.shape[2:])
             and (state_out_slots is None or state_out_slots.shape[1] >= max_seqlen))
 
 
