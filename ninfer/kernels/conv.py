@@ -43,10 +43,11 @@ def causal_conv1d_reference(
     first token and overwritten with the inputs after its last one. ``max_seqlen`` (host int,
     optional) lets kernels choose the decode path without a device sync. With ``state_out_slots [B, max_T]``
     the window after token ``t`` goes to slot ``state_out_slots[b, t]`` and the input slot is only
-    read (per-token windows for speculative verification). The product runs in the
-    weight's dtype, as transformers computes it.
+    read (per-token windows for speculative verification). The conv runs in the weight's dtype as
+    transformers' ``conv1d`` does (fp32 accumulation, the sum rounded to the weight dtype), then the SiLU.
     """
     taps = weight.shape[1]
+    acc = torch.promote_types(weight.dtype, torch.float32)
     out = torch.empty_like(x)
     bounds = cu_seqlens.tolist()
     for b, slot in enumerate(slot_ids.tolist()):
@@ -54,8 +55,10 @@ def causal_conv1d_reference(
         if end == start:
             continue
         window = torch.cat([conv_state[slot].to(weight.dtype), x[start:end].t().to(weight.dtype)], dim=-1)
-        # The depthwise conv as a sum over the taps: torch's grouped conv1d is slow on small CPU inputs.
-        y = (window.unfold(-1, taps, 1) * weight[:, None, :]).sum(-1)  # [C, T]
+        # The depthwise conv as a sum over the taps (torch's grouped conv1d is slow on small CPU inputs), with
+        # conv1d's numerics: products and sum in at least fp32, one rounding to the weight dtype (a bf16 product
+        # would round every tap).
+        y = (window.unfold(-1, taps, 1).to(acc) * weight.to(acc)[:, None, :]).sum(-1).to(weight.dtype)  # [C, T]
         out[start:end] = F.silu(y).t().to(x.dtype)
         if state_out_slots is not None:
             for t in range(end - start):  # the window after token t ends at window column t + taps - 1

@@ -1,6 +1,10 @@
 """The one-launch Gated DeltaNet decode kernel on the GPU at 27B and 35B-A3B shapes, bf16 inputs with fp32
 state, against the composed PyTorch reference (conv, rule, gated norm) and the composed Triton path, in and
-out of a CUDA graph; outputs are NaN-poisoned before every run."""
+out of a CUDA graph; outputs are NaN-poisoned before every run.
+
+The reference gets ``b`` in fp32: the kernels keep ``beta = sigmoid(b)`` in fp32, while the reference computes it
+in ``b``'s dtype as transformers does; that rounding alone moves the state by ~1e-3 relative (the bound below)
+at these shapes, in the composed Triton path as much as in the fused one (both emulated in PyTorch on CPU)."""
 from __future__ import annotations
 
 import pytest
@@ -22,11 +26,16 @@ TAPS, EPS = 4, 1e-6
 # Relative Frobenius errors: the output is bf16 (its rounding alone ~2e-3) and the rule runs in fp32 on
 # both sides, so a flipped bf16 rounding of a conv output is the largest difference the state sees.
 OUT_TOL, STATE_TOL = 1e-2, 1e-3
+# Against the composed Triton path, which rounds at the same points (the fp16 interpreter test in
+# tests/kernels/test_deltanet_decode.py finds them bit-equal), only fp32 summation orders differ and flip a bf16
+# rounding now and then: emulated in PyTorch with one conv output and one rule output in 1e4 off by an ulp (about
+# 10x what fp32 reordering causes), that moves outputs by <= 7e-4 and states by <= 1.5e-4 (the 16-wide heads).
+FUSED_OUT_TOL, FUSED_STATE_TOL = 2e-3, 2e-4
 
 
 @pytest.fixture(autouse=True)
-def _fused_decode_on(monkeypatch) -> None:
-    monkeypatch.setenv("NINFER_FUSED_DELTANET_DECODE", "1")  # opt-in until its bf16 bounds are settled
+def _fused_decode_default(monkeypatch) -> None:
+    monkeypatch.delenv("NINFER_FUSED_DELTANET_DECODE", raising=False)  # the default: on
 
 
 def _layer(dims: tuple[int, int, int, int], slots: int, seed: int) -> dict:
@@ -57,6 +66,11 @@ def _tokens(dims: tuple[int, int, int, int], n: int, seed: int) -> tuple[torch.T
 
 def _rel(x: torch.Tensor, ref: torch.Tensor) -> float:
     return ((x.double() - ref.double()).norm() / ref.double().norm()).item()
+
+
+def _reference(qkv, z, a, b, *rest) -> torch.Tensor:
+    """:func:`gated_deltanet_reference` with ``b`` in fp32, the kernels' beta (see the module docstring)."""
+    return gated_deltanet_reference(qkv, z, a, b.float(), *rest)
 
 
 def _composed_triton(qkv, z, a, b, layer, conv_state, state, cu, slot_ids, max_seqlen, out_slots):
@@ -103,13 +117,14 @@ def test_fused_decode_matches_composed_paths(shape: str, batch: int, tokens: int
         assert fused_decode_applies(qkv, layer["state"], tokens, out_slots, None)
         out = gated_deltanet(qkv, z, a, b, layer["conv_weight"], layer["conv_state"], *params, layer["state"], cu,
                              slot_ids, tokens, out_slots)
-        ref = gated_deltanet_reference(qkv, z, a, b, layer["conv_weight"], ref_conv, *params, ref_state, cu,
-                                       slot_ids, tokens, out_slots)
+        ref = _reference(qkv, z, a, b, layer["conv_weight"], ref_conv, *params, ref_state, cu, slot_ids, tokens,
+                         out_slots)
         tri = _composed_triton(qkv, z, a, b, layer, tri_conv, tri_state, cu, slot_ids, tokens, out_slots)
         assert torch.isfinite(out).all()
-        assert _rel(out, ref) < OUT_TOL and _rel(out, tri) < OUT_TOL
+        assert _rel(out, tri) < FUSED_OUT_TOL and _rel(tri, ref) < OUT_TOL and _rel(out, ref) < OUT_TOL
+        assert torch.equal(layer["conv_state"], tri_conv) and _rel(layer["state"], tri_state) < FUSED_STATE_TOL
         _check_slots(layer, ref_conv, ref_state)
-        assert torch.equal(layer["conv_state"], tri_conv) and _rel(layer["state"], tri_state) < STATE_TOL
+        assert _rel(tri_state, ref_state) < STATE_TOL
 
 
 @pytest.mark.parametrize("per_token", [False, True], ids=["in-place", "per-token-slots"])
@@ -143,8 +158,7 @@ def test_fused_decode_replays_in_a_cuda_graph(shape: str, tokens: int, per_token
             buf.copy_(new)
         out.fill_(float("nan"))
         graph.replay()
-        ref = gated_deltanet_reference(*inputs, layer["conv_weight"], ref_conv, *params, ref_state, cu, slot_ids,
-                                       tokens, out_slots)
+        ref = _reference(*inputs, layer["conv_weight"], ref_conv, *params, ref_state, cu, slot_ids, tokens, out_slots)
         assert torch.isfinite(out).all() and _rel(out, ref) < OUT_TOL
         _check_slots(layer, ref_conv, ref_state)
 

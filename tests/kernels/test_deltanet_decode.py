@@ -1,14 +1,18 @@
 """The one-launch Gated DeltaNet decode kernel (CPU interpreter) against the composed PyTorch reference:
-conv + SiLU, the gated delta rule and the gated RMSNorm, with their state slots."""
+conv + SiLU, the gated delta rule and the gated RMSNorm, with their state slots; and in fp16 against the
+composed Triton path (conv, recurrent rule and gated norm kernels), whose roundings it must repeat."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 from kernel_testing import assert_close, poisoned_outputs  # noqa: F401  (fixture)
+from ninfer.kernels.conv import causal_conv1d_triton
 from ninfer.kernels.deltanet.decode import gated_deltanet_decode_triton
 from ninfer.kernels.deltanet.mixer import gated_deltanet, gated_deltanet_reference
+from ninfer.kernels.deltanet.recurrent import gated_delta_rule_recurrent_triton
 from ninfer.kernels.dispatch import INTERPRET
+from ninfer.kernels.norms import gated_rms_norm_triton
 
 pytestmark = [pytest.mark.skipif(not INTERPRET, reason="Triton launchers on CPU need TRITON_INTERPRET=1"),
               pytest.mark.usefixtures("poisoned_outputs")]
@@ -78,6 +82,88 @@ def test_speculative_rows_write_every_token_to_its_slot() -> None:
 
 def test_fp16_inputs() -> None:
     _check([1, 2], hk=2, hv=4, dk=16, dv=32, dtype=torch.float16, tol=2e-3, seed=3, steps=2)
+
+
+def _composed_triton(qkv: torch.Tensor, z: torch.Tensor, a: torch.Tensor, b: torch.Tensor, layer: dict,
+                     conv_state: torch.Tensor, state: torch.Tensor, cu: torch.Tensor, slot_ids: torch.Tensor,
+                     max_seqlen: int, out_slots: torch.Tensor | None) -> torch.Tensor:
+    """Conv, recurrent rule and gated norm as three Triton launches: the path the one-launch kernel replaces."""
+    n, (hv, dk, dv) = qkv.shape[0], state.shape[1:]
+    hk = (qkv.shape[1] - hv * dv) // (2 * dk)
+    mixed = causal_conv1d_triton(qkv, layer["conv_weight"], conv_state, cu, slot_ids, max_seqlen, out_slots)
+    q, k, v = mixed.split([hk * dk, hk * dk, hv * dv], dim=-1)
+    o = gated_delta_rule_recurrent_triton(q.reshape(n, hk, dk), k.reshape(n, hk, dk), v.reshape(n, hv, dv), a, b,
+                                          layer["A_log"], layer["dt_bias"], state, cu, slot_ids, out_slots)
+    return gated_rms_norm_triton(o, z.view(n, hv, dv), layer["norm_weight"], EPS).reshape(n, hv * dv)
+
+
+def _ulps(x: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """Distance in units in the last place of same-signed fp16 values (their bit patterns are ordered)."""
+    return (x.view(torch.int16).int() - ref.view(torch.int16).int()).abs()
+
+
+@pytest.mark.parametrize("case", [
+    ([1, 3, 0, 4], 2, 6, 16, 32, False),  # GQA, ragged, an empty sequence, in place
+    ([4, 2], 1, 2, 32, 16, True),  # verification rows: per-token state and conv slots
+    ([1, 4], 1, 1, 128, 128, False),  # the models' head dims
+], ids=["gqa-ragged", "per-token", "dk128"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_repeats_the_composed_triton_roundings(case: tuple, dtype: torch.dtype) -> None:
+    """fp16 (the interpreter computes it right, unlike bf16): both paths round at the same points (conv sum and
+    SiLU output to the weight / input dtype, the rule's output before the norm, the normed value and its product
+    with the weight), so they agree to the bit; only fp32 summation order may differ, which can flip a rounding
+    rarely. One rounding point more or less in either path flips 10-50% of the outputs by an ulp or more, far
+    over the bound of at most 1% one ulp off; tests/gpu/test_deltanet_decode_gpu.py checks the same in bf16."""
+    lens, hk, hv, dk, dv, per_token = case
+    batch = len(lens)
+    slots = 2 * batch + batch * max(lens) + 1
+    layer = _layer(hk, hv, dk, dv, slots, dtype, seed=5)
+    tri_conv, tri_state = layer["conv_state"].clone(), layer["state"].clone()
+    perm = torch.randperm(slots, generator=torch.Generator().manual_seed(5))
+    slot_ids = perm[:batch]
+    out_slots = perm[batch:batch + batch * max(lens)].reshape(batch, max(lens)) if per_token else None
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+    for step in range(2):  # the second call reads the slots the first one wrote
+        qkv, z, a, b = _tokens(sum(lens), hv, dv, 2 * hk * dk + hv * dv, dtype, 50 + step)
+        params = (layer["A_log"], layer["dt_bias"], layer["norm_weight"], EPS)
+        out = gated_deltanet_decode_triton(qkv, z, a, b, layer["conv_weight"], layer["conv_state"], *params,
+                                           layer["state"], cu, slot_ids, max(lens), out_slots)
+        tri = _composed_triton(qkv, z, a, b, layer, tri_conv, tri_state, cu, slot_ids, max(lens), out_slots)
+        assert torch.isfinite(out).all() and torch.isfinite(tri).all()
+        if dtype == torch.float16:
+            off = _ulps(out, tri)
+            assert off.max() <= 1 and (off > 0).float().mean() <= 1e-2, f"{(off > 0).sum()} of {off.numel()} differ"
+        else:
+            assert_close(out, tri, 1e-6)
+        assert torch.equal(layer["conv_state"], tri_conv)
+        state_err = ((layer["state"] - tri_state).norm() / tri_state.norm()).item()
+        assert state_err < 1e-7, f"state relative error {state_err:.2e}"
+
+
+@pytest.mark.parametrize("per_token", [False, True], ids=["in-place", "per-token"])
+def test_conv_weight_narrower_than_the_activations(per_token: bool) -> None:
+    """fp32 activations and slots, an fp16 conv weight: the conv reads its window in the weight's dtype, so the
+    windows it writes back are rounded through it too (the reference's and the conv kernel's), while the rule and
+    the norm stay in fp32."""
+    lens, hk, hv, dk, dv = [3, 1], 1, 2, 16, 16
+    batch = len(lens)
+    slots = 2 * batch + batch * max(lens) + 1
+    layer = _layer(hk, hv, dk, dv, slots, torch.float32, seed=6)
+    layer["conv_weight"] = layer["conv_weight"].half()
+    ref_conv, ref_state = layer["conv_state"].clone(), layer["state"].clone()
+    perm = torch.randperm(slots, generator=torch.Generator().manual_seed(6))
+    slot_ids = perm[:batch]
+    out_slots = perm[batch:batch + batch * max(lens)].reshape(batch, max(lens)) if per_token else None
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+    qkv, z, a, b = _tokens(sum(lens), hv, dv, 2 * hk * dk + hv * dv, torch.float32, 6)
+    params = (layer["A_log"], layer["dt_bias"], layer["norm_weight"], EPS)
+    out = gated_deltanet_decode_triton(qkv, z, a, b, layer["conv_weight"], layer["conv_state"], *params,
+                                       layer["state"], cu, slot_ids, max(lens), out_slots)
+    ref = gated_deltanet_reference(qkv, z, a, b, layer["conv_weight"], ref_conv, *params, ref_state, cu, slot_ids,
+                                   max(lens), out_slots)
+    assert_close(out, ref, 1e-5)
+    assert_close(layer["state"], ref_state, 1e-5)
+    assert torch.equal(layer["conv_state"], ref_conv)
 
 
 def test_dispatcher_composes_the_ops_off_cuda() -> None:

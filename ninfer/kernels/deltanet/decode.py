@@ -12,9 +12,11 @@ another, each with its whole ``[dk, dv]`` fp32 state in registers (``BV = DV``):
 
 This trades parallelism at batch 1 (``B * Hk`` programs instead of the recurrent kernel's
 ``B * Hv * dv / BV``) for two fewer launches per layer (the conv and the norm) and no round trip of
-the conv output and the rule's output through memory. Numerics follow the composed path: the conv
-output is rounded to the input dtype before the norm and the rule, the rule's output to the input
-dtype before the gated norm.
+the conv output and the rule's output through memory. Numerics follow the composed path (conv, recurrent
+and gated-norm kernels) rounding for rounding: the conv's fp32 tap sum to the weight dtype, its SiLU to the
+weight then the input dtype, the windows it writes back through the weight dtype; gates, L2 norms and the
+rule in fp32 (no ``tl.dot``); the rule's output, the normed value and the output to the input dtype, the
+norm weight's product to ``promote(weight, input)``. Only fp32 summation orders differ.
 
 Speculative verification (``state_out_slots``) keeps its per-token states: the conv window and the
 DeltaNet state after token ``t`` go to slot ``state_out_slots[b, t]`` and the input slot is only read.
@@ -68,15 +70,16 @@ def _conv_silu(x_rows, sx_n, slot_row, ss_k, w_rows, sw_k, t: tl.constexpr, K: t
 
 
 @triton.jit
-def _store_window(x_rows, sx_n, old_row, new_row, ss_k, last, K: tl.constexpr):
+def _store_window(x_rows, sx_n, old_row, new_row, ss_k, last, K: tl.constexpr, WDT: tl.constexpr):
     """Write the window after position ``last`` (its ``K - 1`` inputs, oldest first; those before position 0
-    from the old window ``old_row``) to ``new_row``."""
+    from the old window ``old_row``) to ``new_row``, rounded through the weight dtype ``WDT`` as the conv reads
+    them (and as the conv kernel and the reference write them)."""
     vals = ()
     for j in tl.static_range(K - 1):
         pos = last - (K - 2) + j
         from_x = tl.load(x_rows + pos * sx_n, mask=pos >= 0, other=0.0)
         from_old = tl.load(old_row + (K - 1 + pos) * ss_k, mask=pos < 0, other=0.0)
-        vals = vals + (tl.where(pos >= 0, from_x.to(tl.float32), from_old.to(tl.float32)),)
+        vals = vals + (tl.where(pos >= 0, from_x.to(WDT), from_old.to(WDT)),)
     tl.debug_barrier()  # in place: every thread's reads of the old window come before any write
     for j in tl.static_range(K - 1):
         tl.store(new_row + j * ss_k, vals[j].to(new_row.dtype.element_ty))
@@ -84,16 +87,16 @@ def _store_window(x_rows, sx_n, old_row, new_row, ss_k, last, K: tl.constexpr):
 
 @triton.jit
 def _update_windows(rows, sx_n, slot_rows, conv_state, out_slots, seq, length, ch, ss_s, ss_c, ss_k, so_b,
-                    K: tl.constexpr, T_MAX: tl.constexpr, HAS_OUT_SLOTS: tl.constexpr):
+                    K: tl.constexpr, T_MAX: tl.constexpr, HAS_OUT_SLOTS: tl.constexpr, WDT: tl.constexpr):
     """The conv windows of channels ``ch``: after every token to its out slot, or after the last one in place."""
     if HAS_OUT_SLOTS:
         for t in tl.static_range(T_MAX):
             if t < length:
                 out_slot = tl.load(out_slots + seq * so_b + t).to(tl.int64)
                 _store_window(rows + ch, sx_n, slot_rows + ch * ss_c, conv_state + out_slot * ss_s + ch * ss_c,
-                              ss_k, t, K)
+                              ss_k, t, K, WDT)
     else:
-        _store_window(rows + ch, sx_n, slot_rows + ch * ss_c, slot_rows + ch * ss_c, ss_k, length - 1, K)
+        _store_window(rows + ch, sx_n, slot_rows + ch * ss_c, slot_rows + ch * ss_c, ss_k, length - 1, K, WDT)
 
 
 @triton.autotune(
@@ -160,12 +163,12 @@ def _decode_kernel(
         if not HAS_OUT_SLOTS:
             tl.store(state + slot * stride_state_s + head_block, s)
         _update_windows(rows, stride_qkv_t, slot_rows, conv_state, out_slots, seq, length, v_ch, stride_cs_s,
-                        stride_cs_c, stride_cs_k, stride_out_slots_b, K, T_MAX, HAS_OUT_SLOTS)
+                        stride_cs_c, stride_cs_k, stride_out_slots_b, K, T_MAX, HAS_OUT_SLOTS, WDT)
     # The q/k windows last: every value head above convolved the old ones.
     _update_windows(rows, stride_qkv_t, slot_rows, conv_state, out_slots, seq, length, q_ch, stride_cs_s,
-                    stride_cs_c, stride_cs_k, stride_out_slots_b, K, T_MAX, HAS_OUT_SLOTS)
+                    stride_cs_c, stride_cs_k, stride_out_slots_b, K, T_MAX, HAS_OUT_SLOTS, WDT)
     _update_windows(rows, stride_qkv_t, slot_rows, conv_state, out_slots, seq, length, k_ch, stride_cs_s,
-                    stride_cs_c, stride_cs_k, stride_out_slots_b, K, T_MAX, HAS_OUT_SLOTS)
+                    stride_cs_c, stride_cs_k, stride_out_slots_b, K, T_MAX, HAS_OUT_SLOTS, WDT)
 
 
 def gated_deltanet_decode_triton(
