@@ -411,3 +411,121 @@ def launch_tiles(x, q, scales, out, swiglu: bool, cfg: GemmConfig) -> None:
                             FUSED_REDUCE=counters is not None, TOKENS=cfg.block_m, BLOCK_N=cfg.block_n,
                             BLOCK_K=cfg.block_k, ASM=not INTERPRET, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
                             **({"maxnreg": cfg.max_registers} if cfg.max_registers else {}))
+
+
+# --- register-fragment decode: each thread loads its own mma.sync operand fragments from global memory ---
+# Weights re-laid out so that the 16 bytes lane (g, t) of the warp owning a 16-row tile reads per 64 columns are
+# exactly its A fragments of four m16n8k16 MMAs (no shared memory, no ldmatrix): for MMA j of chunk c, byte 0 of its
+# word = W[g, 16j + 2t] | W[g, 16j + 2t + 8] << 4, byte 1 the same at column + 1, bytes 2-3 the same for row g + 8,
+# so the decode's four bf16x2 outputs are A's registers in order. The activations go in lane order too
+# (``frag_x``): two 16-byte loads per lane and chunk, from L1/L2 (they are shared by every row tile).
+_FRAG_LOAD = tl.constexpr("ld.global.nc.L1::no_allocate.v4.b32 {$0, $1, $2, $3}, [$4];")
+_DEC = """prmt.b32 t, {w}, 0, 0x4140; lop3.b32 t, t, 0x000F000F, 0x43004300, 0xEA; fma.rn.bf16x2 {a0}, t, one, bias;
+    prmt.b32 t, {w}, 0, 0x4342; lop3.b32 t, t, 0x000F000F, 0x43004300, 0xEA; fma.rn.bf16x2 {a1}, t, one, bias;
+    shr.u32 h, {w}, 4;
+    prmt.b32 t, h, 0, 0x4140; lop3.b32 t, t, 0x000F000F, 0x43004300, 0xEA; fma.rn.bf16x2 {a2}, t, one, bias;
+    prmt.b32 t, h, 0, 0x4342; lop3.b32 t, t, 0x000F000F, 0x43004300, 0xEA; fma.rn.bf16x2 {a3}, t, one, bias;"""
+_MMA = ("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {{$0, $1, $2, $3}}, {{{a}}}, {{{b}}}, "
+        "{{{c}}};")
+
+
+def _frag_chunk_asm() -> str:
+    lines = ["{", ".reg .b32 a<16>, b<8>, t, h, one, bias;", "mov.b32 one, 0x3F803F80;", "mov.b32 bias, 0xC308C308;",
+             "ld.global.v4.b32 {b0, b1, b2, b3}, [$8];", "ld.global.v4.b32 {b4, b5, b6, b7}, [$8+16];"]
+    for j in range(4):
+        regs = [f"a{4 * j + i}" for i in range(4)]
+        lines.append(_DEC.format(w=f"${4 + j}", a0=regs[0], a1=regs[1], a2=regs[2], a3=regs[3]))
+        c = "$9, $10, $11, $12" if j == 0 else "$0, $1, $2, $3"
+        lines.append(_MMA.format(a=", ".join(regs), b=f"b{2 * j}, b{2 * j + 1}", c=c))
+    lines.append("}")
+    return "\n".join(lines)
+
+
+_FRAG_CHUNK = tl.constexpr(_frag_chunk_asm())
+
+
+@triton.jit
+def _frag_group(d0, d1, d2, d3, w, x_addr):
+    return tl.inline_asm_elementwise(_FRAG_CHUNK, "=f,=f,=f,=f,r,r,r,r,l,f,f,f,f",
+                                     [w[0], w[1], w[2], w[3], x_addr, d0, d1, d2, d3],
+                                     dtype=(tl.float32, tl.float32, tl.float32, tl.float32), is_pure=True, pack=1)
+
+
+@triton.jit
+def _frag_load(addr):
+    return tl.inline_asm_elementwise(_FRAG_LOAD, "=r,=r,=r,=r,l", [addr],
+                                     dtype=(tl.int32, tl.int32, tl.int32, tl.int32), is_pure=True, pack=1)
+
+
+@triton.jit(do_not_specialize=["chunks_per_split"])
+def _frag_kernel(q_ptr, xf_ptr, s_ptr, out_ptr, M, N, KC, chunks_per_split, stride_sn, W: tl.constexpr):
+    """``out[M, N] += x @ W^T`` (fp32, atomics across splits) for M <= 8; one 16-row tile per warp, K in
+    64-column chunks, two chunks per 128-column scale group."""
+    e = tl.arange(0, 32 * W)  # one element per thread: element i is thread i
+    lane = e % 32
+    tile = tl.program_id(0) * W + e // 32
+    g = lane // 4
+    t = lane % 4
+    row_lo = tile * 16 + g
+    c_first = tl.program_id(1) * chunks_per_split
+    c0 = tl.zeros((32 * W,), dtype=tl.float32)
+    c1 = tl.zeros((32 * W,), dtype=tl.float32)
+    c2 = tl.zeros((32 * W,), dtype=tl.float32)
+    c3 = tl.zeros((32 * W,), dtype=tl.float32)
+    q_lane = q_ptr.to(tl.int64) + ((tile.to(tl.int64) * KC) * 32 + lane) * 16
+    x_lane = xf_ptr.to(tl.int64) + lane * 32
+    for c in range(c_first, c_first + chunks_per_split, 2):
+        w_a = _frag_load(q_lane + c * 512)
+        w_b = _frag_load(q_lane + (c + 1) * 512)
+        d0 = tl.zeros((32 * W,), dtype=tl.float32)
+        d1 = tl.zeros((32 * W,), dtype=tl.float32)
+        d2 = tl.zeros((32 * W,), dtype=tl.float32)
+        d3 = tl.zeros((32 * W,), dtype=tl.float32)
+        d0, d1, d2, d3 = _frag_group(d0, d1, d2, d3, w_a, x_lane + c * 1024)
+        d0, d1, d2, d3 = _frag_group(d0, d1, d2, d3, w_b, x_lane + (c + 1) * 1024)
+        s_lo = tl.load(s_ptr + row_lo * stride_sn + c // 2).to(tl.float32)
+        s_hi = tl.load(s_ptr + (row_lo + 8) * stride_sn + c // 2).to(tl.float32)
+        c0 += d0 * s_lo
+        c1 += d1 * s_lo
+        c2 += d2 * s_hi
+        c3 += d3 * s_hi
+    tok = 2 * t
+    tl.atomic_add(out_ptr + tok * N + row_lo, c0, mask=tok < M, sem="relaxed")
+    tl.atomic_add(out_ptr + (tok + 1) * N + row_lo, c1, mask=tok + 1 < M, sem="relaxed")
+    tl.atomic_add(out_ptr + tok * N + row_lo + 8, c2, mask=tok < M, sem="relaxed")
+    tl.atomic_add(out_ptr + (tok + 1) * N + row_lo + 8, c3, mask=tok + 1 < M, sem="relaxed")
+
+
+def frag_weights(packed: torch.Tensor) -> torch.Tensor:
+    """Row-major packed int4 ``[N, K/2]`` (low nibble = even column) -> the lane-ordered layout of
+    :func:`_frag_kernel`, as ``[N/16 * K/64 * 32, 4]`` int32 (tile, chunk, lane, MMA)."""
+    n, kb = packed.shape
+    k = 2 * kb
+    codes = torch.stack([packed & 0xF, packed >> 4], dim=-1).view(n, k).to(torch.int32)
+    c = codes.view(n // 16, 2, 8, k // 64, 4, 2, 4, 2)  # tile, row half, g, chunk, mma j, col half, t, col parity
+    # byte (half, parity) = code[col half 0] | code[col half 1] << 4
+    byte = c[:, :, :, :, :, 0] | (c[:, :, :, :, :, 1] << 4)  # tile, half, g, chunk, j, t, parity
+    byte = byte.permute(0, 3, 2, 5, 4, 1, 6)  # tile, chunk, g, t, j, half, parity
+    word = byte[..., 0, 0] | (byte[..., 0, 1] << 8) | (byte[..., 1, 0] << 16) | (byte[..., 1, 1] << 24)
+    return word.reshape(-1, 4).contiguous()
+
+
+def frag_x(x: torch.Tensor) -> torch.Tensor:
+    """Activations ``[M <= 8, K]`` (bf16) -> lane-ordered B fragments ``[K/64, 32, 4, 2]`` int32: for lane (g, t)
+    and MMA j of chunk c, register 0 = x[g, 64c + 16j + 2t : +2], register 1 the same 8 columns on."""
+    m, k = x.shape
+    xp = torch.zeros(8, k, dtype=x.dtype, device=x.device)
+    xp[:m] = x
+    pairs = xp.view(8, k // 64, 4, 2, 4, 2)  # g, chunk, j, half, t, pair
+    pairs = pairs.permute(1, 0, 4, 2, 3, 5).contiguous()  # chunk, g, t, j, half, pair
+    return pairs.view(torch.int32).view(k // 64, 32, 4, 2)
+
+
+def launch_frag(xf: torch.Tensor, m: int, qf: torch.Tensor, scales: torch.Tensor, out: torch.Tensor,
+                warps: int, split: int) -> None:
+    n = out.shape[1]
+    kc = xf.shape[0]
+    per = kc // split
+    out.zero_()
+    _frag_kernel[(n // (16 * warps), split)](qf, xf, scales, out, m, n, kc, per, scales.stride(0), W=warps,
+                                           num_warps=warps)

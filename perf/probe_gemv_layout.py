@@ -33,6 +33,9 @@ from probe_gemv_kernels import (
     launch_3d,
     launch_ablate,
     launch_tiles,
+    frag_weights,
+    frag_x,
+    launch_frag,
     launch_w4a8,
     quantize_x,
     to_tiles,
@@ -163,6 +166,52 @@ def w4a8(configs: str, shapes: list[str]) -> None:
         torch.cuda.empty_cache()
 
 
+def frag(configs: str, shapes: list[str]) -> None:
+    """The register-fragment decode (no shared memory on the weight path) at M = 1 / 8 against an fp32 reference."""
+    bw = copy_bandwidth_tbps()
+    for name, (n, k, _swiglu) in SHAPES.items():
+        if name not in shapes:
+            continue
+        nbytes = n * k // 2
+        reps = copies(nbytes)
+        packed = [torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device="cuda") for _ in range(reps)]
+        qs = [frag_weights(q) for q in packed]
+        scales = [torch.rand(n, k // GROUP, device="cuda", dtype=torch.bfloat16) * 0.01 for _ in range(reps)]
+        codes = torch.stack([packed[0] & 0xF, packed[0] >> 4], dim=-1).view(n, k).float() - 8
+        w0 = (codes.view(n, -1, GROUP) * scales[0].float()[..., None]).view(n, k)
+        del codes
+        for m in (1, 8):
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            xf = frag_x(x)
+            want = x.float() @ w0.t()
+            out = torch.empty(m, n, device="cuda", dtype=torch.float32)
+            for item in configs.split(","):
+                warps, split = (int(v) for v in item.split("x"))
+                kc = k // 64
+                if kc % split or (kc // split) % 2 or n % (16 * warps):
+                    continue
+                label = f"{name} M={m} frag w{warps} s{split}"
+                state = {"i": 0}
+
+                def run(warps=warps, split=split) -> None:
+                    i = state["i"] % len(qs)
+                    state["i"] += 1
+                    launch_frag(xf, m, qs[i], scales[i], out, warps, split)
+                try:
+                    launch_frag(xf, m, qs[0], scales[0], out, warps, split)
+                    torch.cuda.synchronize()
+                    err = ((out - want).abs().max() / want.abs().max()).item()
+                    ms = bench_graph_ms(run, inner=len(qs) * 4)
+                except Exception as exc:  # noqa: BLE001
+                    print(f"{label}: {type(exc).__name__}: {str(exc)[:300]}")
+                    continue
+                print(f"  {label}: max error / max |y| = {err:.2e}")
+                wbytes = nbytes + n * (k // GROUP) * 2
+                record("probe_gemv", label, ms, achieved=wbytes / ms / 1e9, limit=bw, unit="TB/s")
+        del qs, scales, packed, w0
+        torch.cuda.empty_cache()
+
+
 def copies(nbytes: int) -> int:
     return max(2, -(-256 * 2 ** 20 // nbytes))
 
@@ -205,6 +254,8 @@ def main() -> None:
     parser.add_argument("--ablate", default="-1,0,1,2,4", help="ablations to run (5: one load per K step)")
     parser.add_argument("--w4a8-configs", default="32x256x4x8,64x256x4x8,16x512x4x8,32x512x8x8,64x128x4x16",
                         help="dp4a GEMV configs BNxBKxWARPSxPER_SM,...")
+    parser.add_argument("--frag-configs", default="4x1,4x2,4x4,8x1,8x2,8x4,4x8,8x8,4x16,4x17,8x17,4x34",
+                        help="register-fragment decode configs WARPSxSPLIT,...")
     parser.add_argument("--shapes", default=",".join(SHAPES), help="comma list of " + ", ".join(SHAPES))
     parser.add_argument("--parts", default="stream,mma", help="comma list of stream, mma, ablate")
     args = parser.parse_args()
@@ -212,6 +263,8 @@ def main() -> None:
     bw = copy_bandwidth_tbps()
     print(f"copy bandwidth {bw:.3f} TB/s; DISABLE_MMA_V3={os.environ.get('DISABLE_MMA_V3', '')}")
     parts = set(args.parts.split(","))
+    if "frag" in parts:
+        frag(args.frag_configs, args.shapes.split(","))
     if "w4a8" in parts:
         w4a8(args.w4a8_configs, args.shapes.split(","))
     if "ablate" in parts:

@@ -66,3 +66,28 @@ def test_w4a8_matches_its_reference(packed: torch.Tensor, m: int) -> None:
     probe.launch_w4a8(probe.quantize_x(x), packed, scales, out, GemmConfig(m, 32, 256, 2, 4, 1, "w4a8"))
     want = probe.w4a8_reference(packed, scales, x)
     assert ((out.double() - want).abs().max() / want.abs().max()).item() < 1e-6
+
+
+def test_fragment_layouts_put_each_lanes_operands_in_its_registers() -> None:
+    """frag_weights / frag_x against the m16n8k16 fragment map (the kernel itself is PTX: GPU only)."""
+    torch.manual_seed(1)
+    n, k = 32, 128
+    q = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8)
+    codes = torch.stack([q & 0xF, q >> 4], -1).view(n, k).int()
+    words = probe.frag_weights(q).view(n // 16, k // 64, 32, 4).numpy().astype("int64") & 0xFFFFFFFF
+    x = torch.randn(3, k).to(torch.bfloat16)
+    xf = probe.frag_x(x)
+    for tile in range(n // 16):
+        for c in range(k // 64):
+            for lane in range(32):
+                g, t = divmod(lane, 4)
+                for j in range(4):
+                    b = [(int(words[tile, c, lane, j]) >> (8 * i)) & 0xFF for i in range(4)]
+                    col, r = 64 * c + 16 * j + 2 * t, 16 * tile + g
+                    regs = [(b[0] & 15, b[1] & 15), (b[2] & 15, b[3] & 15), (b[0] >> 4, b[1] >> 4), (b[2] >> 4, b[3] >> 4)]
+                    want = [(r, col), (r + 8, col), (r, col + 8), (r + 8, col + 8)]
+                    assert regs == [(int(codes[rr, cc]), int(codes[rr, cc + 1])) for rr, cc in want]
+                    for reg in range(2):
+                        pair = xf[c, lane, j, reg:reg + 1].view(torch.bfloat16)
+                        ref = x[g, col + 8 * reg:col + 8 * reg + 2] if g < 3 else torch.zeros(2, dtype=torch.bfloat16)
+                        assert torch.equal(pair, ref)
