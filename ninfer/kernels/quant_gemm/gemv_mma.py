@@ -24,6 +24,9 @@ alone and does not depend on the token count:
   which costs a 2-byte shared load and a byte permute per pair (~5 per weight), so the configs use one or
   two warps (no warpgroup: Triton then emits ``mma.sync``, as it does on every other GPU).
 
+With ``NORM`` (``launch_gemv_mma(norm=...)``) x is the input of a zero-centred RMSNorm, applied to the
+column pairs before the dots (the prologue of :mod:`.gemv_steps`).
+
 Everything after the K loop (split-K partials, arrival counters, the last split's sum, SwiGLU and
 residual epilogues) is :mod:`ninfer.kernels.quant_gemm.gemv`'s. The decode is inline PTX, which the Triton
 interpreter cannot run: there (``ASM=False``) the same values come from Triton bit operations, so CPU
@@ -38,7 +41,7 @@ import triton.language as tl
 from ninfer.kernels.dispatch import INTERPRET
 from ninfer.kernels.quant_gemm.common import int4_values
 from ninfer.kernels.quant_gemm.gemv import tile_counters
-from ninfer.kernels.quant_gemm.gemv_steps import gemv_epilogue, gemv_reduce_kernel
+from ninfer.kernels.quant_gemm.gemv_steps import gemv_epilogue, gemv_reduce_kernel, norm_rstd, norm_scale, norm_x
 from ninfer.kernels.quant_gemm.tune import GemmConfig
 
 # Low / high nibbles of bytes 0, 1 (output word 0) and 2, 3 (output word 1) of $2 -> ``nibble - 8`` in the
@@ -118,7 +121,7 @@ def _quant_gemv_mma_kernel(
     stride_xm, stride_qn, stride_sn, stride_rm, stride_om,
     GROUP: tl.constexpr, SWIGLU: tl.constexpr, HAS_RES: tl.constexpr, SPLIT: tl.constexpr,
     FUSED_REDUCE: tl.constexpr, TOKENS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    ASM: tl.constexpr,
+    ASM: tl.constexpr, nw_ptr=None, eps=0.0, NORM: tl.constexpr = False,
 ):
     pid_s = tl.program_id(1)
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -136,6 +139,9 @@ def _quant_gemv_mma_kernel(
     # The scales are loaded one K step ahead (the pipeline stages only what feeds the dots; a scale load
     # waited on inside its own step would stall every group).
     up_rows = rows + N_OUT  # SwiGLU: the up rows of the same output columns, N_OUT rows further down
+    rstd = tl.zeros((TOKENS,), dtype=tl.float32)
+    if NORM:  # RMSNorm prologue: every program needs its tokens' rstd over the whole row, whatever its K range
+        rstd = norm_rstd(x_ptr, xrows, K, stride_xm, eps, TOKENS)
     scales = _step_scales(s_ptr, rows, k_first, stride_sn, GROUP, BLOCK_K)
     scales_up = _step_scales(s_ptr, up_rows, k_first, stride_sn, GROUP, BLOCK_K) if SWIGLU else scales
     for k0 in range(k_first, k_last, BLOCK_K):
@@ -147,6 +153,10 @@ def _quant_gemv_mma_kernel(
             pairs = tl.load(x_words + (kg // 2 + tl.arange(0, GROUP // 2))[:, None])  # [GROUP / 2, TOKENS]
             xe = (pairs & 0xFFFF).to(tl.int16).to(x_ptr.dtype.element_ty, bitcast=True)
             xo = (pairs >> 16).to(tl.int16).to(x_ptr.dtype.element_ty, bitcast=True)
+            if NORM:  # normalised in the registers that feed the dots (even, odd columns)
+                even = kg + 2 * tl.arange(0, GROUP // 2)
+                xe = norm_x(xe, rstd[None, :], norm_scale(nw_ptr, even, K, True)[:, None], x_ptr.dtype.element_ty)
+                xo = norm_x(xo, rstd[None, :], norm_scale(nw_ptr, even + 1, K, True)[:, None], x_ptr.dtype.element_ty)
             acc = _group_dot(acc, q_ptr, rows, kg, xe, xo, scales, g, stride_qn, GROUP, ASM)
             if SWIGLU:
                 acc_up = _group_dot(acc_up, q_ptr, up_rows, kg, xe, xo, scales_up, g, stride_qn, GROUP, ASM)
@@ -163,9 +173,11 @@ def mma_supported(x_dtype: torch.dtype, k: int, group: int, block_k: int) -> boo
 
 
 def launch_gemv_mma(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, res: torch.Tensor | None,
-                    out: torch.Tensor, swiglu: bool, group: int, cfg: GemmConfig) -> None:
+                    out: torch.Tensor, swiglu: bool, group: int, cfg: GemmConfig,
+                    norm: tuple[torch.Tensor, float] | None = None) -> None:
     """Launch the tensor-core int4 decode GEMM (``cfg.kind == "gemv-mma"``) with the tensors
-    ``quant_gemm._launch`` prepared; ``cfg.block_k`` is a multiple of the scale group."""
+    ``quant_gemm._launch`` prepared; ``cfg.block_k`` is a multiple of the scale group. ``norm`` (zero-centred
+    weight ``[K]``, eps): x is normalised in the prologue (``y = rms_norm(x) @ W^T``, :mod:`.gemv_steps`)."""
     m, k = x.shape
     n_out = out.shape[1]
     if x.data_ptr() % 4 or x.stride(0) % 2:  # the kernel reads x as 32-bit column pairs
@@ -186,7 +198,9 @@ def launch_gemv_mma(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, res:
         K=k, k_per_split=per_split * cfg.block_k, stride_xm=x.stride(0), stride_qn=q.stride(-2),
         stride_sn=scales.stride(-2), stride_rm=res_arg.stride(0), stride_om=out.stride(0), GROUP=group,
         SWIGLU=swiglu, HAS_RES=res is not None, SPLIT=splits > 1, FUSED_REDUCE=counters is not None,
-        TOKENS=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, ASM=not INTERPRET, num_warps=cfg.num_warps,
+        TOKENS=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, ASM=not INTERPRET,
+        nw_ptr=norm[0].contiguous() if norm is not None else None, eps=float(norm[1]) if norm is not None else 0.0,
+        NORM=norm is not None, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages, **({"maxnreg": cfg.max_registers} if cfg.max_registers else {}),
     )
     if splits > 1 and counters is None:
