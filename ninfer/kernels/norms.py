@@ -9,8 +9,12 @@ whole in registers, so every byte is read and written once: up to 2048 wide, ``B
 program; a wider row (the 5120 hidden size) gets one program and is kept as a tuple of 1024-wide
 chunks (no padding of 5120 up to 8192). Roundings the reference performs in the model dtype are repeated in-kernel,
 so bf16 results match it to the last bit except for transcendental-function differences.
+:class:`Normed` defers a zero-centred norm to the projection that reads it (the quantized decode GEMMs
+apply it in their prologue, :mod:`ninfer.kernels.quant_gemm.gemv_steps`).
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -175,3 +179,20 @@ def gated_rms_norm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: 
     if use_triton(x):
         return gated_rms_norm_triton(x, z, weight, eps)
     return gated_rms_norm_reference(x, z, weight, eps)
+
+
+@dataclass(frozen=True)
+class Normed:
+    """The zero-centred RMSNorm of ``x`` (weight, eps), not computed yet: a projection that reads it may fold it
+    into its GEMM's prologue (``quant_matmul(norm=...)``); anything else takes :meth:`value`."""
+    x: torch.Tensor
+    weight: torch.Tensor
+    eps: float
+
+    def value(self) -> torch.Tensor:
+        return rms_norm(self.x, self.weight, self.eps)[0]
+
+
+def materialize(h: torch.Tensor | Normed) -> torch.Tensor:
+    """``h`` as a tensor: a deferred norm computed now (the norm kernel on CUDA)."""
+    return h.value() if isinstance(h, Normed) else h

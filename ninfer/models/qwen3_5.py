@@ -33,19 +33,17 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        residual: torch.Tensor | None,
-        rope: tuple[torch.Tensor, torch.Tensor],
-        batch: ForwardBatch,
-        cache: ModelCache,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Takes the previous layer's output and residual; returns this layer's (the adds are fused into the norms)."""
-        h, residual = self.input_layernorm(x, residual)
-        h = self.self_attn(h, rope, batch, cache) if self.is_attention else self.linear_attn(h, batch, cache)
-        h, residual = self.post_attention_layernorm(h, residual)
-        return self.mlp(h), residual
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], batch: ForwardBatch,
+                cache: ModelCache) -> torch.Tensor:
+        """The residual stream in, the residual stream out. Each norm is deferred to the projections that read
+        it (the quantized decode GEMMs fold it into their prologue) and each add is the last projection's
+        epilogue (o_proj / out_proj, down_proj)."""
+        h = self.input_layernorm.deferred(x)
+        if self.is_attention:
+            x = self.self_attn(h, rope, batch, cache, residual=x)      # x + attn(norm1(x))
+        else:
+            x = self.linear_attn(h, batch, cache, residual=x)          # x + deltanet(norm1(x))
+        return self.mlp(self.post_attention_layernorm.deferred(x), residual=x)  # x + ffn(norm2(x))
 
 
 class Qwen3_5TextModel(nn.Module):
@@ -76,11 +74,9 @@ class Qwen3_5TextModel(nn.Module):
         """
         x = self.embed_tokens(batch.input_ids) if inputs_embeds is None else inputs_embeds
         rope = mrope_cos_sin(batch.positions, self.inv_freq, list(self.config.mrope_section), x.dtype)
-        residual = None
         for layer in self.layers:
-            x, residual = layer(x, residual, rope, batch, cache)
-        hidden, _ = self.norm(x, residual)
-        return hidden
+            x = layer(x, rope, batch, cache)
+        return self.norm(x)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.lm_head is not None:
