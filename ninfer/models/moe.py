@@ -53,8 +53,9 @@ class SparseMoeBlock(nn.Module):
         router_logits, shared_logit = self._router_logits(x)
         weights, ids = route_topk(router_logits, self.top_k)
         routed = moe_experts(x, _stack(self.experts.gate_up_proj), _stack(self.experts.down_proj), weights, ids)
-        y = routed + torch.sigmoid(shared_logit) * self.shared_expert(x)
-        return y if residual is None else y + residual
+        if residual is not None:  # added before the gated shared expert: as many launches as without it
+            routed = routed + residual
+        return torch.addcmul(routed, torch.sigmoid(shared_logit), self.shared_expert(x))
 
     def _router_logits(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Router logits ``[T, E]`` and the shared expert's gate logit ``[T, 1]``: on CUDA one GEMM over
