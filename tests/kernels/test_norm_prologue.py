@@ -24,7 +24,7 @@ EPS = 1e-6
 
 
 def _inputs(fmt: str, dtype: torch.dtype, m: int, n: int, k: int, *, swiglu: bool, residual: bool, exact: bool,
-            seed: int) -> tuple:
+            seed: int, norm_dtype: torch.dtype | None = None) -> tuple:
     g = torch.Generator().manual_seed(seed)
     w = quantize(torch.randn(n, k, generator=g) * 0.05, fmt)
     if exact:  # +-2^j per row: sums of squares exact in any order
@@ -32,15 +32,16 @@ def _inputs(fmt: str, dtype: torch.dtype, m: int, n: int, k: int, *, swiglu: boo
         x = signs * 2.0 ** torch.arange(-2, m - 2, dtype=torch.float32)[:, None]
     else:
         x = torch.randn(m, k, generator=g) * 3.0
-    norm_w = (torch.randn(k, generator=g) * 0.3).to(dtype)
+    norm_w = (torch.randn(k, generator=g) * 0.3).to(norm_dtype or dtype)
     n_out = n // 2 if swiglu else n
     res = torch.randn(m, n_out, generator=g).to(dtype) if residual else None
     return w, x.to(dtype), norm_w, res
 
 
 def _check(fmt: str, dtype: torch.dtype, m: int, n: int, k: int, cfg: GemmConfig, *, swiglu: bool = False,
-           residual: bool = False, exact: bool = False, seed: int = 0) -> None:
-    w, x, norm_w, res = _inputs(fmt, dtype, m, n, k, swiglu=swiglu, residual=residual, exact=exact, seed=seed)
+           residual: bool = False, exact: bool = False, seed: int = 0, norm_dtype: torch.dtype | None = None) -> None:
+    w, x, norm_w, res = _inputs(fmt, dtype, m, n, k, swiglu=swiglu, residual=residual, exact=exact, seed=seed,
+                                norm_dtype=norm_dtype)
     n_out = n // 2 if swiglu else n
     out = torch.full((m, n_out), float("nan"), dtype=dtype)
     got = quant_matmul_triton(x, w, res, swiglu, out=out, config=cfg, norm=(norm_w, EPS))
@@ -88,6 +89,14 @@ def test_gemv_prologue_formats(fmt: str) -> None:
     k = 640 if fmt != "int4-g128" else 768
     _check(fmt, torch.float32, 3, 48, k, _gemv("gemv", 3, 16, 128 if fmt != "int4-g128" else 256, 2),
            residual=True, seed=5)
+
+
+def test_norm_weight_in_another_dtype() -> None:
+    """An fp32 norm weight with fp16 activations (the tensor-core path reads a weight of x's dtype as column
+    pairs, any other column by column)."""
+    _check("int4-g64", torch.float16, 5, 64, 512, _mma(32, 128, 2), exact=True, seed=34, norm_dtype=torch.float32)
+    _check("int4-g64", torch.float16, 5, 64, 512, _gemv("gemv", 5, 16, 128, 2), exact=True, seed=35,
+           norm_dtype=torch.float32)
 
 
 @pytest.mark.parametrize("kind", ["gemv-prefetch", "gemv-w32"])

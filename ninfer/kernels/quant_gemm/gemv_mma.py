@@ -108,6 +108,22 @@ def _group_dot(acc, q_ptr, rows, kg, xe, xo, scales, g: tl.constexpr, stride_qn,
 
 
 @triton.jit
+def _norm_pairs(nw_ptr, kg, K, GROUP: tl.constexpr, X_DTYPE: tl.constexpr):
+    """fp32 ``1 + w`` of the norm weight at the even and odd columns of the group at ``kg`` (``[GROUP / 2]``
+    each): a weight in x's 16-bit dtype is read as 32-bit column pairs, as x is (one vector load, not 2-byte
+    loads per column); another dtype column by column."""
+    if nw_ptr.dtype.element_ty == X_DTYPE:
+        words = tl.load(nw_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + kg // 2 + tl.arange(0, GROUP // 2))
+        we = 1.0 + (words & 0xFFFF).to(tl.int16).to(X_DTYPE, bitcast=True).to(tl.float32)
+        wo = 1.0 + (words >> 16).to(tl.int16).to(X_DTYPE, bitcast=True).to(tl.float32)
+    else:
+        even = kg + 2 * tl.arange(0, GROUP // 2)
+        we = norm_scale(nw_ptr, even, K, True)
+        wo = norm_scale(nw_ptr, even + 1, K, True)
+    return we, wo
+
+
+@triton.jit
 def _step_scales(s_ptr, rows, k0, stride_sn, GROUP: tl.constexpr, BLOCK_K: tl.constexpr):
     """fp32 scales ``[BLOCK_N, BLOCK_K / GROUP]`` of the K step at ``k0``."""
     cols = k0 // GROUP + tl.arange(0, BLOCK_K // GROUP)
@@ -154,9 +170,9 @@ def _quant_gemv_mma_kernel(
             xe = (pairs & 0xFFFF).to(tl.int16).to(x_ptr.dtype.element_ty, bitcast=True)
             xo = (pairs >> 16).to(tl.int16).to(x_ptr.dtype.element_ty, bitcast=True)
             if NORM:  # normalised in the registers that feed the dots (even, odd columns)
-                even = kg + 2 * tl.arange(0, GROUP // 2)
-                xe = norm_x(xe, rstd[None, :], norm_scale(nw_ptr, even, K, True)[:, None], x_ptr.dtype.element_ty)
-                xo = norm_x(xo, rstd[None, :], norm_scale(nw_ptr, even + 1, K, True)[:, None], x_ptr.dtype.element_ty)
+                we, wo = _norm_pairs(nw_ptr, kg, K, GROUP, x_ptr.dtype.element_ty)
+                xe = norm_x(xe, rstd[None, :], we[:, None], x_ptr.dtype.element_ty)
+                xo = norm_x(xo, rstd[None, :], wo[:, None], x_ptr.dtype.element_ty)
             acc = _group_dot(acc, q_ptr, rows, kg, xe, xo, scales, g, stride_qn, GROUP, ASM)
             if SWIGLU:
                 acc_up = _group_dot(acc_up, q_ptr, up_rows, kg, xe, xo, scales_up, g, stride_qn, GROUP, ASM)
@@ -193,14 +209,17 @@ def launch_gemv_mma(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, res:
     res_arg = res if res is not None else out
     grid = (triton.cdiv(n_out, cfg.block_n), splits, triton.cdiv(m, cfg.block_m))
     counters = tile_counters(x.device, grid[0] * grid[2]) if splits > 1 else None
+    norm_w = norm[0].contiguous() if norm is not None else None
+    if norm_w is not None and norm_w.data_ptr() % 4:  # read as 32-bit column pairs, as x is
+        norm_w = norm_w.clone()
     _quant_gemv_mma_kernel[grid](
         x_ptr=x, q_ptr=q, s_ptr=scales, res_ptr=res_arg, out_ptr=out, ws_ptr=ws, cnt_ptr=counters, M=m, N_OUT=n_out,
         K=k, k_per_split=per_split * cfg.block_k, stride_xm=x.stride(0), stride_qn=q.stride(-2),
         stride_sn=scales.stride(-2), stride_rm=res_arg.stride(0), stride_om=out.stride(0), GROUP=group,
         SWIGLU=swiglu, HAS_RES=res is not None, SPLIT=splits > 1, FUSED_REDUCE=counters is not None,
         TOKENS=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, ASM=not INTERPRET,
-        nw_ptr=norm[0].contiguous() if norm is not None else None, eps=float(norm[1]) if norm is not None else 0.0,
-        NORM=norm is not None, num_warps=cfg.num_warps,
+        nw_ptr=norm_w, eps=float(norm[1]) if norm is not None else 0.0, NORM=norm is not None,
+        num_warps=cfg.num_warps,
         num_stages=cfg.num_stages, **({"maxnreg": cfg.max_registers} if cfg.max_registers else {}),
     )
     if splits > 1 and counters is None:

@@ -274,7 +274,15 @@ def norm_candidates(fmt: str, m: int, n_out: int, k: int, sms: int, dtype: torch
 
 def norm_fusable(fmt: str, x: torch.Tensor, n_out: int, k: int, swiglu: bool) -> bool:
     """Whether ``rms_norm(x) @ W^T`` of this shape can run as one launch (the prologue has a candidate)."""
-    return bool(norm_candidates(fmt, x.shape[0], n_out, k, sm_count(x.device), x.dtype, swiglu=swiglu))
+    m = x.shape[0]
+    return m <= MMA_MAX_M and _norm_fusable(fmt, m_bucket(m), n_out, k, x.device, x.dtype, swiglu)
+
+
+@cache  # per call otherwise: building the candidate lists costs more than an eager decode GEMM takes
+def _norm_fusable(fmt: str, bucket: int, n_out: int, k: int, device: torch.device, dtype: torch.dtype,
+                  swiglu: bool) -> bool:
+    # up to 32 tokens the candidates depend on M through its bucket only (one tile of tokens per program)
+    return bool(norm_candidates(fmt, bucket, n_out, k, sm_count(device), dtype, swiglu=swiglu))
 
 
 def select_config(fmt: str, x: torch.Tensor, n_out: int, k: int, swiglu: bool, has_res: bool,
