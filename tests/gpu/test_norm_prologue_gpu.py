@@ -22,22 +22,23 @@ from tiny_checkpoints import TinyCheckpoint, make_dense
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
+DEVICE, DTYPE = "cuda", torch.bfloat16
 K = 5120
 SHAPES = {"gate_up": (34816, True), "qkvz": (16384, False), "qkv": (14336, False)}  # rows, SwiGLU
 EPS = 1e-6
 
 
 def _inputs(n: int, m: int, fmt: str, swiglu: bool, *, exact: bool, seed: int) -> tuple:
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    w = quantize(torch.randn(n, K, generator=g, device="cuda") * 0.02, fmt)
+    g = torch.Generator(device=DEVICE).manual_seed(seed)
+    w = quantize(torch.randn(n, K, generator=g, device=DEVICE) * 0.02, fmt)
     if exact:  # +-2^j per row: sums of squares exact in any order
-        signs = torch.randint(0, 2, (m, K), generator=g, device="cuda") * 2.0 - 1.0
-        x = signs * 2.0 ** torch.arange(-2, m - 2, device="cuda", dtype=torch.float32)[:, None]
+        signs = torch.randint(0, 2, (m, K), generator=g, device=DEVICE) * 2.0 - 1.0
+        x = signs * 2.0 ** torch.arange(-2, m - 2, device=DEVICE, dtype=torch.float32)[:, None]
     else:
-        x = torch.randn(m, K, generator=g, device="cuda") * 3.0
-    norm_w = (torch.randn(K, generator=g, device="cuda") * 0.3).bfloat16()
-    res = torch.randn(m, n // 2 if swiglu else n, generator=g, device="cuda").bfloat16()
-    return w, x.bfloat16(), norm_w, res
+        x = torch.randn(m, K, generator=g, device=DEVICE) * 3.0
+    norm_w = (torch.randn(K, generator=g, device=DEVICE) * 0.3).to(DTYPE)
+    res = torch.randn(m, n // 2 if swiglu else n, generator=g, device=DEVICE).to(DTYPE)
+    return w, x.to(DTYPE), norm_w, res
 
 
 def _err(got: torch.Tensor, ref: torch.Tensor) -> float:
@@ -49,7 +50,7 @@ def _check_candidates(fmt: str, shape: str, m: int, every: bool) -> None:
     norm-then-GEMM) and the first one on random rows (close to it and to the reference)."""
     n, swiglu = SHAPES[shape]
     n_out = n // 2 if swiglu else n
-    cands = norm_candidates(fmt, m, n_out, K, sm_count(torch.device("cuda")), torch.bfloat16, swiglu=swiglu)
+    cands = norm_candidates(fmt, m, n_out, K, sm_count(torch.device(DEVICE)), DTYPE, swiglu=swiglu)
     assert bool(cands) == (m <= 8 or fmt.startswith("int4")), (fmt, m)
     for exact in (True, False):
         w, x, norm_w, res = _inputs(n, m, fmt, swiglu, exact=exact, seed=m)
@@ -57,7 +58,7 @@ def _check_candidates(fmt: str, shape: str, m: int, every: bool) -> None:
         ref = quant_matmul_reference(x, w, res, swiglu, norm=(norm_w, EPS))
         for cfg in cands if exact and every else cands[:2] if exact else cands[:1]:
             try:
-                out = torch.full((m, n_out), float("nan"), device="cuda", dtype=torch.bfloat16)
+                out = torch.full((m, n_out), float("nan"), device=DEVICE, dtype=DTYPE)
                 got = quant_matmul_triton(x, w, res, swiglu, out=out, config=cfg, norm=(norm_w, EPS))
             except triton.runtime.errors.OutOfResources:
                 continue  # too many registers / too much shared memory on this GPU is allowed
