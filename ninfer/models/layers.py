@@ -12,7 +12,8 @@ The residual stream is explicit: the mixers and the MLP take ``residual`` and re
 the add done in their last projection's epilogue (:class:`Linear`, ``QuantLinear``). Their input may be a
 deferred norm (:class:`~ninfer.kernels.norms.Normed`, :meth:`RMSNorm.deferred`): a projection that is its
 only reader hands it to its GEMM (the quantized decode GEMMs apply it in their prologue); a module whose
-input has several readers computes it once (:func:`~ninfer.kernels.norms.materialize`).
+input has several readers marks it shared (:func:`~ninfer.kernels.norms.shared`: the first reader keeps the
+normed x for the others) or computes it once (:func:`~ninfer.kernels.norms.materialize`).
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from ninfer.kernels.activations import swiglu as swiglu_op
 from ninfer.kernels.attention import paged_attention, write_kv
 from ninfer.kernels.conv import save_conv_windows
 from ninfer.kernels.deltanet import gated_deltanet
-from ninfer.kernels.norms import Normed, gated_rms_norm, materialize, rms_norm
+from ninfer.kernels.norms import Normed, gated_rms_norm, materialize, rms_norm, shared
 from ninfer.kernels.rope import qk_norm_rope
 from ninfer.models.batch import ForwardBatch
 from ninfer.models.cache import ModelCache
@@ -173,9 +174,9 @@ class GatedDeltaNet(nn.Module):
 
     def forward(self, x: torch.Tensor | Normed, batch: ForwardBatch, cache: ModelCache,
                 residual: torch.Tensor | None = None) -> torch.Tensor:
-        """``residual + deltanet(x)``. x has two readers (in_proj_qkvz, quantized; in_proj_ab, kept bf16 by the
-        recipes): a deferred norm is computed once here, by the norm kernel, for both."""
-        x = materialize(x)
+        """``residual + deltanet(x)``. x has two readers: a deferred norm is computed by the first (the quantized
+        in_proj_qkvz's prologue writes the normed x as it goes) and kept for the second (in_proj_ab, bf16)."""
+        x = shared(x)
         qkv, z = self.in_proj_qkvz(x).split([self.conv_dim, self.value_dim], dim=-1)  # column views (row strides)
         if batch.checkpoints:
             save_conv_windows(qkv, cache.conv[self.layer_idx], batch.checkpoints)

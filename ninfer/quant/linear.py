@@ -113,9 +113,14 @@ class QuantLinear(QuantWeight):
 
     def forward(self, x: torch.Tensor | Normed, residual: torch.Tensor | None = None,
                 swiglu: bool = False) -> torch.Tensor:
-        if isinstance(x, Normed):
-            return quant_matmul(x.x, self.packed(), residual, swiglu, norm=(x.weight, x.eps))
-        return quant_matmul(x, self.packed(), residual, swiglu)
+        if isinstance(x, Normed) and x.kept is None:
+            # another reader will want the normed x: the GEMM writes it as it goes (fused) or keeps the norm's
+            kept = torch.empty_like(x.x, memory_format=torch.contiguous_format) if x.several_readers else None
+            y = quant_matmul(x.x, self.packed(), residual, swiglu, norm=(x.weight, x.eps), norm_out=kept)
+            if kept is not None:
+                x.keep(kept)
+            return y
+        return quant_matmul(x.kept if isinstance(x, Normed) else x, self.packed(), residual, swiglu)
 
     @classmethod
     def from_float(cls, weight: torch.Tensor, fmt: str | WeightFormat) -> QuantLinear:

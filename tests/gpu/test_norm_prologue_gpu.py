@@ -3,8 +3,9 @@ N = 34816 with SwiGLU, in_proj_qkvz N = 16384, attention qkv_proj N = 14336), bf
 (``quant_matmul_triton(x, w, norm=...)``) against the norm kernel then the same GEMM config.
 
 Rows of +-2^j have an exact rstd whatever the summation order, so there fused and unfused must agree to the
-bit for every candidate (the PTX decode and the prologue's rounding points); random rows differ only where
-the rstd's fp32 sum order flips a normed bf16 value. A whole tiny int4 model scores the same fused and not.
+bit for every candidate (the PTX decode and the prologue's rounding points), and so must the normed x the
+kernels write for a second reader (``norm_out``, DeltaNet's in_proj_ab); random rows differ only where the
+rstd's fp32 sum order flips a normed bf16 value. A whole tiny int4 model scores the same fused and not.
 """
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ def _inputs(n: int, m: int, fmt: str, swiglu: bool, *, exact: bool, seed: int) -
     w = quantize(torch.randn(n, K, generator=g, device=DEVICE) * 0.02, fmt)
     if exact:  # +-2^j per row: sums of squares exact in any order
         signs = torch.randint(0, 2, (m, K), generator=g, device=DEVICE) * 2.0 - 1.0
-        x = signs * 2.0 ** torch.arange(-2, m - 2, device=DEVICE, dtype=torch.float32)[:, None]
+        x = signs * 2.0 ** (torch.arange(m, device=DEVICE, dtype=torch.float32) % 8 - 2)[:, None]
     else:
         x = torch.randn(m, K, generator=g, device=DEVICE) * 3.0
     norm_w = (torch.randn(K, generator=g, device=DEVICE) * 0.3).to(DTYPE)
@@ -59,13 +60,15 @@ def _check_candidates(fmt: str, shape: str, m: int, every: bool) -> None:
         for cfg in cands if exact and every else cands[:2] if exact else cands[:1]:
             try:
                 out = torch.full((m, n_out), float("nan"), device=DEVICE, dtype=DTYPE)
-                got = quant_matmul_triton(x, w, res, swiglu, out=out, config=cfg, norm=(norm_w, EPS))
+                kept = torch.full_like(x, float("nan")) if not swiglu else None  # DeltaNet's: for in_proj_ab
+                got = quant_matmul_triton(x, w, res, swiglu, out=out, config=cfg, norm=(norm_w, EPS), norm_out=kept)
             except triton.runtime.errors.OutOfResources:
                 continue  # too many registers / too much shared memory on this GPU is allowed
             unfused = quant_matmul_triton(x_normed, w, res, swiglu, config=cfg)
             assert torch.isfinite(got).all(), (fmt, shape, m, cfg)
             if exact:
                 assert torch.equal(got, unfused), (fmt, shape, m, cfg, _err(got, unfused))
+                assert kept is None or torch.equal(kept, x_normed), (fmt, shape, m, cfg)
             else:
                 assert _err(got, unfused) < 2e-3, (fmt, shape, m, cfg, _err(got, unfused))
             assert _err(got, ref) < 1.5e-2, (fmt, shape, m, cfg, _err(got, ref))

@@ -14,7 +14,7 @@ import torch
 from kernel_testing import QUANT_TOL as TOL
 from kernel_testing import poisoned_outputs  # noqa: F401  (fixture)
 
-from ninfer.kernels.norms import rms_norm_triton
+from ninfer.kernels.norms import rms_norm_reference, rms_norm_triton
 from ninfer.kernels.quant_gemm import quant_matmul, quant_matmul_reference, quant_matmul_triton
 from ninfer.kernels.quant_gemm.tune import GemmConfig, m_bucket, norm_candidates, norm_fusable
 from ninfer.quant.formats import quantize
@@ -29,7 +29,7 @@ def _inputs(fmt: str, dtype: torch.dtype, m: int, n: int, k: int, *, swiglu: boo
     w = quantize(torch.randn(n, k, generator=g) * 0.05, fmt)
     if exact:  # +-2^j per row: sums of squares exact in any order
         signs = torch.randint(0, 2, (m, k), generator=g) * 2.0 - 1.0
-        x = signs * 2.0 ** torch.arange(-2, m - 2, dtype=torch.float32)[:, None]
+        x = signs * 2.0 ** (torch.arange(m, dtype=torch.float32) % 8 - 2)[:, None]
     else:
         x = torch.randn(m, k, generator=g) * 3.0
     norm_w = (torch.randn(k, generator=g) * 0.3).to(norm_dtype or dtype)
@@ -125,6 +125,29 @@ def test_mma_prologue_separate_reduce_kernel(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setattr(quant_gemv, "_COUNTER_SLOTS", 1)
     _check("int4-g64", torch.float16, 3, 96, 512, _mma(32, 128, 4), swiglu=True, residual=True, seed=32)
     _check("int4-g64", torch.float32, 3, 96, 512, _gemv("gemv", 3, 32, 128, 4), residual=True, seed=33)
+
+
+@pytest.mark.parametrize("exact", [True, False])
+def test_normed_x_written_for_another_reader(exact: bool) -> None:
+    """``norm_out`` receives the normed x from the fused kernels (the first column of programs, every split
+    and token tile: NaN-poisoned, so a missed element shows) and from the unfused path (M > 32)."""
+    cases = [(_gemv("gemv", 3, 16, 128, 3), 3, 576, torch.float32), (_gemv("gemv-w32", 5, 16, 128, 2), 5, 512,
+             torch.float16), (_gemv("gemv-prefetch", 1, 16, 128, 1), 1, 576, torch.float32),
+             (_mma(32, 128, 2), 11, 512, torch.float16), (None, 40, 512, torch.float16)]
+    for cfg, m, k, dtype in cases:
+        w, x, norm_w, res = _inputs("int4-g64", dtype, m, 48, k, swiglu=False, residual=True, exact=exact, seed=m)
+        normed = torch.full((m, k), float("nan"), dtype=dtype)
+        got = quant_matmul_triton(x, w, res, config=cfg, norm=(norm_w, EPS), norm_out=normed)
+        expect = rms_norm_triton(x, norm_w, EPS)[0]
+        if exact or cfg is None:
+            assert torch.equal(normed, expect), cfg
+        else:  # the rstd's sum order: a value may round the other way
+            assert torch.isfinite(normed).all() and torch.allclose(normed.float(), expect.float(), rtol=2e-3, atol=0), cfg
+        ref = quant_matmul_reference(x, w, res, norm=(norm_w, EPS)).float()
+        assert (got.float() - ref).norm() / ref.norm() < TOL[dtype], cfg
+    cpu = torch.empty_like(x)
+    quant_matmul(x, w, res, norm=(norm_w, EPS), norm_out=cpu)  # CPU tensors: the reference writes it too
+    assert torch.equal(cpu, rms_norm_reference(x, norm_w, EPS)[0])
 
 
 def test_dispatch_fuses_at_decode_sizes_only() -> None:

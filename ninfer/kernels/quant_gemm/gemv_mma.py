@@ -25,7 +25,7 @@ alone and does not depend on the token count:
   two warps (no warpgroup: Triton then emits ``mma.sync``, as it does on every other GPU).
 
 With ``NORM`` (``launch_gemv_mma(norm=...)``) x is the input of a zero-centred RMSNorm, applied to the
-column pairs before the dots (the prologue of :mod:`.gemv_steps`).
+column pairs before the dots (the prologue of :mod:`.gemv_steps`); ``WRITE_X`` stores them for a second reader.
 
 Everything after the K loop (split-K partials, arrival counters, the last split's sum, SwiGLU and
 residual epilogues) is :mod:`ninfer.kernels.quant_gemm.gemv`'s. The decode is inline PTX, which the Triton
@@ -137,7 +137,8 @@ def _quant_gemv_mma_kernel(
     stride_xm, stride_qn, stride_sn, stride_rm, stride_om,
     GROUP: tl.constexpr, SWIGLU: tl.constexpr, HAS_RES: tl.constexpr, SPLIT: tl.constexpr,
     FUSED_REDUCE: tl.constexpr, TOKENS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    ASM: tl.constexpr, nw_ptr=None, eps=0.0, NORM: tl.constexpr = False,
+    ASM: tl.constexpr, nw_ptr=None, eps=0.0, NORM: tl.constexpr = False, xn_ptr=None,
+    WRITE_X: tl.constexpr = False,
 ):
     pid_s = tl.program_id(1)
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -173,6 +174,11 @@ def _quant_gemv_mma_kernel(
                 we, wo = _norm_pairs(nw_ptr, kg, K, GROUP, x_ptr.dtype.element_ty)
                 xe = norm_x(xe, rstd[None, :], we[:, None], x_ptr.dtype.element_ty)
                 xo = norm_x(xo, rstd[None, :], wo[:, None], x_ptr.dtype.element_ty)
+                if WRITE_X:  # the normed x for another reader: the first column of programs, each K range once
+                    keep = (offs_m < M)[None, :] & (tl.program_id(0) == 0)
+                    dst = xn_ptr + xrows.to(tl.int64)[None, :] * K + (kg + 2 * tl.arange(0, GROUP // 2))[:, None]
+                    tl.store(dst, xe, mask=keep)
+                    tl.store(dst + 1, xo, mask=keep)
             acc = _group_dot(acc, q_ptr, rows, kg, xe, xo, scales, g, stride_qn, GROUP, ASM)
             if SWIGLU:
                 acc_up = _group_dot(acc_up, q_ptr, up_rows, kg, xe, xo, scales_up, g, stride_qn, GROUP, ASM)
@@ -190,14 +196,17 @@ def mma_supported(x_dtype: torch.dtype, k: int, group: int, block_k: int) -> boo
 
 def launch_gemv_mma(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, res: torch.Tensor | None,
                     out: torch.Tensor, swiglu: bool, group: int, cfg: GemmConfig,
-                    norm: tuple[torch.Tensor, float] | None = None) -> None:
+                    norm: tuple[torch.Tensor, float] | None = None, norm_out: torch.Tensor | None = None) -> None:
     """Launch the tensor-core int4 decode GEMM (``cfg.kind == "gemv-mma"``) with the tensors
     ``quant_gemm._launch`` prepared; ``cfg.block_k`` is a multiple of the scale group. ``norm`` (zero-centred
-    weight ``[K]``, eps): x is normalised in the prologue (``y = rms_norm(x) @ W^T``, :mod:`.gemv_steps`)."""
+    weight ``[K]``, eps): x is normalised in the prologue (``y = rms_norm(x) @ W^T``, :mod:`.gemv_steps`) and
+    written to ``norm_out`` (contiguous ``[M, K]``, x's dtype) if given."""
     m, k = x.shape
     n_out = out.shape[1]
     if x.data_ptr() % 4 or x.stride(0) % 2:  # the kernel reads x as 32-bit column pairs
         x = torch.empty_like(x, memory_format=torch.contiguous_format).copy_(x)
+    if norm_out is not None and (norm is None or not norm_out.is_contiguous() or norm_out.shape != x.shape):
+        raise ValueError("norm_out takes the normed x: a contiguous tensor of x's shape, with norm given")
     if not mma_supported(x.dtype, k, group, cfg.block_k):
         raise ValueError(f"gemv-mma needs bf16/fp16 activations and K ({k}) a multiple of block_k {cfg.block_k}, "
                          f"itself a multiple of the group {group}; got {x.dtype}")
@@ -219,7 +228,7 @@ def launch_gemv_mma(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, res:
         SWIGLU=swiglu, HAS_RES=res is not None, SPLIT=splits > 1, FUSED_REDUCE=counters is not None,
         TOKENS=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, ASM=not INTERPRET,
         nw_ptr=norm_w, eps=float(norm[1]) if norm is not None else 0.0, NORM=norm is not None,
-        num_warps=cfg.num_warps,
+        xn_ptr=norm_out, WRITE_X=norm_out is not None, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages, **({"maxnreg": cfg.max_registers} if cfg.max_registers else {}),
     )
     if splits > 1 and counters is None:

@@ -8,7 +8,8 @@ The RMSNorm prologue (``NORM``; :func:`norm_rstd`, :func:`norm_x`) lets those GE
 activations of a zero-centred RMSNorm: each program computes its tokens' rstd over the whole K row (a
 few KB per token, from L2) and normalises x as it loads it, with the rounding points of
 ``ninfer.kernels.norms.rms_norm_reference`` (fp32 math, one cast to the activation dtype), so that the
-dots see the values the norm kernel would have written.
+dots see the values the norm kernel would have written; :func:`norm_store` writes them out for a second
+reader of the normed x.
 """
 from __future__ import annotations
 
@@ -176,6 +177,15 @@ def norm_x(h, rstd, scale, DTYPE: tl.constexpr):
     """``h * rstd * (1 + w)`` in fp32, rounded once to the activation dtype DTYPE (``rms_norm_reference``'s
     order and rounding)."""
     return (h.to(tl.float32) * rstd * scale).to(DTYPE)
+
+
+@triton.jit
+def norm_store(xn_ptr, xq, row_ok, xrow, k0, K, BLOCK_K: tl.constexpr):
+    """Columns ``[k0, k0 + BLOCK_K)`` of normed row ``xrow`` to ``xn [M, K]`` (contiguous), for a second
+    reader of the normed x; only the first column of programs writes (each K range once)."""
+    offs_k = k0 + tl.arange(0, BLOCK_K)
+    keep = row_ok & (tl.program_id(0) == 0)
+    tl.store(xn_ptr + xrow.to(tl.int64) * K + offs_k, xq, mask=(offs_k < K) & keep)
 
 
 @triton.jit
