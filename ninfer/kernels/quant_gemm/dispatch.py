@@ -112,9 +112,9 @@ def quant_matmul_triton(x: torch.Tensor, w: QuantizedTensor, residual: torch.Ten
     ``swiglu`` the output has N / 2 columns. ``out`` (contiguous, x's dtype) receives the result if
     given and may be the residual itself (in-place add); ``config`` overrides the tuned choice.
     ``norm = (weight, eps)``: ``rms_norm(x) @ W^T``, in the kernel's prologue when the shape has a
-    candidate with it (:func:`ninfer.kernels.quant_gemm.tune.norm_fusable`; a given ``config`` must then be
-    of ``NORM_KINDS``), else the norm kernel first; ``norm_out`` (contiguous, x's shape and dtype) receives the
-    normed x either way."""
+    candidate with it (:func:`ninfer.kernels.quant_gemm.tune.norm_fusable`; with a given ``config``: when it
+    is of ``NORM_KINDS``), else the norm kernel first; ``norm_out`` (contiguous, x's shape and dtype) receives
+    the normed x either way."""
     if len(w.shape) != 2:
         raise ValueError(f"quant_matmul takes a 2-D weight, got shape {list(w.shape)}")
     n, k = w.shape
