@@ -77,7 +77,7 @@ def _check_candidates(fmt: str, shape: str, m: int, every: bool) -> None:
 @pytest.mark.parametrize("shape", list(SHAPES))
 @pytest.mark.parametrize("m", [1, 3, 8, 16, 32])
 def test_every_int4_prologue_candidate_equals_norm_then_gemm(shape: str, m: int) -> None:
-    _check_candidates("int4-g64", shape, m, every=m in (1, 8, 32))
+    _check_candidates("int4-g64", shape, m, every=m in (1, 8))
 
 
 @pytest.mark.parametrize("fmt", ["int4-g128", "nvfp4", "int8-g64", "fp8"])

@@ -14,7 +14,7 @@ from ninfer.kernels.quant_gemm import dispatch
 from tiny_checkpoints import TinyCheckpoint
 
 
-def test_quantized_model_folds_single_reader_norms_into_the_gemm(dense_ckpt: TinyCheckpoint,
+def test_quantized_model_folds_its_norms_into_the_gemms(dense_ckpt: TinyCheckpoint,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     llm = ninfer.load(dense_ckpt.path, device="cpu", quantize="int4", progress=False)
     tokens = list(range(3, 9))  # one forward of 6 tokens: decode-sized GEMMs
