@@ -16,7 +16,10 @@ from kernel_testing import poisoned_outputs  # noqa: F401  (fixture)
 
 from ninfer.kernels.norms import rms_norm_reference, rms_norm_triton
 from ninfer.kernels.quant_gemm import quant_matmul, quant_matmul_reference, quant_matmul_triton
-from ninfer.kernels.quant_gemm.tune import GemmConfig, m_bucket, norm_candidates, norm_fusable
+from ninfer.kernels import tune_cache, tuning
+from ninfer.kernels.quant_gemm import tune as quant_gemm_tune
+from ninfer.kernels.quant_gemm.tune import NORM_FIRST, GemmConfig, m_bucket, norm_candidates, norm_fusable
+from ninfer.kernels.tuning import TunerState, use_tuner
 from ninfer.quant.formats import quantize
 
 pytestmark = pytest.mark.usefixtures("poisoned_outputs")
@@ -173,3 +176,37 @@ def test_dispatch_fuses_at_decode_sizes_only() -> None:
         _launch(x[:2], w, None, torch.empty(2, 64, dtype=x.dtype), False, GemmConfig(16, 64, 128), (norm_w, EPS))
     cpu = quant_matmul(x, w, res, norm=(norm_w, EPS))  # CPU tensors: the reference
     assert torch.equal(cpu, quant_matmul_reference(x, w, res, norm=(norm_w, EPS)))
+
+
+@pytest.mark.parametrize("norm_first_wins", [True, False])
+def test_the_tuner_times_the_prologue_against_norm_then_gemm(monkeypatch: pytest.MonkeyPatch,
+                                                              norm_first_wins: bool) -> None:
+    """A norm key's candidates end with NORM_FIRST (the norm kernel, then the GEMM with its own key's choice):
+    every candidate's trial runs (writing the scratch, not the residual it may alias) and the faster is kept;
+    NORM_FIRST gives the same result as the unfused call and still fills norm_out."""
+    timed: list[list[GemmConfig]] = []
+
+    def fake_timings(cands: list, launch: object, graphs: bool) -> dict:
+        timed.append(list(cands))
+        for c in cands:
+            launch(c)
+        fast = NORM_FIRST if norm_first_wins else cands[0]
+        return {c: 1.0 if c == fast else 2.0 for c in cands}
+
+    monkeypatch.setattr(quant_gemm_tune, "autotune_configs", lambda cfgs: cfgs[:3] + cfgs[-1:])
+    monkeypatch.setattr(quant_gemm_tune, "time_candidates", fake_timings)
+    monkeypatch.setattr(tuning, "stored_config", lambda *args: None)
+    monkeypatch.setattr(tune_cache, "record", lambda *args: None)
+    w, x, norm_w, res = _inputs("int4-g64", torch.float32, 2, 48, 256, swiglu=False, residual=True, exact=True,
+                                seed=40)
+    res_before = res.clone()
+    with use_tuner(TunerState()) as tuner:
+        monkeypatch.setattr(tuner, "tunable", lambda device: True)
+        normed = torch.full_like(x, float("nan"))
+        got = quant_matmul_triton(x, w, res, out=res, norm=(norm_w, EPS), norm_out=normed)  # in place
+        chosen = {key: cfg for key, cfg in tuner.chosen("quant_gemm").items() if "rms_norm" in key}
+    assert timed[0][-1] == NORM_FIRST and list(chosen.values()) == [NORM_FIRST if norm_first_wins else timed[0][0]]
+    assert len(timed) == 2  # NORM_FIRST's trial tuned the plain key too
+    expect = quant_matmul_triton(rms_norm_triton(x, norm_w, EPS)[0], w, res_before, config=GemmConfig(16, 64, 128))
+    assert got.data_ptr() == res.data_ptr()
+    assert (got - expect).abs().max() < 1e-5 and torch.equal(normed, rms_norm_triton(x, norm_w, EPS)[0])

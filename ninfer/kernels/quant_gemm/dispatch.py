@@ -52,6 +52,7 @@ from ninfer.kernels.quant_gemm.gemm import quant_gemm_kernel
 from ninfer.kernels.quant_gemm.gemv import launch_gemv
 from ninfer.kernels.quant_gemm.gemv_mma import launch_gemv_mma
 from ninfer.kernels.quant_gemm.tune import (
+    NORM_FIRST,
     NORM_KINDS,
     GemmConfig,
     candidates,
@@ -128,7 +129,7 @@ def quant_matmul_triton(x: torch.Tensor, w: QuantizedTensor, residual: torch.Ten
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     m = x2.shape[0]
-    fused = norm is not None and (config.kind in NORM_KINDS if config is not None else
+    fused = norm is not None and (config.kind in (*NORM_KINDS, NORM_FIRST.kind) if config is not None else
                                   norm_fusable(w.format.name, x2, n_out, k, swiglu))
     xn = norm_out.view(m, k) if norm_out is not None else None
     if norm is not None and not fused:
@@ -145,13 +146,25 @@ def quant_matmul_triton(x: torch.Tensor, w: QuantizedTensor, residual: torch.Ten
 
     scratch: list[torch.Tensor] = []
 
-    def trial(cfg: GemmConfig) -> None:  # tuning runs write elsewhere: out may alias the residual
+    def elsewhere() -> torch.Tensor:  # tuning runs write elsewhere: out may alias the residual
         if not scratch:
             scratch.append(torch.empty_like(out))
-        _launch(x2, w, res, scratch[0], swiglu, cfg, norm, xn)
+        return scratch[0]
 
-    cfg = config or select_config(w.format.name, x2, n_out, k, swiglu, res is not None, trial, norm=norm is not None)
-    _launch(x2, w, res, out, swiglu, cfg, norm, xn)
+    def run(cfg: GemmConfig, dst: torch.Tensor) -> None:
+        if cfg.kind != NORM_FIRST.kind:
+            _launch(x2, w, res, dst, swiglu, cfg, norm, xn)
+            return
+        normed = rms_norm_triton(x2, norm[0], norm[1], out=xn)[0]  # the norm key's unfused candidate
+        inner = select_config(w.format.name, normed, n_out, k, swiglu, res is not None,
+                              lambda c: _launch(normed, w, res, elsewhere(), swiglu, c))
+        _launch(normed, w, res, dst, swiglu, inner)
+
+    def trial(cfg: GemmConfig) -> None:
+        run(cfg, elsewhere())
+
+    run(config or select_config(w.format.name, x2, n_out, k, swiglu, res is not None, trial, norm=norm is not None),
+        out)
     return result
 
 

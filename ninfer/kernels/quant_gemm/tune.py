@@ -21,7 +21,8 @@ then cuBLAS), offered only for weights of at most
 At least one candidate per path fits in 99 KB of shared memory (RTX 5090).
 A GEMM with the RMSNorm prologue (``norm``: x normalised in the kernel, :mod:`.gemv_steps`) is its own key
 (``"rms_norm"`` before the device) whose candidates are the decode kinds that have the prologue
-(``NORM_KINDS``); :func:`norm_fusable` says whether a shape has any (else the caller runs the norm kernel).
+(``NORM_KINDS``), then ``NORM_FIRST`` (the norm kernel and the plain GEMM, timed against them);
+:func:`norm_fusable` says whether a shape has any (else the caller runs the norm kernel).
 """
 from __future__ import annotations
 
@@ -63,6 +64,11 @@ class GemmConfig:
     # "gemv-mma" only: Triton's ``maxnreg`` (registers per thread; fewer let more programs share an SM,
     # at the risk of spills); 0 = the compiler's choice
     max_registers: int = 0
+
+
+# The last candidate of a norm key: the norm kernel, then the GEMM with its own key's choice. The tuner times
+# it against the prologue configs, so that a prologue costing more than the launch it saves is not kept.
+NORM_FIRST = GemmConfig(0, 0, 0, kind="norm-first")
 
 
 def kernel_params(fmt: str, cfg: GemmConfig) -> dict[str, int]:
@@ -298,7 +304,7 @@ def select_config(fmt: str, x: torch.Tensor, n_out: int, k: int, swiglu: bool, h
     def cands() -> list[GemmConfig]:
         sms = sm_count(x.device)
         if norm:
-            return autotune_configs(norm_candidates(fmt, m, n_out, k, sms, x.dtype, swiglu=swiglu))
+            return autotune_configs(norm_candidates(fmt, m, n_out, k, sms, x.dtype, swiglu=swiglu) + [NORM_FIRST])
         mma = x.dtype in (torch.bfloat16, torch.float16)
         return autotune_configs(candidates(fmt, m, n_out, k, sms, swiglu=swiglu, mma=mma))
 
