@@ -6,7 +6,7 @@
     for layer in layers:
         x = x + mixer(input_layernorm(x))          # Gated DeltaNet or gated attention
         x = x + ffn(post_attention_layernorm(x))   # SwiGLU MLP or MoE block
-    logits = lm_head(norm(x))
+    logits = lm_head(norm(x))                      # decode graphs: the norm in the head's GEMM prologue
 """
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from ninfer.config import ModelConfig
+from ninfer.kernels.norms import Normed, materialize
 from ninfer.kernels.rope import mrope_cos_sin, rope_inv_freq
 from ninfer.models.batch import ForwardBatch
 from ninfer.models.cache import ModelCache
@@ -67,20 +68,23 @@ class Qwen3_5TextModel(nn.Module):
         """The compute dtype (norm weights are never quantized)."""
         return self.norm.weight.dtype
 
-    def forward(self, batch: ForwardBatch, cache: ModelCache, inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, batch: ForwardBatch, cache: ModelCache, inputs_embeds: torch.Tensor | None = None, *,
+                defer_norm: bool = False) -> torch.Tensor | Normed:
         """Hidden states ``[N, H]`` after the final norm for every token of the batch (the MTP input too).
 
         ``inputs_embeds`` replaces the token embeddings (multimodal prompts put vision features there).
+        ``defer_norm``: the final norm deferred to :meth:`logits` (a quantized LM head applies it in its GEMM's
+        prologue at decode), for callers that want only the logits of every token (the decode graphs).
         """
         x = self.embed_tokens(batch.input_ids) if inputs_embeds is None else inputs_embeds
         rope = mrope_cos_sin(batch.positions, self.inv_freq, list(self.config.mrope_section), x.dtype)
         for layer in self.layers:
             x = layer(x, rope, batch, cache)
-        return self.norm(x)
+        return self.norm.deferred(x) if defer_norm else self.norm(x)
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    def logits(self, hidden: torch.Tensor | Normed) -> torch.Tensor:
         if self.lm_head is not None:
             return self.lm_head(hidden)
         if isinstance(self.embed_tokens, nn.Embedding):  # tied: the embedding doubles as the head
-            return torch.nn.functional.linear(hidden, self.embed_tokens.weight)
+            return torch.nn.functional.linear(materialize(hidden), self.embed_tokens.weight)
         return self.embed_tokens.as_linear()(hidden)  # a quantized tied embedding

@@ -11,6 +11,7 @@ import torch
 import ninfer
 from ninfer.kernels import norms
 from ninfer.kernels.quant_gemm import dispatch
+from ninfer.models.batch import make_batch
 from tiny_checkpoints import TinyCheckpoint
 
 
@@ -43,3 +44,33 @@ def test_quantized_model_folds_its_norms_into_the_gemms(dense_ckpt: TinyCheckpoi
     assert sum(launches) == 2 * layers and not deferred_norms
     assert len(launches) > sum(launches)  # the others (o_proj, out_proj, down_proj, LM head) have no prologue
     torch.testing.assert_close(got, ref, rtol=1e-3, atol=1e-3)
+
+
+
+def test_decode_graph_forward_folds_the_final_norm_into_the_quantized_head(dense_ckpt: TinyCheckpoint,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """``forward(defer_norm=True)`` (what the decode graphs run): the final norm goes to the int8 LM head's GEMM
+    prologue, and the logits equal those of the normed hidden states."""
+    llm = ninfer.load(dense_ckpt.path, device="cpu", quantize="int4", progress=False)
+    runner = llm.runner
+    runner.start(8)
+    batch = make_batch(input_ids=[5, 6, 7], positions=torch.arange(3).expand(3, 3), seq_lens=[3], context_lens=[3],
+                       block_tables=torch.arange(runner.cache.num_pages, dtype=torch.int32)[None],
+                       slot_mapping=torch.arange(3), state_slots=[0])
+    real = dispatch._launch
+    prologue_columns: list[int] = []
+
+    def spy(*args: object) -> None:
+        if len(args) > 6 and args[6] is not None:
+            prologue_columns.append(args[3].shape[1])
+        real(*args)
+
+    monkeypatch.setattr(dispatch, "use_triton", lambda x: True)  # the CUDA path, in the interpreter
+    monkeypatch.setattr(dispatch, "_launch", spy)
+    logits = []
+    for defer in (False, True):
+        runner.cache.reset_slot(0)
+        prologue_columns.clear()
+        logits.append(llm.model.logits(llm.model(batch, runner.cache, defer_norm=defer)))
+        assert (logits[-1].shape[-1] in prologue_columns) == defer
+    torch.testing.assert_close(logits[1], logits[0], rtol=1e-4, atol=1e-4)
