@@ -147,4 +147,7 @@ def test_quantized_model_scores_the_same_fused(dense: TinyCheckpoint, monkeypatc
     fused = llm.score(ids)
     monkeypatch.setattr(dispatch, "norm_fusable", lambda *args: False)
     unfused = llm.score(ids)
-    assert (fused - unfused).abs().max().item() < 0.05, (fused, unfused)
+    # bf16: the prologue sums rstd in another order than the norm kernel, which can flip a normed value by
+    # one ulp; through the layers that moved the scores by up to 0.086 (H200, run 2026-12-02.6). A wrong
+    # prologue (no norm, wrong weight, wrong row) moves them by whole units.
+    assert (fused - unfused).abs().max().item() < 0.15, (fused, unfused)
