@@ -64,10 +64,6 @@ def compile_kernel(fn, split_arg: str, fmt: str, consts: dict, warps: int, stage
            "res_ptr": "*bf16", "out_ptr": "*bf16", "ws_ptr": "*fp32", "M": "i32", "N_OUT": "i32", "K": "i32",
            split_arg: "i32", **{s: "i32" for s in ("stride_xm", "stride_qn", "stride_sn", "stride_rm", "stride_om")}}
     sig.update(dict.fromkeys(consts, "constexpr"))
-    if fn is quant_gemv._quant_gemv_kernel:  # its trailing arguments: no arrival counters, no RMSNorm prologue
-        consts = dict(consts, FUSED_REDUCE=False, NORM=False, WRITE_X=False)
-        sig.update(cnt_ptr="*i32", FUSED_REDUCE="constexpr", nw_ptr="*bf16", eps="fp32", NORM="constexpr",
-                   xn_ptr="*bf16", WRITE_X="constexpr")
     names = list(sig)
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in ALIGNED}
     return triton.compile(ASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", arch, 32),
@@ -139,8 +135,6 @@ def compile_mma(fmt: str, cfg, swiglu: bool, arch: int):
     consts = dict(GROUP=kernel_params(fmt, cfg)["group"], SWIGLU=swiglu, HAS_RES=not swiglu, SPLIT=split,
                   FUSED_REDUCE=split, TOKENS=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, ASM=True)
     sig.update(dict.fromkeys(consts, "constexpr"))
-    consts.update(NORM=False, WRITE_X=False)  # no RMSNorm prologue
-    sig.update(nw_ptr="*bf16", eps="fp32", NORM="constexpr", xn_ptr="*bf16", WRITE_X="constexpr")
     names = list(sig)
     aligned = [n for n in names if n.endswith("_ptr") or n in ("N_OUT", "K", *strides)]
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned}

@@ -9,12 +9,8 @@ whole in registers, so every byte is read and written once: up to 2048 wide, ``B
 program; a wider row (the 5120 hidden size) gets one program and is kept as a tuple of 1024-wide
 chunks (no padding of 5120 up to 8192). Roundings the reference performs in the model dtype are repeated in-kernel,
 so bf16 results match it to the last bit except for transcendental-function differences.
-:class:`Normed` defers a zero-centred norm to the projection that reads it (the quantized decode GEMMs
-apply it in their prologue, :mod:`ninfer.kernels.quant_gemm.gemv_steps`).
 """
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -128,16 +124,11 @@ def _gated_rms_norm_kernel(
 
 
 def rms_norm_triton(
-    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None, *,
-    out: torch.Tensor | None = None,
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Triton :func:`rms_norm_reference`; ``x`` and ``residual`` may be strided views (unit last stride);
-    ``out`` (contiguous, x's shape and the result dtype) receives the normed x if given."""
+    """Triton :func:`rms_norm_reference`; ``x`` and ``residual`` may be strided views (unit last stride)."""
     dtype = x.dtype if residual is None else torch.result_type(x, residual)
-    if out is None:
-        out = torch.empty(x.shape, dtype=dtype, device=x.device)
-    elif not out.is_contiguous() or out.shape != x.shape or out.dtype != dtype:
-        raise ValueError(f"out must be a contiguous {dtype} tensor of shape {list(x.shape)}")
+    out = torch.empty(x.shape, dtype=dtype, device=x.device)
     new_res = x if residual is None else torch.empty(x.shape, dtype=dtype, device=x.device)
     if x.numel() == 0:
         return out, new_res
@@ -184,40 +175,3 @@ def gated_rms_norm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: 
     if use_triton(x):
         return gated_rms_norm_triton(x, z, weight, eps)
     return gated_rms_norm_reference(x, z, weight, eps)
-
-
-@dataclass
-class Normed:
-    """The zero-centred RMSNorm of ``x`` (weight, eps), not computed yet: a projection that reads it may fold it
-    into its GEMM's prologue (``quant_matmul(norm=...)``); anything else takes :meth:`value`. With several
-    readers (:meth:`shared`) the first one to compute the normed x keeps it (:meth:`keep`: a fused GEMM
-    writes it as a by-product) and the others read it: one norm, never two."""
-    x: torch.Tensor
-    weight: torch.Tensor
-    eps: float
-    several_readers: bool = False
-    kept: torch.Tensor | None = None
-
-    def shared(self) -> Normed:
-        return Normed(self.x, self.weight, self.eps, several_readers=True)
-
-    def keep(self, normed: torch.Tensor) -> None:
-        if self.several_readers:
-            self.kept = normed
-
-    def value(self) -> torch.Tensor:
-        if self.kept is not None:
-            return self.kept
-        normed = rms_norm(self.x, self.weight, self.eps)[0]
-        self.keep(normed)
-        return normed
-
-
-def materialize(h: torch.Tensor | Normed) -> torch.Tensor:
-    """``h`` as a tensor: a deferred norm computed now (the norm kernel on CUDA), or the kept one."""
-    return h.value() if isinstance(h, Normed) else h
-
-
-def shared(h: torch.Tensor | Normed) -> torch.Tensor | Normed:
-    """``h`` for several readers: a deferred norm that the first reader computes and keeps for the others."""
-    return h.shared() if isinstance(h, Normed) else h

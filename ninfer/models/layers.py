@@ -7,13 +7,6 @@ holding them declares ``fused_rows``: fused attribute -> the checkpoint projecti
 order, with their row counts; the loader fills each part's rows from the checkpoint's separate tensors
 (``ninfer.checkpoint.fused_parts``) and recipes select formats by the parts' names. Tokens are packed
 ``[N, ...]``; a :class:`ForwardBatch` says which sequence each token belongs to.
-
-The residual stream is explicit: the mixers and the MLP take ``residual`` and return ``residual + f(x)``,
-the add done in their last projection's epilogue (:class:`Linear`, ``QuantLinear``). Their input may be a
-deferred norm (:class:`~ninfer.kernels.norms.Normed`, :meth:`RMSNorm.deferred`): a projection that is its
-only reader hands it to its GEMM (the quantized decode GEMMs apply it in their prologue); a module whose
-input has several readers marks it shared (:func:`~ninfer.kernels.norms.shared`: the first reader keeps the
-normed x for the others) or computes it once (:func:`~ninfer.kernels.norms.materialize`).
 """
 from __future__ import annotations
 
@@ -26,7 +19,7 @@ from ninfer.kernels.activations import swiglu as swiglu_op
 from ninfer.kernels.attention import paged_attention, write_kv
 from ninfer.kernels.conv import save_conv_windows
 from ninfer.kernels.deltanet import gated_deltanet
-from ninfer.kernels.norms import Normed, gated_rms_norm, materialize, rms_norm, shared
+from ninfer.kernels.norms import gated_rms_norm, rms_norm
 from ninfer.kernels.rope import qk_norm_rope
 from ninfer.models.batch import ForwardBatch
 from ninfer.models.cache import ModelCache
@@ -34,23 +27,8 @@ from ninfer.models.cache import ModelCache
 FusedRows = dict[str, tuple[tuple[str, int], ...]]  # fused attribute -> ((part attribute, rows), ...)
 
 
-class Linear(nn.Linear):
-    """A float projection with the call of :class:`ninfer.quant.linear.QuantLinear` (``residual``, a deferred
-    norm as input), so modules read the same float or quantized: here the norm kernel runs first and the add is
-    the GEMM's epilogue."""
-
-    def forward(self, x: torch.Tensor | Normed, residual: torch.Tensor | None = None) -> torch.Tensor:
-        x = materialize(x)
-        if residual is None:
-            return F.linear(x, self.weight)
-        # One GEMM that adds the residual in its epilogue (BLAS's beta = 1), as the quantized GEMMs do: a
-        # separate add would be one more launch per layer than the add+norm kernel this replaced.
-        y = torch.addmm(residual.reshape(-1, residual.shape[-1]), x.reshape(-1, x.shape[-1]), self.weight.t())
-        return y.view(residual.shape)
-
-
-def linear(in_features: int, out_features: int) -> Linear:
-    return Linear(in_features, out_features, bias=False)
+def linear(in_features: int, out_features: int) -> nn.Linear:
+    return nn.Linear(in_features, out_features, bias=False)
 
 
 class GateUpLinear(nn.Linear):
@@ -61,25 +39,21 @@ class GateUpLinear(nn.Linear):
     def __init__(self, in_features: int, intermediate_size: int) -> None:
         super().__init__(in_features, 2 * intermediate_size, bias=False)
 
-    def forward(self, x: torch.Tensor | Normed, swiglu: bool = False) -> torch.Tensor:
-        y = F.linear(materialize(x), self.weight)
+    def forward(self, x: torch.Tensor, swiglu: bool = False) -> torch.Tensor:
+        y = F.linear(x, self.weight)
         return swiglu_op(y) if swiglu else y
 
 
 class RMSNorm(nn.Module):
-    """Zero-centred RMSNorm (``1 + w``): computed now (``norm(x)``) or deferred to the projection that reads
-    it (``norm.deferred(x)``)."""
+    """Zero-centred RMSNorm (``1 + w``), optionally adding the residual first."""
 
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.zeros(dim))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm(x, self.weight, self.eps)[0]
-
-    def deferred(self, x: torch.Tensor) -> Normed:
-        return Normed(x, self.weight, self.eps)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        return rms_norm(x, self.weight, self.eps, residual)
 
 
 class GatedRMSNorm(nn.Module):
@@ -95,7 +69,7 @@ class GatedRMSNorm(nn.Module):
 
 
 class MLP(nn.Module):
-    """Dense SwiGLU feed-forward: ``residual + down(silu(gate(x)) * up(x))``, gate and up as one GEMM."""
+    """Dense SwiGLU feed-forward: ``down(silu(gate(x)) * up(x))``, gate and up as one GEMM."""
 
     def __init__(self, hidden_size: int, intermediate_size: int) -> None:
         super().__init__()
@@ -104,8 +78,8 @@ class MLP(nn.Module):
         self.fused_rows: FusedRows = {"gate_up_proj": (("gate_proj", intermediate_size),
                                                        ("up_proj", intermediate_size))}
 
-    def forward(self, x: torch.Tensor | Normed, residual: torch.Tensor | None = None) -> torch.Tensor:
-        return self.down_proj(self.gate_up_proj(x, swiglu=True), residual=residual)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.gate_up_proj(x, swiglu=True))
 
 
 class GatedAttention(nn.Module):
@@ -127,12 +101,11 @@ class GatedAttention(nn.Module):
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
 
-    def forward(self, x: torch.Tensor | Normed, rope: tuple[torch.Tensor, torch.Tensor], batch: ForwardBatch,
-                cache: ModelCache, residual: torch.Tensor | None = None) -> torch.Tensor:
-        """``residual + attention(x)``."""
-        qkv = self.qkv_proj(x)  # x's only reader: a deferred norm may go into this GEMM's prologue
-        n = qkv.shape[0]
-        q, k, v = qkv.split(self.qkv_sizes, dim=-1)  # column views: the kernels take row strides
+    def forward(
+        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], batch: ForwardBatch, cache: ModelCache
+    ) -> torch.Tensor:
+        n = x.shape[0]
+        q, k, v = self.qkv_proj(x).split(self.qkv_sizes, dim=-1)  # column views: the kernels take row strides
         q, gate = q.view(n, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
         k = k.view(n, self.num_kv_heads, self.head_dim)
         v = v.view(n, self.num_kv_heads, self.head_dim)
@@ -144,7 +117,7 @@ class GatedAttention(nn.Module):
         # The sigmoid output gate is fused into the attention epilogue.
         o = paged_attention(q, kv, batch.block_tables, batch.cu_seqlens, batch.context_lens,
                             self.head_dim ** -0.5, batch.max_seqlen, gate=gate)
-        return self.o_proj(o.reshape(n, -1), residual=residual)
+        return self.o_proj(o.reshape(n, -1))
 
 
 class GatedDeltaNet(nn.Module):
@@ -172,11 +145,7 @@ class GatedDeltaNet(nn.Module):
         self.norm = GatedRMSNorm(self.head_v_dim, config.rms_norm_eps)
         self.out_proj = linear(self.value_dim, hidden)
 
-    def forward(self, x: torch.Tensor | Normed, batch: ForwardBatch, cache: ModelCache,
-                residual: torch.Tensor | None = None) -> torch.Tensor:
-        """``residual + deltanet(x)``. x has two readers: a deferred norm is computed by the first (the quantized
-        in_proj_qkvz's prologue writes the normed x as it goes) and kept for the second (in_proj_ab, bf16)."""
-        x = shared(x)
+    def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: ModelCache) -> torch.Tensor:
         qkv, z = self.in_proj_qkvz(x).split([self.conv_dim, self.value_dim], dim=-1)  # column views (row strides)
         if batch.checkpoints:
             save_conv_windows(qkv, cache.conv[self.layer_idx], batch.checkpoints)
@@ -188,4 +157,4 @@ class GatedDeltaNet(nn.Module):
             batch.max_seqlen, state_out_slots=batch.state_out_slots, ckpt_offsets=batch.ckpt_offsets,
             ckpt_slots=batch.ckpt_slots,
         )
-        return self.out_proj(o, residual=residual)
+        return self.out_proj(o)

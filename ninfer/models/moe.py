@@ -9,7 +9,6 @@ from torch import nn
 
 from ninfer.config import ModelConfig
 from ninfer.kernels.moe import moe_experts, route_topk
-from ninfer.kernels.norms import Normed, materialize
 from ninfer.models.layers import MLP, FusedRows, linear
 
 if TYPE_CHECKING:
@@ -46,16 +45,11 @@ class SparseMoeBlock(nn.Module):
         self.experts = Experts(config.num_experts, config.hidden_size, config.moe_intermediate_size)
         self.shared_expert = MLP(config.hidden_size, config.shared_expert_intermediate_size)
 
-    def forward(self, x: torch.Tensor | Normed, residual: torch.Tensor | None = None) -> torch.Tensor:
-        """``residual + moe(x)``; x has several readers (router, experts, shared expert): a deferred norm is
-        computed once."""
-        x = materialize(x)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         router_logits, shared_logit = self._router_logits(x)
         weights, ids = route_topk(router_logits, self.top_k)
         routed = moe_experts(x, _stack(self.experts.gate_up_proj), _stack(self.experts.down_proj), weights, ids)
-        if residual is not None:  # added before the gated shared expert: as many launches as without it
-            routed = routed + residual
-        return torch.addcmul(routed, torch.sigmoid(shared_logit), self.shared_expert(x))
+        return routed + torch.sigmoid(shared_logit) * self.shared_expert(x)
 
     def _router_logits(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Router logits ``[T, E]`` and the shared expert's gate logit ``[T, 1]``: on CUDA one GEMM over

@@ -4,7 +4,7 @@ One draft step for the pair (hidden state ``h_t`` of position ``t``, token ``x_{
 
     x  = fc(cat([pre_fc_norm_embedding(embed(x_{t+1})), pre_fc_norm_hidden(h_t)]))   # embedding FIRST
     x  = layers.0(x, position t)       # one gated full-attention decoder layer with its own paged KV
-    h' = norm(x)                       # the zero-centred norm of the layer's residual stream
+    h' = norm(x)                       # final residual add, then the zero-centred norm
     logits = lm_head(h')               # proposes x_{t+2}
 
 The embedding and LM head belong to the target model and are shared, not copied. Drafting applies
@@ -131,12 +131,12 @@ class MTPHead(nn.Module):
         positions, exactly as the pairs are formed (reference §10.2).
         """
         target = self.target
-        e = self.pre_fc_norm_embedding(target.embed_tokens(next_token_ids))
-        h = self.pre_fc_norm_hidden(hidden)
+        e, _ = self.pre_fc_norm_embedding(target.embed_tokens(next_token_ids))
+        h, _ = self.pre_fc_norm_hidden(hidden)
         x = self.fc(torch.cat([e, h], dim=-1))
         rope = mrope_cos_sin(batch.positions, self.inv_freq, list(self.config.mrope_section), x.dtype)
-        x = self.layers[0](x, rope, batch, cache)
-        h_prime = self.norm(x)
+        x, residual = self.layers[0](x, None, rope, batch, cache)
+        h_prime, _ = self.norm(x, residual)
         return h_prime, target.logits(h_prime)
 
 

@@ -6,7 +6,7 @@
     for layer in layers:
         x = x + mixer(input_layernorm(x))          # Gated DeltaNet or gated attention
         x = x + ffn(post_attention_layernorm(x))   # SwiGLU MLP or MoE block
-    logits = lm_head(norm(x))                      # decode graphs: the norm in the head's GEMM prologue
+    logits = lm_head(norm(x))
 """
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ import torch
 from torch import nn
 
 from ninfer.config import ModelConfig
-from ninfer.kernels.norms import Normed, materialize
 from ninfer.kernels.rope import mrope_cos_sin, rope_inv_freq
 from ninfer.models.batch import ForwardBatch
 from ninfer.models.cache import ModelCache
@@ -34,17 +33,19 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], batch: ForwardBatch,
-                cache: ModelCache) -> torch.Tensor:
-        """The residual stream in, the residual stream out. Each norm is deferred to the projections that read
-        it (the quantized decode GEMMs fold it into their prologue) and each add is the last projection's
-        epilogue (o_proj / out_proj, down_proj)."""
-        h = self.input_layernorm.deferred(x)
-        if self.is_attention:
-            x = self.self_attn(h, rope, batch, cache, residual=x)      # x + attn(norm1(x))
-        else:
-            x = self.linear_attn(h, batch, cache, residual=x)          # x + deltanet(norm1(x))
-        return self.mlp(self.post_attention_layernorm.deferred(x), residual=x)  # x + ffn(norm2(x))
+    def forward(
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor | None,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        batch: ForwardBatch,
+        cache: ModelCache,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Takes the previous layer's output and residual; returns this layer's (the adds are fused into the norms)."""
+        h, residual = self.input_layernorm(x, residual)
+        h = self.self_attn(h, rope, batch, cache) if self.is_attention else self.linear_attn(h, batch, cache)
+        h, residual = self.post_attention_layernorm(h, residual)
+        return self.mlp(h), residual
 
 
 class Qwen3_5TextModel(nn.Module):
@@ -68,23 +69,22 @@ class Qwen3_5TextModel(nn.Module):
         """The compute dtype (norm weights are never quantized)."""
         return self.norm.weight.dtype
 
-    def forward(self, batch: ForwardBatch, cache: ModelCache, inputs_embeds: torch.Tensor | None = None, *,
-                defer_norm: bool = False) -> torch.Tensor | Normed:
+    def forward(self, batch: ForwardBatch, cache: ModelCache, inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
         """Hidden states ``[N, H]`` after the final norm for every token of the batch (the MTP input too).
 
         ``inputs_embeds`` replaces the token embeddings (multimodal prompts put vision features there).
-        ``defer_norm``: the final norm deferred to :meth:`logits` (a quantized LM head applies it in its GEMM's
-        prologue at decode), for callers that want only the logits of every token (the decode graphs).
         """
         x = self.embed_tokens(batch.input_ids) if inputs_embeds is None else inputs_embeds
         rope = mrope_cos_sin(batch.positions, self.inv_freq, list(self.config.mrope_section), x.dtype)
+        residual = None
         for layer in self.layers:
-            x = layer(x, rope, batch, cache)
-        return self.norm.deferred(x) if defer_norm else self.norm(x)
+            x, residual = layer(x, residual, rope, batch, cache)
+        hidden, _ = self.norm(x, residual)
+        return hidden
 
-    def logits(self, hidden: torch.Tensor | Normed) -> torch.Tensor:
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.lm_head is not None:
             return self.lm_head(hidden)
         if isinstance(self.embed_tokens, nn.Embedding):  # tied: the embedding doubles as the head
-            return torch.nn.functional.linear(materialize(hidden), self.embed_tokens.weight)
+            return torch.nn.functional.linear(hidden, self.embed_tokens.weight)
         return self.embed_tokens.as_linear()(hidden)  # a quantized tied embedding

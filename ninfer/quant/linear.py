@@ -26,7 +26,6 @@ import torch
 from torch import nn
 
 from ninfer.checkpoint import RowSlice, fused_parts
-from ninfer.kernels.norms import Normed
 from ninfer.kernels.quant_gemm import quant_matmul
 from ninfer.quant.formats import (
     FormatError,
@@ -102,25 +101,15 @@ class QuantWeight(nn.Module):
 
 
 class QuantLinear(QuantWeight):
-    """``y = x @ W^T`` with W quantized; optional fused ``+ residual`` and SwiGLU (stacked gate/up W). A
-    deferred norm as x (:class:`~ninfer.kernels.norms.Normed`) goes to the GEMM, which applies it in its
-    prologue where the shape allows (decode on CUDA) and runs the norm kernel first elsewhere."""
+    """``y = x @ W^T`` with W quantized; optional fused ``+ residual`` and SwiGLU (stacked gate/up W)."""
 
     def __init__(self, in_features: int, out_features: int, fmt: str | WeightFormat,
                  device: torch.device | str | None = None, dtype: torch.dtype = torch.bfloat16) -> None:
         super().__init__((out_features, in_features), fmt, device, dtype)
         self.in_features, self.out_features = in_features, out_features
 
-    def forward(self, x: torch.Tensor | Normed, residual: torch.Tensor | None = None,
-                swiglu: bool = False) -> torch.Tensor:
-        if isinstance(x, Normed) and x.kept is None:
-            # another reader will want the normed x: the GEMM writes it as it goes (fused) or keeps the norm's
-            kept = torch.empty_like(x.x, memory_format=torch.contiguous_format) if x.several_readers else None
-            y = quant_matmul(x.x, self.packed(), residual, swiglu, norm=(x.weight, x.eps), norm_out=kept)
-            if kept is not None:
-                x.keep(kept)
-            return y
-        return quant_matmul(x.kept if isinstance(x, Normed) else x, self.packed(), residual, swiglu)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None, swiglu: bool = False) -> torch.Tensor:
+        return quant_matmul(x, self.packed(), residual, swiglu)
 
     @classmethod
     def from_float(cls, weight: torch.Tensor, fmt: str | WeightFormat) -> QuantLinear:

@@ -64,7 +64,7 @@ class DecodeGraphs:
             max_seqlen=1, context_lens=self.context_lens[:b], block_tables=self.block_tables[:b],
             slot_mapping=self.slot_mapping[:b], state_slots=self.state_slots[:b],
         )
-        return self.model.logits(self.model(batch, self.cache, defer_norm=True))  # only the logits are kept
+        return self.model.logits(self.model(batch, self.cache))
 
     def _capture(self, b: int) -> None:
         self.graphs[b], self.logits[b] = capture(lambda: self._forward(b), self.pool)

@@ -257,7 +257,7 @@ class ModelRunner:
             batch = make_batch(input_ids=ids[:b], positions=positions[:, :b], cu_seqlens=cu_seqlens[:b + 1],
                                max_seqlen=1, context_lens=context[:b], block_tables=tables[:b],
                                slot_mapping=slots[:b], state_slots=slots[:b])
-            self.model.logits(self.model(batch, self.cache, defer_norm=True))  # as DecodeGraphs runs it
+            self.model.logits(self.model(batch, self.cache))
 
 
 PACKED_WARMUP_CHUNK = 2 * CHUNK + 3  # a prompt chunk of two full DeltaNet chunks and a partial one

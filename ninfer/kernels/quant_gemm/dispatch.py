@@ -26,11 +26,6 @@ weight side (the dominant traffic) and the dequantized tile never goes back to m
   epilogue. Group scales multiply each group's ``[BLOCK_N, BLOCK_M]`` partial product on the skinny
   path (exact integer codes go to the MMA) and the dequantized tile on the tiled path (one multiply
   per weight, amortised over BLOCK_M); nvfp4's 16-wide groups always scale the tile.
-* Prologue: ``norm = (weight, eps)`` makes the GEMM ``rms_norm(x) @ W^T`` (zero-centred RMSNorm of x). At
-  decode sizes the GEMV and tensor-core decode kernels normalise x as they load it (one launch, and no
-  normed copy of x written and read back); other shapes, float weights and the CPU run the norm kernel
-  (or reference) first. The fused result equals norm-then-GEMM up to the fp32 summation order of the rstd.
-  ``norm_out`` receives the normed x for another reader (the fused kernels write it as they go).
 * Epilogues: ``+ residual``; SwiGLU for a stacked ``[2I, K]`` gate/up weight (gate rows first):
   the program accumulates the gate and the up tile of the same columns and writes ``silu(g) * u``.
 
@@ -45,37 +40,18 @@ import torch.nn.functional as F
 import triton
 
 from ninfer.kernels.dispatch import use_triton
-from ninfer.kernels.norms import rms_norm, rms_norm_reference, rms_norm_triton
 from ninfer.kernels.quant_gemm.common import FMT_CODES, kernel_tensors, split_finish_kernel
 from ninfer.kernels.quant_gemm.dequant import launch_dequant_gemm
 from ninfer.kernels.quant_gemm.gemm import quant_gemm_kernel
 from ninfer.kernels.quant_gemm.gemv import launch_gemv
 from ninfer.kernels.quant_gemm.gemv_mma import launch_gemv_mma
-from ninfer.kernels.quant_gemm.tune import (
-    NORM_FIRST,
-    NORM_KINDS,
-    GemmConfig,
-    candidates,
-    kernel_params,
-    norm_fusable,
-    select_config,
-    sm_count,
-)
+from ninfer.kernels.quant_gemm.tune import GemmConfig, candidates, kernel_params, select_config, sm_count
 from ninfer.kernels.quant_gemm.weights import QuantizedTensor
 
-Norm = tuple[torch.Tensor, float]  # a zero-centred RMSNorm applied to x first: (weight [K], eps)
-
-
 def quant_matmul_reference(x: torch.Tensor, w: QuantizedTensor, residual: torch.Tensor | None = None,
-                           swiglu: bool = False, norm: Norm | None = None,
-                           norm_out: torch.Tensor | None = None) -> torch.Tensor:
+                           swiglu: bool = False) -> torch.Tensor:
     """``x [..., K] @ dequantize(W)[N, K]^T`` in fp32, then ``silu(gate) * up`` over the two halves of N
-    if ``swiglu``, then ``+ residual``; returned in x's dtype. ``norm``: x is ``rms_norm_reference(x)`` first
-    (copied to ``norm_out`` if given)."""
-    if norm is not None:
-        x = rms_norm_reference(x, norm[0], norm[1])[0]
-        if norm_out is not None:
-            norm_out.copy_(x)
+    if ``swiglu``, then ``+ residual``; returned in x's dtype."""
     y = x.float() @ w.dequantize(torch.float32).t()
     if swiglu:
         gate, up = y.chunk(2, dim=-1)
@@ -86,36 +62,25 @@ def quant_matmul_reference(x: torch.Tensor, w: QuantizedTensor, residual: torch.
 
 
 def quant_matmul(x: torch.Tensor, w: QuantizedTensor, residual: torch.Tensor | None = None,
-                 swiglu: bool = False, norm: Norm | None = None, norm_out: torch.Tensor | None = None) -> torch.Tensor:
-    """The quantized linear layer: Triton on CUDA tensors, the reference elsewhere; ``norm`` normalises x
-    first (in the GEMM's prologue where the shape allows, see the module docstring), ``norm_out`` (contiguous,
-    x's shape and dtype) receives the normed x."""
+                 swiglu: bool = False) -> torch.Tensor:
+    """The quantized linear layer: Triton on CUDA tensors, the reference elsewhere."""
     if w.format.name == "bf16":
-        if norm is not None:
-            x = rms_norm(x, norm[0], norm[1])[0]
-            if norm_out is not None:
-                norm_out.copy_(x)
         y = F.linear(x, w.tensors["weight"].to(x.dtype))
         if swiglu:
             gate, up = y.chunk(2, dim=-1)
             y = F.silu(gate) * up
         return y if residual is None else y + residual
     if use_triton(x):
-        return quant_matmul_triton(x, w, residual, swiglu, norm=norm, norm_out=norm_out)
-    return quant_matmul_reference(x, w, residual, swiglu, norm, norm_out)
+        return quant_matmul_triton(x, w, residual, swiglu)
+    return quant_matmul_reference(x, w, residual, swiglu)
 
 
 def quant_matmul_triton(x: torch.Tensor, w: QuantizedTensor, residual: torch.Tensor | None = None,
                         swiglu: bool = False, *, out: torch.Tensor | None = None,
-                        config: GemmConfig | None = None, norm: Norm | None = None,
-                        norm_out: torch.Tensor | None = None) -> torch.Tensor:
+                        config: GemmConfig | None = None) -> torch.Tensor:
     """Launch the fused dequant-GEMM. ``x [..., K]`` (fp32, fp16 or bf16), W 2-D ``[N, K]``; with
     ``swiglu`` the output has N / 2 columns. ``out`` (contiguous, x's dtype) receives the result if
-    given and may be the residual itself (in-place add); ``config`` overrides the tuned choice.
-    ``norm = (weight, eps)``: ``rms_norm(x) @ W^T``, in the kernel's prologue when the shape has a
-    candidate with it (:func:`ninfer.kernels.quant_gemm.tune.norm_fusable`; with a given ``config``: when it
-    is of ``NORM_KINDS``), else the norm kernel first; ``norm_out`` (contiguous, x's shape and dtype) receives
-    the normed x either way."""
+    given and may be the residual itself (in-place add); ``config`` overrides the tuned choice."""
     if len(w.shape) != 2:
         raise ValueError(f"quant_matmul takes a 2-D weight, got shape {list(w.shape)}")
     n, k = w.shape
@@ -129,11 +94,6 @@ def quant_matmul_triton(x: torch.Tensor, w: QuantizedTensor, residual: torch.Ten
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     m = x2.shape[0]
-    fused = norm is not None and (config.kind in (*NORM_KINDS, NORM_FIRST.kind) if config is not None else
-                                  norm_fusable(w.format.name, x2, n_out, k, swiglu))
-    xn = norm_out.view(m, k) if norm_out is not None else None
-    if norm is not None and not fused:
-        x2, norm, xn = rms_norm_triton(x2, norm[0], norm[1], out=xn)[0], None, None
     result = out if out is not None else torch.empty(*lead, n_out, dtype=x.dtype, device=x.device)
     out = result.view(m, n_out)
     if m == 0 or n_out == 0:
@@ -146,35 +106,21 @@ def quant_matmul_triton(x: torch.Tensor, w: QuantizedTensor, residual: torch.Ten
 
     scratch: list[torch.Tensor] = []
 
-    def elsewhere() -> torch.Tensor:  # tuning runs write elsewhere: out may alias the residual
+    def trial(cfg: GemmConfig) -> None:  # tuning runs write elsewhere: out may alias the residual
         if not scratch:
             scratch.append(torch.empty_like(out))
-        return scratch[0]
+        _launch(x2, w, res, scratch[0], swiglu, cfg)
 
-    def run(cfg: GemmConfig, dst: torch.Tensor) -> None:
-        if cfg.kind != NORM_FIRST.kind:
-            _launch(x2, w, res, dst, swiglu, cfg, norm, xn)
-            return
-        normed = rms_norm_triton(x2, norm[0], norm[1], out=xn)[0]  # the norm key's unfused candidate
-        inner = select_config(w.format.name, normed, n_out, k, swiglu, res is not None,
-                              lambda c: _launch(normed, w, res, elsewhere(), swiglu, c))
-        _launch(normed, w, res, dst, swiglu, inner)
-
-    def trial(cfg: GemmConfig) -> None:
-        run(cfg, elsewhere())
-
-    run(config or select_config(w.format.name, x2, n_out, k, swiglu, res is not None, trial, norm=norm is not None),
-        out)
+    cfg = config or select_config(w.format.name, x2, n_out, k, swiglu, res is not None, trial)
+    _launch(x2, w, res, out, swiglu, cfg)
     return result
 
 
 def _launch(x: torch.Tensor, w: QuantizedTensor, res: torch.Tensor | None, out: torch.Tensor, swiglu: bool,
-            cfg: GemmConfig, norm: Norm | None = None, norm_out: torch.Tensor | None = None) -> None:
+            cfg: GemmConfig) -> None:
     m, k = x.shape
     n_out = out.shape[1]
     name = w.format.name
-    if norm is not None and cfg.kind not in NORM_KINDS:
-        raise ValueError(f"the RMSNorm prologue needs a config of kind {', '.join(NORM_KINDS)}; got {cfg}")
     if cfg.kind == "dequant":  # prefill: dequantize W into a workspace, then cuBLAS (dequant)
         if not (x.is_cuda and torch.cuda.is_current_stream_capturing()):
             launch_dequant_gemm(x, w, res, out, swiglu, cfg)
@@ -186,11 +132,10 @@ def _launch(x: torch.Tensor, w: QuantizedTensor, res: torch.Tensor | None, out: 
     p = kernel_params(name, cfg)
     q, scales, row_scale = kernel_tensors(w)
     if cfg.kind == "gemv-mma":  # int4 decode on tensor cores (gemv_mma)
-        launch_gemv_mma(x, q, scales, res, out, swiglu, p["group"], cfg, norm, norm_out)
+        launch_gemv_mma(x, q, scales, res, out, swiglu, p["group"], cfg)
         return
     if cfg.kind.startswith("gemv"):  # decode GEMV without tl.dot (gemv)
-        launch_gemv(x, q, scales, row_scale, res, out, swiglu, FMT_CODES[name], p["group"], p["row_block"], cfg,
-                    norm, norm_out)
+        launch_gemv(x, q, scales, row_scale, res, out, swiglu, FMT_CODES[name], p["group"], p["row_block"], cfg)
         return
     k_steps = triton.cdiv(k, cfg.block_k)
     per_split = triton.cdiv(k_steps, cfg.split_k)

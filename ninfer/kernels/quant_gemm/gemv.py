@@ -35,11 +35,6 @@ and issue slots on a tile that is mostly empty, which measured 16-47 % of copy b
   weight where the byte path spends ~5.5 (byte extraction and widening, two shifts, an add tree; offline
   sm_90 PTX). The 4-bit GEMV is bound by those instructions, not by the memory stream.
 
-* ``NORM`` (``launch_gemv(norm=...)``): the RMSNorm prologue of :mod:`.gemv_steps` (x normalised as it is
-  loaded, each program computing its tokens' rstd over the whole row first), which saves the norm kernel's
-  launch and its output's round trip before the GEMV; ``WRITE_X`` (``norm_out=``) also stores the normed x,
-  from the first column of programs, for a second reader of it.
-
 Activation rows beyond BLOCK_M take more programs along ``program_id(2)`` (each re-reads the weight),
 so any M is correct; the tuner offers these configs only for M <= 8.
 
@@ -66,10 +61,6 @@ from ninfer.kernels.quant_gemm.gemv_steps import (
     gemv_reduce_kernel,
     gemv_scales,
     gemv_x,
-    norm_rstd,
-    norm_scale,
-    norm_store,
-    norm_x,
     w32_dot,
     w32_raw,
     w32_scales,
@@ -81,22 +72,14 @@ from ninfer.kernels.quant_gemm.tune import GemmConfig
 @triton.jit
 def _w32_step(acc, raw, x_ptr, s_ptr, rows, m0, M, k0, K, stride_xm, stride_sn,
               GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-              EVEN_K: tl.constexpr, nw_ptr, rstd, NORM: tl.constexpr, xn_ptr, WRITE_X: tl.constexpr):
+              EVEN_K: tl.constexpr):
     """:func:`_gemv_step` for int4 codes in 32-bit words: nibble j of word w is column ``k0 + 8 w + j``."""
     scale = w32_scales(s_ptr, rows, k0, K, stride_sn, GROUP, BLOCK_K, EVEN_K)
     vs = w32_values(raw)  # decoded once, used by every activation row
     cols = tl.arange(0, BLOCK_M)
-    if NORM:
-        nscale = norm_scale(nw_ptr, k0 + tl.arange(0, BLOCK_K), K, EVEN_K)
     for i in tl.static_range(BLOCK_M):
         xrow = tl.minimum(m0 + i, M - 1)  # rows past M compute a copy that the store drops
-        xt = gemv_x(x_ptr, xrow, k0, K, stride_xm, BLOCK_K, EVEN_K)
-        if NORM:
-            xt = norm_x(xt, tl.sum(tl.where(cols == i, rstd, 0.0)), nscale, x_ptr.dtype.element_ty)
-            if WRITE_X:
-                norm_store(xn_ptr, xt, m0 + i < M, xrow, k0, K, BLOCK_K)
-            xt = xt.to(tl.float32)
-        y = w32_dot(vs, scale, xt, GROUP, BLOCK_N, BLOCK_K)
+        y = w32_dot(vs, scale, gemv_x(x_ptr, xrow, k0, K, stride_xm, BLOCK_K, EVEN_K), GROUP, BLOCK_N, BLOCK_K)
         acc += tl.where(cols[None, :] == i, y[:, None], 0.0)
     return acc
 
@@ -104,26 +87,16 @@ def _w32_step(acc, raw, x_ptr, s_ptr, rows, m0, M, k0, K, stride_xm, stride_sn,
 @triton.jit
 def _gemv_step(acc, raw, x_ptr, s_ptr, rows, m0, M, k0, K, stride_xm, stride_sn,
                FMT: tl.constexpr, GROUP: tl.constexpr, ROW_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr,
-               BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, nw_ptr, rstd,
-               NORM: tl.constexpr, xn_ptr, WRITE_X: tl.constexpr):
+               BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
     """``acc[:, i] += W[rows, k0:k0+BLOCK_K] . x[m0 + i, k0:k0+BLOCK_K]`` for i < BLOCK_M (fp32); ``raw``
-    holds the packed bytes of that weight tile (:func:`gemv_raw`). The slab is decoded once for all rows.
-    With NORM, x row i is normalised on load (rstd ``rstd[i]``, weight ``nw_ptr``: the RMSNorm prologue), and
-    with WRITE_X also stored to ``xn_ptr`` (for another reader of the normed x)."""
+    holds the packed bytes of that weight tile (:func:`gemv_raw`). The slab is decoded once for all rows."""
     a, b = gemv_decode(raw, FMT)
     scale = gemv_scales(s_ptr, rows, k0, K, stride_sn, FMT, GROUP, ROW_BLOCK, BLOCK_K, EVEN_K)
     cols = tl.arange(0, BLOCK_M)
-    if NORM:
-        nscale = norm_scale(nw_ptr, k0 + tl.arange(0, BLOCK_K), K, EVEN_K)
     for i in tl.static_range(BLOCK_M):
         xrow = tl.minimum(m0 + i, M - 1)  # rows past M compute a copy that the store drops
-        xt = gemv_x(x_ptr, xrow, k0, K, stride_xm, BLOCK_K, EVEN_K)
-        if NORM:
-            xt = norm_x(xt, tl.sum(tl.where(cols == i, rstd, 0.0)), nscale, x_ptr.dtype.element_ty)
-            if WRITE_X:
-                norm_store(xn_ptr, xt, m0 + i < M, xrow, k0, K, BLOCK_K)
-            xt = xt.to(tl.float32)
-        y = gemv_dot(a, b, scale, xt, FMT, GROUP, BLOCK_N, BLOCK_K)
+        y = gemv_dot(a, b, scale, gemv_x(x_ptr, xrow, k0, K, stride_xm, BLOCK_K, EVEN_K), FMT, GROUP, BLOCK_N,
+                      BLOCK_K)
         acc += tl.where(cols[None, :] == i, y[:, None], 0.0)
     return acc
 
@@ -137,7 +110,6 @@ def _quant_gemv_kernel(
     SWIGLU: tl.constexpr, HAS_RES: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr,
     WORDS: tl.constexpr = False, cnt_ptr=None, FUSED_REDUCE: tl.constexpr = False,
-    nw_ptr=None, eps=0.0, NORM: tl.constexpr = False, xn_ptr=None, WRITE_X: tl.constexpr = False,
 ):
     pid_s = tl.program_id(1)
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -152,19 +124,16 @@ def _quant_gemv_kernel(
     k_first = pid_s * (k_per_split // BLOCK_K) * BLOCK_K
     steps = tl.cdiv(tl.minimum(k_per_split, K - k_first), BLOCK_K)
     up_rows = rows + N_OUT  # SwiGLU: the up rows of the same output columns, N_OUT rows further down
-    rstd = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    if NORM:  # RMSNorm prologue: every program needs its tokens' rstd over the whole row, whatever its K range
-        rstd = norm_rstd(x_ptr, tl.minimum(offs_m, M - 1), K, stride_xm, eps, BLOCK_M)
     if WORDS:  # int4 codes as 32-bit words (see the module docstring)
         for step in range(0, steps):
             k0 = k_first + step * BLOCK_K
             raw = w32_raw(q_ptr, rows, k0, K, stride_qn, BLOCK_K, EVEN_K)
             acc = _w32_step(acc, raw, x_ptr, s_ptr, rows, m0, M, k0, K, stride_xm, stride_sn,
-                            GROUP, BLOCK_N, BLOCK_M, BLOCK_K, EVEN_K, nw_ptr, rstd, NORM, xn_ptr, WRITE_X)
+                            GROUP, BLOCK_N, BLOCK_M, BLOCK_K, EVEN_K)
             if SWIGLU:
                 raw_up = w32_raw(q_ptr, up_rows, k0, K, stride_qn, BLOCK_K, EVEN_K)
                 acc_up = _w32_step(acc_up, raw_up, x_ptr, s_ptr, up_rows, m0, M, k0, K, stride_xm, stride_sn,
-                                   GROUP, BLOCK_N, BLOCK_M, BLOCK_K, EVEN_K, nw_ptr, rstd, NORM, xn_ptr, False)
+                                   GROUP, BLOCK_N, BLOCK_M, BLOCK_K, EVEN_K)
     elif PREFETCH:  # the next step's bytes are requested before this step's arithmetic: twice the loads in flight
         raw = gemv_raw(q_ptr, rows, k_first, K, stride_qn, FMT, BLOCK_K, EVEN_K)
         raw_up = raw
@@ -175,27 +144,23 @@ def _quant_gemv_kernel(
             k_next = k_first + tl.minimum(step + 1, steps - 1) * BLOCK_K  # the last step reloads itself
             nxt = gemv_raw(q_ptr, rows, k_next, K, stride_qn, FMT, BLOCK_K, EVEN_K)
             acc = _gemv_step(acc, raw, x_ptr, s_ptr, rows, m0, M, k0, K, stride_xm, stride_sn,
-                             FMT, GROUP, ROW_BLOCK, BLOCK_N, BLOCK_M, BLOCK_K, EVEN_K, nw_ptr, rstd, NORM,
-                             xn_ptr, WRITE_X)
+                             FMT, GROUP, ROW_BLOCK, BLOCK_N, BLOCK_M, BLOCK_K, EVEN_K)
             raw = nxt
             if SWIGLU:
                 nxt_up = gemv_raw(q_ptr, up_rows, k_next, K, stride_qn, FMT, BLOCK_K, EVEN_K)
                 acc_up = _gemv_step(acc_up, raw_up, x_ptr, s_ptr, up_rows, m0, M, k0, K, stride_xm, stride_sn,
-                                    FMT, GROUP, ROW_BLOCK, BLOCK_N, BLOCK_M, BLOCK_K, EVEN_K, nw_ptr, rstd, NORM,
-                                    xn_ptr, False)
+                                    FMT, GROUP, ROW_BLOCK, BLOCK_N, BLOCK_M, BLOCK_K, EVEN_K)
                 raw_up = nxt_up
     else:
         for step in range(0, steps):
             k0 = k_first + step * BLOCK_K
             raw = gemv_raw(q_ptr, rows, k0, K, stride_qn, FMT, BLOCK_K, EVEN_K)
             acc = _gemv_step(acc, raw, x_ptr, s_ptr, rows, m0, M, k0, K, stride_xm, stride_sn,
-                             FMT, GROUP, ROW_BLOCK, BLOCK_N, BLOCK_M, BLOCK_K, EVEN_K, nw_ptr, rstd, NORM,
-                             xn_ptr, WRITE_X)
+                             FMT, GROUP, ROW_BLOCK, BLOCK_N, BLOCK_M, BLOCK_K, EVEN_K)
             if SWIGLU:
                 raw_up = gemv_raw(q_ptr, up_rows, k0, K, stride_qn, FMT, BLOCK_K, EVEN_K)
                 acc_up = _gemv_step(acc_up, raw_up, x_ptr, s_ptr, up_rows, m0, M, k0, K, stride_xm, stride_sn,
-                                    FMT, GROUP, ROW_BLOCK, BLOCK_N, BLOCK_M, BLOCK_K, EVEN_K, nw_ptr, rstd, NORM,
-                                    xn_ptr, False)
+                                    FMT, GROUP, ROW_BLOCK, BLOCK_N, BLOCK_M, BLOCK_K, EVEN_K)
     n_ok = offs_n < N_OUT
     if ROW_SCALE:
         acc *= tl.load(rs_ptr + offs_n, mask=n_ok, other=0.0)[:, None]
@@ -243,19 +208,14 @@ def tile_counters(device: torch.device, tiles: int) -> torch.Tensor | None:
 
 def launch_gemv(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, row_scale: torch.Tensor | None,
                 res: torch.Tensor | None, out: torch.Tensor, swiglu: bool, fmt_code: int, group: int,
-                row_block: int, cfg: GemmConfig, norm: tuple[torch.Tensor, float] | None = None,
-                norm_out: torch.Tensor | None = None) -> None:
-    """Launch the GEMV path with the tensors ``quant_gemm._launch`` prepared (fp8 as bytes); ``norm``
-    (zero-centred weight ``[K]``, eps): x is normalised in the prologue (``y = rms_norm(x) @ W^T``), and
-    written to ``norm_out`` (contiguous ``[M, K]``, x's dtype) if given."""
+                row_block: int, cfg: GemmConfig) -> None:
+    """Launch the GEMV path with the tensors ``quant_gemm._launch`` prepared (fp8 as bytes)."""
     m, k = x.shape
     n_out = out.shape[1]
     if cfg.block_k % group:
         raise ValueError(f"gemv block_k {cfg.block_k} must be a multiple of the scale group {group}")
     if cfg.block_m & (cfg.block_m - 1) or cfg.block_n & (cfg.block_n - 1) or cfg.block_k & (cfg.block_k - 1):
         raise ValueError(f"gemv blocks must be powers of two: {cfg}")
-    if norm_out is not None and (norm is None or not norm_out.is_contiguous() or norm_out.shape != x.shape):
-        raise ValueError("norm_out takes the normed x: a contiguous tensor of x's shape, with norm given")
     words = cfg.kind == "gemv-w32"
     if words:
         if fmt_code != FMT_INT4 or k % 8 or (q.stride(-2) * q.element_size()) % 4 or q.data_ptr() % 4:
@@ -277,8 +237,7 @@ def launch_gemv(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, row_scal
         ROW_SCALE=row_scale is not None, SWIGLU=swiglu, HAS_RES=res is not None, SPLIT=splits > 1,
         EVEN_K=k % cfg.block_k == 0, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         PREFETCH=cfg.kind == "gemv-prefetch", WORDS=words, cnt_ptr=counters, FUSED_REDUCE=counters is not None,
-        nw_ptr=norm[0].contiguous() if norm is not None else None, eps=float(norm[1]) if norm is not None else 0.0,
-        NORM=norm is not None, xn_ptr=norm_out, WRITE_X=norm_out is not None, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if splits > 1 and counters is None:
         bm = min(cfg.block_m, 8)

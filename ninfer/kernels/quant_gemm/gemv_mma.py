@@ -24,9 +24,6 @@ alone and does not depend on the token count:
   which costs a 2-byte shared load and a byte permute per pair (~5 per weight), so the configs use one or
   two warps (no warpgroup: Triton then emits ``mma.sync``, as it does on every other GPU).
 
-With ``NORM`` (``launch_gemv_mma(norm=...)``) x is the input of a zero-centred RMSNorm, applied to the
-column pairs before the dots (the prologue of :mod:`.gemv_steps`); ``WRITE_X`` stores them for a second reader.
-
 Everything after the K loop (split-K partials, arrival counters, the last split's sum, SwiGLU and
 residual epilogues) is :mod:`ninfer.kernels.quant_gemm.gemv`'s. The decode is inline PTX, which the Triton
 interpreter cannot run: there (``ASM=False``) the same values come from Triton bit operations, so CPU
@@ -41,7 +38,7 @@ import triton.language as tl
 from ninfer.kernels.dispatch import INTERPRET
 from ninfer.kernels.quant_gemm.common import int4_values
 from ninfer.kernels.quant_gemm.gemv import tile_counters
-from ninfer.kernels.quant_gemm.gemv_steps import gemv_epilogue, gemv_reduce_kernel, norm_rstd, norm_scale, norm_x
+from ninfer.kernels.quant_gemm.gemv_steps import gemv_epilogue, gemv_reduce_kernel
 from ninfer.kernels.quant_gemm.tune import GemmConfig
 
 # Low / high nibbles of bytes 0, 1 (output word 0) and 2, 3 (output word 1) of $2 -> ``nibble - 8`` in the
@@ -108,22 +105,6 @@ def _group_dot(acc, q_ptr, rows, kg, xe, xo, scales, g: tl.constexpr, stride_qn,
 
 
 @triton.jit
-def _norm_pairs(nw_ptr, kg, K, GROUP: tl.constexpr, X_DTYPE: tl.constexpr):
-    """fp32 ``1 + w`` of the norm weight at the even and odd columns of the group at ``kg`` (``[GROUP / 2]``
-    each): a weight in x's 16-bit dtype is read as 32-bit column pairs, as x is (one vector load, not 2-byte
-    loads per column); another dtype column by column."""
-    if nw_ptr.dtype.element_ty == X_DTYPE:
-        words = tl.load(nw_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + kg // 2 + tl.arange(0, GROUP // 2))
-        we = 1.0 + (words & 0xFFFF).to(tl.int16).to(X_DTYPE, bitcast=True).to(tl.float32)
-        wo = 1.0 + (words >> 16).to(tl.int16).to(X_DTYPE, bitcast=True).to(tl.float32)
-    else:
-        even = kg + 2 * tl.arange(0, GROUP // 2)
-        we = norm_scale(nw_ptr, even, K, True)
-        wo = norm_scale(nw_ptr, even + 1, K, True)
-    return we, wo
-
-
-@triton.jit
 def _step_scales(s_ptr, rows, k0, stride_sn, GROUP: tl.constexpr, BLOCK_K: tl.constexpr):
     """fp32 scales ``[BLOCK_N, BLOCK_K / GROUP]`` of the K step at ``k0``."""
     cols = k0 // GROUP + tl.arange(0, BLOCK_K // GROUP)
@@ -137,8 +118,7 @@ def _quant_gemv_mma_kernel(
     stride_xm, stride_qn, stride_sn, stride_rm, stride_om,
     GROUP: tl.constexpr, SWIGLU: tl.constexpr, HAS_RES: tl.constexpr, SPLIT: tl.constexpr,
     FUSED_REDUCE: tl.constexpr, TOKENS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    ASM: tl.constexpr, nw_ptr=None, eps=0.0, NORM: tl.constexpr = False, xn_ptr=None,
-    WRITE_X: tl.constexpr = False,
+    ASM: tl.constexpr,
 ):
     pid_s = tl.program_id(1)
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -156,9 +136,6 @@ def _quant_gemv_mma_kernel(
     # The scales are loaded one K step ahead (the pipeline stages only what feeds the dots; a scale load
     # waited on inside its own step would stall every group).
     up_rows = rows + N_OUT  # SwiGLU: the up rows of the same output columns, N_OUT rows further down
-    rstd = tl.zeros((TOKENS,), dtype=tl.float32)
-    if NORM:  # RMSNorm prologue: every program needs its tokens' rstd over the whole row, whatever its K range
-        rstd = norm_rstd(x_ptr, xrows, K, stride_xm, eps, TOKENS)
     scales = _step_scales(s_ptr, rows, k_first, stride_sn, GROUP, BLOCK_K)
     scales_up = _step_scales(s_ptr, up_rows, k_first, stride_sn, GROUP, BLOCK_K) if SWIGLU else scales
     for k0 in range(k_first, k_last, BLOCK_K):
@@ -170,15 +147,6 @@ def _quant_gemv_mma_kernel(
             pairs = tl.load(x_words + (kg // 2 + tl.arange(0, GROUP // 2))[:, None])  # [GROUP / 2, TOKENS]
             xe = (pairs & 0xFFFF).to(tl.int16).to(x_ptr.dtype.element_ty, bitcast=True)
             xo = (pairs >> 16).to(tl.int16).to(x_ptr.dtype.element_ty, bitcast=True)
-            if NORM:  # normalised in the registers that feed the dots (even, odd columns)
-                we, wo = _norm_pairs(nw_ptr, kg, K, GROUP, x_ptr.dtype.element_ty)
-                xe = norm_x(xe, rstd[None, :], we[:, None], x_ptr.dtype.element_ty)
-                xo = norm_x(xo, rstd[None, :], wo[:, None], x_ptr.dtype.element_ty)
-                if WRITE_X:  # the normed x for another reader: the first column of programs, each K range once
-                    keep = (offs_m < M)[None, :] & (tl.program_id(0) == 0)
-                    dst = xn_ptr + xrows.to(tl.int64)[None, :] * K + (kg + 2 * tl.arange(0, GROUP // 2))[:, None]
-                    tl.store(dst, xe, mask=keep)
-                    tl.store(dst + 1, xo, mask=keep)
             acc = _group_dot(acc, q_ptr, rows, kg, xe, xo, scales, g, stride_qn, GROUP, ASM)
             if SWIGLU:
                 acc_up = _group_dot(acc_up, q_ptr, up_rows, kg, xe, xo, scales_up, g, stride_qn, GROUP, ASM)
@@ -195,18 +163,13 @@ def mma_supported(x_dtype: torch.dtype, k: int, group: int, block_k: int) -> boo
 
 
 def launch_gemv_mma(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, res: torch.Tensor | None,
-                    out: torch.Tensor, swiglu: bool, group: int, cfg: GemmConfig,
-                    norm: tuple[torch.Tensor, float] | None = None, norm_out: torch.Tensor | None = None) -> None:
+                    out: torch.Tensor, swiglu: bool, group: int, cfg: GemmConfig) -> None:
     """Launch the tensor-core int4 decode GEMM (``cfg.kind == "gemv-mma"``) with the tensors
-    ``quant_gemm._launch`` prepared; ``cfg.block_k`` is a multiple of the scale group. ``norm`` (zero-centred
-    weight ``[K]``, eps): x is normalised in the prologue (``y = rms_norm(x) @ W^T``, :mod:`.gemv_steps`) and
-    written to ``norm_out`` (contiguous ``[M, K]``, x's dtype) if given."""
+    ``quant_gemm._launch`` prepared; ``cfg.block_k`` is a multiple of the scale group."""
     m, k = x.shape
     n_out = out.shape[1]
     if x.data_ptr() % 4 or x.stride(0) % 2:  # the kernel reads x as 32-bit column pairs
         x = torch.empty_like(x, memory_format=torch.contiguous_format).copy_(x)
-    if norm_out is not None and (norm is None or not norm_out.is_contiguous() or norm_out.shape != x.shape):
-        raise ValueError("norm_out takes the normed x: a contiguous tensor of x's shape, with norm given")
     if not mma_supported(x.dtype, k, group, cfg.block_k):
         raise ValueError(f"gemv-mma needs bf16/fp16 activations and K ({k}) a multiple of block_k {cfg.block_k}, "
                          f"itself a multiple of the group {group}; got {x.dtype}")
@@ -218,17 +181,12 @@ def launch_gemv_mma(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, res:
     res_arg = res if res is not None else out
     grid = (triton.cdiv(n_out, cfg.block_n), splits, triton.cdiv(m, cfg.block_m))
     counters = tile_counters(x.device, grid[0] * grid[2]) if splits > 1 else None
-    norm_w = norm[0].contiguous() if norm is not None else None
-    if norm_w is not None and norm_w.data_ptr() % 4:  # read as 32-bit column pairs, as x is
-        norm_w = norm_w.clone()
     _quant_gemv_mma_kernel[grid](
         x_ptr=x, q_ptr=q, s_ptr=scales, res_ptr=res_arg, out_ptr=out, ws_ptr=ws, cnt_ptr=counters, M=m, N_OUT=n_out,
         K=k, k_per_split=per_split * cfg.block_k, stride_xm=x.stride(0), stride_qn=q.stride(-2),
         stride_sn=scales.stride(-2), stride_rm=res_arg.stride(0), stride_om=out.stride(0), GROUP=group,
         SWIGLU=swiglu, HAS_RES=res is not None, SPLIT=splits > 1, FUSED_REDUCE=counters is not None,
-        TOKENS=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, ASM=not INTERPRET,
-        nw_ptr=norm_w, eps=float(norm[1]) if norm is not None else 0.0, NORM=norm is not None,
-        xn_ptr=norm_out, WRITE_X=norm_out is not None, num_warps=cfg.num_warps,
+        TOKENS=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, ASM=not INTERPRET, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages, **({"maxnreg": cfg.max_registers} if cfg.max_registers else {}),
     )
     if splits > 1 and counters is None:

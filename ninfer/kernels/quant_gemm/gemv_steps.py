@@ -3,13 +3,6 @@ its group scales, the activation row, the per-group dot, and the split-K epilogu
 deterministic sum of the splits, the reduce kernel). Used by the dense GEMV (:mod:`.gemv`), the
 tensor-core decode (:mod:`.gemv_mma`) and the expert GEMV (:mod:`ninfer.kernels.moe.quant_gemv`);
 the arithmetic is described in :mod:`.gemv`.
-
-The RMSNorm prologue (``NORM``; :func:`norm_rstd`, :func:`norm_x`) lets those GEMVs take the un-normed
-activations of a zero-centred RMSNorm: each program computes its tokens' rstd over the whole K row (a
-few KB per token, from L2) and normalises x as it loads it, with the rounding points of
-``ninfer.kernels.norms.rms_norm_reference`` (fp32 math, one cast to the activation dtype), so that the
-dots see the values the norm kernel would have written; :func:`norm_store` writes them out for a second
-reader of the normed x.
 """
 from __future__ import annotations
 
@@ -149,43 +142,6 @@ def gemv_x(x_ptr, xrow, k0, K, stride_xm, BLOCK_K: tl.constexpr, EVEN_K: tl.cons
     offs_k = k0 + tl.arange(0, BLOCK_K)
     xp = x_ptr + xrow.to(tl.int64) * stride_xm + offs_k
     return (tl.load(xp) if EVEN_K else tl.load(xp, mask=offs_k < K, other=0.0)).to(tl.float32)
-
-
-@triton.jit
-def norm_rstd(x_ptr, xrows, K, stride_xm, eps, ROWS: tl.constexpr):
-    """fp32 ``rsqrt(mean(x^2) + eps)`` of activation rows ``xrows [ROWS]`` over all K columns: the RMSNorm
-    prologue's per-token factor. Chunks of ~2048 elements per program keep the registers it holds small."""
-    CHUNK: tl.constexpr = 2048 // ROWS  # ROWS <= 32: at least 64 columns
-    base = x_ptr + xrows.to(tl.int64)[:, None] * stride_xm
-    sq = tl.zeros((ROWS, CHUNK), dtype=tl.float32)
-    for k0 in range(0, K, CHUNK):
-        offs = k0 + tl.arange(0, CHUNK)
-        h = tl.load(base + offs[None, :], mask=offs[None, :] < K, other=0.0).to(tl.float32)
-        sq += h * h
-    return tl.rsqrt(tl.sum(sq, axis=1) / K + eps)
-
-
-@triton.jit
-def norm_scale(nw_ptr, offs_k, K, EVEN_K: tl.constexpr):
-    """fp32 ``1 + w`` of the zero-centred norm weight at columns ``offs_k`` (0 past K)."""
-    w = tl.load(nw_ptr + offs_k) if EVEN_K else tl.load(nw_ptr + offs_k, mask=offs_k < K, other=-1.0)
-    return 1.0 + w.to(tl.float32)
-
-
-@triton.jit
-def norm_x(h, rstd, scale, DTYPE: tl.constexpr):
-    """``h * rstd * (1 + w)`` in fp32, rounded once to the activation dtype DTYPE (``rms_norm_reference``'s
-    order and rounding)."""
-    return (h.to(tl.float32) * rstd * scale).to(DTYPE)
-
-
-@triton.jit
-def norm_store(xn_ptr, xq, row_ok, xrow, k0, K, BLOCK_K: tl.constexpr):
-    """Columns ``[k0, k0 + BLOCK_K)`` of normed row ``xrow`` to ``xn [M, K]`` (contiguous), for a second
-    reader of the normed x; only the first column of programs writes (each K range once)."""
-    offs_k = k0 + tl.arange(0, BLOCK_K)
-    keep = row_ok & (tl.program_id(0) == 0)
-    tl.store(xn_ptr + xrow.to(tl.int64) * K + offs_k, xq, mask=(offs_k < K) & keep)
 
 
 @triton.jit

@@ -19,10 +19,6 @@ for int4 weights, bf16 / fp16 activations and M <= 32, the tensor-core decode co
 then cuBLAS), offered only for weights of at most
 ``DEQUANT_MAX_ELEMENTS`` (the workspace is part of the memory plan; the LM head stays out).
 At least one candidate per path fits in 99 KB of shared memory (RTX 5090).
-A GEMM with the RMSNorm prologue (``norm``: x normalised in the kernel, :mod:`.gemv_steps`) is its own key
-(``"rms_norm"`` before the device) whose candidates are the decode kinds that have the prologue
-(``NORM_KINDS``), then ``NORM_FIRST`` (the norm kernel and the plain GEMM, timed against them);
-:func:`norm_fusable` says whether a shape has any (else the caller runs the norm kernel).
 """
 from __future__ import annotations
 
@@ -45,7 +41,6 @@ MMA_MAX_M = 32  # the tensor-core decode: up to 32 tokens (speculative verificat
 # Qwen3.5-27B fits (gate_up 34816 x 5120 = 356 MB); the 248320 x 5120 LM head (2.5 GB) does not.
 DEQUANT_MAX_ELEMENTS = 256 << 20
 TABLE = "quant_gemm"  # the tuner state's and the disk cache's table of these choices
-NORM_KINDS = ("gemv", "gemv-prefetch", "gemv-w32", "gemv-mma")  # the kernels with the RMSNorm prologue
 
 
 @dataclass(frozen=True)
@@ -64,11 +59,6 @@ class GemmConfig:
     # "gemv-mma" only: Triton's ``maxnreg`` (registers per thread; fewer let more programs share an SM,
     # at the risk of spills); 0 = the compiler's choice
     max_registers: int = 0
-
-
-# The last candidate of a norm key: the norm kernel, then the GEMM with its own key's choice. The tuner times
-# it against the prologue configs, so that a prologue costing more than the launch it saves is not kept.
-NORM_FIRST = GemmConfig(0, 0, 0, kind="norm-first")
 
 
 def kernel_params(fmt: str, cfg: GemmConfig) -> dict[str, int]:
@@ -268,45 +258,18 @@ def sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def norm_candidates(fmt: str, m: int, n_out: int, k: int, sms: int, dtype: torch.dtype, *,
-                    swiglu: bool = False) -> list[GemmConfig]:
-    """The candidates of a GEMM with the RMSNorm prologue: those of :func:`candidates` whose kernel has
-    it (``NORM_KINDS``: the decode GEMVs, M <= 8, and the tensor-core int4 decode, M <= 32), in order."""
-    if m > MMA_MAX_M:
-        return []
-    mma = dtype in (torch.bfloat16, torch.float16)
-    return [c for c in candidates(fmt, m, n_out, k, sms, swiglu=swiglu, mma=mma) if c.kind in NORM_KINDS]
-
-
-def norm_fusable(fmt: str, x: torch.Tensor, n_out: int, k: int, swiglu: bool) -> bool:
-    """Whether ``rms_norm(x) @ W^T`` of this shape can run as one launch (the prologue has a candidate)."""
-    m = x.shape[0]
-    return m <= MMA_MAX_M and _norm_fusable(fmt, m_bucket(m), n_out, k, x.device, x.dtype, swiglu)
-
-
-@cache  # per call otherwise: building the candidate lists costs more than an eager decode GEMM takes
-def _norm_fusable(fmt: str, bucket: int, n_out: int, k: int, device: torch.device, dtype: torch.dtype,
-                  swiglu: bool) -> bool:
-    # up to 32 tokens the candidates depend on M through its bucket only (one tile of tokens per program)
-    return bool(norm_candidates(fmt, bucket, n_out, k, sm_count(device), dtype, swiglu=swiglu))
-
-
 def select_config(fmt: str, x: torch.Tensor, n_out: int, k: int, swiglu: bool, has_res: bool,
-                  launch: Callable[[GemmConfig], None], *, norm: bool = False) -> GemmConfig:
+                  launch: Callable[[GemmConfig], None]) -> GemmConfig:
     """The config for this call's key, by the process's tuner state (:func:`ninfer.kernels.tuning.default_tuner`,
     table ``"quant_gemm"``): on first sight of the key in a tunable call (CUDA, not capturing, tuning
     enabled) the one stored on disk if still a candidate, else the fastest candidate by benchmark (then
-    stored); untunable calls take the heuristic favourite. ``norm``: the GEMM has the RMSNorm prologue
-    (its own key; only :func:`norm_candidates`, of which the caller made sure there is one)."""
+    stored); untunable calls take the heuristic favourite."""
     m = x.shape[0]
-    key = (fmt, x.dtype, m_bucket(m), n_out, k, swiglu, has_res, *(("rms_norm",) if norm else ()), x.device)
+    key = (fmt, x.dtype, m_bucket(m), n_out, k, swiglu, has_res, x.device)
 
     def cands() -> list[GemmConfig]:
-        sms = sm_count(x.device)
-        if norm:
-            return autotune_configs(norm_candidates(fmt, m, n_out, k, sms, x.dtype, swiglu=swiglu) + [NORM_FIRST])
         mma = x.dtype in (torch.bfloat16, torch.float16)
-        return autotune_configs(candidates(fmt, m, n_out, k, sms, swiglu=swiglu, mma=mma))
+        return autotune_configs(candidates(fmt, m, n_out, k, sm_count(x.device), swiglu=swiglu, mma=mma))
 
     def time_fn(cfgs: list[GemmConfig]) -> dict[GemmConfig, float]:
         return time_candidates(cfgs, launch, graphs=m <= SKINNY_MAX_M)
