@@ -27,20 +27,8 @@ import triton.language as tl
 from common import bench_graph_ms, copy_bandwidth_tbps, record
 from ninfer.kernels.quant_gemm.gemv_mma import launch_gemv_mma
 from ninfer.kernels.quant_gemm.tune import GemmConfig
-from probe_gemv_kernels import (
-    GROUP,
-    _stream_kernel,
-    launch_3d,
-    launch_ablate,
-    launch_tiles,
-    frag_weights,
-    frag_x,
-    launch_frag,
-    launch_w4a8,
-    quantize_x,
-    to_tiles,
-    w4a8_reference,
-)
+from probe_gemv_kernels import GROUP, _stream_kernel, launch_3d, launch_ablate, launch_tiles, to_tiles
+from probe_gemv_registers import frag_weights, frag_x, launch_frag, launch_w4a8, quantize_x, w4a8_reference
 
 SHAPES = {  # name: (rows of the stored weight, K, SwiGLU)
     "gate_up": (34816, 5120, True),

@@ -12,6 +12,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "perf"))
 import probe_gemv_kernels as probe  # noqa: E402
+import probe_gemv_registers as registers  # noqa: E402
 
 from ninfer.kernels.quant_gemm.gemv_mma import launch_gemv_mma  # noqa: E402
 from ninfer.kernels.quant_gemm.tune import GemmConfig  # noqa: E402
@@ -63,8 +64,8 @@ def test_w4a8_matches_its_reference(packed: torch.Tensor, m: int) -> None:
     scales = torch.rand(N, K // 128, dtype=torch.float32) * 0.01
     x = torch.randn(m, K)
     out = torch.full((m, N), float("nan"))
-    probe.launch_w4a8(probe.quantize_x(x), packed, scales, out, GemmConfig(m, 32, 256, 2, 4, 1, "w4a8"))
-    want = probe.w4a8_reference(packed, scales, x)
+    registers.launch_w4a8(registers.quantize_x(x), packed, scales, out, GemmConfig(m, 32, 256, 2, 4, 1, "w4a8"))
+    want = registers.w4a8_reference(packed, scales, x)
     assert ((out.double() - want).abs().max() / want.abs().max()).item() < 1e-6
 
 
@@ -74,9 +75,9 @@ def test_fragment_layouts_put_each_lanes_operands_in_its_registers() -> None:
     n, k = 32, 128
     q = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8)
     codes = torch.stack([q & 0xF, q >> 4], -1).view(n, k).int()
-    words = probe.frag_weights(q).view(n // 16, k // 64, 32, 4).numpy().astype("int64") & 0xFFFFFFFF
+    words = registers.frag_weights(q).view(n // 16, k // 64, 32, 4).numpy().astype("int64") & 0xFFFFFFFF
     x = torch.randn(3, k).to(torch.bfloat16)
-    xf = probe.frag_x(x)
+    xf = registers.frag_x(x)
     for tile in range(n // 16):
         for c in range(k // 64):
             for lane in range(32):
