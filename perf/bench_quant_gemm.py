@@ -22,16 +22,21 @@ candidate of ``quant_gemv`` timed, the fastest recorded), ``mma`` (int4, M <= 16
 tensor-core decode of ``quant_gemv_mma``), ``dequant`` (M > 16, weights the tuner
 offers it for: every ``quant_dequant`` candidate timed, whole-weight dequantization + cuBLAS, the
 fastest recorded with the dequant kernel's own time and bandwidth as ``dequant_ms`` /
-``dequant_tbps``), ``tuned`` (the runtime tuner over all candidates, whichever path wins). Records
-carry ``path`` and ``config``. Run:
-``python perf/bench_quant_gemm.py [--tune] [--path dot,gemv,mma,dequant,tuned] [--formats int4-g64,nvfp4]
-[--m 1,16] [--shapes down,lm_head]``.
+``dequant_tbps``), ``frag`` (int4, M <= 32: the weight re-laid into the fragment layout, every candidate of
+the register decode ``fragment_mma`` timed, the fastest recorded), ``tuned`` (the runtime tuner over all
+candidates, whichever path wins). Records carry ``path`` and ``config``. ``--l2 cold`` (decode sizes)
+times ours, cuBLAS and int4pack over enough copies of the weight (>= 256 MB in all, cycled inside the
+captured graph) that no launch finds its weight in the 50 MB L2, as in a model's step, where each layer's
+weights were evicted since their last use; labels then end in ``l2-cold``. Run:
+``python perf/bench_quant_gemm.py [--tune] [--path dot,gemv,mma,frag,dequant,tuned] [--formats int4-g64,nvfp4]
+[--m 1,16] [--shapes down,lm_head] [--l2 cold]``.
 """
 from __future__ import annotations
 
 import argparse
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -44,6 +49,7 @@ from common import bench_graph_ms, bench_ms, copy_bandwidth_tbps, matmul_peak_tf
 
 from ninfer.kernels.quant_gemm import tune as quant_gemm_tune
 from ninfer.kernels.quant_gemm.dequant import dequantize_triton, workspace
+from ninfer.kernels.quant_gemm.fragments import FRAGMENTS, fragments_fit, to_fragments
 from ninfer.kernels.tuning import default_tuner
 from ninfer.kernels.quant_gemm import quant_matmul_reference, quant_matmul_triton
 from ninfer.quant.formats import FORMATS, quantize, unpack_nibbles
@@ -54,14 +60,16 @@ SHAPES = {  # name: (N, K) of W [N, K]
     "in_proj_qkv": (10240, H), "in_proj_z": (6144, H), "in_proj_qkvz": (16384, H), "in_proj_ab": (96, H), "lm_head": (V, H),
 }
 MS = (1, 2, 4, 8, 16, 64, 512, 4096)
-PATHS = ("default", "dot", "gemv", "mma", "regs", "dequant", "tuned")
+PATHS = ("default", "dot", "gemv", "mma", "regs", "frag", "dequant", "tuned")
+COLD_BYTES = 256 << 20  # weight copies cycled per graph for an L2-cold timing (the H200's L2 is 50 MB)
 GEMLITE_BUDGET_S = 40.0
 
 
-def _time(fn, graph: bool) -> float:
-    """Median ms; small launches replay from a CUDA graph of 20 calls (launch overhead excluded)."""
+def _time(fn, graph: bool, copies: int = 1) -> float:
+    """Median ms; small launches replay from a CUDA graph of 20 calls (launch overhead excluded), or of a
+    multiple of ``copies`` calls when ``fn`` cycles through that many copies of its weight."""
     if graph:
-        return bench_graph_ms(fn, warmup=5, rep=25)
+        return bench_graph_ms(fn, inner=copies * -(-20 // copies), warmup=5, rep=25)
     fn()
     torch.cuda.synchronize()
     return bench_ms(fn, warmup=5, rep=25)
@@ -82,7 +90,8 @@ def _int4pack(n: int, k: int, group: int) -> tuple | None:
 
 def _config_name(cfg: quant_gemm_tune.GemmConfig) -> str:
     return (f"{cfg.kind} bm{cfg.block_m} bn{cfg.block_n} bk{cfg.block_k} split{cfg.split_k} "
-            f"w{cfg.num_warps} st{cfg.num_stages}" + (f" regs{cfg.max_registers}" if cfg.max_registers else ""))
+            f"w{cfg.num_warps} st{cfg.num_stages}" + (f" regs{cfg.max_registers}" if cfg.max_registers else "")
+            + (" biased" if cfg.biased else ""))
 
 
 def _best(kind: str, cfgs: list[quant_gemm_tune.GemmConfig],
@@ -110,19 +119,47 @@ def _dequant_extra(qt, x: torch.Tensor, cfg: quant_gemm_tune.GemmConfig, weight_
     return {"dequant_ms": round(ms, 5), "dequant_tbps": round(moved / ms / 1e9, 3)}
 
 
-def _run_path(path: str, fmt: str, x: torch.Tensor, qt, tune: bool) -> tuple | None:
+def _cycle(items: list):
+    """A function returning the items in turn (the weight copies of an L2-cold timing)."""
+    state = {"i": 0}
+
+    def next_item():
+        state["i"] += 1
+        return items[(state["i"] - 1) % len(items)]
+    return next_item
+
+
+def _copies(items: tuple, nbytes: int, cold: bool) -> list[tuple]:
+    """``items`` (tensors) and, for an L2-cold timing, clones of them: >= COLD_BYTES in all."""
+    extra = max(1, -(-COLD_BYTES // nbytes)) - 1 if cold else 0
+    return [items] + [tuple(t.clone() for t in items) for _ in range(extra)]
+
+
+def _run_path(path: str, fmt: str, x: torch.Tensor, qt, tune: bool, cold: bool = False) -> tuple | None:
     """(ms, config[, extra record fields]) of one point on one path; None where the path does not apply
-    (gemv for M > 8, mma for M > 16 or formats other than int4, dequant for M <= 16 or a weight too large
-    for its workspace)."""
+    (gemv for M > 8, mma for M > 16 or formats other than int4, frag for formats other than int4 or
+    M > 32, dequant for M <= 16 or a weight too large for its workspace)."""
     m, k = x.shape
     n = qt.shape[0]
-    graph = m <= 16
+    graph = m <= quant_gemm_tune.MMA_MAX_M
     scratch = torch.empty(m, n, device=x.device, dtype=x.dtype)
+    if path == "frag":
+        if not fragments_fit(fmt, tuple(qt.shape)) or m > quant_gemm_tune.MMA_MAX_M:
+            return None
+        q, sc = to_fragments(qt.tensors["qweight"], qt.tensors["scales"])
+        qt = replace(qt, tensors={"qweight": q, "scales": sc}, layout=FRAGMENTS)
+    names = list(qt.tensors)
+    nbytes = sum(t.numel() * t.element_size() for t in qt.tensors.values())
+    copies = [replace(qt, tensors=dict(zip(names, ts)))
+              for ts in _copies(tuple(qt.tensors.values()), nbytes, cold and graph)]
+    weight = _cycle(copies)
 
     def time_cfg(cfg: quant_gemm_tune.GemmConfig) -> float:
-        return _time(lambda: quant_matmul_triton(x, qt, out=scratch, config=cfg), graph)
+        return _time(lambda: quant_matmul_triton(x, weight(), out=scratch, config=cfg), graph, len(copies))
 
     sms = quant_gemm_tune.sm_count(x.device)
+    if path == "frag":
+        return _best("frag", quant_gemm_tune.fragment_candidates(fmt, m, n, k, sms), time_cfg)
     if path == "dot":
         cfg = quant_gemm_tune.candidates(fmt, m, n, k, sms)[0]
         return time_cfg(cfg), cfg
@@ -190,6 +227,8 @@ def main() -> None:
     parser.add_argument("--tune", action="store_true", help="benchmark every candidate config per key first")
     parser.add_argument("--path", default="default",
                         help=f"comma list of kernel paths to time per point: {', '.join(PATHS)}")
+    parser.add_argument("--l2", choices=("warm", "cold"), default="warm",
+                        help="decode sizes: time one weight (warm: it may sit in L2) or cycle through copies (cold)")
     args = parser.parse_args()
     paths = [p for p in PATHS if p in args.path.split(",")]  # default before tuned: tuning is cached
     if not set(args.path.split(",")) <= set(PATHS):
@@ -212,7 +251,9 @@ def main() -> None:
         n, k = SHAPES[shape]
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
         xs = {m: torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for m in ms}
-        cublas = {m: _time(lambda x=xs[m], w=w: F.linear(x, w), m <= 16) for m in ms}
+        cold = args.l2 == "cold"
+        dense = _cycle(ws := _copies((w,), 2 * n * k, cold))
+        cublas = {m: _time(lambda x=xs[m]: F.linear(x, dense()[0]), m <= 32, len(ws)) for m in ms}
         gemlite_ms: dict[tuple[str, int], float | None] = {}  # int8-g32 and -g64 share gemlite's int8
         for fmt in formats:
             qt = quantize(w, fmt)
@@ -225,7 +266,7 @@ def main() -> None:
                 glayer = _gemlite_layer(fmt, qt, w)
             for m in ms:
                 x = xs[m]
-                points = {path: _run_path(path, fmt, x, qt, args.tune) for path in paths}
+                points = {path: _run_path(path, fmt, x, qt, args.tune, cold) for path in paths}
                 if glayer is not None and gemlite_s < args.gemlite_budget:
                     t0 = time.time()
                     try:
@@ -236,20 +277,23 @@ def main() -> None:
                 flops = 2 * m * n * k
                 pack_ms = pack_frac = None
                 if tiny is not None and m <= 16:
-                    packed, sz, pack_bytes = tiny
-                    pack_ms = _time(lambda x=x: torch._weight_int4pack_mm(x, packed, group, sz), True)
-                    pack_frac = round((pack_bytes + 2 * m * (n + k)) / pack_ms / 1e9 / bw, 4)
-                cublas_frac = round((2 * n * k + 2 * m * (n + k)) / cublas[m] / 1e9 / bw, 4) if m <= 16 else None
+                    packs = _cycle(pack_copies := _copies(tiny[:2], tiny[2], cold))
+                    pack_ms = _time(lambda x=x: torch._weight_int4pack_mm(x, (p := packs())[0], group, p[1]), True,
+                                    len(pack_copies))
+                    pack_frac = round((tiny[2] + 2 * m * (n + k)) / pack_ms / 1e9 / bw, 4)
+                decode = m <= quant_gemm_tune.MMA_MAX_M
+                cublas_frac = round((2 * n * k + 2 * m * (n + k)) / cublas[m] / 1e9 / bw, 4) if decode else None
                 for path, point in points.items():
                     if point is None:
                         continue
                     ms_ours, cfg, *more = point
-                    if m <= 16:
+                    if decode:
                         moved = weight_bytes + 2 * m * (n + k)
                         achieved, limit, unit = moved / ms_ours / 1e9, bw, "TB/s"
                     else:
                         achieved, limit, unit = flops / ms_ours / 1e9, peak, "TFLOP/s"
-                    label = f"{shape} N={n} K={k} M={m} {fmt}" + ("" if path == "default" else f" [{path}]")
+                    label = f"{shape} N={n} K={k} M={m} {fmt}" + ("" if path == "default" else f" [{path}]") \
+                        + (" l2-cold" if cold and decode else "")
                     record("quant_gemm", label, ms_ours, achieved=achieved, limit=limit,
                            unit=unit, baseline="cublas_bf16", baseline_ms=cublas[m], format=fmt, m=m, n=n, k=k,
                            weight_bytes=weight_bytes, vs_cublas=round(ms_ours / cublas[m], 4),

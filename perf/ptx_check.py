@@ -3,6 +3,7 @@
     python perf/ptx_check.py [--arch 90] [--formats int4-g64,nvfp4] [--kinds gemv,dot,dequant,moe-gemv]
     python perf/ptx_check.py --kinds attention-prefill [--kv bf16,fp8,int8]
     python perf/ptx_check.py --kinds gemv-mma --formats int4-g64,int4-g128 [--m 1|16|32] [--arch 120]
+    python perf/ptx_check.py --kinds frag --formats int4-g128 [--m 1|16|32] [--arch 120]
 
 For each kernel, format and candidate config: shared memory and the global loads of the PTX
 (``ld.global.v4.b32`` = 16-byte vectors; ``ld.global.b8`` = one byte each), and the async copies of
@@ -15,7 +16,10 @@ N = 512, K = 2048; down: N = 2048, K = 512; 8 and 64 routed pairs), ignoring ``-
 and strides are declared 16-byte divisible, as Triton specialises them at run time for the model's
 shapes. ``--kinds attention-prefill`` compiles the paged prefill attention kernel's configs at the
 27B geometry (24 : 4 heads, head dim 256, page 64, bf16 queries), unsplit and split-KV, for each
-``--kv`` format. Needs a Triton with the NVIDIA backend (compiling needs ptxas, not a driver).
+``--kv`` format. ``--kinds frag`` compiles the register decode of fragment-laid int4 weights
+(``fragment_mma``) for each of its candidates at the 27B gate/up (SwiGLU), down and qkvz shapes: registers,
+stack (spills) and SASS instructions per weight in its K loop. Needs a Triton with the NVIDIA backend
+(compiling needs ptxas, not a driver).
 """
 from __future__ import annotations
 
@@ -38,6 +42,7 @@ from triton.compiler import ASTSource  # noqa: E402
 from ninfer.kernels.attention import prefill as attention_prefill  # noqa: E402
 from ninfer.kernels.moe import quant_gemv as moe_quant_gemv  # noqa: E402
 from ninfer.kernels.quant_gemm import dequant as quant_dequant  # noqa: E402
+from ninfer.kernels.quant_gemm import fragment_mma  # noqa: E402
 from ninfer.kernels.quant_gemm import gemv as quant_gemv  # noqa: E402
 from ninfer.kernels.quant_gemm import gemv_mma as quant_gemv_mma  # noqa: E402
 from ninfer.kernels.quant_gemm.gemm import quant_gemm_kernel  # noqa: E402
@@ -45,6 +50,7 @@ from ninfer.kernels.quant_gemm.tune import (  # noqa: E402
     FMT_CODES,
     candidates,
     dequant_candidates,
+    fragment_candidates,
     kernel_params,
     mma_candidates,
 )
@@ -177,6 +183,43 @@ def mma(fmt: str, m: int, arch: int, sms: int) -> None:
                 print(f"{head}: FAILED {type(err).__name__}: {str(err).splitlines()[0][:200]}", flush=True)
 
 
+def compile_frag(cfg, group: int, swiglu: bool, arch: int):
+    """fragment_mma's kernel (bf16 activations, PTX decode) for one config, split-K with the fused reduction."""
+    sig = {"x_ptr": "*bf16", "q_ptr": "*u8", "s_ptr": "*i32", "res_ptr": "*bf16", "out_ptr": "*bf16",
+           "ws_ptr": "*fp32", "cnt_ptr": "*i32", **dict.fromkeys(("M", "N_OUT", "KC", "NG", "chunks_per_split",
+                                                                    "stride_xm", "stride_rm", "stride_om"), "i32")}
+    split = cfg.split_k > 1
+    consts = dict(CPG=group // 64, SWIGLU=swiglu, HAS_RES=False, SPLIT=split, FUSED_REDUCE=split,
+                  NB=cfg.block_m // 8, WARPS=cfg.num_warps, UNROLL=cfg.block_k // 64, F16=False, BIASED=cfg.biased,
+                  ASM=True)
+    sig.update(dict.fromkeys(consts, "constexpr"))
+    names = list(sig)
+    aligned = [n for n in names if n.endswith("_ptr") or n in ("N_OUT", "KC", "stride_xm", "stride_rm", "stride_om")]
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned}
+    options = {"num_warps": cfg.num_warps, "num_stages": 1}
+    if cfg.max_registers:
+        options["maxnreg"] = cfg.max_registers
+    return triton.compile(ASTSource(fragment_mma._fragment_mma_kernel, sig, consts, attrs),
+                          target=GPUTarget("cuda", arch, 32), options=options)
+
+
+def frag(fmt: str, m: int, arch: int, sms: int) -> None:
+    group = int(fmt.split("-g")[1])
+    for name, n_out, k, swiglu in (("gate_up", 17408, 5120, True), ("down", 5120, 17408, False),
+                                   ("qkvz", 16384, 5120, False)):
+        for cfg in fragment_candidates(fmt, m, n_out, k, sms):
+            head = (f"{fmt:9s} frag-{name:7s} tokens={cfg.block_m:<2d} warps={cfg.num_warps} "
+                    f"chunks/trip={cfg.block_k // 64} split={cfg.split_k:<3d} biased={cfg.biased:d}")
+            try:
+                kernel = compile_frag(cfg, group, swiglu, arch)
+                per_thread = 16 * cfg.block_k * (2 if swiglu else 1) / 32
+                per_weight = loop_instructions(kernel) / per_thread
+                print(f"{head} | {resources(kernel, arch)} | {per_weight:.2f} SASS instructions per weight in the "
+                      f"K loop", flush=True)
+            except Exception as err:  # noqa: BLE001
+                print(f"{head}: FAILED {type(err).__name__}: {str(err).splitlines()[0][:200]}", flush=True)
+
+
 def compile_prefill_attention(kv: str, split: bool, cfg, arch: int):
     """attention_prefill's kernel at the 27B geometry; ``kv`` in bf16 / fp8 / int8 (scales: 1 / 4 groups)."""
     codes, ng = {"bf16": ("*bf16", 1), "fp8": ("*u8", 1), "int8": ("*i8", 4)}[kv]
@@ -260,11 +303,13 @@ def main(args: argparse.Namespace) -> None:
             moe_gemv(fmt, args.arch, args.sms)
         if "gemv-mma" in kinds and fmt.startswith("int4"):
             mma(fmt, args.m, args.arch, args.sms)
+        if "frag" in kinds and fmt.startswith("int4"):
+            frag(fmt, args.m, args.arch, args.sms)
         cfgs = candidates(fmt, args.m, args.n, args.k, args.sms)
         if "dequant" in kinds and not any(c.kind == "dequant" for c in cfgs):  # decode M: not offered there
             cfgs += dequant_candidates(fmt, 128)
         for cfg in cfgs:
-            if cfg.kind not in kinds or cfg.kind == "gemv-mma":
+            if cfg.kind not in kinds or cfg.kind in ("gemv-mma", "frag"):
                 continue
             common = dict(FMT=FMT_CODES[fmt], ROW_SCALE=fmt in ("fp8", "nvfp4"), SWIGLU=False, HAS_RES=False,
                           SPLIT=cfg.split_k > 1, EVEN_K=True, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
@@ -299,7 +344,8 @@ if __name__ == "__main__":
     parser.add_argument("--arch", type=int, default=90, help="compute capability, e.g. 90 (H100/H200), 120 (RTX 5090)")
     parser.add_argument("--formats", default="int4-g64,nvfp4,int8-g64,fp8")
     parser.add_argument("--kinds", default="gemv,gemv-prefetch,dot",
-                        help="comma list of gemv, gemv-prefetch, dot, dequant, moe-gemv, gemv-mma, attention-prefill")
+                        help="comma list of gemv, gemv-prefetch, dot, dequant, moe-gemv, gemv-mma, frag, "
+                             "attention-prefill")
     parser.add_argument("--kv", default="bf16", help="KV formats for attention-prefill: bf16, fp8, int8")
     parser.add_argument("--m", type=int, default=1)
     parser.add_argument("--n", type=int, default=34816)

@@ -20,6 +20,7 @@ each part's global scale, stored per row). ``bf16`` entries leave the module as 
 """
 from __future__ import annotations
 
+import os
 from typing import ClassVar
 
 import torch
@@ -27,6 +28,8 @@ from torch import nn
 
 from ninfer.checkpoint import RowSlice, fused_parts
 from ninfer.kernels.quant_gemm import quant_matmul
+from ninfer.kernels.quant_gemm.fragments import FRAGMENTS, fragments_fit, to_fragments
+from ninfer.kernels.quant_gemm.weights import ROWS
 from ninfer.quant.formats import (
     FormatError,
     QuantizedTensor,
@@ -50,12 +53,13 @@ class QuantWeight(nn.Module):
         self.shape = tuple(shape)
         self.format.check_shape(self.shape)
         self.dtype = dtype  # what dequantized values are produced in (embeddings, experts)
+        self.layout = ROWS  # of the stored tensors: the format's own until a kernel's is installed
         for name, spec in self.format.specs(self.shape).items():
             self.register_parameter(name, nn.Parameter(torch.empty(spec.shape, dtype=spec.dtype, device=device),
                                                        requires_grad=False))
 
     def packed(self) -> QuantizedTensor:
-        return QuantizedTensor(self.format, self.shape, dict(self.named_parameters(recurse=False)))
+        return QuantizedTensor(self.format, self.shape, dict(self.named_parameters(recurse=False)), self.layout)
 
     def dequantize(self, dtype: torch.dtype | None = None) -> torch.Tensor:
         return self.packed().dequantize(dtype or self.dtype)
@@ -68,6 +72,9 @@ class QuantWeight(nn.Module):
         """The part of stored tensor ``name`` that holds weight rows ``[start, stop)`` (of slice ``index``
         of a leading expert dim): what a loader fills from a per-expert or per-projection tensor."""
         spec = self.format.specs(self.shape)[name]
+        if self.layout != ROWS:
+            raise FormatError(f"format {self.format.name}: the tensors were re-laid for a kernel ({self.layout}); "
+                              "weights load before that")
         if start % spec.row_block or (stop % spec.row_block and stop != self.shape[-2]):
             raise FormatError(f"format {self.format.name}: {name} stores {spec.row_block} rows per entry; "
                               f"rows [{start}, {stop}) do not align")
@@ -103,6 +110,8 @@ class QuantWeight(nn.Module):
 class QuantLinear(QuantWeight):
     """``y = x @ W^T`` with W quantized; optional fused ``+ residual`` and SwiGLU (stacked gate/up W)."""
 
+    shares_storage = False  # True for a view of another module's tensors (:meth:`QuantEmbedding.as_linear`)
+
     def __init__(self, in_features: int, out_features: int, fmt: str | WeightFormat,
                  device: torch.device | str | None = None, dtype: torch.dtype = torch.bfloat16) -> None:
         super().__init__((out_features, in_features), fmt, device, dtype)
@@ -110,6 +119,22 @@ class QuantLinear(QuantWeight):
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None, swiglu: bool = False) -> torch.Tensor:
         return quant_matmul(x, self.packed(), residual, swiglu)
+
+    @torch.no_grad()
+    def use_fragment_layout_(self) -> bool:
+        """Re-lay int4 codes and scales in place into the register decode's fragment layout
+        (:mod:`ninfer.kernels.quant_gemm.fragments`): same shapes and bytes, another order, which every path of
+        ``quant_matmul`` (and ``dequantize``) reads. False where the weight cannot take it (not int4, N not a
+        multiple of 16, K of 64) or shares its storage (a tied LM head: the embedding reads rows)."""
+        if self.layout == FRAGMENTS:
+            return True
+        if self.shares_storage or not fragments_fit(self.format.name, self.shape):
+            return False
+        q, s = to_fragments(self.qweight.data, self.scales.data)
+        self.qweight.data.copy_(q)
+        self.scales.data.copy_(s)
+        self.layout = FRAGMENTS
+        return True
 
     @classmethod
     def from_float(cls, weight: torch.Tensor, fmt: str | WeightFormat) -> QuantLinear:
@@ -150,7 +175,22 @@ class QuantEmbedding(QuantWeight):
         module = QuantLinear(self.shape[1], self.shape[0], self.format, device="meta", dtype=self.dtype)
         for name, param in self.named_parameters(recurse=False):
             setattr(module, name, param)
+        module.shares_storage = True
         return module
+
+
+def use_kernel_layouts_(*modules: nn.Module | None) -> int:
+    """Re-lay the int4 linear weights of ``modules`` (on CUDA) for the register decode
+    (:meth:`QuantLinear.use_fragment_layout_`), unless ``NINFER_FRAGMENTS=0`` (read now): the row-major
+    kernels then serve them. Returns how many weights are in the fragment layout."""
+    if os.environ.get("NINFER_FRAGMENTS", "1") == "0":
+        return 0
+    count = 0
+    for module in modules:
+        for sub in module.modules() if module is not None else ():
+            if isinstance(sub, QuantLinear) and sub.qweight.is_cuda:
+                count += sub.use_fragment_layout_()
+    return count
 
 
 def weight_shapes(model: nn.Module) -> dict[str, tuple[int, ...]]:

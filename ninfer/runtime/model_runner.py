@@ -24,6 +24,7 @@ from ninfer.models.batch import ForwardBatch, make_batch
 from ninfer.models.cache import ModelCache
 from ninfer.models.mtp import MTPHead
 from ninfer.models.qwen3_5 import Qwen3_5TextModel
+from ninfer.quant.linear import use_kernel_layouts_
 from ninfer.runtime import startup
 from ninfer.runtime.engine_config import EngineConfig
 from ninfer.runtime.graphs import DecodeGraphs
@@ -44,6 +45,8 @@ class ModelRunner:
     def __init__(self, model: Qwen3_5TextModel, config: EngineConfig, *, mtp_head: MTPHead | None = None) -> None:
         self.model, self.config = model, config
         self.device = model.device
+        if self.device.type == "cuda":  # int4 projections into the register decode's layout, before any kernel
+            use_kernel_layouts_(model, mtp_head)
         self.plan: MemoryPlan = plan_memory(model.config, config, self.device, model.dtype,
                                             dequant_workspace_bytes([model, mtp_head], model.dtype))
         self.cache = ModelCache(model.config, num_pages=self.plan.num_pages, page_size=config.page_size,

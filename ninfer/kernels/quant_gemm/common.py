@@ -105,13 +105,22 @@ def weight_tile(q_ptr, s_ptr, rows, k0, K, stride_qn, stride_sn,
 def finish(acc, acc_up, offs_m, offs_n, mask, res_ptr, stride_rm, out_ptr, stride_om,
             SWIGLU: tl.constexpr, HAS_RES: tl.constexpr):
     """Epilogue on a ``[BLOCK_N, BLOCK_M]`` tile of ``y^T`` (fp32): SwiGLU, residual add, store."""
+    finish_at(acc, acc_up, offs_m[None, :], offs_n[:, None], mask, res_ptr, stride_rm, out_ptr, stride_om, SWIGLU,
+              HAS_RES)
+
+
+@triton.jit
+def finish_at(acc, acc_up, m_idx, n_idx, mask, res_ptr, stride_rm, out_ptr, stride_om,
+              SWIGLU: tl.constexpr, HAS_RES: tl.constexpr):
+    """:func:`finish` for values at any positions: ``acc`` (fp32) is ``y[m_idx, n_idx]`` (index tensors that
+    broadcast to its shape)."""
     y = acc
     if SWIGLU:
         y = acc / (1.0 + tl.exp(-acc)) * acc_up
-    m64 = offs_m.to(tl.int64)[None, :]  # M * N reaches 2^31 for long prompts through the LM head
+    m64 = m_idx.to(tl.int64)  # M * N reaches 2^31 for long prompts through the LM head
     if HAS_RES:
-        y += tl.load(res_ptr + m64 * stride_rm + offs_n[:, None], mask=mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + m64 * stride_om + offs_n[:, None], y.to(out_ptr.dtype.element_ty), mask=mask)
+        y += tl.load(res_ptr + m64 * stride_rm + n_idx, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + m64 * stride_om + n_idx, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit

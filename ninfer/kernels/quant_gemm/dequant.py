@@ -46,6 +46,7 @@ from ninfer.kernels.quant_gemm.common import (
     split_finish_kernel,
     weight_tile,
 )
+from ninfer.kernels.quant_gemm.fragments import FRAGMENTS, dequantize_fragments
 from ninfer.kernels.quant_gemm.tune import (
     DEQUANT_MAX_ELEMENTS,
     GemmConfig,
@@ -102,6 +103,8 @@ def dequantize_triton(w: QuantizedTensor, out: torch.Tensor, config: GemmConfig 
     name = w.format.name
     p = kernel_params(name, cfg)
     q, scales, row_scale = kernel_tensors(w)
+    if w.layout == FRAGMENTS:
+        return dequantize_fragments(q, scales, p["group"], out)
     grid = (triton.cdiv(n, cfg.block_n) * triton.cdiv(k, cfg.block_k),)
     _dequant_kernel[grid](
         q_ptr=q, s_ptr=scales, rs_ptr=row_scale if row_scale is not None else scales, w_ptr=out, N=n, K=k,

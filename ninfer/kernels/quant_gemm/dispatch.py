@@ -28,6 +28,10 @@ weight side (the dominant traffic) and the dequantized tile never goes back to m
   per weight, amortised over BLOCK_M); nvfp4's 16-wide groups always scale the tile.
 * Epilogues: ``+ residual``; SwiGLU for a stacked ``[2I, K]`` gate/up weight (gate rows first):
   the program accumulates the gate and the up tile of the same columns and writes ``silu(g) * u``.
+* int4 weights in the fragment layout (``QuantizedTensor.layout``, :mod:`ninfer.kernels.quant_gemm.fragments`,
+  re-laid once at load time on CUDA) take the register decode of :mod:`ninfer.kernels.quant_gemm.fragment_mma`
+  (``GemmConfig(kind="frag")``) at every M, and for M > 32 the dequant path as well, which the tuner picks by
+  measurement; the other kernels read the row-major layout only.
 
 Configs come from :mod:`ninfer.kernels.quant_gemm.tune` (benchmarked per GPU, keyed by M bucket, N
 and K). The launchers are CUDA-graph safe: no host syncs, the workspace is allocated and zeroed on
@@ -42,6 +46,8 @@ import triton
 from ninfer.kernels.dispatch import use_triton
 from ninfer.kernels.quant_gemm.common import FMT_CODES, kernel_tensors, split_finish_kernel
 from ninfer.kernels.quant_gemm.dequant import launch_dequant_gemm
+from ninfer.kernels.quant_gemm.fragment_mma import launch_fragment_mma
+from ninfer.kernels.quant_gemm.fragments import FRAGMENTS
 from ninfer.kernels.quant_gemm.gemm import quant_gemm_kernel
 from ninfer.kernels.quant_gemm.gemv import launch_gemv
 from ninfer.kernels.quant_gemm.gemv_mma import launch_gemv_mma
@@ -111,7 +117,9 @@ def quant_matmul_triton(x: torch.Tensor, w: QuantizedTensor, residual: torch.Ten
             scratch.append(torch.empty_like(out))
         _launch(x2, w, res, scratch[0], swiglu, cfg)
 
-    cfg = config or select_config(w.format.name, x2, n_out, k, swiglu, res is not None, trial)
+    cfg = config or select_config(w.format.name, x2, n_out, k, swiglu, res is not None, trial, w.layout)
+    if w.layout == FRAGMENTS and cfg.kind not in ("frag", "dequant"):
+        raise ValueError(f"a weight in the fragment layout takes frag or dequant configs, not {cfg.kind!r}")
     _launch(x2, w, res, out, swiglu, cfg)
     return result
 
@@ -128,9 +136,12 @@ def _launch(x: torch.Tensor, w: QuantizedTensor, res: torch.Tensor | None, out: 
         # A captured graph would keep the shared workspace's address, which a later, larger weight frees
         # (the buffer grows by reallocation): graphs take the tiled favourite instead (compiled already:
         # the tuner ran it when it chose this config).
-        cfg = candidates(name, m, n_out, k, sm_count(x.device))[0]
+        cfg = candidates(name, m, n_out, k, sm_count(x.device), layout=w.layout)[0]
     p = kernel_params(name, cfg)
     q, scales, row_scale = kernel_tensors(w)
+    if cfg.kind == "frag":  # int4 in the fragment layout, from registers (fragment_mma)
+        launch_fragment_mma(x, q, scales, res, out, swiglu, p["group"], cfg)
+        return
     if cfg.kind == "gemv-mma":  # int4 decode on tensor cores (gemv_mma)
         launch_gemv_mma(x, q, scales, res, out, swiglu, p["group"], cfg)
         return

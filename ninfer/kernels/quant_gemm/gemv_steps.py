@@ -9,7 +9,16 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ninfer.kernels.quant_gemm.common import FMT_FP8, FMT_INT4, FMT_INT8, FMT_NVFP4, e2m1_values, finish, group_scales
+from ninfer.kernels.quant_gemm.common import (
+    FMT_FP8,
+    FMT_INT4,
+    FMT_INT8,
+    FMT_NVFP4,
+    e2m1_values,
+    finish,
+    finish_at,
+    group_scales,
+)
 
 
 TWO_63 = tl.constexpr(9.223372036854775808e18)  # 2^63
@@ -175,44 +184,67 @@ def gemv_epilogue(acc, acc_up, pid_s, offs_m, offs_n, mask, M, N_OUT, ws_ptr, cn
     FUSED_REDUCE, the sum of all splits by the last one of this output tile to arrive (in split order:
     deterministic) and the epilogue, instead of a second launch; release/acquire through the tile's
     counter, which that program resets, so the next launch (or graph replay) starts from zero."""
+    m_idx, n_idx = offs_m[None, :], offs_n[:, None]
     if SPLIT:
-        store_partials(ws_ptr, acc, acc_up, pid_s, M, offs_m, offs_n, mask, N_OUT, SWIGLU)
+        store_partials_at(ws_ptr, acc, acc_up, pid_s, M, m_idx, n_idx, mask, N_OUT, SWIGLU)
         if FUSED_REDUCE:
-            tile = tl.program_id(2) * tl.num_programs(0) + tl.program_id(0)
-            tl.debug_barrier()
-            arrived = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel")
-            if arrived == tl.num_programs(1) - 1:
-                tl.debug_barrier()
-                acc, acc_up = _sum_splits(ws_ptr, offs_m, offs_n, mask, M, N_OUT, tl.num_programs(1), SWIGLU,
-                                          BLOCK_N, BLOCK_M)
-                finish(acc, acc_up, offs_m, offs_n, mask, res_ptr, stride_rm, out_ptr, stride_om, SWIGLU, HAS_RES)
-                tl.store(cnt_ptr + tile, 0)
+            if last_split_arrived(cnt_ptr):
+                acc, acc_up = sum_splits_at(ws_ptr, m_idx, n_idx, mask, M, N_OUT, tl.num_programs(1), SWIGLU)
+                finish_at(acc, acc_up, m_idx, n_idx, mask, res_ptr, stride_rm, out_ptr, stride_om, SWIGLU, HAS_RES)
+                reset_counter(cnt_ptr)
     else:
-        finish(acc, acc_up, offs_m, offs_n, mask, res_ptr, stride_rm, out_ptr, stride_om, SWIGLU, HAS_RES)
+        finish_at(acc, acc_up, m_idx, n_idx, mask, res_ptr, stride_rm, out_ptr, stride_om, SWIGLU, HAS_RES)
+
+
+@triton.jit
+def last_split_arrived(cnt_ptr):
+    """Counts this program's split in at its output tile's counter (grid axes: 0 and 2 the tile, 1 the split),
+    after its partials are stored (release); true in the last split to arrive, which then sees all partials
+    (acquire)."""
+    tile = tl.program_id(2) * tl.num_programs(0) + tl.program_id(0)
+    tl.debug_barrier()
+    arrived = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel")
+    last = arrived == tl.num_programs(1) - 1
+    if last:
+        tl.debug_barrier()
+    return last
+
+
+@triton.jit
+def reset_counter(cnt_ptr):
+    """The last split's reset of its tile's counter, so the next launch (or graph replay) starts from zero."""
+    tl.store(cnt_ptr + tl.program_id(2) * tl.num_programs(0) + tl.program_id(0), 0)
 
 
 @triton.jit
 def store_partials(ws_ptr, acc, acc_up, pid_s, rows_total, offs_m, offs_n, mask, N_OUT, SWIGLU: tl.constexpr):
     """Split ``pid_s``'s fp32 partials into the scratch ``[splits, rows_total, N_OUT * (2 if SWIGLU)]``
     (gate columns first, then up), which :func:`gemv_reduce_kernel` sums in split order."""
+    store_partials_at(ws_ptr, acc, acc_up, pid_s, rows_total, offs_m[None, :], offs_n[:, None], mask, N_OUT, SWIGLU)
+
+
+@triton.jit
+def store_partials_at(ws_ptr, acc, acc_up, pid_s, rows_total, m_idx, n_idx, mask, N_OUT, SWIGLU: tl.constexpr):
+    """:func:`store_partials` for values at any positions (index tensors that broadcast to ``acc``'s shape)."""
     n_cols = N_OUT * (1 + SWIGLU)
-    ptrs = ws_ptr + (pid_s * rows_total + offs_m).to(tl.int64)[None, :] * n_cols + offs_n[:, None]
+    ptrs = ws_ptr + (pid_s * rows_total + m_idx).to(tl.int64) * n_cols + n_idx
     tl.store(ptrs, acc, mask=mask)
     if SWIGLU:
         tl.store(ptrs + N_OUT, acc_up, mask=mask)
 
 
 @triton.jit
-def _sum_splits(ws_ptr, offs_m, offs_n, mask, M, N_OUT, splits, SWIGLU: tl.constexpr, BLOCK_N: tl.constexpr,
-                BLOCK_M: tl.constexpr):
-    """The split-K partials of one output tile summed in split order (deterministic). Loads bypass L1
-    (``.cg``): in the fused reduction other SMs wrote them during this launch."""
+def sum_splits_at(ws_ptr, m_idx, n_idx, mask, M, N_OUT, splits, SWIGLU: tl.constexpr):
+    """The split-K partials of outputs ``(m_idx, n_idx)`` summed in split order (deterministic). Loads bypass
+    L1 (``.cg``): in the fused reduction other SMs wrote them during this launch."""
     n_cols = N_OUT * (1 + SWIGLU)
-    ptrs = ws_ptr + offs_m.to(tl.int64)[None, :] * n_cols + offs_n[:, None]
+    ptrs = ws_ptr + m_idx.to(tl.int64) * n_cols + n_idx
     plane = M.to(tl.int64) * n_cols
-    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    acc_up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    for s in range(splits):
+    acc = tl.load(ptrs, mask=mask, other=0.0, cache_modifier=".cg")
+    acc_up = acc
+    if SWIGLU:
+        acc_up = tl.load(ptrs + N_OUT, mask=mask, other=0.0, cache_modifier=".cg")
+    for s in range(1, splits):
         acc += tl.load(ptrs + s * plane, mask=mask, other=0.0, cache_modifier=".cg")
         if SWIGLU:
             acc_up += tl.load(ptrs + s * plane + N_OUT, mask=mask, other=0.0, cache_modifier=".cg")
@@ -227,5 +259,5 @@ def gemv_reduce_kernel(ws_ptr, res_ptr, out_ptr, M, N_OUT, splits, stride_rm, st
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     mask = (offs_n < N_OUT)[:, None] & (offs_m < M)[None, :]
-    acc, acc_up = _sum_splits(ws_ptr, offs_m, offs_n, mask, M, N_OUT, splits, SWIGLU, BLOCK_N, BLOCK_M)
+    acc, acc_up = sum_splits_at(ws_ptr, offs_m[None, :], offs_n[:, None], mask, M, N_OUT, splits, SWIGLU)
     finish(acc, acc_up, offs_m, offs_n, mask, res_ptr, stride_rm, out_ptr, stride_om, SWIGLU, HAS_RES)

@@ -31,6 +31,8 @@ import triton
 
 from ninfer.kernels.dispatch import autotune_configs
 from ninfer.kernels.quant_gemm.common import FMT_CODES
+from ninfer.kernels.quant_gemm.fragments import FRAGMENTS
+from ninfer.kernels.quant_gemm.weights import ROWS
 from ninfer.kernels.tuning import default_tuner
 
 GROUPS = {"fp8-b128": 128, "int8-g32": 32, "int8-g64": 64, "int4-g64": 64, "int4-g128": 128, "nvfp4": 16}
@@ -54,11 +56,16 @@ class GemmConfig:
     # "dot": quant_gemm's tl.dot kernel; "gemv" / "gemv-prefetch" / "gemv-w32" (int4 codes as 32-bit
     # words): gemv's decode GEMV (M <= 8); "gemv-mma": gemv_mma's int4 decode on tensor cores
     # (M <= 32, block_m = tokens per program); "dequant": dequant's whole-weight dequantization
-    # (block_n x block_k tiles) + cuBLAS (M > 16)
+    # (block_n x block_k tiles) + cuBLAS (M > 16); "frag": fragment_mma's register decode of int4 weights
+    # in the fragment layout (block_m tokens per program, block_n = 16 * num_warps rows, block_k / 64 chunks
+    # per loop trip)
     kind: str = "dot"
     # "gemv-mma" only: Triton's ``maxnreg`` (registers per thread; fewer let more programs share an SM,
     # at the risk of spills); 0 = the compiler's choice
     max_registers: int = 0
+    # "frag" only: the codes' offset subtracted once per scale group through MMAs of ones (the activations'
+    # sums) instead of per weight by the decode's fma (fragment_mma's docstring)
+    biased: bool = False
 
 
 def kernel_params(fmt: str, cfg: GemmConfig) -> dict[str, int]:
@@ -92,13 +99,19 @@ def _split(tiles: int, k_steps: int, sms: int) -> int:
 
 
 def candidates(fmt: str, m: int, n_out: int, k: int, sms: int, *, swiglu: bool = False,
-               mma: bool = False) -> list[GemmConfig]:
+               mma: bool = False, layout: str = ROWS) -> list[GemmConfig]:
     """Configs worth trying for this shape, the heuristic favourite first (``swiglu``: the weight has
-    ``2 * n_out`` rows; ``mma``: the activations are bf16 / fp16, which the tensor-core decode needs).
+    ``2 * n_out`` rows; ``mma``: the activations are bf16 / fp16, which the tensor-core decode needs;
+    ``layout``: the weight's, see :func:`fragment_candidates` for re-laid weights).
 
     Skinny tiles give each warp 16 weight rows (BLOCK_N = 16 * warps), so no warp dequantizes rows
     another warp also holds; a K step reads 128 bytes of each weight row.
     """
+    if layout == FRAGMENTS:
+        out = fragment_candidates(fmt, m, n_out, k, sms)
+        if m > MMA_MAX_M and n_out * (2 if swiglu else 1) * k <= DEQUANT_MAX_ELEMENTS:
+            out.extend(dequant_candidates(fmt, 128))
+        return out
     if m <= SKINNY_MAX_M:
         bk = _block_k(fmt, 128)
         base = [GemmConfig(16, 64, bk, 1, 4, 4), GemmConfig(16, 32, bk, 1, 2, 4), GemmConfig(16, 128, bk, 1, 8, 3)]
@@ -200,6 +213,31 @@ def mma_candidates(fmt: str, m: int, n_out: int, k: int, sms: int, *, swiglu: bo
     return out
 
 
+def fragment_candidates(fmt: str, m: int, n_out: int, k: int, sms: int) -> list[GemmConfig]:
+    """Configs of the register decode (:mod:`ninfer.kernels.quant_gemm.fragment_mma`) for int4 weights in the
+    fragment layout, any M (8, 16 or 32 tokens per program; more tokens take more programs, each reading the
+    weight again, which the prefill sizes' dequantization path beats): ``(warps, chunks per loop trip)`` with
+    split-K for about 8, 16 and 32 programs per SM. The programs are small (no shared memory, 1-8 warps), so
+    several share an SM; the probe of run 2026-12-02.6 read most at 20-35 programs per SM. Up to 16 tokens each
+    comes again ``biased`` (its offset through MMAs of ones: at 32 tokens the MMAs are the busier pipe). The
+    favourite: 4 warps, 2 chunks per trip, 16 programs per SM."""
+    group = GROUPS[fmt]
+    tokens = 8 if m <= 8 else 16 if m <= 16 else 32
+    out: list[GemmConfig] = []
+    for biased in (False, True) if tokens <= 16 else (False,):
+        for warps, unroll in ((4, 2), (4, 4), (8, 2), (2, 4)):
+            bk = 64 * unroll
+            if k % bk or bk % group:
+                continue
+            programs = triton.cdiv(n_out // 16, warps) * triton.cdiv(m, tokens)
+            for per_sm in (16, 8, 32):
+                split = max(1, min(triton.cdiv(per_sm * sms, programs), k // bk))
+                cfg = GemmConfig(tokens, 16 * warps, bk, split, warps, 1, "frag", biased=biased)
+                if cfg not in out:
+                    out.append(cfg)
+    return out
+
+
 def time_candidates(cands: list[GemmConfig], launch: Callable[[GemmConfig], None],
                      graphs: bool) -> dict[GemmConfig, float]:
     """Milliseconds per launch of each candidate that fits the GPU.
@@ -259,19 +297,20 @@ def sm_count(device: torch.device) -> int:
 
 
 def select_config(fmt: str, x: torch.Tensor, n_out: int, k: int, swiglu: bool, has_res: bool,
-                  launch: Callable[[GemmConfig], None]) -> GemmConfig:
+                  launch: Callable[[GemmConfig], None], layout: str = ROWS) -> GemmConfig:
     """The config for this call's key, by the process's tuner state (:func:`ninfer.kernels.tuning.default_tuner`,
     table ``"quant_gemm"``): on first sight of the key in a tunable call (CUDA, not capturing, tuning
     enabled) the one stored on disk if still a candidate, else the fastest candidate by benchmark (then
     stored); untunable calls take the heuristic favourite."""
     m = x.shape[0]
-    key = (fmt, x.dtype, m_bucket(m), n_out, k, swiglu, has_res, x.device)
+    key = (fmt, x.dtype, m_bucket(m), n_out, k, swiglu, has_res, x.device, layout)
 
     def cands() -> list[GemmConfig]:
         mma = x.dtype in (torch.bfloat16, torch.float16)
-        return autotune_configs(candidates(fmt, m, n_out, k, sm_count(x.device), swiglu=swiglu, mma=mma))
+        return autotune_configs(candidates(fmt, m, n_out, k, sm_count(x.device), swiglu=swiglu, mma=mma,
+                                           layout=layout))
 
     def time_fn(cfgs: list[GemmConfig]) -> dict[GemmConfig, float]:
-        return time_candidates(cfgs, launch, graphs=m <= SKINNY_MAX_M)
+        return time_candidates(cfgs, launch, graphs=m <= MMA_MAX_M)
 
     return default_tuner().choose(TABLE, key, cands, time_fn, x.device)

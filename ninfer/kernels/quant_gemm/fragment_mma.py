@@ -1,0 +1,365 @@
+"""int4 decode GEMM from registers: ``y = x @ W^T`` for a few tokens, W in the fragment layout (:mod:`.fragments`).
+
+The ``tl.dot`` decode (:mod:`.gemv_mma`) stages the packed weights through shared memory and reads at most about
+half of the copy bandwidth whatever its tiles (``docs/performance.md``: the memory system gives a kernel that only
+streams the bytes 80-92%). Here the weights go from global memory straight into the registers ``mma.sync`` takes:
+
+* One warp per 16-row tile, one lane per thread (the program's tensors are 1-D, ``32 * WARPS`` long: element
+  ``i`` is thread ``i``, which is what the inline PTX assumes). Per 64 columns a lane issues one 16-byte load of
+  codes (``ld.global.nc``, no L1 allocation: each byte is read once) and two 16-byte loads of each 8-token block
+  of activations (L1 hits after the first warp), decodes its 16 A registers with a shift, a ``lop3`` and a packed
+  ``fma`` each (``nibble | 0x4300`` is the bf16 ``128 + nibble``; the ``fma`` subtracts 136) and runs four
+  ``m16n8k16`` MMAs per 8-token block, reusing the decoded registers across the blocks.
+* ``UNROLL`` chunks (64 columns each) per loop trip, all their loads issued before the first MMA: that many
+  16-byte loads in flight per lane and weight stream (SwiGLU has two: the gate and the up tile of the same
+  outputs). Each scale group's products accumulate in fp32 from zero and are scaled once (fp32), as the
+  reference does per group.
+* ``GemmConfig.biased``: the decode leaves out its ``fma`` (16 of its 44 instructions per 64 columns), so the
+  MMAs multiply ``128 + code``, and four more MMAs per 8-token block, with an all-ones A, give the activations'
+  column sums, of which ``136`` times come off each group's products (fp32; the sums are ~30 times the result,
+  which costs ~5 of fp32's 24 bits, far below the output's bf16 rounding). Cheaper while the MMA pipe is idle
+  (few tokens); the tuner decides.
+* Split-K over grid axis 1 with the deterministic epilogue of :mod:`.gemv_steps` (partials in an fp32 scratch,
+  the last split to arrive sums them in split order; SwiGLU and residual after the sum), token blocks over axis 2.
+  The tuner chooses warps, trip length, tokens per program and splits per shape (:func:`fragment_candidates`).
+
+The interpreter cannot run PTX: with ``ASM`` off (CPU tests, and fp32 activations on a GPU) each lane computes the
+same four products per 8-token block with Triton gathers from the same layout and plain sums, so the CPU tests
+check the indexing, splits and epilogues, and the GPU tests the PTX.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ninfer.kernels.dispatch import INTERPRET
+from ninfer.kernels.quant_gemm.fragments import CHUNK_COLS, TILE_ROWS, fragment_codes, scale_pair
+from ninfer.kernels.quant_gemm.gemv import tile_counters
+from ninfer.kernels.quant_gemm.gemv_steps import (
+    finish_at,
+    gemv_reduce_kernel,
+    last_split_arrived,
+    reset_counter,
+    store_partials_at,
+    sum_splits_at,
+)
+from ninfer.kernels.quant_gemm.tune import GemmConfig
+
+# Loads at a chunk's constant offset from the loop trip's address (folded into the instruction, no address
+# arithmetic per chunk): codes 512 bytes per chunk (the warp's), activations 128 (64 bf16 columns).
+_CODES = [tl.constexpr(f"ld.global.nc.L1::no_allocate.v4.b32 {{$0, $1, $2, $3}}, [$4+{512 * u}];") for u in range(4)]
+_X = [tl.constexpr(f"ld.global.v4.b32 {{$0, $1, $2, $3}}, [$8+{128 * u}]; "
+                   f"ld.global.v4.b32 {{$4, $5, $6, $7}}, [$8+{128 * u + 16}];") for u in range(4)]
+_CODES0, _CODES1, _CODES2, _CODES3 = _CODES
+_X0, _X1, _X2, _X3 = _X
+_CONSTS = {"bf16": ("0x3F803F80", "0xC308C308", "0x43004300"),  # (1.0, -(128 + 8), 128) as packed pairs
+           "f16": ("0x3C003C00", "0xE408E408", "0x64006400")}  # (1.0, -(1024 + 8), 1024)
+BIAS_BF16, BIAS_F16 = tl.constexpr(136.0), tl.constexpr(1032.0)  # what a decoded value exceeds code - 8 by
+
+
+def _decode_asm(ty: str, biased: bool) -> str:
+    """Four code words ($16..$19) -> the 16 A registers of four MMAs ($0..$15): word j gives registers 4j..4j+3,
+    register r from the nibbles at bits 4r and 16 + 4r; ``code - 8`` each, or with ``biased`` ``2^e + code``
+    (the ``fma`` that subtracts the bias left out)."""
+    one, bias, magic = _CONSTS[ty]
+    lines = ["{", ".reg .b32 s, one, bias;", f"mov.b32 one, {one};", f"mov.b32 bias, {bias};"]
+    for j in range(4):
+        for r in range(4):
+            src = f"${16 + j}"
+            if r:
+                lines.append(f"shr.u32 s, {src}, {4 * r};")
+                src = "s"
+            out = f"${4 * j + r}"
+            lines.append(f"lop3.b32 {out}, {src}, 0x000F000F, {magic}, 0xEA;")  # (src & 0x000F000F) | magic
+            if not biased:
+                lines.append(f"fma.rn.{ty}x2 {out}, {out}, one, bias;")
+    lines.append("}")
+    return "\n".join(lines)
+
+
+def _sums_asm(ty: str) -> str:
+    """The activations' column sums of one 8-token block over 64 columns, added to $12..$15 (out $0..$3): four
+    MMAs of an all-ones A with the block's 8 activation words $4..$11."""
+    one = _CONSTS[ty][0]
+    lines = ["{", ".reg .b32 one;", f"mov.b32 one, {one};"]
+    for j in range(4):
+        c = "$12, $13, $14, $15" if j == 0 else "$0, $1, $2, $3"
+        lines.append(f"mma.sync.aligned.m16n8k16.row.col.f32.{ty}.{ty}.f32 {{$0, $1, $2, $3}}, {{one, one, one, one}}, "
+                     f"{{${4 + 2 * j}, ${5 + 2 * j}}}, {{{c}}};")
+    lines.append("}")
+    return "\n".join(lines)
+
+
+def _mma_asm(ty: str) -> str:
+    """Four MMAs of one 8-token block: A registers $4..$19, the block's 8 activation words $20..$27 (two per
+    MMA), accumulators in $28..$31, out $0..$3."""
+    lines = ["{"]
+    for j in range(4):
+        a = ", ".join(f"${4 + 4 * j + r}" for r in range(4))
+        c = "$28, $29, $30, $31" if j == 0 else "$0, $1, $2, $3"
+        lines.append(f"mma.sync.aligned.m16n8k16.row.col.f32.{ty}.{ty}.f32 {{$0, $1, $2, $3}}, {{{a}}}, "
+                     f"{{${20 + 2 * j}, ${21 + 2 * j}}}, {{{c}}};")
+    lines.append("}")
+    return "\n".join(lines)
+
+
+_DECODE_BF16, _DECODE_F16 = tl.constexpr(_decode_asm("bf16", False)), tl.constexpr(_decode_asm("f16", False))
+_BIASED_BF16, _BIASED_F16 = tl.constexpr(_decode_asm("bf16", True)), tl.constexpr(_decode_asm("f16", True))
+_MMA_BF16, _MMA_F16 = tl.constexpr(_mma_asm("bf16")), tl.constexpr(_mma_asm("f16"))
+_SUMS_BF16, _SUMS_F16 = tl.constexpr(_sums_asm("bf16")), tl.constexpr(_sums_asm("f16"))
+_DECODE_OPERANDS = tl.constexpr("=r," * 16 + "r,r,r,r")
+_MMA_OPERANDS = tl.constexpr("=f,=f,=f,=f," + "r," * 24 + "f,f,f,f")
+_SUMS_OPERANDS = tl.constexpr("=f,=f,=f,=f," + "r," * 8 + "f,f,f,f")
+
+
+@triton.jit
+def _load_codes(addr, U: tl.constexpr):
+    """A lane's 16 bytes of codes of chunk ``U`` (0..3) of the loop trip at ``addr``."""
+    if U == 0:
+        w = tl.inline_asm_elementwise(_CODES0, "=r,=r,=r,=r,l", [addr], dtype=(tl.int32,) * 4, is_pure=True, pack=1)
+    elif U == 1:
+        w = tl.inline_asm_elementwise(_CODES1, "=r,=r,=r,=r,l", [addr], dtype=(tl.int32,) * 4, is_pure=True, pack=1)
+    elif U == 2:
+        w = tl.inline_asm_elementwise(_CODES2, "=r,=r,=r,=r,l", [addr], dtype=(tl.int32,) * 4, is_pure=True, pack=1)
+    else:
+        w = tl.inline_asm_elementwise(_CODES3, "=r,=r,=r,=r,l", [addr], dtype=(tl.int32,) * 4, is_pure=True, pack=1)
+    return w
+
+
+@triton.jit
+def _load_x(addr, U: tl.constexpr):
+    """A lane's 16 activations (8 words) of chunk ``U`` (0..3) of the loop trip at ``addr``."""
+    cons: tl.constexpr = "=r,=r,=r,=r,=r,=r,=r,=r,l"
+    if U == 0:
+        x = tl.inline_asm_elementwise(_X0, cons, [addr], dtype=(tl.int32,) * 8, is_pure=True, pack=1)
+    elif U == 1:
+        x = tl.inline_asm_elementwise(_X1, cons, [addr], dtype=(tl.int32,) * 8, is_pure=True, pack=1)
+    elif U == 2:
+        x = tl.inline_asm_elementwise(_X2, cons, [addr], dtype=(tl.int32,) * 8, is_pure=True, pack=1)
+    else:
+        x = tl.inline_asm_elementwise(_X3, cons, [addr], dtype=(tl.int32,) * 8, is_pure=True, pack=1)
+    return x
+
+
+@triton.jit
+def _decode(w, F16: tl.constexpr, BIASED: tl.constexpr):
+    args = [w[0], w[1], w[2], w[3]]
+    if F16:
+        if BIASED:
+            a = tl.inline_asm_elementwise(_BIASED_F16, _DECODE_OPERANDS, args, dtype=(tl.int32,) * 16,
+                                          is_pure=True, pack=1)
+        else:
+            a = tl.inline_asm_elementwise(_DECODE_F16, _DECODE_OPERANDS, args, dtype=(tl.int32,) * 16,
+                                          is_pure=True, pack=1)
+    else:
+        if BIASED:
+            a = tl.inline_asm_elementwise(_BIASED_BF16, _DECODE_OPERANDS, args, dtype=(tl.int32,) * 16,
+                                          is_pure=True, pack=1)
+        else:
+            a = tl.inline_asm_elementwise(_DECODE_BF16, _DECODE_OPERANDS, args, dtype=(tl.int32,) * 16,
+                                          is_pure=True, pack=1)
+    return a
+
+
+@triton.jit
+def _sums(xw, e0, e1, e2, e3, F16: tl.constexpr):
+    args = [xw[0], xw[1], xw[2], xw[3], xw[4], xw[5], xw[6], xw[7], e0, e1, e2, e3]
+    if F16:
+        e = tl.inline_asm_elementwise(_SUMS_F16, _SUMS_OPERANDS, args, dtype=(tl.float32,) * 4, is_pure=True, pack=1)
+    else:
+        e = tl.inline_asm_elementwise(_SUMS_BF16, _SUMS_OPERANDS, args, dtype=(tl.float32,) * 4, is_pure=True,
+                                      pack=1)
+    return e
+
+
+@triton.jit
+def _mma(a, xw, c0, c1, c2, c3, F16: tl.constexpr):
+    args = [a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12], a[13], a[14], a[15],
+            xw[0], xw[1], xw[2], xw[3], xw[4], xw[5], xw[6], xw[7], c0, c1, c2, c3]
+    if F16:
+        d = tl.inline_asm_elementwise(_MMA_F16, _MMA_OPERANDS, args, dtype=(tl.float32,) * 4, is_pure=True, pack=1)
+    else:
+        d = tl.inline_asm_elementwise(_MMA_BF16, _MMA_OPERANDS, args, dtype=(tl.float32,) * 4, is_pure=True, pack=1)
+    return d
+
+
+@triton.jit
+def _chunk_portable(d, q_ptr, x_ptr, tile, c, g, t, tok0, M, KC, stride_xm, NB: tl.constexpr):
+    """What the PTX of one chunk adds to ``d`` (4 per token block: rows g / g + 8 x tokens 2t / 2t + 1), from
+    Triton gathers of the same layout (interpreter, fp32 activations)."""
+    cols = tl.arange(0, 64)[None, :]
+    chunk_word = ((tile.to(tl.int64) * KC + c) * 128)[:, None]
+    lo = (fragment_codes(q_ptr, chunk_word, g[:, None], 0, cols) - 8).to(tl.float32)
+    hi = (fragment_codes(q_ptr, chunk_word, g[:, None], 1, cols) - 8).to(tl.float32)
+    out = ()
+    for b in tl.static_range(NB):
+        tok = tok0 + 8 * b + 2 * t
+        x0 = tl.load(x_ptr + tl.minimum(tok, M - 1).to(tl.int64)[:, None] * stride_xm + c * 64 + cols).to(tl.float32)
+        x1 = tl.load(x_ptr + tl.minimum(tok + 1, M - 1).to(tl.int64)[:, None] * stride_xm + c * 64 + cols)
+        x1 = x1.to(tl.float32)
+        out = out + (d[4 * b] + tl.sum(lo * x0, axis=1), d[4 * b + 1] + tl.sum(lo * x1, axis=1),
+                     d[4 * b + 2] + tl.sum(hi * x0, axis=1), d[4 * b + 3] + tl.sum(hi * x1, axis=1))
+    return out
+
+
+@triton.jit
+def _step(acc, q_ptr, s_lane, x_ptr, code_lane, x_lane, tile, c, g, t, tok0, M, KC, stride_xm, CPG: tl.constexpr,
+          UNROLL: tl.constexpr, NB: tl.constexpr, F16: tl.constexpr, BIASED: tl.constexpr, ASM: tl.constexpr):
+    """``UNROLL`` chunks from chunk ``c`` of one weight stream (tile per warp) into ``acc`` (4 * NB fp32 per
+    lane): codes of every chunk loaded first, then per scale group (``CPG`` chunks) its unscaled products from
+    zero, scaled once. ``BIASED``: the MMAs take ``2^e + code`` (no per-weight subtraction) and the group's
+    activation sums (MMAs of ones) times ``2^e + 8`` come off its products before the scale. ``code_lane``,
+    ``x_lane`` (one per token block) and ``s_lane``: the lane's addresses of chunk 0 and scale group 0."""
+    if ASM:
+        trip_codes = code_lane + c * 512
+        codes = ()
+        for u in tl.static_range(UNROLL):
+            codes = codes + (_load_codes(trip_codes, u),)
+        trip_x = ()
+        for b in tl.static_range(NB):
+            trip_x = trip_x + (x_lane[b] + c * 128,)
+    trip_scales = s_lane + (c // CPG) * 8
+    for grp in tl.static_range(UNROLL // CPG):
+        s_lo, s_hi = scale_pair(trip_scales + grp * 8)
+        d = ()
+        for i in tl.static_range(4 * NB):
+            d = d + (tl.zeros_like(s_lo),)
+        e = d
+        for ci in tl.static_range(CPG):
+            cc = c + grp * CPG + ci
+            if ASM:
+                a = _decode(codes[grp * CPG + ci], F16, BIASED)
+                new = ()
+                sums = ()
+                for b in tl.static_range(NB):
+                    xw = _load_x(trip_x[b], grp * CPG + ci)
+                    new = new + _mma(a, xw, d[4 * b], d[4 * b + 1], d[4 * b + 2], d[4 * b + 3], F16)
+                    if BIASED:
+                        sums = sums + _sums(xw, e[4 * b], e[4 * b + 1], e[4 * b + 2], e[4 * b + 3], F16)
+                d = new
+                if BIASED:
+                    e = sums
+            else:
+                d = _chunk_portable(d, q_ptr, x_ptr, tile, cc, g, t, tok0, M, KC, stride_xm, NB)
+        if BIASED:
+            bias = BIAS_F16 if F16 else BIAS_BF16
+            unbiased = ()
+            for i in tl.static_range(4 * NB):
+                unbiased = unbiased + (d[i] - bias * e[i],)
+            d = unbiased
+        scaled = ()
+        for b in tl.static_range(NB):  # values 0, 1 of a block are row g's, 2, 3 row g + 8's
+            scaled = scaled + (acc[4 * b] + d[4 * b] * s_lo, acc[4 * b + 1] + d[4 * b + 1] * s_lo,
+                               acc[4 * b + 2] + d[4 * b + 2] * s_hi, acc[4 * b + 3] + d[4 * b + 3] * s_hi)
+        acc = scaled
+    return acc
+
+
+@triton.jit(do_not_specialize=["M", "chunks_per_split"])
+def _fragment_mma_kernel(
+    x_ptr, q_ptr, s_ptr, res_ptr, out_ptr, ws_ptr, cnt_ptr,
+    M, N_OUT, KC, NG, chunks_per_split, stride_xm, stride_rm, stride_om,
+    CPG: tl.constexpr, SWIGLU: tl.constexpr, HAS_RES: tl.constexpr, SPLIT: tl.constexpr,
+    FUSED_REDUCE: tl.constexpr, NB: tl.constexpr, WARPS: tl.constexpr, UNROLL: tl.constexpr, F16: tl.constexpr,
+    BIASED: tl.constexpr, ASM: tl.constexpr,
+):
+    e = tl.arange(0, 32 * WARPS)  # one element per thread: element i is thread i (lane i % 32 of warp i // 32)
+    lane = e % 32
+    g = lane // 4
+    t = lane % 4
+    tiles = N_OUT // 16
+    tile_out = tl.program_id(0) * WARPS + e // 32
+    tile = tl.minimum(tile_out, tiles - 1)  # a clamped tile loads valid memory; its stores are masked
+    tok0 = tl.program_id(2) * 8 * NB
+    # lane (g, t)'s codes of chunk 0, its activations of token block b (row tok0 + 8b + g, clamped; columns
+    # 64 c + 16 t .. + 15 of chunk c) and its scale pair of group 0
+    x_lane = ()
+    code_lane = tile
+    code_lane_up = tile
+    if ASM:
+        code_lane = q_ptr.to(tl.int64) + (tile.to(tl.int64) * KC * 32 + lane) * 16
+        code_lane_up = code_lane + tiles.to(tl.int64) * KC * 512
+        for b in tl.static_range(NB):
+            row = tl.minimum(tok0 + 8 * b + g, M - 1).to(tl.int64)
+            x_lane = x_lane + (x_ptr.to(tl.int64) + (row * stride_xm + t * 16) * 2,)
+    s_lane = s_ptr + tile.to(tl.int64) * NG * 8 + g
+    s_lane_up = s_lane + tiles.to(tl.int64) * NG * 8
+    acc = ()
+    for i in tl.static_range(4 * NB):
+        acc = acc + (tl.zeros((32 * WARPS,), dtype=tl.float32),)
+    acc_up = acc
+    c_first = tl.program_id(1) * chunks_per_split
+    c_last = tl.minimum(c_first + chunks_per_split, KC)
+    for c in range(c_first, c_last, UNROLL):
+        acc = _step(acc, q_ptr, s_lane, x_ptr, code_lane, x_lane, tile, c, g, t, tok0, M, KC, stride_xm, CPG, UNROLL,
+                    NB, F16, BIASED, ASM)
+        if SWIGLU:  # the up rows of the same outputs: tiles N_OUT / 16 further on
+            acc_up = _step(acc_up, q_ptr, s_lane_up, x_ptr, code_lane_up, x_lane, tile + tiles, c, g, t, tok0, M, KC,
+                           stride_xm, CPG, UNROLL, NB, F16, BIASED, ASM)
+    # value i of token block b: row tile * 16 + g + 8 (i // 2), token tok0 + 8 b + 2 t + i % 2
+    pid_s = tl.program_id(1)
+    if SPLIT:
+        for i in tl.static_range(4 * NB):
+            n_idx = tile_out * 16 + g + 8 * ((i % 4) // 2)
+            m_idx = tok0 + 8 * (i // 4) + 2 * t + i % 2
+            mask = (tile_out < tiles) & (m_idx < M)
+            store_partials_at(ws_ptr, acc[i], acc_up[i], pid_s, M, m_idx, n_idx, mask, N_OUT, SWIGLU)
+        if FUSED_REDUCE:
+            if last_split_arrived(cnt_ptr):
+                for i in tl.static_range(4 * NB):
+                    n_idx = tile_out * 16 + g + 8 * ((i % 4) // 2)
+                    m_idx = tok0 + 8 * (i // 4) + 2 * t + i % 2
+                    mask = (tile_out < tiles) & (m_idx < M)
+                    y, y_up = sum_splits_at(ws_ptr, m_idx, n_idx, mask, M, N_OUT, tl.num_programs(1), SWIGLU)
+                    finish_at(y, y_up, m_idx, n_idx, mask, res_ptr, stride_rm, out_ptr, stride_om, SWIGLU, HAS_RES)
+                reset_counter(cnt_ptr)
+    else:
+        for i in tl.static_range(4 * NB):
+            n_idx = tile_out * 16 + g + 8 * ((i % 4) // 2)
+            m_idx = tok0 + 8 * (i // 4) + 2 * t + i % 2
+            mask = (tile_out < tiles) & (m_idx < M)
+            finish_at(acc[i], acc_up[i], m_idx, n_idx, mask, res_ptr, stride_rm, out_ptr, stride_om, SWIGLU, HAS_RES)
+
+
+def fragment_splits(kc: int, unroll: int, split: int) -> tuple[int, int]:
+    """``(chunks per split, splits)`` for ``split`` requested: whole loop trips per split, no empty split."""
+    trips = kc // unroll
+    per = -(-trips // max(1, min(split, trips))) * unroll
+    return per, -(-kc // per)
+
+
+def launch_fragment_mma(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, res: torch.Tensor | None,
+                        out: torch.Tensor, swiglu: bool, group: int, cfg: GemmConfig) -> None:
+    """Launch the fragment decode (``cfg.kind == "frag"``: ``block_m`` tokens per program (8, 16 or 32),
+    ``num_warps`` tiles of 16 rows per program, ``block_k / 64`` chunks per loop trip, ``split_k``) on codes and
+    scales in the fragment layout; ``x [M, K]`` with unit stride along K, ``out [M, N_OUT]`` contiguous."""
+    m, k = x.shape
+    n_out = out.shape[1]
+    unroll = cfg.block_k // CHUNK_COLS
+    cpg = group // CHUNK_COLS
+    if group % CHUNK_COLS or unroll % cpg or k % cfg.block_k or n_out % TILE_ROWS or cfg.block_m not in (8, 16, 32):
+        raise ValueError(f"frag config {cfg} does not fit K = {k}, N = {n_out}, scale group {group}")
+    asm = not INTERPRET and x.dtype in (torch.bfloat16, torch.float16)
+    if asm and (x.data_ptr() % 16 or x.stride(0) % 8):  # 16-byte activation loads
+        x = torch.empty_like(x, memory_format=torch.contiguous_format).copy_(x)
+    kc = k // CHUNK_COLS
+    per, splits = fragment_splits(kc, unroll, cfg.split_k)
+    ws = torch.empty(splits, m, n_out * (2 if swiglu else 1), dtype=torch.float32, device=x.device) \
+        if splits > 1 else out
+    res_arg = res if res is not None else out
+    grid = (triton.cdiv(n_out // TILE_ROWS, cfg.num_warps), splits, triton.cdiv(m, cfg.block_m))
+    counters = tile_counters(x.device, grid[0] * grid[2]) if splits > 1 else None
+    _fragment_mma_kernel[grid](
+        x, q.view(torch.int32) if not asm else q, scales.view(torch.int32), res_arg, out, ws, counters, m, n_out, kc,
+        k // group, per, x.stride(0), res_arg.stride(0), out.stride(0), CPG=cpg, SWIGLU=swiglu,
+        HAS_RES=res is not None, SPLIT=splits > 1, FUSED_REDUCE=counters is not None, NB=cfg.block_m // 8,
+        WARPS=cfg.num_warps, UNROLL=unroll, F16=x.dtype == torch.float16, BIASED=cfg.biased and asm, ASM=asm, num_warps=cfg.num_warps, num_stages=1,
+        **({"maxnreg": cfg.max_registers} if cfg.max_registers else {}),
+    )
+    if splits > 1 and counters is None:
+        fin = (triton.cdiv(n_out, 128), triton.cdiv(m, 8))
+        gemv_reduce_kernel[fin](
+            ws_ptr=ws, res_ptr=res_arg, out_ptr=out, M=m, N_OUT=n_out, splits=splits, stride_rm=res_arg.stride(0),
+            stride_om=out.stride(0), SWIGLU=swiglu, HAS_RES=res is not None, BLOCK_M=8, BLOCK_N=128, num_warps=4,
+        )

@@ -1,0 +1,128 @@
+"""The fragment layout of int4 weights: codes and scales stored in the order the decode kernel's lanes read them.
+
+The tensor-core decode of :mod:`.fragment_mma` gives each warp 16 weight rows and multiplies them with
+``mma.sync.m16n8k16``, whose A operand (16 rows x 16 columns) lives in registers: lane ``(g, t)`` (``g =
+lane // 4``, ``t = lane % 4``) holds rows ``g`` and ``g + 8``. This layout stores the codes so that one
+16-byte load per lane and 64 columns is exactly that lane's A registers of four MMAs, and decoding them takes
+one ``lop3`` (plus a shift and a packed ``fma``) per register: no shared memory, no shuffles, no ``ldmatrix``.
+
+* The MMAs may take the 64 columns of a chunk in any order, as long as A and B use the same one. Lane ``t``'s
+  MMA ``j`` takes columns ``16 t + 4 j .. + 3`` (k slots ``2t, 2t+1`` the first two, ``2t+8, 2t+9`` the other
+  two), so its B registers over the four MMAs are the activations' 16 consecutive columns ``16 t .. 16 t + 15``:
+  two 16-byte loads straight from the activation row, which therefore needs no re-layout.
+* Word ``j`` of lane ``(g, t)`` in chunk ``c`` holds the 8 codes of rows ``g``, ``g + 8`` and columns
+  ``64 c + 16 t + 4 j + (0..3)``; nibble ``4 e + 2 b + h`` is row ``g + 8 h``, column ``... + 2 b + e``. So
+  ``word >> 4 r`` masked with ``0x000F000F`` puts the codes of A register ``r`` (``r = 2 b + h``: rows g / g+8,
+  first / second column pair) in the two 16-bit halves of a word.
+* Codes are stored tile after tile (16 rows), chunk after chunk, lane after lane: a warp's load of one chunk is
+  512 contiguous bytes, and the 16 rows of a tile occupy exactly the bytes that rows ``16 T .. 16 T + 15`` of the
+  row-major ``[N, K / 2]`` tensor occupy, so the tensor keeps its shape and 16-row slices stay whole tiles.
+* Scales: per tile and scale group, the 16 rows' scales as ``(row g, row g + 8)`` pairs, ``g = 0..7``: one
+  32-bit load gives a lane both of its rows' scales. Same shape ``[N, K / G]`` as the row-major scales.
+
+The layout is a property of the stored tensors (``QuantizedTensor.layout``); ``QuantizedTensor.dequantize`` and
+the prefill dequantization (:func:`dequantize_fragments`) read it, so every path computes the same function.
+Only 2-D int4 weights with ``N % 16 == 0`` and ``K % 64 == 0`` take it (:func:`fragments_fit`).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+FRAGMENTS = "mma-fragments"  # QuantizedTensor.layout of re-laid weights; the default is "rows"
+TILE_ROWS, CHUNK_COLS = 16, 64
+_TILES_PER_PASS = 512  # tiles converted at once: bounds the temporaries of a large weight to ~2 x its codes
+
+
+def fragments_fit(fmt: str, shape: tuple[int, ...]) -> bool:
+    """Whether a weight of this format and shape can take the fragment layout."""
+    return fmt.startswith("int4") and len(shape) == 2 and shape[0] % TILE_ROWS == 0 \
+        and shape[1] % CHUNK_COLS == 0
+
+
+def to_fragments(qweight: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row-major packed codes ``[N, K / 2]`` (byte ``i`` = columns ``2i`` low nibble, ``2i + 1`` high) and scales
+    ``[N, K / G]`` -> the same shapes in the fragment layout (new tensors, on the inputs' device)."""
+    n, kb = qweight.shape
+    q = torch.empty_like(qweight)
+    for t0 in range(0, n // TILE_ROWS, _TILES_PER_PASS):
+        rows = slice(t0 * TILE_ROWS, min(n, (t0 + _TILES_PER_PASS) * TILE_ROWS))
+        part = qweight[rows]
+        codes = torch.stack([part & 0xF, part >> 4], dim=-1)  # [rows, K/2, 2]: column 2i + low/high
+        # row = 16 T + 8 h + g; column = 64 C + 16 t + 4 j + 2 b + e
+        codes = codes.view(-1, 2, 8, kb // 32, 4, 4, 2, 2)  # T, h, g, C, t, j, b, e
+        codes = codes.permute(0, 3, 2, 4, 5, 7, 6, 1)  # T, C, g, t, j, e, b, h: nibble 4e + 2b + h
+        q[rows] = (codes[..., 0] | (codes[..., 1] << 4)).reshape(part.shape)  # byte 2e + b of the word
+    s = scales.view(n // TILE_ROWS, 2, 8, -1).permute(0, 3, 2, 1).reshape(scales.shape)  # T, group, g, h
+    return q, s.contiguous()
+
+
+def from_fragments(q: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The inverse of :func:`to_fragments`: row-major packed codes and scales."""
+    n, kb = q.shape
+    qweight = torch.empty_like(q)
+    for t0 in range(0, n // TILE_ROWS, _TILES_PER_PASS):
+        rows = slice(t0 * TILE_ROWS, min(n, (t0 + _TILES_PER_PASS) * TILE_ROWS))
+        part = q[rows]
+        nib = torch.stack([part & 0xF, part >> 4], dim=-1)  # byte 2e + b, then h
+        nib = nib.view(-1, kb // 32, 8, 4, 4, 2, 2, 2)  # T, C, g, t, j, e, b, h
+        nib = nib.permute(0, 7, 2, 1, 3, 4, 6, 5)  # T, h, g, C, t, j, b, e: row-major columns, pairs (2i, 2i + 1)
+        nib = nib.reshape(part.shape[0], kb, 2)
+        qweight[rows] = nib[..., 0] | (nib[..., 1] << 4)
+    groups = s.shape[1]
+    scales = s.view(n // TILE_ROWS, groups, 8, 2).permute(0, 3, 2, 1).reshape(s.shape)
+    return qweight, scales.contiguous()
+
+
+@triton.jit
+def fragment_codes(q_ptr, chunk_word, g, h, cols):
+    """Offset-binary codes of rows ``g + 8 h`` (``[L, 1]``) at columns ``cols`` (``[1, 64]``, ``0..63``) of the
+    chunk whose first int32 word is ``chunk_word`` (scalar or ``[L, 1]``), gathered from the four lanes ``(g,
+    0..3)`` that hold them: ``[L, 64]`` int32. ``q_ptr`` is the codes viewed as int32 words."""
+    nibble = 4 * (cols % 2) + 2 * ((cols % 4) // 2) + h
+    words = tl.load(q_ptr + chunk_word + (4 * g + cols // 16) * 4 + (cols % 16) // 4)
+    return (words >> (4 * nibble)) & 0xF
+
+
+@triton.jit
+def scale_pair(ptr):
+    """fp32 scales of rows ``g`` and ``g + 8`` from their 32-bit word at ``ptr`` (the scales viewed as int32:
+    word ``(tile * groups + group) * 8 + g``)."""
+    word = tl.load(ptr)
+    return _half(word, 0), _half(word, 1)
+
+
+@triton.jit
+def _half(word, h):
+    """fp16 half ``h`` (0: low, 1: high; scalar or tensor) of 32-bit words, as fp32."""
+    return ((word >> (16 * h)) & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _dequant_fragments_kernel(q_ptr, s_ptr, w_ptr, KC, NG, stride_wn, GROUP: tl.constexpr, CHUNKS: tl.constexpr):
+    """One tile's 16 rows x ``CHUNKS`` chunks into the row-major workspace: ``(code - 8) * scale`` in fp32, one
+    rounding (what ``QuantizedTensor.dequantize`` gives in the workspace dtype)."""
+    tile = tl.program_id(0).to(tl.int64)
+    r = tl.arange(0, 16)[:, None]
+    g, h = r % 8, r // 8
+    cols = tl.arange(0, 64)[None, :]
+    for ci in tl.static_range(CHUNKS):
+        c = tl.program_id(1) * CHUNKS + ci
+        codes = fragment_codes(q_ptr, (tile * KC + c) * 128, g, h, cols)
+        col = c * 64 + cols
+        scale = _half(tl.load(s_ptr + (tile * NG + col // GROUP) * 8 + g), h)
+        w = (codes - 8).to(tl.float32) * scale
+        tl.store(w_ptr + (tile * 16 + r) * stride_wn + col, w.to(w_ptr.dtype.element_ty))
+
+
+def dequantize_fragments(q: torch.Tensor, s: torch.Tensor, group: int, out: torch.Tensor) -> torch.Tensor:
+    """Write the dequantized weight ``[N, K]`` (row-major, unit stride along K, any float dtype) of fragment-laid
+    codes ``q`` and scales ``s`` into ``out`` and return it."""
+    n, k = out.shape
+    kc = k // CHUNK_COLS
+    chunks = 4 if kc % 4 == 0 else 2 if kc % 2 == 0 else 1
+    _dequant_fragments_kernel[(n // TILE_ROWS, kc // chunks)](
+        q.view(torch.int32), s.view(torch.int32), out, kc, k // group, out.stride(0), GROUP=group, CHUNKS=chunks,
+        num_warps=4)
+    return out

@@ -1,0 +1,118 @@
+"""The register decode of fragment-laid int4 weights on the GPU (its PTX: loads, nibble decode, mma.sync) at the
+27B shapes, against the fp32 dequantize-then-matmul reference of the row-major weight: fresh random inputs,
+NaN-poisoned outputs, every candidate config at 1..32 tokens, bf16 and fp16, plain / residual / SwiGLU, in and
+out of a CUDA graph; the prefill sizes' paths (the decode at 33+ tokens, the dequantization), and a model's
+projections re-laid by ``use_kernel_layouts_``."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ninfer.kernels.quant_gemm import QuantizedTensor, quant_matmul_reference, quant_matmul_triton
+from ninfer.kernels.quant_gemm.dequant import dequantize_triton
+from ninfer.kernels.quant_gemm.fragments import FRAGMENTS, to_fragments
+from ninfer.kernels.quant_gemm.tune import candidates, fragment_candidates, sm_count
+from ninfer.kernels.tuning import TunerState, use_tuner
+from ninfer.quant.formats import quantize
+from ninfer.quant.linear import QuantLinear, use_kernel_layouts_
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+CUDA = torch.device("cuda")
+BF16_TOL = 1.5e-2  # relative Frobenius error of a bf16 output (as tests/gpu/test_quant_gemm.py)
+CASES = [("o_proj", 5120, 6144, False, False), ("down", 5120, 17408, False, True),
+         ("gate_up", 2 * 17408, 5120, True, False), ("qkvz", 16384, 5120, False, False)]
+
+
+def _pair(n: int, k: int, fmt: str, seed: int) -> tuple[QuantizedTensor, QuantizedTensor]:
+    """A random weight quantized row-major, and the same in the fragment layout."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    w = quantize(torch.randn(n, k, generator=g, device="cuda") * 0.02, fmt)
+    q, s = to_fragments(w.tensors["qweight"], w.tensors["scales"])
+    return w, QuantizedTensor(w.format, w.shape, {"qweight": q, "scales": s}, FRAGMENTS)
+
+
+def _err(got: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((got.float() - ref.float()).norm() / ref.float().norm()).item()
+
+
+@pytest.mark.parametrize("fmt", ["int4-g64", "int4-g128"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_every_candidate_at_real_shapes(fmt: str, dtype: torch.dtype) -> None:
+    sms = sm_count(CUDA)
+    for name, n, k, swiglu, residual in CASES:
+        rows, frag = _pair(n, k, fmt, 1)
+        n_out = n // 2 if swiglu else n
+        for m in (1, 3, 8, 13, 29, 32):
+            x = torch.randn(m, k, device="cuda", dtype=dtype)
+            res = torch.randn(m, n_out, device="cuda", dtype=dtype) if residual else None
+            ref = quant_matmul_reference(x.float(), rows, None if res is None else res.float(), swiglu)
+            for cfg in fragment_candidates(fmt, m, n_out, k, sms):
+                out = torch.full((m, n_out), float("nan"), device="cuda", dtype=dtype)
+                got = quant_matmul_triton(x, frag, res, swiglu, out=out, config=cfg)
+                assert torch.isfinite(got).all(), (fmt, name, m, cfg)
+                assert _err(got, ref) < BF16_TOL, (fmt, name, m, cfg, _err(got, ref))
+
+
+def test_fp32_activations_and_unaligned_rows() -> None:
+    """fp32 activations take the portable (Triton) body; a bf16 view starting off a 16-byte boundary is copied."""
+    rows, frag = _pair(5120, 6144, "int4-g128", 2)
+    x = torch.randn(3, 6144, device="cuda")
+    assert _err(quant_matmul_triton(x, frag), quant_matmul_reference(x, rows)) < 1e-5
+    base = torch.randn(2, 6145, device="cuda", dtype=torch.bfloat16)
+    x = base[:, 1:]
+    assert _err(quant_matmul_triton(x, frag), quant_matmul_reference(x.float(), rows)) < BF16_TOL
+
+
+def test_in_cuda_graph_bit_equal_to_eager() -> None:
+    """Split-K with the fused, ordered reduction: a captured launch equals the eager one bit for bit, and is
+    right after new inputs are copied in."""
+    rows, frag = _pair(5120, 17408, "int4-g128", 3)
+    cfg = next(c for c in fragment_candidates("int4-g128", 4, 5120, 17408, sm_count(CUDA)) if c.split_k > 1)
+    x = torch.randn(4, 17408, device="cuda", dtype=torch.bfloat16)
+    res = torch.randn(4, 5120, device="cuda", dtype=torch.bfloat16)
+    eager = quant_matmul_triton(x, frag, res, config=cfg)
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        quant_matmul_triton(x, frag, res, config=cfg)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = quant_matmul_triton(x, frag, res, config=cfg)
+    graph.replay()
+    assert torch.equal(out, eager)
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    assert _err(out, quant_matmul_reference(x.float(), rows, res.float())) < BF16_TOL
+
+
+def test_prefill_sizes_and_tuned_choice(monkeypatch: pytest.MonkeyPatch) -> None:
+    """33+ tokens: every candidate (the decode over token blocks, the dequantization + cuBLAS) and the tuner's
+    timed choice; the dequantized workspace equals ``dequantize`` bit for bit."""
+    monkeypatch.setenv("NINFER_TUNE_CACHE", "off")
+    rows, frag = _pair(2 * 17408, 5120, "int4-g64", 4)
+    ws = torch.full((2 * 17408, 5120), float("nan"), device="cuda", dtype=torch.bfloat16)
+    assert torch.equal(dequantize_triton(frag, ws), rows.dequantize(torch.bfloat16))
+    for m in (33, 300):
+        x = torch.randn(m, 5120, device="cuda", dtype=torch.bfloat16)
+        ref = quant_matmul_reference(x.float(), rows, None, True)
+        for cfg in candidates("int4-g64", m, 17408, 5120, sm_count(CUDA), swiglu=True, layout=FRAGMENTS):
+            got = quant_matmul_triton(x, frag, None, True, config=cfg)
+            assert _err(got, ref) < BF16_TOL, (m, cfg)
+        with use_tuner(TunerState(enabled=True)):
+            assert _err(quant_matmul_triton(x, frag, None, True), ref) < BF16_TOL
+
+
+def test_model_projections_re_laid_in_place() -> None:
+    """``use_kernel_layouts_`` re-lays what fits (same parameters, new order) and leaves the rest; the layer's
+    output and ``dequantize`` are unchanged."""
+    g = torch.Generator(device="cuda").manual_seed(5)
+    fits = QuantLinear.from_float(torch.randn(1024, 2048, generator=g, device="cuda") * 0.02, "int4-g128")
+    odd = QuantLinear.from_float(torch.randn(257, 2048, generator=g, device="cuda") * 0.02, "int4-g128")
+    x = torch.randn(2, 2048, device="cuda", dtype=torch.bfloat16)
+    before = [fits(x), odd(x), fits.dequantize(torch.float32)]
+    param = fits.qweight
+    assert use_kernel_layouts_(torch.nn.ModuleList([fits, odd])) == 1
+    assert fits.layout == FRAGMENTS and fits.qweight is param and odd.layout == "rows"
+    assert _err(fits(x), before[0]) < 1e-2 and torch.equal(odd(x), before[1])
+    assert torch.equal(fits.dequantize(torch.float32), before[2])

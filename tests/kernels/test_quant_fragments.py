@@ -1,0 +1,177 @@
+"""The fragment layout of int4 weights and the register decode GEMM that reads it, on CPU.
+
+* The layout against the PTX ISA's ``m16n8k16`` fragment map: an emulation that builds each MMA's A (16 x 16) and
+  B (16 x 8) from what every lane holds, as the kernel's PTX assigns registers, must give ``x @ W^T``.
+* Round trips, row slices, the dequantization kernel (bit for bit ``QuantizedTensor.dequantize``).
+* The decode kernel in the interpreter (``ASM`` off: the same layout read by Triton gathers): token counts, splits
+  with the fused and the separate reduction, SwiGLU and residual epilogues, fp16 and fp32 activations. Outputs
+  and scratch are NaN-poisoned. The PTX itself runs in ``tests/gpu/test_quant_fragments_gpu.py``.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+from kernel_testing import QUANT_TOL as TOL
+from kernel_testing import poisoned_outputs  # noqa: F401  (fixture)
+
+from ninfer.kernels.quant_gemm import QuantizedTensor, quant_matmul_reference, quant_matmul_triton
+from ninfer.kernels.quant_gemm.fragments import (
+    FRAGMENTS,
+    dequantize_fragments,
+    fragments_fit,
+    from_fragments,
+    to_fragments,
+)
+from ninfer.kernels.quant_gemm.tune import GemmConfig, candidates
+from ninfer.quant.formats import quantize
+
+
+def _weight(n: int, k: int, fmt: str = "int4-g128", seed: int = 0) -> QuantizedTensor:
+    g = torch.Generator().manual_seed(seed)
+    return quantize(torch.randn(n, k, generator=g) * 0.05, fmt)
+
+
+def _fragments(w: QuantizedTensor) -> QuantizedTensor:
+    q, s = to_fragments(w.tensors["qweight"], w.tensors["scales"])
+    return QuantizedTensor(w.format, w.shape, {"qweight": q, "scales": s}, layout=FRAGMENTS)
+
+
+def _lane_registers(word: int) -> list[tuple[int, int]]:
+    """The decode's A registers of one code word: register r = codes at bits 4r (low half) and 16 + 4r."""
+    return [((word >> (4 * r)) & 0xF, (word >> (16 + 4 * r)) & 0xF) for r in range(4)]
+
+
+def _emulate(q: torch.Tensor, s: torch.Tensor, x: torch.Tensor, group: int) -> torch.Tensor:
+    """``x [<= 8, K] @ W^T`` from the fragment layout through the m16n8k16 fragment map: lane (g, t) holds A
+    elements (g, 2t..2t+1) in register 0, (g+8, 2t..) in 1, (g, 2t+8..) in 2, (g+8, 2t+8..) in 3, and B elements
+    (k = 2t..2t+1, n = g) in register 0, (2t+8.., g) in 1; D = A B. Each lane's B registers for MMA j are
+    activation words 2j and 2j + 1 of its 16 columns 16t..16t+15 of the chunk."""
+    n, kb = q.shape
+    k = 2 * kb
+    words = q.contiguous().view(torch.int32).view(n // 16, k // 64, 32, 4).tolist()
+    sc = s.float().view(n // 16, k // group, 8, 2)
+    xp = torch.zeros(8, k, dtype=torch.float64)
+    xp[: x.shape[0]] = x.double()
+    y = torch.zeros(8, n, dtype=torch.float64)
+    for tile in range(n // 16):
+        for c in range(k // 64):
+            d = torch.zeros(16, 8, dtype=torch.float64)
+            for j in range(4):
+                a = torch.zeros(16, 16, dtype=torch.float64)
+                b = torch.zeros(16, 8, dtype=torch.float64)
+                for lane in range(32):
+                    g, t = divmod(lane, 4)
+                    regs = _lane_registers(words[tile][c][lane][j] & 0xFFFFFFFF)
+                    for r, (lo, hi) in enumerate(regs):
+                        row = g + 8 * (r % 2)
+                        slot = 2 * t + 8 * (r // 2)
+                        a[row, slot], a[row, slot + 1] = lo - 8, hi - 8
+                    col = 64 * c + 16 * t + 4 * j
+                    b[2 * t, g], b[2 * t + 1, g] = xp[g, col], xp[g, col + 1]
+                    b[2 * t + 8, g], b[2 * t + 9, g] = xp[g, col + 2], xp[g, col + 3]
+                d += a @ b
+            group_of = 64 * c // group
+            scale = torch.cat([sc[tile, group_of, :, 0], sc[tile, group_of, :, 1]]).double()
+            y[:, tile * 16:(tile + 1) * 16] += (d * scale[:, None]).t()
+    return y[: x.shape[0]]
+
+
+@pytest.mark.parametrize("fmt", ["int4-g64", "int4-g128"])
+def test_layout_matches_the_mma_fragment_map(fmt: str) -> None:
+    w = _weight(32, 256, fmt, seed=1)
+    x = torch.randn(5, 256, generator=torch.Generator().manual_seed(2))
+    f = _fragments(w)
+    got = _emulate(f.tensors["qweight"], f.tensors["scales"], x, w.format.group_size)
+    ref = x.double() @ w.dequantize(torch.float64).t()
+    assert torch.allclose(got, ref, rtol=1e-10, atol=1e-10)
+
+
+def test_round_trip_and_row_slices() -> None:
+    w = _weight(48, 384, "int4-g64", seed=3)
+    f = _fragments(w)
+    q, s = from_fragments(f.tensors["qweight"], f.tensors["scales"])
+    assert torch.equal(q, w.tensors["qweight"]) and torch.equal(s, w.tensors["scales"])
+    assert torch.equal(f.dequantize(), w.dequantize())
+    # rows 16..31 of the weight are bytes 16..31 of the re-laid tensors: tiles stay whole under row slices
+    part = QuantizedTensor(w.format, (16, 384), {name: t[16:32] for name, t in f.tensors.items()}, layout=FRAGMENTS)
+    assert torch.equal(part.dequantize(), w.dequantize()[16:32])
+
+
+def test_fit() -> None:
+    assert fragments_fit("int4-g128", (5120, 17408)) and fragments_fit("int4-g64", (16, 64))
+    assert not fragments_fit("int4-g128", (257, 2048))  # the MoE router's rows
+    assert not fragments_fit("int8-g64", (5120, 5120)) and not fragments_fit("int4-g64", (8, 16, 64))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_dequantize_fragments_is_bit_exact(dtype: torch.dtype) -> None:
+    w = _weight(32, 512, "int4-g128", seed=4)
+    f = _fragments(w)
+    out = torch.full((32, 512), float("nan"), dtype=dtype)
+    dequantize_fragments(f.tensors["qweight"], f.tensors["scales"], 128, out)
+    assert torch.equal(out, w.dequantize(dtype))
+
+
+def _frag(tokens: int, warps: int, unroll: int, split: int) -> GemmConfig:
+    return GemmConfig(tokens, 16 * warps, 64 * unroll, split, warps, 1, "frag")
+
+
+def _check(fmt: str, m: int, n: int, k: int, cfg: GemmConfig, *, swiglu: bool = False, residual: bool = False,
+           dtype: torch.dtype = torch.float16, seed: int = 0) -> None:
+    g = torch.Generator().manual_seed(seed)
+    w = _weight(n, k, fmt, seed)
+    x = torch.randn(m, k, generator=g).to(dtype)
+    n_out = n // 2 if swiglu else n
+    res = torch.randn(m, n_out, generator=g).to(dtype) if residual else None
+    out = torch.full((m, n_out), float("nan"), dtype=dtype)
+    got = quant_matmul_triton(x, _fragments(w), res, swiglu, out=out, config=cfg)
+    assert torch.isfinite(got).all(), f"{fmt} {cfg}: unwritten or non-finite outputs"
+    ref = quant_matmul_reference(x, w, res, swiglu).float()
+    err = (got.float() - ref).norm() / ref.norm()
+    assert err < TOL[dtype], f"{fmt} m={m} n={n} k={k} {cfg}: relative error {err:.2e}"
+
+
+@pytest.mark.parametrize("fmt", ["int4-g64", "int4-g128"])
+@pytest.mark.parametrize("m", [1, 6])
+def test_fragment_decode(fmt: str, m: int) -> None:
+    _check(fmt, m, 48, 256, _frag(8, 2, 2, 1), seed=m)  # a ragged last program (3 tiles, 2 per program)
+    _check(fmt, m, 32, 512, _frag(8, 1, 2, 3), residual=True, seed=m + 1)  # splits of unequal length
+
+
+def test_fragment_decode_tokens_per_program() -> None:
+    _check("int4-g64", 16, 32, 256, _frag(16, 1, 1, 2), residual=True, seed=5)
+    _check("int4-g128", 29, 32, 256, _frag(32, 2, 2, 1), seed=6)
+    _check("int4-g64", 11, 32, 256, _frag(8, 1, 4, 1), seed=7)  # two programs along the tokens
+
+
+@pytest.mark.parametrize("split", [1, 2])
+def test_fragment_swiglu(split: int) -> None:
+    _check("int4-g64", 3, 64, 256, _frag(8, 1, 2, split), swiglu=True, residual=split > 1, seed=8)
+
+
+def test_fragment_fp32_activations() -> None:
+    _check("int4-g128", 4, 32, 256, _frag(8, 2, 2, 2), residual=True, dtype=torch.float32, seed=9)
+
+
+def test_fragment_separate_reduce_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ninfer.kernels.quant_gemm import gemv as quant_gemv
+
+    monkeypatch.setattr(quant_gemv, "_COUNTER_SLOTS", 1)
+    _check("int4-g64", 3, 64, 256, _frag(8, 1, 1, 4), swiglu=True, residual=True, seed=10)
+
+
+@pytest.mark.usefixtures("poisoned_outputs")
+def test_fragment_weights_take_their_own_candidates() -> None:
+    """Decode sizes: the fragment decode only; prefill sizes: the fragment decode first (what graphs and untuned
+    keys run), then the dequantization path."""
+    for m in (1, 8, 32):
+        cands = candidates("int4-g128", m, 5120, 17408, 132, layout=FRAGMENTS)
+        assert cands and all(c.kind == "frag" for c in cands)
+    cands = candidates("int4-g128", 512, 5120, 17408, 132, layout=FRAGMENTS)
+    assert cands[0].kind == "frag" and any(c.kind == "dequant" for c in cands)
+    w = _fragments(_weight(32, 256, "int4-g64", 11))
+    x = torch.randn(40, 256, generator=torch.Generator().manual_seed(12)).half()
+    for cfg in candidates("int4-g64", 40, 32, 256, 4, layout=FRAGMENTS):
+        got = quant_matmul_triton(x, w, config=cfg)
+        ref = quant_matmul_reference(x, w).float()
+        assert (got.float() - ref).norm() / ref.norm() < TOL[torch.float16], cfg
