@@ -141,9 +141,9 @@ stage() {
         --shapes gate_up,down,q_proj,o_proj --no-gemlite
       ;;
     quant-gemm-frag)
-      gpu_tests 240 quant_fragments_gpu -n 4
       part 300 python3 perf/bench_quant_gemm.py --path mma,frag --m 1,8,16,32 --formats int4-g64 --l2 cold \
         --shapes gate_up,down,in_proj_qkvz,o_proj --no-gemlite
+      gpu_tests 240 quant_fragments_gpu -n 6
       ;;
     quant-gemm-regs)
       part 200 python3 perf/bench_quant_gemm.py --path mma,regs --m 1,8,16 --formats int4-g64 \
