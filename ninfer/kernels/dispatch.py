@@ -7,6 +7,7 @@ Launchers (``*_triton``) run on CUDA tensors, or on CPU tensors under the Triton
 from __future__ import annotations
 
 import os
+from functools import cache
 
 import torch
 
@@ -17,6 +18,18 @@ INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 def use_triton(x: torch.Tensor) -> bool:
     return x.is_cuda and os.environ.get("NINFER_KERNELS", "triton") != "reference"
+
+
+def pdl_enabled(device: torch.device) -> bool:
+    """Whether launches on ``device`` use programmatic dependent launch (kernels that support it start while
+    the previous kernel finishes, and wait for its results with ``griddepcontrol.wait``): compute capability
+    9.0 and up, unless ``NINFER_PDL=0`` (read per call)."""
+    return os.environ.get("NINFER_PDL", "1") != "0" and _capability(device) >= (9, 0)
+
+
+@cache
+def _capability(device: torch.device) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(device) if device.type == "cuda" else (0, 0)
 
 
 def autotune_configs(configs: list) -> list:

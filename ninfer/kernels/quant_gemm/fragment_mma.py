@@ -19,6 +19,10 @@ streams the bytes 80-92%). Here the weights go from global memory straight into 
   column sums, of which ``136`` times come off each group's products (fp32; the sums are ~30 times the result,
   which costs ~5 of fp32's 24 bits, far below the output's bf16 rounding). Cheaper while the MMA pipe is idle
   (few tokens); the tuner decides.
+* Programmatic dependent launch (compute capability 9.0+, ``NINFER_PDL=0`` turns it off): the kernel may start
+  while the previous one finishes; it requests its first codes (static weights), then waits
+  (``griddepcontrol.wait``) before anything reads the activations or writes. ``num_stages=2`` also requests
+  each next loop trip's codes before this trip's arithmetic.
 * Split-K over grid axis 1 with the deterministic epilogue of :mod:`.gemv_steps` (partials in an fp32 scratch,
   the last split to arrive sums them in split order; SwiGLU and residual after the sum), token blocks over axis 2.
   The tuner chooses warps, trip length, tokens per program and splits per shape (:func:`fragment_candidates`).
@@ -33,7 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ninfer.kernels.dispatch import INTERPRET
+from ninfer.kernels.dispatch import INTERPRET, pdl_enabled
 from ninfer.kernels.quant_gemm.fragments import CHUNK_COLS, TILE_ROWS, fragment_codes, scale_pair
 from ninfer.kernels.quant_gemm.gemv import tile_counters
 from ninfer.kernels.quant_gemm.gemv_steps import (
@@ -129,16 +133,17 @@ def _load_codes(addr, U: tl.constexpr):
 
 @triton.jit
 def _load_x(addr, U: tl.constexpr):
-    """A lane's 16 activations (8 words) of chunk ``U`` (0..3) of the loop trip at ``addr``."""
+    """A lane's 16 activations (8 words) of chunk ``U`` (0..3) of the loop trip at ``addr``. Not pure: the
+    compiler must not move them above the wait for the kernel that wrote them (programmatic dependent launch)."""
     cons: tl.constexpr = "=r,=r,=r,=r,=r,=r,=r,=r,l"
     if U == 0:
-        x = tl.inline_asm_elementwise(_X0, cons, [addr], dtype=(tl.int32,) * 8, is_pure=True, pack=1)
+        x = tl.inline_asm_elementwise(_X0, cons, [addr], dtype=(tl.int32,) * 8, is_pure=False, pack=1)
     elif U == 1:
-        x = tl.inline_asm_elementwise(_X1, cons, [addr], dtype=(tl.int32,) * 8, is_pure=True, pack=1)
+        x = tl.inline_asm_elementwise(_X1, cons, [addr], dtype=(tl.int32,) * 8, is_pure=False, pack=1)
     elif U == 2:
-        x = tl.inline_asm_elementwise(_X2, cons, [addr], dtype=(tl.int32,) * 8, is_pure=True, pack=1)
+        x = tl.inline_asm_elementwise(_X2, cons, [addr], dtype=(tl.int32,) * 8, is_pure=False, pack=1)
     else:
-        x = tl.inline_asm_elementwise(_X3, cons, [addr], dtype=(tl.int32,) * 8, is_pure=True, pack=1)
+        x = tl.inline_asm_elementwise(_X3, cons, [addr], dtype=(tl.int32,) * 8, is_pure=False, pack=1)
     return x
 
 
@@ -204,18 +209,26 @@ def _chunk_portable(d, q_ptr, x_ptr, tile, c, g, t, tok0, M, KC, stride_xm, NB: 
 
 
 @triton.jit
-def _step(acc, q_ptr, s_lane, x_ptr, code_lane, x_lane, tile, c, g, t, tok0, M, KC, stride_xm, CPG: tl.constexpr,
-          UNROLL: tl.constexpr, NB: tl.constexpr, F16: tl.constexpr, BIASED: tl.constexpr, ASM: tl.constexpr):
-    """``UNROLL`` chunks from chunk ``c`` of one weight stream (tile per warp) into ``acc`` (4 * NB fp32 per
-    lane): codes of every chunk loaded first, then per scale group (``CPG`` chunks) its unscaled products from
-    zero, scaled once. ``BIASED``: the MMAs take ``2^e + code`` (no per-weight subtraction) and the group's
-    activation sums (MMAs of ones) times ``2^e + 8`` come off its products before the scale. ``code_lane``,
-    ``x_lane`` (one per token block) and ``s_lane``: the lane's addresses of chunk 0 and scale group 0."""
+def _load_trip(code_lane, c, UNROLL: tl.constexpr, ASM: tl.constexpr):
+    """A lane's codes of the ``UNROLL`` chunks from chunk ``c`` (``code_lane``: its address of chunk 0); nothing
+    in the interpreter's body, which gathers its own."""
+    codes = ()
     if ASM:
         trip_codes = code_lane + c * 512
-        codes = ()
         for u in tl.static_range(UNROLL):
             codes = codes + (_load_codes(trip_codes, u),)
+    return codes
+
+
+@triton.jit
+def _step(acc, codes, q_ptr, s_lane, x_ptr, x_lane, tile, c, g, t, tok0, M, KC, stride_xm, CPG: tl.constexpr,
+          UNROLL: tl.constexpr, NB: tl.constexpr, F16: tl.constexpr, BIASED: tl.constexpr, ASM: tl.constexpr):
+    """``UNROLL`` chunks from chunk ``c`` of one weight stream (tile per warp; ``codes`` from :func:`_load_trip`)
+    into ``acc`` (4 * NB fp32 per lane): per scale group (``CPG`` chunks) its unscaled products from zero, scaled
+    once. ``BIASED``: the MMAs take ``2^e + code`` (no per-weight subtraction) and the group's activation sums
+    (MMAs of ones) times ``2^e + 8`` come off its products before the scale. ``x_lane`` (one per token block) and
+    ``s_lane``: the lane's addresses of chunk 0 and scale group 0."""
+    if ASM:
         trip_x = ()
         for b in tl.static_range(NB):
             trip_x = trip_x + (x_lane[b] + c * 128,)
@@ -262,7 +275,7 @@ def _fragment_mma_kernel(
     M, N_OUT, KC, NG, chunks_per_split, stride_xm, stride_rm, stride_om,
     CPG: tl.constexpr, SWIGLU: tl.constexpr, HAS_RES: tl.constexpr, SPLIT: tl.constexpr,
     FUSED_REDUCE: tl.constexpr, NB: tl.constexpr, WARPS: tl.constexpr, UNROLL: tl.constexpr, F16: tl.constexpr,
-    BIASED: tl.constexpr, ASM: tl.constexpr,
+    BIASED: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr, ASM: tl.constexpr,
 ):
     e = tl.arange(0, 32 * WARPS)  # one element per thread: element i is thread i (lane i % 32 of warp i // 32)
     lane = e % 32
@@ -291,12 +304,28 @@ def _fragment_mma_kernel(
     acc_up = acc
     c_first = tl.program_id(1) * chunks_per_split
     c_last = tl.minimum(c_first + chunks_per_split, KC)
+    # The weights do not depend on the previous kernel: the first trip's codes are requested before waiting
+    # for it (programmatic dependent launch), and with PREFETCH each trip requests the next one's.
+    codes = _load_trip(code_lane, c_first, UNROLL, ASM)
+    codes_up = _load_trip(code_lane_up, c_first, UNROLL, ASM and SWIGLU)
+    if PDL:
+        tl.extra.cuda.gdc_wait()
     for c in range(c_first, c_last, UNROLL):
-        acc = _step(acc, q_ptr, s_lane, x_ptr, code_lane, x_lane, tile, c, g, t, tok0, M, KC, stride_xm, CPG, UNROLL,
-                    NB, F16, BIASED, ASM)
+        if PREFETCH:  # the last trip requests its own codes again (cached), not past the split
+            c_next = tl.minimum(c + UNROLL, c_last - UNROLL)
+            codes_next = _load_trip(code_lane, c_next, UNROLL, ASM)
+            codes_up_next = _load_trip(code_lane_up, c_next, UNROLL, ASM and SWIGLU)
+        elif c > c_first:
+            codes = _load_trip(code_lane, c, UNROLL, ASM)
+            codes_up = _load_trip(code_lane_up, c, UNROLL, ASM and SWIGLU)
+        acc = _step(acc, codes, q_ptr, s_lane, x_ptr, x_lane, tile, c, g, t, tok0, M, KC, stride_xm, CPG, UNROLL, NB,
+                    F16, BIASED, ASM)
         if SWIGLU:  # the up rows of the same outputs: tiles N_OUT / 16 further on
-            acc_up = _step(acc_up, q_ptr, s_lane_up, x_ptr, code_lane_up, x_lane, tile + tiles, c, g, t, tok0, M, KC,
+            acc_up = _step(acc_up, codes_up, q_ptr, s_lane_up, x_ptr, x_lane, tile + tiles, c, g, t, tok0, M, KC,
                            stride_xm, CPG, UNROLL, NB, F16, BIASED, ASM)
+        if PREFETCH:
+            codes = codes_next
+            codes_up = codes_up_next
     # value i of token block b: row tile * 16 + g + 8 (i // 2), token tok0 + 8 b + 2 t + i % 2
     pid_s = tl.program_id(1)
     if SPLIT:
@@ -341,6 +370,7 @@ def launch_fragment_mma(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, 
     if group % CHUNK_COLS or unroll % cpg or k % cfg.block_k or n_out % TILE_ROWS or cfg.block_m not in (8, 16, 32):
         raise ValueError(f"frag config {cfg} does not fit K = {k}, N = {n_out}, scale group {group}")
     asm = not INTERPRET and x.dtype in (torch.bfloat16, torch.float16)
+    pdl = asm and pdl_enabled(x.device)
     if asm and (x.data_ptr() % 16 or x.stride(0) % 8):  # 16-byte activation loads
         x = torch.empty_like(x, memory_format=torch.contiguous_format).copy_(x)
     kc = k // CHUNK_COLS
@@ -354,8 +384,9 @@ def launch_fragment_mma(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, 
         x, q.view(torch.int32) if not asm else q, scales.view(torch.int32), res_arg, out, ws, counters, m, n_out, kc,
         k // group, per, x.stride(0), res_arg.stride(0), out.stride(0), CPG=cpg, SWIGLU=swiglu,
         HAS_RES=res is not None, SPLIT=splits > 1, FUSED_REDUCE=counters is not None, NB=cfg.block_m // 8,
-        WARPS=cfg.num_warps, UNROLL=unroll, F16=x.dtype == torch.float16, BIASED=cfg.biased and asm, ASM=asm, num_warps=cfg.num_warps, num_stages=1,
-        **({"maxnreg": cfg.max_registers} if cfg.max_registers else {}),
+        WARPS=cfg.num_warps, UNROLL=unroll, F16=x.dtype == torch.float16, BIASED=cfg.biased and asm,
+        PREFETCH=cfg.num_stages > 1 and asm, PDL=pdl, ASM=asm, num_warps=cfg.num_warps, num_stages=1,
+        **({"maxnreg": cfg.max_registers} if cfg.max_registers else {}), **({"launch_pdl": True} if pdl else {}),
     )
     if splits > 1 and counters is None:
         fin = (triton.cdiv(n_out, 128), triton.cdiv(m, 8))
