@@ -23,7 +23,7 @@ kernels-deltanet      DeltaNet decode and chunked prefill vs fla; the fused samp
 quant-gemm-decode     int4 decode GEMMs at 1..32 tokens: GEMV, tensor-core decode and the tuner pick, % of copy bandwidth
 quant-gemm-regs       int4 tensor-core decode with and without a register cap (maxnreg 128 / 96) at 1 / 8 / 16 tokens
 quant-gemm-frag       register decode of fragment-laid int4: its GPU tests, then L2-cold vs the tl.dot decode, cuBLAS bf16, int4pack
-frag-first-look       the register decode L2-cold at 1 / 8 tokens against the tl.dot decode and cuBLAS, then its GPU tests
+frag-first-look       the register decode L2-cold at 1 / 8 tokens against the tl.dot decode and cuBLAS, its GPU tests, an int4 model
 frag-engine-27b       27B int4 engine with fragment-laid weights, cold caches: decode C = 1 / 8 at ctx 1k, 2k prefill
 quant-gemm-gemlite    the tuner pick vs cuBLAS bf16 and gemlite at M = 1 / 8 / 4096, int4 / nvfp4 / fp8
 moe-kernels           35B-A3B expert GEMMs (tl.dot, GEMV, per-key pick) at 1..64 tokens and an 8k prefill
@@ -148,9 +148,10 @@ stage() {
       gpu_tests 240 quant_fragments_gpu -n 6
       ;;
     frag-first-look)
-      part 220 python3 perf/bench_quant_gemm.py --path frag,mma --m 1,8 --formats int4-g64 --l2 cold \
+      part 200 python3 perf/bench_quant_gemm.py --path frag,mma --m 1,8 --formats int4-g64 --l2 cold \
         --shapes gate_up,down,in_proj_qkvz,o_proj --no-gemlite
-      gpu_tests 200 quant_fragments_gpu -n 8
+      gpu_tests 170 quant_fragments_gpu -n 8
+      gpu_tests 150 fragments_model_gpu
       ;;
     frag-engine-27b)
       part 520 python3 perf/bench_engine.py --shape 27b --recipe int4 --contexts 1024 --lanes 1 8 --steps 12 \

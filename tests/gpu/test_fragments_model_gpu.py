@@ -1,0 +1,63 @@
+"""A whole int4 model with its projections in the fragment layout (what ``ninfer.load(..., quantize="int4")``
+serves on a GPU) against the same model kept row-major (``NINFER_FRAGMENTS=0``) and against the PyTorch
+reference path: prefill scores (the dequantization path and the decode kernel over token blocks) and greedy
+decoding from CUDA graphs (the register decode at 1..3 tokens)."""
+from __future__ import annotations
+
+import pytest
+import torch
+from bf16_oracle import assert_same_up_to_rounding
+
+import ninfer
+from ninfer.kernels.quant_gemm.fragments import FRAGMENTS
+from ninfer.quant.linear import QuantLinear
+from tiny_checkpoints import TinyCheckpoint, make_dense
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+# The 27B head geometry (as tests/gpu/test_model_gpu.py) on a small hidden size: every int4 projection fits
+# the layout (rows a multiple of 16, columns of 64).
+REAL_HEADS = dict(hidden_size=256, intermediate_size=512, head_dim=256, num_attention_heads=6,
+                  num_key_value_heads=1, linear_num_key_heads=2, linear_num_value_heads=6,
+                  linear_key_head_dim=128, linear_value_head_dim=128)
+
+
+@pytest.fixture(scope="module")
+def dense(tmp_path_factory) -> TinyCheckpoint:
+    return make_dense(tmp_path_factory.mktemp("fdense"), seed=3, overrides=REAL_HEADS)
+
+
+def _prompt(n: int, seed: int = 0) -> list[int]:
+    return torch.randint(0, 448, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def _layouts(llm) -> set[str]:
+    return {m.layout for m in llm.model.modules() if isinstance(m, QuantLinear)}
+
+
+def test_fp32_fragments_equal_the_reference(dense: TinyCheckpoint, monkeypatch: pytest.MonkeyPatch) -> None:
+    llm = ninfer.load(dense.path, device="cuda", dtype=torch.float32, quantize="int4", progress=False,
+                      cuda_graphs=False)
+    assert FRAGMENTS in _layouts(llm)
+    ids = _prompt(200)
+    got = llm.score(ids)
+    monkeypatch.setenv("NINFER_KERNELS", "reference")
+    ref = llm.score(ids)
+    assert (got - ref).abs().max().item() < 1e-3
+
+
+def test_bf16_fragments_decode_like_rows(dense: TinyCheckpoint, monkeypatch: pytest.MonkeyPatch) -> None:
+    kw = dict(device="cuda", dtype=torch.bfloat16, quantize="int4", progress=False, max_concurrency=2)
+    monkeypatch.setenv("NINFER_FRAGMENTS", "0")
+    rows = ninfer.load(dense.path, **kw)
+    monkeypatch.delenv("NINFER_FRAGMENTS")
+    frag = ninfer.load(dense.path, **kw)
+    assert _layouts(rows) == {"rows"} and FRAGMENTS in _layouts(frag)
+    ids = _prompt(300, seed=1)
+    diff = (frag.score(ids) - rows.score(ids)).abs()
+    assert diff.max().item() < 0.15 and diff.mean().item() < 0.02, (diff.max(), diff.mean())
+    for seed in (2, 3):
+        prompt = _prompt(40, seed)
+        a = frag.generate(prompt, max_new_tokens=24, greedy=True, logprobs=1, ignore_eos=True)
+        b = rows.generate(prompt, max_new_tokens=24, greedy=True, logprobs=1, ignore_eos=True)
+        assert_same_up_to_rounding(a, b, greedy=True)
