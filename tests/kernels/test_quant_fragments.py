@@ -149,6 +149,11 @@ def test_fragment_swiglu(split: int) -> None:
     _check("int4-g64", 3, 64, 256, _frag(8, 1, 2, split), swiglu=True, residual=split > 1, seed=8)
 
 
+def test_fragment_odd_scale_groups_per_row() -> None:
+    """K = 384 in groups of 128: three scale halves per row (the scales are read as words across rows)."""
+    _check("int4-g128", 2, 32, 384, _frag(8, 1, 2, 1), residual=True, seed=13)
+
+
 def test_fragment_fp32_activations() -> None:
     _check("int4-g128", 4, 32, 256, _frag(8, 2, 2, 2), residual=True, dtype=torch.float32, seed=9)
 

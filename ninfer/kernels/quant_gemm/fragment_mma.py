@@ -38,7 +38,7 @@ import triton
 import triton.language as tl
 
 from ninfer.kernels.dispatch import INTERPRET, pdl_enabled
-from ninfer.kernels.quant_gemm.fragments import CHUNK_COLS, TILE_ROWS, fragment_codes, scale_pair
+from ninfer.kernels.quant_gemm.fragments import CHUNK_COLS, TILE_ROWS, fragment_codes, scale_pair, words
 from ninfer.kernels.quant_gemm.gemv import tile_counters
 from ninfer.kernels.quant_gemm.gemv_steps import (
     finish_at,
@@ -381,7 +381,7 @@ def launch_fragment_mma(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, 
     grid = (triton.cdiv(n_out // TILE_ROWS, cfg.num_warps), splits, triton.cdiv(m, cfg.block_m))
     counters = tile_counters(x.device, grid[0] * grid[2]) if splits > 1 else None
     _fragment_mma_kernel[grid](
-        x, q.view(torch.int32) if not asm else q, scales.view(torch.int32), res_arg, out, ws, counters, m, n_out, kc,
+        x, q if asm else words(q), words(scales), res_arg, out, ws, counters, m, n_out, kc,
         k // group, per, x.stride(0), res_arg.stride(0), out.stride(0), CPG=cpg, SWIGLU=swiglu,
         HAS_RES=res is not None, SPLIT=splits > 1, FUSED_REDUCE=counters is not None, NB=cfg.block_m // 8,
         WARPS=cfg.num_warps, UNROLL=unroll, F16=x.dtype == torch.float16, BIASED=cfg.biased and asm,

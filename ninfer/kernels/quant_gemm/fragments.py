@@ -116,6 +116,11 @@ def _dequant_fragments_kernel(q_ptr, s_ptr, w_ptr, KC, NG, stride_wn, GROUP: tl.
         tl.store(w_ptr + (tile * 16 + r) * stride_wn + col, w.to(w_ptr.dtype.element_ty))
 
 
+def words(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous tensor's bytes as int32 words (1-D: a row of scales may hold an odd number of halves)."""
+    return t.reshape(-1).view(torch.int32)
+
+
 def dequantize_fragments(q: torch.Tensor, s: torch.Tensor, group: int, out: torch.Tensor) -> torch.Tensor:
     """Write the dequantized weight ``[N, K]`` (row-major, unit stride along K, any float dtype) of fragment-laid
     codes ``q`` and scales ``s`` into ``out`` and return it."""
@@ -123,6 +128,6 @@ def dequantize_fragments(q: torch.Tensor, s: torch.Tensor, group: int, out: torc
     kc = k // CHUNK_COLS
     chunks = 4 if kc % 4 == 0 else 2 if kc % 2 == 0 else 1
     _dequant_fragments_kernel[(n // TILE_ROWS, kc // chunks)](
-        q.view(torch.int32), s.view(torch.int32), out, kc, k // group, out.stride(0), GROUP=group, CHUNKS=chunks,
+        words(q), words(s), out, kc, k // group, out.stride(0), GROUP=group, CHUNKS=chunks,
         num_warps=4)
     return out
