@@ -47,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import bench_graph_ms, bench_ms, copy_bandwidth_tbps, matmul_peak_tflops, record
 
+from ninfer.kernels.dispatch import pdl_enabled
 from ninfer.kernels.quant_gemm import tune as quant_gemm_tune
 from ninfer.kernels.quant_gemm.dequant import dequantize_triton, workspace
 from ninfer.kernels.quant_gemm.fragments import FRAGMENTS, fragments_fit, to_fragments
@@ -243,6 +244,7 @@ def main() -> None:
     except ImportError:
         print("gemlite is not installed: its baseline is recorded as None")
         use_gemlite = False
+    pdl = pdl_enabled(torch.device("cuda"))  # the fragment decode's programmatic dependent launch (NINFER_PDL)
     bw, peak = copy_bandwidth_tbps(), matmul_peak_tflops()
     print(f"copy bandwidth {bw:.2f} TB/s, bf16 matmul peak {peak:.0f} TFLOP/s")
     start, gemlite_s = time.time(), 0.0
@@ -293,7 +295,7 @@ def main() -> None:
                     else:
                         achieved, limit, unit = flops / ms_ours / 1e9, peak, "TFLOP/s"
                     label = f"{shape} N={n} K={k} M={m} {fmt}" + ("" if path == "default" else f" [{path}]") \
-                        + (" l2-cold" if cold and decode else "")
+                        + (" l2-cold" if cold and decode else "") + (" pdl-off" if path == "frag" and not pdl else "")
                     record("quant_gemm", label, ms_ours, achieved=achieved, limit=limit,
                            unit=unit, baseline="cublas_bf16", baseline_ms=cublas[m], format=fmt, m=m, n=n, k=k,
                            weight_bytes=weight_bytes, vs_cublas=round(ms_ours / cublas[m], 4),
