@@ -35,6 +35,7 @@ from pathlib import Path
 os.environ.pop("TRITON_INTERPRET", None)
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import torch  # noqa: E402
 import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
@@ -190,8 +191,9 @@ def compile_frag(cfg, group: int, swiglu: bool, arch: int):
                                                                     "stride_xm", "stride_rm", "stride_om"), "i32")}
     split = cfg.split_k > 1
     consts = dict(CPG=group // 64, SWIGLU=swiglu, HAS_RES=False, SPLIT=split, FUSED_REDUCE=split,
-                  NB=cfg.block_m // 8, WARPS=cfg.num_warps, UNROLL=cfg.block_k // 64, F16=False, BIASED=cfg.biased,
-                  PREFETCH=cfg.num_stages > 1, PDL=arch >= 90, ASM=True)
+                  NB=cfg.block_m // 8, WARPS=cfg.num_warps, UNROLL=cfg.block_k // 64, BIASED=cfg.biased,
+                  PREFETCH=cfg.num_stages > 1, PDL=arch >= 90, ASM=True,
+                  **fragment_mma.asm_constants(torch.bfloat16, cfg.biased))
     sig.update(dict.fromkeys(consts, "constexpr"))
     names = list(sig)
     aligned = [n for n in names if n.endswith("_ptr") or n in ("N_OUT", "KC", "stride_xm", "stride_rm", "stride_om")]

@@ -92,6 +92,11 @@ def text_config_kwargs(*, head_dim: int = 16, layer_types: list[str] | None = No
     )
 
 
+# Few layers and a small hidden size, but the real head geometry the GPU kernels are built for: attention head
+# dim 256 with 6 query heads per KV head, DeltaNet dk = dv = 128 with 3 value heads per key head (27B's ratios).
+REAL_HEADS = dict(hidden_size=256, intermediate_size=512, head_dim=256, num_attention_heads=6,
+                  num_key_value_heads=1, linear_num_key_heads=2, linear_num_value_heads=6,
+                  linear_key_head_dim=128, linear_value_head_dim=128)
 MOE_KWARGS = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
                   shared_expert_intermediate_size=32)
 VISION_KWARGS = dict(depth=2, hidden_size=32, num_heads=2, patch_size=16, temporal_patch_size=2,

@@ -11,15 +11,10 @@ from bf16_oracle import assert_same_up_to_rounding
 import ninfer
 from ninfer.kernels.quant_gemm.fragments import FRAGMENTS
 from ninfer.quant.linear import QuantLinear
-from tiny_checkpoints import TinyCheckpoint, make_dense
+from tiny_checkpoints import REAL_HEADS, TinyCheckpoint, make_dense
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
-# The 27B head geometry (as tests/gpu/test_model_gpu.py) on a small hidden size: every int4 projection fits
-# the layout (rows a multiple of 16, columns of 64).
-REAL_HEADS = dict(hidden_size=256, intermediate_size=512, head_dim=256, num_attention_heads=6,
-                  num_key_value_heads=1, linear_num_key_heads=2, linear_num_value_heads=6,
-                  linear_key_head_dim=128, linear_value_head_dim=128)
 
 
 @pytest.fixture(scope="module")

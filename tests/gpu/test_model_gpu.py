@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import ninfer
-from tiny_checkpoints import TinyCheckpoint, make_dense, make_moe
+from tiny_checkpoints import REAL_HEADS, TinyCheckpoint, make_dense, make_moe
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -14,12 +14,6 @@ def _prompt(n: int, seed: int = 0) -> list[int]:
     return torch.randint(0, 448, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
-# Few layers and a small hidden size, but the real head geometry the kernels are built for:
-# attention head dim 256 with 6 query heads per KV head, DeltaNet dk = dv = 128 with 3 value
-# heads per key head (27B's ratios).
-REAL_HEADS = dict(hidden_size=256, intermediate_size=512, head_dim=256, num_attention_heads=6,
-                  num_key_value_heads=1, linear_num_key_heads=2, linear_num_value_heads=6,
-                  linear_key_head_dim=128, linear_value_head_dim=128)
 
 
 @pytest.fixture(scope="module")

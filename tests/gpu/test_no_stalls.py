@@ -21,13 +21,10 @@ import torch
 import ninfer
 from ninfer.kernels import compile_watch
 from ninfer.runtime.sampling import SamplingParams
-from tiny_checkpoints import TinyCheckpoint, make_composite
+from tiny_checkpoints import REAL_HEADS, TinyCheckpoint, make_composite
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
-REAL_HEADS = dict(hidden_size=256, intermediate_size=512, head_dim=256, num_attention_heads=6,
-                  num_key_value_heads=1, linear_num_key_heads=2, linear_num_value_heads=6,
-                  linear_key_head_dim=128, linear_value_head_dim=128)
 LONG = 32768
 LENGTHS = [1, 2, 3, 5, 8, 15, 16, 17, 31, 63, 64, 65, 100, 127, 257, 511, 1000, 1025, 2047, 3000, 4097, 6000]
 PARAMS = [SamplingParams(greedy=True), SamplingParams(temperature=0.8, top_p=0.9),

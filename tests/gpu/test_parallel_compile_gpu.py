@@ -25,14 +25,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from tiny_checkpoints import TinyCheckpoint, make_composite
+from tiny_checkpoints import REAL_HEADS, TinyCheckpoint, make_composite
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 ROOT = Path(__file__).resolve().parents[2]
-REAL_HEADS = dict(hidden_size=256, intermediate_size=512, head_dim=256, num_attention_heads=6,
-                  num_key_value_heads=1, linear_num_key_heads=2, linear_num_value_heads=6,
-                  linear_key_head_dim=128, linear_value_head_dim=128)
 MISSED_AT_MOST = 0.05
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 import triton
+from kernel_testing import graph_replay_matches
 
 from ninfer.kernels.quant_gemm import dequant as quant_dequant
 from ninfer.kernels.quant_gemm import tune as quant_gemm_tune
@@ -180,30 +181,12 @@ def test_tensor_core_decode_at_real_shapes(fmt: str, dtype: torch.dtype) -> None
                 assert _err(got, ref) < TOL[torch.bfloat16], (fmt, name, m, cfg, _err(got, ref))
 
 
-def _graph_replay_matches(w, cfg, x: torch.Tensor, res: torch.Tensor) -> None:
-    """``cfg`` captured in a CUDA graph: bit-equal to eager (scratch + ordered split-K sum: deterministic),
-    and right after new inputs are copied in."""
-    eager = quant_matmul_triton(x, w, res, config=cfg)
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        quant_matmul_triton(x, w, res, config=cfg)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = quant_matmul_triton(x, w, res, config=cfg)
-    graph.replay()
-    assert torch.equal(out, eager)
-    x.copy_(torch.randn_like(x))
-    graph.replay()
-    assert _err(out, quant_matmul_reference(x, w, res)) < TOL[torch.bfloat16]
-
-
 def test_tensor_core_decode_in_cuda_graph() -> None:
     w = quantize(_weight(5120, 17408, 13), "int4-g64")
     cfg = next(c for c in mma_candidates("int4-g64", 4, 5120, 17408, sm_count(torch.device("cuda")))
                if c.split_k > 1)
     x = torch.randn(4, 17408, device="cuda", dtype=torch.bfloat16)
-    _graph_replay_matches(w, cfg, x, torch.randn(4, 5120, device="cuda", dtype=torch.bfloat16))
+    graph_replay_matches(w, cfg, x, torch.randn(4, 5120, device="cuda", dtype=torch.bfloat16))
 
 
 def test_gemv_split_k_in_cuda_graph() -> None:
@@ -211,7 +194,7 @@ def test_gemv_split_k_in_cuda_graph() -> None:
     cfg = gemv_candidates("int4-g64", 2, 1024, 5120, sm_count(torch.device("cuda")))[0]
     assert cfg.kind == "gemv" and cfg.split_k > 1
     x = torch.randn(2, 5120, device="cuda", dtype=torch.bfloat16)
-    _graph_replay_matches(w, cfg, x, torch.randn(2, 1024, device="cuda", dtype=torch.bfloat16))
+    graph_replay_matches(w, cfg, x, torch.randn(2, 1024, device="cuda", dtype=torch.bfloat16))
 
 
 def test_decode_tuning_times_graphs_and_keeps_a_working_config(monkeypatch: pytest.MonkeyPatch) -> None:

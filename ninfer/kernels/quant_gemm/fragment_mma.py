@@ -59,7 +59,7 @@ _CODES0, _CODES1, _CODES2, _CODES3 = _CODES
 _X0, _X1, _X2, _X3 = _X
 _CONSTS = {"bf16": ("0x3F803F80", "0xC308C308", "0x43004300"),  # (1.0, -(128 + 8), 128) as packed pairs
            "f16": ("0x3C003C00", "0xE408E408", "0x64006400")}  # (1.0, -(1024 + 8), 1024)
-BIAS_BF16, BIAS_F16 = tl.constexpr(136.0), tl.constexpr(1032.0)  # what a decoded value exceeds code - 8 by
+_BIAS = {"bf16": 136.0, "f16": 1032.0}  # what a biased decoded value exceeds code - 8 by
 
 
 def _decode_asm(ty: str, biased: bool) -> str:
@@ -108,10 +108,15 @@ def _mma_asm(ty: str) -> str:
     return "\n".join(lines)
 
 
-_DECODE_BF16, _DECODE_F16 = tl.constexpr(_decode_asm("bf16", False)), tl.constexpr(_decode_asm("f16", False))
-_BIASED_BF16, _BIASED_F16 = tl.constexpr(_decode_asm("bf16", True)), tl.constexpr(_decode_asm("f16", True))
-_MMA_BF16, _MMA_F16 = tl.constexpr(_mma_asm("bf16")), tl.constexpr(_mma_asm("f16"))
-_SUMS_BF16, _SUMS_F16 = tl.constexpr(_sums_asm("bf16")), tl.constexpr(_sums_asm("f16"))
+
+
+def asm_constants(dtype: torch.dtype, biased: bool) -> dict[str, object]:
+    """The kernel's PTX for 16-bit activations of ``dtype`` (its constexpr arguments)."""
+    ty = "f16" if dtype == torch.float16 else "bf16"
+    return {"DECODE_ASM": _decode_asm(ty, biased), "MMA_ASM": _mma_asm(ty), "SUMS_ASM": _sums_asm(ty),
+            "BIAS": _BIAS[ty]}
+
+
 _DECODE_OPERANDS = tl.constexpr("=r," * 16 + "r,r,r,r")
 _MMA_OPERANDS = tl.constexpr("=f,=f,=f,=f," + "r," * 24 + "f,f,f,f")
 _SUMS_OPERANDS = tl.constexpr("=f,=f,=f,=f," + "r," * 8 + "f,f,f,f")
@@ -148,45 +153,22 @@ def _load_x(addr, U: tl.constexpr):
 
 
 @triton.jit
-def _decode(w, F16: tl.constexpr, BIASED: tl.constexpr):
-    args = [w[0], w[1], w[2], w[3]]
-    if F16:
-        if BIASED:
-            a = tl.inline_asm_elementwise(_BIASED_F16, _DECODE_OPERANDS, args, dtype=(tl.int32,) * 16,
-                                          is_pure=True, pack=1)
-        else:
-            a = tl.inline_asm_elementwise(_DECODE_F16, _DECODE_OPERANDS, args, dtype=(tl.int32,) * 16,
-                                          is_pure=True, pack=1)
-    else:
-        if BIASED:
-            a = tl.inline_asm_elementwise(_BIASED_BF16, _DECODE_OPERANDS, args, dtype=(tl.int32,) * 16,
-                                          is_pure=True, pack=1)
-        else:
-            a = tl.inline_asm_elementwise(_DECODE_BF16, _DECODE_OPERANDS, args, dtype=(tl.int32,) * 16,
-                                          is_pure=True, pack=1)
-    return a
+def _decode(w, DECODE_ASM: tl.constexpr):
+    return tl.inline_asm_elementwise(DECODE_ASM, _DECODE_OPERANDS, [w[0], w[1], w[2], w[3]], dtype=(tl.int32,) * 16,
+                                     is_pure=True, pack=1)
 
 
 @triton.jit
-def _sums(xw, e0, e1, e2, e3, F16: tl.constexpr):
+def _sums(xw, e0, e1, e2, e3, SUMS_ASM: tl.constexpr):
     args = [xw[0], xw[1], xw[2], xw[3], xw[4], xw[5], xw[6], xw[7], e0, e1, e2, e3]
-    if F16:
-        e = tl.inline_asm_elementwise(_SUMS_F16, _SUMS_OPERANDS, args, dtype=(tl.float32,) * 4, is_pure=True, pack=1)
-    else:
-        e = tl.inline_asm_elementwise(_SUMS_BF16, _SUMS_OPERANDS, args, dtype=(tl.float32,) * 4, is_pure=True,
-                                      pack=1)
-    return e
+    return tl.inline_asm_elementwise(SUMS_ASM, _SUMS_OPERANDS, args, dtype=(tl.float32,) * 4, is_pure=True, pack=1)
 
 
 @triton.jit
-def _mma(a, xw, c0, c1, c2, c3, F16: tl.constexpr):
+def _mma(a, xw, c0, c1, c2, c3, MMA_ASM: tl.constexpr):
     args = [a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12], a[13], a[14], a[15],
             xw[0], xw[1], xw[2], xw[3], xw[4], xw[5], xw[6], xw[7], c0, c1, c2, c3]
-    if F16:
-        d = tl.inline_asm_elementwise(_MMA_F16, _MMA_OPERANDS, args, dtype=(tl.float32,) * 4, is_pure=True, pack=1)
-    else:
-        d = tl.inline_asm_elementwise(_MMA_BF16, _MMA_OPERANDS, args, dtype=(tl.float32,) * 4, is_pure=True, pack=1)
-    return d
+    return tl.inline_asm_elementwise(MMA_ASM, _MMA_OPERANDS, args, dtype=(tl.float32,) * 4, is_pure=True, pack=1)
 
 
 @triton.jit
@@ -222,7 +204,8 @@ def _load_trip(code_lane, c, UNROLL: tl.constexpr, ASM: tl.constexpr):
 
 @triton.jit
 def _step(acc, codes, q_ptr, s_lane, x_ptr, x_lane, tile, c, g, t, tok0, M, KC, stride_xm, CPG: tl.constexpr,
-          UNROLL: tl.constexpr, NB: tl.constexpr, F16: tl.constexpr, BIASED: tl.constexpr, ASM: tl.constexpr):
+          UNROLL: tl.constexpr, NB: tl.constexpr, BIASED: tl.constexpr, DECODE_ASM: tl.constexpr,
+          MMA_ASM: tl.constexpr, SUMS_ASM: tl.constexpr, BIAS: tl.constexpr, ASM: tl.constexpr):
     """``UNROLL`` chunks from chunk ``c`` of one weight stream (tile per warp; ``codes`` from :func:`_load_trip`)
     into ``acc`` (4 * NB fp32 per lane): per scale group (``CPG`` chunks) its unscaled products from zero, scaled
     once. ``BIASED``: the MMAs take ``2^e + code`` (no per-weight subtraction) and the group's activation sums
@@ -242,24 +225,23 @@ def _step(acc, codes, q_ptr, s_lane, x_ptr, x_lane, tile, c, g, t, tok0, M, KC, 
         for ci in tl.static_range(CPG):
             cc = c + grp * CPG + ci
             if ASM:
-                a = _decode(codes[grp * CPG + ci], F16, BIASED)
+                a = _decode(codes[grp * CPG + ci], DECODE_ASM)
                 new = ()
                 sums = ()
                 for b in tl.static_range(NB):
                     xw = _load_x(trip_x[b], grp * CPG + ci)
-                    new = new + _mma(a, xw, d[4 * b], d[4 * b + 1], d[4 * b + 2], d[4 * b + 3], F16)
+                    new = new + _mma(a, xw, d[4 * b], d[4 * b + 1], d[4 * b + 2], d[4 * b + 3], MMA_ASM)
                     if BIASED:
-                        sums = sums + _sums(xw, e[4 * b], e[4 * b + 1], e[4 * b + 2], e[4 * b + 3], F16)
+                        sums = sums + _sums(xw, e[4 * b], e[4 * b + 1], e[4 * b + 2], e[4 * b + 3], SUMS_ASM)
                 d = new
                 if BIASED:
                     e = sums
             else:
                 d = _chunk_portable(d, q_ptr, x_ptr, tile, cc, g, t, tok0, M, KC, stride_xm, NB)
         if BIASED:
-            bias = BIAS_F16 if F16 else BIAS_BF16
             unbiased = ()
             for i in tl.static_range(4 * NB):
-                unbiased = unbiased + (d[i] - bias * e[i],)
+                unbiased = unbiased + (d[i] - BIAS * e[i],)
             d = unbiased
         scaled = ()
         for b in tl.static_range(NB):  # values 0, 1 of a block are row g's, 2, 3 row g + 8's
@@ -274,8 +256,9 @@ def _fragment_mma_kernel(
     x_ptr, q_ptr, s_ptr, res_ptr, out_ptr, ws_ptr, cnt_ptr,
     M, N_OUT, KC, NG, chunks_per_split, stride_xm, stride_rm, stride_om,
     CPG: tl.constexpr, SWIGLU: tl.constexpr, HAS_RES: tl.constexpr, SPLIT: tl.constexpr,
-    FUSED_REDUCE: tl.constexpr, NB: tl.constexpr, WARPS: tl.constexpr, UNROLL: tl.constexpr, F16: tl.constexpr,
-    BIASED: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr, ASM: tl.constexpr,
+    FUSED_REDUCE: tl.constexpr, NB: tl.constexpr, WARPS: tl.constexpr, UNROLL: tl.constexpr, BIASED: tl.constexpr,
+    PREFETCH: tl.constexpr, PDL: tl.constexpr, DECODE_ASM: tl.constexpr, MMA_ASM: tl.constexpr,
+    SUMS_ASM: tl.constexpr, BIAS: tl.constexpr, ASM: tl.constexpr,
 ):
     e = tl.arange(0, 32 * WARPS)  # one element per thread: element i is thread i (lane i % 32 of warp i // 32)
     lane = e % 32
@@ -319,10 +302,10 @@ def _fragment_mma_kernel(
             codes = _load_trip(code_lane, c, UNROLL, ASM)
             codes_up = _load_trip(code_lane_up, c, UNROLL, ASM and SWIGLU)
         acc = _step(acc, codes, q_ptr, s_lane, x_ptr, x_lane, tile, c, g, t, tok0, M, KC, stride_xm, CPG, UNROLL, NB,
-                    F16, BIASED, ASM)
+                    BIASED, DECODE_ASM, MMA_ASM, SUMS_ASM, BIAS, ASM)
         if SWIGLU:  # the up rows of the same outputs: tiles N_OUT / 16 further on
             acc_up = _step(acc_up, codes_up, q_ptr, s_lane_up, x_ptr, x_lane, tile + tiles, c, g, t, tok0, M, KC,
-                           stride_xm, CPG, UNROLL, NB, F16, BIASED, ASM)
+                           stride_xm, CPG, UNROLL, NB, BIASED, DECODE_ASM, MMA_ASM, SUMS_ASM, BIAS, ASM)
         if PREFETCH:
             codes = codes_next
             codes_up = codes_up_next
@@ -384,8 +367,8 @@ def launch_fragment_mma(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, 
         x, q if asm else words(q), words(scales), res_arg, out, ws, counters, m, n_out, kc,
         k // group, per, x.stride(0), res_arg.stride(0), out.stride(0), CPG=cpg, SWIGLU=swiglu,
         HAS_RES=res is not None, SPLIT=splits > 1, FUSED_REDUCE=counters is not None, NB=cfg.block_m // 8,
-        WARPS=cfg.num_warps, UNROLL=unroll, F16=x.dtype == torch.float16, BIASED=cfg.biased and asm,
-        PREFETCH=cfg.num_stages > 1 and asm, PDL=pdl, ASM=asm, num_warps=cfg.num_warps, num_stages=1,
+        WARPS=cfg.num_warps, UNROLL=unroll, BIASED=cfg.biased and asm, PREFETCH=cfg.num_stages > 1 and asm, PDL=pdl,
+        ASM=asm, num_warps=cfg.num_warps, num_stages=1, **asm_constants(x.dtype, cfg.biased),
         **({"maxnreg": cfg.max_registers} if cfg.max_registers else {}), **({"launch_pdl": True} if pdl else {}),
     )
     if splits > 1 and counters is None:
