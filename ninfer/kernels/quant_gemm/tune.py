@@ -218,25 +218,24 @@ def fragment_candidates(fmt: str, m: int, n_out: int, k: int, sms: int) -> list[
     fragment layout, any M (8, 16 or 32 tokens per program; more tokens take more programs, each reading the
     weight again, which the prefill sizes' dequantization path beats): ``(warps, chunks per loop trip)`` with
     split-K for about 8, 16 and 32 programs per SM. The programs are small (no shared memory, 1-8 warps), so
-    several share an SM; the probe of run 2026-12-02.6 read most at 20-35 programs per SM. Each comes with the
-    next loop trip's codes requested during this one (``num_stages=2``) and without; up to 16 tokens also
-    ``biased`` (its offset through MMAs of ones: at 32 tokens the MMAs are the busier pipe). The favourite:
-    4 warps, 2 chunks per trip, 16 programs per SM, prefetching."""
+    several share an SM. Each comes with the next loop trip's codes requested during this one (``num_stages=2``)
+    and without. On the H200 (run 2026-12-03.1, L2-cold, 27B shapes at 1 and 8 tokens) about 8 programs per SM
+    read most, 8 warps per program and the ``biased`` decode never won (so they are not offered); the favourite:
+    4 warps, 2 chunks per trip, 8 programs per SM, prefetching."""
     group = GROUPS[fmt]
     tokens = 8 if m <= 8 else 16 if m <= 16 else 32
     out: list[GemmConfig] = []
-    for biased in (False, True) if tokens <= 16 else (False,):
-        for stages in (2, 1):
-            for warps, unroll in ((4, 2), (4, 4), (8, 2), (2, 4)):
-                bk = 64 * unroll
-                if k % bk or bk % group:
-                    continue
-                programs = triton.cdiv(n_out // 16, warps) * triton.cdiv(m, tokens)
-                for per_sm in (16, 8, 32):
-                    split = max(1, min(triton.cdiv(per_sm * sms, programs), k // bk))
-                    cfg = GemmConfig(tokens, 16 * warps, bk, split, warps, stages, "frag", biased=biased)
-                    if cfg not in out:
-                        out.append(cfg)
+    for stages in (2, 1):
+        for warps, unroll in ((4, 2), (4, 4), (2, 4)):
+            bk = 64 * unroll
+            if k % bk or bk % group:
+                continue
+            programs = triton.cdiv(n_out // 16, warps) * triton.cdiv(m, tokens)
+            for per_sm in (8, 4, 16):
+                split = max(1, min(triton.cdiv(per_sm * sms, programs), k // bk))
+                cfg = GemmConfig(tokens, 16 * warps, bk, split, warps, stages, "frag")
+                if cfg not in out:
+                    out.append(cfg)
     return out
 
 
