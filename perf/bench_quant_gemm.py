@@ -91,8 +91,7 @@ def _int4pack(n: int, k: int, group: int) -> tuple | None:
 
 def _config_name(cfg: quant_gemm_tune.GemmConfig) -> str:
     return (f"{cfg.kind} bm{cfg.block_m} bn{cfg.block_n} bk{cfg.block_k} split{cfg.split_k} "
-            f"w{cfg.num_warps} st{cfg.num_stages}" + (f" regs{cfg.max_registers}" if cfg.max_registers else "")
-            + (" biased" if cfg.biased else ""))
+            f"w{cfg.num_warps} st{cfg.num_stages}" + (f" regs{cfg.max_registers}" if cfg.max_registers else ""))
 
 
 def _best(kind: str, cfgs: list[quant_gemm_tune.GemmConfig],

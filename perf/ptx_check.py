@@ -191,9 +191,8 @@ def compile_frag(cfg, group: int, swiglu: bool, arch: int):
                                                                     "stride_xm", "stride_rm", "stride_om"), "i32")}
     split = cfg.split_k > 1
     consts = dict(CPG=group // 64, SWIGLU=swiglu, HAS_RES=False, SPLIT=split, FUSED_REDUCE=split,
-                  NB=cfg.block_m // 8, WARPS=cfg.num_warps, UNROLL=cfg.block_k // 64, BIASED=cfg.biased,
-                  PREFETCH=cfg.num_stages > 1, PDL=arch >= 90, ASM=True,
-                  **fragment_mma.asm_constants(torch.bfloat16, cfg.biased))
+                  NB=cfg.block_m // 8, WARPS=cfg.num_warps, UNROLL=cfg.block_k // 64, PREFETCH=cfg.num_stages > 1,
+                  PDL=arch >= 90, ASM=True, **fragment_mma.asm_constants(torch.bfloat16))
     sig.update(dict.fromkeys(consts, "constexpr"))
     names = list(sig)
     aligned = [n for n in names if n.endswith("_ptr") or n in ("N_OUT", "KC", "stride_xm", "stride_rm", "stride_om")]
@@ -211,8 +210,7 @@ def frag(fmt: str, m: int, arch: int, sms: int) -> None:
                                    ("qkvz", 16384, 5120, False)):
         for cfg in fragment_candidates(fmt, m, n_out, k, sms):
             head = (f"{fmt:9s} frag-{name:7s} tokens={cfg.block_m:<2d} warps={cfg.num_warps} "
-                    f"chunks/trip={cfg.block_k // 64} split={cfg.split_k:<3d} biased={cfg.biased:d} "
-                    f"prefetch={cfg.num_stages > 1:d}")
+                    f"chunks/trip={cfg.block_k // 64} split={cfg.split_k:<3d} prefetch={cfg.num_stages > 1:d}")
             try:
                 kernel = compile_frag(cfg, group, swiglu, arch)
                 per_thread = 16 * cfg.block_k * (2 if swiglu else 1) / 32

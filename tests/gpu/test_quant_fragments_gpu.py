@@ -40,7 +40,7 @@ def _err(got: torch.Tensor, ref: torch.Tensor) -> float:
 @pytest.mark.parametrize("fmt", ["int4-g64", "int4-g128"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_every_candidate_at_real_shapes(fmt: str, dtype: torch.dtype) -> None:
-    """bf16: every candidate; fp16 (its own decode constants): the first of each decode variant."""
+    """bf16: every candidate; fp16 (its own decode constants): the favourite."""
     sms = sm_count(CUDA)
     for name, n, k, swiglu, residual in CASES:
         rows, frag = _pair(n, k, fmt, 1)
@@ -51,7 +51,7 @@ def test_every_candidate_at_real_shapes(fmt: str, dtype: torch.dtype) -> None:
             ref = quant_matmul_reference(x.float(), rows, None if res is None else res.float(), swiglu)
             cands = fragment_candidates(fmt, m, n_out, k, sms)
             if dtype == torch.float16:
-                cands = [next(c for c in cands if c.biased == biased) for biased in {c.biased for c in cands}]
+                cands = cands[:1]
             for cfg in cands:
                 out = torch.full((m, n_out), float("nan"), device="cuda", dtype=dtype)
                 got = quant_matmul_triton(x, frag, res, swiglu, out=out, config=cfg)

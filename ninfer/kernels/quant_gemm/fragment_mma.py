@@ -14,11 +14,9 @@ streams the bytes 80-92%). Here the weights go from global memory straight into 
   16-byte loads in flight per lane and weight stream (SwiGLU has two: the gate and the up tile of the same
   outputs). Each scale group's products accumulate in fp32 from zero and are scaled once (fp32), as the
   reference does per group.
-* ``GemmConfig.biased``: the decode leaves out its ``fma`` (16 of its 44 instructions per 64 columns), so the
-  MMAs multiply ``128 + code``, and four more MMAs per 8-token block, with an all-ones A, give the activations'
-  column sums, of which ``136`` times come off each group's products (fp32; the sums are ~30 times the result,
-  which costs ~5 of fp32's 24 bits, far below the output's bf16 rounding). Cheaper while the MMA pipe is idle
-  (few tokens); the tuner decides.
+* Fewer instructions did not make it faster: a decode without the ``fma`` (the codes' offset subtracted per
+  group through MMAs of ones: 1.66 instead of 1.96 SASS instructions per weight) ran 7-12% slower on the H200
+  (run 2026-12-03.1, ``docs/performance.md``).
 * Programmatic dependent launch (compute capability 9.0+, ``NINFER_PDL=0`` turns it off): the kernel may start
   while the previous one finishes; it requests its first codes (static weights), then waits
   (``griddepcontrol.wait``) before anything reads the activations or writes. ``num_stages=2`` also requests
@@ -59,13 +57,11 @@ _CODES0, _CODES1, _CODES2, _CODES3 = _CODES
 _X0, _X1, _X2, _X3 = _X
 _CONSTS = {"bf16": ("0x3F803F80", "0xC308C308", "0x43004300"),  # (1.0, -(128 + 8), 128) as packed pairs
            "f16": ("0x3C003C00", "0xE408E408", "0x64006400")}  # (1.0, -(1024 + 8), 1024)
-_BIAS = {"bf16": 136.0, "f16": 1032.0}  # what a biased decoded value exceeds code - 8 by
 
 
-def _decode_asm(ty: str, biased: bool) -> str:
+def _decode_asm(ty: str) -> str:
     """Four code words ($16..$19) -> the 16 A registers of four MMAs ($0..$15): word j gives registers 4j..4j+3,
-    register r from the nibbles at bits 4r and 16 + 4r; ``code - 8`` each, or with ``biased`` ``2^e + code``
-    (the ``fma`` that subtracts the bias left out)."""
+    register r from the nibbles at bits 4r and 16 + 4r, ``code - 8`` each."""
     one, bias, magic = _CONSTS[ty]
     lines = ["{", ".reg .b32 s, one, bias;", f"mov.b32 one, {one};", f"mov.b32 bias, {bias};"]
     for j in range(4):
@@ -76,21 +72,7 @@ def _decode_asm(ty: str, biased: bool) -> str:
                 src = "s"
             out = f"${4 * j + r}"
             lines.append(f"lop3.b32 {out}, {src}, 0x000F000F, {magic}, 0xEA;")  # (src & 0x000F000F) | magic
-            if not biased:
-                lines.append(f"fma.rn.{ty}x2 {out}, {out}, one, bias;")
-    lines.append("}")
-    return "\n".join(lines)
-
-
-def _sums_asm(ty: str) -> str:
-    """The activations' column sums of one 8-token block over 64 columns, added to $12..$15 (out $0..$3): four
-    MMAs of an all-ones A with the block's 8 activation words $4..$11."""
-    one = _CONSTS[ty][0]
-    lines = ["{", ".reg .b32 one;", f"mov.b32 one, {one};"]
-    for j in range(4):
-        c = "$12, $13, $14, $15" if j == 0 else "$0, $1, $2, $3"
-        lines.append(f"mma.sync.aligned.m16n8k16.row.col.f32.{ty}.{ty}.f32 {{$0, $1, $2, $3}}, {{one, one, one, one}}, "
-                     f"{{${4 + 2 * j}, ${5 + 2 * j}}}, {{{c}}};")
+            lines.append(f"fma.rn.{ty}x2 {out}, {out}, one, bias;")
     lines.append("}")
     return "\n".join(lines)
 
@@ -110,16 +92,14 @@ def _mma_asm(ty: str) -> str:
 
 
 
-def asm_constants(dtype: torch.dtype, biased: bool) -> dict[str, object]:
+def asm_constants(dtype: torch.dtype) -> dict[str, str]:
     """The kernel's PTX for 16-bit activations of ``dtype`` (its constexpr arguments)."""
     ty = "f16" if dtype == torch.float16 else "bf16"
-    return {"DECODE_ASM": _decode_asm(ty, biased), "MMA_ASM": _mma_asm(ty), "SUMS_ASM": _sums_asm(ty),
-            "BIAS": _BIAS[ty]}
+    return {"DECODE_ASM": _decode_asm(ty), "MMA_ASM": _mma_asm(ty)}
 
 
 _DECODE_OPERANDS = tl.constexpr("=r," * 16 + "r,r,r,r")
 _MMA_OPERANDS = tl.constexpr("=f,=f,=f,=f," + "r," * 24 + "f,f,f,f")
-_SUMS_OPERANDS = tl.constexpr("=f,=f,=f,=f," + "r," * 8 + "f,f,f,f")
 
 
 @triton.jit
@@ -156,12 +136,6 @@ def _load_x(addr, U: tl.constexpr):
 def _decode(w, DECODE_ASM: tl.constexpr):
     return tl.inline_asm_elementwise(DECODE_ASM, _DECODE_OPERANDS, [w[0], w[1], w[2], w[3]], dtype=(tl.int32,) * 16,
                                      is_pure=True, pack=1)
-
-
-@triton.jit
-def _sums(xw, e0, e1, e2, e3, SUMS_ASM: tl.constexpr):
-    args = [xw[0], xw[1], xw[2], xw[3], xw[4], xw[5], xw[6], xw[7], e0, e1, e2, e3]
-    return tl.inline_asm_elementwise(SUMS_ASM, _SUMS_OPERANDS, args, dtype=(tl.float32,) * 4, is_pure=True, pack=1)
 
 
 @triton.jit
@@ -204,13 +178,11 @@ def _load_trip(code_lane, c, UNROLL: tl.constexpr, ASM: tl.constexpr):
 
 @triton.jit
 def _step(acc, codes, q_ptr, s_lane, x_ptr, x_lane, tile, c, g, t, tok0, M, KC, stride_xm, CPG: tl.constexpr,
-          UNROLL: tl.constexpr, NB: tl.constexpr, BIASED: tl.constexpr, DECODE_ASM: tl.constexpr,
-          MMA_ASM: tl.constexpr, SUMS_ASM: tl.constexpr, BIAS: tl.constexpr, ASM: tl.constexpr):
+          UNROLL: tl.constexpr, NB: tl.constexpr, DECODE_ASM: tl.constexpr, MMA_ASM: tl.constexpr,
+          ASM: tl.constexpr):
     """``UNROLL`` chunks from chunk ``c`` of one weight stream (tile per warp; ``codes`` from :func:`_load_trip`)
     into ``acc`` (4 * NB fp32 per lane): per scale group (``CPG`` chunks) its unscaled products from zero, scaled
-    once. ``BIASED``: the MMAs take ``2^e + code`` (no per-weight subtraction) and the group's activation sums
-    (MMAs of ones) times ``2^e + 8`` come off its products before the scale. ``x_lane`` (one per token block) and
-    ``s_lane``: the lane's addresses of chunk 0 and scale group 0."""
+    once. ``x_lane`` (one per token block) and ``s_lane``: the lane's addresses of chunk 0 and scale group 0."""
     if ASM:
         trip_x = ()
         for b in tl.static_range(NB):
@@ -221,28 +193,17 @@ def _step(acc, codes, q_ptr, s_lane, x_ptr, x_lane, tile, c, g, t, tok0, M, KC, 
         d = ()
         for i in tl.static_range(4 * NB):
             d = d + (tl.zeros_like(s_lo),)
-        e = d
         for ci in tl.static_range(CPG):
             cc = c + grp * CPG + ci
             if ASM:
                 a = _decode(codes[grp * CPG + ci], DECODE_ASM)
                 new = ()
-                sums = ()
                 for b in tl.static_range(NB):
                     xw = _load_x(trip_x[b], grp * CPG + ci)
                     new = new + _mma(a, xw, d[4 * b], d[4 * b + 1], d[4 * b + 2], d[4 * b + 3], MMA_ASM)
-                    if BIASED:
-                        sums = sums + _sums(xw, e[4 * b], e[4 * b + 1], e[4 * b + 2], e[4 * b + 3], SUMS_ASM)
                 d = new
-                if BIASED:
-                    e = sums
             else:
                 d = _chunk_portable(d, q_ptr, x_ptr, tile, cc, g, t, tok0, M, KC, stride_xm, NB)
-        if BIASED:
-            unbiased = ()
-            for i in tl.static_range(4 * NB):
-                unbiased = unbiased + (d[i] - BIAS * e[i],)
-            d = unbiased
         scaled = ()
         for b in tl.static_range(NB):  # values 0, 1 of a block are row g's, 2, 3 row g + 8's
             scaled = scaled + (acc[4 * b] + d[4 * b] * s_lo, acc[4 * b + 1] + d[4 * b + 1] * s_lo,
@@ -256,9 +217,8 @@ def _fragment_mma_kernel(
     x_ptr, q_ptr, s_ptr, res_ptr, out_ptr, ws_ptr, cnt_ptr,
     M, N_OUT, KC, NG, chunks_per_split, stride_xm, stride_rm, stride_om,
     CPG: tl.constexpr, SWIGLU: tl.constexpr, HAS_RES: tl.constexpr, SPLIT: tl.constexpr,
-    FUSED_REDUCE: tl.constexpr, NB: tl.constexpr, WARPS: tl.constexpr, UNROLL: tl.constexpr, BIASED: tl.constexpr,
-    PREFETCH: tl.constexpr, PDL: tl.constexpr, DECODE_ASM: tl.constexpr, MMA_ASM: tl.constexpr,
-    SUMS_ASM: tl.constexpr, BIAS: tl.constexpr, ASM: tl.constexpr,
+    FUSED_REDUCE: tl.constexpr, NB: tl.constexpr, WARPS: tl.constexpr, UNROLL: tl.constexpr, PREFETCH: tl.constexpr,
+    PDL: tl.constexpr, DECODE_ASM: tl.constexpr, MMA_ASM: tl.constexpr, ASM: tl.constexpr,
 ):
     e = tl.arange(0, 32 * WARPS)  # one element per thread: element i is thread i (lane i % 32 of warp i // 32)
     lane = e % 32
@@ -302,10 +262,10 @@ def _fragment_mma_kernel(
             codes = _load_trip(code_lane, c, UNROLL, ASM)
             codes_up = _load_trip(code_lane_up, c, UNROLL, ASM and SWIGLU)
         acc = _step(acc, codes, q_ptr, s_lane, x_ptr, x_lane, tile, c, g, t, tok0, M, KC, stride_xm, CPG, UNROLL, NB,
-                    BIASED, DECODE_ASM, MMA_ASM, SUMS_ASM, BIAS, ASM)
+                    DECODE_ASM, MMA_ASM, ASM)
         if SWIGLU:  # the up rows of the same outputs: tiles N_OUT / 16 further on
             acc_up = _step(acc_up, codes_up, q_ptr, s_lane_up, x_ptr, x_lane, tile + tiles, c, g, t, tok0, M, KC,
-                           stride_xm, CPG, UNROLL, NB, BIASED, DECODE_ASM, MMA_ASM, SUMS_ASM, BIAS, ASM)
+                           stride_xm, CPG, UNROLL, NB, DECODE_ASM, MMA_ASM, ASM)
         if PREFETCH:
             codes = codes_next
             codes_up = codes_up_next
@@ -367,8 +327,8 @@ def launch_fragment_mma(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, 
         x, q if asm else words(q), words(scales), res_arg, out, ws, counters, m, n_out, kc,
         k // group, per, x.stride(0), res_arg.stride(0), out.stride(0), CPG=cpg, SWIGLU=swiglu,
         HAS_RES=res is not None, SPLIT=splits > 1, FUSED_REDUCE=counters is not None, NB=cfg.block_m // 8,
-        WARPS=cfg.num_warps, UNROLL=unroll, BIASED=cfg.biased and asm, PREFETCH=cfg.num_stages > 1 and asm, PDL=pdl,
-        ASM=asm, num_warps=cfg.num_warps, num_stages=1, **asm_constants(x.dtype, cfg.biased),
+        WARPS=cfg.num_warps, UNROLL=unroll, PREFETCH=cfg.num_stages > 1 and asm, PDL=pdl, ASM=asm,
+        num_warps=cfg.num_warps, num_stages=1, **asm_constants(x.dtype),
         **({"maxnreg": cfg.max_registers} if cfg.max_registers else {}), **({"launch_pdl": True} if pdl else {}),
     )
     if splits > 1 and counters is None:

@@ -63,9 +63,6 @@ class GemmConfig:
     # "gemv-mma" only: Triton's ``maxnreg`` (registers per thread; fewer let more programs share an SM,
     # at the risk of spills); 0 = the compiler's choice
     max_registers: int = 0
-    # "frag" only: the codes' offset subtracted once per scale group through MMAs of ones (the activations'
-    # sums) instead of per weight by the decode's fma (fragment_mma's docstring)
-    biased: bool = False
 
 
 def kernel_params(fmt: str, cfg: GemmConfig) -> dict[str, int]:
@@ -220,7 +217,7 @@ def fragment_candidates(fmt: str, m: int, n_out: int, k: int, sms: int) -> list[
     split-K for about 8, 16 and 32 programs per SM. The programs are small (no shared memory, 1-8 warps), so
     several share an SM. Each comes with the next loop trip's codes requested during this one (``num_stages=2``)
     and without. On the H200 (run 2026-12-03.1, L2-cold, 27B shapes at 1 and 8 tokens) about 8 programs per SM
-    read most, 8 warps per program and the ``biased`` decode never won (so they are not offered); the favourite:
+    read most, 8 warps per program never won (so they are not offered); the favourite:
     4 warps, 2 chunks per trip, 8 programs per SM, prefetching."""
     group = GROUPS[fmt]
     tokens = 8 if m <= 8 else 16 if m <= 16 else 32
