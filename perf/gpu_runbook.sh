@@ -24,7 +24,7 @@ quant-gemm-decode     int4 decode GEMMs at 1..32 tokens: GEMV, tensor-core decod
 quant-gemm-regs       int4 tensor-core decode with and without a register cap (maxnreg 128 / 96) at 1 / 8 / 16 tokens
 quant-gemm-frag       register decode of fragment-laid int4: its GPU tests, then L2-cold vs the tl.dot decode, cuBLAS bf16, int4pack
 frag-first-look       the register decode L2-cold at 1 / 8 tokens against the tl.dot decode and cuBLAS, its GPU tests, an int4 model
-frag-engine-27b       27B int4 engine with fragment-laid weights, cold caches, triton autotune off: decode C = 1 / 8 at ctx 1k, 2k prefill
+frag-engine-27b       27B int4 engine with fragment-laid weights, cold caches, triton autotune off: decode C = 1 / 8 at ctx 1k, 1k prefill, step profile
 quant-gemm-gemlite    the tuner pick vs cuBLAS bf16 and gemlite at M = 1 / 8 / 4096, int4 / nvfp4 / fp8
 moe-kernels           35B-A3B expert GEMMs (tl.dot, GEMV, per-key pick) at 1..64 tokens and an 8k prefill
 engine-27b-int4       27B int4 engine: decode at ctx 1k / 32k and C = 1 / 2 / 4 / 8, 8k prefill in one chunk
@@ -156,8 +156,10 @@ stage() {
       gpu_tests 130 fragments_model_gpu
       ;;
     frag-engine-27b)  # Triton's own autotuning off (first configs of attention / DeltaNet): a cold start in one call
-      NINFER_AUTOTUNE=off part 520 python3 perf/bench_engine.py --shape 27b --recipe int4 --contexts 1024 \
-        --lanes 1 8 --steps 12 --chunk 2048 --prefill 2048
+      export NINFER_AUTOTUNE=off
+      part 400 python3 perf/bench_engine.py --shape 27b --recipe int4 --contexts 1024 --lanes 1 8 --steps 12 \
+        --chunk 1024 --prefill 1024
+      part 150 python3 perf/profile_step.py --shape 27b --recipe int4
       ;;
     quant-gemm-regs)
       part 200 python3 perf/bench_quant_gemm.py --path mma,regs --m 1,8,16 --formats int4-g64 \

@@ -32,6 +32,7 @@ from ninfer.runtime.speculative import force_acceptance
 
 # Op families by lower-cased kernel name (first match wins): Triton kernel names, cuBLAS and torch kernels.
 FAMILIES = [
+    ("quant GEMM (register decode)", r"fragment"),
     ("quant GEMV", r"gemv"),
     ("quant GEMM (tl.dot)", r"quant_gemm|split_finish"),
     ("MoE experts", r"moe|expert|route|router|topk"),
