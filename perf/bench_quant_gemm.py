@@ -294,7 +294,7 @@ def main() -> None:
                     else:
                         achieved, limit, unit = flops / ms_ours / 1e9, peak, "TFLOP/s"
                     label = f"{shape} N={n} K={k} M={m} {fmt}" + ("" if path == "default" else f" [{path}]") \
-                        + (" l2-cold" if cold and decode else "") + (" pdl-off" if path == "frag" and not pdl else "")
+                        + (" l2-cold" if cold and decode else "") + (" pdl" if path == "frag" and pdl else "")
                     record("quant_gemm", label, ms_ours, achieved=achieved, limit=limit,
                            unit=unit, baseline="cublas_bf16", baseline_ms=cublas[m], format=fmt, m=m, n=n, k=k,
                            weight_bytes=weight_bytes, vs_cublas=round(ms_ours / cublas[m], 4),

@@ -150,7 +150,7 @@ stage() {
     frag-first-look)
       part 200 python3 perf/bench_quant_gemm.py --path frag,mma --m 1,8 --formats int4-g64 --l2 cold \
         --shapes gate_up,down,in_proj_qkvz,o_proj --no-gemlite
-      NINFER_PDL=0 part 50 python3 perf/bench_quant_gemm.py --path frag --m 1 --formats int4-g64 --l2 cold \
+      NINFER_PDL=1 part 50 python3 perf/bench_quant_gemm.py --path frag --m 1 --formats int4-g64 --l2 cold \
         --shapes gate_up,down --no-gemlite
       gpu_tests 150 quant_fragments_gpu -n 12
       gpu_tests 130 fragments_model_gpu

@@ -167,13 +167,14 @@ def test_fragment_separate_reduce_kernel(monkeypatch: pytest.MonkeyPatch) -> Non
 
 @pytest.mark.usefixtures("poisoned_outputs")
 def test_fragment_weights_take_their_own_candidates() -> None:
-    """Decode sizes: the fragment decode only; prefill sizes: the fragment decode first (what graphs and untuned
-    keys run), then the dequantization path."""
+    """Decode sizes: the fragment decode only; prefill sizes: the dequantization path first (untuned keys), then
+    the fragment decode (what graphs run); a weight too large for the workspace: the decode alone."""
     for m in (1, 8, 32):
         cands = candidates("int4-g128", m, 5120, 17408, 132, layout=FRAGMENTS)
         assert cands and all(c.kind == "frag" for c in cands)
     cands = candidates("int4-g128", 512, 5120, 17408, 132, layout=FRAGMENTS)
-    assert cands[0].kind == "frag" and any(c.kind == "dequant" for c in cands)
+    assert cands[0].kind == "dequant" and any(c.kind == "frag" for c in cands)
+    assert all(c.kind == "frag" for c in candidates("int4-g128", 512, 248320, 5120, 132, layout=FRAGMENTS))
     w = _fragments(_weight(32, 256, "int4-g64", 11))
     x = torch.randn(40, 256, generator=torch.Generator().manual_seed(12)).half()
     for cfg in candidates("int4-g64", 40, 32, 256, 4, layout=FRAGMENTS):

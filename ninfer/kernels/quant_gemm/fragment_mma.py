@@ -17,9 +17,9 @@ streams the bytes 80-92%). Here the weights go from global memory straight into 
 * Fewer instructions did not make it faster: a decode without the ``fma`` (the codes' offset subtracted per
   group through MMAs of ones: 1.66 instead of 1.96 SASS instructions per weight) ran 7-12% slower on the H200
   (run 2026-12-03.1, ``docs/performance.md``).
-* Programmatic dependent launch (compute capability 9.0+, ``NINFER_PDL=0`` turns it off): the kernel may start
-  while the previous one finishes; it requests its first codes (static weights), then waits
-  (``griddepcontrol.wait``) before anything reads the activations or writes. ``num_stages=2`` also requests
+* Programmatic dependent launch (``NINFER_PDL=1``, compute capability 9.0+; off by default, since the 27B step
+  measured 2% slower with it): the kernel may start while the previous one finishes; it requests its first
+  codes (static weights), then waits (``griddepcontrol.wait``) before anything reads the activations or writes. ``num_stages=2`` also requests
   each next loop trip's codes before this trip's arithmetic.
 * Split-K over grid axis 1 with the deterministic epilogue of :mod:`.gemv_steps` (partials in an fp32 scratch,
   the last split to arrive sums them in split order; SwiGLU and residual after the sum), token blocks over axis 2.
