@@ -90,8 +90,6 @@ def _mma_asm(ty: str) -> str:
     return "\n".join(lines)
 
 
-
-
 def asm_constants(dtype: torch.dtype) -> dict[str, str]:
     """The kernel's PTX for 16-bit activations of ``dtype`` (its constexpr arguments)."""
     ty = "f16" if dtype == torch.float16 else "bf16"
@@ -212,6 +210,15 @@ def _step(acc, codes, q_ptr, s_lane, x_ptr, x_lane, tile, c, g, t, tok0, M, KC, 
     return acc
 
 
+@triton.jit
+def _position(i: tl.constexpr, tile_out, tiles, g, t, tok0, M):
+    """(token, row, valid) of a lane's accumulator ``i``: in 8-token block ``i // 4``, rows ``g`` / ``g + 8`` for
+    ``i % 4`` in 0..1 / 2..3, tokens ``2t`` / ``2t + 1`` for even / odd ``i`` (the MMA's D fragment)."""
+    n_idx = tile_out * 16 + g + 8 * ((i % 4) // 2)
+    m_idx = tok0 + 8 * (i // 4) + 2 * t + i % 2
+    return m_idx, n_idx, (tile_out < tiles) & (m_idx < M)
+
+
 @triton.jit(do_not_specialize=["M", "chunks_per_split"])
 def _fragment_mma_kernel(
     x_ptr, q_ptr, s_ptr, res_ptr, out_ptr, ws_ptr, cnt_ptr,
@@ -231,7 +238,7 @@ def _fragment_mma_kernel(
     # lane (g, t)'s codes of chunk 0, its activations of token block b (row tok0 + 8b + g, clamped; columns
     # 64 c + 16 t .. + 15 of chunk c) and its scale pair of group 0
     x_lane = ()
-    code_lane = tile
+    code_lane = tile  # placeholders: the interpreter's body gathers from q_ptr itself
     code_lane_up = tile
     if ASM:
         code_lane = q_ptr.to(tl.int64) + (tile.to(tl.int64) * KC * 32 + lane) * 16
@@ -269,28 +276,21 @@ def _fragment_mma_kernel(
         if PREFETCH:
             codes = codes_next
             codes_up = codes_up_next
-    # value i of token block b: row tile * 16 + g + 8 (i // 2), token tok0 + 8 b + 2 t + i % 2
     pid_s = tl.program_id(1)
     if SPLIT:
         for i in tl.static_range(4 * NB):
-            n_idx = tile_out * 16 + g + 8 * ((i % 4) // 2)
-            m_idx = tok0 + 8 * (i // 4) + 2 * t + i % 2
-            mask = (tile_out < tiles) & (m_idx < M)
+            m_idx, n_idx, mask = _position(i, tile_out, tiles, g, t, tok0, M)
             store_partials_at(ws_ptr, acc[i], acc_up[i], pid_s, M, m_idx, n_idx, mask, N_OUT, SWIGLU)
         if FUSED_REDUCE:
             if last_split_arrived(cnt_ptr):
                 for i in tl.static_range(4 * NB):
-                    n_idx = tile_out * 16 + g + 8 * ((i % 4) // 2)
-                    m_idx = tok0 + 8 * (i // 4) + 2 * t + i % 2
-                    mask = (tile_out < tiles) & (m_idx < M)
+                    m_idx, n_idx, mask = _position(i, tile_out, tiles, g, t, tok0, M)
                     y, y_up = sum_splits_at(ws_ptr, m_idx, n_idx, mask, M, N_OUT, tl.num_programs(1), SWIGLU)
                     finish_at(y, y_up, m_idx, n_idx, mask, res_ptr, stride_rm, out_ptr, stride_om, SWIGLU, HAS_RES)
                 reset_counter(cnt_ptr)
     else:
         for i in tl.static_range(4 * NB):
-            n_idx = tile_out * 16 + g + 8 * ((i % 4) // 2)
-            m_idx = tok0 + 8 * (i // 4) + 2 * t + i % 2
-            mask = (tile_out < tiles) & (m_idx < M)
+            m_idx, n_idx, mask = _position(i, tile_out, tiles, g, t, tok0, M)
             finish_at(acc[i], acc_up[i], m_idx, n_idx, mask, res_ptr, stride_rm, out_ptr, stride_om, SWIGLU, HAS_RES)
 
 
