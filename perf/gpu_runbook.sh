@@ -153,7 +153,7 @@ stage() {
       NINFER_PDL=1 part 50 python3 perf/bench_quant_gemm.py --path frag --m 1 --formats int4-g64 --l2 cold \
         --shapes gate_up,down --no-gemlite
       gpu_tests 150 quant_fragments_gpu -n 12
-      gpu_tests 130 fragments_model_gpu
+      gpu_tests 200 fragments_model_gpu
       ;;
     frag-engine-27b)  # Triton's own autotuning off (first configs of attention / DeltaNet): a cold start in one call
       export NINFER_AUTOTUNE=off

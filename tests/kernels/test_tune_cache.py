@@ -224,10 +224,10 @@ def test_select_config_takes_the_stored_config_without_timing(tunable: list[list
     new_process()
     fake_timing(monkeypatch, tunable, None)  # would now pick cands[0]
     assert select() == fast and len(tunable) == 1  # from disk, not timed
-    assert default_tuner().chosen("quant_gemm") == {("int4-g64", torch.float32, 1, 32, 64, False, True, x.device, "rows"): fast}
+    key = ("int4-g64", torch.float32, 1, 32, 64, False, True, x.device, "rows")
+    assert default_tuner().chosen("quant_gemm") == {key: fast}
 
     # A stored config that is no longer a candidate (or not a GemmConfig at all) is timed again and replaced.
-    key = ("int4-g64", torch.float32, 1, 32, 64, False, True, x.device, "rows")
     for stale in ({**asdict(fast), "block_n": 48}, {"block_m": 16, "warps": 4}):
         tune_cache.record("quant_gemm", key, stale, x.device)
         new_process()

@@ -134,5 +134,6 @@ def test_the_quant_gemm_tuner_uses_the_process_state(monkeypatch: pytest.MonkeyP
         monkeypatch.setattr(tuner, "tunable", lambda device: True)
         cfg = quant_gemm_tune.select_config("int4-g64", x, 32, 64, False, False, lambda c: None)
         assert cfg == quant_gemm_tune.candidates("int4-g64", 2, 32, 64, 4)[1]
-        assert tuner.chosen("quant_gemm") == {("int4-g64", torch.float32, 2, 32, 64, False, False, x.device, "rows"): cfg}
-    assert ("int4-g64", torch.float32, 2, 32, 64, False, False, x.device, "rows") not in default_tuner().chosen("quant_gemm")
+        key = ("int4-g64", torch.float32, 2, 32, 64, False, False, x.device, "rows")
+        assert tuner.chosen("quant_gemm") == {key: cfg}
+    assert key not in default_tuner().chosen("quant_gemm")

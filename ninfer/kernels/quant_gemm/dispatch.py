@@ -136,7 +136,8 @@ def _launch(x: torch.Tensor, w: QuantizedTensor, res: torch.Tensor | None, out: 
         # A captured graph would keep the shared workspace's address, which a later, larger weight frees
         # (the buffer grows by reallocation): graphs take the first other candidate instead (the tiled
         # favourite, or the fragment decode; compiled already: the tuner ran it when it chose this config).
-        cfg = next(c for c in candidates(name, m, n_out, k, sm_count(x.device), layout=w.layout) if c.kind != "dequant")
+        cands = candidates(name, m, n_out, k, sm_count(x.device), layout=w.layout)
+        cfg = next(c for c in cands if c.kind != "dequant")
     p = kernel_params(name, cfg)
     q, scales, row_scale = kernel_tensors(w)
     if cfg.kind == "frag":  # int4 in the fragment layout, from registers (fragment_mma)

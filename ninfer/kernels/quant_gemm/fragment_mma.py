@@ -18,9 +18,9 @@ streams the bytes 80-92%). Here the weights go from global memory straight into 
   group through MMAs of ones: 1.66 instead of 1.96 SASS instructions per weight) ran 7-12% slower on the H200
   (run 2026-12-03.1, ``docs/performance.md``).
 * Programmatic dependent launch (``NINFER_PDL=1``, compute capability 9.0+; off by default, since the 27B step
-  measured 2% slower with it): the kernel may start while the previous one finishes; it requests its first
-  codes (static weights), then waits (``griddepcontrol.wait``) before anything reads the activations or writes. ``num_stages=2`` also requests
-  each next loop trip's codes before this trip's arithmetic.
+  measured 2-3% slower with it): the kernel may start while the previous one finishes; it requests its first
+  codes (static weights), then waits (``griddepcontrol.wait``) before anything reads the activations or writes.
+* ``num_stages=2`` requests each next loop trip's codes before this trip's arithmetic.
 * Split-K over grid axis 1 with the deterministic epilogue of :mod:`.gemv_steps` (partials in an fp32 scratch,
   the last split to arrive sums them in split order; SwiGLU and residual after the sum), token blocks over axis 2.
   The tuner chooses warps, trip length, tokens per program and splits per shape (:func:`fragment_candidates`).
@@ -30,6 +30,8 @@ same four products per 8-token block with Triton gathers from the same layout an
 check the indexing, splits and epilogues, and the GPU tests the PTX.
 """
 from __future__ import annotations
+
+from functools import cache
 
 import torch
 import triton
@@ -90,6 +92,7 @@ def _mma_asm(ty: str) -> str:
     return "\n".join(lines)
 
 
+@cache
 def asm_constants(dtype: torch.dtype) -> dict[str, str]:
     """The kernel's PTX for 16-bit activations of ``dtype`` (its constexpr arguments)."""
     ty = "f16" if dtype == torch.float16 else "bf16"

@@ -105,10 +105,11 @@ def candidates(fmt: str, m: int, n_out: int, k: int, sms: int, *, swiglu: bool =
     another warp also holds; a K step reads 128 bytes of each weight row.
     """
     if layout == FRAGMENTS:  # prefill sizes: the dequantization path first (the decode re-reads the weight per
-        # 32 tokens: 262 ms of a 1024-token 27B prefill in run 2026-12-03.4), where its workspace takes the weight
+        # 32 tokens: 262 ms of a 1024-token 27B prefill in run 2026-12-03.4), where its workspace takes the weight;
+        # one dequant config: the layout's dequantization kernel has a fixed tile
         out = fragment_candidates(fmt, m, n_out, k, sms)
         if m > MMA_MAX_M and n_out * (2 if swiglu else 1) * k <= DEQUANT_MAX_ELEMENTS:
-            out = dequant_candidates(fmt, 128) + out
+            out = dequant_candidates(fmt, 128)[:1] + out
         return out
     if m <= SKINNY_MAX_M:
         bk = _block_k(fmt, 128)
@@ -215,7 +216,7 @@ def fragment_candidates(fmt: str, m: int, n_out: int, k: int, sms: int) -> list[
     """Configs of the register decode (:mod:`ninfer.kernels.quant_gemm.fragment_mma`) for int4 weights in the
     fragment layout, any M (8, 16 or 32 tokens per program; more tokens take more programs, each reading the
     weight again, which the prefill sizes' dequantization path beats): ``(warps, chunks per loop trip)`` with
-    split-K for about 8, 16 and 32 programs per SM. The programs are small (no shared memory, 1-8 warps), so
+    split-K for about 8, 4 and 16 programs per SM. The programs are small (no shared memory, 2-4 warps), so
     several share an SM. Each comes with the next loop trip's codes requested during this one (``num_stages=2``)
     and without. On the H200 (run 2026-12-03.1, L2-cold, 27B shapes at 1 and 8 tokens) about 8 programs per SM
     read most, 8 warps per program never won (so they are not offered); the favourite:
