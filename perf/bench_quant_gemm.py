@@ -22,7 +22,7 @@ candidate of ``quant_gemv`` timed, the fastest recorded), ``mma`` (int4, M <= 16
 tensor-core decode of ``quant_gemv_mma``), ``dequant`` (M > 16, weights the tuner
 offers it for: every ``quant_dequant`` candidate timed, whole-weight dequantization + cuBLAS, the
 fastest recorded with the dequant kernel's own time and bandwidth as ``dequant_ms`` /
-``dequant_tbps``), ``frag`` (int4, M <= 32: the weight re-laid into the fragment layout, every candidate of
+``dequant_tbps``), ``frag`` (int4 / int8-g64, M <= 32: the weight re-laid into the fragment layout, every candidate of
 the register decode ``fragment_mma`` timed, the fastest recorded), ``tuned`` (the runtime tuner over all
 candidates, whichever path wins). Records carry ``path`` and ``config``. ``--l2 cold`` (decode sizes)
 times ours, cuBLAS and int4pack over enough copies of the weight (>= 256 MB in all, cycled inside the

@@ -24,6 +24,7 @@ quant-gemm-decode     int4 decode GEMMs at 1..32 tokens: GEMV, tensor-core decod
 quant-gemm-regs       int4 tensor-core decode with and without a register cap (maxnreg 128 / 96) at 1 / 8 / 16 tokens
 quant-gemm-frag       register decode of fragment-laid int4: its GPU tests, then L2-cold vs the tl.dot decode, cuBLAS bf16, int4pack
 frag-first-look       the register decode L2-cold at 1 / 8 tokens against the tl.dot decode and cuBLAS, its GPU tests, an int4 model
+frag-int8             register decode of fragment-laid int8-g64 (the LM head, the int8 projections of the model recipes): its GPU tests, L2-cold vs the row-major tuner and cuBLAS
 frag-engine-27b       27B int4 engine with fragment-laid weights, cold caches, triton autotune off: decode C = 1 / 8 at ctx 1k, 1k prefill, step profile
 quant-gemm-gemlite    the tuner pick vs cuBLAS bf16 and gemlite at M = 1 / 8 / 4096, int4 / nvfp4 / fp8
 moe-kernels           35B-A3B expert GEMMs (tl.dot, GEMV, per-key pick) at 1..64 tokens and an 8k prefill
@@ -154,6 +155,12 @@ stage() {
         --shapes gate_up,down --no-gemlite
       gpu_tests 150 quant_fragments_gpu -n 12
       gpu_tests 200 fragments_model_gpu
+      ;;
+    frag-int8)
+      gpu_tests 230 quant_fragments_gpu -n 16 -k "'int8 or graph or projections or fp32'"
+      part 220 python3 perf/bench_quant_gemm.py --path frag,tuned --m 1,8 --formats int8-g64 --l2 cold \
+        --shapes lm_head,in_proj_qkvz,o_proj --no-gemlite
+      gpu_tests 100 quant_fragments_gpu -n 16 -k "'every_candidate and int4-g128'"
       ;;
     frag-engine-27b)  # Triton's own autotuning off (first configs of attention / DeltaNet): a cold start in one call
       export NINFER_AUTOTUNE=off

@@ -16,7 +16,7 @@ N = 512, K = 2048; down: N = 2048, K = 512; 8 and 64 routed pairs), ignoring ``-
 and strides are declared 16-byte divisible, as Triton specialises them at run time for the model's
 shapes. ``--kinds attention-prefill`` compiles the paged prefill attention kernel's configs at the
 27B geometry (24 : 4 heads, head dim 256, page 64, bf16 queries), unsplit and split-KV, for each
-``--kv`` format. ``--kinds frag`` compiles the register decode of fragment-laid int4 weights
+``--kv`` format. ``--kinds frag`` compiles the register decode of fragment-laid int4 / int8-g64 weights
 (``fragment_mma``) for each of its candidates at the 27B gate/up (SwiGLU), down and qkvz shapes: registers,
 stack (spills) and SASS instructions per weight in its K loop. Needs a Triton with the NVIDIA backend
 (compiling needs ptxas, not a driver).
@@ -184,15 +184,16 @@ def mma(fmt: str, m: int, arch: int, sms: int) -> None:
                 print(f"{head}: FAILED {type(err).__name__}: {str(err).splitlines()[0][:200]}", flush=True)
 
 
-def compile_frag(cfg, group: int, swiglu: bool, arch: int):
+def compile_frag(cfg, group: int, swiglu: bool, arch: int, bits: int = 4):
     """fragment_mma's kernel (bf16 activations, PTX decode) for one config, split-K with the fused reduction."""
-    sig = {"x_ptr": "*bf16", "q_ptr": "*u8", "s_ptr": "*i32", "res_ptr": "*bf16", "out_ptr": "*bf16",
+    sig = {"x_ptr": "*bf16", "q_ptr": "*u8" if bits == 4 else "*i8", "s_ptr": "*i32", "res_ptr": "*bf16", "out_ptr": "*bf16",
            "ws_ptr": "*fp32", "cnt_ptr": "*i32", **dict.fromkeys(("M", "N_OUT", "KC", "NG", "chunks_per_split",
                                                                     "stride_xm", "stride_rm", "stride_om"), "i32")}
     split = cfg.split_k > 1
     consts = dict(CPG=group // 64, SWIGLU=swiglu, HAS_RES=False, SPLIT=split, FUSED_REDUCE=split,
                   NB=cfg.block_m // 8, WARPS=cfg.num_warps, UNROLL=cfg.block_k // 64, PREFETCH=cfg.num_stages > 1,
-                  PDL=arch >= 90, ASM=True, **fragment_mma.asm_constants(torch.bfloat16))
+                  TOKENS_FIRST=False, PDL=arch >= 90, ASM=True, BITS=bits,
+                  **fragment_mma.asm_constants(torch.bfloat16, bits))
     sig.update(dict.fromkeys(consts, "constexpr"))
     names = list(sig)
     aligned = [n for n in names if n.endswith("_ptr") or n in ("N_OUT", "KC", "stride_xm", "stride_rm", "stride_om")]
@@ -206,13 +207,16 @@ def compile_frag(cfg, group: int, swiglu: bool, arch: int):
 
 def frag(fmt: str, m: int, arch: int, sms: int) -> None:
     group = int(fmt.split("-g")[1])
-    for name, n_out, k, swiglu in (("gate_up", 17408, 5120, True), ("down", 5120, 17408, False),
-                                   ("qkvz", 16384, 5120, False)):
+    bits = 8 if fmt.startswith("int8") else 4
+    shapes = (("gate_up", 17408, 5120, True), ("down", 5120, 17408, False), ("qkvz", 16384, 5120, False))
+    if bits == 8:  # the LM head and the int8 recipes' attention / DeltaNet projections
+        shapes = (("lm_head", 248320, 5120, False), ("qkvz", 16384, 5120, False), ("o_proj", 5120, 6144, False))
+    for name, n_out, k, swiglu in shapes:
         for cfg in fragment_candidates(fmt, m, n_out, k, sms):
             head = (f"{fmt:9s} frag-{name:7s} tokens={cfg.block_m:<2d} warps={cfg.num_warps} "
                     f"chunks/trip={cfg.block_k // 64} split={cfg.split_k:<3d} prefetch={cfg.num_stages > 1:d}")
             try:
-                kernel = compile_frag(cfg, group, swiglu, arch)
+                kernel = compile_frag(cfg, group, swiglu, arch, bits)
                 per_thread = 16 * cfg.block_k * (2 if swiglu else 1) / 32
                 per_weight = loop_instructions(kernel) / per_thread
                 print(f"{head} | {resources(kernel, arch)} | {per_weight:.2f} SASS instructions per weight in the "
@@ -304,7 +308,7 @@ def main(args: argparse.Namespace) -> None:
             moe_gemv(fmt, args.arch, args.sms)
         if "gemv-mma" in kinds and fmt.startswith("int4"):
             mma(fmt, args.m, args.arch, args.sms)
-        if "frag" in kinds and fmt.startswith("int4"):
+        if "frag" in kinds and (fmt.startswith("int4") or fmt == "int8-g64"):
             frag(fmt, args.m, args.arch, args.sms)
         cfgs = candidates(fmt, args.m, args.n, args.k, args.sms)
         if "dequant" in kinds and not any(c.kind == "dequant" for c in cfgs):  # decode M: not offered there

@@ -122,10 +122,10 @@ class QuantLinear(QuantWeight):
 
     @torch.no_grad()
     def use_fragment_layout_(self) -> bool:
-        """Re-lay int4 codes and scales in place into the register decode's fragment layout
+        """Re-lay int4 / int8 codes and scales in place into the register decode's fragment layout
         (:mod:`ninfer.kernels.quant_gemm.fragments`): same shapes and bytes, another order, which every path of
-        ``quant_matmul`` (and ``dequantize``) reads. False where the weight cannot take it (not int4, N not a
-        multiple of 16, K of 64) or shares its storage (a tied LM head: the embedding reads rows)."""
+        ``quant_matmul`` (and ``dequantize``) reads. False where the weight cannot take it (not int4-g64 / -g128 or
+        int8-g64, N not a multiple of 16, K of 64) or shares its storage (a tied LM head: the embedding reads rows)."""
         if self.layout == FRAGMENTS:
             return True
         if self.shares_storage or not fragments_fit(self.format.name, self.shape):
@@ -180,7 +180,7 @@ class QuantEmbedding(QuantWeight):
 
 
 def use_kernel_layouts_(*modules: nn.Module | None) -> int:
-    """Re-lay the int4 linear weights of ``modules`` (on CUDA) for the register decode
+    """Re-lay the int4 and int8 linear weights of ``modules`` (on CUDA) for the register decode
     (:meth:`QuantLinear.use_fragment_layout_`), unless ``NINFER_FRAGMENTS=0`` (read now): the row-major
     kernels then serve them. Returns how many weights are in the fragment layout."""
     if os.environ.get("NINFER_FRAGMENTS", "1") == "0":

@@ -1,5 +1,5 @@
-"""The register decode of fragment-laid int4 weights on the GPU (its PTX: loads, nibble decode, mma.sync) at the
-27B shapes, against the fp32 dequantize-then-matmul reference of the row-major weight: fresh random inputs,
+"""The register decode of fragment-laid int4 and int8 weights on the GPU (its PTX: loads, bit decode, mma.sync) at
+the 27B shapes, against the fp32 dequantize-then-matmul reference of the row-major weight: fresh random inputs,
 NaN-poisoned outputs, every candidate config at 1..32 tokens, bf16 and fp16, plain / residual / SwiGLU, in and
 out of a CUDA graph; the prefill sizes' paths (the decode at 33+ tokens, the dequantization), and a model's
 projections re-laid by ``use_kernel_layouts_``."""
@@ -59,6 +59,31 @@ def test_every_candidate_at_real_shapes(fmt: str, dtype: torch.dtype) -> None:
                 assert _err(got, ref) < BF16_TOL, (fmt, name, m, cfg, _err(got, ref))
 
 
+INT8_CASES = [("lm_head", 248320, 5120, False, False), ("o_proj", 5120, 6144, False, True),
+              ("qkv", 10240, 5120, False, False), ("shared_gate_up", 1024, 2048, True, False)]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_int8_every_candidate(dtype: torch.dtype) -> None:
+    """int8-g64 (the LM head of every recipe; attention, DeltaNet and shared-expert projections of the model
+    recipes): every candidate at 1 and 8 tokens, the favourite at every token count."""
+    sms = sm_count(CUDA)
+    for name, n, k, swiglu, residual in INT8_CASES:
+        rows, frag = _pair(n, k, "int8-g64", 6)
+        n_out = n // 2 if swiglu else n
+        for m in (1, 3, 8, 13, 29, 32):
+            x = torch.randn(m, k, device="cuda", dtype=dtype)
+            res = torch.randn(m, n_out, device="cuda", dtype=dtype) if residual else None
+            ref = quant_matmul_reference(x.float(), rows, None if res is None else res.float(), swiglu)
+            cands = fragment_candidates("int8-g64", m, n_out, k, sms)
+            for cfg in cands if m in (1, 8) and dtype == torch.bfloat16 else cands[:1]:
+                out = torch.full((m, n_out), float("nan"), device="cuda", dtype=dtype)
+                got = quant_matmul_triton(x, frag, res, swiglu, out=out, config=cfg)
+                assert torch.isfinite(got).all(), (name, m, cfg)
+                assert _err(got, ref) < BF16_TOL, (name, m, cfg, _err(got, ref))
+        del rows, frag
+
+
 def test_fp32_activations_and_unaligned_rows() -> None:
     """fp32 activations take the portable (Triton) body; a bf16 view starting off a 16-byte boundary is copied."""
     rows, frag = _pair(5120, 6144, "int4-g128", 2)
@@ -69,10 +94,11 @@ def test_fp32_activations_and_unaligned_rows() -> None:
     assert _err(quant_matmul_triton(x, frag), quant_matmul_reference(x.float(), rows)) < BF16_TOL
 
 
-def test_in_cuda_graph_bit_equal_to_eager() -> None:
+@pytest.mark.parametrize("fmt", ["int4-g128", "int8-g64"])
+def test_in_cuda_graph_bit_equal_to_eager(fmt: str) -> None:
     """Split-K with the fused, ordered reduction (and programmatic dependent launch where the GPU has it)."""
-    _, frag = _pair(5120, 17408, "int4-g128", 3)
-    cfg = next(c for c in fragment_candidates("int4-g128", 4, 5120, 17408, sm_count(CUDA)) if c.split_k > 1)
+    _, frag = _pair(5120, 17408, fmt, 3)
+    cfg = next(c for c in fragment_candidates(fmt, 4, 5120, 17408, sm_count(CUDA)) if c.split_k > 1)
     x = torch.randn(4, 17408, device="cuda", dtype=torch.bfloat16)
     graph_replay_matches(frag, cfg, x, torch.randn(4, 5120, device="cuda", dtype=torch.bfloat16))
 
@@ -99,11 +125,13 @@ def test_model_projections_re_laid_in_place() -> None:
     output and ``dequantize`` are unchanged."""
     g = torch.Generator(device="cuda").manual_seed(5)
     fits = QuantLinear.from_float(torch.randn(1024, 2048, generator=g, device="cuda") * 0.02, "int4-g128")
+    fits8 = QuantLinear.from_float(torch.randn(1024, 2048, generator=g, device="cuda") * 0.02, "int8-g64")
     odd = QuantLinear.from_float(torch.randn(257, 2048, generator=g, device="cuda") * 0.02, "int4-g128")
     x = torch.randn(2, 2048, device="cuda", dtype=torch.bfloat16)
-    before = [fits(x), odd(x), fits.dequantize(torch.float32)]
+    before = [fits(x), odd(x), fits.dequantize(torch.float32), fits8(x), fits8.dequantize(torch.float32)]
     param = fits.qweight
-    assert use_kernel_layouts_(torch.nn.ModuleList([fits, odd])) == 1
-    assert fits.layout == FRAGMENTS and fits.qweight is param and odd.layout == "rows"
-    assert _err(fits(x), before[0]) < 1e-2 and torch.equal(odd(x), before[1])
+    assert use_kernel_layouts_(torch.nn.ModuleList([fits, odd, fits8])) == 2
+    assert fits.layout == FRAGMENTS and fits.qweight is param and odd.layout == "rows" and fits8.layout == FRAGMENTS
+    assert _err(fits(x), before[0]) < 1e-2 and torch.equal(odd(x), before[1]) and _err(fits8(x), before[3]) < 1e-2
     assert torch.equal(fits.dequantize(torch.float32), before[2])
+    assert torch.equal(fits8.dequantize(torch.float32), before[4])

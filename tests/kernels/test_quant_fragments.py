@@ -1,7 +1,9 @@
-"""The fragment layout of int4 weights and the register decode GEMM that reads it, on CPU.
+"""The fragment layout of int4 and int8 weights and the register decode GEMM that reads it, on CPU.
 
 * The layout against the PTX ISA's ``m16n8k16`` fragment map: an emulation that builds each MMA's A (16 x 16) and
-  B (16 x 8) from what every lane holds, as the kernel's PTX assigns registers, must give ``x @ W^T``.
+  B (16 x 8) from what every lane holds, as the kernel's PTX assigns registers, must give ``x @ W^T``. For int8 the
+  emulation also runs the decode's bit arithmetic (``lop3`` masks, the bf16 / fp16 bit patterns, the ``fma``) on
+  every code, with the constants the PTX uses.
 * Round trips, row slices, the dequantization kernel (bit for bit ``QuantizedTensor.dequantize``).
 * The decode kernel in the interpreter (``ASM`` off: the same layout read by Triton gathers): token counts, splits
   with the fused and the separate reduction, SwiGLU and residual epilogues, fp16 and fp32 activations. Outputs
@@ -36,9 +38,43 @@ def _fragments(w: QuantizedTensor) -> QuantizedTensor:
     return QuantizedTensor(w.format, w.shape, {"qweight": q, "scales": s}, layout=FRAGMENTS)
 
 
-def _lane_registers(word: int) -> list[tuple[int, int]]:
-    """The decode's A registers of one code word: register r = codes at bits 4r (low half) and 16 + 4r."""
-    return [((word >> (4 * r)) & 0xF, (word >> (16 + 4 * r)) & 0xF) for r in range(4)]
+def _lane_registers(words: list[int]) -> list[list[tuple[int, int]]]:
+    """A lane's A registers of one chunk's code words, per MMA j, as (low, high) integer values: int4 (4 words):
+    register r of MMA j = nibbles at bits 4r and 16 + 4r of word j, minus 8; int8 (8 words): registers 2b and
+    2b + 1 of MMA j = bytes 0, 2 and 1, 3 of word 2j + b, through the PTX's bit decode."""
+    if len(words) == 4:
+        return [[(((w >> (4 * r)) & 0xF) - 8, ((w >> (16 + 4 * r)) & 0xF) - 8) for r in range(4)] for w in words]
+    regs = []
+    for j in range(4):
+        per_mma = []
+        for b in range(2):
+            for h in range(2):
+                per_mma.append(_decode_int8_register(words[2 * j + b] >> (8 * h)))
+        regs.append(per_mma)
+    return regs
+
+
+def _bits_to_float(bits: int, ty: str) -> float:
+    """The 16-bit float (bf16 / fp16) with these bits."""
+    signed = bits - 0x10000 if bits >= 0x8000 else bits
+    return torch.tensor([signed], dtype=torch.int16).view(torch.bfloat16 if ty == "bf16" else torch.float16).item()
+
+
+def _decode_int8_register(src: int, ty: str = "bf16") -> tuple[int, int]:
+    """``lop3(src, 0x007F007F, magic)``, ``lop3(src, 0x00800080, base)``, ``fma(m, 1, o)`` per 16-bit half, with the
+    constants of ``fragment_ptx`` for ``ty``, as integers (the decode must be exact)."""
+    from ninfer.kernels.quant_gemm.fragment_ptx import _CONSTS
+
+    _, _, magic, base = (int(c, 16) for c in _CONSTS[ty])
+    src &= 0xFFFFFFFF
+    m = (src & 0x007F007F) | magic
+    o = (src & 0x00800080) | base
+    halves = []
+    for shift in (0, 16):
+        value = _bits_to_float((m >> shift) & 0xFFFF, ty) + _bits_to_float((o >> shift) & 0xFFFF, ty)
+        assert value == int(value)
+        halves.append(int(value))
+    return halves[0], halves[1]
 
 
 def _emulate(q: torch.Tensor, s: torch.Tensor, x: torch.Tensor, group: int) -> torch.Tensor:
@@ -47,8 +83,10 @@ def _emulate(q: torch.Tensor, s: torch.Tensor, x: torch.Tensor, group: int) -> t
     (k = 2t..2t+1, n = g) in register 0, (2t+8.., g) in 1; D = A B. Each lane's B registers for MMA j are
     activation words 2j and 2j + 1 of its 16 columns 16t..16t+15 of the chunk."""
     n, kb = q.shape
-    k = 2 * kb
-    words = q.contiguous().view(torch.int32).view(n // 16, k // 64, 32, 4).tolist()
+    int8 = q.dtype == torch.int8
+    k = kb if int8 else 2 * kb
+    per_lane = 8 if int8 else 4
+    flat = q.contiguous().view(torch.int32).view(n // 16, k // 64, -1).tolist()  # tile, chunk, words
     sc = s.float().view(n // 16, k // group, 8, 2)
     xp = torch.zeros(8, k, dtype=torch.float64)
     xp[: x.shape[0]] = x.double()
@@ -56,16 +94,23 @@ def _emulate(q: torch.Tensor, s: torch.Tensor, x: torch.Tensor, group: int) -> t
     for tile in range(n // 16):
         for c in range(k // 64):
             d = torch.zeros(16, 8, dtype=torch.float64)
+            chunk = flat[tile][c]
+            lanes = []
+            for lane in range(32):  # int8: words 0..3 in the first 512 bytes (lane after lane), 4..7 in the second
+                words = [chunk[lane * 4 + i] for i in range(4)]
+                if int8:
+                    words += [chunk[128 + lane * 4 + i] for i in range(4)]
+                assert len(words) == per_lane
+                lanes.append(_lane_registers([w & 0xFFFFFFFF for w in words]))
             for j in range(4):
                 a = torch.zeros(16, 16, dtype=torch.float64)
                 b = torch.zeros(16, 8, dtype=torch.float64)
                 for lane in range(32):
                     g, t = divmod(lane, 4)
-                    regs = _lane_registers(words[tile][c][lane][j] & 0xFFFFFFFF)
-                    for r, (lo, hi) in enumerate(regs):
+                    for r, (lo, hi) in enumerate(lanes[lane][j]):
                         row = g + 8 * (r % 2)
                         slot = 2 * t + 8 * (r // 2)
-                        a[row, slot], a[row, slot + 1] = lo - 8, hi - 8
+                        a[row, slot], a[row, slot + 1] = lo, hi
                     col = 64 * c + 16 * t + 4 * j
                     b[2 * t, g], b[2 * t + 1, g] = xp[g, col], xp[g, col + 1]
                     b[2 * t + 8, g], b[2 * t + 9, g] = xp[g, col + 2], xp[g, col + 3]
@@ -76,7 +121,18 @@ def _emulate(q: torch.Tensor, s: torch.Tensor, x: torch.Tensor, group: int) -> t
     return y[: x.shape[0]]
 
 
-@pytest.mark.parametrize("fmt", ["int4-g64", "int4-g128"])
+@pytest.mark.parametrize("ty", ["bf16", "f16"])
+def test_int8_decode_is_exact_for_every_byte(ty: str) -> None:
+    """Every byte pair through the decode's bit arithmetic gives the two's complement codes."""
+    for lo in range(256):
+        hi = (lo * 37 + 11) % 256
+        other = (lo * 91 + 5) % 256  # the register's other bytes (the next row's codes) must not leak in
+        word = lo | (other << 8) | (hi << 16) | ((255 - other) << 24)
+        assert _decode_int8_register(word, ty) == (lo - 256 * (lo >= 128), hi - 256 * (hi >= 128))
+    assert _decode_int8_register(0x80FF7F00 >> 8, ty) == (127, -128)  # bytes 1 and 3 after the shift
+
+
+@pytest.mark.parametrize("fmt", ["int4-g64", "int4-g128", "int8-g64"])
 def test_layout_matches_the_mma_fragment_map(fmt: str) -> None:
     w = _weight(32, 256, fmt, seed=1)
     x = torch.randn(5, 256, generator=torch.Generator().manual_seed(2))
@@ -86,8 +142,9 @@ def test_layout_matches_the_mma_fragment_map(fmt: str) -> None:
     assert torch.allclose(got, ref, rtol=1e-10, atol=1e-10)
 
 
-def test_round_trip_and_row_slices() -> None:
-    w = _weight(48, 384, "int4-g64", seed=3)
+@pytest.mark.parametrize("fmt", ["int4-g64", "int8-g64"])
+def test_round_trip_and_row_slices(fmt: str) -> None:
+    w = _weight(48, 384, fmt, seed=3)
     f = _fragments(w)
     q, s = from_fragments(f.tensors["qweight"], f.tensors["scales"])
     assert torch.equal(q, w.tensors["qweight"]) and torch.equal(s, w.tensors["scales"])
@@ -100,15 +157,17 @@ def test_round_trip_and_row_slices() -> None:
 def test_fit() -> None:
     assert fragments_fit("int4-g128", (5120, 17408)) and fragments_fit("int4-g64", (16, 64))
     assert not fragments_fit("int4-g128", (257, 2048))  # the MoE router's rows
-    assert not fragments_fit("int8-g64", (5120, 5120)) and not fragments_fit("int4-g64", (8, 16, 64))
+    assert fragments_fit("int8-g64", (248320, 5120)) and not fragments_fit("int8-g32", (5120, 5120))
+    assert not fragments_fit("int4-g64", (8, 16, 64)) and not fragments_fit("nvfp4", (5120, 5120))
 
 
+@pytest.mark.parametrize("fmt", ["int4-g128", "int8-g64"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_dequantize_fragments_is_bit_exact(dtype: torch.dtype) -> None:
-    w = _weight(32, 512, "int4-g128", seed=4)
+def test_dequantize_fragments_is_bit_exact(fmt: str, dtype: torch.dtype) -> None:
+    w = _weight(32, 512, fmt, seed=4)
     f = _fragments(w)
     out = torch.full((32, 512), float("nan"), dtype=dtype)
-    dequantize_fragments(f.tensors["qweight"], f.tensors["scales"], 128, out)
+    dequantize_fragments(f.tensors["qweight"], f.tensors["scales"], w.format.group_size, out)
     assert torch.equal(out, w.dequantize(dtype))
 
 
@@ -131,7 +190,7 @@ def _check(fmt: str, m: int, n: int, k: int, cfg: GemmConfig, *, swiglu: bool = 
     assert err < TOL[dtype], f"{fmt} m={m} n={n} k={k} {cfg}: relative error {err:.2e}"
 
 
-@pytest.mark.parametrize("fmt", ["int4-g64", "int4-g128"])
+@pytest.mark.parametrize("fmt", ["int4-g64", "int4-g128", "int8-g64"])
 @pytest.mark.parametrize("m", [1, 6])
 def test_fragment_decode(fmt: str, m: int) -> None:
     _check(fmt, m, 48, 256, _frag(8, 2, 2, 1), seed=m)  # a ragged last program (3 tiles, 2 per program)
@@ -147,6 +206,7 @@ def test_fragment_decode_tokens_per_program() -> None:
 @pytest.mark.parametrize("split", [1, 2])
 def test_fragment_swiglu(split: int) -> None:
     _check("int4-g64", 3, 64, 256, _frag(8, 1, 2, split), swiglu=True, residual=split > 1, seed=8)
+    _check("int8-g64", 9, 64, 256, _frag(16, 1, 2, split), swiglu=True, residual=split > 1, seed=14)
 
 
 def test_fragment_odd_scale_groups_per_row() -> None:

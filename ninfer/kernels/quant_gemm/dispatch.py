@@ -28,7 +28,7 @@ weight side (the dominant traffic) and the dequantized tile never goes back to m
   per weight, amortised over BLOCK_M); nvfp4's 16-wide groups always scale the tile.
 * Epilogues: ``+ residual``; SwiGLU for a stacked ``[2I, K]`` gate/up weight (gate rows first):
   the program accumulates the gate and the up tile of the same columns and writes ``silu(g) * u``.
-* int4 weights in the fragment layout (``QuantizedTensor.layout``, :mod:`ninfer.kernels.quant_gemm.fragments`,
+* int4 and int8-g64 weights in the fragment layout (``QuantizedTensor.layout``, :mod:`ninfer.kernels.quant_gemm.fragments`,
   re-laid once at load time on CUDA) take the register decode of :mod:`ninfer.kernels.quant_gemm.fragment_mma`
   (``GemmConfig(kind="frag")``) at every M, and for M > 32 the dequant path as well, which the tuner picks by
   measurement; the other kernels read the row-major layout only.
@@ -140,7 +140,7 @@ def _launch(x: torch.Tensor, w: QuantizedTensor, res: torch.Tensor | None, out: 
         cfg = next(c for c in cands if c.kind != "dequant")
     p = kernel_params(name, cfg)
     q, scales, row_scale = kernel_tensors(w)
-    if cfg.kind == "frag":  # int4 in the fragment layout, from registers (fragment_mma)
+    if cfg.kind == "frag":  # int4 / int8 in the fragment layout, from registers (fragment_mma)
         launch_fragment_mma(x, q, scales, res, out, swiglu, p["group"], cfg)
         return
     if cfg.kind == "gemv-mma":  # int4 decode on tensor cores (gemv_mma)

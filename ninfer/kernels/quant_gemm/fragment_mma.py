@@ -1,4 +1,4 @@
-"""int4 decode GEMM from registers: ``y = x @ W^T`` for a few tokens, W in the fragment layout (:mod:`.fragments`).
+"""int4 / int8 decode GEMM from registers: ``y = x @ W^T`` for a few tokens, W in the fragment layout (:mod:`.fragments`).
 
 The ``tl.dot`` decode (:mod:`.gemv_mma`) stages the packed weights through shared memory and reads at most about
 half of the copy bandwidth whatever its tiles (``docs/performance.md``: the memory system gives a kernel that only
@@ -6,23 +6,26 @@ streams the bytes 80-92%). Here the weights go from global memory straight into 
 
 * One warp per 16-row tile, one lane per thread (the program's tensors are 1-D, ``32 * WARPS`` long: element
   ``i`` is thread ``i``, which is what the inline PTX assumes). Per 64 columns a lane issues one 16-byte load of
-  codes (``ld.global.nc``, no L1 allocation: each byte is read once) and two 16-byte loads of each 8-token block
-  of activations (L1 hits after the first warp), decodes its 16 A registers with a shift, a ``lop3`` and a packed
-  ``fma`` each (``nibble | 0x4300`` is the bf16 ``128 + nibble``; the ``fma`` subtracts 136) and runs four
-  ``m16n8k16`` MMAs per 8-token block, reusing the decoded registers across the blocks.
+  int4 codes or two of int8 (``ld.global.nc``, no L1 allocation: each byte is read once) and two 16-byte loads of
+  each 8-token block of activations (L1 hits after the first warp), decodes its 16 A registers with bit tricks
+  (:mod:`.fragment_ptx`: no conversion instructions) and runs four ``m16n8k16`` MMAs per 8-token block, reusing
+  the decoded registers across the blocks.
 * ``UNROLL`` chunks (64 columns each) per loop trip, all their loads issued before the first MMA: that many
-  16-byte loads in flight per lane and weight stream (SwiGLU has two: the gate and the up tile of the same
+  (int8: twice that many) 16-byte loads in flight per lane and weight stream (SwiGLU has two: the gate and the up tile of the same
   outputs). Each scale group's products accumulate in fp32 from zero and are scaled once (fp32), as the
   reference does per group.
 * Fewer instructions did not make it faster: a decode without the ``fma`` (the codes' offset subtracted per
-  group through MMAs of ones: 1.66 instead of 1.96 SASS instructions per weight) ran 7-12% slower on the H200
+  group through MMAs of ones: 1.66 instead of 1.96 SASS instructions per int4 weight) ran 7-12% slower on the H200
   (run 2026-12-03.1, ``docs/performance.md``).
 * Programmatic dependent launch (``NINFER_PDL=1``, compute capability 9.0+; off by default, since the 27B step
   measured 2-3% slower with it): the kernel may start while the previous one finishes; it requests its first
   codes (static weights), then waits (``griddepcontrol.wait``) before anything reads the activations or writes.
 * ``num_stages=2`` requests each next loop trip's codes before this trip's arithmetic.
 * Split-K over grid axis 1 with the deterministic epilogue of :mod:`.gemv_steps` (partials in an fp32 scratch,
-  the last split to arrive sums them in split order; SwiGLU and residual after the sum), token blocks over axis 2.
+  the last split to arrive sums them in split order; SwiGLU and residual after the sum), tiles over axis 0 and
+  token blocks over axis 2, or the other way round when there are several token blocks (prefill sizes, e.g. the
+  LM head of a scored prompt, too large for the dequantization path): the blocks of one tile then run side by
+  side and all but the first read its codes from L2.
   The tuner chooses warps, trip length, tokens per program and splits per shape (:func:`fragment_candidates`).
 
 The interpreter cannot run PTX: with ``ASM`` off (CPU tests, and fp32 activations on a GPU) each lane computes the
@@ -31,14 +34,20 @@ check the indexing, splits and epilogues, and the GPU tests the PTX.
 """
 from __future__ import annotations
 
-from functools import cache
-
 import torch
 import triton
 import triton.language as tl
 
 from ninfer.kernels.dispatch import INTERPRET, pdl_enabled
-from ninfer.kernels.quant_gemm.fragments import CHUNK_COLS, TILE_ROWS, fragment_codes, scale_pair, words
+from ninfer.kernels.quant_gemm.fragment_ptx import asm_constants, x_load_asm
+from ninfer.kernels.quant_gemm.fragments import (
+    CHUNK_COLS,
+    TILE_ROWS,
+    code_bits,
+    fragment_values,
+    scale_pair,
+    words,
+)
 from ninfer.kernels.quant_gemm.gemv import tile_counters
 from ninfer.kernels.quant_gemm.gemv_steps import (
     finish_at,
@@ -50,70 +59,20 @@ from ninfer.kernels.quant_gemm.gemv_steps import (
 )
 from ninfer.kernels.quant_gemm.tune import GemmConfig
 
-# Loads at a chunk's constant offset from the loop trip's address (folded into the instruction, no address
-# arithmetic per chunk): codes 512 bytes per chunk (the warp's), activations 128 (64 bf16 columns).
-_CODES = [tl.constexpr(f"ld.global.nc.L1::no_allocate.v4.b32 {{$0, $1, $2, $3}}, [$4+{512 * u}];") for u in range(4)]
-_X = [tl.constexpr(f"ld.global.v4.b32 {{$0, $1, $2, $3}}, [$8+{128 * u}]; "
-                   f"ld.global.v4.b32 {{$4, $5, $6, $7}}, [$8+{128 * u + 16}];") for u in range(4)]
-_CODES0, _CODES1, _CODES2, _CODES3 = _CODES
-_X0, _X1, _X2, _X3 = _X
-_CONSTS = {"bf16": ("0x3F803F80", "0xC308C308", "0x43004300"),  # (1.0, -(128 + 8), 128) as packed pairs
-           "f16": ("0x3C003C00", "0xE408E408", "0x64006400")}  # (1.0, -(1024 + 8), 1024)
-
-
-def _decode_asm(ty: str) -> str:
-    """Four code words ($16..$19) -> the 16 A registers of four MMAs ($0..$15): word j gives registers 4j..4j+3,
-    register r from the nibbles at bits 4r and 16 + 4r, ``code - 8`` each."""
-    one, bias, magic = _CONSTS[ty]
-    lines = ["{", ".reg .b32 s, one, bias;", f"mov.b32 one, {one};", f"mov.b32 bias, {bias};"]
-    for j in range(4):
-        for r in range(4):
-            src = f"${16 + j}"
-            if r:
-                lines.append(f"shr.u32 s, {src}, {4 * r};")
-                src = "s"
-            out = f"${4 * j + r}"
-            lines.append(f"lop3.b32 {out}, {src}, 0x000F000F, {magic}, 0xEA;")  # (src & 0x000F000F) | magic
-            lines.append(f"fma.rn.{ty}x2 {out}, {out}, one, bias;")
-    lines.append("}")
-    return "\n".join(lines)
-
-
-def _mma_asm(ty: str) -> str:
-    """Four MMAs of one 8-token block: A registers $4..$19, the block's 8 activation words $20..$27 (two per
-    MMA), accumulators in $28..$31, out $0..$3."""
-    lines = ["{"]
-    for j in range(4):
-        a = ", ".join(f"${4 + 4 * j + r}" for r in range(4))
-        c = "$28, $29, $30, $31" if j == 0 else "$0, $1, $2, $3"
-        lines.append(f"mma.sync.aligned.m16n8k16.row.col.f32.{ty}.{ty}.f32 {{$0, $1, $2, $3}}, {{{a}}}, "
-                     f"{{${20 + 2 * j}, ${21 + 2 * j}}}, {{{c}}};")
-    lines.append("}")
-    return "\n".join(lines)
-
-
-@cache
-def asm_constants(dtype: torch.dtype) -> dict[str, str]:
-    """The kernel's PTX for 16-bit activations of ``dtype`` (its constexpr arguments)."""
-    ty = "f16" if dtype == torch.float16 else "bf16"
-    return {"DECODE_ASM": _decode_asm(ty), "MMA_ASM": _mma_asm(ty)}
-
-
-_DECODE_OPERANDS = tl.constexpr("=r," * 16 + "r,r,r,r")
+# Activation loads at a chunk's constant offset from the loop trip's address (folded into the instruction, no
+# address arithmetic per chunk).
+_X0, _X1, _X2, _X3 = (tl.constexpr(x_load_asm(u)) for u in range(4))
 _MMA_OPERANDS = tl.constexpr("=f,=f,=f,=f," + "r," * 24 + "f,f,f,f")
 
 
 @triton.jit
-def _load_codes(addr, U: tl.constexpr):
-    """A lane's 16 bytes of codes of chunk ``U`` (0..3) of the loop trip at ``addr``."""
-    if U == 0:
-        w = tl.inline_asm_elementwise(_CODES0, "=r,=r,=r,=r,l", [addr], dtype=(tl.int32,) * 4, is_pure=True, pack=1)
-    elif U == 1:
-        w = tl.inline_asm_elementwise(_CODES1, "=r,=r,=r,=r,l", [addr], dtype=(tl.int32,) * 4, is_pure=True, pack=1)
-    elif U == 2:
-        w = tl.inline_asm_elementwise(_CODES2, "=r,=r,=r,=r,l", [addr], dtype=(tl.int32,) * 4, is_pure=True, pack=1)
+def _load_codes(addr, LOAD: tl.constexpr, BITS: tl.constexpr):
+    """A lane's codes of one chunk (``LOAD``: its load at a constant offset from ``addr``): 4 words (int4) or 8."""
+    if BITS == 4:
+        w = tl.inline_asm_elementwise(LOAD, "=r,=r,=r,=r,l", [addr], dtype=(tl.int32,) * 4, is_pure=True, pack=1)
     else:
-        w = tl.inline_asm_elementwise(_CODES3, "=r,=r,=r,=r,l", [addr], dtype=(tl.int32,) * 4, is_pure=True, pack=1)
+        w = tl.inline_asm_elementwise(LOAD, "=r,=r,=r,=r,=r,=r,=r,=r,l", [addr], dtype=(tl.int32,) * 8,
+                                      is_pure=True, pack=1)
     return w
 
 
@@ -134,9 +93,12 @@ def _load_x(addr, U: tl.constexpr):
 
 
 @triton.jit
-def _decode(w, DECODE_ASM: tl.constexpr):
-    return tl.inline_asm_elementwise(DECODE_ASM, _DECODE_OPERANDS, [w[0], w[1], w[2], w[3]], dtype=(tl.int32,) * 16,
-                                     is_pure=True, pack=1)
+def _decode(w, DECODE_ASM: tl.constexpr, DECODE_OPERANDS: tl.constexpr, BITS: tl.constexpr):
+    if BITS == 4:
+        args = [w[0], w[1], w[2], w[3]]
+    else:
+        args = [w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7]]
+    return tl.inline_asm_elementwise(DECODE_ASM, DECODE_OPERANDS, args, dtype=(tl.int32,) * 16, is_pure=True, pack=1)
 
 
 @triton.jit
@@ -147,13 +109,13 @@ def _mma(a, xw, c0, c1, c2, c3, MMA_ASM: tl.constexpr):
 
 
 @triton.jit
-def _chunk_portable(d, q_ptr, x_ptr, tile, c, g, t, tok0, M, KC, stride_xm, NB: tl.constexpr):
+def _chunk_portable(d, q_ptr, x_ptr, tile, c, g, t, tok0, M, KC, stride_xm, NB: tl.constexpr, BITS: tl.constexpr):
     """What the PTX of one chunk adds to ``d`` (4 per token block: rows g / g + 8 x tokens 2t / 2t + 1), from
     Triton gathers of the same layout (interpreter, fp32 activations)."""
     cols = tl.arange(0, 64)[None, :]
-    chunk_word = ((tile.to(tl.int64) * KC + c) * 128)[:, None]
-    lo = (fragment_codes(q_ptr, chunk_word, g[:, None], 0, cols) - 8).to(tl.float32)
-    hi = (fragment_codes(q_ptr, chunk_word, g[:, None], 1, cols) - 8).to(tl.float32)
+    chunk_word = ((tile.to(tl.int64) * KC + c) * (32 * BITS))[:, None]
+    lo = fragment_values(q_ptr, chunk_word, g[:, None], 0, cols, BITS).to(tl.float32)
+    hi = fragment_values(q_ptr, chunk_word, g[:, None], 1, cols, BITS).to(tl.float32)
     out = ()
     for b in tl.static_range(NB):
         tok = tok0 + 8 * b + 2 * t
@@ -166,21 +128,29 @@ def _chunk_portable(d, q_ptr, x_ptr, tile, c, g, t, tok0, M, KC, stride_xm, NB: 
 
 
 @triton.jit
-def _load_trip(code_lane, c, UNROLL: tl.constexpr, ASM: tl.constexpr):
+def _load_trip(code_lane, c, UNROLL: tl.constexpr, ASM: tl.constexpr, BITS: tl.constexpr, LOAD0: tl.constexpr,
+               LOAD1: tl.constexpr, LOAD2: tl.constexpr, LOAD3: tl.constexpr):
     """A lane's codes of the ``UNROLL`` chunks from chunk ``c`` (``code_lane``: its address of chunk 0); nothing
     in the interpreter's body, which gathers its own."""
     codes = ()
     if ASM:
-        trip_codes = code_lane + c * 512
+        trip_codes = code_lane + c * (128 * BITS)
         for u in tl.static_range(UNROLL):
-            codes = codes + (_load_codes(trip_codes, u),)
+            if u == 0:
+                codes = codes + (_load_codes(trip_codes, LOAD0, BITS),)
+            elif u == 1:
+                codes = codes + (_load_codes(trip_codes, LOAD1, BITS),)
+            elif u == 2:
+                codes = codes + (_load_codes(trip_codes, LOAD2, BITS),)
+            else:
+                codes = codes + (_load_codes(trip_codes, LOAD3, BITS),)
     return codes
 
 
 @triton.jit
 def _step(acc, codes, q_ptr, s_lane, x_ptr, x_lane, tile, c, g, t, tok0, M, KC, stride_xm, CPG: tl.constexpr,
-          UNROLL: tl.constexpr, NB: tl.constexpr, DECODE_ASM: tl.constexpr, MMA_ASM: tl.constexpr,
-          ASM: tl.constexpr):
+          UNROLL: tl.constexpr, NB: tl.constexpr, BITS: tl.constexpr, DECODE_ASM: tl.constexpr,
+          DECODE_OPERANDS: tl.constexpr, MMA_ASM: tl.constexpr, ASM: tl.constexpr):
     """``UNROLL`` chunks from chunk ``c`` of one weight stream (tile per warp; ``codes`` from :func:`_load_trip`)
     into ``acc`` (4 * NB fp32 per lane): per scale group (``CPG`` chunks) its unscaled products from zero, scaled
     once. ``x_lane`` (one per token block) and ``s_lane``: the lane's addresses of chunk 0 and scale group 0."""
@@ -197,14 +167,14 @@ def _step(acc, codes, q_ptr, s_lane, x_ptr, x_lane, tile, c, g, t, tok0, M, KC, 
         for ci in tl.static_range(CPG):
             cc = c + grp * CPG + ci
             if ASM:
-                a = _decode(codes[grp * CPG + ci], DECODE_ASM)
+                a = _decode(codes[grp * CPG + ci], DECODE_ASM, DECODE_OPERANDS, BITS)
                 new = ()
                 for b in tl.static_range(NB):
                     xw = _load_x(trip_x[b], grp * CPG + ci)
                     new = new + _mma(a, xw, d[4 * b], d[4 * b + 1], d[4 * b + 2], d[4 * b + 3], MMA_ASM)
                 d = new
             else:
-                d = _chunk_portable(d, q_ptr, x_ptr, tile, cc, g, t, tok0, M, KC, stride_xm, NB)
+                d = _chunk_portable(d, q_ptr, x_ptr, tile, cc, g, t, tok0, M, KC, stride_xm, NB, BITS)
         scaled = ()
         for b in tl.static_range(NB):  # values 0, 1 of a block are row g's, 2, 3 row g + 8's
             scaled = scaled + (acc[4 * b] + d[4 * b] * s_lo, acc[4 * b + 1] + d[4 * b + 1] * s_lo,
@@ -228,24 +198,30 @@ def _fragment_mma_kernel(
     M, N_OUT, KC, NG, chunks_per_split, stride_xm, stride_rm, stride_om,
     CPG: tl.constexpr, SWIGLU: tl.constexpr, HAS_RES: tl.constexpr, SPLIT: tl.constexpr,
     FUSED_REDUCE: tl.constexpr, NB: tl.constexpr, WARPS: tl.constexpr, UNROLL: tl.constexpr, PREFETCH: tl.constexpr,
-    PDL: tl.constexpr, DECODE_ASM: tl.constexpr, MMA_ASM: tl.constexpr, ASM: tl.constexpr,
+    TOKENS_FIRST: tl.constexpr, PDL: tl.constexpr, BITS: tl.constexpr, LOAD0: tl.constexpr, LOAD1: tl.constexpr, LOAD2: tl.constexpr,
+    LOAD3: tl.constexpr, DECODE_ASM: tl.constexpr, DECODE_OPERANDS: tl.constexpr, MMA_ASM: tl.constexpr,
+    ASM: tl.constexpr,
 ):
     e = tl.arange(0, 32 * WARPS)  # one element per thread: element i is thread i (lane i % 32 of warp i // 32)
     lane = e % 32
     g = lane // 4
     t = lane % 4
     tiles = N_OUT // 16
-    tile_out = tl.program_id(0) * WARPS + e // 32
+    if TOKENS_FIRST:  # several token blocks: those of one tile run side by side and share its codes through L2
+        tile_out = tl.program_id(2) * WARPS + e // 32
+        tok0 = tl.program_id(0) * 8 * NB
+    else:
+        tile_out = tl.program_id(0) * WARPS + e // 32
+        tok0 = tl.program_id(2) * 8 * NB
     tile = tl.minimum(tile_out, tiles - 1)  # a clamped tile loads valid memory; its stores are masked
-    tok0 = tl.program_id(2) * 8 * NB
     # lane (g, t)'s codes of chunk 0, its activations of token block b (row tok0 + 8b + g, clamped; columns
     # 64 c + 16 t .. + 15 of chunk c) and its scale pair of group 0
     x_lane = ()
     code_lane = tile  # placeholders: the interpreter's body gathers from q_ptr itself
     code_lane_up = tile
     if ASM:
-        code_lane = q_ptr.to(tl.int64) + (tile.to(tl.int64) * KC * 32 + lane) * 16
-        code_lane_up = code_lane + tiles.to(tl.int64) * KC * 512
+        code_lane = q_ptr.to(tl.int64) + tile.to(tl.int64) * KC * (128 * BITS) + lane * 16
+        code_lane_up = code_lane + tiles.to(tl.int64) * KC * (128 * BITS)
         for b in tl.static_range(NB):
             row = tl.minimum(tok0 + 8 * b + g, M - 1).to(tl.int64)
             x_lane = x_lane + (x_ptr.to(tl.int64) + (row * stride_xm + t * 16) * 2,)
@@ -259,23 +235,24 @@ def _fragment_mma_kernel(
     c_last = tl.minimum(c_first + chunks_per_split, KC)
     # The weights do not depend on the previous kernel: the first trip's codes are requested before waiting
     # for it (programmatic dependent launch), and with PREFETCH each trip requests the next one's.
-    codes = _load_trip(code_lane, c_first, UNROLL, ASM)
-    codes_up = _load_trip(code_lane_up, c_first, UNROLL, ASM and SWIGLU)
+    codes = _load_trip(code_lane, c_first, UNROLL, ASM, BITS, LOAD0, LOAD1, LOAD2, LOAD3)
+    codes_up = _load_trip(code_lane_up, c_first, UNROLL, ASM and SWIGLU, BITS, LOAD0, LOAD1, LOAD2, LOAD3)
     if PDL:
         tl.extra.cuda.gdc_wait()
     for c in range(c_first, c_last, UNROLL):
         if PREFETCH:  # the last trip requests its own codes again (cached), not past the split
             c_next = tl.minimum(c + UNROLL, c_last - UNROLL)
-            codes_next = _load_trip(code_lane, c_next, UNROLL, ASM)
-            codes_up_next = _load_trip(code_lane_up, c_next, UNROLL, ASM and SWIGLU)
+            codes_next = _load_trip(code_lane, c_next, UNROLL, ASM, BITS, LOAD0, LOAD1, LOAD2, LOAD3)
+            codes_up_next = _load_trip(code_lane_up, c_next, UNROLL, ASM and SWIGLU, BITS, LOAD0, LOAD1,
+                                          LOAD2, LOAD3)
         elif c > c_first:
-            codes = _load_trip(code_lane, c, UNROLL, ASM)
-            codes_up = _load_trip(code_lane_up, c, UNROLL, ASM and SWIGLU)
+            codes = _load_trip(code_lane, c, UNROLL, ASM, BITS, LOAD0, LOAD1, LOAD2, LOAD3)
+            codes_up = _load_trip(code_lane_up, c, UNROLL, ASM and SWIGLU, BITS, LOAD0, LOAD1, LOAD2, LOAD3)
         acc = _step(acc, codes, q_ptr, s_lane, x_ptr, x_lane, tile, c, g, t, tok0, M, KC, stride_xm, CPG, UNROLL, NB,
-                    DECODE_ASM, MMA_ASM, ASM)
+                    BITS, DECODE_ASM, DECODE_OPERANDS, MMA_ASM, ASM)
         if SWIGLU:  # the up rows of the same outputs: tiles N_OUT / 16 further on
             acc_up = _step(acc_up, codes_up, q_ptr, s_lane_up, x_ptr, x_lane, tile + tiles, c, g, t, tok0, M, KC,
-                           stride_xm, CPG, UNROLL, NB, DECODE_ASM, MMA_ASM, ASM)
+                           stride_xm, CPG, UNROLL, NB, BITS, DECODE_ASM, DECODE_OPERANDS, MMA_ASM, ASM)
         if PREFETCH:
             codes = codes_next
             codes_up = codes_up_next
@@ -316,6 +293,7 @@ def launch_fragment_mma(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, 
     if group % CHUNK_COLS or unroll % cpg or k % cfg.block_k or n_out % TILE_ROWS or cfg.block_m not in (8, 16, 32):
         raise ValueError(f"frag config {cfg} does not fit K = {k}, N = {n_out}, scale group {group}")
     asm = not INTERPRET and x.dtype in (torch.bfloat16, torch.float16)
+    bits = code_bits(q)
     pdl = asm and pdl_enabled(x.device)
     if asm and (x.data_ptr() % 16 or x.stride(0) % 8):  # 16-byte activation loads
         x = torch.empty_like(x, memory_format=torch.contiguous_format).copy_(x)
@@ -324,14 +302,17 @@ def launch_fragment_mma(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, 
     ws = torch.empty(splits, m, n_out * (2 if swiglu else 1), dtype=torch.float32, device=x.device) \
         if splits > 1 else out
     res_arg = res if res is not None else out
-    grid = (triton.cdiv(n_out // TILE_ROWS, cfg.num_warps), splits, triton.cdiv(m, cfg.block_m))
+    tile_groups, token_blocks = triton.cdiv(n_out // TILE_ROWS, cfg.num_warps), triton.cdiv(m, cfg.block_m)
+    tokens_first = token_blocks > 1 and tile_groups <= 65535  # grid axis 2 holds at most 65535
+    grid = (token_blocks, splits, tile_groups) if tokens_first else (tile_groups, splits, token_blocks)
     counters = tile_counters(x.device, grid[0] * grid[2]) if splits > 1 else None
     _fragment_mma_kernel[grid](
         x, q if asm else words(q), words(scales), res_arg, out, ws, counters, m, n_out, kc,
         k // group, per, x.stride(0), res_arg.stride(0), out.stride(0), CPG=cpg, SWIGLU=swiglu,
         HAS_RES=res is not None, SPLIT=splits > 1, FUSED_REDUCE=counters is not None, NB=cfg.block_m // 8,
-        WARPS=cfg.num_warps, UNROLL=unroll, PREFETCH=cfg.num_stages > 1 and asm, PDL=pdl, ASM=asm,
-        num_warps=cfg.num_warps, num_stages=1, **asm_constants(x.dtype),
+        WARPS=cfg.num_warps, UNROLL=unroll, PREFETCH=cfg.num_stages > 1 and asm, TOKENS_FIRST=tokens_first, PDL=pdl,
+        ASM=asm,
+        BITS=bits, num_warps=cfg.num_warps, num_stages=1, **asm_constants(x.dtype, bits),
         **({"maxnreg": cfg.max_registers} if cfg.max_registers else {}), **({"launch_pdl": True} if pdl else {}),
     )
     if splits > 1 and counters is None:

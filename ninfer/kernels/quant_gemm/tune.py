@@ -56,8 +56,8 @@ class GemmConfig:
     # "dot": quant_gemm's tl.dot kernel; "gemv" / "gemv-prefetch" / "gemv-w32" (int4 codes as 32-bit
     # words): gemv's decode GEMV (M <= 8); "gemv-mma": gemv_mma's int4 decode on tensor cores
     # (M <= 32, block_m = tokens per program); "dequant": dequant's whole-weight dequantization
-    # (block_n x block_k tiles) + cuBLAS (M > 16); "frag": fragment_mma's register decode of int4 weights
-    # in the fragment layout (block_m tokens per program, block_n = 16 * num_warps rows, block_k / 64 chunks
+    # (block_n x block_k tiles) + cuBLAS (M > 16); "frag": fragment_mma's register decode of int4 / int8 weights
+    # or int8 weights in the fragment layout (block_m tokens per program, block_n = 16 * num_warps rows, block_k / 64 chunks
     # per loop trip)
     kind: str = "dot"
     # "gemv-mma" only: Triton's ``maxnreg`` (registers per thread; fewer let more programs share an SM,
@@ -213,8 +213,8 @@ def mma_candidates(fmt: str, m: int, n_out: int, k: int, sms: int, *, swiglu: bo
 
 
 def fragment_candidates(fmt: str, m: int, n_out: int, k: int, sms: int) -> list[GemmConfig]:
-    """Configs of the register decode (:mod:`ninfer.kernels.quant_gemm.fragment_mma`) for int4 weights in the
-    fragment layout, any M (8, 16 or 32 tokens per program; more tokens take more programs, each reading the
+    """Configs of the register decode (:mod:`ninfer.kernels.quant_gemm.fragment_mma`) for int4 and int8 weights in
+    the fragment layout, any M (8, 16 or 32 tokens per program; more tokens take more programs, each reading the
     weight again, which the prefill sizes' dequantization path beats): ``(warps, chunks per loop trip)`` with
     split-K for about 8, 4 and 16 programs per SM. The programs are small (no shared memory, 2-4 warps), so
     several share an SM. Each comes with the next loop trip's codes requested during this one (``num_stages=2``)

@@ -1,0 +1,107 @@
+"""The inline PTX of the register decode (:mod:`.fragment_mma`): loads of fragment-laid codes, their decode into
+``mma.sync`` A registers, and the MMAs, as strings the kernel takes as ``constexpr`` arguments.
+
+Decoding avoids integer-to-float conversions: a code placed in the low mantissa bits of a 16-bit float whose
+exponent makes one unit of the mantissa worth 1.0 *is* that float plus a known offset, which one packed ``fma``
+removes (two 16-bit values per 32-bit register).
+
+* int4 (offset-binary codes 0..15, value ``code - 8``): ``(word >> 4r) & 0x000F000F | magic`` is the pair ``M +
+  code`` (``M`` = 128 in bf16, 1024 in fp16); the ``fma`` adds ``-(M + 8)``. One shift, one ``lop3`` and one
+  ``fma`` per register.
+* int8 (two's complement codes -128..127): bf16 has 8 significant bits, so ``128 + byte`` does not fit for
+  bytes of 128 and up. The byte's low 7 bits go into the mantissa (``M + (byte & 0x7F)``, exact), and its sign
+  bit picks the offset: ``-(M + 128 * sign)`` is ``0xC300 | (byte & 0x80)`` in bf16 (-128 / -256) and ``0xE400 |
+  (byte & 0x80)`` in fp16 (-1024 / -1152), so a second ``lop3`` builds the offset from the same byte and the
+  ``fma`` adds it: ``(M + low7) - M - 128 * sign`` is the code, exactly. Two ``lop3``, one ``fma`` and (for the
+  odd bytes) one shift per register.
+"""
+from __future__ import annotations
+
+from functools import cache
+
+import torch
+
+# Per 16-bit type: (1.0, the int4 offset -(M + 8), M, the int8 offset base -M), as packed pairs.
+_CONSTS = {"bf16": ("0x3F803F80", "0xC308C308", "0x43004300", "0xC300C300"),
+           "f16": ("0x3C003C00", "0xE408E408", "0x64006400", "0xE400E400")}
+
+
+def chunk_bytes(bits: int) -> int:
+    """Bytes of one 16-row tile's 64-column chunk (a warp's loads of it: 512 per 16-byte load per lane)."""
+    return 128 * bits
+
+
+def load_asm(bits: int, u: int) -> str:
+    """A lane's codes of chunk ``u`` of a loop trip at address ``$N`` (the last operand): one 16-byte load (int4,
+    outputs $0..$3) or two, 512 bytes apart (int8, $0..$7). ``ld.global.nc`` with no L1 allocation: each code
+    byte is read once."""
+    base = chunk_bytes(bits) * u
+    if bits == 4:
+        return f"ld.global.nc.L1::no_allocate.v4.b32 {{$0, $1, $2, $3}}, [$4+{base}];"
+    return (f"ld.global.nc.L1::no_allocate.v4.b32 {{$0, $1, $2, $3}}, [$8+{base}]; "
+            f"ld.global.nc.L1::no_allocate.v4.b32 {{$4, $5, $6, $7}}, [$8+{base + 512}];")
+
+
+def x_load_asm(u: int) -> str:
+    """A lane's 16 activations (8 words, $0..$7) of chunk ``u`` of a loop trip at ``$8``: 128 bytes per chunk."""
+    return (f"ld.global.v4.b32 {{$0, $1, $2, $3}}, [$8+{128 * u}]; "
+            f"ld.global.v4.b32 {{$4, $5, $6, $7}}, [$8+{128 * u + 16}];")
+
+
+def decode_asm(ty: str, bits: int) -> str:
+    """One chunk's code words -> the 16 A registers of its four MMAs ($0..$15; MMA ``j`` takes 4j..4j+3,
+    register ``r = 2b + h``: rows g / g + 8 for h = 0 / 1, the first / second column pair for b = 0 / 1).
+
+    int4: words $16..$19, word j gives MMA j's registers, register r from the nibbles at bits 4r and 16 + 4r.
+    int8: words $16..$23, word ``2j + b`` gives registers ``2b`` (bytes 0 and 2) and ``2b + 1`` (bytes 1, 3)."""
+    one, bias4, magic, base8 = _CONSTS[ty]
+    lines = ["{", ".reg .b32 s, one, bias, m, o;", f"mov.b32 one, {one};", f"mov.b32 bias, {bias4};"]
+    if bits == 4:
+        for j in range(4):
+            for r in range(4):
+                src = f"${16 + j}"
+                if r:
+                    lines.append(f"shr.u32 s, {src}, {4 * r};")
+                    src = "s"
+                out = f"${4 * j + r}"
+                lines.append(f"lop3.b32 {out}, {src}, 0x000F000F, {magic}, 0xEA;")  # (src & 0x000F000F) | magic
+                lines.append(f"fma.rn.{ty}x2 {out}, {out}, one, bias;")
+    else:
+        for j in range(4):
+            for b in range(2):
+                for h in range(2):
+                    src = f"${16 + 2 * j + b}"
+                    if h:
+                        lines.append(f"shr.u32 s, {src}, 8;")
+                        src = "s"
+                    lines.append(f"lop3.b32 m, {src}, 0x007F007F, {magic}, 0xEA;")  # M + low 7 bits
+                    lines.append(f"lop3.b32 o, {src}, 0x00800080, {base8}, 0xEA;")  # -(M + 128 * sign)
+                    lines.append(f"fma.rn.{ty}x2 ${4 * j + 2 * b + h}, m, one, o;")
+    lines.append("}")
+    return "\n".join(lines)
+
+
+def decode_operands(bits: int) -> str:
+    return "=r," * 16 + ",".join(["r"] * (4 if bits == 4 else 8))
+
+
+def mma_asm(ty: str) -> str:
+    """Four MMAs of one 8-token block: A registers $4..$19, the block's 8 activation words $20..$27 (two per
+    MMA), accumulators in $28..$31, out $0..$3."""
+    lines = ["{"]
+    for j in range(4):
+        a = ", ".join(f"${4 + 4 * j + r}" for r in range(4))
+        c = "$28, $29, $30, $31" if j == 0 else "$0, $1, $2, $3"
+        lines.append(f"mma.sync.aligned.m16n8k16.row.col.f32.{ty}.{ty}.f32 {{$0, $1, $2, $3}}, {{{a}}}, "
+                     f"{{${20 + 2 * j}, ${21 + 2 * j}}}, {{{c}}};")
+    lines.append("}")
+    return "\n".join(lines)
+
+
+@cache
+def asm_constants(dtype: torch.dtype, bits: int) -> dict[str, str]:
+    """The kernel's PTX for 16-bit activations of ``dtype`` and ``bits``-bit codes (its constexpr arguments)."""
+    ty = "f16" if dtype == torch.float16 else "bf16"
+    loads = {f"LOAD{u}": load_asm(bits, u) for u in range(4)}
+    return {**loads, "DECODE_ASM": decode_asm(ty, bits), "DECODE_OPERANDS": decode_operands(bits),
+            "MMA_ASM": mma_asm(ty)}
