@@ -27,7 +27,7 @@ import sys
 import time
 
 import torch
-from common import check_target, copy_bandwidth_for, record, sync
+from common import check_target, copy_bandwidth_for, export_tuning, record, sync
 from random_model import SHAPES, model_bytes, random_llm, shape_config
 
 from ninfer.runtime.engine import EngineConfig
@@ -312,6 +312,7 @@ def main(argv: list[str] | None = None) -> None:
         if not parsed.lanes or min(parsed.lanes) < 1:
             parser.error("--lanes needs at least one positive lane count")
         run(parsed)
+        export_tuning(parsed.device)  # NINFER_EXPORT_TUNING: the choices this run made, for the shipped tables
 
 
 if __name__ == "__main__":

@@ -25,6 +25,10 @@ prefix cache on, CUDA graphs, warm-up), and reports the start-up phases and what
     python perf/bench_startup.py --shape 27b --recipe int4 --modes cold --compile both --measure ttft \
         --ttft-lanes 1 --budget 560                                          # parallel vs serial compile, cold
 
+With ``NINFER_EXPORT_TUNING=<path>`` each child ends by merging its tuning choices into that file (the raw
+material of the shipped per-GPU tables: ``perf/ship_tuning.py``; run with ``NINFER_SHIPPED_TUNING=0`` to
+measure them afresh). ``cold`` starts with empty user caches but still takes the package's shipped tables.
+
 The report's phases include ``parallel compile`` (the dry passes whose kernels compile on a thread pool,
 :mod:`ninfer.kernels.precompile`) and the record its count (``parallel_compile``). ``--compile serial``
 starts with ``NINFER_PARALLEL_COMPILE=0`` (each kernel compiled at its first launch, one after another);
@@ -41,7 +45,7 @@ import tempfile
 import time
 
 import torch
-from common import record, sync
+from common import export_tuning, record, sync
 from random_model import SHAPES, random_llm, random_model
 
 from ninfer.kernels import compile_watch
@@ -197,7 +201,10 @@ class Bench:
                limit=_nan(), unit="events", compiled=after.count(compile_watch.COMPILED),
                loaded_from_triton_cache=after.count(compile_watch.LOADED), tuned=after.count(compile_watch.TUNED),
                loaded_from_tune_cache=after.count(compile_watch.TUNE_LOADED),
-               autotuned=after.count(compile_watch.AUTOTUNED), first_events=[str(e) for e in events[:30]])
+               autotuned=after.count(compile_watch.AUTOTUNED),
+               from_shipped_table=after.count(compile_watch.TUNE_SHIPPED, compile_watch.AUTOTUNE_SHIPPED),
+               first_events=[str(e) for e in events[:30]])
+        export_tuning(self.args.device)  # NINFER_EXPORT_TUNING: the choices this child made, for the shipped tables
 
 
 def parent(args: argparse.Namespace, argv: list[str]) -> None:

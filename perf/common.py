@@ -119,6 +119,24 @@ def copy_bandwidth_for(device: torch.device | str) -> float:
     return 2 * src.numel() * src.element_size() / sorted(times)[2] / 1e12
 
 
+def export_tuning(device: torch.device | str) -> None:
+    """With ``NINFER_EXPORT_TUNING=<path>``: merge this process's tuning choices on ``device`` into that file
+    (``ninfer.kernels.shipped_export``; the raw material of the shipped per-GPU tables, ``perf/ship_tuning.py``).
+    Benchmarks call it at their end, when every key of the run has been met."""
+    path = os.environ.get("NINFER_EXPORT_TUNING", "").strip()
+    if not path:
+        return
+    device = torch.device(device)
+    if device.type != "cuda":
+        print(f"tuning export to {path} skipped: {device} is not a CUDA device", flush=True)
+        return
+    from ninfer.kernels import shipped, shipped_export
+
+    doc = shipped_export.export(path, device, meta={"commit": environment()["commit"]})
+    counts = ", ".join(f"{name} {n}" for name, n in shipped.counts(doc).items()) or "no entries"
+    print(f"tuning choices exported to {path} ({doc['meta']['gpu']}): {counts}", flush=True)
+
+
 def check_target(name: str, measured: float, target: float, unit: str) -> dict[str, Any]:
     """Print an issue target next to the measured value; returns fields to add to the record."""
     status = "met" if measured >= target else "MISSED"

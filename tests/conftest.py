@@ -11,6 +11,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # The tuners' disk cache (ninfer/kernels/tune_cache.py) stays off: tests must not read choices of earlier
 # runs (the GPU tuning tests assert that timing happens) nor write into the user's ~/.cache.
 os.environ.setdefault("NINFER_TUNE_CACHE", "off")
+# Likewise the tuning tables shipped in the package (ninfer/kernels/shipped.py): a test must time what it
+# means to time whatever the package ships for this GPU; tests/kernels/test_shipped_tuning.py turns them on.
+os.environ.setdefault("NINFER_SHIPPED_TUNING", "0")
 
 import torch  # noqa: E402
 

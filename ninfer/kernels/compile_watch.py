@@ -11,6 +11,9 @@ report them and a test can prove that nothing happens after "ready":
   the MoE GEMV tuner store every choice they measure) and each one it reads back; ``triton.autotune``
   benchmarking is seen through ``Autotuner._bench`` (one call per config timed, the same signature in
   Triton 3.6 and 3.8), wrapped once.
+* **Shipped choices** (:mod:`ninfer.kernels.shipped`): a runtime-tuner key or a ``triton.autotune`` key
+  answered from the package's table for this GPU model (``tune-shipped``, ``autotune-shipped``): nothing
+  was timed, but the key was new to the process, so it still counts as a stall after start-up.
 
 :func:`install` puts the hooks in place (idempotent; it chains a listener that is already set);
 :func:`watch` is a context manager over the events from its start::
@@ -41,11 +44,12 @@ import triton
 COMPILED, LOADED = "compiled", "loaded"  # by the compiler, from Triton's disk cache
 TUNED, TUNE_LOADED = "tuned", "tune-loaded"  # benchmarked now, read from ninfer's tune cache
 AUTOTUNED = "autotuned"  # a triton.autotune key benchmarked
+TUNE_SHIPPED, AUTOTUNE_SHIPPED = "tune-shipped", "autotune-shipped"  # taken from the shipped table, untimed
 
 
 @dataclass(frozen=True)
 class Event:
-    kind: str  # COMPILED, LOADED, TUNED, TUNE_LOADED or AUTOTUNED
+    kind: str  # COMPILED, LOADED, TUNED, TUNE_LOADED, AUTOTUNED, TUNE_SHIPPED or AUTOTUNE_SHIPPED
     name: str  # kernel function, or tuner table
     key: str  # what distinguishes this instance: constexprs and launch options, the tuner key
 
@@ -88,9 +92,15 @@ def record(kind: str, name: str, key: str) -> None:
         _events.append(Event(kind, name, key))
 
 
-def record_tune(table: str, key: tuple, measured: bool) -> None:
-    """A tuner choice for ``key`` of ``table``: timed now (``measured``) or read from the tune cache."""
-    record(TUNED if measured else TUNE_LOADED, table, _key_text(key))
+def record_tune(table: str, key: tuple, measured: bool, shipped: bool = False) -> None:
+    """A tuner choice for ``key`` of ``table``: timed now (``measured``), read from the tune cache, or taken
+    from the shipped table (``shipped``)."""
+    record(TUNED if measured else TUNE_SHIPPED if shipped else TUNE_LOADED, table, _key_text(key))
+
+
+def record_autotune_shipped(kernel: str, key: tuple) -> None:
+    """A ``triton.autotune`` key of ``kernel`` answered from the shipped table (no benchmark)."""
+    record(AUTOTUNE_SHIPPED, kernel, _key_text(key))
 
 
 def _key_text(key: object) -> str:
@@ -207,14 +217,21 @@ class Watch:
 
     def stalls(self) -> list[Event]:
         """Everything a request would have waited for: compilations (disk-cache loads included: they are
-        new kernels in this process), tuner timings, tune-cache reads and triton.autotune benchmarks."""
+        new kernels in this process), tuner timings, tune-cache reads, triton.autotune benchmarks and keys taken
+        from the shipped table (new keys: the kernels they pick may still compile)."""
         return list(self.events)
 
     def summary(self) -> str:
-        """``N compiled, M loaded from Triton's cache; T tuned, L from the tune cache, A autotuned``."""
-        c = {k: self.count(k) for k in (COMPILED, LOADED, TUNED, TUNE_LOADED, AUTOTUNED)}
+        """``N compiled, M loaded from Triton's cache; T tuned, L from the tune cache, A autotuned; S from the
+        shipped table`` (S: tuner and autotune keys together, each counted apart when there are any)."""
+        c = {k: self.count(k) for k in (COMPILED, LOADED, TUNED, TUNE_LOADED, AUTOTUNED, TUNE_SHIPPED,
+                                        AUTOTUNE_SHIPPED)}
+        shipped = c[TUNE_SHIPPED] + c[AUTOTUNE_SHIPPED]
         text = (f"{c[COMPILED]} kernels compiled, {c[LOADED]} loaded from Triton's cache; {c[TUNED]} tuner keys "
-                f"timed, {c[TUNE_LOADED]} from the tune cache, {c[AUTOTUNED]} triton.autotune keys benchmarked")
+                f"timed, {c[TUNE_LOADED]} from the tune cache, {c[AUTOTUNED]} triton.autotune keys benchmarked; "
+                f"{shipped} from the shipped table")
+        if shipped:
+            text += f" ({c[TUNE_SHIPPED]} tuner keys, {c[AUTOTUNE_SHIPPED]} triton.autotune keys)"
         return text if self.complete else text + " (not all counted on this Triton: compile_watch.SUPPORT)"
 
     def describe(self, limit: int = 200) -> str:

@@ -9,10 +9,12 @@ launch waits for it: a warm-up that meets a few hundred specialisations compiles
   handed to the compile pool and the pass goes on (Triton's ``AsyncCompileMode``, the mechanism torch's
   inductor uses; Triton 3.6 and 3.8 have it);
 * ``triton.autotune`` kernels (``Autotuner.run``) request every pruned config instead of benchmarking;
-* the runtime tuners (:mod:`ninfer.kernels.tuning`) see a :class:`DryTuner`: a key already chosen, or stored
-  in the tune cache, requests its config; a key to be timed requests every candidate (their timings of
-  launches that did not run are thrown away, nothing is stored; ``triton.testing.do_bench`` calls its
-  function once instead of timing hundreds of repeats).
+* the runtime tuners (:mod:`ninfer.kernels.tuning`) see a :class:`DryTuner`: a key already chosen, stored
+  in the tune cache or shipped with the package (:mod:`ninfer.kernels.shipped`) requests its config; a key to
+  be timed requests every candidate (their timings of launches that did not run are thrown away, nothing is
+  stored; ``triton.testing.do_bench`` calls its function once instead of timing hundreds of repeats). An
+  autotuned kernel with a shipped config for the key requests only that one (its prune step,
+  :mod:`ninfer.kernels.autotune`); the choice itself is made, and counted, by the real pass.
 
 The pool's threads run ``triton.compile``; leaving the async mode waits for all of them and puts each kernel
 into its function's in-memory cache. The real pass that follows finds every specialisation the dry pass
@@ -50,7 +52,15 @@ import triton
 
 from ninfer.kernels import compile_watch
 from ninfer.kernels.dispatch import INTERPRET
-from ninfer.kernels.tuning import Config, TunerState, default_tuner, stored_config, use_tuner
+from ninfer.kernels.tuning import (
+    Config,
+    TunerState,
+    default_tuner,
+    shipped_config,
+    stored_config,
+    untuned_config,
+    use_tuner,
+)
 
 ENV = "NINFER_PARALLEL_COMPILE"
 WORKERS_ENV = "NINFER_COMPILE_WORKERS"
@@ -133,7 +143,8 @@ def precompile(dry_pass: Callable[[], Any], *, workers: int | None = None) -> Pr
 
 class DryTuner(TunerState):
     """The dry pass's tuner: requests (launches, dry) what the real tuner ``real`` will launch for a key and
-    stores nothing. Its choices are throwaway: a timed key is answered with its first candidate."""
+    stores nothing, in ``real`` neither: the real pass makes (and counts, :mod:`compile_watch`) each choice.
+    Its choices are throwaway: a timed key is answered with its first candidate."""
 
     def __init__(self, real: TunerState) -> None:
         super().__init__(enabled=real.enabled)
@@ -144,14 +155,17 @@ class DryTuner(TunerState):
         chosen = self.real.chosen(table).get(key)
         if chosen is not None:
             return chosen
-        if not self.real.tunable(device):  # no timing: the real state answers as it will again
-            return self.real.choose(table, key, candidates, time_fn, device)
+        if not self.real.tunable(device):  # no timing: what the real state will answer (a favourite or shipped)
+            favourite = self.real.favourite(table, key)
+            return favourite if favourite is not None else untuned_config(table, key, candidates(), device)
         cands = candidates()
         if len(cands) == 1:
             return cands[0]
-        stored = stored_config(table, key, cands, device)
-        time_fn([stored] if stored is not None else cands)  # the launches of the real timing, dry
-        return stored if stored is not None else cands[0]
+        known = stored_config(table, key, cands, device)
+        if known is None:
+            known = shipped_config(table, key, cands, device)
+        time_fn([known] if known is not None else cands)  # the launches of the real timing, dry
+        return known if known is not None else cands[0]
 
 
 _dry = threading.local()  # .on: this thread's launches are dry
@@ -162,6 +176,11 @@ _originals: list[Any] = []  # JITFunction.run and Autotuner.run while patched
 
 def _is_dry() -> bool:
     return getattr(_dry, "on", False)
+
+
+def dry_pass_active() -> bool:
+    """Whether this thread is inside a dry pass (its launches compile and run nothing)."""
+    return _is_dry()
 
 
 def _dry_jit_run(original: Callable[..., Any]) -> Callable[..., Any]:

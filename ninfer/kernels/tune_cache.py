@@ -76,6 +76,13 @@ def key_text(key: tuple) -> str:
     return json.dumps([str(v) if isinstance(v, torch.dtype) else v for v in key if not isinstance(v, torch.device)])
 
 
+def gpu_stem(gpu: str, capability: str) -> str:
+    """A GPU model as a file-name stem: ``"NVIDIA H200"``, ``"9.0"`` -> ``nvidia-h200-sm90`` (this cache's
+    files start with it; the shipped tables of :mod:`ninfer.kernels.shipped` are named by it)."""
+    slug = re.sub(r"[^a-z0-9]+", "-", gpu.lower()).strip("-") or "gpu"
+    return f"{slug}-sm{capability.replace('.', '')}"
+
+
 def forget() -> None:
     """Drop what this process read or wrote and the warning given (tests: a fresh process)."""
     _loaded.clear()
@@ -95,8 +102,8 @@ def _location(device: torch.device) -> tuple[Path, dict[str, str]] | None:
         return None
     parts = file_parts(device)
     digest = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
-    gpu = re.sub(r"[^a-z0-9]+", "-", parts["gpu"].lower()).strip("-") or "gpu"  # for people; the digest decides
-    return root / f"{gpu}-sm{parts['capability'].replace('.', '')}-{digest}.json", parts
+    # the GPU part is for people; the digest decides
+    return root / f"{gpu_stem(parts['gpu'], parts['capability'])}-{digest}.json", parts
 
 
 def _read(path: Path) -> dict[str, dict[str, dict]]:

@@ -5,7 +5,8 @@
 :func:`finish` closes it, prints it when asked (``progress=True``, and so ``ninfer serve``) and returns
 it; ``LLM.startup`` keeps it. Phase times are exclusive: a phase nested in another (graph capture
 inside building the engine) is not counted twice, and ``other`` is the rest of the wall time. Kernel
-and tuner counts come from :mod:`ninfer.kernels.compile_watch` over the whole start-up and per phase.
+and tuner counts come from :mod:`ninfer.kernels.compile_watch` over the whole start-up and per phase, including
+how many tuning choices came from the package's shipped table for this GPU (:mod:`ninfer.kernels.shipped`).
 
 :func:`parallel_compile` is the phase of that name: a dry pass of the warm-up's work whose kernels compile on
 a thread pool (:mod:`ninfer.kernels.precompile`); the report counts what it compiled and says when it was
@@ -103,6 +104,8 @@ class StartupReport:
                 "loaded_from_triton_cache": w.count(compile_watch.LOADED), "tuned": w.count(compile_watch.TUNED),
                 "loaded_from_tune_cache": w.count(compile_watch.TUNE_LOADED),
                 "autotuned": w.count(compile_watch.AUTOTUNED),
+                "tuned_from_shipped_table": w.count(compile_watch.TUNE_SHIPPED),
+                "autotuned_from_shipped_table": w.count(compile_watch.AUTOTUNE_SHIPPED),
                 "parallel_compile": {"on": any(p.ran for p in self.precompiled),
                                      "kernels": sum(p.jobs for p in self.precompiled),
                                      "failed": sum(p.failed for p in self.precompiled),

@@ -22,6 +22,7 @@ import triton.language as tl
 from ninfer.kernels.attention.common import LOG2E, kernel_args, kv_tile_rows, load_kv_tile, softmax_step, store_output
 from ninfer.kernels.attention.paged import PagedKV
 from ninfer.kernels.attention.split_kv import MAX_SPLITS, merge_kernel, sm_count, split_range
+from ninfer.kernels.autotune import ninfer_autotune
 from ninfer.kernels.dispatch import autotune_configs, fp32_first_config
 
 DECODE_MAX_TOKENS = 8
@@ -47,7 +48,7 @@ _CONFIGS = [
 ]
 
 
-@triton.autotune(configs=autotune_configs(_CONFIGS), key=["GROUP", "HEAD_DIM", "QUANT", "BLOCK_M"],
+@ninfer_autotune(configs=autotune_configs(_CONFIGS), key=["GROUP", "HEAD_DIM", "QUANT", "BLOCK_M"],
                  prune_configs_by=fp32_first_config("q_ptr"))
 @triton.jit
 def _decode_kernel(

@@ -36,6 +36,7 @@ from ninfer.kernels.attention.common import (
 )
 from ninfer.kernels.attention.paged import PagedKV
 from ninfer.kernels.attention.split_kv import MAX_SPLITS, merge_kernel, sm_count, split_range
+from ninfer.kernels.autotune import ninfer_autotune
 from ninfer.kernels.dispatch import autotune_configs, fp32_first_config
 
 SPLIT_BLOCK_M = 64  # the host's guess at BLOCK_M when counting programs (the autotuner picks 16-128)
@@ -65,7 +66,7 @@ _CONFIGS = [
 
 # SPLIT in the key: a split launch has fewer keys per program and more programs than an unsplit one of
 # the same length, so its best tile differs, and each must be benchmarked on its own.
-@triton.autotune(configs=autotune_configs(_CONFIGS), key=["GROUP", "HEAD_DIM", "QUANT", "tune_len", "SPLIT"],
+@ninfer_autotune(configs=autotune_configs(_CONFIGS), key=["GROUP", "HEAD_DIM", "QUANT", "tune_len", "SPLIT"],
                  prune_configs_by=fp32_first_config("q_ptr"))
 @triton.jit
 def _prefill_kernel(

@@ -27,6 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ninfer.kernels.autotune import ninfer_autotune
 from ninfer.kernels.deltanet.common import check_head_dims, decay_beta, l2_normalize
 from ninfer.kernels.dispatch import autotune_configs
 
@@ -60,7 +61,7 @@ def _locate_chunk(cu_seqlens, chunk, batch, BLOCK_B: tl.constexpr, C: tl.constex
     return row0, tl.minimum(tl.sum(tl.where(pick, ends, 0), 0) - row0, C)
 
 
-@triton.autotune(configs=autotune_configs([triton.Config({}, num_warps=w) for w in (4, 8)]),
+@ninfer_autotune(configs=autotune_configs([triton.Config({}, num_warps=w) for w in (4, 8)]),
                  key=["HV", "GROUP", "DK"])
 @triton.jit
 def _qk_gate_kernel(
@@ -186,7 +187,7 @@ def _mm(a, b, PREC: tl.constexpr):
     return tl.dot(a, b, input_precision=PREC)
 
 
-@triton.autotune(configs=autotune_configs([triton.Config({}, num_warps=w) for w in (1, 2, 4)]),
+@ninfer_autotune(configs=autotune_configs([triton.Config({}, num_warps=w) for w in (1, 2, 4)]),
                  key=["HV", "GROUP", "DK"])
 @triton.jit
 def _inverse_kernel(
@@ -243,7 +244,7 @@ def _value_cols(offs_v, DV: tl.constexpr, BV: tl.constexpr):
     return offs_v < DV
 
 
-@triton.autotune(
+@ninfer_autotune(
     configs=autotune_configs([triton.Config({}, num_warps=w, num_stages=s) for s in (1, 2) for w in (4, 8)]),
     key=["HV", "GROUP", "DK", "DV", "BV", "BATCH_LOG2", "CKPT"],
     # The state is updated in place (final and checkpoint slots are rows of it): benchmarking configs

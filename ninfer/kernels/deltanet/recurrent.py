@@ -12,6 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ninfer.kernels.autotune import ninfer_autotune
 from ninfer.kernels.deltanet.common import check_head_dims, decay_beta, l2_normalize
 from ninfer.kernels.dispatch import autotune_configs
 
@@ -22,7 +23,7 @@ def fit_block_v(configs: list, named_args: dict, **kwargs: object) -> list:
     return [c for c in configs if c.kwargs["BV"] <= dv]
 
 
-@triton.autotune(
+@ninfer_autotune(
     configs=autotune_configs([
         triton.Config({"BV": bv}, num_warps=w) for bv in (16, 32, 64) for w in (2, 4, 1)
     ]),
