@@ -25,6 +25,7 @@ quant-gemm-regs       int4 tensor-core decode with and without a register cap (m
 quant-gemm-frag       register decode of fragment-laid int4: its GPU tests, then L2-cold vs the tl.dot decode, cuBLAS bf16, int4pack
 frag-first-look       the register decode L2-cold at 1 / 8 tokens against the tl.dot decode and cuBLAS, its GPU tests, an int4 model
 frag-int8             register decode of fragment-laid int8-g64 (the LM head, the int8 projections of the model recipes): its GPU tests, L2-cold vs the row-major tuner and cuBLAS
+deltanet-split-27b    the DeltaNet decode over value-column blocks: its GPU tests, the 27B int4 engine with autotuning off (as frag-engine-27b) and on (ctx 1k / 32k, C = 1 / 8, 8k prefill; tuning choices exported)
 frag-engine-27b       27B int4 engine with fragment-laid weights, cold caches, triton autotune off: decode C = 1 / 8 at ctx 1k, 1k prefill, step profile
 quant-gemm-gemlite    the tuner pick vs cuBLAS bf16 and gemlite at M = 1 / 8 / 4096, int4 / nvfp4 / fp8
 moe-kernels           35B-A3B expert GEMMs (tl.dot, GEMV, per-key pick) at 1..64 tokens and an 8k prefill
@@ -161,6 +162,13 @@ stage() {
       part 220 python3 perf/bench_quant_gemm.py --path frag,tuned --m 1,8 --formats int8-g64 --l2 cold \
         --shapes lm_head,in_proj_qkvz,o_proj --no-gemlite
       gpu_tests 100 quant_fragments_gpu -n 16 -k "'every_candidate and int4-g128'"
+      ;;
+    deltanet-split-27b)
+      gpu_tests 170 deltanet_decode_gpu -n 16
+      NINFER_AUTOTUNE=off part 100 python3 perf/bench_engine.py --shape 27b --recipe int4 --contexts 1024 --lanes 1 8 \
+        --steps 12 --chunk 1024 --prefill 1024
+      NINFER_EXPORT_TUNING=$OUT/tuned-27b.json part 280 python3 perf/bench_engine.py --shape 27b --recipe int4 \
+        --contexts 1024 32768 --lanes 1 8 --steps 12 --chunk 8192 --prefill 8192
       ;;
     frag-engine-27b)  # Triton's own autotuning off (first configs of attention / DeltaNet): a cold start in one call
       export NINFER_AUTOTUNE=off

@@ -100,13 +100,29 @@ def _check_slots(layer: dict, conv_state: torch.Tensor, state: torch.Tensor) -> 
     assert _rel(layer["state"], state) < STATE_TOL
 
 
+def _force_block(monkeypatch: pytest.MonkeyPatch, block: int | None) -> None:
+    """Every config of the kernel (value columns per program, warps) in turn; None: the autotuner's pick."""
+    import triton
+
+    from ninfer.kernels.deltanet import decode
+
+    if block is not None:
+        warps = dict(decode._CONFIGS)[block]
+        monkeypatch.setattr(decode._decode_kernel, "configs", [triton.Config({"BV": block}, num_warps=warps)])
+
+
 @pytest.mark.parametrize("per_token", [False, True], ids=["in-place", "per-token-slots"])
 @pytest.mark.parametrize("tokens", [1, 4])
 @pytest.mark.parametrize("batch", [1, 4, 8])
 @pytest.mark.parametrize("shape", list(SHAPES) + list(TINY))
-def test_fused_decode_matches_composed_paths(shape: str, batch: int, tokens: int, per_token: bool) -> None:
+@pytest.mark.parametrize("block", [None, 16, 32, 64, 128], ids=lambda b: f"bv{b or 'tuned'}")
+def test_fused_decode_matches_composed_paths(shape: str, batch: int, tokens: int, per_token: bool,
+                                             block: int | None, monkeypatch: pytest.MonkeyPatch) -> None:
     if per_token and tokens == 1:
         pytest.skip("per-token slots are for verification rows (K + 1 > 1 tokens)")
+    if block is not None and (batch == 4 or shape == "35B-A3B"):
+        pytest.skip("each block width: the 27B and tiny heads at batch 1 and 8")
+    _force_block(monkeypatch, block)
     dims = {**SHAPES, **TINY}[shape]
     layer, slot_ids, out_slots, cu = _setup(dims, batch, tokens, per_token, seed=batch * 10 + tokens)
     ref_conv, ref_state = layer["conv_state"].clone(), layer["state"].clone()

@@ -65,6 +65,19 @@ def _check(lens: list[int], hk: int, hv: int, dk: int, dv: int, dtype: torch.dty
         assert torch.equal(layer["conv_state"], ref_conv)
 
 
+@pytest.mark.parametrize("block", [16, 32, 64])
+def test_every_block_width(block: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Programs over value-column blocks (the interpreter runs the first config; each width here): several
+    blocks per head, whose last program to arrive normalizes the group's outputs and writes its q/k windows."""
+    import triton
+
+    from ninfer.kernels.deltanet import decode
+
+    monkeypatch.setattr(decode._decode_kernel, "configs", [triton.Config({"BV": block}, num_warps=2)])
+    _check([1, 3, 0, 2], 2, 6, 16, 64, torch.float32, 2e-5, seed=block, steps=2)
+    _check([2, 1], 1, 2, 32, 64, torch.float32, 2e-5, seed=block + 1, per_token=True)
+
+
 def test_decode_ragged_gqa_several_steps() -> None:
     # GQA (3 value heads per key head), an empty sequence, and three steps that continue the slots.
     _check([1, 1, 0, 1], hk=2, hv=6, dk=16, dv=32, dtype=torch.float32, tol=1e-5, seed=0, steps=3)

@@ -1,22 +1,24 @@
 """Gated DeltaNet decode in one launch: causal conv + SiLU, q/k L2 norm, gates, the delta rule and the
 gated RMSNorm, for a few tokens per sequence (decode, speculative verification).
 
-One program owns one (sequence, key head) and walks the key head's ``GROUP`` value heads one after
-another, each with its whole ``[dk, dv]`` fp32 state in registers (``BV = DV``):
+One program owns one (sequence, value head, block of ``BV`` value columns): its ``[dk, BV]`` slice of the fp32
+state stays in registers, and every program of a key head convolves and normalizes the key head's q and k
+itself (a few hundred channels: cheaper than another launch). A batch-1 step of the 27B model runs 48 x dv / BV
+programs: one program per key head (16), which an earlier version ran, left most of the GPU idle and took
+~14 us per layer. Two things need the whole key head, and the last of its programs to finish does them
+(an arrival counter per (sequence, key head), as the split-K GEMMs' fused reduction does):
 
-* The gated norm needs the full dv row of a head's output, so dv is not split across programs.
-* The conv window is updated in place. Every value head of a group reads the same q/k channels'
-  old window, so if value heads were separate programs, the one writing the new q/k window would race
-  with the others still reading the old one. One program per key head is the only reader and writer of
-  all its channels (q, k and the group's v), and a block barrier orders its reads before its writes.
+* The gated norm needs the full dv row of a head's output: each program stores its block of the rule's output
+  (rounded, as the composed path hands it to the norm) and the block's sum of squares; the last program
+  normalizes every value head of the group from those (block sums added in block order: deterministic).
+* The conv windows are updated in place. Every program of a key head reads the same q/k channels' old
+  window, so only the last one writes the new q/k windows; each program writes its own v channels' window.
 
-This trades parallelism at batch 1 (``B * Hk`` programs instead of the recurrent kernel's
-``B * Hv * dv / BV``) for two fewer launches per layer (the conv and the norm) and no round trip of
-the conv output and the rule's output through memory. Numerics follow the composed path (conv, recurrent
-and gated-norm kernels) rounding for rounding: the conv's fp32 tap sum to the weight dtype, its SiLU to the
-weight then the input dtype, the windows it writes back through the weight dtype; gates, L2 norms and the
-rule in fp32 (no ``tl.dot``); the rule's output, the normed value and the output to the input dtype, the
-norm weight's product to ``promote(weight, input)``. Only fp32 summation orders differ.
+Numerics follow the composed path (conv, recurrent and gated-norm kernels) rounding for rounding: the conv's
+fp32 tap sum to the weight dtype, its SiLU to the weight then the input dtype, the windows it writes back
+through the weight dtype; gates, L2 norms and the rule in fp32 (no ``tl.dot``); the rule's output, the normed
+value and the output to the input dtype, the norm weight's product to ``promote(weight, input)``. Only fp32
+summation orders differ.
 
 Speculative verification (``state_out_slots``) keeps its per-token states: the conv window and the
 DeltaNet state after token ``t`` go to slot ``state_out_slots[b, t]`` and the input slot is only read.
@@ -27,6 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ninfer.kernels.autotune import ninfer_autotune
 from ninfer.kernels.deltanet.common import check_head_dims, decay_beta, l2_normalize
 from ninfer.kernels.dispatch import autotune_configs
 
@@ -99,76 +102,131 @@ def _update_windows(rows, sx_n, slot_rows, conv_state, out_slots, seq, length, c
         _store_window(rows + ch, sx_n, slot_rows + ch * ss_c, slot_rows + ch * ss_c, ss_k, length - 1, K, WDT)
 
 
-@triton.autotune(
-    configs=autotune_configs([triton.Config({}, num_warps=w) for w in (8, 16)]),  # 4: the state spills
+# (value columns per program, warps): narrow blocks spread a batch-1 step over many SMs; the state block
+# [DK, BV] fp32 stays in registers. Compiled for sm_90 at dk = dv = 128 (ptxas: registers per thread), 64 x 4
+# warps and 128 x 16 warps spilled; these did not (128 x 8 does at 4 tokens per sequence, 328 B).
+_CONFIGS = [(32, 4), (16, 2), (64, 8), (128, 8)]
+
+
+@ninfer_autotune(
+    configs=autotune_configs([triton.Config({"BV": bv}, num_warps=w) for bv, w in _CONFIGS]),
     key=["HV", "GROUP", "DK", "DV", "K", "T_MAX", "BATCH_LOG2", "HAS_OUT_SLOTS"],
     restore_value=["state", "conv_state"],  # both are updated in place: benchmarking must not advance them
 )
 @triton.jit
 def _decode_kernel(
-    qkv, z, a, b, conv_w, conv_state, A_log, dt_bias, norm_w, state, y, cu_seqlens, slot_ids, out_slots,
-    stride_qkv_t, stride_z_t, stride_a_t, stride_b_t, stride_w_c, stride_w_k,
+    qkv, z, a, b, conv_w, conv_state, A_log, dt_bias, norm_w, state, y, sumsq, counters, cu_seqlens, slot_ids,
+    out_slots, stride_qkv_t, stride_z_t, stride_a_t, stride_b_t, stride_w_c, stride_w_k,
     stride_cs_s, stride_cs_c, stride_cs_k, stride_state_s, stride_out_slots_b, scale, eps, BATCH_LOG2,
     HV: tl.constexpr, GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, K: tl.constexpr,
     T_MAX: tl.constexpr, HAS_OUT_SLOTS: tl.constexpr, WDT: tl.constexpr, PROD_DTYPE: tl.constexpr,
+    BV: tl.constexpr,
 ):
-    seq, key_head = tl.program_id(0), tl.program_id(1)
+    BLOCK: tl.constexpr = BV if BV < DV else DV
+    NV: tl.constexpr = DV // BLOCK
+    seq, head, vb = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    key_head = head // GROUP
     bos = tl.load(cu_seqlens + seq).to(tl.int64)
     length = tl.load(cu_seqlens + seq + 1).to(tl.int64) - bos
     if length <= 0:  # an empty sequence leaves its slots alone, as the references do
         return
     xdt = y.dtype.element_ty
     offs_k = tl.arange(0, DK)
-    offs_v = tl.arange(0, DV)
+    offs_v = vb * BLOCK + tl.arange(0, BLOCK)
     slot = tl.load(slot_ids + seq).to(tl.int64)
-    # Channels of the conv: q of this key head, its k, then (per value head) v.
+    # Channels of the conv: q of this key head, its k, then this block of the value head's v.
     q_ch = key_head * DK + offs_k
     k_ch = HV // GROUP * DK + q_ch
+    v_ch = 2 * (HV // GROUP) * DK + head * DV + offs_v
     rows = qkv + bos * stride_qkv_t
     slot_rows = conv_state + slot * stride_cs_s
+    head_block = head * (DK * DV) + offs_k[:, None] * DV + offs_v[None, :]
+    s = tl.load(state + slot * stride_state_s + head_block)
+    neg_A = -tl.exp(tl.load(A_log + head).to(tl.float32))
+    bias = tl.load(dt_bias + head).to(tl.float32)
+    for t in tl.static_range(T_MAX):
+        if t < length:
+            tok = bos + t
+            q_t = _conv_silu(rows + q_ch, stride_qkv_t, slot_rows + q_ch * stride_cs_c, stride_cs_k,
+                             conv_w + q_ch * stride_w_c, stride_w_k, t, K, WDT, xdt, 1)
+            k_t = _conv_silu(rows + k_ch, stride_qkv_t, slot_rows + k_ch * stride_cs_c, stride_cs_k,
+                             conv_w + k_ch * stride_w_c, stride_w_k, t, K, WDT, xdt, 1)
+            v_t = _conv_silu(rows + v_ch, stride_qkv_t, slot_rows + v_ch * stride_cs_c, stride_cs_k,
+                             conv_w + v_ch * stride_w_c, stride_w_k, t, K, WDT, xdt, 0)
+            q_t = l2_normalize(q_t, scale, 0)[:, None]
+            k_t = l2_normalize(k_t, 1.0, 0)[:, None]
+            g, beta = decay_beta(tl.load(a + tok * stride_a_t + head), tl.load(b + tok * stride_b_t + head),
+                                 neg_A, bias)
+            s = s * tl.exp(g)
+            delta = (v_t - tl.sum(s * k_t, axis=0)) * beta
+            s = s + k_t * delta[None, :]
+            o = tl.sum(s * q_t, axis=0).to(xdt)
+            # the rule's output (rounded, as the composed path hands it to the norm) and its block's sum of
+            # squares: the norm needs the whole row, which the last program of the key head gathers
+            tl.store(y + tok * (HV * DV) + head * DV + offs_v, o)
+            o = o.to(tl.float32)
+            tl.store(sumsq + (tok * HV + head) * NV + vb, tl.sum(o * o, axis=0))
+            if HAS_OUT_SLOTS:
+                out_slot = tl.load(out_slots + seq * stride_out_slots_b + t).to(tl.int64)
+                tl.store(state + out_slot * stride_state_s + head_block, s)
+    if not HAS_OUT_SLOTS:
+        tl.store(state + slot * stride_state_s + head_block, s)
+    # This block's v windows: no other program reads these channels.
+    _update_windows(rows, stride_qkv_t, slot_rows, conv_state, out_slots, seq, length, v_ch, stride_cs_s,
+                    stride_cs_c, stride_cs_k, stride_out_slots_b, K, T_MAX, HAS_OUT_SLOTS, WDT)
+    # Every program of the key head convolved its old q/k windows and stored its outputs before it arrives:
+    # the last to arrive writes the new q/k windows and normalizes the group's outputs.
+    counter = counters + seq * (HV // GROUP) + key_head
+    tl.debug_barrier()
+    if tl.atomic_add(counter, 1, sem="acq_rel") == GROUP * NV - 1:
+        tl.debug_barrier()
+        _update_windows(rows, stride_qkv_t, slot_rows, conv_state, out_slots, seq, length, q_ch, stride_cs_s,
+                        stride_cs_c, stride_cs_k, stride_out_slots_b, K, T_MAX, HAS_OUT_SLOTS, WDT)
+        _update_windows(rows, stride_qkv_t, slot_rows, conv_state, out_slots, seq, length, k_ch, stride_cs_s,
+                        stride_cs_c, stride_cs_k, stride_out_slots_b, K, T_MAX, HAS_OUT_SLOTS, WDT)
+        _gated_norms(y, z, norm_w, sumsq, bos, length, key_head, stride_z_t, eps, HV, GROUP, DV, NV, T_MAX,
+                     PROD_DTYPE)
+        tl.store(counter, 0)  # for the next launch (or graph replay)
+
+
+@triton.jit
+def _gated_norms(y, z, norm_w, sumsq, bos, length, key_head, stride_z_t, eps, HV: tl.constexpr,
+                 GROUP: tl.constexpr, DV: tl.constexpr, NV: tl.constexpr, T_MAX: tl.constexpr,
+                 PROD_DTYPE: tl.constexpr):
+    """The gated RMSNorm of the key head's value heads, every token, in the reference's order of roundings, from
+    the rule's outputs and block sums of squares that the key head's programs stored (other SMs, this launch:
+    loads bypass L1). The blocks' sums add up in block order (deterministic)."""
+    xdt = y.dtype.element_ty
+    offs_v = tl.arange(0, DV)
     norm_weight = tl.load(norm_w + offs_v).to(tl.float32)
+    blocks = tl.arange(0, NV)
     for j in range(GROUP):
         head = key_head * GROUP + j
-        v_ch = 2 * (HV // GROUP) * DK + head * DV + offs_v
-        head_block = head * (DK * DV) + offs_k[:, None] * DV + offs_v[None, :]
-        s = tl.load(state + slot * stride_state_s + head_block)
-        neg_A = -tl.exp(tl.load(A_log + head).to(tl.float32))
-        bias = tl.load(dt_bias + head).to(tl.float32)
         for t in tl.static_range(T_MAX):
             if t < length:
                 tok = bos + t
-                q_t = _conv_silu(rows + q_ch, stride_qkv_t, slot_rows + q_ch * stride_cs_c, stride_cs_k,
-                                 conv_w + q_ch * stride_w_c, stride_w_k, t, K, WDT, xdt, 1)
-                k_t = _conv_silu(rows + k_ch, stride_qkv_t, slot_rows + k_ch * stride_cs_c, stride_cs_k,
-                                 conv_w + k_ch * stride_w_c, stride_w_k, t, K, WDT, xdt, 1)
-                v_t = _conv_silu(rows + v_ch, stride_qkv_t, slot_rows + v_ch * stride_cs_c, stride_cs_k,
-                                 conv_w + v_ch * stride_w_c, stride_w_k, t, K, WDT, xdt, 0)
-                q_t = l2_normalize(q_t, scale, 0)[:, None]
-                k_t = l2_normalize(k_t, 1.0, 0)[:, None]
-                g, beta = decay_beta(tl.load(a + tok * stride_a_t + head), tl.load(b + tok * stride_b_t + head),
-                                     neg_A, bias)
-                s = s * tl.exp(g)
-                delta = (v_t - tl.sum(s * k_t, axis=0)) * beta
-                s = s + k_t * delta[None, :]
-                o = tl.sum(s * q_t, axis=0).to(xdt).to(tl.float32)
-                # Gated RMSNorm, in the reference's order of roundings.
-                rstd = tl.rsqrt(tl.sum(o * o, axis=0) / DV + eps)
-                n = (o * rstd).to(xdt).to(tl.float32)
+                row = y + tok * (HV * DV) + head * DV + offs_v
+                o = tl.load(row, cache_modifier=".cg").to(tl.float32)
+                ss = tl.sum(tl.load(sumsq + (tok * HV + head) * NV + blocks, cache_modifier=".cg"), axis=0)
+                n = (o * tl.rsqrt(ss / DV + eps)).to(xdt).to(tl.float32)
                 gz = tl.load(z + tok * stride_z_t + head * DV + offs_v).to(tl.float32)
                 out = (norm_weight * n).to(PROD_DTYPE).to(tl.float32) * (gz / (1.0 + tl.exp(-gz)))
-                tl.store(y + tok * (HV * DV) + head * DV + offs_v, out.to(xdt))
-                if HAS_OUT_SLOTS:
-                    out_slot = tl.load(out_slots + seq * stride_out_slots_b + t).to(tl.int64)
-                    tl.store(state + out_slot * stride_state_s + head_block, s)
-        if not HAS_OUT_SLOTS:
-            tl.store(state + slot * stride_state_s + head_block, s)
-        _update_windows(rows, stride_qkv_t, slot_rows, conv_state, out_slots, seq, length, v_ch, stride_cs_s,
-                        stride_cs_c, stride_cs_k, stride_out_slots_b, K, T_MAX, HAS_OUT_SLOTS, WDT)
-    # The q/k windows last: every value head above convolved the old ones.
-    _update_windows(rows, stride_qkv_t, slot_rows, conv_state, out_slots, seq, length, q_ch, stride_cs_s,
-                    stride_cs_c, stride_cs_k, stride_out_slots_b, K, T_MAX, HAS_OUT_SLOTS, WDT)
-    _update_windows(rows, stride_qkv_t, slot_rows, conv_state, out_slots, seq, length, k_ch, stride_cs_s,
-                    stride_cs_c, stride_cs_k, stride_out_slots_b, K, T_MAX, HAS_OUT_SLOTS, WDT)
+                tl.store(row, out.to(xdt))
+
+
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+
+
+def _counters(device: torch.device, n: int) -> torch.Tensor:
+    """Zeroed arrival counters, one per (sequence, key head); every launch leaves them at zero. Grown outside
+    CUDA-graph capture only (a captured launch keeps the address): warm-up meets the largest batch first."""
+    buf = _COUNTERS.get(device)
+    if buf is None or buf.numel() < n:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(f"DeltaNet decode: {n} arrival counters needed inside CUDA-graph capture; "
+                               "run the batch size once before capturing it")
+        buf = _COUNTERS[device] = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
+    return buf
 
 
 def gated_deltanet_decode_triton(
@@ -205,12 +263,14 @@ def gated_deltanet_decode_triton(
         return y
     has_out = state_out_slots is not None
     out_slots = state_out_slots if has_out else slot_ids
-    _decode_kernel[(batch, hk)](
-        qkv, z, a, b, conv_weight, conv_state, A_log, dt_bias, norm_weight, state, y, cu_seqlens, slot_ids,
-        out_slots, qkv.stride(0), z.stride(0), a.stride(0), b.stride(0), conv_weight.stride(0),
-        conv_weight.stride(1), conv_state.stride(0), conv_state.stride(1), conv_state.stride(2), state.stride(0),
-        out_slots.stride(0) if has_out else 0, dk ** -0.5, eps, batch.bit_length(),
-        HV=hv, GROUP=hv // hk, DK=dk, DV=dv, K=taps, T_MAX=triton.next_power_of_2(max_seqlen),
+    blocks = lambda meta: dv // min(meta["BV"], dv)  # noqa: E731
+    sumsq = torch.empty((n, hv, dv // min(bv for bv, _ in _CONFIGS)), dtype=torch.float32, device=qkv.device)
+    _decode_kernel[lambda meta: (batch, hv, blocks(meta))](
+        qkv, z, a, b, conv_weight, conv_state, A_log, dt_bias, norm_weight, state, y, sumsq,
+        _counters(qkv.device, batch * hk), cu_seqlens, slot_ids, out_slots, qkv.stride(0), z.stride(0), a.stride(0),
+        b.stride(0), conv_weight.stride(0), conv_weight.stride(1), conv_state.stride(0), conv_state.stride(1),
+        conv_state.stride(2), state.stride(0), out_slots.stride(0) if has_out else 0, dk ** -0.5, eps,
+        batch.bit_length(), HV=hv, GROUP=hv // hk, DK=dk, DV=dv, K=taps, T_MAX=triton.next_power_of_2(max_seqlen),
         HAS_OUT_SLOTS=has_out, WDT=TL_DTYPE[conv_weight.dtype],
         PROD_DTYPE=TL_DTYPE[torch.promote_types(norm_weight.dtype, qkv.dtype)],
     )
