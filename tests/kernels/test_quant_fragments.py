@@ -24,7 +24,7 @@ from ninfer.kernels.quant_gemm.fragments import (
     from_fragments,
     to_fragments,
 )
-from ninfer.kernels.quant_gemm.tune import GemmConfig, candidates
+from ninfer.kernels.quant_gemm.tune import GemmConfig, candidates, graph_fallback
 from ninfer.quant.formats import quantize
 
 
@@ -228,13 +228,16 @@ def test_fragment_separate_reduce_kernel(monkeypatch: pytest.MonkeyPatch) -> Non
 @pytest.mark.usefixtures("poisoned_outputs")
 def test_fragment_weights_take_their_own_candidates() -> None:
     """Decode sizes: the fragment decode only; prefill sizes: the dequantization path first (untuned keys), then
-    the fragment decode (what graphs run); a weight too large for the workspace: the decode alone."""
+    the decode's favourite up to 512 tokens, the dequantization alone above; a weight too large for the
+    workspace: the decode's favourite alone; graphs capture the decode where the dequantization was chosen."""
     for m in (1, 8, 32):
         cands = candidates("int4-g128", m, 5120, 17408, 132, layout=FRAGMENTS)
         assert cands and all(c.kind == "frag" for c in cands)
     cands = candidates("int4-g128", 512, 5120, 17408, 132, layout=FRAGMENTS)
-    assert cands[0].kind == "dequant" and any(c.kind == "frag" for c in cands)
-    assert all(c.kind == "frag" for c in candidates("int4-g128", 512, 248320, 5120, 132, layout=FRAGMENTS))
+    assert [c.kind for c in cands] == ["dequant", "frag"]
+    assert [c.kind for c in candidates("int4-g128", 4096, 5120, 17408, 132, layout=FRAGMENTS)] == ["dequant"]
+    assert [c.kind for c in candidates("int8-g64", 4096, 248320, 5120, 132, layout=FRAGMENTS)] == ["frag"]
+    assert graph_fallback("int4-g128", 4096, 5120, 17408, 132, FRAGMENTS).kind == "frag"
     w = _fragments(_weight(32, 256, "int4-g64", 11))
     x = torch.randn(40, 256, generator=torch.Generator().manual_seed(12)).half()
     for cfg in candidates("int4-g64", 40, 32, 256, 4, layout=FRAGMENTS):

@@ -30,8 +30,9 @@ weight side (the dominant traffic) and the dequantized tile never goes back to m
   the program accumulates the gate and the up tile of the same columns and writes ``silu(g) * u``.
 * int4 and int8-g64 weights in the fragment layout (``QuantizedTensor.layout``, :mod:`ninfer.kernels.quant_gemm.fragments`,
   re-laid once at load time on CUDA) take the register decode of :mod:`ninfer.kernels.quant_gemm.fragment_mma`
-  (``GemmConfig(kind="frag")``) at every M, and for M > 32 the dequant path as well, which the tuner picks by
-  measurement; the other kernels read the row-major layout only.
+  (``GemmConfig(kind="frag")``) up to 32 tokens; prefill sizes take the dequant path, beside the decode's
+  favourite up to 512 tokens (the tuner picks by measurement; ``tune.fragment_layout_candidates``); the
+  other kernels read the row-major layout only.
 
 Configs come from :mod:`ninfer.kernels.quant_gemm.tune` (benchmarked per GPU, keyed by M bucket, N
 and K). The launchers are CUDA-graph safe: no host syncs, the workspace is allocated and zeroed on
@@ -51,7 +52,7 @@ from ninfer.kernels.quant_gemm.fragments import FRAGMENTS
 from ninfer.kernels.quant_gemm.gemm import quant_gemm_kernel
 from ninfer.kernels.quant_gemm.gemv import launch_gemv
 from ninfer.kernels.quant_gemm.gemv_mma import launch_gemv_mma
-from ninfer.kernels.quant_gemm.tune import GemmConfig, candidates, kernel_params, select_config, sm_count
+from ninfer.kernels.quant_gemm.tune import GemmConfig, graph_fallback, kernel_params, select_config, sm_count
 from ninfer.kernels.quant_gemm.weights import QuantizedTensor
 
 def quant_matmul_reference(x: torch.Tensor, w: QuantizedTensor, residual: torch.Tensor | None = None,
@@ -134,10 +135,9 @@ def _launch(x: torch.Tensor, w: QuantizedTensor, res: torch.Tensor | None, out: 
             launch_dequant_gemm(x, w, res, out, swiglu, cfg)
             return
         # A captured graph would keep the shared workspace's address, which a later, larger weight frees
-        # (the buffer grows by reallocation): graphs take the first other candidate instead (the tiled
-        # favourite, or the fragment decode; compiled already: the tuner ran it when it chose this config).
-        cands = candidates(name, m, n_out, k, sm_count(x.device), layout=w.layout)
-        cfg = next(c for c in cands if c.kind != "dequant")
+        # (the buffer grows by reallocation): graphs take another path instead (graph_fallback). Graphs
+        # capture decode sizes, which never choose this path; this is a guard, not a serving path.
+        cfg = graph_fallback(name, m, n_out, k, sm_count(x.device), w.layout)
     p = kernel_params(name, cfg)
     q, scales, row_scale = kernel_tensors(w)
     if cfg.kind == "frag":  # int4 / int8 in the fragment layout, from registers (fragment_mma)

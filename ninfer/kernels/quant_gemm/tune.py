@@ -39,6 +39,7 @@ GROUPS = {"fp8-b128": 128, "int8-g32": 32, "int8-g64": 64, "int4-g64": 64, "int4
 SKINNY_MAX_M = 16
 GEMV_MAX_M = 8
 MMA_MAX_M = 32  # the tensor-core decode: up to 32 tokens (speculative verification of 8 lanes x 4 tokens)
+FRAG_PREFILL_MAX_M = 512  # the largest prefill key that also times the register decode beside the dequantization
 # Largest weight (rows x K) the dequant path takes: 512 MiB of bf16 workspace. Every dense projection of
 # Qwen3.5-27B fits (gate_up 34816 x 5120 = 356 MB); the 248320 x 5120 LM head (2.5 GB) does not.
 DEQUANT_MAX_ELEMENTS = 256 << 20
@@ -104,13 +105,8 @@ def candidates(fmt: str, m: int, n_out: int, k: int, sms: int, *, swiglu: bool =
     Skinny tiles give each warp 16 weight rows (BLOCK_N = 16 * warps), so no warp dequantizes rows
     another warp also holds; a K step reads 128 bytes of each weight row.
     """
-    if layout == FRAGMENTS:  # prefill sizes: the dequantization path first (the decode re-reads the weight per
-        # 32 tokens: 262 ms of a 1024-token 27B prefill in run 2026-12-03.4), where its workspace takes the weight;
-        # one dequant config: the layout's dequantization kernel has a fixed tile
-        out = fragment_candidates(fmt, m, n_out, k, sms)
-        if m > MMA_MAX_M and n_out * (2 if swiglu else 1) * k <= DEQUANT_MAX_ELEMENTS:
-            out = dequant_candidates(fmt, 128)[:1] + out
-        return out
+    if layout == FRAGMENTS:
+        return fragment_layout_candidates(fmt, m, n_out, k, sms, swiglu=swiglu)
     if m <= SKINNY_MAX_M:
         bk = _block_k(fmt, 128)
         base = [GemmConfig(16, 64, bk, 1, 4, 4), GemmConfig(16, 32, bk, 1, 2, 4), GemmConfig(16, 128, bk, 1, 8, 3)]
@@ -131,6 +127,34 @@ def candidates(fmt: str, m: int, n_out: int, k: int, sms: int, *, swiglu: bool =
     if m > SKINNY_MAX_M and n_out * (2 if swiglu else 1) * k <= DEQUANT_MAX_ELEMENTS:  # likewise last
         out.extend(dequant_candidates(fmt, out[0].block_m))
     return out
+
+
+def fragment_layout_candidates(fmt: str, m: int, n_out: int, k: int, sms: int, *,
+                               swiglu: bool = False) -> list[GemmConfig]:
+    """Configs for weights in the fragment layout. Decode sizes (M <= 32): every register-decode config. Prefill
+    sizes: the dequantization path first, where its workspace takes the weight (the decode re-reads the weight
+    per 32 tokens: 262 ms of a 1024-token 27B prefill in run 2026-12-03.4; one config: the layout's
+    dequantization kernel has a fixed tile), then the decode's favourite up to ``FRAG_PREFILL_MAX_M`` tokens,
+    where it can still win (a few token blocks, sharing the codes through L2). Larger keys take the
+    dequantization alone: timing 18 decode configs on thousands of tokens (seconds each) was most of a cold
+    start's tuning (run 2026-12-03.8: not ready after 750 s). A weight too large for the workspace (the LM head)
+    takes the decode's favourite alone. :func:`graph_fallback` is what CUDA-graph capture runs instead of the
+    dequantization path."""
+    decode = fragment_candidates(fmt, m, n_out, k, sms)
+    if m <= MMA_MAX_M:
+        return decode
+    if n_out * (2 if swiglu else 1) * k > DEQUANT_MAX_ELEMENTS:
+        return decode[:1]
+    return dequant_candidates(fmt, 128)[:1] + (decode[:1] if m <= FRAG_PREFILL_MAX_M else [])
+
+
+def graph_fallback(fmt: str, m: int, n_out: int, k: int, sms: int, layout: str) -> GemmConfig:
+    """The config a CUDA graph captures where the tuner chose the dequantization path (its shared workspace
+    may be reallocated after capture): the first other candidate, or for fragment-laid weights the register
+    decode's favourite."""
+    if layout == FRAGMENTS:
+        return fragment_candidates(fmt, m, n_out, k, sms)[0]
+    return next(c for c in candidates(fmt, m, n_out, k, sms, layout=layout) if c.kind != "dequant")
 
 
 def dequant_candidates(fmt: str, block_m: int) -> list[GemmConfig]:
