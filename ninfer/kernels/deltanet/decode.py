@@ -218,14 +218,15 @@ _COUNTERS: dict[torch.device, torch.Tensor] = {}
 
 
 def _counters(device: torch.device, n: int) -> torch.Tensor:
-    """Zeroed arrival counters, one per (sequence, key head); every launch leaves them at zero. Grown outside
-    CUDA-graph capture only (a captured launch keeps the address): warm-up meets the largest batch first."""
+    """Zeroed arrival counters, one per (sequence, key head); every launch leaves them at zero. Sized for 4,096
+    sequences of 16 key heads at once (256 KB), and grown outside CUDA-graph capture only (a captured launch
+    keeps the address)."""
     buf = _COUNTERS.get(device)
     if buf is None or buf.numel() < n:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             raise RuntimeError(f"DeltaNet decode: {n} arrival counters needed inside CUDA-graph capture; "
                                "run the batch size once before capturing it")
-        buf = _COUNTERS[device] = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
+        buf = _COUNTERS[device] = torch.zeros(max(n, 1 << 16), dtype=torch.int32, device=device)  # 4,096 x 16
     return buf
 
 

@@ -56,27 +56,24 @@ def decode_asm(ty: str, bits: int) -> str:
     int8: words $16..$23, word ``2j + b`` gives registers ``2b`` (bytes 0 and 2) and ``2b + 1`` (bytes 1, 3)."""
     one, bias4, magic, base8 = _CONSTS[ty]
     lines = ["{", ".reg .b32 s, one, bias, m, o;", f"mov.b32 one, {one};", f"mov.b32 bias, {bias4};"]
-    if bits == 4:
-        for j in range(4):
-            for r in range(4):
-                src = f"${16 + j}"
-                if r:
-                    lines.append(f"shr.u32 s, {src}, {4 * r};")
-                    src = "s"
-                out = f"${4 * j + r}"
+
+    def shifted(word: int, shift: int) -> str:  # the code word (input operand) shifted right, in "s"
+        if not shift:
+            return f"${word}"
+        lines.append(f"shr.u32 s, ${word}, {shift};")
+        return "s"
+
+    for j in range(4):
+        for r in range(4):  # register r = 2b + h
+            if bits == 4:
+                out, src = f"${4 * j + r}", shifted(16 + j, 4 * r)
                 lines.append(f"lop3.b32 {out}, {src}, 0x000F000F, {magic}, 0xEA;")  # (src & 0x000F000F) | magic
                 lines.append(f"fma.rn.{ty}x2 {out}, {out}, one, bias;")
-    else:
-        for j in range(4):
-            for b in range(2):
-                for h in range(2):
-                    src = f"${16 + 2 * j + b}"
-                    if h:
-                        lines.append(f"shr.u32 s, {src}, 8;")
-                        src = "s"
-                    lines.append(f"lop3.b32 m, {src}, 0x007F007F, {magic}, 0xEA;")  # M + low 7 bits
-                    lines.append(f"lop3.b32 o, {src}, 0x00800080, {base8}, 0xEA;")  # -(M + 128 * sign)
-                    lines.append(f"fma.rn.{ty}x2 ${4 * j + 2 * b + h}, m, one, o;")
+            else:
+                src = shifted(16 + 2 * j + r // 2, 8 * (r % 2))
+                lines.append(f"lop3.b32 m, {src}, 0x007F007F, {magic}, 0xEA;")  # M + low 7 bits
+                lines.append(f"lop3.b32 o, {src}, 0x00800080, {base8}, 0xEA;")  # -(M + 128 * sign)
+                lines.append(f"fma.rn.{ty}x2 ${4 * j + r}, m, one, o;")
     lines.append("}")
     return "\n".join(lines)
 
