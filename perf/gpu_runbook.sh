@@ -27,6 +27,7 @@ frag-first-look       the register decode L2-cold at 1 / 8 tokens against the tl
 frag-int8             register decode of fragment-laid int8-g64 (the LM head, the int8 projections of the model recipes): its GPU tests, L2-cold vs the row-major tuner and cuBLAS
 deltanet-split-27b    the DeltaNet decode over value-column blocks: its GPU tests, the 27B int4 engine with autotuning off (as frag-engine-27b) and on (ctx 1k / 32k, C = 1 / 8, 8k prefill; tuning choices exported)
 export-tuning-h200    tuning choices for the shipped H200 table (NINFER_SHIPPED_TUNING=0, everything measured): 27B int4 engine, then 35B-A3B; merge with perf/ship_tuning.py <files_at>/tuned-h200.json
+structured-27b        the cost of structured output, 27B int4: constrained vs free decode at C = 1 / 8, JSON Schema compile first / cached (carry an xgrammar wheel in .whl: ../shared/tools/device-wheels.sh xgrammar)
 frag-engine-27b       27B int4 engine with fragment-laid weights, cold caches, triton autotune off: decode C = 1 / 8 at ctx 1k, 1k prefill, step profile
 quant-gemm-gemlite    the tuner pick vs cuBLAS bf16 and gemlite at M = 1 / 8 / 4096, int4 / nvfp4 / fp8
 moe-kernels           35B-A3B expert GEMMs (tl.dot, GEMV, per-key pick) at 1..64 tokens and an 8k prefill
@@ -177,6 +178,9 @@ stage() {
         --chunk 8192 --prefill 8192
       part 200 python3 perf/bench_engine.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --contexts 1024 \
         --lanes 1 8 --steps 12 --chunk 8192 --prefill 8192
+      ;;
+    structured-27b)
+      part 300 python3 perf/bench_structured.py --shape 27b --recipe int4 --lanes 1 8 --tokens 128
       ;;
     frag-engine-27b)  # Triton's own autotuning off (first configs of attention / DeltaNet): a cold start in one call
       export NINFER_AUTOTUNE=off

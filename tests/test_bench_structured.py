@@ -1,0 +1,26 @@
+"""perf/bench_structured.py on CPU (the tiny shape): free and constrained requests run to their length limit and
+file their records, and the compile record has its cached time."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "perf"))
+import bench_structured  # noqa: E402
+
+pytest.importorskip("xgrammar")
+
+
+def test_free_and_constrained_rows_and_compile_times(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OUT", str(tmp_path))
+    bench_structured.main(["--shape", "tiny", "--device", "cpu", "--lanes", "1", "2", "--tokens", "8"])
+    rows = [json.loads(line) for line in (tmp_path / "perf.jsonl").read_text().splitlines()]
+    compile_row = next(r for r in rows if r["bench"] == "structured_compile")
+    assert compile_row["cached_ms"] < compile_row["median_ms"] and compile_row["tokenizer_vocab"] > 256
+    decode = [r for r in rows if r["bench"] == "structured_decode"]
+    assert [r["shape"] for r in decode] == ["tiny bf16 C=1 regex", "tiny bf16 C=2 regex"]
+    assert all(r["fewest_tokens"] == 8 and r["speedup_vs_baseline"] > 0 for r in decode)
