@@ -68,7 +68,7 @@ def topic(record: dict) -> str:
     if bench.startswith("prefix"):  # perf/bench_prefix_cache.py runs bf16 weights only
         return f"prefix-cache-{model}"
     for prefix, name in (("engine", "engine"), ("spec", "mtp"), ("server", "server"), ("profile", "profile"),
-                         ("startup", "startup")):
+                         ("startup", "startup"), ("structured", "structured")):
         if bench.startswith(prefix):
             return f"{name}-{model}-{weights}"
     raise ValueError(f"perf/report.py: no topic for bench {bench!r}; add one to topic()")

@@ -1,5 +1,5 @@
 """perf/bench_structured.py on CPU (the tiny shape): free and constrained requests run to their length limit and
-file their records, and the compile record has its cached time."""
+write their records, which perf/report.py knows where to file, and the compile record has its cached time."""
 from __future__ import annotations
 
 import json
@@ -11,6 +11,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "perf"))
 import bench_structured  # noqa: E402
+import report  # noqa: E402
 
 pytest.importorskip("xgrammar")
 
@@ -24,3 +25,4 @@ def test_free_and_constrained_rows_and_compile_times(tmp_path: Path, monkeypatch
     decode = [r for r in rows if r["bench"] == "structured_decode"]
     assert [r["shape"] for r in decode] == ["tiny bf16 C=1 regex", "tiny bf16 C=2 regex"]
     assert all(r["fewest_tokens"] == 8 and r["speedup_vs_baseline"] > 0 for r in decode)
+    assert {report.topic(r) for r in rows} == {"structured-tiny-bf16"}  # perf/report.py --add files them
