@@ -30,6 +30,7 @@ import triton
 import triton.language as tl
 
 from ninfer.kernels.autotune import ninfer_autotune
+from ninfer.kernels.counters import SLOTS, arrival_counters
 from ninfer.kernels.deltanet.common import check_head_dims, decay_beta, l2_normalize
 from ninfer.kernels.dispatch import autotune_configs
 
@@ -214,20 +215,13 @@ def _gated_norms(y, z, norm_w, sumsq, bos, length, key_head, stride_z_t, eps, HV
                 tl.store(row, out.to(xdt))
 
 
-_COUNTERS: dict[torch.device, torch.Tensor] = {}
-
-
 def _counters(device: torch.device, n: int) -> torch.Tensor:
-    """Zeroed arrival counters, one per (sequence, key head); every launch leaves them at zero. Sized for 4,096
-    sequences of 16 key heads at once (256 KB), and grown outside CUDA-graph capture only (a captured launch
-    keeps the address)."""
-    buf = _COUNTERS.get(device)
-    if buf is None or buf.numel() < n:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError(f"DeltaNet decode: {n} arrival counters needed inside CUDA-graph capture; "
-                               "run the batch size once before capturing it")
-        buf = _COUNTERS[device] = torch.zeros(max(n, 1 << 16), dtype=torch.int32, device=device)  # 4,096 x 16
-    return buf
+    """``n`` arrival counters (:mod:`ninfer.kernels.counters`), one per (sequence, key head)."""
+    counters = arrival_counters(device)
+    if counters is None or n > SLOTS:
+        raise RuntimeError(f"DeltaNet decode: {n} arrival counters needed (at most {SLOTS}), first inside "
+                           "CUDA-graph capture or more than there are; run the batch size once before capturing it")
+    return counters
 
 
 def gated_deltanet_decode_triton(

@@ -52,6 +52,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ninfer.kernels.counters import SLOTS, arrival_counters
 from ninfer.kernels.quant_gemm.common import FMT_INT4
 from ninfer.kernels.quant_gemm.gemv_steps import (
     gemv_decode,
@@ -173,11 +174,9 @@ def _quant_gemv_kernel(
 
 # Split-K partials summed by the last program of each output tile (FUSED_REDUCE) rather than by a second
 # launch: a 27B int4 decode step ran 272 reduce launches (0.34 ms of kernels, and a ~1.3 us gap before
-# each in the graph). One zeroed counter per output tile, per device, left at zero by every launch;
-# launches that do not fit it, or a first use inside graph capture, take the reduce kernel. The counters
-# are a device buffer, not a choice: captured graphs keep their address, so they live as long as the process.
-_COUNTER_SLOTS = 1 << 16
-_COUNTERS: dict[torch.device, torch.Tensor] = {}
+# each in the graph). One counter per output tile (ninfer.kernels.counters); launches that do not fit them,
+# or a first use inside graph capture, take the reduce kernel.
+_COUNTER_SLOTS = SLOTS
 # reduce_kernel_for_splits' override (a context variable: it holds only in the block and the thread that set it)
 _reduce_kernel_only: ContextVar[bool] = ContextVar("ninfer_gemv_reduce_kernel_only", default=False)
 
@@ -194,16 +193,11 @@ def reduce_kernel_for_splits() -> Iterator[None]:
 
 
 def tile_counters(device: torch.device, tiles: int) -> torch.Tensor | None:
-    """The device's arrival counters if ``tiles`` fit them (allocated zeroed on first use, outside capture;
-    one GEMV at a time per device: launches on concurrent streams would share them)."""
+    """The device's arrival counters (:mod:`ninfer.kernels.counters`) if ``tiles`` fit them, else None (and
+    under :func:`reduce_kernel_for_splits`)."""
     if _reduce_kernel_only.get() or tiles > _COUNTER_SLOTS:
         return None
-    counters = _COUNTERS.get(device)
-    if counters is None:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            return None
-        counters = _COUNTERS[device] = torch.zeros(_COUNTER_SLOTS, dtype=torch.int32, device=device)
-    return counters
+    return arrival_counters(device)
 
 
 def launch_gemv(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, row_scale: torch.Tensor | None,
