@@ -28,7 +28,7 @@ import time
 
 import torch
 from common import check_target, copy_bandwidth_for, export_tuning, record, sync
-from random_model import SHAPES, model_bytes, random_llm, shape_config
+from random_model import SHAPES, model_bytes, random_llm, random_prompt, shape_config
 
 from ninfer.runtime.engine import EngineConfig
 from ninfer.runtime.memory import kv_bytes_per_token, state_bytes_per_slot
@@ -42,9 +42,6 @@ TARGETS = {
     "35b-a3b": {"decode_b1_tok_s": 650.0, "prefill_8k_tok_s": 45000.0},
 }
 
-
-def _prompt(n: int, seed: int) -> list[int]:
-    return torch.randint(0, 448, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
 def expert_fraction(config, tokens: int) -> float:
@@ -74,7 +71,7 @@ def weight_bytes_per_step(model, tokens: int = 1) -> int:
 def steady_decode(llm, lanes: int, context: int, steps: int) -> float:
     """Seconds per step once ``lanes`` sequences of ~``context`` tokens are all decoding."""
     engine = llm.engine
-    reqs = [llm._request(_prompt(context, seed=i), 10 ** 6, GREEDY) for i in range(lanes)]
+    reqs = [llm._request(random_prompt(context, seed=i), 10 ** 6, GREEDY) for i in range(lanes)]
     for r in reqs:
         engine.add_request(r)
     while any(not r.prefill_done or not r.output_ids for r in reqs):
@@ -95,7 +92,7 @@ def steady_decode(llm, lanes: int, context: int, steps: int) -> float:
 def prefill(llm, tokens: int) -> tuple[float, float]:
     """(prefill seconds, TTFT seconds) of one request of ``tokens`` prompt tokens."""
     engine = llm.engine
-    req = llm._request(_prompt(tokens, seed=99), 1, GREEDY)
+    req = llm._request(random_prompt(tokens, seed=99), 1, GREEDY)
     sync(llm.device)
     start = time.perf_counter()
     engine.add_request(req)
@@ -227,7 +224,7 @@ def transformers_floor(args: argparse.Namespace) -> None:
     print(f"built {type(model).__name__} ({sum(p.numel() for p in model.parameters()) / 1e9:.2f}B params{mem}) "
           f"in {time.perf_counter() - t0:.1f} s", flush=True)
     extra = dict(transformers=transformers.__version__, fla=fla, attn="sdpa")
-    ids = torch.tensor([_prompt(args.hf_prompt, 1)], device=device)
+    ids = torch.tensor([random_prompt(args.hf_prompt, 1)], device=device)
     start = time.perf_counter()
     out = model(input_ids=ids, use_cache=True, logits_to_keep=1)
     token = out.logits[:, -1:].argmax(-1)
@@ -261,10 +258,11 @@ def transformers_floor(args: argparse.Namespace) -> None:
             print("transformers prefill skipped: no budget left", flush=True)
             return
         start = time.perf_counter()
-        model(input_ids=torch.tensor([_prompt(warm, 3 + attempt)], device=device), use_cache=False, logits_to_keep=1)
+        model(input_ids=torch.tensor([random_prompt(warm, 3 + attempt)], device=device), use_cache=False,
+              logits_to_keep=1)
         sync(device)
         estimate = (time.perf_counter() - start) * n_prefill / warm
-    long = torch.tensor([_prompt(n_prefill, 2)], device=device)
+    long = torch.tensor([random_prompt(n_prefill, 2)], device=device)
     runs = []
     for attempt in range(2):  # the first run at the full length may compile again: the second is kept if it fits
         if time.perf_counter() + estimate > deadline:

@@ -27,16 +27,13 @@ import time
 import torch
 
 from common import copy_bandwidth_for, record, sync
-from random_model import random_llm
+from random_model import random_llm, random_prompt
 from ninfer.runtime.engine import EngineConfig
 from ninfer.runtime.memory import state_bytes_per_slot
 from ninfer.runtime.sampling import SamplingParams
 
 GREEDY = SamplingParams(greedy=True)
 
-
-def _tokens(n: int, seed: int) -> list[int]:
-    return torch.randint(0, 448, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
 def _ttft(llm, prompt: list[int]) -> tuple[float, int]:
@@ -60,7 +57,7 @@ def _engine(max_context: int, prefix: bool, host_gib: float, interval: int, chun
 
 
 def conversation(llm, shape: str, context: int, report: bool = True) -> None:
-    history, turn = _tokens(context, 1), _tokens(100, 2)
+    history, turn = random_prompt(context, 1), random_prompt(100, 2)
     prefix = llm.engine.prefix
     if prefix is None:
         off_s, _ = _ttft(llm, history + turn)
@@ -90,7 +87,7 @@ def agent_loop(llm, shape: str, turns: int, growth: int, report: bool = True) ->
     before = (prefix.stats.offloaded, prefix.stats.kv_offloaded) if prefix is not None else (0, 0)
     pinned_before = llm.engine.runner.host.pool.allocated
     for t in range(turns):
-        history = history + _tokens(growth, 100 + t)
+        history = history + random_prompt(growth, 100 + t)
         s, cached = _ttft(llm, history)
         seconds += s
         computed += len(history) - cached

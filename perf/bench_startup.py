@@ -46,7 +46,7 @@ import time
 
 import torch
 from common import export_tuning, record, sync
-from random_model import SHAPES, random_llm, random_model
+from random_model import SHAPES, random_llm, random_model, random_prompt
 
 from ninfer.kernels import compile_watch
 from ninfer.kernels.precompile import ENV as PARALLEL_ENV
@@ -63,9 +63,6 @@ ITL_P99_OVER_TPOT = 3.0
 WEIGHTS = "weights (random: built and quantized)"
 
 
-def _prompt(n: int, seed: int) -> list[int]:
-    return torch.randint(0, 448, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
-
 
 def _nan() -> float:
     return float("nan")
@@ -79,7 +76,7 @@ class Bench:
 
     def request(self, n: int, max_new: int):
         self.seed += 1  # a new prompt each time: no prefix-cache hit
-        return self.llm._request(_prompt(n, self.seed), max_new, GREEDY)
+        return self.llm._request(random_prompt(n, self.seed), max_new, GREEDY)
 
     def start(self) -> None:
         args = self.args

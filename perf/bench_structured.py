@@ -28,7 +28,7 @@ import time
 
 import torch
 from common import record, sync
-from random_model import SHAPES, random_llm
+from random_model import SHAPES, random_llm, random_prompt
 
 from ninfer.runtime.engine import EngineConfig
 from ninfer.runtime.sampling import SamplingParams
@@ -42,13 +42,10 @@ SCHEMA = {"type": "object", "properties": {
 }, "required": ["name", "kind", "year"], "additionalProperties": False}
 
 
-def _prompt(n: int, seed: int) -> list[int]:
-    return torch.randint(0, 448, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
-
 
 def _round(llm, lanes: int, tokens: int, constraint: Constraint | None, seed: int) -> list:
     params = SamplingParams(greedy=True, structured=constraint)
-    reqs = [llm._request(_prompt(32, seed + i), tokens, params) for i in range(lanes)]
+    reqs = [llm._request(random_prompt(32, seed + i), tokens, params) for i in range(lanes)]
     outs = llm._run(reqs)
     sync(llm.device)
     return outs

@@ -61,6 +61,12 @@ VISION_TINY = dict(depth=2, hidden_size=64, intermediate_size=128, num_heads=2, 
                    spatial_merge_size=2, num_position_embeddings=256, in_channels=3)
 
 
+def random_prompt(n: int, seed: int) -> list[int]:
+    """``n`` token ids of a prompt for a random model: ids under 448 (plain tokens of the bundled tiny
+    tokenizer, which the random models use), the same for the same seed."""
+    return torch.randint(0, 448, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
 def shape_config(shape: str, num_layers: int | None = None) -> dict:
     """The text config dict of ``shape`` (a copy), optionally with fewer layers."""
     raw = json.loads(json.dumps(SHAPES[shape]))
