@@ -27,7 +27,7 @@ import sys
 import time
 
 import torch
-from common import check_target, copy_bandwidth_for, export_tuning, record, sync
+from common import check_target, copy_bandwidth_for, export_tuning, export_tuning_on_timeout, record, sync
 from random_model import SHAPES, model_bytes, random_llm, random_prompt, shape_config
 
 from ninfer.runtime.engine import EngineConfig
@@ -309,6 +309,7 @@ def main(argv: list[str] | None = None) -> None:
     else:
         if not parsed.lanes or min(parsed.lanes) < 1:
             parser.error("--lanes needs at least one positive lane count")
+        export_tuning_on_timeout(parsed.device)
         run(parsed)
         export_tuning(parsed.device)  # NINFER_EXPORT_TUNING: the choices this run made, for the shipped tables
 

@@ -9,7 +9,9 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
+import signal
 import subprocess
+import sys
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable
@@ -135,6 +137,20 @@ def export_tuning(device: torch.device | str) -> None:
     doc = shipped_export.export(path, device, meta={"commit": environment()["commit"]})
     counts = ", ".join(f"{name} {n}" for name, n in shipped.counts(doc).items()) or "no entries"
     print(f"tuning choices exported to {path} ({doc['meta']['gpu']}): {counts}", flush=True)
+
+
+def export_tuning_on_timeout(device: torch.device | str) -> None:
+    """With ``NINFER_EXPORT_TUNING``: export the choices made so far when the runbook's ``timeout`` stops this
+    process (SIGTERM), so that a run cut by its limit still leaves the keys it tuned for the shipped table."""
+    if not os.environ.get("NINFER_EXPORT_TUNING", "").strip():
+        return
+
+    def on_term(signum: int, frame: Any) -> None:
+        print("stopped by SIGTERM: exporting the tuning choices made so far", flush=True)
+        export_tuning(device)
+        sys.exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_term)
 
 
 def check_target(name: str, measured: float, target: float, unit: str) -> dict[str, Any]:
