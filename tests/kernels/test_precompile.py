@@ -274,3 +274,12 @@ def test_do_bench_in_a_dry_pass_calls_its_function_once_and_times_nothing() -> N
         assert triton.testing.do_bench(lambda: calls.append(1), warmup=5, rep=20) == 0.0
         assert triton.testing.do_bench(lambda: calls.append(1), quantiles=(0.5, 0.2)) == [0.0, 0.0]
     assert calls == [1, 1] and not getattr(triton.testing.do_bench, "__wrapped__", None)
+
+
+def test_graph_timing_in_a_dry_pass_calls_its_function_once_and_captures_nothing() -> None:
+    from ninfer.kernels.quant_gemm import tune
+
+    calls: list[int] = []
+    with precompile.dry_launches():  # no CUDA here: a capture would raise
+        assert tune._graph_ms(lambda: calls.append(1)) == 0.0
+    assert calls == [1]

@@ -30,6 +30,7 @@ import torch
 import triton
 
 from ninfer.kernels.dispatch import autotune_configs
+from ninfer.kernels.precompile import dry_pass_active
 from ninfer.kernels.quant_gemm.common import FMT_CODES
 from ninfer.kernels.quant_gemm.fragments import FRAGMENTS
 from ninfer.kernels.quant_gemm.weights import ROWS
@@ -286,16 +287,25 @@ def time_candidates(cands: list[GemmConfig], launch: Callable[[GemmConfig], None
 
 
 def _graph_ms(fn: Callable[[], None], launches: int = 20, replays: int = 5) -> float:
-    """Median time per call of ``fn`` over replays of a graph of ``launches`` back-to-back calls."""
+    """Median time per call of ``fn`` over replays of a graph of ``launches`` back-to-back calls (0.0 in a
+    parallel-compile dry pass, whose launches run nothing: one call requests the kernel, as its ``do_bench``)."""
     fn()  # compile and allocate outside the capture
+    if dry_pass_active():
+        return 0.0
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.stream(stream):
         fn()
-        with torch.cuda.graph(graph, stream=stream):
+        # capture_begin / capture_end, not torch.cuda.graph: its entry synchronizes and empties the device and
+        # pinned-host allocator caches on each of the hundreds of captures a cold start's tuning makes.
+        # "thread_local": the compile pool's threads may call CUDA while this thread captures.
+        graph.capture_begin(capture_error_mode="thread_local")
+        try:
             for _ in range(launches):
                 fn()
+        finally:
+            graph.capture_end()
     torch.cuda.current_stream().wait_stream(stream)
     graph.replay()  # warm
     times = []
