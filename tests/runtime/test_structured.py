@@ -316,3 +316,19 @@ def test_fill_bitmask_packs_constrained_rows_first(llm) -> None:
     assert sampler._token_mask(reqs[::2], 1, None) is None  # a free batch does no mask work
     got_mask, got_rows = sampler._token_mask(reqs, 1, None)
     assert got_rows.tolist() == [-1, 0, -1, 1] and torch.equal(got_mask[:2], bitmask[:2])
+
+
+def test_accepted_tokens_apply_at_the_next_fill(llm) -> None:
+    # accept() only queues (xgrammar's accept_token would sit between a step's tokens and the next forward);
+    # the fill that follows applies them, and a token the grammar forbids is reported there.
+    tok = llm.tokenizer
+    state = llm.structured.state(Constraint.grammar('root ::= [a-z]+ "." [0-9]'))
+    rows = torch.full((1, 16), -1, dtype=torch.int32)
+    state.accept(tok.token_id("a"))
+    state.accept(tok.token_id("."))
+    assert state.fill_rows(rows, 0) == [True]
+    allowed = [t for t in range(512) if (int(rows[0, t // 32]) >> (t % 32)) & 1]
+    assert allowed and all(tok.decode([t]).isdigit() for t in allowed)
+    state.accept(tok.token_id("."))  # forbidden after "a."
+    with pytest.raises(RuntimeError, match="does not allow"):
+        state.fill_rows(rows, 0)
