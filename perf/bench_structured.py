@@ -19,6 +19,7 @@ checkpoint's: the compile times measure our path's overheads and scale with the 
 
     python perf/bench_structured.py --shape 27b --recipe int4 --lanes 1 8 --tokens 128
     python perf/bench_structured.py --shape tiny --device cpu --lanes 1 2 --tokens 16   # smoke test
+    python perf/bench_structured.py --shape 27b --recipe int4 --lanes 1 --tokens 64 --profile  # where the host's time goes
 """
 from __future__ import annotations
 
@@ -70,6 +71,27 @@ def compile_times(llm) -> tuple[float, float]:
     return times[0], times[1]
 
 
+def profile_host(llm, lanes: int, tokens: int, constraint: Constraint) -> None:
+    """Where the host's time goes in a free and a constrained round of ``lanes`` requests (cProfile, top
+    functions by own time): xgrammar's fill and accept, detokenizing, and the wait for the GPU (``tolist``)
+    show whether the constrained side's extra host work overlaps the forward or adds to the step."""
+    import cProfile
+    import io
+    import pstats
+
+    for name, c in (("free", None), ("constrained", constraint)):
+        _round(llm, lanes, tokens, c, seed=300)  # warm
+        prof = cProfile.Profile()
+        prof.enable()
+        _round(llm, lanes, tokens, c, seed=400)
+        prof.disable()
+        out = io.StringIO()
+        pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(18)
+        body = out.getvalue()
+        print(f"--- host profile, {name}, C={lanes}, {tokens} tokens per request\n"
+              f"{body[body.find('ncalls'):].rstrip()}", flush=True)
+
+
 def run(args: argparse.Namespace) -> None:
     shape, label = args.shape, args.recipe or "bf16"
     cfg = EngineConfig(max_concurrency=max(args.lanes), max_context=32 + args.tokens + 64,
@@ -94,6 +116,8 @@ def run(args: argparse.Namespace) -> None:
         record("structured_decode", f"{shape} {label} C={lanes} regex", 1e3 / constrained, achieved=constrained * lanes,
                limit=free * lanes, unit="tok/s", baseline="free decode", baseline_ms=round(1e3 / free, 4),
                speedup_vs_baseline=round(ratio, 4), tokens=args.tokens, fewest_tokens=min(free_n, con_n))
+        if args.profile:
+            profile_host(llm, lanes, args.tokens, regex)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -104,6 +128,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--layers", type=int, default=None, help="fewer decoder layers (smoke runs)")
     parser.add_argument("--lanes", type=int, nargs="+", default=[1, 8], help="concurrent requests per row")
     parser.add_argument("--tokens", type=int, default=128, help="tokens each request generates")
+    parser.add_argument("--profile", action="store_true",
+                        help="after each lane count: a host profile (cProfile) of a free and a constrained round")
     args = parser.parse_args(argv)
     if min(args.lanes) < 1 or args.tokens < 4:
         parser.error("--lanes must be positive and --tokens at least 4")

@@ -29,6 +29,7 @@ deltanet-split-27b    the DeltaNet decode over value-column blocks: its GPU test
 export-tuning-h200    tuning choices for the shipped H200 table (NINFER_SHIPPED_TUNING=0, everything measured): the 27B int4 engine; merge with perf/ship_tuning.py <files_at>/tuned-h200.json
 export-tuning-h200-35b  the same for the 35B-A3B qwen3_5_35b_a3b_int4 engine
 structured-27b        the cost of structured output, 27B int4: constrained vs free decode at C = 1 / 8, JSON Schema compile first / cached (carry an xgrammar wheel in .whl: ../shared/tools/device-wheels.sh xgrammar)
+profile-structured-27b  where the extra host time of structured output goes, 27B int4 (first configs): C = 1 / 8, free vs constrained, cProfile of each round
 frag-engine-27b       27B int4 engine with fragment-laid weights, cold caches, triton autotune off: decode C = 1 / 8 at ctx 1k, 1k prefill, step profile
 quant-gemm-gemlite    the tuner pick vs cuBLAS bf16 and gemlite at M = 1 / 8 / 4096, int4 / nvfp4 / fp8
 moe-kernels           35B-A3B expert GEMMs (tl.dot, GEMV, per-key pick) at 1..64 tokens and an 8k prefill
@@ -185,6 +186,10 @@ stage() {
       ;;
     structured-27b)
       part 300 python3 perf/bench_structured.py --shape 27b --recipe int4 --lanes 1 8 --tokens 128
+      ;;
+    profile-structured-27b)
+      NINFER_AUTOTUNE=off part 260 python3 perf/bench_structured.py --shape 27b --recipe int4 --lanes 1 8 --tokens 64 \
+        --profile
       ;;
     frag-engine-27b)  # Triton's own autotuning off (first configs of attention / DeltaNet): a cold start in one call
       export NINFER_AUTOTUNE=off

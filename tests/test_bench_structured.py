@@ -26,3 +26,14 @@ def test_free_and_constrained_rows_and_compile_times(tmp_path: Path, monkeypatch
     assert [r["shape"] for r in decode] == ["tiny bf16 C=1 regex", "tiny bf16 C=2 regex"]
     assert all(r["fewest_tokens"] == 8 and r["speedup_vs_baseline"] > 0 for r in decode)
     assert {report.topic(r) for r in rows} == {"structured-tiny-bf16"}  # perf/report.py --add files them
+
+
+def test_the_host_profile_shows_the_grammar_work_of_the_constrained_round(capsys: pytest.CaptureFixture[str],
+                                                                           tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OUT", str(tmp_path))
+    bench_structured.main(["--shape", "tiny", "--device", "cpu", "--lanes", "1", "--tokens", "6", "--profile"])
+    out = capsys.readouterr().out
+    free = out[out.index("host profile, free"):out.index("host profile, constrained")]
+    constrained = out[out.index("host profile, constrained"):]
+    assert "ncalls" in free and "ncalls" in constrained
