@@ -7,7 +7,8 @@ The chat template emits one ``<|vision_start|><|image_pad|><|vision_end|>`` per 
 * a video becomes, per temporal patch, ``<{t:.1f} seconds><|vision_start|>`` + pads +
   ``<|vision_end|>``. Layout ``"qwen"`` (default) replaces the template's whole
   start/pad/end triple, as Qwen's own processor, vLLM and SGLang do; layout ``"transformers"``
-  keeps the outer pair, which is what transformers 5.24's generic replacement produces.
+  keeps the outer pair, which is what transformers' generic replacement produced up to 5.24 (5.25
+  replaces the triple too).
 
 Positions follow transformers' ``get_rope_index`` (reference §11.4): text runs count up on all
 three axes; a vision run (one image or one video frame, merged grid ``h' x w'``) gets

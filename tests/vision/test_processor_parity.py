@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import transformers
 from PIL import Image
 from vision_helpers import make_image
 
@@ -101,26 +102,30 @@ def _hf_inputs(hf_processor, text: str, media: Path):
 
 
 def test_prompt_ids_match_processor(vision_setup, hf_processor, llm, pipeline: VisionPipeline) -> None:
-    """transformers 5.24 keeps the template's outer vision_start/end around a video ("transformers" layout);
-    Qwen's own processor replaces the triple ("qwen", the default): equal once those two tokens go."""
+    """Up to transformers 5.24 its processor keeps the template's outer vision_start/end around a video (our
+    "transformers" layout); Qwen's own processor replaces the triple ("qwen", the default), and from 5.25 so does
+    transformers'. Before 5.25 the two are equal once those two tokens go."""
     messages = _messages(vision_setup.media_dir)
     text = llm.tokenizer.apply_chat_template(messages)
     ref = _hf_inputs(hf_processor, text, vision_setup.media_dir)
+    ref_ids, ref_types = ref["input_ids"][0].tolist(), ref["mm_token_type_ids"][0].tolist()
+    qwen = pipeline.prompt_from_messages(messages, llm.tokenizer)
+    assert len(qwen.input_ids) == pipeline.count_tokens(messages, llm.tokenizer)
+    if tuple(int(part) for part in transformers.__version__.split(".")[:2]) >= (5, 25):
+        assert qwen.input_ids == ref_ids and qwen.mm_types == ref_types
+        return
     media = pipeline.prepare_all(collect_media(messages))
     ids = llm.tokenizer.encode(text)
     hf_layout = build_prompt(ids, media, pipeline.tokens, 2, llm.tokenizer.encode, "transformers")
-    assert hf_layout.input_ids == ref["input_ids"][0].tolist()
-    assert hf_layout.mm_types == ref["mm_token_type_ids"][0].tolist()
-    qwen = pipeline.prompt_from_messages(messages, llm.tokenizer)
-    ref_ids = ref["input_ids"][0].tolist()
-    video = [i for i, t in enumerate(ref["mm_token_type_ids"][0].tolist()) if t == 2]
+    assert hf_layout.input_ids == ref_ids
+    assert hf_layout.mm_types == ref_types
+    video = [i for i, t in enumerate(ref_types) if t == 2]
     # Drop the outer pair: the vision_start before the first timestamp, the vision_end after the last frame's.
     stamp = llm.tokenizer.encode(f"<{qwen.media[1].timestamps[0]:.1f} seconds>")
     outer_start, outer_end = video[0] - len(stamp) - 2, video[-1] + 2
     assert ref_ids[outer_start] == pipeline.tokens.vision_start and ref_ids[outer_end] == pipeline.tokens.vision_end
     stripped = [t for i, t in enumerate(ref_ids) if i not in (outer_start, outer_end)]
     assert qwen.input_ids == stripped
-    assert len(qwen.input_ids) == pipeline.count_tokens(messages, llm.tokenizer)
 
 
 def test_image_only_prompt_ids_equal_processor(vision_setup, hf_processor, llm, pipeline: VisionPipeline) -> None:
