@@ -26,7 +26,7 @@ quant-gemm-frag       register decode of fragment-laid int4: its GPU tests, then
 frag-first-look       the register decode L2-cold at 1 / 8 tokens against the tl.dot decode and cuBLAS, its GPU tests, an int4 model
 frag-int8             register decode of fragment-laid int8-g64 (the LM head, the int8 projections of the model recipes): its GPU tests, L2-cold vs the row-major tuner and cuBLAS
 deltanet-split-27b    the DeltaNet decode over value-column blocks: its GPU tests, the 27B int4 engine with autotuning off (as frag-engine-27b) and on (ctx 1k / 32k, C = 1 / 8, 8k prefill; tuning choices exported)
-export-tuning-h200    tuning choices for the shipped H200 table (NINFER_SHIPPED_TUNING=0, everything measured): the 27B int4 engine; merge with perf/ship_tuning.py <files_at>/tuned-h200.json
+export-tuning-h200    tuning choices for the shipped H200 table (NINFER_SHIPPED_TUNING=0, everything measured): the 27B int4 engine, its main thread sampled every 25 s (perf/stack_sampler.py); merge with perf/ship_tuning.py <files_at>/tuned-h200.json
 export-tuning-h200-35b  the same for the 35B-A3B qwen3_5_35b_a3b_int4 engine
 structured-27b        the cost of structured output, 27B int4: constrained vs free decode at C = 1 / 8, JSON Schema compile first / cached (carry an xgrammar wheel in .whl: ../shared/tools/device-wheels.sh xgrammar)
 profile-structured-27b  where the extra host time of structured output goes, 27B int4 (first configs): C = 1 / 8, free vs constrained, cProfile of each round
@@ -176,12 +176,12 @@ stage() {
       ;;
     export-tuning-h200)  # each part exports at its end: a part cut by its limit exports nothing
       export NINFER_SHIPPED_TUNING=0 NINFER_EXPORT_TUNING=$OUT/tuned-h200.json
-      part 330 python3 perf/bench_engine.py --shape 27b --recipe int4 --contexts 1024 --lanes 1 8 --steps 12 \
-        --chunk 8192 --prefill 8192
+      part 330 python3 perf/stack_sampler.py perf/bench_engine.py --shape 27b --recipe int4 --contexts 1024 \
+        --lanes 1 8 --steps 12 --chunk 8192 --prefill 8192
       ;;
     export-tuning-h200-35b)
       export NINFER_SHIPPED_TUNING=0 NINFER_EXPORT_TUNING=$OUT/tuned-h200.json
-      part 300 python3 perf/bench_engine.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --contexts 1024 \
+      part 300 python3 perf/stack_sampler.py perf/bench_engine.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --contexts 1024 \
         --lanes 1 8 --steps 12 --chunk 8192 --prefill 8192
       ;;
     structured-27b)
