@@ -32,6 +32,10 @@ class Tokenizer:
         return self.hf.encode(text, add_special_tokens=False)
 
     def decode(self, token_ids: list[int], skip_special_tokens: bool = False) -> str:
+        if self._backend is not None and not self.hf.clean_up_tokenization_spaces:
+            # What hf.decode returns (its fast path is this call), without its per-call argument conversion:
+            # 3.5 against 10 us for the ~16-id window the streaming detokenizer decodes after every token.
+            return self._backend.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
         return self.hf.decode(token_ids, skip_special_tokens=skip_special_tokens)
 
     def token_id(self, token: str) -> int | None:

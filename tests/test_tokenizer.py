@@ -1,4 +1,4 @@
-"""Tokenizer.encode: its fast backend path gives exactly the ids of transformers' encode."""
+"""Tokenizer.encode and .decode: their fast backend paths give exactly what transformers' encode and decode give."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -51,3 +51,21 @@ def test_split_special_tokens_takes_the_transformers_path(tok: Tokenizer) -> Non
     finally:
         tok.hf.split_special_tokens = False
     assert tok.encode(text) == _reference(tok, text)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.integers(0, 600), max_size=24), st.booleans())
+def test_decode_matches_transformers(tok: Tokenizer, ids: list[int], skip: bool) -> None:
+    # ids past the vocabulary (a padded embedding's rows) and special tokens included; split UTF-8 sequences
+    # decode to U+FFFD on both paths
+    assert tok.decode(ids, skip_special_tokens=skip) == tok.hf.decode(ids, skip_special_tokens=skip)
+
+
+def test_decode_takes_transformers_path_when_it_cleans_up_spaces(tok: Tokenizer,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[list[int]] = []
+    real = tok.hf.decode
+    monkeypatch.setattr(tok.hf, "clean_up_tokenization_spaces", True)
+    monkeypatch.setattr(tok.hf, "decode", lambda ids, **kw: calls.append(list(ids)) or real(ids, **kw))
+    tok.decode([1, 2, 3])
+    assert calls == [[1, 2, 3]]
