@@ -234,6 +234,7 @@ class GrammarState:
         self.think_end = think_end
         self._active = think_end is None
         self._pending: list[int] = []
+        self._failed: str | None = None
 
     @property
     def active(self) -> bool:
@@ -250,6 +251,8 @@ class GrammarState:
         self._pending.append(token)
 
     def _catch_up(self) -> None:
+        if self._failed is not None:  # every later fill fails too: the matcher no longer follows the output
+            raise RuntimeError(self._failed)
         pending, self._pending = self._pending, []
         for token in pending:
             if not self._active:
@@ -258,7 +261,8 @@ class GrammarState:
             if self.matcher.is_terminated():
                 continue
             if not self.matcher.accept_token(token):
-                raise RuntimeError(f"token {token} was sampled but the grammar does not allow it")
+                self._failed = f"token {token} was sampled but the grammar does not allow it"
+                raise RuntimeError(self._failed)
 
     def fill_rows(self, bitmask: torch.Tensor, first_row: int, drafts: Sequence[int] = ()) -> list[bool]:
         """Fill ``bitmask`` rows ``first_row ..`` for the token after each prefix ``drafts[:j]`` of the
