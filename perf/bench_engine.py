@@ -43,7 +43,6 @@ TARGETS = {
 }
 
 
-
 def expert_fraction(config, tokens: int) -> float:
     """Expected share of a layer's routed experts that ``tokens`` tokens pick (uniform routing)."""
     if not config.is_moe:

@@ -35,7 +35,6 @@ from ninfer.runtime.sampling import SamplingParams
 GREEDY = SamplingParams(greedy=True)
 
 
-
 def _ttft(llm, prompt: list[int]) -> tuple[float, int]:
     """Seconds to the first token of one request, and the prompt tokens it took from the cache."""
     req = llm._request(prompt, 1, GREEDY)

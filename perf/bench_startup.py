@@ -63,7 +63,6 @@ ITL_P99_OVER_TPOT = 3.0
 WEIGHTS = "weights (random: built and quantized)"
 
 
-
 def _nan() -> float:
     return float("nan")
 

@@ -174,15 +174,15 @@ stage() {
       NINFER_EXPORT_TUNING=$OUT/tuned-27b.json part 280 python3 perf/bench_engine.py --shape 27b --recipe int4 \
         --contexts 1024 32768 --lanes 1 8 --steps 12 --chunk 8192 --prefill 8192
       ;;
-    export-tuning-h200)  # each part exports at its end: a part cut by its limit exports nothing
+    export-tuning-h200)  # a part exports at its end, or what it chose so far when its limit stops it
       export NINFER_SHIPPED_TUNING=0 NINFER_EXPORT_TUNING=$OUT/tuned-h200.json
       part 330 python3 perf/stack_sampler.py perf/bench_engine.py --shape 27b --recipe int4 --contexts 1024 \
         --lanes 1 8 --steps 12 --chunk 8192 --prefill 8192
       ;;
     export-tuning-h200-35b)
       export NINFER_SHIPPED_TUNING=0 NINFER_EXPORT_TUNING=$OUT/tuned-h200.json
-      part 300 python3 perf/stack_sampler.py perf/bench_engine.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --contexts 1024 \
-        --lanes 1 8 --steps 12 --chunk 8192 --prefill 8192
+      part 300 python3 perf/stack_sampler.py perf/bench_engine.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 \
+        --contexts 1024 --lanes 1 8 --steps 12 --chunk 8192 --prefill 8192
       ;;
     structured-27b)
       part 300 python3 perf/bench_structured.py --shape 27b --recipe int4 --lanes 1 8 --tokens 128

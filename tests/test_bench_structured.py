@@ -28,9 +28,8 @@ def test_free_and_constrained_rows_and_compile_times(tmp_path: Path, monkeypatch
     assert {report.topic(r) for r in rows} == {"structured-tiny-bf16"}  # perf/report.py --add files them
 
 
-def test_the_host_profile_shows_the_grammar_work_of_the_constrained_round(capsys: pytest.CaptureFixture[str],
-                                                                           tmp_path: Path,
-                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_host_profile_prints_a_free_and_a_constrained_round(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OUT", str(tmp_path))
     bench_structured.main(["--shape", "tiny", "--device", "cpu", "--lanes", "1", "--tokens", "6", "--profile"])
     out = capsys.readouterr().out

@@ -174,26 +174,22 @@ _patched: list[int] = [0]  # open dry_launches blocks (any thread): the patches 
 _originals: list[Any] = []  # JITFunction.run and Autotuner.run while patched
 
 
-def _is_dry() -> bool:
-    return getattr(_dry, "on", False)
-
-
 def dry_pass_active() -> bool:
     """Whether this thread is inside a dry pass (its launches compile and run nothing)."""
-    return _is_dry()
+    return getattr(_dry, "on", False)
 
 
 def _dry_jit_run(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def run(self: Any, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> Any:
-        return original(self, *args, grid=grid, warmup=warmup or _is_dry(), **kwargs)
+        return original(self, *args, grid=grid, warmup=warmup or dry_pass_active(), **kwargs)
     return run
 
 
 def _dry_do_bench(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def do_bench(fn: Callable[[], Any], *args: Any, **kwargs: Any) -> Any:
-        if not _is_dry():
+        if not dry_pass_active():
             return original(fn, *args, **kwargs)
         fn()  # the one launch that requests the kernel; hundreds of timed repeats of nothing would cost seconds
         quantiles = kwargs.get("quantiles")
@@ -204,7 +200,7 @@ def _dry_do_bench(original: Callable[..., Any]) -> Callable[..., Any]:
 def _dry_autotune_run(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def run(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if not _is_dry():
+        if not dry_pass_active():
             return original(self, *args, **kwargs)
         # What Autotuner.run would benchmark, requested instead (as Autotuner.warmup does, but with the
         # launch's grid and arguments): every pruned config of a multi-config kernel.
@@ -235,7 +231,7 @@ def dry_launches() -> Iterator[None]:
             Autotuner.run = _dry_autotune_run(Autotuner.run)
             triton.testing.do_bench = _dry_do_bench(triton.testing.do_bench)
         _patched[0] += 1
-    before = _is_dry()
+    before = dry_pass_active()
     _dry.on = True
     try:
         with warnings.catch_warnings():  # tuners capture graphs of dry launches: graphs without kernels
