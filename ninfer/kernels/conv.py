@@ -127,6 +127,9 @@ def _causal_conv1d_kernel(
                 tl.store(slot_row + j * ss_k, new[j].to(state_ptr.dtype.element_ty), mask=cmask)
 
 
+CONV_SHORT_TILE_LENGTHS = (1, 4)  # a max_seqlen that reaches each tile height below the prefill's 8 tokens
+
+
 def _conv_config(max_seqlen: int, taps: int, channels: int) -> tuple[int, int, int]:
     """``(BLOCK_T, BLOCK_C, num_warps)``.
 

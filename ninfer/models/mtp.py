@@ -130,6 +130,13 @@ class MTPHead(nn.Module):
         ``batch.input_ids`` is not read: the tokens are ``next_token_ids``, shifted by one from the
         positions, exactly as the pairs are formed (reference §10.2).
         """
+        h_prime = self.advance(hidden, next_token_ids, batch, cache)
+        return h_prime, self.target.logits(h_prime)
+
+    def advance(self, hidden: torch.Tensor, next_token_ids: torch.Tensor, batch: ForwardBatch,
+                cache: ModelCache) -> torch.Tensor:
+        """:meth:`forward` without the LM head: ``h'`` only. A prompt's pairs need just the K/V this writes,
+        and logits over every pair of a long chunk would cost an LM head GEMM of the chunk's length."""
         target = self.target
         e, _ = self.pre_fc_norm_embedding(target.embed_tokens(next_token_ids))
         h, _ = self.pre_fc_norm_hidden(hidden)
@@ -137,7 +144,7 @@ class MTPHead(nn.Module):
         rope = mrope_cos_sin(batch.positions, self.inv_freq, list(self.config.mrope_section), x.dtype)
         x, residual = self.layers[0](x, None, rope, batch, cache)
         h_prime, _ = self.norm(x, residual)
-        return h_prime, target.logits(h_prime)
+        return h_prime
 
 
 def _stack_experts(head: MTPHead, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -91,7 +91,8 @@ class Engine:
         slot the pools lend for it, then the sampling kernel's variants (:meth:`Sampler.warm_up`)."""
         riders = self.config.max_concurrency if self.scheduler.pack_prefills else 0
         self.runner.warm_up(self.pages, self.slots, riders=riders,
-                            while_decoding=self.scheduler.prefill_tokens_while_decoding)
+                            while_decoding=self.scheduler.prefill_tokens_while_decoding,
+                            draft=self.spec.warm_up_chunk if self.spec is not None else None)
         self.sampler.warm_up(self.model)
 
     # -- requests ---------------------------------------------------------------------------

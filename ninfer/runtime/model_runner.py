@@ -13,11 +13,13 @@ Runner methods never change a request: the engine moves ``num_computed`` and the
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 
 import torch
 
 from ninfer.kernels.attention.decode import DECODE_MAX_TOKENS
 from ninfer.kernels.attention.prefill import default_prefill_splits, forced_prefill_splits
+from ninfer.kernels.conv import CONV_SHORT_TILE_LENGTHS
 from ninfer.kernels.deltanet import CHUNK, RECURRENT_MAX_SEQLEN, chunked_batch_sizes
 from ninfer.kernels.tuning import TunerState, default_tuner
 from ninfer.models.batch import ForwardBatch, make_batch
@@ -56,7 +58,10 @@ class ModelRunner:
         self.host = HostCache(self.cache, limit=host_bytes, prepin=config.host_prepin_bytes)
         max_pages = -(-(config.max_context + config.draft_tokens) // config.page_size)
         # [lanes, max_pages]: row ``lane`` lists the KV pages of the sequence in that lane. Read by every
-        # forward (and the graphs' replays); written only by set_pages / clear.
+        # forward (and the graphs' replays); written only by set_pages / clear. Rows are padded to 16 entries:
+        # a one-lane slice (a prompt prefilled alone) then starts 16-byte aligned in every lane, as warm-up's
+        # lane 0 does; Triton compiles a kernel per pointer alignment, so an odd lane would compile after ready.
+        max_pages = -(-max_pages // 16) * 16
         self.block_tables = torch.zeros(config.max_concurrency, max_pages, dtype=torch.int32, device=self.device)
         # Speculation captures its own round graphs (MTPSpeculator); plain decoding replays these.
         self.graphs: DecodeGraphs | None = None
@@ -162,13 +167,16 @@ class ModelRunner:
     # -- start-up -----------------------------------------------------------------------------
     @torch.inference_mode()
     @startup.timed("warm-up")
-    def warm_up(self, pages: PagePool, slots: SlotPool, *, riders: int, while_decoding: int) -> None:
+    def warm_up(self, pages: PagePool, slots: SlotPool, *, riders: int, while_decoding: int,
+                draft: Callable[[torch.Tensor, ForwardBatch], None] | None = None) -> None:
         """Compile and autotune on CUDA what serving will meet: prefill one chunk of each length in
         :func:`warmup_chunk_lengths` as a one-sequence batch on scratch pages and a scratch state slot (given
         back after), up to the longest step: ``prefill_chunk`` tokens (nothing decodes), or the budget
         ``while_decoding`` plus ``riders``, the decode rows a mixed step adds (their GEMMs may reach the bucket
         above). Where a short chunk takes the split-KV prefill attention (too few programs to fill the GPU),
         it runs once more unsplit, the kernel a mixed step of the same length (programs enough) takes.
+        ``draft(hidden, batch)`` runs after each one-sequence chunk: the speculator's head over it
+        (:meth:`MTPSpeculator.warm_up_chunk`), whose kernels meet the same length classes.
 
         Why: on a GPU the first chunk of a new length class costs seconds of compiling and benchmarking
         configs, and prompts meet new classes late (a short turn after long prompts, the 1-token chunk
@@ -185,31 +193,58 @@ class ModelRunner:
         scratch, slot = [pages.take_reserved() for _ in range(num_pages)], slots.acquire()
         self.set_pages(0, scratch)
         slot_mapping = torch.tensor(self.slot_mapping(scratch, 0, longest), dtype=torch.long, device=self.device)
-        startup.parallel_compile(lambda: self._warm_up_passes(longest, slot, slot_mapping, scratch, slots))
-        self._warm_up_passes(longest, slot, slot_mapping, scratch, slots)
+        startup.parallel_compile(lambda: self._warm_up_passes(longest, slot, slot_mapping, scratch, slots, draft))
+        self._warm_up_passes(longest, slot, slot_mapping, scratch, slots, draft)
         self.cache.reset_slot(slot)
         self.clear(0)
         slots.release(slot)
         pages.release(scratch)
 
     def _warm_up_passes(self, longest: int, slot: int, slot_mapping: torch.Tensor, scratch: list[int],
-                        slots: SlotPool) -> None:
+                        slots: SlotPool, draft: Callable[[torch.Tensor, ForwardBatch], None] | None) -> None:
         """The warm-up's forwards: one chunk of each :func:`warmup_chunk_lengths` length on lane 0's table
-        and ``slot`` (state reset before each), short split-KV lengths once more unsplit, then the packed
-        prefills of :meth:`_warm_packed`."""
+        and ``slot`` (state reset before each; ``draft`` after each), short split-KV lengths once more
+        unsplit, the short checkpointed chunks of :meth:`_warm_short_checkpoints`, then the packed prefills
+        of :meth:`_warm_packed`."""
         dev, heads = self.device, self.model.config.num_attention_heads
         for n in warmup_chunk_lengths(longest):
             batch = make_batch(input_ids=torch.zeros(n, dtype=torch.long, device=dev),
                                positions=torch.arange(n, device=dev), seq_lens=[n], context_lens=[n],
                                block_tables=self.block_tables[:1], slot_mapping=slot_mapping[:n], state_slots=[slot])
             self.cache.reset_slot(slot)
-            self.model.logits(self.model(batch, self.cache)[-1:])
+            hidden = self.model(batch, self.cache)
+            self.model.logits(hidden[-1:])
+            if draft is not None:
+                draft(hidden, batch)
             if n > DECODE_MAX_TOKENS and default_prefill_splits(dev, heads, 1, n) > 1:
                 self.cache.reset_slot(slot)
                 with forced_prefill_splits(1):
                     self.model(batch, self.cache)
         self.cache.reset_slot(slot)
+        self._warm_short_checkpoints(slot, slot_mapping, slots)
         self._warm_packed(scratch, slot_mapping, slots)
+
+    def _warm_short_checkpoints(self, slot: int, slot_mapping: torch.Tensor, slots: SlotPool) -> None:
+        """One-sequence chunks of each of the conv's short tile lengths (:data:`CONV_SHORT_TILE_LENGTHS`)
+        with a prefix-cache checkpoint inside, as a prompt's few tokens around a checkpoint mark: a checkpoint
+        turns the one-launch DeltaNet decode kernel off, so the composed conv runs with a tile that neither
+        decode nor the longer checkpointed chunks of :meth:`_warm_packed` use. A checkpoint lies strictly
+        inside its chunk, so a chunk that has one is at least 2 tokens long."""
+        if slots.num_free == 0:
+            return
+        dev, ckpt_slot = self.device, slots.acquire()
+        for n in (n for n in CONV_SHORT_TILE_LENGTHS if 1 < n <= slot_mapping.shape[0]):
+            batch = make_batch(input_ids=torch.zeros(n, dtype=torch.long, device=dev),
+                               positions=torch.arange(n, device=dev), seq_lens=[n], context_lens=[n],
+                               block_tables=self.block_tables[:1], slot_mapping=slot_mapping[:n], state_slots=[slot],
+                               checkpoints=((0, n // 2, slot, ckpt_slot),), ckpt_offsets=[n // 2],
+                               ckpt_slots=[ckpt_slot])
+            for s in (slot, ckpt_slot):
+                self.cache.reset_slot(s)
+            self.model.logits(self.model(batch, self.cache)[-1:])
+        for s in (slot, ckpt_slot):
+            self.cache.reset_slot(s)
+        slots.release(ckpt_slot)
 
     def _warm_packed(self, scratch: list[int], slot_mapping: torch.Tensor, slots: SlotPool) -> None:
         """Prefill packed batches as serving builds them (decode rows, then one prompt chunk long enough

@@ -138,9 +138,15 @@ class MTPSpeculator:
             mtp_batch = make_batch(input_ids=ids, positions=batch.positions[:, :pairs], seq_lens=[pairs],
                                    context_lens=[start + pairs], block_tables=batch.block_tables,
                                    slot_mapping=batch.slot_mapping[:pairs], state_slots=batch.state_slots)
-            self.head(hidden[:pairs], ids, mtp_batch, self.mtp_cache)
+            self.head.advance(hidden[:pairs], ids, mtp_batch, self.mtp_cache)
         if end == n:
             self._last_hidden[req.lane] = hidden[-1]
+
+    def warm_up_chunk(self, hidden: torch.Tensor, batch: ForwardBatch) -> None:
+        """Run the head as :meth:`prefill` does over a chunk's pairs, here every token of a start-up warm-up
+        chunk (``batch`` is the target's, on scratch pages): the head's attention and projections compile and
+        tune per length class as the target's do, so warm-up must meet each class with the head too."""
+        self.head.advance(hidden, batch.input_ids, batch, self.mtp_cache)
 
     def begin(self, req: Request, token: int) -> None:
         """The prompt (or a replay) is in; ``token`` (x_n) was sampled from its last hidden state: the

@@ -184,6 +184,8 @@ def test_warm_up_prefills_packed_batches_of_each_count_class(dense_ckpt: TinyChe
     monkeypatch.setattr(llm.engine.model, "forward", lambda batch, cache, *a: seen.append(batch) or forward(batch, cache, *a))
     free_pages, free_slots = llm.engine.pages.num_available, llm.engine.slots.num_free
     llm.engine.warm_up()
+    short, seen = seen[:1], seen[1:]  # the short checkpointed chunk (the next test) comes first
+    assert short[0].max_seqlen <= model_runner.RECURRENT_MAX_SEQLEN
     packed = [(b.cu_seqlens.numel() - 1, b.ckpt_offsets is not None) for b in seen]
     assert packed == [(n, ckpt) for n in chunked_batch_sizes(4) for ckpt in (False, True)]
     for b in seen:
@@ -194,3 +196,44 @@ def test_warm_up_prefills_packed_batches_of_each_count_class(dense_ckpt: TinyChe
     assert llm.engine.is_idle() and llm.engine.pages.num_available == free_pages
     assert llm.engine.slots.num_free == free_slots
     assert not llm.engine.runner.block_tables.any()
+
+
+def test_warm_up_meets_the_short_conv_tiles_with_a_checkpoint(dense_ckpt: TinyCheckpoint, monkeypatch) -> None:
+    """A chunk of a few tokens with a checkpoint inside runs the composed conv (not the one-launch decode
+    kernel) with its short tile: warm-up prefills one such chunk per short tile length that can hold a
+    checkpoint, on its own state slot and a scratch checkpoint slot, and gives both back."""
+    from ninfer.kernels import conv
+    from ninfer.runtime import model_runner
+
+    llm = ninfer.load(dense_ckpt.path, device="cpu", max_concurrency=4, progress=False)
+    monkeypatch.setattr(model_runner, "warmup_chunk_lengths", lambda n: [])
+    seen = []
+    forward = llm.engine.model.forward
+    monkeypatch.setattr(llm.engine.model, "forward", lambda batch, cache, *a: seen.append(batch) or forward(batch, cache, *a))
+    free_slots = llm.engine.slots.num_free
+    llm.engine.warm_up()
+    short = [b for b in seen if b.max_seqlen <= model_runner.RECURRENT_MAX_SEQLEN]
+    assert [(b.max_seqlen, b.checkpoints[0][1]) for b in short] == [(n, n // 2) for n in conv.CONV_SHORT_TILE_LENGTHS
+                                                                     if n > 1]
+    assert all(b.ckpt_offsets is not None for b in short)  # which keeps the one-launch decode kernel off
+    assert {conv._conv_config(b.max_seqlen, 4, 256)[0] for b in short} == {4}  # the short tile, not decode's 1
+    assert llm.engine.is_idle() and llm.engine.slots.num_free == free_slots
+
+
+def test_warm_up_runs_the_draft_head_over_each_chunk(composite_ckpt: TinyCheckpoint, monkeypatch) -> None:
+    """With MTP speculation, a prompt's chunks also run the head (its K/V), whose kernels compile per length
+    class like the target's: warm-up runs the head once over each one-sequence chunk, without the LM head."""
+    from ninfer.runtime import model_runner
+
+    llm = ninfer.load(composite_ckpt.path, device="cpu", max_concurrency=2, prefill_chunk=64, spec="mtp",
+                      draft_tokens=2, progress=False)
+    head = llm.engine.spec.head
+    lengths, logits = [], []
+    advance, lm_head = head.advance, head.target.logits
+    monkeypatch.setattr(head, "advance", lambda h, ids, batch, cache: lengths.append(h.shape[0]) or
+                        advance(h, ids, batch, cache))
+    monkeypatch.setattr(head.target, "logits", lambda h: logits.append(h.shape[0]) or lm_head(h))
+    llm.engine.warm_up()
+    assert lengths == model_runner.warmup_chunk_lengths(64)
+    assert max(logits) == 1  # the target's last row only: the head's pairs take no LM head
+    assert llm.engine.is_idle()
