@@ -33,3 +33,23 @@ def test_one_launch_per_logprob_class_and_lanes_untouched(dense_ckpt: TinyCheckp
                         for n in LOGPROB_CLASSES for masked in (False, True)]
     assert all(torch.equal(getattr(sampler, k), v) for k, v in before.items())
     assert all(torch.equal(getattr(sampler.st, f), t) for f, t in lanes.items())
+
+
+def test_engine_compiles_the_sampler_variants_in_a_dry_pass_first(dense_ckpt: TinyCheckpoint, monkeypatch) -> None:
+    """Engine warm-up hands the sampler's warm-up to the parallel compile (its variants compile together on the
+    pool) before running it for real, as it does the runner's passes."""
+    from ninfer.runtime import startup
+
+    llm = ninfer.load(dense_ckpt.path, device="cpu", max_concurrency=2, progress=False)
+    order = []
+    monkeypatch.setattr(llm.engine.runner, "warm_up", lambda *a, **k: order.append("runner"))
+    monkeypatch.setattr(llm.engine.sampler, "warm_up", lambda model: order.append("sampler"))
+
+    def dry(work):
+        order.append("dry:")
+        work()
+        order.append(":dry")
+
+    monkeypatch.setattr(startup, "parallel_compile", dry)
+    llm.engine.warm_up()
+    assert order == ["dry:", "sampler", ":dry", "runner", "sampler"]
