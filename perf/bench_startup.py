@@ -24,6 +24,11 @@ prefix cache on, CUDA graphs, warm-up), and reports the start-up phases and what
     python perf/bench_startup.py --shape tiny --device cpu --long 600 --prefill 300 --modes warm  # smoke test
     python perf/bench_startup.py --shape 27b --recipe int4 --modes cold --compile both --measure ttft \
         --ttft-lanes 1 --budget 560                                          # parallel vs serial compile, cold
+    python perf/bench_startup.py --shape 27b --recipe int4 --modes warm --prefill --budgets 128 256 512 \
+        --ttft-lanes 1                                                       # the ITL at smaller budgets
+
+``--sample-stacks S`` prints where a child's main thread is every S seconds until it is ready
+(``perf/stack_sampler.py``): which part of a slow start-up holds it.
 
 With ``NINFER_EXPORT_TUNING=<path>`` each child ends by merging its tuning choices into that file (the raw
 material of the shipped per-GPU tables: ``perf/ship_tuning.py``; run with ``NINFER_SHIPPED_TUNING=0`` to
@@ -44,6 +49,7 @@ import sys
 import tempfile
 import time
 
+import stack_sampler
 import torch
 from common import export_tuning, record, sync
 from random_model import SHAPES, random_llm, random_model, random_prompt
@@ -82,6 +88,7 @@ class Bench:
         if args.compile == "serial":  # also when this child was started by hand
             os.environ[PARALLEL_ENV] = "0"
         report = startup.begin()
+        stop_sampling = stack_sampler.start(self.args.sample_stacks, __file__) if self.args.sample_stacks else None
         with startup.phase(WEIGHTS):
             model = random_model(args.shape, device=args.device, num_layers=args.layers, recipe=args.recipe)
         max_context = max([args.long, *args.prefill, 1024]) + 256
@@ -90,6 +97,8 @@ class Bench:
         with startup.phase("engine set-up"):
             self.llm = random_llm(args.shape, config, model=model)
         startup.finish(sys.stdout)
+        if stop_sampling is not None:
+            stop_sampling.set()
         self.llm.stop_ids = frozenset()  # random weights: never stop early
         d = report.as_dict()
         ready = d["ready_s"] - d["phases_s"].get(WEIGHTS, 0.0)
@@ -261,6 +270,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--compile", choices=["parallel", "serial", "both"], default="parallel",
                    help=f"kernels compiled in parallel before the warm-up (the default), serially at their "
                         f"first launch ({PARALLEL_ENV}=0), or each start-up mode once with each")
+    p.add_argument("--sample-stacks", type=float, default=0, metavar="SECONDS",
+                   help="print where each child's main thread is every SECONDS until ready (where start-up goes)")
     p.add_argument("--child", choices=["cold", "warm"], help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.recipe == "none":

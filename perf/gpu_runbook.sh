@@ -48,7 +48,8 @@ profile-35b-a3b       where a 35B-A3B 4-bit step goes: decode C = 1, 8k prefill 
 bench-27b-step        27B int4 engine (decode ctx 1k / 32k, C = 1 / 8, 8k prefill) and its C = 8 profile
 ncu-gemm-mma          Nsight Compute of the tensor-core int4 decode (gate/up, int4-g64 / -g128, 1 and 8 tokens)
 gpu-tests-no-stalls   nothing compiles or tunes after ready over a serving mix (int4, int4 + MTP, bf16); the 8k-chunk workspace bound at 27B widths
-startup-27b-int4      27B int4 cold and warm start-up by phase, TTFT of first / second batch at C = 8 / 1, 8k / 32k prefill, ITL beside a 32k prefill, compiles after ready
+startup-27b-int4      27B int4 cold and warm start-up by phase (main thread sampled every 3 s until ready), TTFT of first / second batch at C = 8 / 1, 8k / 32k prefill, ITL beside a 32k prefill, compiles after ready
+itl-budgets-27b       27B int4 warm start: ITL of 4 decodes beside a 32k prefill at prefill_tokens_while_decoding 1024 (the default) / 512 / 256 / 128, and the rate of the 32k prompt at each
 '
 names=$(echo "$STAGES" | awk 'NF { print $1 }')
 if [ "$#" -eq 0 ] || [ "$1" = --list ]; then
@@ -262,7 +263,11 @@ stage() {
       ;;
     startup-27b-int4)  # cold: fresh cache directories inside the bench (its own children), then warm on them
       part 540 python3 perf/bench_startup.py --shape 27b --recipe int4 --modes cold warm --child-timeout 320 \
-        --budget 515
+        --budget 515 --sample-stacks 3
+      ;;
+    itl-budgets-27b)  # a budget whose mixed step stays within 3x TPOT chooses the default (docs/performance.md)
+      part 420 python3 perf/bench_startup.py --shape 27b --recipe int4 --modes warm --prefill --ttft-lanes 1 \
+        --budgets 512 256 128 --child-timeout 400 --budget 410
       ;;
     ncu-gemm-mma)  # why the tensor-core decode reads 35-53% of copy bandwidth: its fastest config under ncu
       for fmt in int4-g64 int4-g128; do

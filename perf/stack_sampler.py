@@ -20,15 +20,22 @@ import traceback
 _KEEP = ("ninfer", "/perf/", "triton", "torch/cuda")
 
 
-def _sample(main_id: int, every: float, frames: int, t0: float, script: str) -> None:
-    while True:
-        time.sleep(every)
+def _sample(main_id: int, every: float, frames: int, t0: float, script: str, stop: threading.Event) -> None:
+    while not stop.wait(every):
         frame = sys._current_frames().get(main_id)
         if frame is None:
             return
         stack = [f"{fs.filename.rsplit('/', 1)[-1]}:{fs.lineno} {fs.name}" for fs in traceback.extract_stack(frame)
                  if fs.filename == script or any(k in fs.filename for k in _KEEP)]
         print(f"[stack {time.perf_counter() - t0:.0f}s] " + " < ".join(reversed(stack[-frames:])), flush=True)
+
+
+def start(every: float, script: str, frames: int = 9) -> threading.Event:
+    """Sample the main thread from now on (a daemon thread); setting the returned event stops it."""
+    stop = threading.Event()
+    threading.Thread(target=_sample, args=(threading.main_thread().ident, every, frames, time.perf_counter(), script,
+                                          stop), daemon=True).start()
+    return stop
 
 
 def main() -> None:
@@ -39,8 +46,7 @@ def main() -> None:
     parser.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
     args = parser.parse_args()
     sys.argv = [args.script, *args.args]
-    threading.Thread(target=_sample, args=(threading.main_thread().ident, args.every, args.frames,
-                                          time.perf_counter(), args.script), daemon=True).start()
+    start(args.every, args.script, args.frames)
     runpy.run_path(args.script, run_name="__main__")
 
 
