@@ -16,7 +16,8 @@ prefix cache on, CUDA graphs, warm-up), and reports the start-up phases and what
 2. (``--measure all``) TTFT and tok/s of one prompt of each ``--prefill`` length with the default settings;
 3. (``--measure all``) inter-token latency of 4 decodes while a ``--long``-token prompt prefills beside them,
    against their steady time per token, for each decoding budget of ``--budgets``
-   (``prefill_tokens_while_decoding``; the engine default first);
+   (``prefill_tokens_while_decoding``; the engine default first), then each ``--stalls`` bound
+   (``max_decode_stall``: the budget follows measured step times), with the chunk sizes each used;
 4. what was compiled or tuned after ready (``startup_after_ready``: should be nothing), with the first events.
 
     python perf/bench_startup.py --shape 27b --recipe int4                   # cold then warm (GPU)
@@ -59,6 +60,8 @@ from ninfer.kernels.precompile import ENV as PARALLEL_ENV
 from ninfer.runtime import startup
 from ninfer.runtime.engine_config import EngineConfig
 from ninfer.runtime.sampling import SamplingParams
+from ninfer.runtime.scheduler import StepPlan
+from ninfer.runtime.stall_budget import StallBound, StallBudget
 
 GREEDY = SamplingParams(greedy=True)
 # Issue 22's targets (27B int4): ready <= 90 s cold / 15 s warm without weight reading; 8k prefill >= 12k tok/s
@@ -143,10 +146,19 @@ class Bench:
                    prefill_tokens_while_decoding=cfg.prefill_tokens_while_decoding, **extra)
 
     def itl_beside_long_prefill(self) -> None:
+        """For each budget of ``--budgets`` (the default first), then each bound of ``--stalls``
+        (``max_decode_stall``, a fresh :class:`StallBudget` each, starting from the default budget)."""
         engine, scheduler = self.llm.engine, self.llm.engine.scheduler
-        default = scheduler.prefill_tokens_while_decoding
-        for budget in dict.fromkeys([default, *self.args.budgets]):
+        default, configured = scheduler.prefill_tokens_while_decoding, scheduler.stall
+        settings = [(b, None) for b in dict.fromkeys([default, *self.args.budgets])]
+        settings += [(default, bound) for bound in self.args.stalls]
+        for budget, bound in settings:
             scheduler.prefill_tokens_while_decoding = min(budget, scheduler.prefill_chunk)
+            scheduler.stall = None if bound is None else StallBudget(
+                StallBound.parse(bound), initial=scheduler.prefill_tokens_while_decoding, most=scheduler.prefill_chunk)
+            chunks: list[int] = []
+            plan = scheduler.plan
+            scheduler.plan = lambda: _noting_chunks(plan(), chunks)
             decoders = [self.request(self.args.decode_context, 10 ** 6) for _ in range(4)]
             for r in decoders:
                 engine.add_request(r)
@@ -157,25 +169,32 @@ class Bench:
             long = self.request(self.args.long, 1)
             sync(self.llm.device)
             t0 = time.perf_counter()
+            chunks.clear()
             engine.add_request(long)
             gaps = self._token_gaps(decoders, until=lambda: bool(long.output_ids))
             long_ttft = long.first_token_time - t0
             for r in decoders:
                 engine.cancel(r.request_id)
             engine.run_until_done()
+            del scheduler.plan  # the class's own again
             gaps.sort()
             p = {q: gaps[min(len(gaps) - 1, int(q / 100 * len(gaps)))] for q in (50, 90, 99)}
             ratio = p[99] / tpot
-            print(f"    target ITL p99 <= {ITL_P99_OVER_TPOT:g}x TPOT: {ratio:.2f}x -> "
-                  f"{'met' if ratio <= ITL_P99_OVER_TPOT else 'MISSED'}", flush=True)
-            record("startup_itl_beside_prefill", f"{self.label} 4 decodes + T={self.args.long} budget={budget}",
+            setting = f"budget={budget}" if bound is None else f"max_decode_stall={bound}"
+            print(f"    {setting}: chunks beside decodes {min(chunks, default=0)}-{max(chunks, default=0)} tokens "
+                  f"(median {statistics.median(chunks) if chunks else 0:g}); target ITL p99 <= "
+                  f"{ITL_P99_OVER_TPOT:g}x TPOT: {ratio:.2f}x -> {'met' if ratio <= ITL_P99_OVER_TPOT else 'MISSED'}",
+                  flush=True)
+            record("startup_itl_beside_prefill", f"{self.label} 4 decodes + T={self.args.long} {setting}",
                    p[99] * 1e3, achieved=ratio, limit=ITL_P99_OVER_TPOT, unit="x TPOT",
                    itl_p50_ms=round(p[50] * 1e3, 2), itl_p90_ms=round(p[90] * 1e3, 2),
                    itl_p99_ms=round(p[99] * 1e3, 2), itl_max_ms=round(gaps[-1] * 1e3, 2),
                    tpot_ms=round(tpot * 1e3, 2), long_ttft_ms=round(long_ttft * 1e3, 1),
                    long_tok_per_s=round(self.args.long / long_ttft, 1), prefill_tokens_while_decoding=budget,
-                   target_itl_p99_over_tpot_met=ratio <= ITL_P99_OVER_TPOT)
-        scheduler.prefill_tokens_while_decoding = default
+                   max_decode_stall=bound, chunk_tokens_min=min(chunks, default=0),
+                   chunk_tokens_median=statistics.median(chunks) if chunks else 0,
+                   chunk_tokens_max=max(chunks, default=0), target_itl_p99_over_tpot_met=ratio <= ITL_P99_OVER_TPOT)
+        scheduler.prefill_tokens_while_decoding, scheduler.stall = default, configured
 
     def _token_gaps(self, reqs, steps: int | None = None, until=None) -> list[float]:
         """Seconds between consecutive tokens of ``reqs``, over ``steps`` engine steps or until ``until()``."""
@@ -210,6 +229,13 @@ class Bench:
                from_shipped_table=after.count(compile_watch.TUNE_SHIPPED, compile_watch.AUTOTUNE_SHIPPED),
                first_events=[str(e) for e in events[:30]])
         export_tuning(self.args.device)  # NINFER_EXPORT_TUNING: the choices this child made, for the shipped tables
+
+
+def _noting_chunks(plan: StepPlan, chunks: list[int]) -> StepPlan:
+    """``plan``, its prompt tokens noted in ``chunks`` when it decodes too (a step beside decodes)."""
+    if plan.decode and plan.prefills:
+        chunks.append(sum(end - req.num_computed for req, end in plan.prefills))
+    return plan
 
 
 def parent(args: argparse.Namespace, argv: list[str]) -> None:
@@ -263,6 +289,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--decode-context", type=int, default=512, help="prompt tokens of the 4 decodes")
     p.add_argument("--budgets", type=int, nargs="*", default=[],
                    help="more prefill_tokens_while_decoding values to measure the ITL at")
+    p.add_argument("--stalls", nargs="*", default=[], metavar="BOUND",
+                   help="max_decode_stall bounds ('3x', '40ms') to measure the ITL at, after the budgets")
     p.add_argument("--measure", choices=["ttft", "all"], default=None,
                    help="ttft: start-up and TTFT batches only (default for cold), all: also prefill and ITL")
     p.add_argument("--child-timeout", type=int, default=320, help="seconds a start-up mode's child may take")

@@ -49,7 +49,7 @@ bench-27b-step        27B int4 engine (decode ctx 1k / 32k, C = 1 / 8, 8k prefil
 ncu-gemm-mma          Nsight Compute of the tensor-core int4 decode (gate/up, int4-g64 / -g128, 1 and 8 tokens)
 gpu-tests-no-stalls   nothing compiles or tunes after ready over a serving mix (int4, int4 + MTP, bf16); the 8k-chunk workspace bound at 27B widths
 startup-27b-int4      27B int4 cold and warm start-up by phase (main thread sampled every 3 s until ready), TTFT of first / second batch at C = 8 / 1, 8k / 32k prefill, ITL beside a 32k prefill, compiles after ready
-itl-budgets-27b       27B int4 warm start: ITL of 4 decodes beside a 32k prefill at prefill_tokens_while_decoding 1024 (the default) / 512 / 256 / 128, and the rate of the 32k prompt at each
+itl-budgets-27b       27B int4 warm start: ITL of 4 decodes beside a 32k prefill at prefill_tokens_while_decoding 1024 (the default) / 512 / 256 / 128 and at max_decode_stall 3x / 2.5x, and the rate of the 32k prompt at each
 '
 names=$(echo "$STAGES" | awk 'NF { print $1 }')
 if [ "$#" -eq 0 ] || [ "$1" = --list ]; then
@@ -267,7 +267,7 @@ stage() {
       ;;
     itl-budgets-27b)  # a budget whose mixed step stays within 3x TPOT chooses the default (docs/performance.md)
       part 420 python3 perf/bench_startup.py --shape 27b --recipe int4 --modes warm --prefill --ttft-lanes 1 \
-        --budgets 512 256 128 --child-timeout 400 --budget 410
+        --budgets 512 256 128 --stalls 3x 2.5x --child-timeout 400 --budget 410
       ;;
     ncu-gemm-mma)  # why the tensor-core decode reads 35-53% of copy bandwidth: its fastest config under ncu
       for fmt in int4-g64 int4-g128; do

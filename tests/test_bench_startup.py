@@ -17,7 +17,7 @@ def test_a_warm_child_measures_everything_and_records_it(tmp_path: Path, monkeyp
     monkeypatch.setenv("OUT", str(tmp_path))
     bench_startup.main(["--shape", "tiny", "--device", "cpu", "--recipe", "none", "--child", "warm",
                         "--ttft-lanes", "2", "--prefill", "200", "--long", "300", "--decode-context", "16",
-                        "--budgets", "32"])
+                        "--budgets", "32", "--stalls", "3x"])
     rows = [json.loads(line) for line in (tmp_path / "perf.jsonl").read_text().splitlines()]
     by_bench: dict[str, list[dict]] = {}
     for row in rows:
@@ -29,7 +29,10 @@ def test_a_warm_child_measures_everything_and_records_it(tmp_path: Path, monkeyp
                                                                     "tiny bf16 warm C=2 second"]
     assert by_bench["startup_prefill"][0]["prefill_chunk"] == 8192
     itl = by_bench["startup_itl_beside_prefill"]
-    assert [r["prefill_tokens_while_decoding"] for r in itl] == [1024, 32]
+    assert [r["prefill_tokens_while_decoding"] for r in itl] == [1024, 32, 1024]
+    assert [r["max_decode_stall"] for r in itl] == [None, None, "3x"]
+    assert itl[2]["shape"].endswith("max_decode_stall=3x") and itl[1]["shape"].endswith("budget=32")
+    assert itl[1]["chunk_tokens_max"] <= 32 < itl[0]["chunk_tokens_max"]
     assert all(r["itl_p50_ms"] <= r["itl_p99_ms"] <= r["itl_max_ms"] and r["tpot_ms"] > 0 for r in itl)
     after = by_bench["startup_after_ready"][0]
     assert after["median_ms"] == 0 and after["first_events"] == []

@@ -14,6 +14,7 @@ state may be half-written), and the engine keeps serving the others and new ones
 from __future__ import annotations
 
 import logging
+import time
 from typing import Callable
 
 import torch
@@ -34,6 +35,7 @@ from ninfer.runtime.request import Request, RequestOutput, Status
 from ninfer.runtime.sampler import Sampler
 from ninfer.runtime.scheduler import Scheduler
 from ninfer.runtime.speculative import MTPSpeculator, SpecStats, committed_tokens
+from ninfer.runtime.stall_budget import StallBound, StallBudget
 
 # Decode rows join a step's prompt chunks in one forward while their contexts are shorter than this:
 # beyond it their attention (prefill kernel, no split-KV) costs more than the separate decode step saved.
@@ -60,7 +62,8 @@ class Engine:
                                    pages=self.pages, slots=self.slots, max_pending=config.max_pending,
                                    prefix=self.prefix, lookahead=config.draft_tokens,
                                    pack_prefills=not config.draft_tokens,  # speculation prefills one prompt a step
-                                   prefill_tokens_while_decoding=config.prefill_tokens_while_decoding)
+                                   prefill_tokens_while_decoding=config.prefill_tokens_while_decoding,
+                                   stall=self._stall_budget(config))
         self.sampler = Sampler(config.max_concurrency, model.config.vocab_size, vocab_limit, self.device,
                                max_rows=config.max_concurrency * (1 + (config.draft_tokens or 0)))
         self.spec = MTPSpeculator(runner, mtp_head, vocab_limit=vocab_limit) if config.draft_tokens else None
@@ -78,6 +81,13 @@ class Engine:
         self.launches_async = self.device.type == "cuda"  # whether there is such a wait to overlap
         if config.warmup and self.device.type == "cuda":
             self.warm_up()
+
+    @staticmethod
+    def _stall_budget(config: EngineConfig) -> StallBudget | None:
+        if config.max_decode_stall is None:
+            return None
+        return StallBudget(StallBound.parse(config.max_decode_stall), initial=config.prefill_tokens_while_decoding,
+                           most=config.prefill_chunk)
 
     @property
     def model(self) -> Qwen3_5TextModel:
@@ -137,17 +147,21 @@ class Engine:
     def step(self) -> list[RequestOutput]:
         """One scheduling step; returns its events (a request's failure is one of them, never an exception)."""
         events: list[RequestOutput] = []
+        started = time.perf_counter()
         try:
-            self._step(events)
+            shape = self._step(events)
+            if self.scheduler.stall is not None and shape is not None:
+                self.scheduler.stall.observe(time.perf_counter() - started, *shape)
         except Exception as err:  # a batched stage: what ran in it may be half-written, so its requests end
             log.exception("engine step failed; ending the %d resident requests", len(self.scheduler.running))
             for req in list(self.scheduler.running):
                 events.extend(self.post.fail(req, "the batched step", err, logged=True))
         return events
 
-    def _step(self, events: list[RequestOutput]) -> None:
+    def _step(self, events: list[RequestOutput]) -> tuple[int, int] | None:
         """The step's stages append their events to ``events`` as they go, so that the error events of requests
-        failed early in the step are not lost when a later batched stage raises."""
+        failed early in the step are not lost when a later batched stage raises. Returns the step's prompt
+        tokens and decoding sequences as planned (None: nothing ran), for the stall budget."""
         self.pauser.make_room()  # growing sequences first: pauses the newest resident requests if pages ran out
         for req in self.scheduler.admit():
             try:
@@ -155,6 +169,9 @@ class Engine:
             except Exception as err:
                 events.extend(self.post.fail(req, "admission", err))
         plan = self.scheduler.plan()
+        if not plan.decode and not plan.prefills:
+            return None
+        shape = sum(end - req.num_computed for req, end in plan.prefills), len(plan.decode)
         if plan.prefills and self.spec is None and plan.prefills[0][0].mm is None:
             # Decode rows ride along with the prompt chunks unless their contexts are long: the prefill
             # attention kernel gives a one-token query no split-KV parallelism.
@@ -162,7 +179,7 @@ class Engine:
             if not ride:
                 self._decode(plan.decode, events)
             self._mixed_step(plan.decode if ride else [], plan.prefills, plan.checkpoints, events)
-            return
+            return shape
         if plan.decode and self.spec is not None:
             self._speculative_round(plan.decode, events)
         elif plan.decode:
@@ -172,6 +189,7 @@ class Engine:
                 events.extend(self._prefill(req, end))
             except Exception as err:
                 events.extend(self.post.fail(req, "prefill", err))
+        return shape
 
     def _start(self, req: Request) -> None:
         """An admitted request's state: prefix-cache hit or a reset slot, its pause snapshot, its sampler lane."""

@@ -18,7 +18,17 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ninfer.runtime.options import GIB, Option, at_least, between, gib_to_bytes, option, options_of, resolve
+from ninfer.runtime.options import (
+    GIB,
+    Option,
+    at_least,
+    between,
+    gib_to_bytes,
+    option,
+    options_of,
+    resolve,
+)
+from ninfer.runtime.stall_budget import StallBound
 
 MAX_LANES = 8  # the scheduler's bound on max_concurrency
 MAX_DRAFT_TOKENS = 7  # verification runs K + 1 <= 8 tokens per sequence through the decode kernels
@@ -28,6 +38,14 @@ _SPEC = Option("spec", None, "speculative decoding with the checkpoint's MTP hea
                choices=(None, "mtp"), metavar="mtp")
 _DRAFT = Option("draft_tokens", DEFAULT_DRAFT_TOKENS, f"tokens drafted per speculative round, 1-{MAX_DRAFT_TOKENS}",
                 check=between(1, MAX_DRAFT_TOKENS), needs="spec", metavar="K")
+
+
+def _stall_problem(text: str) -> str | None:
+    try:
+        StallBound.parse(text)
+    except ValueError as err:
+        return str(err).split(", got ")[0]
+    return None
 
 
 def _draft_tokens(values: Mapping[str, Any]) -> int:
@@ -53,6 +71,10 @@ class EngineConfig:
     prefill_tokens_while_decoding: int = option(Option(
         "prefill_tokens_while_decoding", 1024, "most prompt tokens per step while sequences decode: bounds their "
         "stall (at most prefill-chunk)", check=at_least(1), metavar="N"))
+    max_decode_stall: str | None = option(Option(
+        "max_decode_stall", None, "bound each step that prefills beside decoding sequences by time: '40ms', or "
+        "'3x' a decode step; its prompt tokens then follow from measured step times (prefill-tokens-while-"
+        "decoding is only the first guess)", kind=str, check=_stall_problem, literals=(None,), metavar="MS|Nx"))
     cuda_graphs: bool = option(Option(
         "cuda_graphs", True, "replay decode steps from CUDA graphs", kind=bool,
         flag_help="run decode steps eagerly, without CUDA graphs"))

@@ -8,7 +8,8 @@ unfinished prompts in order (prompts that arrive together share a step), within 
   1024-token chunk leaves it idle between launches; vLLM and SGLang default to 8192 on this class of GPU);
 * sequences decoding: ``prefill_tokens_while_decoding`` (default 1024, at most ``prefill_chunk``): each of
   their steps waits for at most that many prompt tokens, so a long prompt never stalls decoding for
-  more than one such chunk.
+  more than one such chunk; with ``max_decode_stall`` the engine bounds such a step's time instead, and the
+  token budget follows from measured step times (:mod:`ninfer.runtime.stall_budget`).
 
 Admission reserves the pages a request needs now plus a growth margin (:meth:`Scheduler.admission_pages`);
 sequences take more as they grow, and when the pool runs dry ``pause.Pauser`` sends the newest resident
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field
 from ninfer.runtime.pools import PagePool, SlotPool
 from ninfer.runtime.prefix_cache import PrefixCache, prompt_end_mark
 from ninfer.runtime.request import Request, Status
+from ninfer.runtime.stall_budget import StallBudget
 
 GROWTH_PAGES = 1  # pages reserved at admission beyond the next token: a sequence grows a while before asking
 
@@ -48,7 +50,7 @@ class Scheduler:
     def __init__(self, *, max_concurrency: int, max_context: int, page_size: int, prefill_chunk: int,
                  pages: PagePool, slots: SlotPool, max_pending: int = 64, prefix: PrefixCache | None = None,
                  lookahead: int = 0, pack_prefills: bool = True,
-                 prefill_tokens_while_decoding: int | None = None) -> None:
+                 prefill_tokens_while_decoding: int | None = None, stall: StallBudget | None = None) -> None:
         if not 1 <= max_concurrency <= 8:
             raise ValueError(f"max_concurrency must be in 1..8, got {max_concurrency}")
         if prefill_chunk < 1:
@@ -60,6 +62,7 @@ class Scheduler:
         self.page_size = page_size
         self.prefill_chunk = prefill_chunk
         self.prefill_tokens_while_decoding = min(decoding, prefill_chunk)
+        self.stall = stall  # with a time bound: the budget beside decodes follows measured step times
         self.pack_prefills = pack_prefills  # off when speculating: the speculator's prefill hook takes one prompt
         self.pages, self.slots = pages, slots
         self.max_pending = max_pending
@@ -146,7 +149,9 @@ class Scheduler:
 
     def prefill_budget(self, decoding: int) -> int:
         """Prompt tokens a step may prefill next to ``decoding`` decode rows (the module docstring)."""
-        return self.prefill_tokens_while_decoding if decoding else self.prefill_chunk
+        if not decoding:
+            return self.prefill_chunk
+        return self.stall.tokens() if self.stall is not None else self.prefill_tokens_while_decoding
 
     def plan(self) -> StepPlan:
         """Every prefilled sequence decodes; prompt chunks of the oldest unfinished prompts fill the step's

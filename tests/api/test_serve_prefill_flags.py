@@ -42,3 +42,16 @@ def test_a_bad_budget_is_refused_naming_the_flag(capsys: pytest.CaptureFixture) 
     with pytest.raises(SystemExit):
         _parse("m", "--prefill-tokens-while-decoding", "0")
     assert "--prefill-tokens-while-decoding must be >= 1" in capsys.readouterr().err
+
+
+def test_the_stall_bound_reaches_load_and_a_bad_one_is_refused(monkeypatch: pytest.MonkeyPatch,
+                                                               capsys: pytest.CaptureFixture) -> None:
+    seen: list[dict] = []
+    monkeypatch.setattr(ninfer, "load", lambda model, **kw: seen.append(kw) or (_ for _ in ()).throw(_Loaded()))
+    with pytest.raises(_Loaded):
+        run_serve(_parse("m", "--max-decode-stall", "2.5x"))
+    assert seen[-1]["max_decode_stall"] == "2.5x" and EngineConfig().max_decode_stall is None
+    with pytest.raises(SystemExit):
+        _parse("m", "--max-decode-stall", "40")
+    assert "--max-decode-stall must be milliseconds ('40ms') or a multiple of a decode step ('3x')" in \
+        capsys.readouterr().err

@@ -1,0 +1,84 @@
+"""How many prompt tokens a step may prefill beside decoding sequences, from measured step times.
+
+Every token a decoding sequence receives waits for its whole step, so a step that also prefills a chunk of a
+long prompt stalls it: 1,024 prompt tokens of the 27B at 32k context take ~160 ms against a 7.3 ms decode step
+(H200). A fixed ``prefill_tokens_while_decoding`` bounds that stall only as well as its author guessed the
+model, the GPU and the context. With ``max_decode_stall`` the engine bounds the step's time instead:
+
+    tokens = (bound - decode step) / seconds per prompt token
+
+The decode step is a moving average over steps that prefill nothing; the cost of a prompt token one over steps
+that prefill beside decodes (the step's time less the decode step, over its prompt tokens), so it follows the
+prompt at hand: attention over a growing context makes later tokens dearer, and the budget shrinks with it.
+Until both have been seen the fixed budget applies. A bound is absolute (``"40ms"``) or a multiple of the
+decode step (``"3x"``: the inter-token latency of decoding sequences stays within three of their steady
+time per token).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+LEAST_TOKENS = 32  # a step always makes some progress on the prompt, whatever the bound
+SMOOTHING = 0.25  # weight of the newest step in the moving averages
+_BOUND = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|x)\s*$")
+
+
+@dataclass(frozen=True)
+class StallBound:
+    """The most a step that prefills beside decodes may take: ``seconds``, or ``factor`` x the decode step."""
+
+    seconds: float | None = None
+    factor: float | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> StallBound:
+        """``"40ms"`` or ``"3x"`` (a multiple above 1); ValueError saying what is accepted otherwise."""
+        match = _BOUND.match(text)
+        if match is None:
+            raise ValueError(f"must be milliseconds ('40ms') or a multiple of a decode step ('3x'), got {text!r}")
+        value, unit = float(match.group(1)), match.group(2)
+        if unit == "ms":
+            if value <= 0:
+                raise ValueError(f"must be a positive number of milliseconds, got {text!r}")
+            return cls(seconds=value / 1e3)
+        if value <= 1:
+            raise ValueError(f"must be more than one decode step ('1.5x' or more), got {text!r}")
+        return cls(factor=value)
+
+    def limit(self, decode_s: float) -> float:
+        """The bound in seconds, given the decode step's."""
+        return self.seconds if self.seconds is not None else self.factor * decode_s
+
+
+class StallBudget:
+    """The prompt tokens of the next step beside decodes (:meth:`tokens`), from the steps seen so far
+    (:meth:`observe`); ``initial`` until a decode step and a mixed step have both been seen, never more
+    than ``most`` (the prefill chunk) nor fewer than :data:`LEAST_TOKENS`."""
+
+    def __init__(self, bound: StallBound, *, initial: int, most: int) -> None:
+        self.bound, self.initial, self.most = bound, min(initial, most), most
+        self.decode_s: float | None = None  # a step that only decodes
+        self.token_s: float | None = None  # one prompt token's share of a step beside decodes
+
+    def observe(self, seconds: float, prefill_tokens: int, decode_rows: int) -> None:
+        """A step's wall time, its prompt tokens and its decoding sequences. Steps with nothing decoding stall
+        nobody and say nothing about either cost (their chunk is the prefill chunk)."""
+        if decode_rows == 0 or seconds <= 0:
+            return
+        if prefill_tokens == 0:
+            self.decode_s = _average(self.decode_s, seconds)
+        elif self.decode_s is not None:
+            self.token_s = _average(self.token_s, max(seconds - self.decode_s, 0.0) / prefill_tokens)
+
+    def tokens(self) -> int:
+        if self.decode_s is None or self.token_s is None:
+            return self.initial
+        room = self.bound.limit(self.decode_s) - self.decode_s
+        if self.token_s == 0:
+            return self.most
+        return int(min(max(room / self.token_s, LEAST_TOKENS), self.most))
+
+
+def _average(mean: float | None, value: float) -> float:
+    return value if mean is None else (1 - SMOOTHING) * mean + SMOOTHING * value
