@@ -49,6 +49,7 @@ bench-27b-step        27B int4 engine (decode ctx 1k / 32k, C = 1 / 8, 8k prefil
 ncu-gemm-mma          Nsight Compute of the tensor-core int4 decode (gate/up, int4-g64 / -g128, 1 and 8 tokens)
 gpu-tests-no-stalls   nothing compiles or tunes after ready over a serving mix (int4, int4 + MTP, bf16); the 8k-chunk workspace bound at 27B widths
 startup-27b-int4      27B int4 cold and warm start-up by phase (main thread sampled every 3 s until ready), TTFT of first / second batch at C = 8 / 1, 8k / 32k prefill, ITL beside a 32k prefill, compiles after ready
+startup-27b-warm-serial  27B int4 warm start (on the caches the runbook restored) with the dry passes off (NINFER_PARALLEL_COMPILE=0), then on: is a warm start faster without them (20 s of dry passes found nothing to compile in run 2026-12-03.10), main thread sampled every 2 s
 itl-budgets-27b       27B int4 warm start: ITL of 4 decodes beside a 32k prefill at prefill_tokens_while_decoding 1024 (the default) / 512 / 256 / 128 and at max_decode_stall 3x / 2.5x, and the rate of the 32k prompt at each
 '
 names=$(echo "$STAGES" | awk 'NF { print $1 }')
@@ -264,6 +265,12 @@ stage() {
     startup-27b-int4)  # cold: fresh cache directories inside the bench (its own children), then warm on them
       part 540 python3 perf/bench_startup.py --shape 27b --recipe int4 --modes cold warm --child-timeout 320 \
         --budget 515 --sample-stacks 3
+      ;;
+    startup-27b-warm-serial)
+      part 150 python3 perf/bench_startup.py --shape 27b --recipe int4 --modes warm --compile serial --measure ttft \
+        --ttft-lanes 1 --sample-stacks 2 --child-timeout 140 --budget 145
+      part 150 python3 perf/bench_startup.py --shape 27b --recipe int4 --modes warm --compile parallel --measure ttft \
+        --ttft-lanes 1 --sample-stacks 2 --child-timeout 140 --budget 145
       ;;
     itl-budgets-27b)  # a budget whose mixed step stays within 3x TPOT chooses the default (docs/performance.md)
       part 420 python3 perf/bench_startup.py --shape 27b --recipe int4 --modes warm --prefill --ttft-lanes 1 \
