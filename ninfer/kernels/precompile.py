@@ -7,7 +7,11 @@ launch waits for it: a warm-up that meets a few hundred specialisations compiles
 * every ``JITFunction.run`` of the calling thread becomes ``run(..., warmup=True)``: the arguments are bound
   and specialised as for the real launch, a kernel already compiled is found and not launched, a new one is
   handed to the compile pool and the pass goes on (Triton's ``AsyncCompileMode``, the mechanism torch's
-  inductor uses; Triton 3.6 and 3.8 have it);
+  inductor uses; Triton 3.6 and 3.8 have it). The pending kernel goes into the function's in-memory cache at
+  once, so the pass's later launches of it find it there: Triton would put it there only when the pass ends,
+  and until then hand every launch to its compile path again, which hashes the compile options, libdevice's
+  470 KB file included (~0.6 ms a launch: 20 s of a warm 27B start's dry passes, ~35k launches, run
+  2026-12-03.10). A pending kernel whose compile failed is taken out again, so its launch compiles anew;
 * ``triton.autotune`` kernels (``Autotuner.run``) request every pruned config instead of benchmarking;
 * the runtime tuners (:mod:`ninfer.kernels.tuning`) see a :class:`DryTuner`: a key already chosen, stored
   in the tune cache or shipped with the package (:mod:`ninfer.kernels.shipped`) requests its config; a key to
@@ -123,14 +127,20 @@ def precompile(dry_pass: Callable[[], Any], *, workers: int | None = None) -> Pr
     n = workers or default_workers()
     t0 = time.perf_counter()
     error: Exception | None = None
+    pending: list[tuple[dict, Any, Any]] = []  # (a function's kernel cache, key, pending kernel) put there early
     with ThreadPoolExecutor(n, thread_name_prefix="ninfer-compile") as pool:
         mode = ASYNC_COMPILE_MODE(pool, ignore_errors=True)
-        with mode:  # on exit: waits for every compile, finalizes the ones that succeeded
-            try:
-                with dry_launches(), compile_watch.muted(), use_tuner(DryTuner(default_tuner())):
-                    dry_pass()
-            except Exception as err:  # noqa: BLE001 (the real pass compiles what is missing; it raises real errors)
-                error = err
+        try:
+            with mode:  # on exit: waits for every compile, finalizes the ones that succeeded
+                try:
+                    with dry_launches(pending), compile_watch.muted(), use_tuner(DryTuner(default_tuner())):
+                        dry_pass()
+                except Exception as err:  # noqa: BLE001 (the real pass compiles what is missing; it raises real errors)
+                    error = err
+        finally:
+            for cache, key, kernel in pending:  # finalized kernels replaced theirs; a failed one is still there
+                if cache.get(key) is kernel:
+                    del cache[key]
         futures = list(mode.raw_futures)
     failed = sum(f.exception() is not None for f in futures)
     seconds = time.perf_counter() - t0
@@ -171,7 +181,7 @@ class DryTuner(TunerState):
 _dry = threading.local()  # .on: this thread's launches are dry
 _patch_lock = threading.Lock()
 _patched: list[int] = [0]  # open dry_launches blocks (any thread): the patches stay while one is open
-_originals: list[Any] = []  # JITFunction.run and Autotuner.run while patched
+_originals: list[Any] = []  # JITFunction.run, ._do_compile, Autotuner.run and do_bench while patched
 
 
 def dry_pass_active() -> bool:
@@ -184,6 +194,20 @@ def _dry_jit_run(original: Callable[..., Any]) -> Callable[..., Any]:
     def run(self: Any, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> Any:
         return original(self, *args, grid=grid, warmup=warmup or dry_pass_active(), **kwargs)
     return run
+
+
+def _dry_do_compile(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def do_compile(self: Any, key: Any, signature: Any, device: Any, *args: Any, **kwargs: Any) -> Any:
+        kernel = original(self, key, signature, device, *args, **kwargs)
+        pending = getattr(_dry, "pending", None) if dry_pass_active() else None
+        if pending is not None and kernel is not None and hasattr(kernel, "result"):  # handed to the pool
+            cache = self.device_caches[device][0]
+            if cache.get(key) is None:
+                cache[key] = kernel  # the pass's next launch with this key finds it (module doc)
+                pending.append((cache, key, kernel))
+        return kernel
+    return do_compile
 
 
 def _dry_do_bench(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -216,31 +240,34 @@ def _dry_autotune_run(original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 @contextmanager
-def dry_launches() -> Iterator[None]:
+def dry_launches(pending: list[tuple[dict, Any, Any]] | None = None) -> Iterator[None]:
     """Inside the block, this thread's Triton launches compile (or find) their kernel and run nothing;
     multi-config ``triton.autotune`` launches request every pruned config and benchmark nothing;
-    ``triton.testing.do_bench`` calls its function once and measures nothing."""
+    ``triton.testing.do_bench`` calls its function once and measures nothing. With ``pending`` (inside an
+    ``AsyncCompileMode``), each kernel handed to the pool goes into its function's cache at once and is noted
+    there as ``(cache, key, kernel)``, for the caller to take out the ones whose compile failed."""
     import triton.testing
     from triton.runtime.autotuner import Autotuner
     from triton.runtime.jit import JITFunction
 
     with _patch_lock:
         if _patched[0] == 0:
-            _originals[:] = [JITFunction.run, Autotuner.run, triton.testing.do_bench]
+            _originals[:] = [JITFunction.run, JITFunction._do_compile, Autotuner.run, triton.testing.do_bench]
             JITFunction.run = _dry_jit_run(JITFunction.run)
+            JITFunction._do_compile = _dry_do_compile(JITFunction._do_compile)
             Autotuner.run = _dry_autotune_run(Autotuner.run)
             triton.testing.do_bench = _dry_do_bench(triton.testing.do_bench)
         _patched[0] += 1
-    before = dry_pass_active()
-    _dry.on = True
+    before, pending_before = dry_pass_active(), getattr(_dry, "pending", None)
+    _dry.on, _dry.pending = True, pending
     try:
         with warnings.catch_warnings():  # tuners capture graphs of dry launches: graphs without kernels
             warnings.filterwarnings("ignore", message=".*CUDA Graph is empty.*")
             yield
     finally:
-        _dry.on = before
+        _dry.on, _dry.pending = before, pending_before
         with _patch_lock:
             _patched[0] -= 1
             if _patched[0] == 0:
-                JITFunction.run, Autotuner.run, triton.testing.do_bench = _originals
+                JITFunction.run, JITFunction._do_compile, Autotuner.run, triton.testing.do_bench = _originals
                 _originals.clear()

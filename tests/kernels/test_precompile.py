@@ -114,6 +114,32 @@ def test_a_dry_pass_compiles_every_launch_on_the_pool_and_runs_none(compile_for_
     assert again.events == []
 
 
+def test_repeated_launches_reach_tritons_compile_path_once_per_key(compile_for_sm90: list[str],
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A dry pass meets each kernel at every launch of its forwards; the pending kernel sits in the function's
+    cache from its first launch, so the later ones skip Triton's compile path (which hashes libdevice's file
+    each time); after the pass the cache holds the compiled kernels, nothing pending."""
+    if not _in_a_fresh_process("test_repeated_launches_reach_tritons_compile_path_once_per_key"):
+        return
+    kernel = JITFunction(_twice)
+    x, y = torch.zeros(1024), torch.zeros(1024)
+    reached: list[object] = []
+    original = JITFunction._do_compile
+    monkeypatch.setattr(JITFunction, "_do_compile",
+                        lambda self, key, *a, **kw: reached.append(key) or original(self, key, *a, **kw))
+
+    def dry_pass() -> None:
+        for _ in range(200):
+            for block in (32, 64):
+                kernel[(1,)](x, y, 1024, BLOCK=block)
+
+    t0 = time.perf_counter()
+    result = precompile.precompile(dry_pass, workers=2)
+    print(f"400 dry launches, 2 compiles: {time.perf_counter() - t0:.2f} s")
+    assert result.jobs == 2 and result.failed == 0 and len(reached) == 2
+    assert len(_cached(kernel)) == 2 and not any(hasattr(k, "result") for k in _cached(kernel).values())
+
+
 def test_an_autotuned_kernel_requests_every_config_and_keeps_no_choice(compile_for_sm90: list[str]) -> None:
     if not _in_a_fresh_process("test_an_autotuned_kernel_requests_every_config_and_keeps_no_choice"):
         return
@@ -157,6 +183,32 @@ def test_a_failed_job_is_counted_and_not_raised(compiling: None) -> None:
 
     result = precompile.precompile(dry_pass, workers=2)
     assert result.ran and result.jobs == 1 and result.failed == 1
+
+
+def test_a_pending_kernel_whose_compile_failed_is_taken_out_of_the_cache(compiling: None) -> None:
+    """So that its launch compiles it again (and meets the error itself) instead of finding a failed future."""
+    caches: list[dict] = []
+
+    class _Fn:  # what _do_compile reads of a JITFunction: its per-device caches
+        def __init__(self) -> None:
+            self.device_caches = {0: ({}, None, None, None, None)}
+            caches.append(self.device_caches[0][0])
+
+    def submit(self: _Fn, key: str, signature: object, device: int, *rest: object) -> object:
+        mode = triton.runtime._async_compile.active_mode.get()
+        finalize = lambda compiled: self.device_caches[0][0].__setitem__(key, compiled)  # noqa: E731 (as Triton's)
+        return mode.submit(key, (lambda: 1 / 0) if key == "bad" else (lambda: f"{key} compiled"), finalize)
+
+    do_compile = precompile._dry_do_compile(submit)
+    good, bad = _Fn(), _Fn()
+
+    def dry_pass() -> None:
+        do_compile(good, "good", None, 0)
+        do_compile(bad, "bad", None, 0)
+        assert "good" in caches[0] and "bad" in caches[1]  # pending, found by the pass's next launches
+
+    result = precompile.precompile(dry_pass, workers=2)
+    assert result.failed == 1 and "bad" not in caches[1] and caches[0] == {"good": "good compiled"}
 
 
 def test_switched_off_it_runs_nothing(compiling: None, monkeypatch: pytest.MonkeyPatch) -> None:
