@@ -13,6 +13,11 @@ prompt at hand: attention over a growing context makes later tokens dearer, and 
 Until both have been seen the fixed budget applies. A bound is absolute (``"40ms"``) or a multiple of the
 decode step (``"3x"``: the inter-token latency of decoding sequences stays within three of their steady
 time per token).
+
+The model is linear in the prompt tokens. Where a step beside decodes pays a fixed cost for having any (a
+GEMM path that re-reads every weight per chunk, decode rows run as a forward of their own), the cost per token
+it measures grows as the chunk shrinks; a bound below that fixed cost cannot be met by chunking, and the
+budget then settles at its floor, :data:`LEAST_TOKENS` a step.
 """
 from __future__ import annotations
 
