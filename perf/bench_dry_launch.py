@@ -19,19 +19,18 @@ import os
 import tempfile
 import time
 
-os.environ.pop("TRITON_INTERPRET", None)  # real compiles for the stand-in target
+import torch
+import triton
+import triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.runtime.jit import JITFunction
 
-import torch  # noqa: E402
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
-from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.runtime.jit import JITFunction  # noqa: E402
-
-from ninfer.kernels import precompile  # noqa: E402
+from ninfer.kernels import precompile
 
 
 class StandInDriver:
-    """Device 0 with an sm_90 target: enough for Triton to bind and compile; it cannot launch."""
+    """Device 0 with an sm_90 target: enough for Triton to bind and compile; it cannot launch (also the CPU
+    tests' driver, ``tests/kernels/test_precompile.py``)."""
 
     target = GPUTarget("cuda", 90, 32)
 
@@ -59,6 +58,7 @@ def main() -> None:
     p.add_argument("--without-early-cache", action="store_true",
                    help="as Triton alone: the pending kernel reaches the function's cache when the pass ends")
     args = p.parse_args()
+    os.environ.pop("TRITON_INTERPRET", None)  # real compiles for the stand-in target
     os.environ.setdefault("TRITON_CACHE_DIR", tempfile.mkdtemp(prefix="ninfer-dry-"))
     precompile.INTERPRET = False
     triton.runtime.driver.set_active(StandInDriver())

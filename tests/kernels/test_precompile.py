@@ -21,12 +21,14 @@ import pytest
 import torch
 import triton
 import triton.language as tl
-from triton.backends.compiler import GPUTarget
 from triton.runtime.autotuner import Autotuner
 from triton.runtime.jit import JITFunction
 
 from ninfer.kernels import compile_watch, precompile
 from ninfer.kernels.tuning import TunerState, default_tuner
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "perf"))
+from bench_dry_launch import StandInDriver  # noqa: E402, I001  (the stand-in sm_90 driver, shared with the bench)
 
 CHILD_ENV = "NINFER_PRECOMPILE_CHILD"
 
@@ -49,25 +51,6 @@ def _in_a_fresh_process(test: str) -> bool:
     return False
 
 
-class _StandInDriver:
-    """Device 0 with an sm_90 target: enough for Triton to bind and compile; it cannot launch."""
-
-    def __init__(self) -> None:
-        self.target = GPUTarget("cuda", 90, 32)
-
-    def get_current_device(self) -> int:
-        return 0
-
-    def get_current_stream(self, device: int | None = None) -> int:
-        return 0
-
-    def get_current_target(self) -> GPUTarget:
-        return self.target
-
-    def get_active_torch_device(self) -> torch.device:
-        return torch.device("cpu")
-
-
 @pytest.fixture
 def compile_for_sm90(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """A fresh Triton cache, the stand-in driver, compile events recorded with the compiling thread."""
@@ -80,7 +63,7 @@ def compile_for_sm90(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
                         lambda **kw: (threads.append(threading.current_thread().name), ours(**kw)))
     # set_active, and the attribute it sets put back after (reset_active would look for a GPU driver)
     monkeypatch.setattr(triton.runtime.driver, "_active", triton.runtime.driver._active)
-    triton.runtime.driver.set_active(_StandInDriver())
+    triton.runtime.driver.set_active(StandInDriver())
     return threads
 
 
