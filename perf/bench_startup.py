@@ -91,7 +91,7 @@ class Bench:
         if args.compile == "serial":  # also when this child was started by hand
             os.environ[PARALLEL_ENV] = "0"
         report = startup.begin()
-        stop_sampling = stack_sampler.start(self.args.sample_stacks, __file__) if self.args.sample_stacks else None
+        stop_sampling = stack_sampler.start(args.sample_stacks, __file__) if args.sample_stacks else None
         with startup.phase(WEIGHTS):
             model = random_model(args.shape, device=args.device, num_layers=args.layers, recipe=args.recipe)
         max_context = max([args.long, *args.prefill, 1024]) + 256
@@ -234,7 +234,7 @@ class Bench:
 def _noting_chunks(plan: StepPlan, chunks: list[int]) -> StepPlan:
     """``plan``, its prompt tokens noted in ``chunks`` when it decodes too (a step beside decodes)."""
     if plan.decode and plan.prefills:
-        chunks.append(sum(end - req.num_computed for req, end in plan.prefills))
+        chunks.append(plan.prefill_tokens)
     return plan
 
 

@@ -127,7 +127,7 @@ def _causal_conv1d_kernel(
                 tl.store(slot_row + j * ss_k, new[j].to(state_ptr.dtype.element_ty), mask=cmask)
 
 
-CONV_SHORT_TILE_LENGTHS = (1, 4)  # a max_seqlen that reaches each tile height below the prefill's 8 tokens
+CONV_SHORT_TILE = 4  # tokens of the tile for calls of 2 to this many tokens per sequence (prefill tiles 8)
 
 
 def _conv_config(max_seqlen: int, taps: int, channels: int) -> tuple[int, int, int]:
@@ -143,7 +143,7 @@ def _conv_config(max_seqlen: int, taps: int, channels: int) -> tuple[int, int, i
     num_warps = max(1, min(2, block_c // 128))
     if max_seqlen <= 1:
         return 1, block_c, num_warps
-    block_t = 4 if max_seqlen <= 4 else 8
+    block_t = CONV_SHORT_TILE if max_seqlen <= CONV_SHORT_TILE else 8
     return max(block_t, triton.next_power_of_2(taps - 1)), block_c, num_warps
 
 

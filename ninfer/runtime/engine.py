@@ -171,7 +171,7 @@ class Engine:
         plan = self.scheduler.plan()
         if not plan.decode and not plan.prefills:
             return None
-        shape = sum(end - req.num_computed for req, end in plan.prefills), len(plan.decode)
+        shape = plan.prefill_tokens, len(plan.decode)
         if plan.prefills and self.spec is None and plan.prefills[0][0].mm is None:
             # Decode rows ride along with the prompt chunks unless their contexts are long: the prefill
             # attention kernel gives a one-token query no split-KV parallelism.

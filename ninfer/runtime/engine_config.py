@@ -40,14 +40,6 @@ _DRAFT = Option("draft_tokens", DEFAULT_DRAFT_TOKENS, f"tokens drafted per specu
                 check=between(1, MAX_DRAFT_TOKENS), needs="spec", metavar="K")
 
 
-def _stall_problem(text: str) -> str | None:
-    try:
-        StallBound.parse(text)
-    except ValueError as err:
-        return str(err).split(", got ")[0]
-    return None
-
-
 def _draft_tokens(values: Mapping[str, Any]) -> int:
     return values["draft_tokens"] if values["spec"] else 0
 
@@ -74,7 +66,7 @@ class EngineConfig:
     max_decode_stall: str | None = option(Option(
         "max_decode_stall", None, "bound each step that prefills beside decoding sequences by time: '40ms', or "
         "'3x' a decode step; its prompt tokens then follow from measured step times (prefill-tokens-while-"
-        "decoding is only the first guess)", kind=str, check=_stall_problem, literals=(None,), metavar="MS|Nx"))
+        "decoding is only the first guess)", kind=str, check=StallBound.problem, literals=(None,), metavar="MS|Nx"))
     cuda_graphs: bool = option(Option(
         "cuda_graphs", True, "replay decode steps from CUDA graphs", kind=bool,
         flag_help="run decode steps eagerly, without CUDA graphs"))

@@ -19,7 +19,7 @@ import torch
 
 from ninfer.kernels.attention.decode import DECODE_MAX_TOKENS
 from ninfer.kernels.attention.prefill import default_prefill_splits, forced_prefill_splits
-from ninfer.kernels.conv import CONV_SHORT_TILE_LENGTHS
+from ninfer.kernels.conv import CONV_SHORT_TILE
 from ninfer.kernels.deltanet import CHUNK, RECURRENT_MAX_SEQLEN, chunked_batch_sizes
 from ninfer.kernels.tuning import TunerState, default_tuner
 from ninfer.models.batch import ForwardBatch, make_batch
@@ -208,9 +208,7 @@ class ModelRunner:
         of :meth:`_warm_packed`."""
         dev, heads = self.device, self.model.config.num_attention_heads
         for n in warmup_chunk_lengths(longest):
-            batch = make_batch(input_ids=torch.zeros(n, dtype=torch.long, device=dev),
-                               positions=torch.arange(n, device=dev), seq_lens=[n], context_lens=[n],
-                               block_tables=self.block_tables[:1], slot_mapping=slot_mapping[:n], state_slots=[slot])
+            batch = self._scratch_prompt(n, slot, slot_mapping)
             self.cache.reset_slot(slot)
             hidden = self.model(batch, self.cache)
             self.model.logits(hidden[-1:])
@@ -224,24 +222,29 @@ class ModelRunner:
         self._warm_short_checkpoints(slot, slot_mapping, slots)
         self._warm_packed(scratch, slot_mapping, slots)
 
+    def _scratch_prompt(self, n: int, slot: int, slot_mapping: torch.Tensor, **checkpoint: object) -> ForwardBatch:
+        """A one-sequence batch of ``n`` prompt tokens on lane 0's scratch pages and state ``slot``
+        (``checkpoint``: :func:`make_batch`'s checkpoint fields)."""
+        dev = self.device
+        return make_batch(input_ids=torch.zeros(n, dtype=torch.long, device=dev), positions=torch.arange(n, device=dev),
+                          seq_lens=[n], context_lens=[n], block_tables=self.block_tables[:1],
+                          slot_mapping=slot_mapping[:n], state_slots=[slot], **checkpoint)
+
     def _warm_short_checkpoints(self, slot: int, slot_mapping: torch.Tensor, slots: SlotPool) -> None:
-        """One-sequence chunks of each of the conv's short tile lengths (:data:`CONV_SHORT_TILE_LENGTHS`)
-        with a prefix-cache checkpoint inside, as a prompt's few tokens around a checkpoint mark: a checkpoint
-        turns the one-launch DeltaNet decode kernel off, so the composed conv runs with a tile that neither
-        decode nor the longer checkpointed chunks of :meth:`_warm_packed` use. A checkpoint lies strictly
-        inside its chunk, so a chunk that has one is at least 2 tokens long."""
-        if slots.num_free == 0:
+        """A one-sequence chunk of the conv's short tile (:data:`CONV_SHORT_TILE` tokens) with a prefix-cache
+        checkpoint inside, as a prompt's few tokens around a checkpoint mark: a checkpoint turns the one-launch
+        DeltaNet decode kernel off, so the composed conv runs with a tile that neither decode nor the longer
+        checkpointed chunks of :meth:`_warm_packed` use (a checkpoint lies strictly inside its chunk: such a
+        chunk has 2 tokens or more, the short tile's lengths)."""
+        n = CONV_SHORT_TILE
+        if slots.num_free == 0 or n > slot_mapping.shape[0]:
             return
-        dev, ckpt_slot = self.device, slots.acquire()
-        for n in (n for n in CONV_SHORT_TILE_LENGTHS if 1 < n <= slot_mapping.shape[0]):
-            batch = make_batch(input_ids=torch.zeros(n, dtype=torch.long, device=dev),
-                               positions=torch.arange(n, device=dev), seq_lens=[n], context_lens=[n],
-                               block_tables=self.block_tables[:1], slot_mapping=slot_mapping[:n], state_slots=[slot],
-                               checkpoints=((0, n // 2, slot, ckpt_slot),), ckpt_offsets=[n // 2],
-                               ckpt_slots=[ckpt_slot])
-            for s in (slot, ckpt_slot):
-                self.cache.reset_slot(s)
-            self.model.logits(self.model(batch, self.cache)[-1:])
+        ckpt_slot = slots.acquire()
+        batch = self._scratch_prompt(n, slot, slot_mapping, checkpoints=((0, n // 2, slot, ckpt_slot),),
+                                     ckpt_offsets=[n // 2], ckpt_slots=[ckpt_slot])
+        for s in (slot, ckpt_slot):
+            self.cache.reset_slot(s)
+        self.model.logits(self.model(batch, self.cache)[-1:])
         for s in (slot, ckpt_slot):
             self.cache.reset_slot(s)
         slots.release(ckpt_slot)

@@ -45,6 +45,11 @@ class StepPlan:
     # checkpoint: the chunk goes on past it instead of ending there)
     checkpoints: dict[str, int] = field(default_factory=dict)
 
+    @property
+    def prefill_tokens(self) -> int:
+        """Prompt tokens the step prefills (the chunks' lengths, before the step moves ``num_computed``)."""
+        return sum(end - req.num_computed for req, end in self.prefills)
+
 
 class Scheduler:
     def __init__(self, *, max_concurrency: int, max_context: int, page_size: int, prefill_chunk: int,

@@ -39,17 +39,26 @@ class StallBound:
     @classmethod
     def parse(cls, text: str) -> StallBound:
         """``"40ms"`` or ``"3x"`` (a multiple above 1); ValueError saying what is accepted otherwise."""
+        bound = cls._read(text)
+        if isinstance(bound, str):
+            raise ValueError(f"{bound}, got {text!r}")
+        return bound
+
+    @classmethod
+    def problem(cls, text: str) -> str | None:
+        """What is wrong with ``text`` as a bound (None: nothing), as engine options' checks say it."""
+        bound = cls._read(text)
+        return bound if isinstance(bound, str) else None
+
+    @classmethod
+    def _read(cls, text: str) -> StallBound | str:
         match = _BOUND.match(text)
         if match is None:
-            raise ValueError(f"must be milliseconds ('40ms') or a multiple of a decode step ('3x'), got {text!r}")
+            return "must be milliseconds ('40ms') or a multiple of a decode step ('3x')"
         value, unit = float(match.group(1)), match.group(2)
         if unit == "ms":
-            if value <= 0:
-                raise ValueError(f"must be a positive number of milliseconds, got {text!r}")
-            return cls(seconds=value / 1e3)
-        if value <= 1:
-            raise ValueError(f"must be more than one decode step ('1.5x' or more), got {text!r}")
-        return cls(factor=value)
+            return cls(seconds=value / 1e3) if value > 0 else "must be a positive number of milliseconds"
+        return cls(factor=value) if value > 1 else "must be more than one decode step ('1.5x' or more)"
 
     def limit(self, decode_s: float) -> float:
         """The bound in seconds, given the decode step's."""

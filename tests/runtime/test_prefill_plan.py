@@ -209,12 +209,12 @@ def test_warm_up_meets_the_short_conv_tiles_with_a_checkpoint(dense_ckpt: TinyCh
     monkeypatch.setattr(model_runner, "warmup_chunk_lengths", lambda n: [])
     seen = []
     forward = llm.engine.model.forward
-    monkeypatch.setattr(llm.engine.model, "forward", lambda batch, cache, *a: seen.append(batch) or forward(batch, cache, *a))
+    monkeypatch.setattr(llm.engine.model, "forward",
+                        lambda batch, cache, *a: seen.append(batch) or forward(batch, cache, *a))
     free_slots = llm.engine.slots.num_free
     llm.engine.warm_up()
     short = [b for b in seen if b.max_seqlen <= model_runner.RECURRENT_MAX_SEQLEN]
-    assert [(b.max_seqlen, b.checkpoints[0][1]) for b in short] == [(n, n // 2) for n in conv.CONV_SHORT_TILE_LENGTHS
-                                                                     if n > 1]
+    assert [(b.max_seqlen, b.checkpoints[0][1]) for b in short] == [(conv.CONV_SHORT_TILE, conv.CONV_SHORT_TILE // 2)]
     assert all(b.ckpt_offsets is not None for b in short)  # which keeps the one-launch decode kernel off
     assert {conv._conv_config(b.max_seqlen, 4, 256)[0] for b in short} == {4}  # the short tile, not decode's 1
     assert llm.engine.is_idle() and llm.engine.slots.num_free == free_slots
