@@ -105,6 +105,21 @@ def run_prefill(args: argparse.Namespace) -> None:
     per = _profiled(lambda: prefill(llm, args.prefill))
     label = f"{args.shape} {args.recipe or 'bf16'} prefill T={args.prefill} chunk={args.chunk}"
     _report(label, wall * 1e3, f"prefill {args.prefill / wall:.0f} tok/s,", per, args.top)
+    if args.host:
+        _host_profile(lambda: prefill(llm, args.prefill), args.top)
+
+
+def _host_profile(fn, top: int) -> None:
+    """Where the host's time goes in ``fn()`` (cProfile: own time, then cumulative)."""
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.runcall(fn)
+    stats = pstats.Stats(prof)
+    for key in ("tottime", "cumulative"):
+        print(f"\nhost time by {key} (cProfile, top {top}):")
+        stats.sort_stats(key).print_stats(top)
 
 
 def run(args: argparse.Namespace) -> None:
@@ -151,5 +166,6 @@ if __name__ == "__main__":
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--prefill", type=int, default=0, help="profile one prompt of this many tokens instead")
     parser.add_argument("--chunk", type=int, default=1024, help="--prefill: prefill chunk")
+    parser.add_argument("--host", action="store_true", help="--prefill: also a cProfile of one more prefill")
     parser.add_argument("--device", default="cuda", help="cpu: a smoke test with --shape tiny / tiny-moe")
     run(parser.parse_args())
