@@ -9,6 +9,11 @@ bubbles inside the graph). Writes one ``profile_step`` record per run to the JSO
     python perf/profile_step.py --shape 27b --recipe int4 [--lanes 1] [--draft-tokens 3] [--top 25]
     python perf/profile_step.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --prefill 8192 [--chunk 1024]
 
+``--mixed CONTEXT`` profiles the steps that pack a long prompt's chunks (``--chunk`` tokens each, the budget
+beside decodes) with 4 decodes, once the prompt has reached CONTEXT tokens: wall time per step, kernel time
+by family, and (``--host``) a cProfile of the same steps.
+    python perf/profile_step.py --shape 27b --recipe int4 --mixed 16384 --chunk 128 --host
+
 ``--prefill N`` profiles one N-token prompt instead (one request, eager, chunks of ``--chunk``): the
 kernel time by family against the prefill's wall time, after two unprofiled prefills of the same
 length (compilation and tuning).
@@ -21,10 +26,12 @@ import re
 from collections import defaultdict
 
 import torch
-from bench_engine import prefill, steady_decode
+import time
+
+from bench_engine import GREEDY, prefill, steady_decode
 from bench_spec import make_llm, random_head
-from common import record
-from random_model import SHAPES, random_model
+from common import record, sync
+from random_model import SHAPES, random_model, random_prompt
 
 from ninfer.llm import LLM
 from ninfer.runtime.engine import EngineConfig
@@ -109,6 +116,40 @@ def run_prefill(args: argparse.Namespace) -> None:
         _host_profile(lambda: prefill(llm, args.prefill), args.top)
 
 
+def run_mixed(args: argparse.Namespace) -> None:
+    """4 decodes beside a long prompt's ``--chunk``-token chunks, profiled from ``--mixed`` tokens on."""
+    model = random_model(args.shape, device=args.device, recipe=args.recipe)
+    steps = args.steps
+    long_tokens = args.mixed + 4 * steps * args.chunk + 1024
+    cfg = EngineConfig(max_concurrency=8, max_context=long_tokens + 256, kv_capacity=2 * long_tokens + 8192,
+                       prefill_tokens_while_decoding=args.chunk)
+    llm = make_llm(model, None, args.shape, cfg)
+    engine = llm.engine
+    decoders = [llm._request(random_prompt(args.context, seed=i), 10 ** 6, GREEDY) for i in range(4)]
+    for r in decoders:
+        engine.add_request(r)
+    while not all(r.output_ids for r in decoders):
+        engine.step()
+    long = llm._request(random_prompt(long_tokens, seed=99), 1, GREEDY)
+    engine.add_request(long)
+    while long.num_computed < args.mixed:
+        engine.step()
+    sync(llm.device)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        engine.step()
+    sync(llm.device)
+    wall = (time.perf_counter() - t0) / steps
+    long_ctx = long.num_computed
+    per = {k: (ms / steps, n / steps) for k, (ms, n) in _profiled(lambda: [engine.step() for _ in range(steps)]).items()}
+    label = f"{args.shape} {args.recipe or 'bf16'} mixed 4 decodes + chunk={args.chunk} at ctx={long_ctx}"
+    _report(label, wall * 1e3, "step", per, args.top)
+    if args.host:
+        _host_profile(lambda: [engine.step() for _ in range(steps)], args.top)
+    for r in [*decoders, long]:
+        engine.cancel(r.request_id)
+
+
 def _host_profile(fn, top: int) -> None:
     """Where the host's time goes in ``fn()`` (cProfile: own time, then cumulative)."""
     import cProfile
@@ -123,6 +164,9 @@ def _host_profile(fn, top: int) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
+    if args.mixed:
+        run_mixed(args)
+        return
     if args.prefill:
         run_prefill(args)
         return
@@ -166,6 +210,8 @@ if __name__ == "__main__":
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--prefill", type=int, default=0, help="profile one prompt of this many tokens instead")
     parser.add_argument("--chunk", type=int, default=1024, help="--prefill: prefill chunk")
-    parser.add_argument("--host", action="store_true", help="--prefill: also a cProfile of one more prefill")
+    parser.add_argument("--mixed", type=int, default=0,
+                        help="profile 4 decodes beside a long prompt's chunks from this context on (module doc)")
+    parser.add_argument("--host", action="store_true", help="--prefill / --mixed: also a cProfile of the same work")
     parser.add_argument("--device", default="cuda", help="cpu: a smoke test with --shape tiny / tiny-moe")
     run(parser.parse_args())

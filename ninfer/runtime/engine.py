@@ -36,6 +36,7 @@ from ninfer.runtime.sampler import Sampler
 from ninfer.runtime.scheduler import Scheduler
 from ninfer.runtime.speculative import MTPSpeculator, SpecStats, committed_tokens
 from ninfer.runtime.stall_budget import StallBound, StallBudget
+from ninfer.runtime.warm_start import marker_for
 
 # Decode rows join a step's prompt chunks in one forward while their contexts are shorter than this:
 # beyond it their attention (prefill kernel, no split-KV) costs more than the separate decode step saved.
@@ -51,6 +52,10 @@ class Engine:
             raise ValueError("draft_tokens > 0 needs the checkpoint's MTP head (mtp_head=...)")
         self.config, self.make_output = config, make_output
         self.device = model.device
+        self.warm_marker = marker_for(model, mtp_head, config)
+        skip = self.warm_marker.skip_reason() if self.warm_marker is not None and config.warmup else None
+        if skip is not None:
+            startup.skip_dry_passes(skip)
         # The device side (memory plan, cache, block tables, decode graphs); then the bookkeeping of its pages and
         # slots, the scheduler that hands them out, and the collaborators that need the runner.
         self.runner = runner = ModelRunner(model, config, mtp_head=mtp_head)
@@ -101,7 +106,8 @@ class Engine:
         """Compile and autotune at start-up what serving will meet (:meth:`ModelRunner.warm_up`), on pages and a
         slot the pools lend for it, then the sampling kernel's variants (:meth:`Sampler.warm_up`). Those compile
         together in a dry pass first, as the runner's kernels do: one after another, their 14 variants took
-        85 s of a cold 27B start (run 2026-12-03.10)."""
+        85 s of a cold 27B start (run 2026-12-03.10). A finished warm-up leaves this configuration's marker
+        (:mod:`ninfer.runtime.warm_start`): the next start skips its dry passes."""
         startup.parallel_compile(lambda: self.sampler.warm_up(self.model))
         riders = self.config.max_concurrency if self.scheduler.pack_prefills else 0
         self.runner.warm_up(self.pages, self.slots, riders=riders,
@@ -109,6 +115,8 @@ class Engine:
                             draft=self.spec.warm_up_chunk if self.spec is not None else None)
         with startup.phase("warm-up"):
             self.sampler.warm_up(self.model)
+        if self.warm_marker is not None:
+            self.warm_marker.write()
 
     # -- requests ---------------------------------------------------------------------------
     def add_request(self, req: Request) -> None:

@@ -10,7 +10,9 @@ how many tuning choices came from the package's shipped table for this GPU (:mod
 
 :func:`parallel_compile` is the phase of that name: a dry pass of the warm-up's work whose kernels compile on
 a thread pool (:mod:`ninfer.kernels.precompile`); the report counts what it compiled and says when it was
-off. Phases run outside any report (an engine built directly, in a test) time nothing.
+off or skipped (a start whose kernels an earlier start of the same configuration compiled,
+:mod:`ninfer.runtime.warm_start`). Phases run outside any report (an engine built directly, in a test) time
+nothing and skip no dry pass.
 """
 from __future__ import annotations
 
@@ -45,6 +47,7 @@ class StartupReport:
     phases: dict[str, Phase] = field(default_factory=dict)
     ready_s: float | None = None
     precompiled: list[precompile.Precompiled] = field(default_factory=list)  # each parallel_compile's result
+    dry_passes_off: str | None = None  # why this start's dry passes are skipped (skip_dry_passes)
     # per open phase: [nested seconds, nested events, nested compiles]
     _stack: list[list[float]] = field(default_factory=list)
 
@@ -138,10 +141,16 @@ def timed(name: str) -> Callable[[F], F]:
     return wrap
 
 
+def skip_dry_passes(reason: str) -> None:
+    """The open report's start skips its dry passes (:mod:`ninfer.runtime.warm_start`: its kernels are cached)."""
+    if _current:
+        _current[0].dry_passes_off = reason
+
+
 def parallel_compile(dry_pass: Callable[[], Any]) -> precompile.Precompiled:
     """Phase ``parallel compile``: :func:`ninfer.kernels.precompile.precompile` of ``dry_pass``, its result
-    kept in the open report (switched off: no phase, and the report says why)."""
-    reason = precompile.disabled_reason()
+    kept in the open report (switched off, or skipped for this start: no phase, and the report says why)."""
+    reason = precompile.disabled_reason() or (_current[0].dry_passes_off if _current else None)
     if reason is not None:
         result = precompile.Precompiled(ran=False, reason=reason)
     else:
