@@ -140,7 +140,7 @@ def bench_prefill_chunk(bandwidth: float, peak: float, new: int = 100) -> None:
         flops = 4 * HEADS * HEAD_DIM * new * (past + (new + 1) / 2)  # QK and PV of the visible keys
         record("attention_prefill_chunk", f"B=1 T={new} ctx={past} h=24/4 d=256", ms, achieved=nbytes / ms / 1e9,
                limit=bandwidth, unit="TB/s", baseline="same kernel unsplit (num_splits=1)", baseline_ms=base_ms,
-               kv_dtype="bf16", kv_bytes=nbytes, num_splits=default_prefill_splits(q.device, HEADS, 1, new),
+               kv_dtype="bf16", kv_bytes=nbytes, num_splits=default_prefill_splits(q.device, HEADS, new),
                tflops=round(flops / ms / 1e9, 2), matmul_peak_tflops=round(peak, 1))
         del caches, tables
         torch.cuda.empty_cache()

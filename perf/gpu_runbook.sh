@@ -52,6 +52,7 @@ startup-27b-int4      27B int4 cold and warm start-up by phase (main thread samp
 startup-27b-warm-serial  27B int4 warm start (on the caches the runbook restored) with the dry passes off (NINFER_PARALLEL_COMPILE=0), then on: is a warm start faster without them (20 s of dry passes found nothing to compile in run 2026-12-03.10), main thread sampled every 2 s
 profile-27b-chunks    why a small 27B int4 chunk costs as much as a large one: 8k prefill in 128- and 1024-token chunks, kernel time vs wall time, and a cProfile of the host
 profile-27b-mixed     4 decodes beside a long 27B int4 prompt in 128-token chunks from 16k context on: wall time per step, kernels by family, cProfile of the host
+itl-128-27b           27B int4 warm start: ITL of 4 decodes beside a 32k prefill at the default budget and at 128 tokens, and the rate of the 32k prompt at each
 itl-budgets-27b       27B int4 warm start: ITL of 4 decodes beside a 32k prefill at prefill_tokens_while_decoding 1024 (the default) / 512 / 256 / 128 and at max_decode_stall 3x / 2.5x, and the rate of the 32k prompt at each
 '
 names=$(echo "$STAGES" | awk 'NF { print $1 }')
@@ -280,6 +281,10 @@ stage() {
       ;;
     profile-27b-mixed)  # a 128-token mixed step cost ~125 ms beside a 32k prefill (run 2026-12-03.15), 8x TPOT
       part 200 python3 perf/profile_step.py --shape 27b --recipe int4 --mixed 16384 --chunk 128 --steps 8 --host --top 30
+      ;;
+    itl-128-27b)
+      part 200 python3 perf/bench_startup.py --shape 27b --recipe int4 --modes warm --prefill --ttft-lanes 1 \
+        --budgets 128 --child-timeout 190 --budget 195
       ;;
     itl-budgets-27b)  # a budget whose mixed step stays within 3x TPOT chooses the default (docs/performance.md)
       part 420 python3 perf/bench_startup.py --shape 27b --recipe int4 --modes warm --prefill --ttft-lanes 1 \

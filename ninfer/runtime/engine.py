@@ -39,7 +39,7 @@ from ninfer.runtime.stall_budget import StallBound, StallBudget
 from ninfer.runtime.warm_start import marker_for
 
 # Decode rows join a step's prompt chunks in one forward while their contexts are shorter than this:
-# beyond it their attention (prefill kernel, no split-KV) costs more than the separate decode step saved.
+# beyond it their attention (in the prefill kernel) costs more than the separate decode step saved.
 MIXED_MAX_CONTEXT = 16384
 
 log = logging.getLogger("ninfer.engine")

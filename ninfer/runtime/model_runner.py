@@ -18,7 +18,6 @@ from collections.abc import Callable
 import torch
 
 from ninfer.kernels.attention.decode import DECODE_MAX_TOKENS
-from ninfer.kernels.attention.prefill import default_prefill_splits, forced_prefill_splits
 from ninfer.kernels.conv import CONV_SHORT_TILE
 from ninfer.kernels.deltanet import CHUNK, RECURRENT_MAX_SEQLEN, chunked_batch_sizes
 from ninfer.kernels.tuning import TunerState, default_tuner
@@ -173,8 +172,8 @@ class ModelRunner:
         :func:`warmup_chunk_lengths` as a one-sequence batch on scratch pages and a scratch state slot (given
         back after), up to the longest step: ``prefill_chunk`` tokens (nothing decodes), or the budget
         ``while_decoding`` plus ``riders``, the decode rows a mixed step adds (their GEMMs may reach the bucket
-        above). Where a short chunk takes the split-KV prefill attention (too few programs to fill the GPU),
-        it runs once more unsplit, the kernel a mixed step of the same length (programs enough) takes.
+        above). A mixed or packed step of the same length takes the same attention kernel, split-KV or not
+        (:func:`~ninfer.kernels.attention.prefill.default_prefill_splits` counts one sequence's programs).
         ``draft(hidden, batch)`` runs after each one-sequence chunk: the speculator's head over it
         (:meth:`MTPSpeculator.warm_up_chunk`), whose kernels meet the same length classes.
 
@@ -203,10 +202,8 @@ class ModelRunner:
     def _warm_up_passes(self, longest: int, slot: int, slot_mapping: torch.Tensor, scratch: list[int],
                         slots: SlotPool, draft: Callable[[torch.Tensor, ForwardBatch], None] | None) -> None:
         """The warm-up's forwards: one chunk of each :func:`warmup_chunk_lengths` length on lane 0's table
-        and ``slot`` (state reset before each; ``draft`` after each), short split-KV lengths once more
-        unsplit, the short checkpointed chunks of :meth:`_warm_short_checkpoints`, then the packed prefills
-        of :meth:`_warm_packed`."""
-        dev, heads = self.device, self.model.config.num_attention_heads
+        and ``slot`` (state reset before each; ``draft`` after each), the short checkpointed chunks of
+        :meth:`_warm_short_checkpoints`, then the packed prefills of :meth:`_warm_packed`."""
         for n in warmup_chunk_lengths(longest):
             batch = self._scratch_prompt(n, slot, slot_mapping)
             self.cache.reset_slot(slot)
@@ -214,10 +211,6 @@ class ModelRunner:
             self.model.logits(hidden[-1:])
             if draft is not None:
                 draft(hidden, batch)
-            if n > DECODE_MAX_TOKENS and default_prefill_splits(dev, heads, 1, n) > 1:
-                self.cache.reset_slot(slot)
-                with forced_prefill_splits(1):
-                    self.model(batch, self.cache)
         self.cache.reset_slot(slot)
         self._warm_short_checkpoints(slot, slot_mapping, slots)
         self._warm_packed(scratch, slot_mapping, slots)

@@ -152,17 +152,17 @@ def test_split_prefill_matches_reference(kv_dtype: str, num_splits: int, gated: 
 
 
 def test_default_prefill_splits(monkeypatch: pytest.MonkeyPatch) -> None:
-    """27B heads on a 132-SM GPU: a 100-token chunk (48 programs) splits, a 4096-token one does not; the
-    default choice runs split in the interpreter when the SM count says so."""
+    """27B heads on a 132-SM GPU: a 100-token chunk (48 programs) splits, also beside decode rows (the
+    launch's batch does not count), a 4096-token one does not; the default choice runs split in the
+    interpreter when the SM count says so."""
     monkeypatch.setattr(attention_prefill, "sm_count", lambda device: 132)
     cpu = torch.device("cpu")
-    assert default_prefill_splits(cpu, 24, 1, 100) > 1
-    assert default_prefill_splits(cpu, 24, 1, 4096) == 1
-    assert default_prefill_splits(cpu, 24, 8, 1024) == 1
+    assert default_prefill_splits(cpu, 24, 100) == 6 and default_prefill_splits(cpu, 24, 128) == 6
+    assert default_prefill_splits(cpu, 24, 4096) == 1 and default_prefill_splits(cpu, 24, 1024) == 1
     torch.manual_seed(9)
     heads, kv_heads, head_dim = 4, 2, 32
     ctx_lens, new_lens = [1000, 7], [20, 7]
-    assert default_prefill_splits(cpu, heads, 2, 20) > 1
+    assert default_prefill_splits(cpu, heads, 20) > 1
     kv, table, cu, ctx = _batch(ctx_lens, new_lens, 32, kv_heads, head_dim, "auto")
     q = torch.randn(sum(new_lens), heads, head_dim)
     out = paged_attention_prefill_triton(q, kv, table, cu, ctx, 0.3, 20, out=_poisoned_out(q))

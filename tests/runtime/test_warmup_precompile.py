@@ -9,8 +9,8 @@ from tiny_checkpoints import TinyCheckpoint
 
 
 def test_warm_up_compiles_in_parallel_the_same_forwards_it_then_runs(dense_ckpt: TinyCheckpoint, monkeypatch) -> None:
-    """The parallel compile's dry pass is the warm-up's own passes (each chunk length, the unsplit reruns),
-    run before them: what it compiles is what they launch."""
+    """The parallel compile's dry pass is the warm-up's own passes (each chunk length, the checkpointed and
+    packed chunks), run before them: what it compiles is what they launch."""
     from ninfer.kernels.deltanet import chunked_batch_sizes
     from ninfer.runtime import model_runner, startup
 

@@ -166,13 +166,17 @@ def _prefill_kernel(
                      stride_gn, stride_gh, HAS_GATE)
 
 
-def default_prefill_splits(device: torch.device, heads: int, batch: int, max_seqlen: int) -> int:
-    """1 when the launch's programs alone fill the GPU; else about two programs per SM.
+def default_prefill_splits(device: torch.device, heads: int, max_seqlen: int) -> int:
+    """1 when one sequence's programs (``heads`` x its m-blocks) fill the GPU; else about two programs per SM.
 
-    Host-side: the context lengths stay on the device, so a short chunk over a short context splits
-    too; its splits past the context are empty and cost one merge launch."""
+    One sequence's, not the launch's: in a packed or mixed launch the sequences' programs do unequal work,
+    and the longest chunk over the longest context runs alone once the rest are done. Counted over the whole
+    launch, 4 decode rows beside a 128-token chunk at 17k context made enough programs to go unsplit, and
+    that chunk's 48 programs walked every key alone: 2.3 ms a layer, 44% of the 27B step (run 2026-12-03.17).
+    Host-side: the context lengths stay on the device, so a short chunk over a short context splits too;
+    its splits past the context are empty and cost one merge launch."""
     sms = sm_count(device)
-    programs = heads * triton.cdiv(max_seqlen, SPLIT_BLOCK_M) * batch
+    programs = heads * triton.cdiv(max_seqlen, SPLIT_BLOCK_M)
     return 1 if programs >= sms else min(MAX_SPLITS, triton.cdiv(2 * sms, programs))
 
 
@@ -211,7 +215,7 @@ def paged_attention_prefill_triton(
     batch = context_lens.shape[0]
     if n == 0:
         return out
-    splits = num_splits or _forced_splits.get() or default_prefill_splits(q.device, heads, batch, max_seqlen)
+    splits = num_splits or _forced_splits.get() or default_prefill_splits(q.device, heads, max_seqlen)
     assert splits == 1 or max_seqlen < 65536, "the merge grid has one program per token in its second axis"
     if splits > 1:
         part_o = torch.empty((n, heads, splits, head_dim), dtype=torch.float32, device=q.device)
