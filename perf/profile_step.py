@@ -66,8 +66,9 @@ def kernel_times(llm, lanes: int, context: int, steps: int) -> dict[str, tuple[f
     return _profiled(lambda: steady_decode(llm, lanes, context, steps))
 
 
-def _profiled(fn) -> dict[str, tuple[float, int]]:
-    """{kernel name: (device ms, launches)} of the CUDA kernels ``fn()`` runs."""
+def _profiled(fn, host_top: int = 0) -> dict[str, tuple[float, int]]:
+    """{kernel name: (device ms, launches)} of the CUDA kernels ``fn()`` runs; with ``host_top``, also print
+    the host's own time per op (torch.profiler's self CPU time: native, without cProfile's per-call cost)."""
     from torch.profiler import ProfilerActivity, profile
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
@@ -78,6 +79,9 @@ def _profiled(fn) -> dict[str, tuple[float, int]]:
         if e.device_type.name == "CUDA":
             totals[e.name][0] += e.device_time / 1e3
             totals[e.name][1] += 1
+    if host_top:
+        print(f"\nhost time by op (torch.profiler, self CPU time, top {host_top}):")
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=host_top))
     return {name: (ms, n) for name, (ms, n) in totals.items()}
 
 
@@ -109,7 +113,7 @@ def run_prefill(args: argparse.Namespace) -> None:
     llm = make_llm(model, None, args.shape, cfg)
     prefill(llm, args.prefill)  # compile and tune
     wall, _ = prefill(llm, args.prefill)
-    per = _profiled(lambda: prefill(llm, args.prefill))
+    per = _profiled(lambda: prefill(llm, args.prefill), args.top if args.host else 0)
     label = f"{args.shape} {args.recipe or 'bf16'} prefill T={args.prefill} chunk={args.chunk}"
     _report(label, wall * 1e3, f"prefill {args.prefill / wall:.0f} tok/s,", per, args.top)
     if args.host:
@@ -141,7 +145,8 @@ def run_mixed(args: argparse.Namespace) -> None:
     sync(llm.device)
     wall = (time.perf_counter() - t0) / steps
     long_ctx = long.num_computed
-    per = {k: (ms / steps, n / steps) for k, (ms, n) in _profiled(lambda: [engine.step() for _ in range(steps)]).items()}
+    profiled = _profiled(lambda: [engine.step() for _ in range(steps)], args.top if args.host else 0)
+    per = {k: (ms / steps, n / steps) for k, (ms, n) in profiled.items()}
     label = f"{args.shape} {args.recipe or 'bf16'} mixed 4 decodes + chunk={args.chunk} at ctx={long_ctx}"
     _report(label, wall * 1e3, "step", per, args.top)
     if args.host:
@@ -212,6 +217,7 @@ if __name__ == "__main__":
     parser.add_argument("--chunk", type=int, default=1024, help="--prefill: prefill chunk")
     parser.add_argument("--mixed", type=int, default=0,
                         help="profile 4 decodes beside a long prompt's chunks from this context on (module doc)")
-    parser.add_argument("--host", action="store_true", help="--prefill / --mixed: also a cProfile of the same work")
+    parser.add_argument("--host", action="store_true",
+                        help="--prefill / --mixed: also the host's time per op (torch.profiler) and a cProfile")
     parser.add_argument("--device", default="cuda", help="cpu: a smoke test with --shape tiny / tiny-moe")
     run(parser.parse_args())
