@@ -77,15 +77,20 @@ def steady_decode(llm, lanes: int, context: int, steps: int) -> float:
         engine.step()
     for _ in range(3):
         engine.step()
-    sync(llm.device)
-    start = time.perf_counter()
-    for _ in range(steps):
-        engine.step()
-    sync(llm.device)
-    elapsed = (time.perf_counter() - start) / max(steps, 1)
+    elapsed = time_steps(llm, steps)
     for r in reqs:
         engine.cancel(r.request_id)
     return elapsed
+
+
+def time_steps(llm, steps: int) -> float:
+    """Seconds per engine step over the next ``steps`` steps, the device synchronised at both ends."""
+    sync(llm.device)
+    start = time.perf_counter()
+    for _ in range(steps):
+        llm.engine.step()
+    sync(llm.device)
+    return (time.perf_counter() - start) / max(steps, 1)
 
 
 def prefill(llm, tokens: int) -> tuple[float, float]:

@@ -26,11 +26,9 @@ import re
 from collections import defaultdict
 
 import torch
-import time
-
-from bench_engine import GREEDY, prefill, steady_decode
+from bench_engine import GREEDY, prefill, steady_decode, time_steps
 from bench_spec import make_llm, random_head
-from common import record, sync
+from common import record
 from random_model import SHAPES, random_model, random_prompt
 
 from ninfer.llm import LLM
@@ -121,7 +119,8 @@ def run_prefill(args: argparse.Namespace) -> None:
 
 
 def run_mixed(args: argparse.Namespace) -> None:
-    """4 decodes beside a long prompt's ``--chunk``-token chunks, profiled from ``--mixed`` tokens on."""
+    """4 decodes (prompts of ``--context`` tokens) beside a long prompt's ``--chunk``-token chunks, profiled
+    from ``--mixed`` tokens on."""
     model = random_model(args.shape, device=args.device, recipe=args.recipe)
     steps = args.steps
     long_tokens = args.mixed + 4 * steps * args.chunk + 1024
@@ -138,12 +137,7 @@ def run_mixed(args: argparse.Namespace) -> None:
     engine.add_request(long)
     while long.num_computed < args.mixed:
         engine.step()
-    sync(llm.device)
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        engine.step()
-    sync(llm.device)
-    wall = (time.perf_counter() - t0) / steps
+    wall = time_steps(llm, steps)
     long_ctx = long.num_computed
     profiled = _profiled(lambda: [engine.step() for _ in range(steps)], args.top if args.host else 0)
     per = {k: (ms / steps, n / steps) for k, (ms, n) in profiled.items()}
@@ -204,7 +198,7 @@ def run(args: argparse.Namespace) -> None:
     _report(label, step_s * 1e3, "step with CUDA graphs", per_step, args.top)
 
 
-if __name__ == "__main__":
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", choices=sorted(SHAPES), default="27b")
     parser.add_argument("--recipe", default=None, help="quantize the random model with this recipe first")
@@ -214,10 +208,15 @@ if __name__ == "__main__":
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--prefill", type=int, default=0, help="profile one prompt of this many tokens instead")
-    parser.add_argument("--chunk", type=int, default=1024, help="--prefill: prefill chunk")
+    parser.add_argument("--chunk", type=int, default=1024,
+                        help="--prefill: prefill chunk; --mixed: the budget beside decodes")
     parser.add_argument("--mixed", type=int, default=0,
                         help="profile 4 decodes beside a long prompt's chunks from this context on (module doc)")
     parser.add_argument("--host", action="store_true",
                         help="--prefill / --mixed: also the host's time per op (torch.profiler) and a cProfile")
     parser.add_argument("--device", default="cuda", help="cpu: a smoke test with --shape tiny / tiny-moe")
-    run(parser.parse_args())
+    run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    main()
