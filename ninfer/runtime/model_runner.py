@@ -18,6 +18,7 @@ from collections.abc import Callable
 import torch
 
 from ninfer.kernels.attention.decode import DECODE_MAX_TOKENS
+from ninfer.kernels.attention.prefill import uncovered_lengths
 from ninfer.kernels.conv import CONV_SHORT_TILE
 from ninfer.kernels.deltanet import CHUNK, RECURRENT_MAX_SEQLEN, chunked_batch_sizes
 from ninfer.kernels.tuning import TunerState, default_tuner
@@ -201,10 +202,14 @@ class ModelRunner:
 
     def _warm_up_passes(self, longest: int, slot: int, slot_mapping: torch.Tensor, scratch: list[int],
                         slots: SlotPool, draft: Callable[[torch.Tensor, ForwardBatch], None] | None) -> None:
-        """The warm-up's forwards: one chunk of each :func:`warmup_chunk_lengths` length on lane 0's table
-        and ``slot`` (state reset before each; ``draft`` after each), the short checkpointed chunks of
+        """The warm-up's forwards: one chunk of each :func:`warmup_chunk_lengths` length, and of each prefill
+        attention variant those miss (:func:`~ninfer.kernels.attention.prefill.uncovered_lengths`), on lane 0's
+        table and ``slot`` (state reset before each; ``draft`` after each), the short checkpointed chunks of
         :meth:`_warm_short_checkpoints`, then the packed prefills of :meth:`_warm_packed`."""
-        for n in warmup_chunk_lengths(longest):
+        lengths = warmup_chunk_lengths(longest)
+        heads = self.model.config.num_attention_heads
+        lengths += uncovered_lengths(self.device, heads, lengths, DECODE_MAX_TOKENS + 1, longest)
+        for n in sorted(lengths):
             batch = self._scratch_prompt(n, slot, slot_mapping)
             self.cache.reset_slot(slot)
             hidden = self.model(batch, self.cache)

@@ -180,6 +180,33 @@ def default_prefill_splits(device: torch.device, heads: int, max_seqlen: int) ->
     return 1 if programs >= sms else min(MAX_SPLITS, triton.cdiv(2 * sms, programs))
 
 
+def tune_length(max_seqlen: int) -> int:
+    """The autotuning bucket of a launch: short chunks and long prompts favour different tiles."""
+    return min(max(triton.next_power_of_2(max_seqlen), 128), 2048)
+
+
+def launch_variant(device: torch.device, heads: int, max_seqlen: int) -> tuple[int, bool, bool, bool, int]:
+    """What the host decides per launch that Triton compiles or tunes apart: the tuning bucket, whether the keys
+    are split, the split count's specialisations (equal to 1, divisible by 16) and the merge's power of two."""
+    splits = default_prefill_splits(device, heads, max_seqlen)
+    return tune_length(max_seqlen), splits > 1, splits == 1, splits % 16 == 0, triton.next_power_of_2(splits)
+
+
+def uncovered_lengths(device: torch.device, heads: int, lengths: list[int], shortest: int, longest: int) -> list[int]:
+    """The shortest ``max_seqlen`` in ``[shortest, longest]`` of each :func:`launch_variant` that none of
+    ``lengths`` reaches. A warm-up that runs ``lengths`` runs these too, so that no launch compiles later: the
+    split count follows the SM count, so on the H200 a 27B chunk of 257-320 tokens is split 3 ways in the
+    512-token bucket, where the powers of two around it are unsplit (512) or in the 256 bucket."""
+    seen = {launch_variant(device, heads, n) for n in lengths if shortest <= n <= longest}
+    extra = []
+    for n in range(shortest, longest + 1):
+        variant = launch_variant(device, heads, n)
+        if variant not in seen:
+            seen.add(variant)
+            extra.append(n)
+    return extra
+
+
 @contextmanager
 def forced_prefill_splits(splits: int) -> Iterator[None]:
     """Every prefill launch inside uses ``splits`` key ranges. The engine's start-up warm-up prefills one
@@ -227,8 +254,7 @@ def paged_attention_prefill_triton(
     def grid(meta: dict) -> tuple[int, int, int]:
         return heads, triton.cdiv(max_seqlen, meta["BLOCK_M"]), batch * splits
 
-    # Short chunks and long prompts favour different tiles: tune once per length bucket.
-    tune_len = min(max(triton.next_power_of_2(max_seqlen), 128), 2048)
+    tune_len = tune_length(max_seqlen)
     _prefill_kernel[grid](*args, cu_seqlens, context_lens, scale * LOG2E, tune_len, part_o, part_lse, splits,
                           SPLIT=splits > 1, **consts)
     if splits > 1:
