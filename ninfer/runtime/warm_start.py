@@ -6,8 +6,8 @@ something to compile. On warm caches they run every warm-up forward once more wi
 run 2026-12-03.16). So a start whose warm-up finished leaves a marker, named by a hash of everything that decides
 which kernels the start meets: the model's configuration and its weights' formats, shapes and layouts, the MTP
 head, the engine's options (``warmup`` aside: ``ninfer warmup`` builds the engine without it, then warms it up),
-the GPU, the torch and Triton versions, ninfer's sources and the ``NINFER_`` / ``TRITON_`` environment. A later
-start that finds its marker skips the dry passes.
+the GPU, the torch and Triton versions, ninfer's sources and shipped tuning tables, and the ``NINFER_`` /
+``TRITON_`` environment. A later start that finds its marker skips the dry passes.
 
 The marker lives in Triton's cache directory, so clearing that cache clears the markers with it. A marker can
 only cost time, never correctness: a kernel missing from the cache anyway compiles at its first launch, as with
@@ -44,9 +44,10 @@ def triton_cache_dir() -> Path:
 
 @functools.lru_cache(maxsize=1)
 def _sources_digest() -> str:
+    """ninfer's code and the tuning tables it ships (a table's choices are kernels to compile)."""
     root = Path(__file__).resolve().parents[1]
     digest = hashlib.sha256()
-    for path in sorted(root.rglob("*.py")):
+    for path in sorted(p for p in root.rglob("*") if p.suffix in (".py", ".json")):
         digest.update(str(path.relative_to(root)).encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()
