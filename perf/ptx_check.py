@@ -49,11 +49,13 @@ from ninfer.kernels.quant_gemm import gemv_mma as quant_gemv_mma  # noqa: E402
 from ninfer.kernels.quant_gemm.gemm import quant_gemm_kernel  # noqa: E402
 from ninfer.kernels.quant_gemm.tune import (  # noqa: E402
     FMT_CODES,
+    MMA_MAX_M,
     candidates,
     dequant_candidates,
     fragment_candidates,
     kernel_params,
     mma_candidates,
+    wide_fragment_candidate,
 )
 
 TYPES = {"int4-g64": ("*u8", "*fp16"), "int4-g128": ("*u8", "*fp16"), "int8-g32": ("*i8", "*fp16"),
@@ -212,7 +214,8 @@ def frag(fmt: str, m: int, arch: int, sms: int) -> None:
     if bits == 8:  # the LM head and the int8 recipes' attention / DeltaNet projections
         shapes = (("lm_head", 248320, 5120, False), ("qkvz", 16384, 5120, False), ("o_proj", 5120, 6144, False))
     for name, n_out, k, swiglu in shapes:
-        for cfg in fragment_candidates(fmt, m, n_out, k, sms):
+        wide = wide_fragment_candidate(fmt, m, n_out, k, sms) if m > MMA_MAX_M and not swiglu else None
+        for cfg in fragment_candidates(fmt, m, n_out, k, sms) + ([wide] if wide else []):
             head = (f"{fmt:9s} frag-{name:7s} tokens={cfg.block_m:<2d} warps={cfg.num_warps} "
                     f"chunks/trip={cfg.block_k // 64} split={cfg.split_k:<3d} prefetch={cfg.num_stages > 1:d}")
             try:

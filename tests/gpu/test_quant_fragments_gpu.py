@@ -120,6 +120,24 @@ def test_prefill_sizes_and_tuned_choice(monkeypatch: pytest.MonkeyPatch) -> None
             assert _err(quant_matmul_triton(x, frag, None, True), ref) < BF16_TOL
 
 
+@pytest.mark.parametrize("fmt", ["int4-g64", "int4-g128", "int8-g64"])
+def test_prefill_sizes_without_swiglu_take_the_64_token_decode(fmt: str) -> None:
+    """Without SwiGLU the prefill sizes also offer the register decode with 64 tokens per program
+    (``wide_fragment_candidate``): every candidate at the 27B down shape (with a residual) and at 33, 64, 100
+    and 300 tokens, against the reference."""
+    rows, frag = _pair(5120, 17408, fmt, 5)
+    for m in (33, 64, 100, 300):
+        x = torch.randn(m, 17408, device="cuda", dtype=torch.bfloat16)
+        res = torch.randn(m, 5120, device="cuda", dtype=torch.bfloat16)
+        ref = quant_matmul_reference(x.float(), rows, res.float(), False)
+        cands = candidates(fmt, m, 5120, 17408, sm_count(CUDA), layout=FRAGMENTS)
+        assert any(c.kind == "frag" and c.block_m == 64 for c in cands), cands
+        for cfg in cands:
+            out = torch.full((m, 5120), float("nan"), device="cuda", dtype=torch.bfloat16)
+            got = quant_matmul_triton(x, frag, res, False, out=out, config=cfg)
+            assert torch.isfinite(got).all() and _err(got, ref) < BF16_TOL, (fmt, m, cfg, _err(got, ref))
+
+
 def test_model_projections_re_laid_in_place() -> None:
     """``use_kernel_layouts_`` re-lays what fits (same parameters, new order) and leaves the rest; the layer's
     output and ``dequantize`` are unchanged."""

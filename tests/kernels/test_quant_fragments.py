@@ -201,6 +201,8 @@ def test_fragment_decode_tokens_per_program() -> None:
     _check("int4-g64", 16, 32, 256, _frag(16, 1, 1, 2), residual=True, seed=5)
     _check("int4-g128", 29, 32, 256, _frag(32, 2, 2, 1), seed=6)
     _check("int4-g64", 11, 32, 256, _frag(8, 1, 4, 1), seed=7)  # two programs along the tokens
+    _check("int4-g64", 70, 32, 256, _frag(64, 1, 2, 2), residual=True, seed=15)  # the prefill sizes' 64 tokens
+    _check("int8-g64", 64, 32, 256, _frag(64, 2, 2, 1), seed=16)
 
 
 @pytest.mark.parametrize("split", [1, 2])
@@ -228,13 +230,16 @@ def test_fragment_separate_reduce_kernel(monkeypatch: pytest.MonkeyPatch) -> Non
 @pytest.mark.usefixtures("poisoned_outputs")
 def test_fragment_weights_take_their_own_candidates() -> None:
     """Decode sizes: the fragment decode only; prefill sizes: the dequantization path first (untuned keys), then
-    the decode's favourite up to 512 tokens, the dequantization alone above; a weight too large for the
-    workspace: the decode's favourite alone; graphs capture the decode where the dequantization was chosen."""
+    the decode's favourite up to 512 tokens and its 64-token program (not with SwiGLU), the dequantization alone
+    above; a weight too large for the workspace: the decode's favourite alone; graphs capture the decode where
+    the dequantization was chosen."""
     for m in (1, 8, 32):
         cands = candidates("int4-g128", m, 5120, 17408, 132, layout=FRAGMENTS)
-        assert cands and all(c.kind == "frag" for c in cands)
+        assert cands and all(c.kind == "frag" and c.block_m <= 32 for c in cands)
     cands = candidates("int4-g128", 512, 5120, 17408, 132, layout=FRAGMENTS)
-    assert [c.kind for c in cands] == ["dequant", "frag"]
+    assert [(c.kind, c.block_m) for c in cands] == [("dequant", 128), ("frag", 32), ("frag", 64)]
+    swiglu = candidates("int4-g128", 512, 17408, 5120, 132, swiglu=True, layout=FRAGMENTS)
+    assert [(c.kind, c.block_m) for c in swiglu] == [("dequant", 128), ("frag", 32)]
     assert [c.kind for c in candidates("int4-g128", 4096, 5120, 17408, 132, layout=FRAGMENTS)] == ["dequant"]
     assert [c.kind for c in candidates("int8-g64", 4096, 248320, 5120, 132, layout=FRAGMENTS)] == ["frag"]
     assert graph_fallback("int4-g128", 4096, 5120, 17408, 132, FRAGMENTS).kind == "frag"

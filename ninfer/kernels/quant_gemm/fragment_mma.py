@@ -283,14 +283,14 @@ def fragment_splits(kc: int, unroll: int, split: int) -> tuple[int, int]:
 
 def launch_fragment_mma(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, res: torch.Tensor | None,
                         out: torch.Tensor, swiglu: bool, group: int, cfg: GemmConfig) -> None:
-    """Launch the fragment decode (``cfg.kind == "frag"``: ``block_m`` tokens per program (8, 16 or 32),
+    """Launch the fragment decode (``cfg.kind == "frag"``: ``block_m`` tokens per program (8, 16, 32 or 64),
     ``num_warps`` tiles of 16 rows per program, ``block_k / 64`` chunks per loop trip, ``split_k``) on codes and
     scales in the fragment layout; ``x [M, K]`` with unit stride along K, ``out [M, N_OUT]`` contiguous."""
     m, k = x.shape
     n_out = out.shape[1]
     unroll = cfg.block_k // CHUNK_COLS
     cpg = group // CHUNK_COLS
-    if group % CHUNK_COLS or unroll % cpg or k % cfg.block_k or n_out % TILE_ROWS or cfg.block_m not in (8, 16, 32):
+    if group % CHUNK_COLS or unroll % cpg or k % cfg.block_k or n_out % TILE_ROWS or cfg.block_m not in (8, 16, 32, 64):
         raise ValueError(f"frag config {cfg} does not fit K = {k}, N = {n_out}, scale group {group}")
     asm = not INTERPRET and x.dtype in (torch.bfloat16, torch.float16)
     bits = code_bits(q)

@@ -41,6 +41,7 @@ SKINNY_MAX_M = 16
 GEMV_MAX_M = 8
 MMA_MAX_M = 32  # the tensor-core decode: up to 32 tokens (speculative verification of 8 lanes x 4 tokens)
 FRAG_PREFILL_MAX_M = 512  # the largest prefill key that also times the register decode beside the dequantization
+WIDE_FRAG_TOKENS = 64  # tokens per program of the register decode's prefill-size candidate
 # Largest weight (rows x K) the dequant path takes: 512 MiB of bf16 workspace. Every dense projection of
 # Qwen3.5-27B fits (gate_up 34816 x 5120 = 356 MB); the 248320 x 5120 LM head (2.5 GB) does not.
 DEQUANT_MAX_ELEMENTS = 256 << 20
@@ -136,7 +137,8 @@ def fragment_layout_candidates(fmt: str, m: int, n_out: int, k: int, sms: int, *
     sizes: the dequantization path first, where its workspace takes the weight (the decode re-reads the weight
     per 32 tokens: 262 ms of a 1024-token 27B prefill in run 2026-12-03.4; one config: the layout's
     dequantization kernel has a fixed tile), then the decode's favourite up to ``FRAG_PREFILL_MAX_M`` tokens,
-    where it can still win (a few token blocks, sharing the codes through L2). Larger keys take the
+    where it can still win (a few token blocks, sharing the codes through L2), and beside it (no SwiGLU) the
+    decode with 64 tokens per program (:func:`wide_fragment_candidate`). Larger keys take the
     dequantization alone: timing 18 decode configs on thousands of tokens (seconds each) was most of a cold
     start's tuning (run 2026-12-03.8: not ready after 750 s). A weight too large for the workspace (the LM head)
     takes the decode's favourite alone. :func:`graph_fallback` is what CUDA-graph capture runs instead of the
@@ -146,7 +148,27 @@ def fragment_layout_candidates(fmt: str, m: int, n_out: int, k: int, sms: int, *
         return decode
     if n_out * (2 if swiglu else 1) * k > DEQUANT_MAX_ELEMENTS:
         return decode[:1]
-    return dequant_candidates(fmt, 128)[:1] + (decode[:1] if m <= FRAG_PREFILL_MAX_M else [])
+    if m > FRAG_PREFILL_MAX_M:
+        return dequant_candidates(fmt, 128)[:1]
+    wide = None if swiglu else wide_fragment_candidate(fmt, m, n_out, k, sms)
+    return dequant_candidates(fmt, 128)[:1] + decode[:1] + ([wide] if wide else [])
+
+
+def wide_fragment_candidate(fmt: str, m: int, n_out: int, k: int, sms: int) -> GemmConfig | None:
+    """The register decode with 64 tokens per program, for prefill sizes: each program decodes its codes once per
+    64 tokens instead of 32, and reads them from L2 half as often. Offline (Triton 3.6, sm_90, 27B down and
+    qkvz, ``perf/ptx_check.py --kinds frag --m 128``): 4.64 SASS instructions per int4 weight in the K loop for
+    64 tokens against 3.28 for 32 at the same 4 warps and 2 chunks per trip, 29% fewer per weight and token; that
+    shape holds the 32 accumulators a lane keeps in 174 registers (int8: 178-184) without spilling, where 4
+    chunks per trip spill. Not yet timed on a GPU: the tuner decides. SwiGLU's two weight streams
+    spill at any trip length, so gate/up does not get it. Split-K for about 8 programs per SM. None where the
+    trip does not divide K or the scale groups."""
+    warps, unroll = 4, 2
+    if k % (64 * unroll) or (64 * unroll) % GROUPS[fmt]:
+        return None
+    programs = triton.cdiv(n_out // 16, warps) * triton.cdiv(m, WIDE_FRAG_TOKENS)
+    split = max(1, min(triton.cdiv(8 * sms, programs), k // (64 * unroll)))
+    return GemmConfig(WIDE_FRAG_TOKENS, 16 * warps, 64 * unroll, split, warps, 1, "frag")
 
 
 def graph_fallback(fmt: str, m: int, n_out: int, k: int, sms: int, layout: str) -> GemmConfig:
