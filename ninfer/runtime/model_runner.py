@@ -13,12 +13,12 @@ Runner methods never change a request: the engine moves ``num_computed`` and the
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 
 import torch
 
 from ninfer.kernels.attention.decode import DECODE_MAX_TOKENS
-from ninfer.kernels.attention.prefill import uncovered_lengths
+from ninfer.kernels.attention.prefill import launch_variant
 from ninfer.kernels.conv import CONV_SHORT_TILE
 from ninfer.kernels.deltanet import CHUNK, RECURRENT_MAX_SEQLEN, chunked_batch_sizes
 from ninfer.kernels.tuning import TunerState, default_tuner
@@ -202,14 +202,12 @@ class ModelRunner:
 
     def _warm_up_passes(self, longest: int, slot: int, slot_mapping: torch.Tensor, scratch: list[int],
                         slots: SlotPool, draft: Callable[[torch.Tensor, ForwardBatch], None] | None) -> None:
-        """The warm-up's forwards: one chunk of each :func:`warmup_chunk_lengths` length, and of each prefill
-        attention variant those miss (:func:`~ninfer.kernels.attention.prefill.uncovered_lengths`), on lane 0's
+        """The warm-up's forwards: one chunk of each :func:`warmup_chunk_lengths` length (those of every prefill
+        attention variant included: :func:`~ninfer.kernels.attention.prefill.launch_variant`), on lane 0's
         table and ``slot`` (state reset before each; ``draft`` after each), the short checkpointed chunks of
         :meth:`_warm_short_checkpoints`, then the packed prefills of :meth:`_warm_packed`."""
-        lengths = warmup_chunk_lengths(longest)
         heads = self.model.config.num_attention_heads
-        lengths += uncovered_lengths(self.device, heads, lengths, DECODE_MAX_TOKENS + 1, longest)
-        for n in sorted(lengths):
+        for n in warmup_chunk_lengths(longest, lambda n: launch_variant(self.device, heads, n)):
             batch = self._scratch_prompt(n, slot, slot_mapping)
             self.cache.reset_slot(slot)
             hidden = self.model(batch, self.cache)
@@ -302,15 +300,24 @@ class ModelRunner:
 PACKED_WARMUP_CHUNK = 2 * CHUNK + 3  # a prompt chunk of two full DeltaNet chunks and a partial one
 
 
-def warmup_chunk_lengths(longest: int) -> list[int]:
+def warmup_chunk_lengths(longest: int, variant: Callable[[int], Hashable] | None = None) -> list[int]:
     """Prefill chunk lengths (up to ``longest``) that reach every autotune key one prompt's chunks can:
     each length the short-chunk kernels take (decode attention sizes its tile by the length; recurrent
     DeltaNet) and each power of two, since prefill attention (``tune_len``), quantized GEMMs (M bucket) and
-    MoE GEMMs (``tune_m``) tune once per power-of-two bucket; ``longest`` reaches the bucket above it."""
+    MoE GEMMs (``tune_m``) tune once per power-of-two bucket; ``longest`` reaches the bucket above it.
+    ``variant(n)``: a prefill attention launch's variant at ``n`` tokens; the shortest length of each variant
+    the lengths above miss joins them (its classes follow the GPU's SM count, not powers of two)."""
     short = max(DECODE_MAX_TOKENS, RECURRENT_MAX_SEQLEN)
     buckets = [1 << i for i in range(longest.bit_length())]
     # and one length off a multiple of 16 in each bucket above the short ones: Triton compiles a kernel
     # once for integer arguments divisible by 16 and once for the rest, with the bucket's tuned config
     uneven = [b - 1 for b in buckets if b - 1 > short] + [longest - 1]
-    lengths = {*range(1, short + 1), *buckets, *uneven, longest}
-    return sorted(n for n in lengths if n <= longest)
+    lengths = {n for n in {*range(1, short + 1), *buckets, *uneven, longest} if n <= longest}
+    if variant is not None:
+        seen = {variant(n) for n in lengths if n > DECODE_MAX_TOKENS}
+        for n in range(DECODE_MAX_TOKENS + 1, longest + 1):
+            v = variant(n)
+            if v not in seen:
+                seen.add(v)
+                lengths.add(n)
+    return sorted(lengths)

@@ -151,24 +151,6 @@ def test_split_prefill_matches_reference(kv_dtype: str, num_splits: int, gated: 
     assert _rel_err(out, ref if gate is None else ref * torch.sigmoid(gate)) < 1e-5
 
 
-def test_uncovered_lengths_reach_every_launch_variant(monkeypatch: pytest.MonkeyPatch) -> None:
-    """On a 132-SM GPU the 27B's chunks of 257-320 tokens split 3 ways in the 512 bucket, which no power of two
-    (or one below it) reaches; with them added, every length from 9 to 8192 meets a variant the warm-up ran."""
-    from ninfer.runtime.model_runner import warmup_chunk_lengths
-
-    monkeypatch.setattr(attention_prefill, "sm_count", lambda device: 132)
-    cpu = torch.device("cpu")
-    base = warmup_chunk_lengths(8192)
-    assert attention_prefill.uncovered_lengths(cpu, 24, base, 9, 8192) == [257]
-    assert attention_prefill.uncovered_lengths(cpu, 16, base, 9, 8192) == []  # the 35B-A3B's 16 heads
-    for heads in (24, 16, 32, 40):
-        lengths = base + attention_prefill.uncovered_lengths(cpu, heads, base, 9, 8192)
-        warmed = {attention_prefill.launch_variant(cpu, heads, n) for n in lengths if n >= 9}
-        assert all(attention_prefill.launch_variant(cpu, heads, n) in warmed for n in range(9, 8193))
-    monkeypatch.setattr(attention_prefill, "sm_count", lambda device: 1)  # a CPU: nothing splits
-    assert attention_prefill.uncovered_lengths(cpu, 24, base, 9, 8192) == []
-
-
 def test_default_prefill_splits(monkeypatch: pytest.MonkeyPatch) -> None:
     """27B heads on a 132-SM GPU: a 100-token chunk (48 programs) splits, also beside decode rows (the
     launch's batch does not count), a 4096-token one does not; the default choice runs split in the

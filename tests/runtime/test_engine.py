@@ -211,6 +211,27 @@ def test_warmup_lengths_reach_every_tuning_bucket() -> None:
     assert warmup_chunk_lengths(3) == [1, 2, 3]
 
 
+def test_warmup_lengths_reach_every_prefill_attention_variant(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a 132-SM GPU the 27B's chunks of 257-320 tokens split 3 ways in the 512 bucket, which no power of two
+    (or one below it) reaches: 257 joins the lengths. With it, every length from 9 to 8192 meets a variant the
+    warm-up ran, for the 27B's 24 heads, the 35B-A3B's 16 (nothing to add) and others."""
+    from ninfer.kernels.attention import prefill
+    from ninfer.runtime.model_runner import warmup_chunk_lengths
+
+    monkeypatch.setattr(prefill, "sm_count", lambda device: 132)
+    cpu = torch.device("cpu")
+    base = warmup_chunk_lengths(8192)
+    for heads, added in ((24, [257]), (16, []), (32, None), (40, None)):
+        variant = lambda n, heads=heads: prefill.launch_variant(cpu, heads, n)  # noqa: E731
+        lengths = warmup_chunk_lengths(8192, variant)
+        if added is not None:
+            assert sorted(set(lengths) - set(base)) == added
+        warmed = {variant(n) for n in lengths if n >= 9}
+        assert all(variant(n) in warmed for n in range(9, 8193))
+    monkeypatch.setattr(prefill, "sm_count", lambda device: 1)  # a CPU: nothing splits, nothing to add
+    assert warmup_chunk_lengths(8192, lambda n: prefill.launch_variant(cpu, 24, n)) == base
+
+
 def test_warmup_is_off_on_cpu_and_leaves_nothing_behind(dense_ckpt: TinyCheckpoint, solo, monkeypatch) -> None:
     from ninfer.runtime.engine import Engine
 

@@ -165,7 +165,7 @@ def test_warm_up_reaches_the_longest_step_the_budgets_allow(dense_ckpt: TinyChec
     llm = ninfer.load(dense_ckpt.path, device="cpu", max_concurrency=4, max_context=16384, kv_capacity=16384,
                       prefill_chunk=chunk, prefill_tokens_while_decoding=while_decoding, progress=False)
     seen = []
-    monkeypatch.setattr(model_runner, "warmup_chunk_lengths", lambda n: seen.append(n) or [])
+    monkeypatch.setattr(model_runner, "warmup_chunk_lengths", lambda n, *_: seen.append(n) or [])
     llm.engine.warm_up()
     assert seen == [longest] and llm.engine.is_idle()
 
@@ -178,7 +178,7 @@ def test_warm_up_prefills_packed_batches_of_each_count_class(dense_ckpt: TinyChe
     from ninfer.runtime import model_runner
 
     llm = ninfer.load(dense_ckpt.path, device="cpu", max_concurrency=4, progress=False)
-    monkeypatch.setattr(model_runner, "warmup_chunk_lengths", lambda n: [])
+    monkeypatch.setattr(model_runner, "warmup_chunk_lengths", lambda n, *_: [])
     seen = []
     forward = llm.engine.model.forward
     monkeypatch.setattr(llm.engine.model, "forward", lambda batch, cache, *a: seen.append(batch) or forward(batch, cache, *a))
@@ -206,7 +206,7 @@ def test_warm_up_meets_the_short_conv_tiles_with_a_checkpoint(dense_ckpt: TinyCh
     from ninfer.runtime import model_runner
 
     llm = ninfer.load(dense_ckpt.path, device="cpu", max_concurrency=4, progress=False)
-    monkeypatch.setattr(model_runner, "warmup_chunk_lengths", lambda n: [])
+    monkeypatch.setattr(model_runner, "warmup_chunk_lengths", lambda n, *_: [])
     seen = []
     forward = llm.engine.model.forward
     monkeypatch.setattr(llm.engine.model, "forward",

@@ -187,24 +187,11 @@ def tune_length(max_seqlen: int) -> int:
 
 def launch_variant(device: torch.device, heads: int, max_seqlen: int) -> tuple[int, bool, bool, bool, int]:
     """What the host decides per launch that Triton compiles or tunes apart: the tuning bucket, whether the keys
-    are split, the split count's specialisations (equal to 1, divisible by 16) and the merge's power of two."""
+    are split, the split count's specialisations (equal to 1, divisible by 16) and the merge's power of two.
+    The split count follows the SM count, so these classes are not powers of two: on the H200 a 27B chunk of
+    257-320 tokens splits 3 ways in the 512-token bucket, where 256 and 512 tokens do not share its variant."""
     splits = default_prefill_splits(device, heads, max_seqlen)
     return tune_length(max_seqlen), splits > 1, splits == 1, splits % 16 == 0, triton.next_power_of_2(splits)
-
-
-def uncovered_lengths(device: torch.device, heads: int, lengths: list[int], shortest: int, longest: int) -> list[int]:
-    """The shortest ``max_seqlen`` in ``[shortest, longest]`` of each :func:`launch_variant` that none of
-    ``lengths`` reaches. A warm-up that runs ``lengths`` runs these too, so that no launch compiles later: the
-    split count follows the SM count, so on the H200 a 27B chunk of 257-320 tokens is split 3 ways in the
-    512-token bucket, where the powers of two around it are unsplit (512) or in the 256 bucket."""
-    seen = {launch_variant(device, heads, n) for n in lengths if shortest <= n <= longest}
-    extra = []
-    for n in range(shortest, longest + 1):
-        variant = launch_variant(device, heads, n)
-        if variant not in seen:
-            seen.add(variant)
-            extra.append(n)
-    return extra
 
 
 @contextmanager
