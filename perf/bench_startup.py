@@ -58,6 +58,7 @@ from random_model import SHAPES, random_llm, random_model, random_prompt
 from ninfer.kernels import compile_watch
 from ninfer.kernels.precompile import ENV as PARALLEL_ENV
 from ninfer.runtime import startup
+from ninfer.runtime.chunk_graphs import chunk_graphs_enabled
 from ninfer.runtime.engine_config import EngineConfig
 from ninfer.runtime.sampling import SamplingParams
 from ninfer.runtime.scheduler import StepPlan
@@ -80,7 +81,8 @@ class Bench:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args, self.seed = args, 0
         self.label = (f"{args.shape} {args.recipe or 'bf16'}" + (f" L={args.layers}" if args.layers else "")
-                      + (" serial-compile" if args.compile == "serial" else ""))
+                      + (" serial-compile" if args.compile == "serial" else "")
+                      + (" chunk-graphs" if chunk_graphs_enabled() else ""))
 
     def request(self, n: int, max_new: int):
         self.seed += 1  # a new prompt each time: no prefix-cache hit
@@ -96,7 +98,7 @@ class Bench:
             model = random_model(args.shape, device=args.device, num_layers=args.layers, recipe=args.recipe)
         max_context = max([args.long, *args.prefill, 1024]) + 256
         config = EngineConfig(max_concurrency=max(8, *args.ttft_lanes), max_context=max_context,
-                              kv_capacity=3 * max_context)
+                              kv_capacity=3 * max_context, prefill_tokens_while_decoding=args.while_decoding)
         with startup.phase("engine set-up"):
             self.llm = random_llm(args.shape, config, model=model)
         startup.finish(sys.stdout)
@@ -287,6 +289,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--prefill", type=int, nargs="*", default=[8192, 32768], help="single-prompt prefill lengths")
     p.add_argument("--long", type=int, default=32768, help="the prompt that prefills beside 4 decodes")
     p.add_argument("--decode-context", type=int, default=512, help="prompt tokens of the 4 decodes")
+    p.add_argument("--while-decoding", type=int, default=EngineConfig.prefill_tokens_while_decoding,
+                   help="the engine's prefill_tokens_while_decoding (the first ITL budget; the chunk graph's "
+                        "length with NINFER_CHUNK_GRAPHS=1)")
     p.add_argument("--budgets", type=int, nargs="*", default=[],
                    help="more prefill_tokens_while_decoding values to measure the ITL at")
     p.add_argument("--stalls", nargs="*", default=[], metavar="BOUND",

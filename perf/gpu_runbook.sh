@@ -53,6 +53,7 @@ startup-27b-warm-serial  27B int4 warm start (on the caches the runbook restored
 profile-27b-chunks    why a small 27B int4 chunk costs as much as a large one: 8k prefill in 128- and 1024-token chunks, kernel time vs wall time, and a cProfile of the host
 profile-27b-mixed     4 decodes beside a long 27B int4 prompt in 128-token chunks from 16k context on: wall time per step, kernels by family, cProfile of the host
 itl-128-27b           27B int4 warm start: ITL of 4 decodes beside a 32k prefill at the default budget and at 128 tokens, and the rate of the 32k prompt at each
+chunk-graphs-27b      the prompt-chunk graph (NINFER_CHUNK_GRAPHS=1): its GPU tests, then the 27B int4 ITL of 4 decodes beside a 32k prefill with 128- and 256-token chunks replayed from it
 itl-budgets-27b       27B int4 warm start: ITL of 4 decodes beside a 32k prefill at prefill_tokens_while_decoding 1024 (the default) / 512 / 256 / 128 and at max_decode_stall 3x / 2.5x, and the rate of the 32k prompt at each
 '
 names=$(echo "$STAGES" | awk 'NF { print $1 }')
@@ -285,6 +286,13 @@ stage() {
     itl-128-27b)
       part 200 python3 perf/bench_startup.py --shape 27b --recipe int4 --modes warm --prefill --ttft-lanes 1 \
         --budgets 128 --child-timeout 190 --budget 195
+      ;;
+    chunk-graphs-27b)  # steps beside decodes were host-bound at 100-150 ms eagerly (run 2026-12-03.18)
+      gpu_tests 150 chunk_graphs_gpu
+      for budget in 128 256; do
+        NINFER_CHUNK_GRAPHS=1 part 170 python3 perf/bench_startup.py --shape 27b --recipe int4 --modes warm \
+          --prefill --ttft-lanes 1 --while-decoding $budget --child-timeout 160 --budget 165
+      done
       ;;
     itl-budgets-27b)  # a budget whose mixed step stays within 3x TPOT chooses the default (docs/performance.md)
       part 420 python3 perf/bench_startup.py --shape 27b --recipe int4 --modes warm --prefill --ttft-lanes 1 \

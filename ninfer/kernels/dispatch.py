@@ -7,6 +7,9 @@ Launchers (``*_triton``) run on CUDA tensors, or on CPU tensors under the Triton
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from functools import cache
 
 import torch
@@ -18,6 +21,25 @@ INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 def use_triton(x: torch.Tensor) -> bool:
     return x.is_cuda and os.environ.get("NINFER_KERNELS", "triton") != "reference"
+
+
+_graph_bound: ContextVar[bool] = ContextVar("ninfer_graph_bound", default=False)
+
+
+@contextmanager
+def graph_bound() -> Iterator[None]:
+    """Inside, launches take the paths a CUDA-graph capture takes (:func:`capturing`): the eager run before a
+    capture then compiles and tunes what the capture will launch, and the capture compiles nothing."""
+    token = _graph_bound.set(True)
+    try:
+        yield
+    finally:
+        _graph_bound.reset(token)
+
+
+def capturing(x: torch.Tensor) -> bool:
+    """Whether a launch on ``x``'s device is (or, inside :func:`graph_bound`, will be) captured into a graph."""
+    return x.is_cuda and (_graph_bound.get() or torch.cuda.is_current_stream_capturing())
 
 
 def pdl_enabled(device: torch.device) -> bool:

@@ -183,7 +183,9 @@ class Engine:
         if plan.prefills and self.spec is None and plan.prefills[0][0].mm is None:
             # Decode rows ride along with the prompt chunks unless their contexts are long: the prefill
             # attention kernel gives a one-token query no split-KV parallelism.
-            ride = all(r.num_computed < MIXED_MAX_CONTEXT for r in plan.decode)
+            # Nor do they where the chunk replays its graph: the decode graph replays beside it.
+            ride = (all(r.num_computed < MIXED_MAX_CONTEXT for r in plan.decode)
+                    and not self.runner.takes_chunk_graph(plan.prefills))
             if not ride:
                 self._decode(plan.decode, events)
             self._mixed_step(plan.decode if ride else [], plan.prefills, plan.checkpoints, events)

@@ -11,6 +11,7 @@ from typing import TypeVar
 
 import torch
 
+from ninfer.kernels.dispatch import graph_bound
 from ninfer.models.batch import make_batch
 from ninfer.models.cache import ModelCache
 from ninfer.models.qwen3_5 import Qwen3_5TextModel
@@ -22,11 +23,12 @@ T = TypeVar("T")
 @startup.timed("graph capture")
 @torch.inference_mode()
 def capture(fn: Callable[[], T], pool: object = None) -> tuple[torch.cuda.CUDAGraph, T]:
-    """Run ``fn`` once on a side stream (compiling and autotuning every kernel outside the capture),
-    then capture it into a graph that shares ``pool``; returns the graph and ``fn``'s static outputs."""
+    """Run ``fn`` once on a side stream (compiling and autotuning every kernel outside the capture, on the
+    paths the capture takes: :func:`~ninfer.kernels.dispatch.graph_bound`), then capture it into a graph that
+    shares ``pool``; returns the graph and ``fn``'s static outputs."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
+    with torch.cuda.stream(stream), graph_bound():
         fn()
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()

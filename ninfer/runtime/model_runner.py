@@ -29,6 +29,7 @@ from ninfer.models.qwen3_5 import Qwen3_5TextModel
 from ninfer.quant.linear import use_kernel_layouts_
 from ninfer.runtime import startup
 from ninfer.runtime.engine_config import EngineConfig
+from ninfer.runtime.chunk_graphs import ChunkGraphs, chunk_graphs_enabled
 from ninfer.runtime.graphs import DecodeGraphs
 from ninfer.runtime.host_cache import HostCache
 from ninfer.runtime.memory import MemoryPlan, dequant_workspace_bytes, plan_memory
@@ -68,6 +69,7 @@ class ModelRunner:
         if not config.draft_tokens and config.cuda_graphs and self.device.type == "cuda":
             startup.parallel_compile(lambda: self._decode_passes(config.max_concurrency))
             self.graphs = DecodeGraphs(model, self.cache, self.block_tables, config.max_concurrency)
+        self.chunk_graphs: ChunkGraphs | None = None  # captured after warm-up where enabled (warm_up)
 
     # -- block tables -------------------------------------------------------------------------
     @property
@@ -129,7 +131,13 @@ class ModelRunner:
               checkpoints: list[ForwardCheckpoint]) -> tuple[torch.Tensor, list[int]]:
         """One forward over decode rows (one new token each, at ``num_computed``) and prompt chunks (request,
         end: tokens ``[num_computed, end)``) packed in that order; also writes the state at each checkpoint.
-        Returns the hidden states ``[N, H]`` and the packed offsets ``cu_seqlens`` (host ints)."""
+        Returns the hidden states ``[N, H]`` and the packed offsets ``cu_seqlens`` (host ints).
+        A step that :meth:`takes_chunk_graph` and writes no checkpoint replays the chunk graph."""
+        if not decode and not checkpoints and self.takes_chunk_graph([item for item, _ in chunks]):
+            ((req, end), (row_slots, row_ids)), = chunks
+            hidden = self.chunk_graphs.run(torch.tensor(row_ids, dtype=torch.long), req.num_computed,
+                                           torch.tensor(row_slots, dtype=torch.long), req.lane, req.slot)
+            return hidden, [0, end - req.num_computed]
         ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
@@ -199,6 +207,16 @@ class ModelRunner:
         self.clear(0)
         slots.release(slot)
         pages.release(scratch)
+        if self.graphs is not None and chunk_graphs_enabled() and 0 < while_decoding < config.max_context:
+            self.chunk_graphs = ChunkGraphs(self.model, self.cache, self.block_tables, while_decoding)
+
+    def takes_chunk_graph(self, chunks: list[tuple[Request, int]]) -> bool:
+        """Whether a step of these prompt chunks (request, end) and no decode rows replays the chunk graph:
+        one text chunk of the graph's length (:mod:`ninfer.runtime.chunk_graphs`)."""
+        if self.chunk_graphs is None or len(chunks) != 1:
+            return False
+        req, end = chunks[0]
+        return req.mm is None and end - req.num_computed == self.chunk_graphs.tokens
 
     def _warm_up_passes(self, longest: int, slot: int, slot_mapping: torch.Tensor, scratch: list[int],
                         slots: SlotPool, draft: Callable[[torch.Tensor, ForwardBatch], None] | None) -> None:

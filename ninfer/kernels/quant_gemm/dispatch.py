@@ -44,7 +44,7 @@ import torch
 import torch.nn.functional as F
 import triton
 
-from ninfer.kernels.dispatch import use_triton
+from ninfer.kernels.dispatch import capturing, use_triton
 from ninfer.kernels.quant_gemm.common import FMT_CODES, kernel_tensors, split_finish_kernel
 from ninfer.kernels.quant_gemm.dequant import launch_dequant_gemm
 from ninfer.kernels.quant_gemm.fragment_mma import launch_fragment_mma
@@ -131,12 +131,12 @@ def _launch(x: torch.Tensor, w: QuantizedTensor, res: torch.Tensor | None, out: 
     n_out = out.shape[1]
     name = w.format.name
     if cfg.kind == "dequant":  # prefill: dequantize W into a workspace, then cuBLAS (dequant)
-        if not (x.is_cuda and torch.cuda.is_current_stream_capturing()):
+        if not capturing(x):
             launch_dequant_gemm(x, w, res, out, swiglu, cfg)
             return
         # A captured graph would keep the shared workspace's address, which a later, larger weight frees
-        # (the buffer grows by reallocation): graphs take another path instead (graph_fallback). Graphs
-        # capture decode sizes, which never choose this path; this is a guard, not a serving path.
+        # (the buffer grows by reallocation): graphs take another path instead (graph_fallback). The decode
+        # graphs' sizes never choose this path; the prompt-chunk graphs' (runtime.chunk_graphs) do.
         cfg = graph_fallback(name, m, n_out, k, sm_count(x.device), w.layout)
     p = kernel_params(name, cfg)
     q, scales, row_scale = kernel_tensors(w)

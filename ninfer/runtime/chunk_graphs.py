@@ -1,0 +1,80 @@
+"""A CUDA graph of one prompt chunk of a fixed length: the steps that prefill beside decoding sequences.
+
+A step that prefills a chunk beside decodes runs eagerly, and on the 27B its ~1,300 launches keep the host busy
+for 100-150 ms whatever the chunk's length (run 2026-12-03.18: 52 ms of kernels in a 147 ms step), so the
+decodes' tokens wait that long. With ``NINFER_CHUNK_GRAPHS=1`` the runner captures the forward of one text
+chunk of exactly ``prefill_tokens_while_decoding`` tokens; a step whose plan is one such chunk (no prefix-cache
+checkpoint inside it) then replays the decode graph for the decoding sequences and this graph for the chunk:
+two replays instead of ~1,300 launches, the weights read twice instead of once.
+
+Everything the chunk varies lives in static buffers, as in :class:`~ninfer.runtime.graphs.DecodeGraphs`: its
+token ids, positions, context length, KV slots, lane (which selects the row of the lane block table) and state
+slot; the graph writes the chunk's hidden states into a static output. The quantized GEMMs that chose the
+dequantization path take their graph config instead (:func:`ninfer.kernels.quant_gemm.tune.graph_fallback`).
+
+Experimental, off by default: not yet measured on a GPU (``docs/performance.md``), and the graph's activations
+live outside the memory plan's workspace (about ``tokens / prefill_chunk`` of it).
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from ninfer.models.batch import make_batch
+from ninfer.models.cache import ModelCache
+from ninfer.models.qwen3_5 import Qwen3_5TextModel
+from ninfer.runtime.graphs import capture
+
+ENV = "NINFER_CHUNK_GRAPHS"
+
+
+def chunk_graphs_enabled() -> bool:
+    return os.environ.get(ENV, "0").strip().lower() in ("1", "on", "true", "yes")
+
+
+class ChunkGraphs:
+    """The graph of one ``tokens``-token chunk of one sequence (``captured=False``: the same forward on the same
+    static buffers, run eagerly; what the CPU tests check)."""
+
+    def __init__(self, model: Qwen3_5TextModel, cache: ModelCache, lane_block_tables: torch.Tensor, tokens: int,
+                 *, captured: bool = True) -> None:
+        self.model, self.cache, self.lane_block_tables, self.tokens = model, cache, lane_block_tables, tokens
+        device = lane_block_tables.device
+        long = dict(dtype=torch.long, device=device)
+        # The capture writes KV at slot 0 of page 0 and state at slot 0: scratch entries, reset when a real
+        # sequence takes them (as the decode graphs' capture does).
+        self.input_ids = torch.zeros(tokens, **long)
+        self.positions = torch.arange(tokens, **long).expand(3, tokens).contiguous()
+        self.context_lens = torch.full((1,), tokens, dtype=torch.int32, device=device)
+        self.slot_mapping = torch.zeros(tokens, **long)
+        self.lane = torch.zeros(1, **long)
+        self.state_slot = torch.zeros(1, **long)
+        self.cu_seqlens = torch.tensor([0, tokens], dtype=torch.int32, device=device)
+        self.block_table = torch.zeros(1, lane_block_tables.shape[1], dtype=torch.int32, device=device)
+        self.graph: torch.cuda.CUDAGraph | None = None
+        if captured:
+            self.graph, self.hidden = capture(self._forward)
+
+    def _forward(self) -> torch.Tensor:
+        torch.index_select(self.lane_block_tables, 0, self.lane, out=self.block_table)
+        batch = make_batch(input_ids=self.input_ids, positions=self.positions, cu_seqlens=self.cu_seqlens,
+                           max_seqlen=self.tokens, context_lens=self.context_lens, block_tables=self.block_table,
+                           slot_mapping=self.slot_mapping, state_slots=self.state_slot)
+        return self.model(batch, self.cache)
+
+    def run(self, input_ids: torch.Tensor, start: int, slot_mapping: torch.Tensor, lane: int,
+            state_slot: int) -> torch.Tensor:
+        """Hidden states ``[tokens, H]`` of the chunk ``[start, start + tokens)`` of the sequence in ``lane``
+        (its graph's output buffer: valid until the next run)."""
+        end = start + self.tokens
+        self.input_ids.copy_(input_ids, non_blocking=True)
+        self.positions.copy_(torch.arange(start, end, dtype=torch.long).expand(3, self.tokens), non_blocking=True)
+        self.context_lens.fill_(end)
+        self.slot_mapping.copy_(slot_mapping, non_blocking=True)
+        self.lane.fill_(lane)
+        self.state_slot.fill_(state_slot)
+        if self.graph is None:
+            return self._forward()
+        self.graph.replay()
+        return self.hidden

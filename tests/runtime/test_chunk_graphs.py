@@ -1,0 +1,61 @@
+"""The prompt-chunk graph (:mod:`ninfer.runtime.chunk_graphs`) on CPU: the same forward on its static buffers,
+run eagerly in place of a replay. A long prompt beside a decoding sequence takes it for every chunk of the
+graph's length (the decode rows then run apart, in their own step), and both outputs are the ones the plain
+engine gives."""
+from __future__ import annotations
+
+import pytest
+
+import ninfer
+from ninfer.runtime import chunk_graphs
+from ninfer.runtime.chunk_graphs import ChunkGraphs
+from tiny_checkpoints import TinyCheckpoint
+
+BUDGET = 32
+
+
+def _run(llm, with_graph: bool) -> tuple[list[int], list[int], list[int]]:
+    engine = llm.engine
+    runs: list[int] = []
+    if with_graph:
+        runner = engine.runner
+        graph = ChunkGraphs(runner.model, runner.cache, runner.block_tables, BUDGET, captured=False)
+        run = graph.run
+        graph.run = lambda ids, start, *a: runs.append(start) or run(ids, start, *a)
+        runner.chunk_graphs = graph
+    params = llm.sampling_params(greedy=True, logprobs=1)
+    decoder = llm._request(list(range(5, 25)), 40, params)
+    engine.add_request(decoder)
+    while not decoder.output_ids:
+        engine.step()
+    long = llm._request(list(range(30, 230)), 3, params)  # 200 tokens: 6 chunks of 32, then 8
+    engine.add_request(long)
+    engine.run_until_done()
+    return decoder.output_ids, long.output_ids, runs
+
+
+def test_a_long_prompt_beside_decodes_replays_the_chunk_graph(dense_ckpt: TinyCheckpoint) -> None:
+    def load():
+        return ninfer.load(dense_ckpt.path, device="cpu", max_concurrency=2, prefill_tokens_while_decoding=BUDGET,
+                           prefix_cache=False, progress=False)
+
+    plain_decoder, plain_long, _ = _run(load(), with_graph=False)
+    decoder, long, runs = _run(load(), with_graph=True)
+    assert runs == list(range(0, 192, BUDGET))  # every full chunk; the last 8 tokens prefill eagerly
+    assert decoder == plain_decoder and long == plain_long
+
+
+def test_only_a_single_text_chunk_of_the_graph_s_length_takes_it(dense_ckpt: TinyCheckpoint) -> None:
+    llm = ninfer.load(dense_ckpt.path, device="cpu", max_concurrency=2, progress=False)
+    runner = llm.engine.runner
+    assert runner.chunk_graphs is None and not runner.takes_chunk_graph([])  # off by default, and on CPU
+    runner.chunk_graphs = ChunkGraphs(runner.model, runner.cache, runner.block_tables, BUDGET, captured=False)
+    req = llm._request(list(range(100)), 1, llm.sampling_params(greedy=True))
+    assert runner.takes_chunk_graph([(req, BUDGET)]) and not runner.takes_chunk_graph([(req, BUDGET + 1)])
+    assert not runner.takes_chunk_graph([(req, BUDGET), (req, BUDGET)])
+
+
+@pytest.mark.parametrize("value, on", [("1", True), ("on", True), ("0", False), ("", False)])
+def test_the_switch(value: str, on: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(chunk_graphs.ENV, value)
+    assert chunk_graphs.chunk_graphs_enabled() is on
