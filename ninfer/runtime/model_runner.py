@@ -13,6 +13,7 @@ Runner methods never change a request: the engine moves ``num_computed`` and the
 from __future__ import annotations
 
 import itertools
+import logging
 from collections.abc import Callable, Hashable
 
 import torch
@@ -28,13 +29,15 @@ from ninfer.models.mtp import MTPHead
 from ninfer.models.qwen3_5 import Qwen3_5TextModel
 from ninfer.quant.linear import use_kernel_layouts_
 from ninfer.runtime import startup
-from ninfer.runtime.engine_config import EngineConfig
 from ninfer.runtime.chunk_graphs import ChunkGraphs, chunk_graphs_enabled
+from ninfer.runtime.engine_config import EngineConfig
 from ninfer.runtime.graphs import DecodeGraphs
 from ninfer.runtime.host_cache import HostCache
 from ninfer.runtime.memory import MemoryPlan, dequant_workspace_bytes, plan_memory
 from ninfer.runtime.pools import PagePool, SlotPool
 from ninfer.runtime.request import Request
+
+log = logging.getLogger("ninfer.runtime")
 
 # A mixed step's rows: decode ``(request, (kv slots, [token]))``, prompt chunks ``((request, end), (kv slots,
 # tokens))``, and in-forward checkpoints ``(index in the batch, request, first packed row, tokens before the
@@ -208,7 +211,11 @@ class ModelRunner:
         slots.release(slot)
         pages.release(scratch)
         if self.graphs is not None and chunk_graphs_enabled() and 0 < while_decoding < config.max_context:
-            self.chunk_graphs = ChunkGraphs(self.model, self.cache, self.block_tables, while_decoding)
+            try:
+                self.chunk_graphs = ChunkGraphs(self.model, self.cache, self.block_tables, while_decoding)
+            except Exception as err:  # noqa: BLE001 (an experiment's capture must not stop the start: no graph)
+                log.warning("no prompt-chunk graph (%s: %s): steps beside decodes run eagerly",
+                            type(err).__name__, err)
 
     def takes_chunk_graph(self, chunks: list[tuple[Request, int]]) -> bool:
         """Whether a step of these prompt chunks (request, end) and no decode rows replays the chunk graph:
