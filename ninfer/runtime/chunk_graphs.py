@@ -12,8 +12,8 @@ token ids, positions, context length, KV slots, lane (which selects the row of t
 slot; the graph writes the chunk's hidden states into a static output. The quantized GEMMs that chose the
 dequantization path take their graph config instead (:func:`ninfer.kernels.quant_gemm.tune.graph_fallback`).
 
-Experimental, off by default: not yet measured on a GPU (``docs/performance.md``), and the graph's activations
-live outside the memory plan's workspace (about ``tokens / prefill_chunk`` of it).
+Experimental, off by default: not yet measured on a GPU (``docs/performance.md``). The memory plan's workspace
+counts the graph's activations (:func:`ninfer.runtime.memory.workspace_bytes`), which its pool keeps.
 """
 from __future__ import annotations
 

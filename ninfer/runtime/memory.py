@@ -17,6 +17,7 @@ from torch import nn
 from ninfer.config import ModelConfig
 from ninfer.kernels.quant_gemm.dequant import workspace_bytes as dequant_bytes
 from ninfer.quant.linear import QuantLinear
+from ninfer.runtime.chunk_graphs import chunk_graphs_enabled
 from ninfer.runtime.engine_config import EngineConfig
 
 HEADROOM_BYTES = 1 << 30
@@ -50,13 +51,18 @@ def state_bytes_per_slot(cfg: ModelConfig, model_dtype: torch.dtype) -> int:
 
 
 def workspace_bytes(cfg: ModelConfig, engine: EngineConfig, model_dtype: torch.dtype) -> int:
-    """A generous bound on activations of one prefill chunk plus the logits of a decode batch."""
+    """A generous bound on activations of one prefill chunk plus the logits of a decode batch, and with
+    ``NINFER_CHUNK_GRAPHS=1`` those of the prompt-chunk graph, whose memory pool holds them for good."""
+    logits = (engine.max_concurrency * (engine.draft_tokens + 1) + 1) * cfg.vocab_size * 4 * 2
+    graph = engine.prefill_tokens_while_decoding if chunk_graphs_enabled() and not engine.draft_tokens else 0
+    return _activation_bytes(cfg, engine.prefill_chunk + graph, model_dtype) + logits
+
+
+def _activation_bytes(cfg: ModelConfig, tokens: int, model_dtype: torch.dtype) -> int:
     elem = torch.finfo(model_dtype).bits // 8
     widest = max(cfg.conv_dim + cfg.value_dim, 2 * cfg.num_attention_heads * cfg.head_dim,
                  2 * (cfg.intermediate_size or 0), cfg.num_experts_per_tok * 2 * cfg.moe_intermediate_size)
-    activations = engine.prefill_chunk * (widest + 4 * cfg.hidden_size) * max(elem, 4) * 4
-    logits = (engine.max_concurrency * (engine.draft_tokens + 1) + 1) * cfg.vocab_size * 4 * 2
-    return activations + logits
+    return tokens * (widest + 4 * cfg.hidden_size) * max(elem, 4) * 4
 
 
 def dequant_workspace_bytes(modules: Iterable[nn.Module | None], model_dtype: torch.dtype) -> int:
