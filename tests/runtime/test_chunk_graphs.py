@@ -45,6 +45,38 @@ def test_a_long_prompt_beside_decodes_replays_the_chunk_graph(dense_ckpt: TinyCh
     assert decoder == plain_decoder and long == plain_long
 
 
+def test_a_prefix_cache_hit_continues_in_the_graph(dense_ckpt: TinyCheckpoint) -> None:
+    """A conversation's next turn beside a decode: its prompt starts at the cached prefix (not a multiple of the
+    graph's length) and its chunks from there replay the graph, with the tokens of the plain engine."""
+    def turns(with_graph: bool) -> tuple[list[list[int]], int, list[int]]:
+        llm = ninfer.load(dense_ckpt.path, device="cpu", max_concurrency=2, prefill_tokens_while_decoding=BUDGET,
+                          progress=False)
+        engine, runs = llm.engine, []
+        if with_graph:
+            runner = engine.runner
+            graph = ChunkGraphs(runner.model, runner.cache, runner.block_tables, BUDGET, captured=False)
+            run = graph.run
+            graph.run = lambda ids, start, *a: runs.append(start) or run(ids, start, *a)
+            runner.chunk_graphs = graph
+        params = llm.sampling_params(greedy=True)
+        first = llm._request(list(range(30, 230)), 3, params)
+        engine.add_request(first)
+        engine.run_until_done()
+        decoder = llm._request(list(range(7, 27)), 30, params)
+        engine.add_request(decoder)
+        while not decoder.output_ids:
+            engine.step()
+        turn = llm._request(first.prompt_ids + first.output_ids + list(range(300, 380)), 3, params)
+        engine.add_request(turn)
+        engine.run_until_done()
+        return [first.output_ids, decoder.output_ids, turn.output_ids], turn.cached_tokens, runs
+
+    plain, _, _ = turns(False)
+    tokens, cached, runs = turns(True)
+    assert tokens == plain and cached > 0 and cached % BUDGET
+    assert runs == [cached, cached + BUDGET]  # ~80 new tokens: two chunks of 32 replayed, the rest eager
+
+
 def test_only_a_single_text_chunk_of_the_graph_s_length_takes_it(dense_ckpt: TinyCheckpoint) -> None:
     llm = ninfer.load(dense_ckpt.path, device="cpu", max_concurrency=2, progress=False)
     runner = llm.engine.runner
