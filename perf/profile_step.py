@@ -11,7 +11,7 @@ bubbles inside the graph). Writes one ``profile_step`` record per run to the JSO
 
 ``--mixed CONTEXT`` profiles the steps that pack a long prompt's chunks (``--chunk`` tokens each, the budget
 beside decodes) with 4 decodes, once the prompt has reached CONTEXT tokens: wall time per step, kernel time
-by family, and (``--host``) a cProfile of the same steps.
+by family, and (``--host``) the host's time per op (torch.profiler) and a cProfile of the same steps.
     python perf/profile_step.py --shape 27b --recipe int4 --mixed 16384 --chunk 128 --host
 
 ``--prefill N`` profiles one N-token prompt instead (one request, eager, chunks of ``--chunk``): the

@@ -24,6 +24,7 @@ import torch
 from ninfer.models.batch import make_batch
 from ninfer.models.cache import ModelCache
 from ninfer.models.qwen3_5 import Qwen3_5TextModel
+from ninfer.runtime.engine_config import EngineConfig
 from ninfer.runtime.graphs import capture
 
 ENV = "NINFER_CHUNK_GRAPHS"
@@ -31,6 +32,16 @@ ENV = "NINFER_CHUNK_GRAPHS"
 
 def chunk_graphs_enabled() -> bool:
     return os.environ.get(ENV, "0").strip().lower() in ("1", "on", "true", "yes")
+
+
+def chunk_graph_tokens(config: EngineConfig) -> int:
+    """The length of the chunk graph an engine of ``config`` captures on CUDA (0: none): switched on, beside
+    decode graphs (plain decoding, CUDA graphs on), for a budget shorter than a sequence. The runner captures
+    it and the memory plan reserves its activations by this one rule."""
+    tokens = config.prefill_tokens_while_decoding
+    if not chunk_graphs_enabled() or not config.cuda_graphs or config.draft_tokens:
+        return 0
+    return tokens if 0 < tokens < config.max_context else 0
 
 
 class ChunkGraphs:

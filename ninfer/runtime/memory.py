@@ -17,7 +17,7 @@ from torch import nn
 from ninfer.config import ModelConfig
 from ninfer.kernels.quant_gemm.dequant import workspace_bytes as dequant_bytes
 from ninfer.quant.linear import QuantLinear
-from ninfer.runtime.chunk_graphs import chunk_graphs_enabled
+from ninfer.runtime.chunk_graphs import chunk_graph_tokens
 from ninfer.runtime.engine_config import EngineConfig
 
 HEADROOM_BYTES = 1 << 30
@@ -54,8 +54,7 @@ def workspace_bytes(cfg: ModelConfig, engine: EngineConfig, model_dtype: torch.d
     """A generous bound on activations of one prefill chunk plus the logits of a decode batch, and with
     ``NINFER_CHUNK_GRAPHS=1`` those of the prompt-chunk graph, whose memory pool holds them for good."""
     logits = (engine.max_concurrency * (engine.draft_tokens + 1) + 1) * cfg.vocab_size * 4 * 2
-    graph = engine.prefill_tokens_while_decoding if chunk_graphs_enabled() and not engine.draft_tokens else 0
-    return _activation_bytes(cfg, engine.prefill_chunk + graph, model_dtype) + logits
+    return _activation_bytes(cfg, engine.prefill_chunk + chunk_graph_tokens(engine), model_dtype) + logits
 
 
 def _activation_bytes(cfg: ModelConfig, tokens: int, model_dtype: torch.dtype) -> int:

@@ -29,7 +29,7 @@ from ninfer.models.mtp import MTPHead
 from ninfer.models.qwen3_5 import Qwen3_5TextModel
 from ninfer.quant.linear import use_kernel_layouts_
 from ninfer.runtime import startup
-from ninfer.runtime.chunk_graphs import ChunkGraphs, chunk_graphs_enabled
+from ninfer.runtime.chunk_graphs import ChunkGraphs, chunk_graph_tokens
 from ninfer.runtime.engine_config import EngineConfig
 from ninfer.runtime.graphs import DecodeGraphs
 from ninfer.runtime.host_cache import HostCache
@@ -210,9 +210,10 @@ class ModelRunner:
         self.clear(0)
         slots.release(slot)
         pages.release(scratch)
-        if self.graphs is not None and chunk_graphs_enabled() and 0 < while_decoding < config.max_context:
+        tokens = chunk_graph_tokens(config)
+        if self.graphs is not None and tokens:
             try:
-                self.chunk_graphs = ChunkGraphs(self.model, self.cache, self.block_tables, while_decoding)
+                self.chunk_graphs = ChunkGraphs(self.model, self.cache, self.block_tables, tokens)
             except Exception as err:  # noqa: BLE001 (an experiment's capture must not stop the start: no graph)
                 log.warning("no prompt-chunk graph (%s: %s): steps beside decodes run eagerly",
                             type(err).__name__, err)

@@ -14,15 +14,19 @@ from tiny_checkpoints import TinyCheckpoint
 BUDGET = 32
 
 
+def _install_graph(llm) -> list[int]:
+    """Give the runner an eager chunk graph of ``BUDGET`` tokens; the returned list gets each run's start."""
+    runner, runs = llm.engine.runner, []
+    graph = ChunkGraphs(runner.model, runner.cache, runner.block_tables, BUDGET, captured=False)
+    run = graph.run
+    graph.run = lambda ids, start, *a: runs.append(start) or run(ids, start, *a)
+    runner.chunk_graphs = graph
+    return runs
+
+
 def _run(llm, with_graph: bool) -> tuple[list[int], list[int], list[int]]:
     engine = llm.engine
-    runs: list[int] = []
-    if with_graph:
-        runner = engine.runner
-        graph = ChunkGraphs(runner.model, runner.cache, runner.block_tables, BUDGET, captured=False)
-        run = graph.run
-        graph.run = lambda ids, start, *a: runs.append(start) or run(ids, start, *a)
-        runner.chunk_graphs = graph
+    runs = _install_graph(llm) if with_graph else []
     params = llm.sampling_params(greedy=True, logprobs=1)
     decoder = llm._request(list(range(5, 25)), 40, params)
     engine.add_request(decoder)
@@ -51,13 +55,8 @@ def test_a_prefix_cache_hit_continues_in_the_graph(dense_ckpt: TinyCheckpoint) -
     def turns(with_graph: bool) -> tuple[list[list[int]], int, list[int]]:
         llm = ninfer.load(dense_ckpt.path, device="cpu", max_concurrency=2, prefill_tokens_while_decoding=BUDGET,
                           progress=False)
-        engine, runs = llm.engine, []
-        if with_graph:
-            runner = engine.runner
-            graph = ChunkGraphs(runner.model, runner.cache, runner.block_tables, BUDGET, captured=False)
-            run = graph.run
-            graph.run = lambda ids, start, *a: runs.append(start) or run(ids, start, *a)
-            runner.chunk_graphs = graph
+        engine = llm.engine
+        runs = _install_graph(llm) if with_graph else []
         params = llm.sampling_params(greedy=True)
         first = llm._request(list(range(30, 230)), 3, params)
         engine.add_request(first)
@@ -81,7 +80,7 @@ def test_only_a_single_text_chunk_of_the_graph_s_length_takes_it(dense_ckpt: Tin
     llm = ninfer.load(dense_ckpt.path, device="cpu", max_concurrency=2, progress=False)
     runner = llm.engine.runner
     assert runner.chunk_graphs is None and not runner.takes_chunk_graph([])  # off by default, and on CPU
-    runner.chunk_graphs = ChunkGraphs(runner.model, runner.cache, runner.block_tables, BUDGET, captured=False)
+    _install_graph(llm)
     req = llm._request(list(range(100)), 1, llm.sampling_params(greedy=True))
     assert runner.takes_chunk_graph([(req, BUDGET)]) and not runner.takes_chunk_graph([(req, BUDGET + 1)])
     assert not runner.takes_chunk_graph([(req, BUDGET), (req, BUDGET)])
@@ -91,3 +90,17 @@ def test_only_a_single_text_chunk_of_the_graph_s_length_takes_it(dense_ckpt: Tin
 def test_the_switch(value: str, on: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(chunk_graphs.ENV, value)
     assert chunk_graphs.chunk_graphs_enabled() is on
+
+
+def test_which_engines_capture_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Switched on: plain decoding with CUDA graphs and a budget shorter than a sequence; the memory plan
+    reserves by the same rule."""
+    from ninfer.runtime.engine_config import EngineConfig
+
+    config = EngineConfig(max_context=4096, prefill_tokens_while_decoding=256)
+    assert chunk_graphs.chunk_graph_tokens(config) == 0
+    monkeypatch.setenv(chunk_graphs.ENV, "1")
+    assert chunk_graphs.chunk_graph_tokens(config) == 256
+    assert chunk_graphs.chunk_graph_tokens(EngineConfig(max_context=4096, prefill_tokens_while_decoding=256,
+                                                        cuda_graphs=False)) == 0
+    assert chunk_graphs.chunk_graph_tokens(EngineConfig(max_context=256, prefill_tokens_while_decoding=256)) == 0

@@ -160,9 +160,9 @@ def wide_fragment_candidate(fmt: str, m: int, n_out: int, k: int, sms: int) -> G
     qkvz, ``perf/ptx_check.py --kinds frag --m 128``): 4.64 SASS instructions per int4 weight in the K loop for
     64 tokens against 3.28 for 32 at the same 4 warps and 2 chunks per trip, 29% fewer per weight and token; that
     shape holds the 32 accumulators a lane keeps in 174 registers (int8: 178-184) without spilling, where 4
-    chunks per trip spill. Not yet timed on a GPU: the tuner decides. SwiGLU's two weight streams
-    spill at any trip length, so gate/up does not get it. Split-K for about 8 programs per SM. None where the
-    trip does not divide K or the scale groups."""
+    chunks per trip spill; SwiGLU's two weight streams spill at any trip length, so gate/up does not get it.
+    Split-K for about 8 programs per SM. Not yet timed on a GPU: the tuner decides. None where the trip does not
+    divide K or the scale groups."""
     warps, unroll = 4, 2
     if k % (64 * unroll) or (64 * unroll) % GROUPS[fmt]:
         return None
