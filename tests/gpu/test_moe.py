@@ -120,6 +120,34 @@ def test_alignment_at_real_sizes() -> None:
         assert (block_experts[int(post[0]) // block_m:] == -1).all()
 
 
+@pytest.mark.parametrize("e,k", [(8, 2), (16, 4), (64, 8), (256, 8)])
+@pytest.mark.parametrize("n", [513, 1024, 4097])
+def test_alignment_over_several_chunks_matches_a_stable_sort(e: int, k: int, n: int) -> None:
+    """Past one program's pairs (``align.CHUNK``) the plan takes three launches; with few experts each count
+    is held by several warps (the tiny test models' 8 experts), which once let a warp read a count that
+    another had already replaced by its prefix."""
+    for seed in range(3):
+        g = torch.Generator(device="cuda").manual_seed(seed)
+        ids = torch.randint(0, e, (n, k), generator=g, device="cuda", dtype=torch.int32)
+        for block_m in (16, 64):
+            sorted_pairs, block_experts, post = align_pairs(ids, e, block_m)
+            flat = ids.flatten().long()
+            counts = torch.bincount(flat, minlength=e)
+            padded = (counts + block_m - 1) // block_m * block_m
+            total = int(padded.sum())
+            assert int(post[0]) == total
+            want = torch.full((total,), n * k, dtype=torch.int32, device="cuda")
+            starts = torch.cumsum(padded, 0) - padded
+            order = torch.sort(flat, stable=True).indices.to(torch.int32)
+            ends = torch.cumsum(counts, 0)
+            for x in range(e):
+                want[starts[x]: starts[x] + counts[x]] = order[ends[x] - counts[x]: ends[x]]
+            assert torch.equal(sorted_pairs[:total], want)
+            owner = torch.repeat_interleave(torch.arange(e, device="cuda", dtype=torch.int32), padded // block_m)
+            assert torch.equal(block_experts[: total // block_m], owner)
+            assert (block_experts[total // block_m:] == -1).all()
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("e,k", [(256, 8), (512, 10)])
 def test_router(dtype: torch.dtype, e: int, k: int) -> None:

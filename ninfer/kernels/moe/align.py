@@ -111,24 +111,26 @@ def _count_kernel(ids_ptr, counts_ptr, NK, CHUNK: tl.constexpr, SUB: tl.constexp
 
 
 @triton.jit
-def _plan_kernel(counts_ptr, sorted_ptr, block_experts_ptr, post_ptr, starts_ptr, num_chunks, NK, E, max_blocks,
-                 BLOCK_M: tl.constexpr, E_BLOCK: tl.constexpr, BLOCKS: tl.constexpr):
-    """Turns chunk counts into exclusive prefixes over earlier chunks (in place) and plans the groups."""
+def _plan_kernel(counts_ptr, prefix_ptr, sorted_ptr, block_experts_ptr, post_ptr, starts_ptr, num_chunks, NK, E,
+                 max_blocks, BLOCK_M: tl.constexpr, E_BLOCK: tl.constexpr, BLOCKS: tl.constexpr):
+    """Turns chunk counts into exclusive prefixes over earlier chunks and plans the groups. The prefixes go
+    to their own buffer: with fewer experts than threads, several warps hold copies of one count, and a
+    warp that reads it after another warp wrote over it in place would read a prefix."""
     experts = tl.arange(0, E_BLOCK)
     totals = tl.zeros((E_BLOCK,), dtype=tl.int32)
     for p in range(num_chunks):
         c = tl.load(counts_ptr + p * E_BLOCK + experts)
-        tl.store(counts_ptr + p * E_BLOCK + experts, totals)
+        tl.store(prefix_ptr + p * E_BLOCK + experts, totals)
         totals += c
     _plan(totals, starts_ptr, sorted_ptr, block_experts_ptr, post_ptr, NK, E, max_blocks, BLOCK_M, E_BLOCK, BLOCKS)
 
 
 @triton.jit
-def _place_kernel(ids_ptr, counts_ptr, starts_ptr, sorted_ptr, NK, E,
+def _place_kernel(ids_ptr, prefix_ptr, starts_ptr, sorted_ptr, NK, E,
                   CHUNK: tl.constexpr, SUB: tl.constexpr, E_BLOCK: tl.constexpr):
     p = tl.program_id(0)
     experts = tl.arange(0, E_BLOCK)
-    base = tl.load(counts_ptr + p * E_BLOCK + experts) + tl.load(starts_ptr + experts, mask=experts < E, other=0)
+    base = tl.load(prefix_ptr + p * E_BLOCK + experts) + tl.load(starts_ptr + experts, mask=experts < E, other=0)
     _place_chunk(ids_ptr, sorted_ptr, base, p * CHUNK, tl.minimum(p * CHUNK + CHUNK, NK), SUB, E_BLOCK)
 
 
@@ -157,14 +159,15 @@ def align_pairs(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torc
         return sorted_pairs, block_experts, post
     chunks = triton.cdiv(nk, CHUNK)
     counts = torch.empty(chunks, e_block, dtype=torch.int32, device=dev)
+    prefixes = torch.empty_like(counts)
     _count_kernel[(chunks,)](flat, counts, nk, CHUNK=CHUNK, SUB=sub, E_BLOCK=e_block, num_warps=4)
     _plan_kernel[(1,)](
-        counts_ptr=counts, sorted_ptr=sorted_pairs, block_experts_ptr=block_experts, post_ptr=post,
+        counts_ptr=counts, prefix_ptr=prefixes, sorted_ptr=sorted_pairs, block_experts_ptr=block_experts, post_ptr=post,
         starts_ptr=starts, num_chunks=chunks, NK=nk, E=num_experts, max_blocks=max_blocks, BLOCK_M=block_m,
         E_BLOCK=e_block, BLOCKS=_BLOCKS, num_warps=8,
     )
     _place_kernel[(chunks,)](
-        ids_ptr=flat, counts_ptr=counts, starts_ptr=starts, sorted_ptr=sorted_pairs, NK=nk, E=num_experts,
+        ids_ptr=flat, prefix_ptr=prefixes, starts_ptr=starts, sorted_ptr=sorted_pairs, NK=nk, E=num_experts,
         CHUNK=CHUNK, SUB=sub, E_BLOCK=e_block, num_warps=4,
     )
     return sorted_pairs, block_experts, post
