@@ -24,7 +24,7 @@ from ninfer.kernels.quant_gemm.fragments import (
     from_fragments,
     to_fragments,
 )
-from ninfer.kernels.quant_gemm.tune import GemmConfig, candidates, graph_fallback
+from ninfer.kernels.quant_gemm.tune import GemmConfig, candidates, fragment_candidates, graph_fallback
 from ninfer.quant.formats import quantize
 
 
@@ -155,10 +155,21 @@ def test_round_trip_and_row_slices(fmt: str) -> None:
 
 
 def test_fit() -> None:
-    assert fragments_fit("int4-g128", (5120, 17408)) and fragments_fit("int4-g64", (16, 64))
+    assert fragments_fit("int4-g128", (5120, 17408)) and fragments_fit("int4-g64", (16, 128))
     assert not fragments_fit("int4-g128", (257, 2048))  # the MoE router's rows
     assert fragments_fit("int8-g64", (248320, 5120)) and not fragments_fit("int8-g32", (5120, 5120))
-    assert not fragments_fit("int4-g64", (8, 16, 64)) and not fragments_fit("nvfp4", (5120, 5120))
+    assert not fragments_fit("int4-g64", (16, 64))  # one chunk: shorter than the decode's loop trip
+    assert not fragments_fit("int4-g64", (8, 16, 128)) and not fragments_fit("nvfp4", (5120, 5120))
+
+
+@pytest.mark.parametrize("fmt", ["int4-g64", "int4-g128", "int8-g64"])
+def test_every_weight_that_fits_has_a_register_decode(fmt: str) -> None:
+    """A re-laid weight is served by the register decode at every token count (its other paths, dequantization
+    and the graph fallback, need it too): no shape that fits may be left without a candidate."""
+    for k in range(64, 2048 + 1, 64):
+        if fragments_fit(fmt, (192, k)):
+            for m in (1, 4, 32, 128):
+                assert fragment_candidates(fmt, m, 192, k, 132), (fmt, k, m)
 
 
 @pytest.mark.parametrize("fmt", ["int4-g128", "int8-g64"])

@@ -137,3 +137,39 @@ def test_the_quant_gemm_tuner_uses_the_process_state(monkeypatch: pytest.MonkeyP
         key = ("int4-g64", torch.float32, 2, 32, 64, False, False, x.device, "rows")
         assert tuner.chosen("quant_gemm") == {key: cfg}
     assert key not in default_tuner().chosen("quant_gemm")
+
+
+def test_graph_bound_prefill_keys_are_tuned_apart_without_the_dequantization_path(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A prefill-size call that a CUDA graph will capture (the prompt-chunk graph) cannot take the dequantization
+    path: its key is marked "graph" and tuned among the register decodes, the 64-token one included, while the
+    eager key keeps its own choice; decode sizes keep one key."""
+    from ninfer.kernels.quant_gemm import tune as quant_gemm_tune
+    from ninfer.kernels.quant_gemm.fragments import FRAGMENTS
+
+    timed: list[list] = []
+
+    def fastest_last(cands: list, launch: object, graphs: bool) -> dict:  # as measured: dequantization first
+        timed.append(cands)
+        return {c: 0.01 if c.kind == "dequant" else 1.0 / (i + 1) for i, c in enumerate(cands)}
+
+    monkeypatch.setattr(quant_gemm_tune, "autotune_configs", lambda cfgs: cfgs)
+    monkeypatch.setattr(quant_gemm_tune, "time_candidates", fastest_last)
+    monkeypatch.setattr(tuning, "stored_config", lambda *args: None)
+    monkeypatch.setattr(tuning, "shipped_config", lambda *args: None)
+    monkeypatch.setattr(tune_cache, "record", lambda *args: None)
+    x = torch.zeros(128, 5120, dtype=torch.bfloat16)
+    with use_tuner(TunerState()) as tuner:
+        monkeypatch.setattr(tuner, "tunable", lambda device: True)
+        eager = quant_gemm_tune.select_config("int4-g64", x, 5120, 5120, False, False, lambda c: None, FRAGMENTS)
+        graph = quant_gemm_tune.select_config("int4-g64", x, 5120, 5120, False, False, lambda c: None, FRAGMENTS,
+                                              graph=True)
+        assert eager.kind == "dequant" and graph.kind == "frag" and graph.block_m == quant_gemm_tune.WIDE_FRAG_TOKENS
+        assert all(c.kind == "frag" for c in timed[1]) and len(timed[1]) > 2
+        keys = set(tuner.chosen("quant_gemm"))
+        assert {k[-1] for k in keys} == {FRAGMENTS, "graph"}
+        small = torch.zeros(8, 5120, dtype=torch.bfloat16)
+        quant_gemm_tune.select_config("int4-g64", small, 5120, 5120, False, False, lambda c: None, FRAGMENTS,
+                                      graph=True)
+        assert len(tuner.chosen("quant_gemm")) == 3 and all(k[-1] != "graph" for k in tuner.chosen("quant_gemm")
+                                                            if k[2] == 8)

@@ -118,7 +118,8 @@ def quant_matmul_triton(x: torch.Tensor, w: QuantizedTensor, residual: torch.Ten
             scratch.append(torch.empty_like(out))
         _launch(x2, w, res, scratch[0], swiglu, cfg)
 
-    cfg = config or select_config(w.format.name, x2, n_out, k, swiglu, res is not None, trial, w.layout)
+    cfg = config or select_config(w.format.name, x2, n_out, k, swiglu, res is not None, trial, w.layout,
+                                  graph=capturing(x2))
     if w.layout == FRAGMENTS and cfg.kind not in ("frag", "dequant"):
         raise ValueError(f"a weight in the fragment layout takes frag or dequant configs, not {cfg.kind!r}")
     _launch(x2, w, res, out, swiglu, cfg)
@@ -135,8 +136,8 @@ def _launch(x: torch.Tensor, w: QuantizedTensor, res: torch.Tensor | None, out: 
             launch_dequant_gemm(x, w, res, out, swiglu, cfg)
             return
         # A captured graph would keep the shared workspace's address, which a later, larger weight frees
-        # (the buffer grows by reallocation): graphs take another path instead (graph_fallback). The decode
-        # graphs' sizes never choose this path; the prompt-chunk graphs' (runtime.chunk_graphs) do.
+        # (the buffer grows by reallocation): graphs take another path instead (graph_fallback). Tuned calls
+        # never get here (select_config tunes graph keys without this path): only an explicit config does.
         cfg = graph_fallback(name, m, n_out, k, sm_count(x.device), w.layout)
     p = kernel_params(name, cfg)
     q, scales, row_scale = kernel_tensors(w)

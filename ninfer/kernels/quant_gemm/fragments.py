@@ -29,8 +29,8 @@ them takes a ``lop3`` or two (plus a shift and a packed ``fma``) per register: n
 The layout is a property of the stored tensors (``QuantizedTensor.layout``); ``QuantizedTensor.dequantize`` and
 the prefill dequantization (:func:`dequantize_fragments`) read it, so every path computes the same function.
 The code width follows from the codes' dtype (uint8 nibble pairs: int4; int8). Only 2-D weights with ``N % 16
-== 0``, ``K % 64 == 0`` and scale groups of a multiple of 64 columns take it (:func:`fragments_fit`): an MMA's 16
-columns then share one scale.
+== 0``, ``K % 128 == 0`` and scale groups of a multiple of 64 columns take it (:func:`fragments_fit`): an MMA's 16
+columns then share one scale, and the register decode's shortest loop trip (two chunks) divides K.
 """
 from __future__ import annotations
 
@@ -40,13 +40,17 @@ import triton.language as tl
 
 FRAGMENTS = "mma-fragments"  # QuantizedTensor.layout of re-laid weights; the default is "rows"
 TILE_ROWS, CHUNK_COLS = 16, 64
+MIN_TRIP_CHUNKS = 2  # chunks per loop trip of the register decode, at least
 _TILES_PER_PASS = 512  # tiles converted at once: bounds the temporaries of a large weight to ~2 x its codes
 _GROUPS = {"int4-g64": 64, "int4-g128": 128, "int8-g64": 64}  # the formats whose scale groups span whole chunks
 
 
 def fragments_fit(fmt: str, shape: tuple[int, ...]) -> bool:
-    """Whether a weight of this format and shape can take the fragment layout."""
-    return fmt in _GROUPS and len(shape) == 2 and shape[0] % TILE_ROWS == 0 and shape[1] % CHUNK_COLS == 0
+    """Whether a weight of this format and shape can take the fragment layout and be served by the register
+    decode, whose loop trips are two or four chunks (``quant_gemm.tune.fragment_candidates``; a K of one chunk
+    had no candidate at all)."""
+    return (fmt in _GROUPS and len(shape) == 2 and shape[0] % TILE_ROWS == 0
+            and shape[1] % (MIN_TRIP_CHUNKS * CHUNK_COLS) == 0)
 
 
 def code_bits(q: torch.Tensor) -> int:

@@ -171,6 +171,23 @@ def wide_fragment_candidate(fmt: str, m: int, n_out: int, k: int, sms: int) -> G
     return GemmConfig(WIDE_FRAG_TOKENS, 16 * warps, 64 * unroll, split, warps, 1, "frag")
 
 
+def graph_candidates(fmt: str, m: int, n_out: int, k: int, sms: int, *, swiglu: bool = False, mma: bool = False,
+                     layout: str = ROWS) -> list[GemmConfig]:
+    """Configs a CUDA graph may capture at this shape: :func:`candidates` without the dequantization path (its
+    shared workspace may be reallocated after capture), :func:`graph_fallback`'s first. For fragment-laid weights
+    at prefill sizes up to ``FRAG_PREFILL_MAX_M`` tokens, every register-decode config and the 64-token one
+    (:func:`wide_fragment_candidate`): eager calls of these sizes choose the dequantization path, so only the
+    prompt-chunk graphs (``ninfer.runtime.chunk_graphs``) meet these keys, and their choice among the decodes is
+    what a step beside decodes costs."""
+    if layout == FRAGMENTS and m > MMA_MAX_M:
+        decode = fragment_candidates(fmt, m, n_out, k, sms)
+        if m > FRAG_PREFILL_MAX_M:
+            return decode[:1]
+        wide = None if swiglu else wide_fragment_candidate(fmt, m, n_out, k, sms)
+        return decode + ([wide] if wide else [])
+    return [c for c in candidates(fmt, m, n_out, k, sms, swiglu=swiglu, mma=mma, layout=layout) if c.kind != "dequant"]
+
+
 def graph_fallback(fmt: str, m: int, n_out: int, k: int, sms: int, layout: str) -> GemmConfig:
     """The config a CUDA graph captures where the tuner chose the dequantization path (its shared workspace
     may be reallocated after capture): the first other candidate, or for fragment-laid weights the register
@@ -353,18 +370,24 @@ def sm_count(device: torch.device) -> int:
 
 
 def select_config(fmt: str, x: torch.Tensor, n_out: int, k: int, swiglu: bool, has_res: bool,
-                  launch: Callable[[GemmConfig], None], layout: str = ROWS) -> GemmConfig:
+                  launch: Callable[[GemmConfig], None], layout: str = ROWS, graph: bool = False) -> GemmConfig:
     """The config for this call's key, by the process's tuner state (:func:`ninfer.kernels.tuning.default_tuner`,
     table ``"quant_gemm"``): on first sight of the key in a tunable call (CUDA, not capturing, tuning
     enabled) the one stored on disk if still a candidate, else the fastest candidate by benchmark (then
-    stored); untunable calls take the heuristic favourite."""
+    stored); untunable calls take the heuristic favourite. ``graph``: the call is (or will be) captured into a
+    CUDA graph; above the decode sizes, where that rules the dequantization path out (:func:`graph_candidates`),
+    the key is tuned apart (marked ``"graph"``) among the others, instead of the eager key's choice being swapped
+    for a fallback."""
     m = x.shape[0]
     key = (fmt, x.dtype, m_bucket(m), n_out, k, swiglu, has_res, x.device, layout)
+    mma = x.dtype in (torch.bfloat16, torch.float16)
+    shape = (fmt, m, n_out, k, sm_count(x.device))
+    pick = candidates
+    if graph and m > MMA_MAX_M:  # the decode graphs (to 32 tokens) keep their eager keys
+        key, pick = (*key, "graph"), graph_candidates
 
     def cands() -> list[GemmConfig]:
-        mma = x.dtype in (torch.bfloat16, torch.float16)
-        return autotune_configs(candidates(fmt, m, n_out, k, sm_count(x.device), swiglu=swiglu, mma=mma,
-                                           layout=layout))
+        return autotune_configs(pick(*shape, swiglu=swiglu, mma=mma, layout=layout))
 
     def time_fn(cfgs: list[GemmConfig]) -> dict[GemmConfig, float]:
         return time_candidates(cfgs, launch, graphs=m <= MMA_MAX_M)
