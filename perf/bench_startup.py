@@ -58,7 +58,6 @@ from random_model import SHAPES, random_llm, random_model, random_prompt
 from ninfer.kernels import compile_watch
 from ninfer.kernels.precompile import ENV as PARALLEL_ENV
 from ninfer.runtime import startup
-from ninfer.runtime.chunk_graphs import chunk_graphs_enabled
 from ninfer.runtime.engine_config import EngineConfig
 from ninfer.runtime.sampling import SamplingParams
 from ninfer.runtime.scheduler import StepPlan
@@ -81,8 +80,7 @@ class Bench:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args, self.seed = args, 0
         self.label = (f"{args.shape} {args.recipe or 'bf16'}" + (f" L={args.layers}" if args.layers else "")
-                      + (" serial-compile" if args.compile == "serial" else "")
-                      + (" chunk-graphs" if chunk_graphs_enabled() else ""))
+                      + (" serial-compile" if args.compile == "serial" else ""))
 
     def request(self, n: int, max_new: int):
         self.seed += 1  # a new prompt each time: no prefix-cache hit
@@ -183,6 +181,9 @@ class Bench:
             p = {q: gaps[min(len(gaps) - 1, int(q / 100 * len(gaps)))] for q in (50, 90, 99)}
             ratio = p[99] / tpot
             setting = f"budget={budget}" if bound is None else f"max_decode_stall={bound}"
+            graph = engine.runner.chunk_graphs
+            if graph is not None and bound is None and graph.tokens == budget:
+                setting += " chunk-graph"
             print(f"    {setting}: chunks beside decodes {min(chunks, default=0)}-{max(chunks, default=0)} tokens "
                   f"(median {statistics.median(chunks) if chunks else 0:g}); target ITL p99 <= "
                   f"{ITL_P99_OVER_TPOT:g}x TPOT: {ratio:.2f}x -> {'met' if ratio <= ITL_P99_OVER_TPOT else 'MISSED'}",
@@ -191,6 +192,7 @@ class Bench:
                    p[99] * 1e3, achieved=ratio, limit=ITL_P99_OVER_TPOT, unit="x TPOT",
                    itl_p50_ms=round(p[50] * 1e3, 2), itl_p90_ms=round(p[90] * 1e3, 2),
                    itl_p99_ms=round(p[99] * 1e3, 2), itl_max_ms=round(gaps[-1] * 1e3, 2),
+                   chunk_graph_tokens=graph.tokens if graph is not None else 0,
                    tpot_ms=round(tpot * 1e3, 2), long_ttft_ms=round(long_ttft * 1e3, 1),
                    long_tok_per_s=round(self.args.long / long_ttft, 1), prefill_tokens_while_decoding=budget,
                    max_decode_stall=bound, chunk_tokens_min=min(chunks, default=0),
@@ -290,8 +292,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--long", type=int, default=32768, help="the prompt that prefills beside 4 decodes")
     p.add_argument("--decode-context", type=int, default=512, help="prompt tokens of the 4 decodes")
     p.add_argument("--while-decoding", type=int, default=EngineConfig.prefill_tokens_while_decoding,
-                   help="the engine's prefill_tokens_while_decoding (the first ITL budget; the chunk graph's "
-                        "length with NINFER_CHUNK_GRAPHS=1)")
+                   help="the engine's prefill_tokens_while_decoding (the first ITL budget; the prompt-chunk graph's "
+                        "length where one is captured: NINFER_CHUNK_GRAPHS)")
     p.add_argument("--budgets", type=int, nargs="*", default=[],
                    help="more prefill_tokens_while_decoding values to measure the ITL at")
     p.add_argument("--stalls", nargs="*", default=[], metavar="BOUND",

@@ -51,9 +51,9 @@ gpu-tests-no-stalls   nothing compiles or tunes after ready over a serving mix (
 startup-27b-int4      27B int4 cold and warm start-up by phase (main thread sampled every 3 s until ready), TTFT of first / second batch at C = 8 / 1, 8k / 32k prefill, ITL beside a 32k prefill, compiles after ready
 startup-27b-warm-serial  27B int4 warm start (on the caches the runbook restored) with the dry passes off (NINFER_PARALLEL_COMPILE=0), then on: is a warm start faster without them (20 s of dry passes found nothing to compile in run 2026-12-03.10), main thread sampled every 2 s
 profile-27b-chunks    why a small 27B int4 chunk costs as much as a large one: 8k prefill in 128- and 1024-token chunks, kernel time vs wall time, and a cProfile of the host
-profile-27b-mixed     4 decodes beside a long 27B int4 prompt in 128-token chunks from 16k context on: wall time per step, kernels by family, cProfile of the host
+profile-27b-mixed     4 decodes beside a long 27B int4 prompt in 128-token chunks from 16k context on (replayed from the prompt-chunk graph; NINFER_CHUNK_GRAPHS=0: eager): wall time per step, kernels by family, cProfile of the host
 itl-128-27b           27B int4 warm start: ITL of 4 decodes beside a 32k prefill at the default budget and at 128 tokens, and the rate of the 32k prompt at each
-chunk-graphs-27b      the prompt-chunk graph (NINFER_CHUNK_GRAPHS=1): its GPU tests, then the 27B int4 ITL of 4 decodes beside a 32k prefill with 128- and 256-token chunks replayed from it
+chunk-graphs-27b      the prompt-chunk graph (on by default up to 256 tokens): its GPU tests, then the 27B int4 ITL of 4 decodes beside a 32k prefill with 128- and 256-token chunks replayed from it
 itl-budgets-27b       27B int4 warm start: ITL of 4 decodes beside a 32k prefill at prefill_tokens_while_decoding 1024 (the default) / 512 / 256 / 128 and at max_decode_stall 3x / 2.5x, and the rate of the 32k prompt at each
 '
 names=$(echo "$STAGES" | awk 'NF { print $1 }')

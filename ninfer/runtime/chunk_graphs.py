@@ -2,18 +2,22 @@
 
 A step that prefills a chunk beside decodes runs eagerly, and on the 27B its ~1,300 launches keep the host busy
 for 100-150 ms whatever the chunk's length (run 2026-12-03.18: 52 ms of kernels in a 147 ms step), so the
-decodes' tokens wait that long. With ``NINFER_CHUNK_GRAPHS=1`` the runner captures the forward of one text
-chunk of exactly ``prefill_tokens_while_decoding`` tokens; a step whose plan is one such chunk (no prefix-cache
-checkpoint inside it) then replays the decode graph for the decoding sequences and this graph for the chunk:
-two replays instead of ~1,300 launches, the weights read twice instead of once.
+decodes' tokens wait that long. The runner can capture the forward of one text chunk of exactly
+``prefill_tokens_while_decoding`` tokens; a step whose plan is one such chunk (no prefix-cache checkpoint inside
+it) then replays the decode graph for the decoding sequences and this graph for the chunk: two replays instead
+of ~1,300 launches, the weights read twice instead of once.
+
+When: ``NINFER_CHUNK_GRAPHS`` unset (or ``auto``) captures it for budgets up to :data:`AUTO_MAX_TOKENS`, ``1``
+for any budget, ``0`` never. On the H200 (27B ``int4``, 4 decodes beside a 32k prompt, run 2026-12-04.3) the
+graph cut the decodes' ITL p99 at a 128-token budget from 13.1x to 6.8x their TPOT (and from 18.3x to 11.1x at
+256); at the default 1,024-token budget a step is GPU-bound (~100 ms of kernels), so the default stays eager.
 
 Everything the chunk varies lives in static buffers, as in :class:`~ninfer.runtime.graphs.DecodeGraphs`: its
 token ids, positions, context length, KV slots, lane (which selects the row of the lane block table) and state
-slot; the graph writes the chunk's hidden states into a static output. The quantized GEMMs that chose the
-dequantization path take their graph config instead (:func:`ninfer.kernels.quant_gemm.tune.graph_fallback`).
-
-Experimental, off by default: not yet measured on a GPU (``docs/performance.md``). The memory plan's workspace
-counts the graph's activations (:func:`ninfer.runtime.memory.workspace_bytes`), which its pool keeps.
+slot; the graph writes the chunk's hidden states into a static output. The quantized GEMMs of these sizes tune
+apart among the paths a graph can hold (:func:`ninfer.kernels.quant_gemm.tune.graph_candidates`). The memory
+plan's workspace counts the graph's activations (:func:`ninfer.runtime.memory.workspace_bytes`), which its pool
+keeps.
 """
 from __future__ import annotations
 
@@ -28,10 +32,21 @@ from ninfer.runtime.engine_config import EngineConfig
 from ninfer.runtime.graphs import capture
 
 ENV = "NINFER_CHUNK_GRAPHS"
+AUTO_MAX_TOKENS = 256  # budgets whose eager steps are host-bound (measured at 128 and 256 tokens)
+_ON, _OFF = ("1", "on", "true", "yes"), ("0", "off", "false", "no")
 
 
-def chunk_graphs_enabled() -> bool:
-    return os.environ.get(ENV, "0").strip().lower() in ("1", "on", "true", "yes")
+def chunk_graphs_enabled(tokens: int) -> bool:
+    """Whether a budget of ``tokens`` gets a chunk graph, by ``NINFER_CHUNK_GRAPHS`` (read now): on, off, or unset /
+    ``auto``: up to :data:`AUTO_MAX_TOKENS`. Raises ``ValueError`` on another value."""
+    value = os.environ.get(ENV, "auto").strip().lower()
+    if value in _ON:
+        return True
+    if value in _OFF:
+        return False
+    if value in ("", "auto"):
+        return tokens <= AUTO_MAX_TOKENS
+    raise ValueError(f"{ENV}={value!r}: expected 1, 0 or auto")
 
 
 def chunk_graph_tokens(config: EngineConfig) -> int:
@@ -39,9 +54,9 @@ def chunk_graph_tokens(config: EngineConfig) -> int:
     decode graphs (plain decoding, CUDA graphs on), for a budget shorter than a sequence. The runner captures
     it and the memory plan reserves its activations by this one rule."""
     tokens = config.prefill_tokens_while_decoding
-    if not chunk_graphs_enabled() or not config.cuda_graphs or config.draft_tokens:
+    if not 0 < tokens < config.max_context or not config.cuda_graphs or config.draft_tokens:
         return 0
-    return tokens if 0 < tokens < config.max_context else 0
+    return tokens if chunk_graphs_enabled(tokens) else 0
 
 
 class ChunkGraphs:

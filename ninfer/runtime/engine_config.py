@@ -62,7 +62,8 @@ class EngineConfig:
         "prompt)", check=at_least(1), metavar="N"))
     prefill_tokens_while_decoding: int = option(Option(
         "prefill_tokens_while_decoding", 1024, "most prompt tokens per step while sequences decode: bounds their "
-        "stall (at most prefill-chunk)", check=at_least(1), metavar="N"))
+        "stall (at most prefill-chunk); 256 or fewer also replays such chunks from a CUDA graph (smoothest: 128)",
+        check=at_least(1), metavar="N"))
     max_decode_stall: str | None = option(Option(
         "max_decode_stall", None, "bound each step that prefills beside decoding sequences by time: '40ms', or "
         "'3x' a decode step; its prompt tokens then follow from measured step times (prefill-tokens-while-"

@@ -51,8 +51,9 @@ def state_bytes_per_slot(cfg: ModelConfig, model_dtype: torch.dtype) -> int:
 
 
 def workspace_bytes(cfg: ModelConfig, engine: EngineConfig, model_dtype: torch.dtype) -> int:
-    """A generous bound on activations of one prefill chunk plus the logits of a decode batch, and with
-    ``NINFER_CHUNK_GRAPHS=1`` those of the prompt-chunk graph, whose memory pool holds them for good."""
+    """A generous bound on activations of one prefill chunk plus the logits of a decode batch, and those of the
+    prompt-chunk graph where the engine captures one (:func:`chunk_graph_tokens`): its memory pool holds them
+    for good."""
     logits = (engine.max_concurrency * (engine.draft_tokens + 1) + 1) * cfg.vocab_size * 4 * 2
     return _activation_bytes(cfg, engine.prefill_chunk + chunk_graph_tokens(engine), model_dtype) + logits
 

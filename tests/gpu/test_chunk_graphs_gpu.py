@@ -1,7 +1,7 @@
-"""The prompt-chunk graph on the GPU (``NINFER_CHUNK_GRAPHS=1``, :mod:`ninfer.runtime.chunk_graphs`): captured
+"""The prompt-chunk graph on the GPU (:mod:`ninfer.runtime.chunk_graphs`, on by default at this budget): captured
 after warm-up, replayed for every chunk of its length beside decodes, with the same greedy tokens as the engine
 without it (fp32, dense and MoE; int4 in bf16: the quantized GEMMs that chose the dequantization path take their
-graph config, and the tokens are not compared); nothing compiles or tunes after ready."""
+graph keys, and the tokens are not compared); nothing compiles or tunes after ready."""
 from __future__ import annotations
 
 import pytest
@@ -55,9 +55,10 @@ def test_chunks_beside_decodes_replay_the_graph_with_the_same_tokens(request, ck
         llm.stop_ids = frozenset()
         return llm
 
+    monkeypatch.setenv(chunk_graphs.ENV, "0")
     plain, runs = _run(load())
     assert runs == 0
-    monkeypatch.setenv(chunk_graphs.ENV, "1")
+    monkeypatch.delenv(chunk_graphs.ENV)
     llm = load()
     assert llm.engine.runner.chunk_graphs is not None and llm.engine.runner.chunk_graphs.graph is not None
     with compile_watch.watch() as after_ready:

@@ -86,10 +86,23 @@ def test_only_a_single_text_chunk_of_the_graph_s_length_takes_it(dense_ckpt: Tin
     assert not runner.takes_chunk_graph([(req, BUDGET), (req, BUDGET)])
 
 
-@pytest.mark.parametrize("value, on", [("1", True), ("on", True), ("0", False), ("", False)])
-def test_the_switch(value: str, on: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(chunk_graphs.ENV, value)
-    assert chunk_graphs.chunk_graphs_enabled() is on
+@pytest.mark.parametrize("value, small, large", [("1", True, True), ("on", True, True), ("0", False, False),
+                                                  ("off", False, False), ("", True, False), ("auto", True, False),
+                                                  (None, True, False)])
+def test_the_switch(value: str | None, small: bool, large: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On, off, or (unset, the default) for budgets up to AUTO_MAX_TOKENS, where eager steps are host-bound."""
+    if value is None:
+        monkeypatch.delenv(chunk_graphs.ENV, raising=False)
+    else:
+        monkeypatch.setenv(chunk_graphs.ENV, value)
+    assert chunk_graphs.chunk_graphs_enabled(chunk_graphs.AUTO_MAX_TOKENS) is small
+    assert chunk_graphs.chunk_graphs_enabled(chunk_graphs.AUTO_MAX_TOKENS + 1) is large
+
+
+def test_a_bad_switch_value_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(chunk_graphs.ENV, "sometimes")
+    with pytest.raises(ValueError, match="NINFER_CHUNK_GRAPHS='sometimes'"):
+        chunk_graphs.chunk_graphs_enabled(128)
 
 
 def test_which_engines_capture_one(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -97,10 +110,14 @@ def test_which_engines_capture_one(monkeypatch: pytest.MonkeyPatch) -> None:
     reserves by the same rule."""
     from ninfer.runtime.engine_config import EngineConfig
 
+    monkeypatch.delenv(chunk_graphs.ENV, raising=False)
+    assert chunk_graphs.chunk_graph_tokens(EngineConfig(max_context=4096)) == 0  # the default budget: eager
     config = EngineConfig(max_context=4096, prefill_tokens_while_decoding=256)
+    assert chunk_graphs.chunk_graph_tokens(config) == 256
+    monkeypatch.setenv(chunk_graphs.ENV, "0")
     assert chunk_graphs.chunk_graph_tokens(config) == 0
     monkeypatch.setenv(chunk_graphs.ENV, "1")
-    assert chunk_graphs.chunk_graph_tokens(config) == 256
+    assert chunk_graphs.chunk_graph_tokens(EngineConfig(max_context=4096)) == 1024
     assert chunk_graphs.chunk_graph_tokens(EngineConfig(max_context=4096, prefill_tokens_while_decoding=256,
                                                         cuda_graphs=False)) == 0
     assert chunk_graphs.chunk_graph_tokens(EngineConfig(max_context=256, prefill_tokens_while_decoding=256)) == 0
