@@ -112,7 +112,8 @@ def run(args: argparse.Namespace) -> None:
     print(f"copy bandwidth {bw:.3f} TB/s", flush=True)
     if args.hf:
         hf_subprocess(args)
-    shape, label = args.shape, (args.recipe or "bf16") + (" eager" if args.eager else "")
+    shape, label = args.shape, (args.recipe or "bf16") + (" eager" if args.eager else "") + (
+        f" {args.label}" if args.label else "")
     if args.layers is not None:
         label += f" L={args.layers}"  # a cut-down model: keep its rows apart from full-depth ones
     max_ctx = max(args.contexts + args.prefill + [args.lane_context]) + args.steps + 64
@@ -299,6 +300,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--layers", type=int, default=None, help="fewer decoder layers (smoke tests)")
     parser.add_argument("--eager", action="store_true", help="decode without CUDA graphs")
+    parser.add_argument("--label", default="", help="words added to the records' labels (e.g. an A/B switch set in "
+                                                    "the environment)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--hf", action="store_true", help="also measure transformers as the floor (child process)")
     parser.add_argument("--hf-only", action="store_true", help="only the transformers floor, in this process")

@@ -18,7 +18,7 @@ from ninfer.config import ModelConfig
 from ninfer.kernels.activations import swiglu as swiglu_op
 from ninfer.kernels.attention import paged_attention, write_kv
 from ninfer.kernels.conv import save_conv_windows
-from ninfer.kernels.deltanet import gated_deltanet
+from ninfer.kernels.deltanet import GateProjection, gated_deltanet
 from ninfer.kernels.norms import gated_rms_norm, rms_norm
 from ninfer.kernels.rope import qk_norm_rope
 from ninfer.models.batch import ForwardBatch
@@ -149,10 +149,11 @@ class GatedDeltaNet(nn.Module):
         qkv, z = self.in_proj_qkvz(x).split([self.conv_dim, self.value_dim], dim=-1)  # column views (row strides)
         if batch.checkpoints:
             save_conv_windows(qkv, cache.conv[self.layer_idx], batch.checkpoints)
-        a, b = self.in_proj_ab(x).split(self.num_v_heads, dim=-1)  # column views: the kernels take row strides
+        # a, b = in_proj_ab(x): the decode kernel applies a float weight itself (no GEMM launch)
+        gates = GateProjection(x, self.in_proj_ab, getattr(self.in_proj_ab, "weight", None))
         # conv + SiLU -> gated delta rule -> gated RMSNorm (one kernel at decode; the dispatcher decides)
         o = gated_deltanet(
-            qkv, z, a, b, self.conv1d.weight[:, 0, :], cache.conv[self.layer_idx], self.A_log, self.dt_bias,
+            qkv, z, gates, self.conv1d.weight[:, 0, :], cache.conv[self.layer_idx], self.A_log, self.dt_bias,
             self.norm.weight, self.norm.eps, cache.recurrent[self.layer_idx], batch.cu_seqlens, batch.state_slots,
             batch.max_seqlen, state_out_slots=batch.state_out_slots, ckpt_offsets=batch.ckpt_offsets,
             ckpt_slots=batch.ckpt_slots,

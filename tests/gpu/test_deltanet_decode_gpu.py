@@ -13,7 +13,12 @@ import torch
 from kernel_testing import poisoned_outputs  # noqa: F401  (fixture)
 from ninfer.kernels.conv import causal_conv1d_triton
 from ninfer.kernels.deltanet.decode import gated_deltanet_decode_triton
-from ninfer.kernels.deltanet.mixer import fused_decode_applies, gated_deltanet, gated_deltanet_reference
+from ninfer.kernels.deltanet.mixer import (
+    GateProjection,
+    fused_decode_applies,
+    gated_deltanet,
+    gated_deltanet_reference,
+)
 from ninfer.kernels.deltanet.recurrent import gated_delta_rule_recurrent_triton
 from ninfer.kernels.norms import gated_rms_norm_triton
 
@@ -131,8 +136,8 @@ def test_fused_decode_matches_composed_paths(shape: str, batch: int, tokens: int
         qkv, z, a, b = _tokens(dims, batch * tokens, seed=1000 * step + batch)
         params = (layer["A_log"], layer["dt_bias"], layer["norm_weight"], EPS)
         assert fused_decode_applies(qkv, layer["state"], tokens, out_slots, None)
-        out = gated_deltanet(qkv, z, a, b, layer["conv_weight"], layer["conv_state"], *params, layer["state"], cu,
-                             slot_ids, tokens, out_slots)
+        out = gated_deltanet(qkv, z, (a, b), layer["conv_weight"], layer["conv_state"], *params, layer["state"],
+                             cu, slot_ids, tokens, out_slots)
         ref = _reference(qkv, z, a, b, layer["conv_weight"], ref_conv, *params, ref_state, cu, slot_ids, tokens,
                          out_slots)
         tri = _composed_triton(qkv, z, a, b, layer, tri_conv, tri_state, cu, slot_ids, tokens, out_slots)
@@ -187,3 +192,36 @@ def test_dispatcher_keeps_prefill_and_checkpoints_on_the_composed_path() -> None
     assert not fused_decode_applies(qkv, layer["state"], None, None, None)  # no host bound on the lengths
     ckpt = torch.ones(1, device="cuda", dtype=torch.int32)
     assert not fused_decode_applies(qkv, layer["state"], 4, None, ckpt)  # checkpoints: written by the chunked kernel
+
+
+HIDDEN = {"27B": 5120, "35B-A3B": 2048, "tiny-64": 64}
+
+
+@pytest.mark.parametrize("per_token", [False, True], ids=["in-place", "per-token-slots"])
+@pytest.mark.parametrize("tokens", [1, 4])
+@pytest.mark.parametrize("batch", [1, 8])
+@pytest.mark.parametrize("shape", list(HIDDEN))
+def test_gates_projected_in_the_kernel(shape: str, batch: int, tokens: int, per_token: bool) -> None:
+    """The model's path: a GateProjection with the bf16 in_proj_ab weight, applied by the decode kernel's programs,
+    against the same kernel fed cuBLAS's a and b (only the projections' summation order differs: a flipped bf16
+    rounding of a gate now and then, well inside the fused kernel's bound against the composed path)."""
+    if per_token and tokens == 1:
+        pytest.skip("per-token slots are for verification rows (K + 1 > 1 tokens)")
+    dims, hidden = {**SHAPES, **TINY}[shape], HIDDEN[shape]
+    hv = dims[1]
+    layer, slot_ids, out_slots, cu = _setup(dims, batch, tokens, per_token, seed=batch + tokens)
+    ab_conv, ab_state = layer["conv_state"].clone(), layer["state"].clone()
+    gen = torch.Generator(device="cuda").manual_seed(batch)
+    weight = (torch.randn(2 * hv, hidden, generator=gen, device="cuda") * hidden ** -0.5).bfloat16()
+    for step in range(2):
+        qkv, z, _, _ = _tokens(dims, batch * tokens, seed=1000 * step + batch)
+        x = torch.randn(batch * tokens, hidden, generator=gen, device="cuda").bfloat16()
+        project = lambda t: torch.nn.functional.linear(t, weight)  # noqa: E731
+        params = (layer["A_log"], layer["dt_bias"], layer["norm_weight"], EPS)
+        out = gated_deltanet(qkv, z, GateProjection(x, project, weight), layer["conv_weight"], layer["conv_state"],
+                             *params, layer["state"], cu, slot_ids, tokens, out_slots)
+        given = gated_deltanet(qkv, z, project(x).split(hv, dim=-1), layer["conv_weight"], ab_conv, *params, ab_state,
+                               cu, slot_ids, tokens, out_slots)
+        assert torch.isfinite(out).all()
+        assert _rel(out, given) < FUSED_OUT_TOL and _rel(layer["state"], ab_state) < FUSED_STATE_TOL
+        assert torch.equal(layer["conv_state"], ab_conv)

@@ -9,7 +9,7 @@ import torch
 from kernel_testing import assert_close, poisoned_outputs  # noqa: F401  (fixture)
 from ninfer.kernels.conv import causal_conv1d_triton
 from ninfer.kernels.deltanet.decode import gated_deltanet_decode_triton
-from ninfer.kernels.deltanet.mixer import gated_deltanet, gated_deltanet_reference
+from ninfer.kernels.deltanet.mixer import GateProjection, gated_deltanet, gated_deltanet_reference
 from ninfer.kernels.deltanet.recurrent import gated_delta_rule_recurrent_triton
 from ninfer.kernels.dispatch import INTERPRET
 from ninfer.kernels.norms import gated_rms_norm_triton
@@ -187,8 +187,66 @@ def test_dispatcher_composes_the_ops_off_cuda() -> None:
     qkv, z, a, b = _tokens(sum(lens), hv, dv, 2 * hk * dk + hv * dv, torch.float32, 4)
     cu, slot_ids = torch.tensor([0, 5, 6], dtype=torch.int32), torch.tensor([2, 0])
     params = (layer["A_log"], layer["dt_bias"], layer["norm_weight"], EPS)
-    out = gated_deltanet(qkv, z, a, b, layer["conv_weight"], layer["conv_state"], *params, layer["state"], cu,
+    out = gated_deltanet(qkv, z, (a, b), layer["conv_weight"], layer["conv_state"], *params, layer["state"], cu,
                          slot_ids, 5)
     ref = gated_deltanet_reference(qkv, z, a, b, layer["conv_weight"], ref_conv, *params, ref_state, cu, slot_ids, 5)
     assert torch.equal(out, ref) and torch.equal(layer["state"], ref_state)
     assert torch.equal(layer["conv_state"], ref_conv)
+
+
+def _gate_inputs(n: int, hidden: int, hv: int, dtype: torch.dtype, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, hidden, generator=gen).to(dtype)
+    return x, (torch.randn(2 * hv, hidden, generator=gen) * hidden ** -0.5 * 2).to(dtype)
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.float16, 2e-3)])
+@pytest.mark.parametrize("per_token", [False, True], ids=["in-place", "per-token"])
+def test_gates_projected_in_the_kernel(dtype: torch.dtype, tol: float, per_token: bool,
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The a/b projection applied by each program (x and the float weight instead of a and b): the result of the
+    kernel fed ``F.linear``'s gates; several unrolled K blocks, the last one partial."""
+    from ninfer.kernels.deltanet import decode
+
+    monkeypatch.setattr(decode, "GATE_BLOCK", 32)
+    lens, hk, hv, dk, dv, hidden = [1, 3, 0, 2], 2, 6, 16, 32, 80
+    batch = len(lens)
+    slots = 2 * batch + batch * max(lens) + 1
+    layer = _layer(hk, hv, dk, dv, slots, dtype, seed=8)
+    ab_conv, ab_state = layer["conv_state"].clone(), layer["state"].clone()
+    perm = torch.randperm(slots, generator=torch.Generator().manual_seed(8))
+    slot_ids = perm[:batch]
+    out_slots = perm[batch:batch + batch * max(lens)].reshape(batch, max(lens)) if per_token else None
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+    params = (layer["A_log"], layer["dt_bias"], layer["norm_weight"], EPS)
+    for step in range(2):
+        qkv, z, _, _ = _tokens(sum(lens), hv, dv, 2 * hk * dk + hv * dv, dtype, 80 + step)
+        x, w = _gate_inputs(sum(lens), hidden, hv, dtype, 90 + step)
+        a, b = torch.nn.functional.linear(x.float(), w.float()).to(dtype).split(hv, dim=-1)
+        fused = gated_deltanet_decode_triton(qkv, z, None, None, layer["conv_weight"], layer["conv_state"], *params,
+                                             layer["state"], cu, slot_ids, max(lens), out_slots, gate_x=x,
+                                             gate_weight=w)
+        given = gated_deltanet_decode_triton(qkv, z, a, b, layer["conv_weight"], ab_conv, *params, ab_state, cu,
+                                             slot_ids, max(lens), out_slots)
+        assert torch.isfinite(fused).all()
+        assert_close(fused, given, tol)
+        assert_close(layer["state"], ab_state, tol)
+        assert torch.equal(layer["conv_state"], ab_conv)
+
+
+def test_dispatcher_projects_the_gates_where_the_kernel_does_not() -> None:
+    """Off CUDA (and wherever the one-launch decode does not run) a GateProjection is called: the same result as
+    its (a, b)."""
+    lens, hk, hv, dk, dv = [5, 1], 1, 2, 16, 16
+    layer = _layer(hk, hv, dk, dv, 4, torch.float32, 9)
+    ref_conv, ref_state = layer["conv_state"].clone(), layer["state"].clone()
+    qkv, z, _, _ = _tokens(sum(lens), hv, dv, 2 * hk * dk + hv * dv, torch.float32, 9)
+    x, w = _gate_inputs(sum(lens), 24, hv, torch.float32, 9)
+    project = lambda t: torch.nn.functional.linear(t, w)  # noqa: E731
+    a, b = project(x).split(hv, dim=-1)
+    cu, slot_ids = torch.tensor([0, 5, 6], dtype=torch.int32), torch.tensor([2, 0])
+    params = (layer["A_log"], layer["dt_bias"], layer["norm_weight"], EPS)
+    out = gated_deltanet(qkv, z, GateProjection(x, project, w), layer["conv_weight"], layer["conv_state"], *params,
+                         layer["state"], cu, slot_ids, 5)
+    ref = gated_deltanet_reference(qkv, z, a, b, layer["conv_weight"], ref_conv, *params, ref_state, cu, slot_ids, 5)
+    assert torch.equal(out, ref) and torch.equal(layer["state"], ref_state)

@@ -12,12 +12,14 @@ from pathlib import Path
 
 import pytest
 
-# (hk, hv, dk, dv, tokens, per-token slots): 27B decode and verification rows, 35B-A3B decode.
-CASES = [(16, 48, 128, 128, 1, 0), (16, 48, 128, 128, 4, 1), (16, 32, 128, 128, 1, 0)]
+# (hk, hv, dk, dv, tokens, per-token slots, hidden size of gates projected in the kernel, 0: a and b given):
+# 27B decode and verification rows, 35B-A3B decode.
+CASES = [(16, 48, 128, 128, 1, 0, 0), (16, 48, 128, 128, 1, 0, 5120), (16, 48, 128, 128, 4, 1, 5120),
+         (16, 32, 128, 128, 1, 0, 2048)]
 SMEM_LIMIT = 99 * 1024
 
 
-def _compile(hk: int, hv: int, dk: int, dv: int, tokens: int, per_token: int) -> list[dict]:
+def _compile(hk: int, hv: int, dk: int, dv: int, tokens: int, per_token: int, hidden: int) -> list[dict]:
     """Shared memory of each config (bf16 activations and weights, fp32 state; pointers 16-byte aligned)."""
     import triton
     import triton.language as tl
@@ -30,8 +32,9 @@ def _compile(hk: int, hv: int, dk: int, dv: int, tokens: int, per_token: int) ->
     fp32 = {"A_log", "dt_bias", "state", "sumsq"}
     ints = {"cu_seqlens": "i32", "slot_ids": "i64", "out_slots": "i64", "counters": "i32"}
     const = dict(HV=hv, GROUP=hv // hk, DK=dk, DV=dv, K=4, T_MAX=triton.next_power_of_2(tokens),
-                 HAS_OUT_SLOTS=bool(per_token), WDT=tl.bfloat16, PROD_DTYPE=tl.bfloat16)
-    pointers = set(fn.arg_names[:fn.arg_names.index("out_slots") + 1])
+                 HAS_OUT_SLOTS=bool(per_token), WDT=tl.bfloat16, PROD_DTYPE=tl.bfloat16, GATES_FROM_X=hidden > 0,
+                 H=max(hidden, 1), BH=min(decode.GATE_BLOCK, triton.next_power_of_2(max(hidden, 1))))
+    pointers = set(fn.arg_names[:fn.arg_names.index("gate_w") + 1])
     found = []
     for cfg in decode._decode_kernel.configs:
         signature, constexprs, attrs = {}, {}, {}
@@ -50,7 +53,7 @@ def _compile(hk: int, hv: int, dk: int, dv: int, tokens: int, per_token: int) ->
     return found
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: "hk{}-hv{}-dk{}-dv{}-t{}-slots{}".format(*c))
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "hk{}-hv{}-dk{}-dv{}-t{}-slots{}-gates{}".format(*c))
 def test_decode_kernel_shared_memory_on_sm90(case: tuple[int, ...]) -> None:
     pytest.importorskip("triton.backends.nvidia")
     env = {**os.environ, "TRITON_INTERPRET": "0"}  # compiled for real

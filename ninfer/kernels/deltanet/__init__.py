@@ -7,8 +7,8 @@ its reference and dispatcher ``mixer``.
 """
 from ninfer.kernels.deltanet.chunk import chunked_batch_sizes
 from ninfer.kernels.deltanet.dispatch import RECURRENT_MAX_SEQLEN, gated_delta_rule
-from ninfer.kernels.deltanet.mixer import gated_deltanet, gated_deltanet_reference
+from ninfer.kernels.deltanet.mixer import GateProjection, gated_deltanet, gated_deltanet_reference
 from ninfer.kernels.deltanet.reference import CHUNK, chunked_rule, gated_delta_rule_reference, recurrent_rule
 
-__all__ = ["CHUNK", "RECURRENT_MAX_SEQLEN", "chunked_batch_sizes", "chunked_rule", "gated_delta_rule", "gated_delta_rule_reference",
+__all__ = ["CHUNK", "GateProjection", "RECURRENT_MAX_SEQLEN", "chunked_batch_sizes", "chunked_rule", "gated_delta_rule", "gated_delta_rule_reference",
            "gated_deltanet", "gated_deltanet_reference", "recurrent_rule"]

@@ -20,6 +20,11 @@ through the weight dtype; gates, L2 norms and the rule in fp32 (no ``tl.dot``); 
 value and the output to the input dtype, the norm weight's product to ``promote(weight, input)``. Only fp32
 summation orders differ.
 
+The a/b gates come as two ``[N, Hv]`` inputs, or as their projection's input ``x [N, H]`` and float weight
+``[2 Hv, H]`` (a rows, then b), which each program then applies to its tokens for its value head (two dot
+products of H, fp32, rounded to x's dtype as the projection's GEMM output is): the GEMM's launches (cuBLAS
+takes two at decode sizes) and a gap are gone, for 2 H weights read from L2 per program.
+
 Speculative verification (``state_out_slots``) keeps its per-token states: the conv window and the
 DeltaNet state after token ``t`` go to slot ``state_out_slots[b, t]`` and the input slot is only read.
 """
@@ -35,6 +40,7 @@ from ninfer.kernels.deltanet.common import check_head_dims, decay_beta, l2_norma
 from ninfer.kernels.dispatch import autotune_configs
 
 MAX_TOKENS = 8  # per sequence and call: 1 + at most 7 draft tokens (the tokens are an unrolled loop)
+GATE_BLOCK = 2048  # columns of the gate projections' unrolled K blocks: 3 blocks of 16 values a thread at H = 5120
 TL_DTYPE = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
 
 
@@ -103,6 +109,22 @@ def _update_windows(rows, sx_n, slot_rows, conv_state, out_slots, seq, length, c
         _store_window(rows + ch, sx_n, slot_rows + ch * ss_c, slot_rows + ch * ss_c, ss_k, length - 1, K, WDT)
 
 
+@triton.jit
+def _gate_projections(x_row, w_a_row, w_b_row, H: tl.constexpr, BH: tl.constexpr):
+    """``(x . w_a, x . w_b)`` of one token and value head: fp32 sums, rounded to x's dtype as the projection's
+    GEMM output is. The K blocks are unrolled so that all their loads are in flight at once."""
+    acc_a = tl.zeros((BH,), dtype=tl.float32)
+    acc_b = tl.zeros((BH,), dtype=tl.float32)
+    for h0 in tl.static_range(0, H, BH):
+        offs = h0 + tl.arange(0, BH)
+        ok = offs < H
+        xs = tl.load(x_row + offs, mask=ok, other=0.0).to(tl.float32)
+        acc_a += xs * tl.load(w_a_row + offs, mask=ok, other=0.0).to(tl.float32)
+        acc_b += xs * tl.load(w_b_row + offs, mask=ok, other=0.0).to(tl.float32)
+    xdt = x_row.dtype.element_ty
+    return tl.sum(acc_a, axis=0).to(xdt), tl.sum(acc_b, axis=0).to(xdt)
+
+
 # (value columns per program, warps): narrow blocks spread a batch-1 step over many SMs; the state block
 # [DK, BV] fp32 stays in registers. Compiled for sm_90 at dk = dv = 128 (ptxas: registers per thread), 64 x 4
 # warps and 128 x 16 warps spilled; these did not (128 x 8 does at 4 tokens per sequence, 328 B).
@@ -117,11 +139,11 @@ _CONFIGS = [(32, 4), (16, 2), (64, 8), (128, 8)]
 @triton.jit
 def _decode_kernel(
     qkv, z, a, b, conv_w, conv_state, A_log, dt_bias, norm_w, state, y, sumsq, counters, cu_seqlens, slot_ids,
-    out_slots, stride_qkv_t, stride_z_t, stride_a_t, stride_b_t, stride_w_c, stride_w_k,
-    stride_cs_s, stride_cs_c, stride_cs_k, stride_state_s, stride_out_slots_b, scale, eps, BATCH_LOG2,
-    HV: tl.constexpr, GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, K: tl.constexpr,
+    out_slots, gate_x, gate_w, stride_qkv_t, stride_z_t, stride_a_t, stride_b_t, stride_w_c, stride_w_k,
+    stride_cs_s, stride_cs_c, stride_cs_k, stride_state_s, stride_out_slots_b, stride_gx_t, stride_gw_n, scale, eps,
+    BATCH_LOG2, HV: tl.constexpr, GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, K: tl.constexpr,
     T_MAX: tl.constexpr, HAS_OUT_SLOTS: tl.constexpr, WDT: tl.constexpr, PROD_DTYPE: tl.constexpr,
-    BV: tl.constexpr,
+    GATES_FROM_X: tl.constexpr, H: tl.constexpr, BH: tl.constexpr, BV: tl.constexpr,
 ):
     BLOCK: tl.constexpr = BV if BV < DV else DV
     NV: tl.constexpr = DV // BLOCK
@@ -156,8 +178,13 @@ def _decode_kernel(
                              conv_w + v_ch * stride_w_c, stride_w_k, t, K, WDT, xdt, 0)
             q_t = l2_normalize(q_t, scale, 0)[:, None]
             k_t = l2_normalize(k_t, 1.0, 0)[:, None]
-            g, beta = decay_beta(tl.load(a + tok * stride_a_t + head), tl.load(b + tok * stride_b_t + head),
-                                 neg_A, bias)
+            if GATES_FROM_X:
+                a_t, b_t = _gate_projections(gate_x + tok * stride_gx_t, gate_w + head * stride_gw_n,
+                                             gate_w + (HV + head) * stride_gw_n, H, BH)
+            else:
+                a_t = tl.load(a + tok * stride_a_t + head)
+                b_t = tl.load(b + tok * stride_b_t + head)
+            g, beta = decay_beta(a_t, b_t, neg_A, bias)
             s = s * tl.exp(g)
             delta = (v_t - tl.sum(s * k_t, axis=0)) * beta
             s = s + k_t * delta[None, :]
@@ -227,8 +254,8 @@ def _counters(device: torch.device, n: int) -> torch.Tensor:
 def gated_deltanet_decode_triton(
     qkv: torch.Tensor,
     z: torch.Tensor,
-    a: torch.Tensor,
-    b: torch.Tensor,
+    a: torch.Tensor | None,
+    b: torch.Tensor | None,
     conv_weight: torch.Tensor,
     conv_state: torch.Tensor,
     A_log: torch.Tensor,
@@ -240,17 +267,29 @@ def gated_deltanet_decode_triton(
     slot_ids: torch.Tensor,
     max_seqlen: int,
     state_out_slots: torch.Tensor | None = None,
+    gate_x: torch.Tensor | None = None,
+    gate_weight: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Triton :func:`ninfer.kernels.deltanet.mixer.gated_deltanet_reference` for at most ``MAX_TOKENS``
     tokens per sequence (``max_seqlen`` bounds them: a host int, no sync). Updates ``conv_state`` and
-    ``state`` in place (or writes per-token slots with ``state_out_slots [B, >= max_seqlen]``)."""
+    ``state`` in place (or writes per-token slots with ``state_out_slots [B, >= max_seqlen]``). With ``gate_x
+    [N, H]`` and ``gate_weight [2 Hv, H]`` (a rows, then b; float) instead of ``a`` and ``b``, the kernel projects
+    the gates itself: ``a, b = (gate_x @ gate_weight.T).split(Hv, -1)``."""
     n = qkv.shape[0]
     hv, dk, dv = state.shape[1:]
     taps = conv_weight.shape[1]
     hk = (qkv.shape[1] - hv * dv) // (2 * dk)
     batch = slot_ids.shape[0]
     assert 1 <= max_seqlen <= MAX_TOKENS and hv % hk == 0 and check_head_dims(dk, dv)
-    assert qkv.stride(1) == 1 and z.stride(1) == 1 and a.stride(1) == 1 and b.stride(1) == 1
+    gates_from_x = gate_weight is not None
+    if gates_from_x:
+        assert gate_x is not None and gate_x.shape == (n, gate_weight.shape[1]) and gate_weight.shape[0] == 2 * hv
+        assert gate_x.stride(1) == 1 and gate_weight.stride(1) == 1 and gate_weight.dtype in TL_DTYPE
+        a = b = gate_x  # not read
+    else:
+        assert a is not None and b is not None and a.stride(1) == 1 and b.stride(1) == 1
+        gate_x = gate_weight = a  # not read
+    assert qkv.stride(1) == 1 and z.stride(1) == 1
     assert state.dtype == torch.float32 and state[0].is_contiguous() and norm_weight.is_contiguous()
     assert conv_state.shape[1:] == (qkv.shape[1], taps - 1) and z.shape == (n, hv * dv)
     y = torch.empty((n, hv * dv), dtype=qkv.dtype, device=qkv.device)
@@ -262,11 +301,13 @@ def gated_deltanet_decode_triton(
     sumsq = torch.empty((n, hv, dv // min(bv for bv, _ in _CONFIGS)), dtype=torch.float32, device=qkv.device)
     _decode_kernel[lambda meta: (batch, hv, blocks(meta))](
         qkv, z, a, b, conv_weight, conv_state, A_log, dt_bias, norm_weight, state, y, sumsq,
-        _counters(qkv.device, batch * hk), cu_seqlens, slot_ids, out_slots, qkv.stride(0), z.stride(0), a.stride(0),
-        b.stride(0), conv_weight.stride(0), conv_weight.stride(1), conv_state.stride(0), conv_state.stride(1),
-        conv_state.stride(2), state.stride(0), out_slots.stride(0) if has_out else 0, dk ** -0.5, eps,
-        batch.bit_length(), HV=hv, GROUP=hv // hk, DK=dk, DV=dv, K=taps, T_MAX=triton.next_power_of_2(max_seqlen),
-        HAS_OUT_SLOTS=has_out, WDT=TL_DTYPE[conv_weight.dtype],
-        PROD_DTYPE=TL_DTYPE[torch.promote_types(norm_weight.dtype, qkv.dtype)],
+        _counters(qkv.device, batch * hk), cu_seqlens, slot_ids, out_slots, gate_x, gate_weight, qkv.stride(0),
+        z.stride(0), a.stride(0), b.stride(0), conv_weight.stride(0), conv_weight.stride(1), conv_state.stride(0),
+        conv_state.stride(1), conv_state.stride(2), state.stride(0), out_slots.stride(0) if has_out else 0,
+        gate_x.stride(0), gate_weight.stride(0), dk ** -0.5, eps, batch.bit_length(), HV=hv, GROUP=hv // hk, DK=dk,
+        DV=dv, K=taps, T_MAX=triton.next_power_of_2(max_seqlen), HAS_OUT_SLOTS=has_out,
+        WDT=TL_DTYPE[conv_weight.dtype], PROD_DTYPE=TL_DTYPE[torch.promote_types(norm_weight.dtype, qkv.dtype)],
+        GATES_FROM_X=gates_from_x, H=gate_x.shape[1] if gates_from_x else 1,
+        BH=min(GATE_BLOCK, triton.next_power_of_2(gate_x.shape[1])) if gates_from_x else 1,
     )
     return y

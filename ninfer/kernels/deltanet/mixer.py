@@ -3,12 +3,15 @@ the gated RMSNorm, as one op (reference §8).
 
 ``qkv [N, 2 Hk dk + Hv dv]`` are the pre-conv channels (q, k, v, each head-major), ``z [N, Hv dv]`` the
 output gate, ``a, b [N, Hv]`` the raw decay and beta projections (all may be row-strided views of the
-projections' outputs). At decode on CUDA one kernel (:mod:`.decode`) does it all; elsewhere (prefill,
-prefix-cache checkpoints, CPU) the three ops run one after another, each through its own dispatcher.
+projections' outputs). At decode on CUDA one kernel (:mod:`.decode`) does it all, the a/b projection included
+when it comes as a :class:`GateProjection` with a float weight; elsewhere (prefill, prefix-cache checkpoints,
+CPU) the three ops run one after another, each through its own dispatcher.
 """
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -19,6 +22,25 @@ from ninfer.kernels.deltanet.dispatch import RECURRENT_MAX_SEQLEN, gated_delta_r
 from ninfer.kernels.deltanet.reference import gated_delta_rule_reference
 from ninfer.kernels.dispatch import use_triton
 from ninfer.kernels.norms import gated_rms_norm, gated_rms_norm_reference
+
+
+@dataclass(frozen=True)
+class GateProjection:
+    """The a/b gates as a projection of ``x [N, H]``: ``project(x) [N, 2 Hv]`` (a columns, then b). Where the
+    one-launch decode runs and ``weight`` (float ``[2 Hv, H]``, the projection's) is given, the kernel applies it
+    itself: no GEMM launch for two columns per head. Every other path calls ``project``."""
+
+    x: torch.Tensor
+    project: Callable[[torch.Tensor], torch.Tensor]
+    weight: torch.Tensor | None = None
+
+    def gates(self, hv: int) -> tuple[torch.Tensor, torch.Tensor]:
+        a, b = self.project(self.x).split(hv, dim=-1)  # column views: the kernels take row strides
+        return a, b
+
+
+Gates = tuple[torch.Tensor, torch.Tensor] | GateProjection  # (a, b) or what computes them
+_FLOATS = (torch.float32, torch.float16, torch.bfloat16)  # gate weights the decode kernel reads
 
 
 def _split_heads(mixed: torch.Tensor, hk: int, dk: int, hv: int, dv: int) -> tuple[torch.Tensor, ...]:
@@ -72,6 +94,13 @@ def fused_decode_enabled() -> bool:
     return os.environ.get("NINFER_FUSED_DELTANET_DECODE", "1") != "0"
 
 
+def gates_in_kernel(gates: GateProjection) -> bool:
+    """Whether the one-launch decode applies this projection itself: a float weight, unless
+    ``NINFER_GATES_IN_DECODE=0`` (read per call; the switch keeps the separate GEMM at hand for comparisons)."""
+    return (gates.weight is not None and gates.weight.dtype in _FLOATS
+            and os.environ.get("NINFER_GATES_IN_DECODE", "1") != "0")
+
+
 def fused_decode_applies(qkv: torch.Tensor, state: torch.Tensor, max_seqlen: int | None,
                          state_out_slots: torch.Tensor | None, ckpt_offsets: torch.Tensor | None) -> bool:
     """Whether :func:`gated_deltanet` takes the one-launch decode kernel: on CUDA, a few tokens per sequence
@@ -85,8 +114,7 @@ def fused_decode_applies(qkv: torch.Tensor, state: torch.Tensor, max_seqlen: int
 def gated_deltanet(
     qkv: torch.Tensor,
     z: torch.Tensor,
-    a: torch.Tensor,
-    b: torch.Tensor,
+    gates: Gates,
     conv_weight: torch.Tensor,
     conv_state: torch.Tensor,
     A_log: torch.Tensor,
@@ -101,11 +129,20 @@ def gated_deltanet(
     ckpt_offsets: torch.Tensor | None = None,
     ckpt_slots: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """See :func:`gated_deltanet_reference`: one kernel at decode on CUDA, else conv, rule and norm in turn."""
-    if fused_decode_applies(qkv, state, max_seqlen, state_out_slots, ckpt_offsets):
-        return gated_deltanet_decode_triton(qkv, z, a, b, conv_weight, conv_state, A_log, dt_bias, norm_weight, eps,
-                                            state, cu_seqlens, slot_ids, max_seqlen, state_out_slots)
+    """See :func:`gated_deltanet_reference` (``gates``: its ``(a, b)``, or a :class:`GateProjection`): one kernel
+    at decode on CUDA, else conv, rule and norm in turn."""
     hk, dk, hv, dv = _head_counts(qkv, state)
+    if fused_decode_applies(qkv, state, max_seqlen, state_out_slots, ckpt_offsets):
+        if isinstance(gates, GateProjection) and gates_in_kernel(gates):
+            a = b = None
+            gate_x, gate_weight = gates.x, gates.weight
+        else:
+            a, b = gates.gates(hv) if isinstance(gates, GateProjection) else gates
+            gate_x = gate_weight = None
+        return gated_deltanet_decode_triton(qkv, z, a, b, conv_weight, conv_state, A_log, dt_bias, norm_weight, eps,
+                                            state, cu_seqlens, slot_ids, max_seqlen, state_out_slots,
+                                            gate_x=gate_x, gate_weight=gate_weight)
+    a, b = gates.gates(hv) if isinstance(gates, GateProjection) else gates
     mixed = causal_conv1d(qkv, conv_weight, conv_state, cu_seqlens, slot_ids, max_seqlen, state_out_slots)
     o = gated_delta_rule(*_split_heads(mixed, hk, dk, hv, dv), a, b, A_log, dt_bias, state, cu_seqlens, slot_ids,
                          max_seqlen, state_out_slots, ckpt_offsets, ckpt_slots)
