@@ -54,7 +54,7 @@ profile-27b-chunks    why a small 27B int4 chunk costs as much as a large one: 8
 profile-27b-mixed     4 decodes beside a long 27B int4 prompt in 128-token chunks from 16k context on (replayed from the prompt-chunk graph; NINFER_CHUNK_GRAPHS=0: eager): wall time per step, kernels by family, cProfile of the host
 itl-128-27b           27B int4 warm start: ITL of 4 decodes beside a 32k prefill at the default budget and at 128 tokens, and the rate of the 32k prompt at each
 chunk-graphs-27b      the prompt-chunk graph (on by default up to 256 tokens): its GPU tests, then the 27B int4 ITL of 4 decodes beside a 32k prefill with 128- and 256-token chunks replayed from it
-gates-in-decode-27b   the a/b gate projection inside the DeltaNet decode kernel (GPU tests) and the 27B int4 decode at C = 1 / 8 with it off (NINFER_GATES_IN_DECODE=0: its own cuBLAS GEMM, two launches a layer) then on, and a step profile with it on
+gates-in-decode-27b   the a/b gate projection inside the DeltaNet decode kernel (GPU tests) and the 27B int4 decode at C = 1 / 8 with it off (the default: its own cuBLAS GEMM, two launches a layer) then on (NINFER_GATES_IN_DECODE=1), and a step profile with it on
 itl-budgets-27b       27B int4 warm start: ITL of 4 decodes beside a 32k prefill at prefill_tokens_while_decoding 1024 (the default) / 512 / 256 / 128 and at max_decode_stall 3x / 2.5x, and the rate of the 32k prompt at each
 '
 names=$(echo "$STAGES" | awk 'NF { print $1 }')
@@ -299,9 +299,9 @@ stage() {
       gpu_tests 150 deltanet_decode_gpu -k "'gates or graph'"
       NINFER_GATES_IN_DECODE=0 part 120 python3 perf/bench_engine.py --shape 27b --recipe int4 --contexts 1024 \
         --lanes 1 8 --steps 12 --chunk 1024 --prefill 1024 --label gates-separate
-      part 120 python3 perf/bench_engine.py --shape 27b --recipe int4 --contexts 1024 --lanes 1 8 --steps 12 \
-        --chunk 1024 --prefill 1024 --label gates-in-decode
-      part 100 python3 perf/profile_step.py --shape 27b --recipe int4
+      NINFER_GATES_IN_DECODE=1 part 120 python3 perf/bench_engine.py --shape 27b --recipe int4 --contexts 1024 \
+        --lanes 1 8 --steps 12 --chunk 1024 --prefill 1024 --label gates-in-decode
+      NINFER_GATES_IN_DECODE=1 part 100 python3 perf/profile_step.py --shape 27b --recipe int4
       ;;
     itl-budgets-27b)  # a budget whose mixed step stays within 3x TPOT chooses the default (docs/performance.md)
       part 420 python3 perf/bench_startup.py --shape 27b --recipe int4 --modes warm --prefill --ttft-lanes 1 \

@@ -149,7 +149,7 @@ class GatedDeltaNet(nn.Module):
         qkv, z = self.in_proj_qkvz(x).split([self.conv_dim, self.value_dim], dim=-1)  # column views (row strides)
         if batch.checkpoints:
             save_conv_windows(qkv, cache.conv[self.layer_idx], batch.checkpoints)
-        # a, b = in_proj_ab(x): the decode kernel applies a float weight itself (no GEMM launch)
+        # a, b = in_proj_ab(x): the decode kernel can apply a float weight itself (no GEMM launch)
         gates = GateProjection(x, self.in_proj_ab, getattr(self.in_proj_ab, "weight", None))
         # conv + SiLU -> gated delta rule -> gated RMSNorm (one kernel at decode; the dispatcher decides)
         o = gated_deltanet(

@@ -201,12 +201,14 @@ HIDDEN = {"27B": 5120, "35B-A3B": 2048, "tiny-64": 64}
 @pytest.mark.parametrize("tokens", [1, 4])
 @pytest.mark.parametrize("batch", [1, 8])
 @pytest.mark.parametrize("shape", list(HIDDEN))
-def test_gates_projected_in_the_kernel(shape: str, batch: int, tokens: int, per_token: bool) -> None:
+def test_gates_projected_in_the_kernel(shape: str, batch: int, tokens: int, per_token: bool,
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """The model's path: a GateProjection with the bf16 in_proj_ab weight, applied by the decode kernel's programs,
     against the same kernel fed cuBLAS's a and b (only the projections' summation order differs: a flipped bf16
     rounding of a gate now and then, well inside the fused kernel's bound against the composed path)."""
     if per_token and tokens == 1:
         pytest.skip("per-token slots are for verification rows (K + 1 > 1 tokens)")
+    monkeypatch.setenv("NINFER_GATES_IN_DECODE", "1")
     dims, hidden = {**SHAPES, **TINY}[shape], HIDDEN[shape]
     hv = dims[1]
     layer, slot_ids, out_slots, cu = _setup(dims, batch, tokens, per_token, seed=batch + tokens)
@@ -218,10 +220,12 @@ def test_gates_projected_in_the_kernel(shape: str, batch: int, tokens: int, per_
         x = torch.randn(batch * tokens, hidden, generator=gen, device="cuda").bfloat16()
         project = lambda t: torch.nn.functional.linear(t, weight)  # noqa: E731
         params = (layer["A_log"], layer["dt_bias"], layer["norm_weight"], EPS)
-        out = gated_deltanet(qkv, z, GateProjection(x, project, weight), layer["conv_weight"], layer["conv_state"],
+        calls = []
+        gates = GateProjection(x, lambda t: calls.append(t) or project(t), weight)
+        out = gated_deltanet(qkv, z, gates, layer["conv_weight"], layer["conv_state"],
                              *params, layer["state"], cu, slot_ids, tokens, out_slots)
         given = gated_deltanet(qkv, z, project(x).split(hv, dim=-1), layer["conv_weight"], ab_conv, *params, ab_state,
                                cu, slot_ids, tokens, out_slots)
-        assert torch.isfinite(out).all()
+        assert not calls and torch.isfinite(out).all()  # the kernel projected the gates
         assert _rel(out, given) < FUSED_OUT_TOL and _rel(layer["state"], ab_state) < FUSED_STATE_TOL
         assert torch.equal(layer["conv_state"], ab_conv)

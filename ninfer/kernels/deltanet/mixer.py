@@ -95,10 +95,11 @@ def fused_decode_enabled() -> bool:
 
 
 def gates_in_kernel(gates: GateProjection) -> bool:
-    """Whether the one-launch decode applies this projection itself: a float weight, unless
-    ``NINFER_GATES_IN_DECODE=0`` (read per call; the switch keeps the separate GEMM at hand for comparisons)."""
+    """Whether the one-launch decode applies this projection itself: a float weight, with
+    ``NINFER_GATES_IN_DECODE=1`` (read per call). Off by default until it has run on a GPU (its GPU tests and
+    the A/B decode of the runbook's ``gates-in-decode-27b``); the projection's own GEMM otherwise."""
     return (gates.weight is not None and gates.weight.dtype in _FLOATS
-            and os.environ.get("NINFER_GATES_IN_DECODE", "1") != "0")
+            and os.environ.get("NINFER_GATES_IN_DECODE", "0") == "1")
 
 
 def fused_decode_applies(qkv: torch.Tensor, state: torch.Tensor, max_seqlen: int | None,
