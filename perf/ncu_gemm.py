@@ -9,7 +9,8 @@ the copy bandwidth; this answers *why* on the GPU (stall reasons, issue slots, m
         python perf/ncu_gemm.py --shape gate_up --format int4-g64 --m 1 --path gemv --pick $i
 
 ``--best`` times every candidate of the path (``gemv``: the GEMV configs, ``mma``: the tensor-core int4
-decode (kernel ``_quant_gemv_mma_kernel``), ``dot``: the ``tl.dot``
+decode (kernel ``_quant_gemv_mma_kernel``), ``frag``: the register decode of fragment-laid weights (kernel
+``_fragment_mma_kernel``, what the engines run for int4 / int8-g64), ``dot``: the ``tl.dot``
 configs, ``dequant``: dequantization + cuBLAS, M > 16) from CUDA-graph replays and prints the index
 of the fastest (its config and time on stderr); ``--pick I`` then only launches candidate I, once to
 compile and ``--launches`` times more, so that the profiled launch is not a timing run.
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -25,9 +27,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ninfer.kernels.quant_gemm import quant_matmul_triton  # noqa: E402
+from ninfer.kernels.quant_gemm.fragments import FRAGMENTS, to_fragments  # noqa: E402
 from ninfer.kernels.quant_gemm.tune import (  # noqa: E402
     _graph_ms,
     candidates,
+    fragment_candidates,
     gemv_candidates,
     mma_candidates,
     sm_count,
@@ -43,7 +47,7 @@ def main() -> None:
     parser.add_argument("--shape", choices=sorted(SHAPES), default="gate_up")
     parser.add_argument("--format", default="int4-g64")
     parser.add_argument("--m", type=int, default=1)
-    parser.add_argument("--path", choices=["gemv", "mma", "dot", "dequant"], default="gemv")
+    parser.add_argument("--path", choices=["gemv", "mma", "frag", "dot", "dequant"], default="gemv")
     parser.add_argument("--launches", type=int, default=8)
     parser.add_argument("--best", action="store_true", help="time the candidates, print the fastest's index")
     parser.add_argument("--pick", type=int, default=0, help="launch this candidate only")
@@ -57,6 +61,10 @@ def main() -> None:
         cands = gemv_candidates(args.format, args.m, n_out, k, sms)
     elif args.path == "mma":  # the tensor-core int4 decode (quant_gemv_mma)
         cands = mma_candidates(args.format, args.m, n_out, k, sms, swiglu=swiglu)
+    elif args.path == "frag":  # the register decode reads the weights re-laid as the engines hold them
+        q, scales = to_fragments(w.tensors["qweight"], w.tensors["scales"])
+        w = replace(w, tensors={"qweight": q, "scales": scales}, layout=FRAGMENTS)
+        cands = fragment_candidates(args.format, args.m, n_out, k, sms)
     else:
         cands = [c for c in candidates(args.format, args.m, n_out, k, sms, swiglu=swiglu) if c.kind == args.path]
     if not cands:
