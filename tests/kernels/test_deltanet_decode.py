@@ -40,18 +40,22 @@ def _tokens(n: int, hv: int, dv: int, channels: int, dtype: torch.dtype, seed: i
     return (*qkvz.split([channels, hv * dv], dim=-1), *ab.split([hv, hv], dim=-1))
 
 
+def _slots(lens: list[int], per_token: bool, seed: int) -> tuple[int, torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """Slot count, the sequences' input slots, their per-token out slots (verification rows) and cu_seqlens."""
+    batch = len(lens)
+    slots = 2 * batch + batch * max(lens) + 1
+    perm = torch.randperm(slots, generator=torch.Generator().manual_seed(seed))
+    out_slots = perm[batch:batch + batch * max(lens)].reshape(batch, max(lens)) if per_token else None
+    return slots, perm[:batch], out_slots, torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+
+
 def _check(lens: list[int], hk: int, hv: int, dk: int, dv: int, dtype: torch.dtype, tol: float, seed: int,
            per_token: bool = False, steps: int = 1) -> None:
     """``steps`` consecutive calls (each reads what the previous one wrote) of kernel and reference on copies
     of the slots; outputs, every state slot and every conv slot compared (untouched ones exactly)."""
-    batch = len(lens)
-    slots = 2 * batch + batch * max(lens) + 1
+    slots, slot_ids, out_slots, cu = _slots(lens, per_token, seed)
     layer = _layer(hk, hv, dk, dv, slots, dtype, seed)
     ref_conv, ref_state = layer["conv_state"].clone(), layer["state"].clone()
-    perm = torch.randperm(slots, generator=torch.Generator().manual_seed(seed))
-    slot_ids = perm[:batch]
-    out_slots = perm[batch:batch + batch * max(lens)].reshape(batch, max(lens)) if per_token else None
-    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
     for step in range(steps):
         qkv, z, a, b = _tokens(sum(lens), hv, dv, 2 * hk * dk + hv * dv, dtype, seed + 100 * step)
         args = (qkv, z, a, b, layer["conv_weight"])
@@ -128,14 +132,9 @@ def test_repeats_the_composed_triton_roundings(case: tuple, dtype: torch.dtype) 
     rarely. One rounding point more or less in either path flips 10-50% of the outputs by an ulp or more, far
     over the bound of at most 1% one ulp off; tests/gpu/test_deltanet_decode_gpu.py checks the same in bf16."""
     lens, hk, hv, dk, dv, per_token = case
-    batch = len(lens)
-    slots = 2 * batch + batch * max(lens) + 1
+    slots, slot_ids, out_slots, cu = _slots(lens, per_token, 5)
     layer = _layer(hk, hv, dk, dv, slots, dtype, seed=5)
     tri_conv, tri_state = layer["conv_state"].clone(), layer["state"].clone()
-    perm = torch.randperm(slots, generator=torch.Generator().manual_seed(5))
-    slot_ids = perm[:batch]
-    out_slots = perm[batch:batch + batch * max(lens)].reshape(batch, max(lens)) if per_token else None
-    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
     for step in range(2):  # the second call reads the slots the first one wrote
         qkv, z, a, b = _tokens(sum(lens), hv, dv, 2 * hk * dk + hv * dv, dtype, 50 + step)
         params = (layer["A_log"], layer["dt_bias"], layer["norm_weight"], EPS)
@@ -159,15 +158,10 @@ def test_conv_weight_narrower_than_the_activations(per_token: bool) -> None:
     windows it writes back are rounded through it too (the reference's and the conv kernel's), while the rule and
     the norm stay in fp32."""
     lens, hk, hv, dk, dv = [3, 1], 1, 2, 16, 16
-    batch = len(lens)
-    slots = 2 * batch + batch * max(lens) + 1
+    slots, slot_ids, out_slots, cu = _slots(lens, per_token, 6)
     layer = _layer(hk, hv, dk, dv, slots, torch.float32, seed=6)
     layer["conv_weight"] = layer["conv_weight"].half()
     ref_conv, ref_state = layer["conv_state"].clone(), layer["state"].clone()
-    perm = torch.randperm(slots, generator=torch.Generator().manual_seed(6))
-    slot_ids = perm[:batch]
-    out_slots = perm[batch:batch + batch * max(lens)].reshape(batch, max(lens)) if per_token else None
-    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
     qkv, z, a, b = _tokens(sum(lens), hv, dv, 2 * hk * dk + hv * dv, torch.float32, 6)
     params = (layer["A_log"], layer["dt_bias"], layer["norm_weight"], EPS)
     out = gated_deltanet_decode_triton(qkv, z, a, b, layer["conv_weight"], layer["conv_state"], *params,
@@ -210,14 +204,9 @@ def test_gates_projected_in_the_kernel(dtype: torch.dtype, tol: float, per_token
 
     monkeypatch.setattr(decode, "GATE_BLOCK", 32)
     lens, hk, hv, dk, dv, hidden = [1, 3, 0, 2], 2, 6, 16, 32, 80
-    batch = len(lens)
-    slots = 2 * batch + batch * max(lens) + 1
+    slots, slot_ids, out_slots, cu = _slots(lens, per_token, 8)
     layer = _layer(hk, hv, dk, dv, slots, dtype, seed=8)
     ab_conv, ab_state = layer["conv_state"].clone(), layer["state"].clone()
-    perm = torch.randperm(slots, generator=torch.Generator().manual_seed(8))
-    slot_ids = perm[:batch]
-    out_slots = perm[batch:batch + batch * max(lens)].reshape(batch, max(lens)) if per_token else None
-    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
     params = (layer["A_log"], layer["dt_bias"], layer["norm_weight"], EPS)
     for step in range(2):
         qkv, z, _, _ = _tokens(sum(lens), hv, dv, 2 * hk * dk + hv * dv, dtype, 80 + step)

@@ -10,5 +10,5 @@ from ninfer.kernels.deltanet.dispatch import RECURRENT_MAX_SEQLEN, gated_delta_r
 from ninfer.kernels.deltanet.mixer import GateProjection, gated_deltanet, gated_deltanet_reference
 from ninfer.kernels.deltanet.reference import CHUNK, chunked_rule, gated_delta_rule_reference, recurrent_rule
 
-__all__ = ["CHUNK", "GateProjection", "RECURRENT_MAX_SEQLEN", "chunked_batch_sizes", "chunked_rule", "gated_delta_rule", "gated_delta_rule_reference",
-           "gated_deltanet", "gated_deltanet_reference", "recurrent_rule"]
+__all__ = ["CHUNK", "GateProjection", "RECURRENT_MAX_SEQLEN", "chunked_batch_sizes", "chunked_rule", "gated_delta_rule",
+           "gated_delta_rule_reference", "gated_deltanet", "gated_deltanet_reference", "recurrent_rule"]
