@@ -55,6 +55,7 @@ profile-27b-chunks    why a small 27B int4 chunk costs as much as a large one: 8
 profile-27b-mixed     4 decodes beside a long 27B int4 prompt in 128-token chunks from 16k context on (replayed from the prompt-chunk graph; NINFER_CHUNK_GRAPHS=0: eager): wall time per step, kernels by family, cProfile of the host
 itl-128-27b           27B int4 warm start: ITL of 4 decodes beside a 32k prefill at the default budget and at 128 tokens, and the rate of the 32k prompt at each
 chunk-graphs-27b      the prompt-chunk graph (on by default up to 256 tokens): its GPU tests, then the 27B int4 ITL of 4 decodes beside a 32k prefill with 128- and 256-token chunks replayed from it
+profile-mtp-27b       where a 27B int4 MTP round goes at C = 8 (K = 3, all drafts accepted: 2.25x a plain step in run 2026-12-03.13) beside the plain C = 8 step, kernels by family
 gates-in-decode-27b   the a/b gate projection inside the DeltaNet decode kernel (GPU tests) and the 27B int4 decode at C = 1 / 8 with it off (the default: its own cuBLAS GEMM, two launches a layer) then on (NINFER_GATES_IN_DECODE=1), and a step profile with it on
 itl-budgets-27b       27B int4 warm start: ITL of 4 decodes beside a 32k prefill at prefill_tokens_while_decoding 1024 (the default) / 512 / 256 / 128 and at max_decode_stall 3x / 2.5x, and the rate of the 32k prompt at each
 '
@@ -306,6 +307,10 @@ stage() {
             python3 perf/ncu_gemm.py --shape $shape --format int4-g64 --m $m --path frag --pick "${i:-0}"
         done
       done
+      ;;
+    profile-mtp-27b)
+      part 150 python3 perf/profile_step.py --shape 27b --recipe int4 --lanes 8 --draft-tokens 3 --top 30
+      part 100 python3 perf/profile_step.py --shape 27b --recipe int4 --lanes 8 --top 30
       ;;
     gates-in-decode-27b)  # in_proj_ab was a cuBLAS GEMM and its split-K reduce per DeltaNet layer: 0.29 ms of a 7.8 ms step (run 2026-12-03.6)
       gpu_tests 150 deltanet_decode_gpu -k "'gates or graph'"
