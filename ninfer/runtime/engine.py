@@ -185,7 +185,7 @@ class Engine:
             # attention kernel gives a one-token query no split-KV parallelism.
             # Nor do they where the chunk replays its graph: the decode graph replays beside it.
             ride = (all(r.num_computed < MIXED_MAX_CONTEXT for r in plan.decode)
-                    and not self.runner.takes_chunk_graph(plan.prefills))
+                    and not self.runner.takes_chunk_graph(plan.prefills, plan.checkpoints))
             if not ride:
                 self._decode(plan.decode, events)
             self._mixed_step(plan.decode if ride else [], plan.prefills, plan.checkpoints, events)

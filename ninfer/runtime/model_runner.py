@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Collection, Hashable
 
 import torch
 
@@ -136,7 +136,7 @@ class ModelRunner:
         end: tokens ``[num_computed, end)``) packed in that order; also writes the state at each checkpoint.
         Returns the hidden states ``[N, H]`` and the packed offsets ``cu_seqlens`` (host ints).
         A step that :meth:`takes_chunk_graph` and writes no checkpoint replays the chunk graph."""
-        if not decode and not checkpoints and self.takes_chunk_graph([item for item, _ in chunks]):
+        if not decode and self.takes_chunk_graph([item for item, _ in chunks], checkpoints):
             ((req, end), (row_slots, row_ids)), = chunks
             hidden = self.chunk_graphs.run(torch.tensor(row_ids, dtype=torch.long), req.num_computed,
                                            torch.tensor(row_slots, dtype=torch.long), req.lane, req.slot)
@@ -218,10 +218,11 @@ class ModelRunner:
                 log.warning("no prompt-chunk graph (%s: %s): steps beside decodes run eagerly",
                             type(err).__name__, err)
 
-    def takes_chunk_graph(self, chunks: list[tuple[Request, int]]) -> bool:
+    def takes_chunk_graph(self, chunks: list[tuple[Request, int]], checkpoints: Collection = ()) -> bool:
         """Whether a step of these prompt chunks (request, end) and no decode rows replays the chunk graph:
-        one text chunk of the graph's length (:mod:`ninfer.runtime.chunk_graphs`)."""
-        if self.chunk_graphs is None or len(chunks) != 1:
+        one text chunk of the graph's length (:mod:`ninfer.runtime.chunk_graphs`) with no prefix-cache
+        ``checkpoints`` to write (the graph writes none)."""
+        if self.chunk_graphs is None or len(chunks) != 1 or checkpoints:
             return False
         req, end = chunks[0]
         return req.mm is None and end - req.num_computed == self.chunk_graphs.tokens

@@ -79,11 +79,12 @@ def test_a_prefix_cache_hit_continues_in_the_graph(dense_ckpt: TinyCheckpoint) -
 def test_only_a_single_text_chunk_of_the_graph_s_length_takes_it(dense_ckpt: TinyCheckpoint) -> None:
     llm = ninfer.load(dense_ckpt.path, device="cpu", max_concurrency=2, progress=False)
     runner = llm.engine.runner
-    assert runner.chunk_graphs is None and not runner.takes_chunk_graph([])  # off by default, and on CPU
+    assert runner.chunk_graphs is None and not runner.takes_chunk_graph([])  # none at the default budget, nor on CPU
     _install_graph(llm)
     req = llm._request(list(range(100)), 1, llm.sampling_params(greedy=True))
     assert runner.takes_chunk_graph([(req, BUDGET)]) and not runner.takes_chunk_graph([(req, BUDGET + 1)])
     assert not runner.takes_chunk_graph([(req, BUDGET), (req, BUDGET)])
+    assert not runner.takes_chunk_graph([(req, BUDGET)], {req.request_id: 10})  # a checkpoint to write: eager
 
 
 @pytest.mark.parametrize("value, small, large", [("1", True, True), ("on", True, True), ("0", False, False),
