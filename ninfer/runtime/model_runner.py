@@ -232,10 +232,16 @@ class ModelRunner:
         """The warm-up's forwards: one chunk of each :func:`warmup_chunk_lengths` length (those of every prefill
         attention variant included: :func:`~ninfer.kernels.attention.prefill.launch_variant`), on lane 0's
         table and ``slot`` (state reset before each; ``draft`` after each), the short checkpointed chunks of
-        :meth:`_warm_short_checkpoints`, then the packed prefills of :meth:`_warm_packed`."""
+        :meth:`_warm_short_checkpoints`, then the packed prefills of :meth:`_warm_packed`.
+
+        The chunks that take the prefill attention kernel end at ``longest`` (their keys reach back over the
+        scratch pages) rather than start at 0: its tuning keys do not hold the context, and a chunk's best tile
+        over a few keys (a fresh short prompt) is not its best over thousands (a chunk of a long prompt, such
+        as those beside decodes), where attention costs most. The earlier positions' KV is whatever the pages
+        hold: only the kernels' timing matters here."""
         heads = self.model.config.num_attention_heads
         for n in warmup_chunk_lengths(longest, lambda n: launch_variant(self.device, heads, n)):
-            batch = self._scratch_prompt(n, slot, slot_mapping)
+            batch = self._scratch_prompt(n, slot, slot_mapping, start=longest - n if n > DECODE_MAX_TOKENS else 0)
             self.cache.reset_slot(slot)
             hidden = self.model(batch, self.cache)
             self.model.logits(hidden[-1:])
@@ -245,13 +251,15 @@ class ModelRunner:
         self._warm_short_checkpoints(slot, slot_mapping, slots)
         self._warm_packed(scratch, slot_mapping, slots)
 
-    def _scratch_prompt(self, n: int, slot: int, slot_mapping: torch.Tensor, **checkpoint: object) -> ForwardBatch:
-        """A one-sequence batch of ``n`` prompt tokens on lane 0's scratch pages and state ``slot``
-        (``checkpoint``: :func:`make_batch`'s checkpoint fields)."""
-        dev = self.device
-        return make_batch(input_ids=torch.zeros(n, dtype=torch.long, device=dev), positions=torch.arange(n, device=dev),
-                          seq_lens=[n], context_lens=[n], block_tables=self.block_tables[:1],
-                          slot_mapping=slot_mapping[:n], state_slots=[slot], **checkpoint)
+    def _scratch_prompt(self, n: int, slot: int, slot_mapping: torch.Tensor, start: int = 0,
+                        **checkpoint: object) -> ForwardBatch:
+        """A one-sequence batch of ``n`` prompt tokens at positions ``start ..`` on lane 0's scratch pages and
+        state ``slot`` (``checkpoint``: :func:`make_batch`'s checkpoint fields)."""
+        dev, end = self.device, start + n
+        return make_batch(input_ids=torch.zeros(n, dtype=torch.long, device=dev),
+                          positions=torch.arange(start, end, device=dev), seq_lens=[n], context_lens=[end],
+                          block_tables=self.block_tables[:1], slot_mapping=slot_mapping[start:end], state_slots=[slot],
+                          **checkpoint)
 
     def _warm_short_checkpoints(self, slot: int, slot_mapping: torch.Tensor, slots: SlotPool) -> None:
         """A one-sequence chunk of the conv's short tile (:data:`CONV_SHORT_TILE` tokens) with a prefix-cache

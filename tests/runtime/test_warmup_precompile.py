@@ -44,6 +44,35 @@ class _Graph:
         return None
 
 
+def test_prefill_attention_chunks_warm_up_at_the_end_of_the_longest_prompt(dense_ckpt: TinyCheckpoint,
+                                                                          monkeypatch) -> None:
+    """Each one-sequence warm-up chunk that takes the prefill attention kernel ends where the longest does (its
+    keys reach back over the scratch pages: tuned as a chunk of a long prompt); the decode kernel's few-token
+    chunks start at 0."""
+    from ninfer.kernels.attention.decode import DECODE_MAX_TOKENS
+    from ninfer.runtime import model_runner
+
+    llm = ninfer.load(dense_ckpt.path, device="cpu", max_concurrency=2, max_context=4096, kv_capacity=4096,
+                      prefill_chunk=256, progress=False)
+    seen: list[tuple[int, int, int]] = []
+    make_batch = model_runner.make_batch
+
+    def noting(**kw):
+        batch = make_batch(**kw)
+        if len(kw["seq_lens"]) == 1 and "checkpoints" not in kw:
+            seen.append((kw["seq_lens"][0], int(batch.positions.reshape(-1, kw["seq_lens"][0])[0, 0]),
+                         int(kw["context_lens"][0])))
+        return batch
+
+    monkeypatch.setattr(model_runner, "make_batch", noting)
+    monkeypatch.setattr(model_runner.startup, "parallel_compile", lambda dry_pass: None)
+    llm.engine.warm_up()
+    longest = max(n for n, _, _ in seen)
+    assert [n for n, _, _ in seen] == model_runner.warmup_chunk_lengths(longest)
+    for n, start, context in seen:
+        assert (start, context) == ((longest - n, longest) if n > DECODE_MAX_TOKENS else (0, n)), (n, start, context)
+
+
 def test_the_decode_dry_pass_builds_the_batches_the_graphs_capture(dense_ckpt: TinyCheckpoint, monkeypatch) -> None:
     """Same sizes, dtypes, shapes and strides (Triton specialises on strides) for each batch size."""
     from ninfer.runtime import graphs, model_runner
