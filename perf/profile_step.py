@@ -10,7 +10,8 @@ bubbles inside the graph). Writes one ``profile_step`` record per run to the JSO
     python perf/profile_step.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --prefill 8192 [--chunk 1024]
 
 ``--mixed CONTEXT`` profiles the steps that pack a long prompt's chunks (``--chunk`` tokens each, the budget
-beside decodes) with 4 decodes, once the prompt has reached CONTEXT tokens: wall time per step, kernel time
+beside decodes; up to 256 tokens they replay the prompt-chunk graph unless ``NINFER_CHUNK_GRAPHS=0``) with 4
+decodes, once the prompt has reached CONTEXT tokens: wall time per step, kernel time
 by family, and (``--host``) the host's time per op (torch.profiler) and a cProfile of the same steps.
     python perf/profile_step.py --shape 27b --recipe int4 --mixed 16384 --chunk 128 --host
 
@@ -141,7 +142,8 @@ def run_mixed(args: argparse.Namespace) -> None:
     long_ctx = long.num_computed
     profiled = _profiled(lambda: [engine.step() for _ in range(steps)], args.top if args.host else 0)
     per = {k: (ms / steps, n / steps) for k, (ms, n) in profiled.items()}
-    label = f"{args.shape} {args.recipe or 'bf16'} mixed 4 decodes + chunk={args.chunk} at ctx={long_ctx}"
+    graph = " chunk-graph" if engine.runner.chunk_graphs is not None else ""  # NINFER_CHUNK_GRAPHS=0: eager
+    label = f"{args.shape} {args.recipe or 'bf16'} mixed 4 decodes + chunk={args.chunk}{graph} at ctx={long_ctx}"
     _report(label, wall * 1e3, "step", per, args.top)
     if args.host:
         _host_profile(lambda: [engine.step() for _ in range(steps)], args.top)
