@@ -156,6 +156,8 @@ class Bench:
             scheduler.prefill_tokens_while_decoding = min(budget, scheduler.prefill_chunk)
             scheduler.stall = None if bound is None else StallBudget(
                 StallBound.parse(bound), initial=scheduler.prefill_tokens_while_decoding, most=scheduler.prefill_chunk)
+            if scheduler.stall is not None and engine.runner.chunk_graphs is not None:  # as the engine's own
+                scheduler.stall.replays_chunks_of(engine.runner.chunk_graphs.tokens)
             chunks: list[int] = []
             plan = scheduler.plan
             scheduler.plan = lambda: _noting_chunks(plan(), chunks)

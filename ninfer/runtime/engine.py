@@ -115,6 +115,8 @@ class Engine:
                             draft=self.spec.warm_up_chunk if self.spec is not None else None)
         with startup.phase("warm-up"):
             self.sampler.warm_up(self.model)
+        if self.scheduler.stall is not None and self.runner.chunk_graphs is not None:
+            self.scheduler.stall.replays_chunks_of(self.runner.chunk_graphs.tokens)
         if self.warm_marker is not None:
             self.warm_marker.write()
 

@@ -17,7 +17,10 @@ time per token).
 The model is linear in the prompt tokens. Where a step beside decodes pays a fixed cost for having any (a
 GEMM path that re-reads every weight per chunk, decode rows run as a forward of their own), the cost per token
 it measures grows as the chunk shrinks; a bound below that fixed cost cannot be met by chunking, and the
-budget then settles at its floor, :data:`LEAST_TOKENS` a step.
+budget then settles at its floor, :data:`LEAST_TOKENS` a step. Where the engine replays a prompt-chunk graph
+(:mod:`ninfer.runtime.chunk_graphs`) the floor is the graph's length: a shorter chunk runs eagerly, and an eager
+step beside decodes costs more than the graph's whole step (27B ``int4``, H200, 128 tokens beside 4 decodes:
+p50 72 ms eagerly, 52 ms replayed; run 2026-12-04.3).
 """
 from __future__ import annotations
 
@@ -68,10 +71,12 @@ class StallBound:
 class StallBudget:
     """The prompt tokens of the next step beside decodes (:meth:`tokens`), from the steps seen so far
     (:meth:`observe`); ``initial`` until a decode step and a mixed step have both been seen, never more
-    than ``most`` (the prefill chunk) nor fewer than :data:`LEAST_TOKENS`."""
+    than ``most`` (the prefill chunk) nor fewer than ``least`` (:data:`LEAST_TOKENS`, or the prompt-chunk graph's
+    length: :meth:`replays_chunks_of`)."""
 
     def __init__(self, bound: StallBound, *, initial: int, most: int) -> None:
         self.bound, self.initial, self.most = bound, min(initial, most), most
+        self.least = min(LEAST_TOKENS, most)
         self.decode_s: float | None = None  # a step that only decodes
         self.token_s: float | None = None  # one prompt token's share of a step beside decodes
 
@@ -85,13 +90,17 @@ class StallBudget:
         elif self.decode_s is not None:
             self.token_s = _average(self.token_s, max(seconds - self.decode_s, 0.0) / prefill_tokens)
 
+    def replays_chunks_of(self, tokens: int) -> None:
+        """The engine replays a graph for chunks of ``tokens``: never plan fewer (they would run eagerly)."""
+        self.least = min(max(self.least, tokens), self.most)
+
     def tokens(self) -> int:
         if self.decode_s is None or self.token_s is None:
             return self.initial
         room = self.bound.limit(self.decode_s) - self.decode_s
         if self.token_s == 0:
             return self.most
-        return int(min(max(room / self.token_s, LEAST_TOKENS), self.most))
+        return int(min(max(room / self.token_s, self.least), self.most))
 
 
 def _average(mean: float | None, value: float) -> float:

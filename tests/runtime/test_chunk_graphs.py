@@ -9,6 +9,7 @@ import pytest
 import ninfer
 from ninfer.runtime import chunk_graphs
 from ninfer.runtime.chunk_graphs import ChunkGraphs
+from ninfer.runtime.stall_budget import LEAST_TOKENS
 from tiny_checkpoints import TinyCheckpoint
 
 BUDGET = 32
@@ -122,3 +123,16 @@ def test_which_engines_capture_one(monkeypatch: pytest.MonkeyPatch) -> None:
     assert chunk_graphs.chunk_graph_tokens(EngineConfig(max_context=4096, prefill_tokens_while_decoding=256,
                                                         cuda_graphs=False)) == 0
     assert chunk_graphs.chunk_graph_tokens(EngineConfig(max_context=256, prefill_tokens_while_decoding=256)) == 0
+
+
+def test_a_stall_bound_never_plans_chunks_shorter_than_the_graph(dense_ckpt: TinyCheckpoint) -> None:
+    """With ``max_decode_stall`` the budget follows measured step times, but not below the graph's length once
+    warm-up has captured it: a shorter chunk would run eagerly."""
+    tokens = 48  # above the floor without a graph (LEAST_TOKENS)
+    llm = ninfer.load(dense_ckpt.path, device="cpu", max_concurrency=2, max_decode_stall="1.01x",
+                      prefill_tokens_while_decoding=tokens, progress=False)
+    runner = llm.engine.runner
+    assert llm.engine.scheduler.stall.least == LEAST_TOKENS
+    runner.chunk_graphs = ChunkGraphs(runner.model, runner.cache, runner.block_tables, tokens, captured=False)
+    llm.engine.warm_up()  # on CPU: the runner keeps the graph it was given
+    assert llm.engine.scheduler.stall.least == tokens

@@ -53,6 +53,20 @@ def test_the_budget_stays_between_its_floor_and_the_chunk() -> None:
     assert StallBudget(StallBound.parse("3x"), initial=9000, most=2048).tokens() == 2048
 
 
+def test_a_chunk_graph_raises_the_floor_to_its_length() -> None:
+    """Chunks shorter than the prompt-chunk graph's run eagerly, dearer than the graph's whole step: a tight bound
+    settles at the graph's length instead of LEAST_TOKENS (never past the prefill chunk)."""
+    budget = StallBudget(StallBound.parse("1.01x"), initial=128, most=8192)
+    budget.replays_chunks_of(128)
+    assert _simulate(budget, 0.01, 0.001, 5) == [128] * 5
+    loose = StallBudget(StallBound.parse("1000ms"), initial=128, most=2048)
+    loose.replays_chunks_of(128)
+    assert _simulate(loose, 0.01, 0.00001, 3)[1:] == [2048] * 2
+    small = StallBudget(StallBound.parse("3x"), initial=64, most=100)
+    small.replays_chunks_of(256)
+    assert small.least == 100
+
+
 def test_steps_without_decodes_say_nothing() -> None:
     budget = StallBudget(StallBound.parse("3x"), initial=700, most=8192)
     budget.observe(0.5, 8192, 0)  # a prefill with nothing decoding stalls nobody
