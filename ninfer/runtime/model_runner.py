@@ -214,7 +214,7 @@ class ModelRunner:
         if self.graphs is not None and tokens:
             try:
                 self.chunk_graphs = ChunkGraphs(self.model, self.cache, self.block_tables, tokens)
-            except Exception as err:  # noqa: BLE001 (an experiment's capture must not stop the start: no graph)
+            except Exception as err:  # noqa: BLE001 (a failed capture must not stop the start: no graph)
                 log.warning("no prompt-chunk graph (%s: %s): steps beside decodes run eagerly",
                             type(err).__name__, err)
 

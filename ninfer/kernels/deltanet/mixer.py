@@ -17,7 +17,7 @@ import torch
 
 from ninfer.kernels.conv import causal_conv1d, causal_conv1d_reference
 from ninfer.kernels.deltanet.common import check_head_dims
-from ninfer.kernels.deltanet.decode import MAX_TOKENS, gated_deltanet_decode_triton
+from ninfer.kernels.deltanet.decode import MAX_TOKENS, TL_DTYPE, gated_deltanet_decode_triton
 from ninfer.kernels.deltanet.dispatch import RECURRENT_MAX_SEQLEN, gated_delta_rule
 from ninfer.kernels.deltanet.reference import gated_delta_rule_reference
 from ninfer.kernels.dispatch import use_triton
@@ -40,7 +40,10 @@ class GateProjection:
 
 
 Gates = tuple[torch.Tensor, torch.Tensor] | GateProjection  # (a, b) or what computes them
-_FLOATS = (torch.float32, torch.float16, torch.bfloat16)  # gate weights the decode kernel reads
+
+
+def _gate_values(gates: Gates, hv: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return gates.gates(hv) if isinstance(gates, GateProjection) else gates
 
 
 def _split_heads(mixed: torch.Tensor, hk: int, dk: int, hv: int, dv: int) -> tuple[torch.Tensor, ...]:
@@ -94,11 +97,11 @@ def fused_decode_enabled() -> bool:
     return os.environ.get("NINFER_FUSED_DELTANET_DECODE", "1") != "0"
 
 
-def gates_in_kernel(gates: GateProjection) -> bool:
-    """Whether the one-launch decode applies this projection itself: a float weight, with
-    ``NINFER_GATES_IN_DECODE=1`` (read per call). Off by default until it has run on a GPU (its GPU tests and
-    the A/B decode of the runbook's ``gates-in-decode-27b``); the projection's own GEMM otherwise."""
-    return (gates.weight is not None and gates.weight.dtype in _FLOATS
+def gates_in_kernel(gates: Gates) -> bool:
+    """Whether the one-launch decode applies the gates' projection itself: a :class:`GateProjection` with a float
+    weight, with ``NINFER_GATES_IN_DECODE=1`` (read per call). Off by default until it has run on a GPU (its GPU
+    tests and the A/B decode of the runbook's ``gates-in-decode-27b``); the projection's own GEMM otherwise."""
+    return (isinstance(gates, GateProjection) and gates.weight is not None and gates.weight.dtype in TL_DTYPE
             and os.environ.get("NINFER_GATES_IN_DECODE", "0") == "1")
 
 
@@ -134,16 +137,13 @@ def gated_deltanet(
     at decode on CUDA, else conv, rule and norm in turn."""
     hk, dk, hv, dv = _head_counts(qkv, state)
     if fused_decode_applies(qkv, state, max_seqlen, state_out_slots, ckpt_offsets):
-        if isinstance(gates, GateProjection) and gates_in_kernel(gates):
-            a = b = None
-            gate_x, gate_weight = gates.x, gates.weight
-        else:
-            a, b = gates.gates(hv) if isinstance(gates, GateProjection) else gates
-            gate_x = gate_weight = None
-        return gated_deltanet_decode_triton(qkv, z, a, b, conv_weight, conv_state, A_log, dt_bias, norm_weight, eps,
-                                            state, cu_seqlens, slot_ids, max_seqlen, state_out_slots,
-                                            gate_x=gate_x, gate_weight=gate_weight)
-    a, b = gates.gates(hv) if isinstance(gates, GateProjection) else gates
+        if gates_in_kernel(gates):
+            return gated_deltanet_decode_triton(qkv, z, None, None, conv_weight, conv_state, A_log, dt_bias,
+                                                norm_weight, eps, state, cu_seqlens, slot_ids, max_seqlen,
+                                                state_out_slots, gate_x=gates.x, gate_weight=gates.weight)
+        return gated_deltanet_decode_triton(qkv, z, *_gate_values(gates, hv), conv_weight, conv_state, A_log, dt_bias,
+                                            norm_weight, eps, state, cu_seqlens, slot_ids, max_seqlen, state_out_slots)
+    a, b = _gate_values(gates, hv)
     mixed = causal_conv1d(qkv, conv_weight, conv_state, cu_seqlens, slot_ids, max_seqlen, state_out_slots)
     o = gated_delta_rule(*_split_heads(mixed, hk, dk, hv, dv), a, b, A_log, dt_bias, state, cu_seqlens, slot_ids,
                          max_seqlen, state_out_slots, ckpt_offsets, ckpt_slots)

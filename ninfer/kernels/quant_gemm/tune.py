@@ -150,8 +150,13 @@ def fragment_layout_candidates(fmt: str, m: int, n_out: int, k: int, sms: int, *
         return decode[:1]
     if m > FRAG_PREFILL_MAX_M:
         return dequant_candidates(fmt, 128)[:1]
+    return dequant_candidates(fmt, 128)[:1] + decode[:1] + _wide(fmt, m, n_out, k, sms, swiglu)
+
+
+def _wide(fmt: str, m: int, n_out: int, k: int, sms: int, swiglu: bool) -> list[GemmConfig]:
+    """:func:`wide_fragment_candidate` as a list: empty with SwiGLU (it spills) or where it does not fit."""
     wide = None if swiglu else wide_fragment_candidate(fmt, m, n_out, k, sms)
-    return dequant_candidates(fmt, 128)[:1] + decode[:1] + ([wide] if wide else [])
+    return [wide] if wide else []
 
 
 def wide_fragment_candidate(fmt: str, m: int, n_out: int, k: int, sms: int) -> GemmConfig | None:
@@ -161,8 +166,9 @@ def wide_fragment_candidate(fmt: str, m: int, n_out: int, k: int, sms: int) -> G
     64 tokens against 3.28 for 32 at the same 4 warps and 2 chunks per trip, 29% fewer per weight and token; that
     shape holds the 32 accumulators a lane keeps in 174 registers (int8: 178-184) without spilling, where 4
     chunks per trip spill; SwiGLU's two weight streams spill at any trip length, so gate/up does not get it.
-    Split-K for about 8 programs per SM. Not yet timed on a GPU: the tuner decides. None where the trip does not
-    divide K or the scale groups."""
+    Split-K for about 8 programs per SM. On the H200 the tuner never chose it (runs 2026-12-04.2 / .3: the
+    dequantization path won the eager keys of 128 tokens and up, 32-token configs the rest and every graph key);
+    it stays a candidate for other GPUs' tuners. None where the trip does not divide K or the scale groups."""
     warps, unroll = 4, 2
     if k % (64 * unroll) or (64 * unroll) % GROUPS[fmt]:
         return None
@@ -181,10 +187,7 @@ def graph_candidates(fmt: str, m: int, n_out: int, k: int, sms: int, *, swiglu: 
     what a step beside decodes costs."""
     if layout == FRAGMENTS and m > MMA_MAX_M:
         decode = fragment_candidates(fmt, m, n_out, k, sms)
-        if m > FRAG_PREFILL_MAX_M:
-            return decode[:1]
-        wide = None if swiglu else wide_fragment_candidate(fmt, m, n_out, k, sms)
-        return decode + ([wide] if wide else [])
+        return decode[:1] if m > FRAG_PREFILL_MAX_M else decode + _wide(fmt, m, n_out, k, sms, swiglu)
     return [c for c in candidates(fmt, m, n_out, k, sms, swiglu=swiglu, mma=mma, layout=layout) if c.kind != "dequant"]
 
 
