@@ -72,7 +72,8 @@ class ChunkGraphs:
         # The capture writes KV at slot 0 of page 0 and state at slot 0: scratch entries, reset when a real
         # sequence takes them (as the decode graphs' capture does).
         self.input_ids = torch.zeros(tokens, **long)
-        self.positions = torch.arange(tokens, **long).expand(3, tokens).contiguous()
+        self.offsets = torch.arange(tokens, **long).expand(3, tokens).contiguous()  # a run's positions less its start
+        self.positions = self.offsets.clone()
         self.context_lens = torch.full((1,), tokens, dtype=torch.int32, device=device)
         self.slot_mapping = torch.zeros(tokens, **long)
         self.lane = torch.zeros(1, **long)
@@ -96,7 +97,7 @@ class ChunkGraphs:
         (its graph's output buffer: valid until the next run)."""
         end = start + self.tokens
         self.input_ids.copy_(input_ids, non_blocking=True)
-        self.positions.copy_(torch.arange(start, end, dtype=torch.long).expand(3, self.tokens), non_blocking=True)
+        torch.add(self.offsets, start, out=self.positions)
         self.context_lens.fill_(end)
         self.slot_mapping.copy_(slot_mapping, non_blocking=True)
         self.lane.fill_(lane)
