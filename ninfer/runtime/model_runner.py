@@ -254,12 +254,13 @@ class ModelRunner:
     def _scratch_prompt(self, n: int, slot: int, slot_mapping: torch.Tensor, start: int = 0,
                         **checkpoint: object) -> ForwardBatch:
         """A one-sequence batch of ``n`` prompt tokens at positions ``start ..`` on lane 0's scratch pages and
-        state ``slot`` (``checkpoint``: :func:`make_batch`'s checkpoint fields)."""
+        state ``slot`` (``checkpoint``: :func:`make_batch`'s checkpoint fields). Its KV slots are a fresh tensor,
+        as serving's are: a slice at an odd offset would be a pointer Triton specialises apart."""
         dev, end = self.device, start + n
         return make_batch(input_ids=torch.zeros(n, dtype=torch.long, device=dev),
                           positions=torch.arange(start, end, device=dev), seq_lens=[n], context_lens=[end],
-                          block_tables=self.block_tables[:1], slot_mapping=slot_mapping[start:end], state_slots=[slot],
-                          **checkpoint)
+                          block_tables=self.block_tables[:1], slot_mapping=slot_mapping[start:end].clone(),
+                          state_slots=[slot], **checkpoint)
 
     def _warm_short_checkpoints(self, slot: int, slot_mapping: torch.Tensor, slots: SlotPool) -> None:
         """A one-sequence chunk of the conv's short tile (:data:`CONV_SHORT_TILE` tokens) with a prefix-cache
