@@ -4,6 +4,7 @@
     python perf/ptx_check.py --kinds attention-prefill [--kv bf16,fp8,int8]
     python perf/ptx_check.py --kinds gemv-mma --formats int4-g64,int4-g128 [--m 1|16|32] [--arch 120]
     python perf/ptx_check.py --kinds frag --formats int4-g128 [--m 1|16|32] [--arch 120]
+    python perf/ptx_check.py --kinds frag-tiled --formats int4-g64,int8-g64 --m 128 [--arch 120]
 
 For each kernel, format and candidate config: shared memory and the global loads of the PTX
 (``ld.global.v4.b32`` = 16-byte vectors; ``ld.global.b8`` = one byte each), and the async copies of
@@ -44,6 +45,7 @@ from ninfer.kernels.attention import prefill as attention_prefill  # noqa: E402
 from ninfer.kernels.moe import quant_gemv as moe_quant_gemv  # noqa: E402
 from ninfer.kernels.quant_gemm import dequant as quant_dequant  # noqa: E402
 from ninfer.kernels.quant_gemm import fragment_mma  # noqa: E402
+from ninfer.kernels.quant_gemm import fragment_tiled  # noqa: E402
 from ninfer.kernels.quant_gemm import gemv as quant_gemv  # noqa: E402
 from ninfer.kernels.quant_gemm import gemv_mma as quant_gemv_mma  # noqa: E402
 from ninfer.kernels.quant_gemm.gemm import quant_gemm_kernel  # noqa: E402
@@ -55,6 +57,7 @@ from ninfer.kernels.quant_gemm.tune import (  # noqa: E402
     fragment_candidates,
     kernel_params,
     mma_candidates,
+    tiled_fragment_candidates,
     wide_fragment_candidate,
 )
 
@@ -228,6 +231,37 @@ def frag(fmt: str, m: int, arch: int, sms: int) -> None:
                 print(f"{head}: FAILED {type(err).__name__}: {str(err).splitlines()[0][:200]}", flush=True)
 
 
+def compile_frag_tiled(cfg, group: int, swiglu: bool, arch: int, bits: int = 4):
+    """fragment_tiled's kernel (bf16 activations) for one config."""
+    sig = {"x_ptr": "*bf16", "q_ptr": "*i32", "s_ptr": "*fp16", "res_ptr": "*bf16", "out_ptr": "*bf16",
+           "ws_ptr": "*fp32", **dict.fromkeys(("M", "N_OUT", "KC", "NG", "chunks_per_split", "stride_xm", "stride_rm",
+                                                "stride_om"), "i32")}
+    consts = dict(GROUP=group, BITS=bits, SWIGLU=swiglu, HAS_RES=False, SPLIT=cfg.split_k > 1, IEEE=False,
+                  BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, GROUP_M=8)
+    sig.update(dict.fromkeys(consts, "constexpr"))
+    names = list(sig)
+    aligned = [n for n in names if n.endswith("_ptr") or n in ("N_OUT", "KC", "stride_xm", "stride_rm", "stride_om")]
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned}
+    return triton.compile(ASTSource(fragment_tiled._fragment_tiled_kernel, sig, consts, attrs),
+                          target=GPUTarget("cuda", arch, 32),
+                          options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
+
+
+def frag_tiled(fmt: str, m: int, arch: int, sms: int) -> None:
+    group = int(fmt.split("-g")[1])
+    bits = 8 if fmt.startswith("int8") else 4
+    shapes = (("gate_up", 17408, 5120, True), ("down", 5120, 17408, False), ("qkvz", 16384, 5120, False))
+    for name, n_out, k, swiglu in shapes:
+        for cfg in tiled_fragment_candidates(fmt, m, n_out, k, sms, swiglu=swiglu):
+            head = (f"{fmt:9s} frag-tiled-{name:7s} tokens={cfg.block_m:<3d} rows={cfg.block_n:<3d} "
+                    f"warps={cfg.num_warps} stages={cfg.num_stages} split={cfg.split_k:<3d}")
+            try:
+                kernel = compile_frag_tiled(cfg, group, swiglu, arch, bits)
+                print(f"{head} | {resources(kernel, arch)} | shared {kernel.metadata.shared / 1024:5.1f} KB", flush=True)
+            except Exception as err:  # noqa: BLE001
+                print(f"{head}: FAILED {type(err).__name__}: {str(err).splitlines()[0][:200]}", flush=True)
+
+
 def compile_prefill_attention(kv: str, split: bool, cfg, arch: int):
     """attention_prefill's kernel at the 27B geometry; ``kv`` in bf16 / fp8 / int8 (scales: 1 / 4 groups)."""
     codes, ng = {"bf16": ("*bf16", 1), "fp8": ("*u8", 1), "int8": ("*i8", 4)}[kv]
@@ -313,11 +347,13 @@ def main(args: argparse.Namespace) -> None:
             mma(fmt, args.m, args.arch, args.sms)
         if "frag" in kinds and (fmt.startswith("int4") or fmt == "int8-g64"):
             frag(fmt, args.m, args.arch, args.sms)
+        if "frag-tiled" in kinds and (fmt.startswith("int4") or fmt == "int8-g64"):
+            frag_tiled(fmt, args.m, args.arch, args.sms)
         cfgs = candidates(fmt, args.m, args.n, args.k, args.sms)
         if "dequant" in kinds and not any(c.kind == "dequant" for c in cfgs):  # decode M: not offered there
             cfgs += dequant_candidates(fmt, 128)
         for cfg in cfgs:
-            if cfg.kind not in kinds or cfg.kind in ("gemv-mma", "frag"):
+            if cfg.kind not in kinds or cfg.kind in ("gemv-mma", "frag", "frag-tiled"):
                 continue
             common = dict(FMT=FMT_CODES[fmt], ROW_SCALE=fmt in ("fp8", "nvfp4"), SWIGLU=False, HAS_RES=False,
                           SPLIT=cfg.split_k > 1, EVEN_K=True, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,

@@ -1,8 +1,8 @@
 """The register decode of fragment-laid int4 and int8 weights on the GPU (its PTX: loads, bit decode, mma.sync) at
 the 27B shapes, against the fp32 dequantize-then-matmul reference of the row-major weight: fresh random inputs,
 NaN-poisoned outputs, every candidate config at 1..32 tokens, bf16 and fp16, plain / residual / SwiGLU, in and
-out of a CUDA graph; the prefill sizes' paths (the decode at 33+ tokens, the dequantization), and a model's
-projections re-laid by ``use_kernel_layouts_``."""
+out of a CUDA graph; the prefill sizes' paths (the decode at 33+ tokens, the dequantization, the tiled GEMM of
+``fragment_tiled``), and a model's projections re-laid by ``use_kernel_layouts_``."""
 from __future__ import annotations
 
 import pytest
@@ -12,7 +12,13 @@ from kernel_testing import graph_replay_matches
 from ninfer.kernels.quant_gemm import QuantizedTensor, quant_matmul_reference, quant_matmul_triton
 from ninfer.kernels.quant_gemm.dequant import dequantize_triton
 from ninfer.kernels.quant_gemm.fragments import FRAGMENTS, to_fragments
-from ninfer.kernels.quant_gemm.tune import candidates, fragment_candidates, sm_count
+from ninfer.kernels.quant_gemm.tune import (
+    candidates,
+    fragment_candidates,
+    graph_candidates,
+    sm_count,
+    tiled_fragment_candidates,
+)
 from ninfer.kernels.tuning import TunerState, use_tuner
 from ninfer.quant.formats import quantize
 from ninfer.quant.linear import QuantLinear, use_kernel_layouts_
@@ -136,6 +142,40 @@ def test_prefill_sizes_without_swiglu_take_the_64_token_decode(fmt: str) -> None
             out = torch.full((m, 5120), float("nan"), device="cuda", dtype=torch.bfloat16)
             got = quant_matmul_triton(x, frag, res, False, out=out, config=cfg)
             assert torch.isfinite(got).all() and _err(got, ref) < BF16_TOL, (fmt, m, cfg, _err(got, ref))
+
+
+@pytest.mark.parametrize("fmt", ["int4-g64", "int4-g128", "int8-g64"])
+def test_tiled_every_candidate_at_real_shapes(fmt: str) -> None:
+    """The tiled GEMM over the fragment layout (``fragment_tiled``): every candidate at the 27B shapes (plain,
+    residual, SwiGLU) at 33, 64, 128 and 300 tokens in bf16, the first at 128 tokens in fp16, NaN-poisoned."""
+    sms = sm_count(CUDA)
+    for name, n, k, swiglu, residual in CASES:
+        rows, frag = _pair(n, k, fmt, 7)
+        n_out = n // 2 if swiglu else n
+        for m, dtype in ((33, torch.bfloat16), (64, torch.bfloat16), (128, torch.bfloat16), (300, torch.bfloat16),
+                         (128, torch.float16)):
+            x = torch.randn(m, k, device="cuda", dtype=dtype)
+            res = torch.randn(m, n_out, device="cuda", dtype=dtype) if residual else None
+            ref = quant_matmul_reference(x.float(), rows, None if res is None else res.float(), swiglu)
+            cands = tiled_fragment_candidates(fmt, m, n_out, k, sms, swiglu=swiglu)
+            assert cands, (fmt, name, m)
+            for cfg in cands if dtype == torch.bfloat16 else cands[:1]:
+                out = torch.full((m, n_out), float("nan"), device="cuda", dtype=dtype)
+                got = quant_matmul_triton(x, frag, res, swiglu, out=out, config=cfg)
+                assert torch.isfinite(got).all(), (fmt, name, m, cfg)
+                assert _err(got, ref) < BF16_TOL, (fmt, name, m, cfg, _err(got, ref))
+        del rows, frag
+
+
+def test_tiled_in_cuda_graph_bit_equal_to_eager() -> None:
+    """The tiled GEMM with split-K (scratch, ordered sum) captured at a prompt chunk's size: bit-equal to eager,
+    right after new inputs; and a graph key at 128 tokens is tuned among captured-safe configs only."""
+    _, frag = _pair(5120, 17408, "int4-g64", 8)
+    cfg = next(c for c in tiled_fragment_candidates("int4-g64", 128, 5120, 17408, sm_count(CUDA)) if c.split_k > 1)
+    x = torch.randn(128, 17408, device="cuda", dtype=torch.bfloat16)
+    graph_replay_matches(frag, cfg, x, torch.randn(128, 5120, device="cuda", dtype=torch.bfloat16))
+    graph = graph_candidates("int4-g64", 128, 5120, 17408, sm_count(CUDA), layout=FRAGMENTS)
+    assert "dequant" not in {c.kind for c in graph} and "frag-tiled" in {c.kind for c in graph}
 
 
 def test_model_projections_re_laid_in_place() -> None:

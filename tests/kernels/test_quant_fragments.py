@@ -6,8 +6,8 @@
   every code, with the constants the PTX uses.
 * Round trips, row slices, the dequantization kernel (bit for bit ``QuantizedTensor.dequantize``).
 * The decode kernel in the interpreter (``ASM`` off: the same layout read by Triton gathers): token counts, splits
-  with the fused and the separate reduction, SwiGLU and residual epilogues, fp16 and fp32 activations. Outputs
-  and scratch are NaN-poisoned. The PTX itself runs in ``tests/gpu/test_quant_fragments_gpu.py``.
+  with the fused and the separate reduction, SwiGLU and residual epilogues, fp16 and fp32 activations; the same
+  for the tiled GEMM of the prefill sizes (``fragment_tiled``). Outputs and scratch are NaN-poisoned. The PTX itself runs in ``tests/gpu/test_quant_fragments_gpu.py``.
 """
 from __future__ import annotations
 
@@ -24,7 +24,14 @@ from ninfer.kernels.quant_gemm.fragments import (
     from_fragments,
     to_fragments,
 )
-from ninfer.kernels.quant_gemm.tune import GemmConfig, candidates, fragment_candidates, graph_fallback
+from ninfer.kernels.quant_gemm.tune import (
+    GemmConfig,
+    candidates,
+    fragment_candidates,
+    graph_candidates,
+    graph_fallback,
+    tiled_fragment_candidates,
+)
 from ninfer.quant.formats import quantize
 
 
@@ -238,22 +245,48 @@ def test_fragment_separate_reduce_kernel(monkeypatch: pytest.MonkeyPatch) -> Non
     _check("int4-g64", 3, 64, 256, _frag(8, 1, 1, 4), swiglu=True, residual=True, seed=10)
 
 
+def _tiled(tokens: int, rows: int, split: int = 1) -> GemmConfig:
+    return GemmConfig(tokens, rows, 64, split, 4, 1, "frag-tiled")
+
+
+@pytest.mark.parametrize("fmt", ["int4-g64", "int4-g128", "int8-g64"])
+def test_fragment_tiled(fmt: str) -> None:
+    """The tiled GEMM over the fragment layout: token blocks with a ragged last one, a ragged last row block (48
+    rows in 32-row programs), split-K of unequal splits with a residual, SwiGLU, fp32 activations."""
+    k = 256 if fmt == "int4-g128" else 384
+    _check(fmt, 40, 96, 256, _tiled(32, 32), seed=1)
+    _check(fmt, 21, 48, 256, _tiled(16, 32), residual=True, seed=2)
+    _check(fmt, 17, 64, k, _tiled(16, 64, 3), residual=True, seed=3)
+    _check(fmt, 20, 64, 256, _tiled(16, 32, 2), swiglu=True, residual=True, seed=4)
+    _check(fmt, 20, 64, 256, _tiled(16, 32), swiglu=True, dtype=torch.float32, seed=5)
+
+
 @pytest.mark.usefixtures("poisoned_outputs")
 def test_fragment_weights_take_their_own_candidates() -> None:
     """Decode sizes: the fragment decode only; prefill sizes: the dequantization path first (untuned keys), then
-    the decode's favourite up to 512 tokens and its 64-token program (not with SwiGLU), the dequantization alone
-    above; a weight too large for the workspace: the decode's favourite alone; graphs capture the decode where
-    the dequantization was chosen."""
+    the decode's favourite up to 512 tokens, its 64-token program (not with SwiGLU) and the tiled GEMMs; above,
+    the dequantization and the tiled GEMM's first two; a weight too large for the workspace: the decode's
+    favourite and the tiled GEMM's first two; graphs capture the decode where the dequantization was chosen, and
+    their own keys never take it."""
     for m in (1, 8, 32):
         cands = candidates("int4-g128", m, 5120, 17408, 132, layout=FRAGMENTS)
         assert cands and all(c.kind == "frag" and c.block_m <= 32 for c in cands)
     cands = candidates("int4-g128", 512, 5120, 17408, 132, layout=FRAGMENTS)
-    assert [(c.kind, c.block_m) for c in cands] == [("dequant", 128), ("frag", 32), ("frag", 64)]
+    tiled = [("frag-tiled", 128)] * len(tiled_fragment_candidates("int4-g128", 512, 5120, 17408, 132))
+    assert [(c.kind, c.block_m) for c in cands] == [("dequant", 128), ("frag", 32), ("frag", 64)] + tiled
     swiglu = candidates("int4-g128", 512, 17408, 5120, 132, swiglu=True, layout=FRAGMENTS)
-    assert [(c.kind, c.block_m) for c in swiglu] == [("dequant", 128), ("frag", 32)]
-    assert [c.kind for c in candidates("int4-g128", 4096, 5120, 17408, 132, layout=FRAGMENTS)] == ["dequant"]
-    assert [c.kind for c in candidates("int8-g64", 4096, 248320, 5120, 132, layout=FRAGMENTS)] == ["frag"]
+    assert [(c.kind, c.block_m) for c in swiglu][:2] == [("dequant", 128), ("frag", 32)]
+    assert {c.kind for c in swiglu[2:]} == {"frag-tiled"}
+    assert [c.kind for c in candidates("int4-g128", 4096, 5120, 17408, 132, layout=FRAGMENTS)] == \
+        ["dequant", "frag-tiled", "frag-tiled"]
+    assert [c.kind for c in candidates("int8-g64", 4096, 248320, 5120, 132, layout=FRAGMENTS)] == \
+        ["frag", "frag-tiled", "frag-tiled"]
     assert graph_fallback("int4-g128", 4096, 5120, 17408, 132, FRAGMENTS).kind == "frag"
+    for m in (64, 128, 4096):
+        graph = graph_candidates("int4-g64", m, 17408, 5120, 132, swiglu=True, layout=FRAGMENTS)
+        assert "dequant" not in {c.kind for c in graph} and "frag-tiled" in {c.kind for c in graph}, m
+    assert all(c.block_m == 64 for c in tiled_fragment_candidates("int4-g64", 64, 5120, 17408, 132))
+    assert tiled_fragment_candidates("int4-g64", 128, 24, 256, 132) == []  # rows in part of a 16-row tile
     w = _fragments(_weight(32, 256, "int4-g64", 11))
     x = torch.randn(40, 256, generator=torch.Generator().manual_seed(12)).half()
     for cfg in candidates("int4-g64", 40, 32, 256, 4, layout=FRAGMENTS):

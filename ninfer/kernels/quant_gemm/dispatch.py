@@ -31,8 +31,9 @@ weight side (the dominant traffic) and the dequantized tile never goes back to m
 * int4 and int8-g64 weights in the fragment layout (``QuantizedTensor.layout``, :mod:`ninfer.kernels.quant_gemm.fragments`,
   re-laid once at load time on CUDA) take the register decode of :mod:`ninfer.kernels.quant_gemm.fragment_mma`
   (``GemmConfig(kind="frag")``) up to 32 tokens; prefill sizes take the dequant path, beside the decode's
-  favourite up to 512 tokens (the tuner picks by measurement; ``tune.fragment_layout_candidates``); the
-  other kernels read the row-major layout only.
+  favourite up to 512 tokens and the tiled ``tl.dot`` GEMM of :mod:`ninfer.kernels.quant_gemm.fragment_tiled`
+  (``kind="frag-tiled"``, the one that CUDA graphs of prompt chunks can capture; the tuner picks by measurement;
+  ``tune.fragment_layout_candidates``); the other kernels read the row-major layout only.
 
 Configs come from :mod:`ninfer.kernels.quant_gemm.tune` (benchmarked per GPU, keyed by M bucket, N
 and K). The launchers are CUDA-graph safe: no host syncs, the workspace is allocated and zeroed on
@@ -48,6 +49,7 @@ from ninfer.kernels.dispatch import capturing, use_triton
 from ninfer.kernels.quant_gemm.common import FMT_CODES, kernel_tensors, split_finish_kernel
 from ninfer.kernels.quant_gemm.dequant import launch_dequant_gemm
 from ninfer.kernels.quant_gemm.fragment_mma import launch_fragment_mma
+from ninfer.kernels.quant_gemm.fragment_tiled import launch_fragment_tiled
 from ninfer.kernels.quant_gemm.fragments import FRAGMENTS
 from ninfer.kernels.quant_gemm.gemm import quant_gemm_kernel
 from ninfer.kernels.quant_gemm.gemv import launch_gemv
@@ -120,8 +122,8 @@ def quant_matmul_triton(x: torch.Tensor, w: QuantizedTensor, residual: torch.Ten
 
     cfg = config or select_config(w.format.name, x2, n_out, k, swiglu, res is not None, trial, w.layout,
                                   graph=capturing(x2))
-    if w.layout == FRAGMENTS and cfg.kind not in ("frag", "dequant"):
-        raise ValueError(f"a weight in the fragment layout takes frag or dequant configs, not {cfg.kind!r}")
+    if w.layout == FRAGMENTS and cfg.kind not in ("frag", "frag-tiled", "dequant"):
+        raise ValueError(f"a weight in the fragment layout takes frag, frag-tiled or dequant configs, not {cfg.kind!r}")
     _launch(x2, w, res, out, swiglu, cfg)
     return result
 
@@ -143,6 +145,9 @@ def _launch(x: torch.Tensor, w: QuantizedTensor, res: torch.Tensor | None, out: 
     q, scales, row_scale = kernel_tensors(w)
     if cfg.kind == "frag":  # int4 / int8 in the fragment layout, from registers (fragment_mma)
         launch_fragment_mma(x, q, scales, res, out, swiglu, p["group"], cfg)
+        return
+    if cfg.kind == "frag-tiled":  # the same layout at prefill sizes, on tensor cores by tl.dot (fragment_tiled)
+        launch_fragment_tiled(x, q, scales, res, out, swiglu, p["group"], cfg)
         return
     if cfg.kind == "gemv-mma":  # int4 decode on tensor cores (gemv_mma)
         launch_gemv_mma(x, q, scales, res, out, swiglu, p["group"], cfg)

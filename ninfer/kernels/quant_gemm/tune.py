@@ -61,7 +61,8 @@ class GemmConfig:
     # (M <= 32, block_m = tokens per program); "dequant": dequant's whole-weight dequantization
     # (block_n x block_k tiles) + cuBLAS (M > 16); "frag": fragment_mma's register decode of int4 / int8 weights
     # or int8 weights in the fragment layout (block_m tokens per program, block_n = 16 * num_warps rows, block_k / 64 chunks
-    # per loop trip)
+    # per loop trip); "frag-tiled": fragment_tiled's tl.dot GEMM over the same layout at prefill sizes (block_m tokens
+    # x block_n rows per program, block_k = one 64-column chunk per step)
     kind: str = "dot"
     # "gemv-mma" only: Triton's ``maxnreg`` (registers per thread; fewer let more programs share an SM,
     # at the risk of spills); 0 = the compiler's choice
@@ -137,20 +138,42 @@ def fragment_layout_candidates(fmt: str, m: int, n_out: int, k: int, sms: int, *
     sizes: the dequantization path first, where its workspace takes the weight (the decode re-reads the weight
     per 32 tokens: 262 ms of a 1024-token 27B prefill in run 2026-12-03.4; one config: the layout's
     dequantization kernel has a fixed tile), then the decode's favourite up to ``FRAG_PREFILL_MAX_M`` tokens,
-    where it can still win (a few token blocks, sharing the codes through L2), and beside it (no SwiGLU) the
-    decode with 64 tokens per program (:func:`wide_fragment_candidate`). Larger keys take the
-    dequantization alone: timing 18 decode configs on thousands of tokens (seconds each) was most of a cold
-    start's tuning (run 2026-12-03.8: not ready after 750 s). A weight too large for the workspace (the LM head)
-    takes the decode's favourite alone. :func:`graph_fallback` is what CUDA-graph capture runs instead of the
-    dequantization path."""
+    where it can still win (a few token blocks, sharing the codes through L2), beside it (no SwiGLU) the
+    decode with 64 tokens per program (:func:`wide_fragment_candidate`), and the tiled ``tl.dot`` GEMM
+    (:func:`tiled_fragment_candidates`). Larger keys take the dequantization and the tiled GEMM's first two:
+    timing 18 decode configs on thousands of tokens (seconds each) was most of a cold start's tuning (run
+    2026-12-03.8: not ready after 750 s). A weight too large for the workspace (the LM head) takes the decode's
+    favourite and the tiled GEMM's first two. :func:`graph_fallback` is what CUDA-graph capture runs instead of
+    the dequantization path."""
     decode = fragment_candidates(fmt, m, n_out, k, sms)
     if m <= MMA_MAX_M:
         return decode
+    tiled = tiled_fragment_candidates(fmt, m, n_out, k, sms, swiglu=swiglu)
     if n_out * (2 if swiglu else 1) * k > DEQUANT_MAX_ELEMENTS:
-        return decode[:1]
+        return decode[:1] + tiled[:2]
     if m > FRAG_PREFILL_MAX_M:
-        return dequant_candidates(fmt, 128)[:1]
-    return dequant_candidates(fmt, 128)[:1] + decode[:1] + _wide(fmt, m, n_out, k, sms, swiglu)
+        return dequant_candidates(fmt, 128)[:1] + tiled[:2]
+    return dequant_candidates(fmt, 128)[:1] + decode[:1] + _wide(fmt, m, n_out, k, sms, swiglu) + tiled
+
+
+def tiled_fragment_candidates(fmt: str, m: int, n_out: int, k: int, sms: int, *,
+                              swiglu: bool = False) -> list[GemmConfig]:
+    """Configs of the tiled GEMM over the fragment layout (:mod:`ninfer.kernels.quant_gemm.fragment_tiled`) for
+    prefill sizes: 64 tokens per program up to 64, else 128, ``(rows, warps, stages)`` (SwiGLU keeps four
+    accumulators: narrower tiles or more warps), each with split-K where its tiles cannot fill the GPU (about
+    two programs per SM) and without. Shared memory per stage: the codes (``rows x 32`` bytes int4, twice for
+    int8, twice again with SwiGLU) and the activations (``64 x tokens x 2`` bytes); the 64-row tiles stay within
+    99 KB (RTX 5090) at any stage count offered."""
+    if fmt not in GROUPS or not fmt.startswith(("int4", "int8")) or n_out % 16 or k % 64:
+        return []
+    tokens = 64 if m <= 64 else 128
+    shapes = [(64, 4, 3), (128, 8, 3), (64, 8, 4)] if swiglu else [(128, 8, 3), (64, 4, 3), (128, 4, 4)]
+    out: list[GemmConfig] = []
+    for rows, warps, stages in shapes:
+        cfg = GemmConfig(tokens, rows, 64, 1, warps, stages, "frag-tiled")
+        split = _split(triton.cdiv(m, tokens) * triton.cdiv(n_out, rows), k // 64, sms)
+        out.extend([replace(cfg, split_k=split), cfg] if split > 1 else [cfg])
+    return out
 
 
 def _wide(fmt: str, m: int, n_out: int, k: int, sms: int, swiglu: bool) -> list[GemmConfig]:
@@ -181,13 +204,17 @@ def graph_candidates(fmt: str, m: int, n_out: int, k: int, sms: int, *, swiglu: 
                      layout: str = ROWS) -> list[GemmConfig]:
     """Configs a CUDA graph may capture at this shape: :func:`candidates` without the dequantization path (its
     shared workspace may be reallocated after capture), :func:`graph_fallback`'s first. For fragment-laid weights
-    at prefill sizes up to ``FRAG_PREFILL_MAX_M`` tokens, every register-decode config and the 64-token one
-    (:func:`wide_fragment_candidate`): eager calls of these sizes choose the dequantization path, so only the
-    prompt-chunk graphs (``ninfer.runtime.chunk_graphs``) meet these keys, and their choice among the decodes is
-    what a step beside decodes costs."""
+    at prefill sizes up to ``FRAG_PREFILL_MAX_M`` tokens, every register-decode config, the 64-token one
+    (:func:`wide_fragment_candidate`) and every tiled GEMM (:func:`tiled_fragment_candidates`); above, the decode's
+    favourite and the tiled GEMM's first two. Eager calls of these sizes mostly choose the dequantization path,
+    so only the prompt-chunk graphs (``ninfer.runtime.chunk_graphs``) meet these keys, and their choice is what a
+    step beside decodes costs."""
     if layout == FRAGMENTS and m > MMA_MAX_M:
         decode = fragment_candidates(fmt, m, n_out, k, sms)
-        return decode[:1] if m > FRAG_PREFILL_MAX_M else decode + _wide(fmt, m, n_out, k, sms, swiglu)
+        tiled = tiled_fragment_candidates(fmt, m, n_out, k, sms, swiglu=swiglu)
+        if m > FRAG_PREFILL_MAX_M:
+            return decode[:1] + tiled[:2]
+        return decode + _wide(fmt, m, n_out, k, sms, swiglu) + tiled
     return [c for c in candidates(fmt, m, n_out, k, sms, swiglu=swiglu, mma=mma, layout=layout) if c.kind != "dequant"]
 
 
