@@ -23,12 +23,13 @@ tensor-core decode of ``quant_gemv_mma``), ``dequant`` (M > 16, weights the tune
 offers it for: every ``quant_dequant`` candidate timed, whole-weight dequantization + cuBLAS, the
 fastest recorded with the dequant kernel's own time and bandwidth as ``dequant_ms`` /
 ``dequant_tbps``), ``frag`` (int4 / int8-g64, M <= 32: the weight re-laid into the fragment layout, every candidate of
-the register decode ``fragment_mma`` timed, the fastest recorded), ``tuned`` (the runtime tuner over all
+the register decode ``fragment_mma`` timed, the fastest recorded), ``frag-tiled`` (likewise, M > 32: the tiled
+``tl.dot`` GEMM of ``fragment_tiled``), ``tuned`` (the runtime tuner over all
 candidates, whichever path wins). Records carry ``path`` and ``config``. ``--l2 cold`` (decode sizes)
 times ours, cuBLAS and int4pack over enough copies of the weight (>= 256 MB in all, cycled inside the
 captured graph) that no launch finds its weight in the 50 MB L2, as in a model's step, where each layer's
 weights were evicted since their last use; labels then end in ``l2-cold``. Run:
-``python perf/bench_quant_gemm.py [--tune] [--path dot,gemv,mma,frag,dequant,tuned] [--formats int4-g64,nvfp4]
+``python perf/bench_quant_gemm.py [--tune] [--path dot,gemv,mma,frag,frag-tiled,dequant,tuned] [--formats int4-g64,nvfp4]
 [--m 1,16] [--shapes down,lm_head] [--l2 cold]``.
 """
 from __future__ import annotations
@@ -61,7 +62,7 @@ SHAPES = {  # name: (N, K) of W [N, K]
     "in_proj_qkv": (10240, H), "in_proj_z": (6144, H), "in_proj_qkvz": (16384, H), "in_proj_ab": (96, H), "lm_head": (V, H),
 }
 MS = (1, 2, 4, 8, 16, 64, 512, 4096)
-PATHS = ("default", "dot", "gemv", "mma", "regs", "frag", "dequant", "tuned")
+PATHS = ("default", "dot", "gemv", "mma", "regs", "frag", "frag-tiled", "dequant", "tuned")
 COLD_BYTES = 256 << 20  # weight copies cycled per graph for an L2-cold timing (the H200's L2 is 50 MB)
 GEMLITE_BUDGET_S = 40.0
 
@@ -143,8 +144,8 @@ def _run_path(path: str, fmt: str, x: torch.Tensor, qt, tune: bool, cold: bool =
     n = qt.shape[0]
     graph = m <= quant_gemm_tune.MMA_MAX_M
     scratch = torch.empty(m, n, device=x.device, dtype=x.dtype)
-    if path == "frag":
-        if not fragments_fit(fmt, tuple(qt.shape)) or m > quant_gemm_tune.MMA_MAX_M:
+    if path in ("frag", "frag-tiled"):
+        if not fragments_fit(fmt, tuple(qt.shape)) or (m > quant_gemm_tune.MMA_MAX_M) != (path == "frag-tiled"):
             return None
         q, sc = to_fragments(qt.tensors["qweight"], qt.tensors["scales"])
         qt = replace(qt, tensors={"qweight": q, "scales": sc}, layout=FRAGMENTS)
@@ -160,6 +161,8 @@ def _run_path(path: str, fmt: str, x: torch.Tensor, qt, tune: bool, cold: bool =
     sms = quant_gemm_tune.sm_count(x.device)
     if path == "frag":
         return _best("frag", quant_gemm_tune.fragment_candidates(fmt, m, n, k, sms), time_cfg)
+    if path == "frag-tiled":
+        return _best("frag-tiled", quant_gemm_tune.tiled_fragment_candidates(fmt, m, n, k, sms), time_cfg)
     if path == "dot":
         cfg = quant_gemm_tune.candidates(fmt, m, n, k, sms)[0]
         return time_cfg(cfg), cfg
