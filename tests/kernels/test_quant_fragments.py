@@ -264,21 +264,17 @@ def test_fragment_tiled(fmt: str) -> None:
 @pytest.mark.usefixtures("poisoned_outputs")
 def test_fragment_weights_take_their_own_candidates() -> None:
     """Decode sizes: the fragment decode only; prefill sizes: the dequantization path first (untuned keys), then
-    the decode's favourite up to 512 tokens, its 64-token program (not with SwiGLU) and the tiled GEMMs; above,
-    the dequantization and the tiled GEMM's first two; a weight too large for the workspace: the decode's
-    favourite and the tiled GEMM's first two; graphs capture the decode where the dequantization was chosen, and
-    their own keys never take it."""
+    the decode's favourite up to 512 tokens and its 64-token program (not with SwiGLU), the dequantization alone
+    above; a weight too large for the workspace: the decode's favourite and the tiled GEMM's first two; graphs
+    capture the decode where the dequantization was chosen, and their own keys offer the tiled GEMM instead."""
     for m in (1, 8, 32):
         cands = candidates("int4-g128", m, 5120, 17408, 132, layout=FRAGMENTS)
         assert cands and all(c.kind == "frag" and c.block_m <= 32 for c in cands)
     cands = candidates("int4-g128", 512, 5120, 17408, 132, layout=FRAGMENTS)
-    tiled = [("frag-tiled", 128)] * len(tiled_fragment_candidates("int4-g128", 512, 5120, 17408, 132))
-    assert [(c.kind, c.block_m) for c in cands] == [("dequant", 128), ("frag", 32), ("frag", 64)] + tiled
+    assert [(c.kind, c.block_m) for c in cands] == [("dequant", 128), ("frag", 32), ("frag", 64)]
     swiglu = candidates("int4-g128", 512, 17408, 5120, 132, swiglu=True, layout=FRAGMENTS)
-    assert [(c.kind, c.block_m) for c in swiglu][:2] == [("dequant", 128), ("frag", 32)]
-    assert {c.kind for c in swiglu[2:]} == {"frag-tiled"}
-    assert [c.kind for c in candidates("int4-g128", 4096, 5120, 17408, 132, layout=FRAGMENTS)] == \
-        ["dequant", "frag-tiled", "frag-tiled"]
+    assert [(c.kind, c.block_m) for c in swiglu] == [("dequant", 128), ("frag", 32)]
+    assert [c.kind for c in candidates("int4-g128", 4096, 5120, 17408, 132, layout=FRAGMENTS)] == ["dequant"]
     assert [c.kind for c in candidates("int8-g64", 4096, 248320, 5120, 132, layout=FRAGMENTS)] == \
         ["frag", "frag-tiled", "frag-tiled"]
     assert graph_fallback("int4-g128", 4096, 5120, 17408, 132, FRAGMENTS).kind == "frag"

@@ -31,9 +31,10 @@ weight side (the dominant traffic) and the dequantized tile never goes back to m
 * int4 and int8-g64 weights in the fragment layout (``QuantizedTensor.layout``, :mod:`ninfer.kernels.quant_gemm.fragments`,
   re-laid once at load time on CUDA) take the register decode of :mod:`ninfer.kernels.quant_gemm.fragment_mma`
   (``GemmConfig(kind="frag")``) up to 32 tokens; prefill sizes take the dequant path, beside the decode's
-  favourite up to 512 tokens and the tiled ``tl.dot`` GEMM of :mod:`ninfer.kernels.quant_gemm.fragment_tiled`
-  (``kind="frag-tiled"``, the one that CUDA graphs of prompt chunks can capture; the tuner picks by measurement;
-  ``tune.fragment_layout_candidates``); the other kernels read the row-major layout only.
+  favourite up to 512 tokens (the tuner picks by measurement; ``tune.fragment_layout_candidates``); inside CUDA
+  graphs of prompt chunks, where the dequant path is unavailable, and for weights too large for its workspace,
+  the tiled ``tl.dot`` GEMM of :mod:`ninfer.kernels.quant_gemm.fragment_tiled` (``kind="frag-tiled"``) joins the
+  decodes (``tune.graph_candidates``); the other kernels read the row-major layout only.
 
 Configs come from :mod:`ninfer.kernels.quant_gemm.tune` (benchmarked per GPU, keyed by M bucket, N
 and K). The launchers are CUDA-graph safe: no host syncs, the workspace is allocated and zeroed on

@@ -138,22 +138,22 @@ def fragment_layout_candidates(fmt: str, m: int, n_out: int, k: int, sms: int, *
     sizes: the dequantization path first, where its workspace takes the weight (the decode re-reads the weight
     per 32 tokens: 262 ms of a 1024-token 27B prefill in run 2026-12-03.4; one config: the layout's
     dequantization kernel has a fixed tile), then the decode's favourite up to ``FRAG_PREFILL_MAX_M`` tokens,
-    where it can still win (a few token blocks, sharing the codes through L2), beside it (no SwiGLU) the
-    decode with 64 tokens per program (:func:`wide_fragment_candidate`), and the tiled ``tl.dot`` GEMM
-    (:func:`tiled_fragment_candidates`). Larger keys take the dequantization and the tiled GEMM's first two:
-    timing 18 decode configs on thousands of tokens (seconds each) was most of a cold start's tuning (run
-    2026-12-03.8: not ready after 750 s). A weight too large for the workspace (the LM head) takes the decode's
-    favourite and the tiled GEMM's first two. :func:`graph_fallback` is what CUDA-graph capture runs instead of
-    the dequantization path."""
+    where it can still win (a few token blocks, sharing the codes through L2), and beside it (no SwiGLU) the
+    decode with 64 tokens per program (:func:`wide_fragment_candidate`). Larger keys take the dequantization
+    alone: timing 18 decode configs on thousands of tokens (seconds each) was most of a cold start's tuning (run
+    2026-12-03.8: not ready after 750 s). The tiled GEMM (:func:`tiled_fragment_candidates`) is not offered
+    beside the dequantization: it lost to it on every 27B shape at 128 and 512 tokens (run 2026-12-04.8,
+    ``docs/performance.md``), and timing it would only lengthen a cold start. A weight too large for the
+    workspace (the LM head) takes the decode's favourite and the tiled GEMM's first two. :func:`graph_fallback`
+    is what CUDA-graph capture runs instead of the dequantization path."""
     decode = fragment_candidates(fmt, m, n_out, k, sms)
     if m <= MMA_MAX_M:
         return decode
-    tiled = tiled_fragment_candidates(fmt, m, n_out, k, sms, swiglu=swiglu)
     if n_out * (2 if swiglu else 1) * k > DEQUANT_MAX_ELEMENTS:
-        return decode[:1] + tiled[:2]
+        return decode[:1] + tiled_fragment_candidates(fmt, m, n_out, k, sms, swiglu=swiglu)[:2]
     if m > FRAG_PREFILL_MAX_M:
-        return dequant_candidates(fmt, 128)[:1] + tiled[:2]
-    return dequant_candidates(fmt, 128)[:1] + decode[:1] + _wide(fmt, m, n_out, k, sms, swiglu) + tiled
+        return dequant_candidates(fmt, 128)[:1]
+    return dequant_candidates(fmt, 128)[:1] + decode[:1] + _wide(fmt, m, n_out, k, sms, swiglu)
 
 
 def tiled_fragment_candidates(fmt: str, m: int, n_out: int, k: int, sms: int, *,
