@@ -59,6 +59,7 @@ profile-mtp-27b       where a 27B int4 MTP round goes at C = 8 (K = 3, all draft
 gates-in-decode-27b   the a/b gate projection inside the DeltaNet decode kernel (GPU tests) and the 27B int4 decode at C = 1 / 8 with it off (the default: its own cuBLAS GEMM, two launches a layer) then on (NINFER_GATES_IN_DECODE=1), and a step profile with it on
 frag-tiled-27b        the tiled tl.dot GEMM over fragment-laid weights (GPU tests), then 4 decodes beside a 32k prefill with the 128-token chunk graph (its graph keys tuned among the decodes and the tiled GEMM) and the profile of that step
 bench-frag-tiled      the tiled GEMM over fragment-laid int4-g64 weights against the dequantization path and cuBLAS bf16 at 128 and 512 tokens (27B shapes, every candidate timed), then 4 decodes beside a 32k prefill with the 256-token chunk graph
+dequant-in-graph-27b  the dequantization path inside the prompt-chunk graph (its GPU test), then 4 decodes beside a 32k prefill with the 128-token and the 256-token chunk graph
 itl-budgets-27b       27B int4 warm start: ITL of 4 decodes beside a 32k prefill at prefill_tokens_while_decoding 1024 (the default) / 512 / 256 / 128 and at max_decode_stall 3x / 2.5x, and the rate of the 32k prompt at each
 '
 names=$(echo "$STAGES" | awk 'NF { print $1 }')
@@ -333,6 +334,13 @@ stage() {
         --path dequant,frag-tiled --no-gemlite
       NINFER_CHUNK_GRAPHS=1 part 170 python3 perf/bench_startup.py --shape 27b --recipe int4 --modes warm \
         --prefill --ttft-lanes 1 --while-decoding 256 --child-timeout 160 --budget 165
+      ;;
+    dequant-in-graph-27b)  # the dequantization beat the tiled GEMM by 0-25% at 128 tokens and 2x at 512 (run 2026-12-04.8)
+      NINFER_AUTOTUNE=off gpu_tests 60 quant_fragments_gpu -k "'dequantization_path_in_cuda_graph or tiled_in_cuda_graph'"
+      for budget in 128 256; do
+        NINFER_CHUNK_GRAPHS=1 part 100 python3 perf/bench_startup.py --shape 27b --recipe int4 --modes warm \
+          --prefill --ttft-lanes 1 --while-decoding $budget --child-timeout 95 --budget 98
+      done
       ;;
     itl-budgets-27b)  # a budget whose mixed step stays within 3x TPOT chooses the default (docs/performance.md)
       part 420 python3 perf/bench_startup.py --shape 27b --recipe int4 --modes warm --prefill --ttft-lanes 1 \

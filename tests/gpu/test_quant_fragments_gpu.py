@@ -178,6 +178,19 @@ def test_tiled_in_cuda_graph_bit_equal_to_eager() -> None:
     assert "dequant" not in {c.kind for c in graph} and "frag-tiled" in {c.kind for c in graph}
 
 
+def test_dequantization_path_in_cuda_graph() -> None:
+    """The dequantization path captured once its workspace holds the weight (the prompt-chunk graphs' case):
+    bit-equal to eager, right after new inputs, its buffer kept alive past a release."""
+    from ninfer.kernels.quant_gemm import dequant as quant_dequant
+
+    _, frag = _pair(5120, 17408, "int4-g64", 9)
+    cfg = candidates("int4-g64", 128, 5120, 17408, sm_count(CUDA), layout=FRAGMENTS)[0]
+    assert cfg.kind == "dequant"
+    x = torch.randn(128, 17408, device="cuda", dtype=torch.bfloat16)
+    graph_replay_matches(frag, cfg, x, torch.randn(128, 5120, device="cuda", dtype=torch.bfloat16))
+    assert quant_dequant._KEPT and quant_dequant.graph_workspace_fits(5120, 17408, torch.bfloat16, CUDA)
+
+
 def test_model_projections_re_laid_in_place() -> None:
     """``use_kernel_layouts_`` re-lays what fits (same parameters, new order) and leaves the rest; the layer's
     output and ``dequantize`` are unchanged."""

@@ -12,12 +12,14 @@ import torch
 from kernel_testing import QUANT_FORMATS as FORMATS, QUANT_K_FOR as K_FOR, QUANT_TOL as TOL
 
 from ninfer.kernels.quant_gemm import dequant as quant_dequant
-from ninfer.kernels.quant_gemm.dequant import dequantize_triton, workspace, workspace_bytes
+from ninfer.kernels.quant_gemm.dequant import dequantize_triton, graph_workspace_fits, workspace, workspace_bytes
+from ninfer.kernels.quant_gemm.fragments import FRAGMENTS
 from ninfer.kernels.quant_gemm import quant_matmul_reference, quant_matmul_triton
 from ninfer.kernels.quant_gemm.tune import (
     DEQUANT_MAX_ELEMENTS,
     GemmConfig,
     candidates,
+    graph_candidates,
     kernel_params,
 )
 from ninfer.quant.formats import quantize
@@ -102,6 +104,34 @@ def test_dequant_path_leading_dims_and_workspace_reuse() -> None:
     assert workspace(64, 256, torch.float16, x.device).data_ptr() == buf.data_ptr()
     assert workspace(65, 256, torch.float16, x.device).numel() == 65 * 256  # grows
     quant_dequant.release_workspaces()
+
+
+def test_a_captured_workspace_never_grows_and_outlives_growth() -> None:
+    """A launch a CUDA graph captures (``captured=True``) takes the buffer only if it already holds the weight,
+    and keeps it alive: a later growth or release must not free memory a graph writes."""
+    quant_dequant.release_workspaces()
+    cpu = torch.device("cpu")
+    assert not graph_workspace_fits(8, 64, torch.float16, cpu)
+    with pytest.raises(ValueError, match="may not grow"):
+        workspace(8, 64, torch.float16, cpu, captured=True)
+    buf = workspace(16, 64, torch.float16, cpu)
+    assert graph_workspace_fits(8, 64, torch.float16, cpu) and not graph_workspace_fits(32, 64, torch.float16, cpu)
+    captured = workspace(8, 64, torch.float16, cpu, captured=True)
+    assert captured.data_ptr() == buf.data_ptr() and captured.shape == (8, 64)
+    assert workspace(32, 64, torch.float16, cpu).data_ptr() != buf.data_ptr()  # grown: a new buffer
+    quant_dequant.release_workspaces()
+    assert any(kept.data_ptr() == buf.data_ptr() for kept in quant_dequant._KEPT)  # the captured one lives on
+    quant_dequant._KEPT.clear()
+
+
+def test_graphs_time_the_dequantization_only_where_its_workspace_holds_the_weight() -> None:
+    for layout, m in (("rows", 128), (FRAGMENTS, 128), (FRAGMENTS, 4096)):
+        without = graph_candidates("int4-g64", m, 5120, 17408, 132, layout=layout)
+        with_ws = graph_candidates("int4-g64", m, 5120, 17408, 132, layout=layout, dequant=True)
+        assert "dequant" not in {c.kind for c in without} and "dequant" in {c.kind for c in with_ws}, (layout, m)
+        assert with_ws[0] == without[0] and with_ws[0].kind != "dequant"  # the untuned favourite stays
+    lm_head = graph_candidates("int8-g64", 128, 248320, 5120, 132, layout=FRAGMENTS, dequant=True)
+    assert "dequant" not in {c.kind for c in lm_head}  # too large for the workspace
 
 
 def test_candidates_offer_dequant_last_and_only_for_prefill() -> None:

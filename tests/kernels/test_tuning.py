@@ -143,7 +143,8 @@ def test_graph_bound_prefill_keys_are_tuned_apart_without_the_dequantization_pat
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A prefill-size call that a CUDA graph will capture (the prompt-chunk graph) cannot take the dequantization
     path: its key is marked "graph" and tuned among the register decodes, the 64-token one and the tiled GEMMs
-    (the last candidates, fastest here), while the eager key keeps its own choice; decode sizes keep one key."""
+    (the last candidates, fastest here), while the eager key keeps its own choice; where the dequantization's
+    workspace already holds the weight, a graph key times that path too; decode sizes keep one key."""
     from ninfer.kernels.quant_gemm import tune as quant_gemm_tune
     from ninfer.kernels.quant_gemm.fragments import FRAGMENTS
 
@@ -169,8 +170,11 @@ def test_graph_bound_prefill_keys_are_tuned_apart_without_the_dequantization_pat
         assert any(c.kind == "frag" and c.block_m == quant_gemm_tune.WIDE_FRAG_TOKENS for c in timed[1])
         keys = set(tuner.chosen("quant_gemm"))
         assert {k[-1] for k in keys} == {FRAGMENTS, "graph"}
+        held = quant_gemm_tune.select_config("int4-g64", x, 6144, 5120, False, False, lambda c: None, FRAGMENTS,
+                                             graph=True, dequant_in_graph=True)  # its workspace holds the weight
+        assert held.kind == "dequant" and "dequant" in {c.kind for c in timed[-1]}
         small = torch.zeros(8, 5120, dtype=torch.bfloat16)
         quant_gemm_tune.select_config("int4-g64", small, 5120, 5120, False, False, lambda c: None, FRAGMENTS,
                                       graph=True)
-        assert len(tuner.chosen("quant_gemm")) == 3 and all(k[-1] != "graph" for k in tuner.chosen("quant_gemm")
+        assert len(tuner.chosen("quant_gemm")) == 4 and all(k[-1] != "graph" for k in tuner.chosen("quant_gemm")
                                                             if k[2] == 8)

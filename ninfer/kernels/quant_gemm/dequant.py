@@ -26,8 +26,11 @@ it measures faster; untuned keys keep the tiled kernel.
   first prefill. The tuner offers this path only for weights of at most
   ``tune.DEQUANT_MAX_ELEMENTS`` (512 MiB in bf16; the LM head stays out), and the memory
   plan (:func:`ninfer.runtime.memory.plan_memory`) reserves the largest such weight's bytes.
-  CUDA graphs never capture this path (quant_gemm falls back to the tiled kernel while capturing):
-  a graph would keep the buffer's address across a later reallocation.
+  CUDA graphs (the prompt-chunk graph) capture this path only where the buffer already holds the weight
+  (:func:`graph_workspace_fits`; the warm-up's prefill has grown it to the largest weight by then): the capture
+  never grows it, and a buffer a graph captured is kept for the process (``_KEPT``), so that a later growth or
+  :func:`release_workspaces` cannot free memory the graph still writes. Elsewhere quant_gemm takes another path
+  while capturing (``tune.graph_fallback``).
 * No host syncs. The reference is ``QuantizedTensor.dequantize`` (tests compare against it).
 """
 from __future__ import annotations
@@ -38,6 +41,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ninfer.kernels.dispatch import capturing
 from ninfer.kernels.quant_gemm.common import (
     FMT_CODES,
     FMT_FP8,
@@ -56,6 +60,7 @@ from ninfer.kernels.quant_gemm.weights import QuantizedTensor
 
 DEFAULT_CONFIG = GemmConfig(128, 32, 256, 1, 4, 1, "dequant")
 _WORKSPACE: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
+_KEPT: list[torch.Tensor] = []  # buffers CUDA graphs captured: they live as long as the process
 
 
 @triton.jit
@@ -116,21 +121,36 @@ def dequantize_triton(w: QuantizedTensor, out: torch.Tensor, config: GemmConfig 
     return out
 
 
-def workspace(n: int, k: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+def workspace(n: int, k: int, dtype: torch.dtype, device: torch.device, *, captured: bool = False) -> torch.Tensor:
     """The shared ``[n, k]`` dequantization buffer of (device, dtype), grown to the largest size asked.
 
     Callers on one stream may reuse it freely (stream order serialises them); its contents last only
-    until the next dequantization."""
+    until the next dequantization. ``captured``: for a launch a CUDA graph captures (or will), which must find
+    the buffer large enough already (:func:`graph_workspace_fits`) and keeps it alive for the process."""
     key = (torch.device(device), dtype)
     buf = _WORKSPACE.get(key)
+    if captured:
+        if buf is None or buf.numel() < n * k:
+            raise ValueError(f"no dequantization workspace of {n} x {k} to capture: a graph may not grow it")
+        if not any(kept is buf for kept in _KEPT):
+            _KEPT.append(buf)
+        return buf[: n * k].view(n, k)
     if buf is None or buf.numel() < n * k:
         _WORKSPACE.pop(key, None)  # release the smaller buffer first: the allocator may reuse its block
         buf = _WORKSPACE[key] = torch.empty(n * k, dtype=dtype, device=device)
     return buf[: n * k].view(n, k)
 
 
+def graph_workspace_fits(n: int, k: int, dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether a CUDA graph can capture the dequantization of an ``[n, k]`` weight: the buffer of (device,
+    dtype) already holds it."""
+    buf = _WORKSPACE.get((torch.device(device), dtype))
+    return buf is not None and buf.numel() >= n * k
+
+
 def release_workspaces() -> None:
-    """Drop the buffers (tests, or a process that stops prefilling); the caching allocator keeps the blocks."""
+    """Drop the buffers (tests, or a process that stops prefilling); the caching allocator keeps the blocks, and
+    buffers a CUDA graph captured stay alive."""
     _WORKSPACE.clear()
 
 
@@ -147,7 +167,7 @@ def launch_dequant_gemm(x: torch.Tensor, w: QuantizedTensor, res: torch.Tensor |
     stride, ``out`` ``[M, N_OUT]`` contiguous, ``res`` (or None) ``[M, N_OUT]``, possibly ``out`` itself."""
     n, k = w.shape
     m, n_out = out.shape
-    wd = dequantize_triton(w, workspace(n, k, x.dtype, x.device), cfg).t()
+    wd = dequantize_triton(w, workspace(n, k, x.dtype, x.device, captured=capturing(x)), cfg).t()
     if not swiglu:
         if res is None:
             torch.mm(x, wd, out=out)

@@ -48,7 +48,7 @@ import triton
 
 from ninfer.kernels.dispatch import capturing, use_triton
 from ninfer.kernels.quant_gemm.common import FMT_CODES, kernel_tensors, split_finish_kernel
-from ninfer.kernels.quant_gemm.dequant import launch_dequant_gemm
+from ninfer.kernels.quant_gemm.dequant import graph_workspace_fits, launch_dequant_gemm
 from ninfer.kernels.quant_gemm.fragment_mma import launch_fragment_mma
 from ninfer.kernels.quant_gemm.fragment_tiled import launch_fragment_tiled
 from ninfer.kernels.quant_gemm.fragments import FRAGMENTS
@@ -121,8 +121,10 @@ def quant_matmul_triton(x: torch.Tensor, w: QuantizedTensor, residual: torch.Ten
             scratch.append(torch.empty_like(out))
         _launch(x2, w, res, scratch[0], swiglu, cfg)
 
+    graph = capturing(x2)
     cfg = config or select_config(w.format.name, x2, n_out, k, swiglu, res is not None, trial, w.layout,
-                                  graph=capturing(x2))
+                                  graph=graph, dequant_in_graph=graph and graph_workspace_fits(n, k, x2.dtype,
+                                                                                               x2.device))
     if w.layout == FRAGMENTS and cfg.kind not in ("frag", "frag-tiled", "dequant"):
         raise ValueError(f"a weight in the fragment layout takes frag, frag-tiled or dequant configs, not {cfg.kind!r}")
     _launch(x2, w, res, out, swiglu, cfg)
@@ -135,12 +137,12 @@ def _launch(x: torch.Tensor, w: QuantizedTensor, res: torch.Tensor | None, out: 
     n_out = out.shape[1]
     name = w.format.name
     if cfg.kind == "dequant":  # prefill: dequantize W into a workspace, then cuBLAS (dequant)
-        if not capturing(x):
+        if not capturing(x) or graph_workspace_fits(*w.shape, x.dtype, x.device):
             launch_dequant_gemm(x, w, res, out, swiglu, cfg)
             return
-        # A captured graph would keep the shared workspace's address, which a later, larger weight frees
-        # (the buffer grows by reallocation): graphs take another path instead (graph_fallback). Tuned calls
-        # never get here (select_config tunes graph keys without this path): only an explicit config does.
+        # A capture may not grow the shared workspace (a graph keeps its address): without a buffer that holds
+        # the weight, graphs take another path (graph_fallback). Tuned calls only get here if the buffer was
+        # released between a graph-bound tuning pass and its capture; otherwise an explicit config does.
         cfg = graph_fallback(name, m, n_out, k, sm_count(x.device), w.layout)
     p = kernel_params(name, cfg)
     q, scales, row_scale = kernel_tensors(w)

@@ -201,21 +201,24 @@ def wide_fragment_candidate(fmt: str, m: int, n_out: int, k: int, sms: int) -> G
 
 
 def graph_candidates(fmt: str, m: int, n_out: int, k: int, sms: int, *, swiglu: bool = False, mma: bool = False,
-                     layout: str = ROWS) -> list[GemmConfig]:
-    """Configs a CUDA graph may capture at this shape: :func:`candidates` without the dequantization path (its
-    shared workspace may be reallocated after capture), :func:`graph_fallback`'s first. For fragment-laid weights
-    at prefill sizes up to ``FRAG_PREFILL_MAX_M`` tokens, every register-decode config, the 64-token one
-    (:func:`wide_fragment_candidate`) and every tiled GEMM (:func:`tiled_fragment_candidates`); above, the decode's
-    favourite and the tiled GEMM's first two. Eager calls of these sizes mostly choose the dequantization path,
-    so only the prompt-chunk graphs (``ninfer.runtime.chunk_graphs``) meet these keys, and their choice is what a
-    step beside decodes costs."""
+                     layout: str = ROWS, dequant: bool = False) -> list[GemmConfig]:
+    """Configs a CUDA graph may capture at this shape, :func:`graph_fallback`'s first. The dequantization path
+    only with ``dequant`` (its shared workspace already holds the weight, so the capture need not grow it:
+    ``dequant.graph_workspace_fits``). For fragment-laid weights at prefill sizes up to ``FRAG_PREFILL_MAX_M``
+    tokens, every register-decode config, the 64-token one (:func:`wide_fragment_candidate`) and every tiled GEMM
+    (:func:`tiled_fragment_candidates`); above, the decode's favourite and the tiled GEMM's first two. Eager
+    calls of these sizes mostly choose the dequantization path, so only the prompt-chunk graphs
+    (``ninfer.runtime.chunk_graphs``) meet these keys, and their choice is what a step beside decodes costs."""
     if layout == FRAGMENTS and m > MMA_MAX_M:
         decode = fragment_candidates(fmt, m, n_out, k, sms)
         tiled = tiled_fragment_candidates(fmt, m, n_out, k, sms, swiglu=swiglu)
+        fits = dequant and n_out * (2 if swiglu else 1) * k <= DEQUANT_MAX_ELEMENTS
+        whole = dequant_candidates(fmt, 128)[:1] if fits else []
         if m > FRAG_PREFILL_MAX_M:
-            return decode[:1] + tiled[:2]
-        return decode + _wide(fmt, m, n_out, k, sms, swiglu) + tiled
-    return [c for c in candidates(fmt, m, n_out, k, sms, swiglu=swiglu, mma=mma, layout=layout) if c.kind != "dequant"]
+            return decode[:1] + whole + tiled[:2]
+        return decode[:1] + whole + decode[1:] + _wide(fmt, m, n_out, k, sms, swiglu) + tiled
+    cands = candidates(fmt, m, n_out, k, sms, swiglu=swiglu, mma=mma, layout=layout)
+    return [c for c in cands if c.kind != "dequant"] + ([c for c in cands if c.kind == "dequant"] if dequant else [])
 
 
 def graph_fallback(fmt: str, m: int, n_out: int, k: int, sms: int, layout: str) -> GemmConfig:
@@ -400,14 +403,16 @@ def sm_count(device: torch.device) -> int:
 
 
 def select_config(fmt: str, x: torch.Tensor, n_out: int, k: int, swiglu: bool, has_res: bool,
-                  launch: Callable[[GemmConfig], None], layout: str = ROWS, graph: bool = False) -> GemmConfig:
+                  launch: Callable[[GemmConfig], None], layout: str = ROWS, graph: bool = False,
+                  dequant_in_graph: bool = False) -> GemmConfig:
     """The config for this call's key, by the process's tuner state (:func:`ninfer.kernels.tuning.default_tuner`,
     table ``"quant_gemm"``): on first sight of the key in a tunable call (CUDA, not capturing, tuning
     enabled) the one stored on disk if still a candidate, else the fastest candidate by benchmark (then
     stored); untunable calls take the heuristic favourite. ``graph``: the call is (or will be) captured into a
     CUDA graph; above the decode sizes, where that rules the dequantization path out (:func:`graph_candidates`),
     the key is tuned apart (marked ``"graph"``) among the others, instead of the eager key's choice being swapped
-    for a fallback."""
+    for a fallback; ``dequant_in_graph``: the dequantization path's workspace already holds this weight, so a graph
+    can capture that path too."""
     m = x.shape[0]
     key = (fmt, x.dtype, m_bucket(m), n_out, k, swiglu, has_res, x.device, layout)
     mma = x.dtype in (torch.bfloat16, torch.float16)
@@ -416,8 +421,10 @@ def select_config(fmt: str, x: torch.Tensor, n_out: int, k: int, swiglu: bool, h
     if graph and m > MMA_MAX_M:  # the decode graphs (to 32 tokens) keep their eager keys
         key, pick = (*key, "graph"), graph_candidates
 
+    extra = {"dequant": dequant_in_graph} if pick is graph_candidates else {}
+
     def cands() -> list[GemmConfig]:
-        return autotune_configs(pick(*shape, swiglu=swiglu, mma=mma, layout=layout))
+        return autotune_configs(pick(*shape, swiglu=swiglu, mma=mma, layout=layout, **extra))
 
     def time_fn(cfgs: list[GemmConfig]) -> dict[GemmConfig, float]:
         return time_candidates(cfgs, launch, graphs=m <= MMA_MAX_M)
