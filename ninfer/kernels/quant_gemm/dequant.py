@@ -127,7 +127,7 @@ def workspace(n: int, k: int, dtype: torch.dtype, device: torch.device, *, captu
     Callers on one stream may reuse it freely (stream order serialises them); its contents last only
     until the next dequantization. ``captured``: for a launch a CUDA graph captures (or will), which must find
     the buffer large enough already (:func:`graph_workspace_fits`) and keeps it alive for the process."""
-    key = (torch.device(device), dtype)
+    key = _key(device, dtype)
     buf = _WORKSPACE.get(key)
     if captured:
         if buf is None or buf.numel() < n * k:
@@ -144,8 +144,16 @@ def workspace(n: int, k: int, dtype: torch.dtype, device: torch.device, *, captu
 def graph_workspace_fits(n: int, k: int, dtype: torch.dtype, device: torch.device) -> bool:
     """Whether a CUDA graph can capture the dequantization of an ``[n, k]`` weight: the buffer of (device,
     dtype) already holds it."""
-    buf = _WORKSPACE.get((torch.device(device), dtype))
+    buf = _WORKSPACE.get(_key(device, dtype))
     return buf is not None and buf.numel() >= n * k
+
+
+def _key(device: torch.device | str, dtype: torch.dtype) -> tuple[torch.device, torch.dtype]:
+    """The buffer's key: "cuda" and "cuda:0" (the current device) are one device."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device, dtype
 
 
 def release_workspaces() -> None:
