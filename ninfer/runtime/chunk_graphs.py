@@ -10,14 +10,16 @@ of ~1,300 launches, the weights read twice instead of once.
 When: ``NINFER_CHUNK_GRAPHS`` unset (or ``auto``) captures it for budgets up to :data:`AUTO_MAX_TOKENS`, ``1``
 for any budget, ``0`` never. On the H200 (27B ``int4``, 4 decodes beside a 32k prompt, run 2026-12-04.3) the
 graph cut the decodes' ITL p99 at a 128-token budget from 13.1x to 6.8x their TPOT (11.1x at 256, against 18.3x
-eagerly in run 2026-12-03.15; 6.7x and 9.4x with the tiled GEMM among the keys' candidates, runs 2026-12-04.7 /
-.8); at the default 1,024-token budget a step is GPU-bound (~100 ms of kernels), so the default stays eager.
+eagerly in run 2026-12-03.15; 6.7x and 8.7x with the tiled GEMM and the dequantization path among the keys'
+candidates, runs 2026-12-04.7 to .9); at the default 1,024-token budget a step is GPU-bound (~100 ms of kernels),
+so the default stays eager.
 
 Everything the chunk varies lives in static buffers, as in :class:`~ninfer.runtime.graphs.DecodeGraphs`: its
 token ids, positions, context length, KV slots, lane (which selects the row of the lane block table) and state
 slot; the graph writes the chunk's hidden states into a static output. The quantized GEMMs of these sizes tune
 apart among the paths a graph can hold (:func:`ninfer.kernels.quant_gemm.tune.graph_candidates`: the register
-decodes and the tiled GEMM of :mod:`ninfer.kernels.quant_gemm.fragment_tiled`). The memory
+decodes, the tiled GEMM of :mod:`ninfer.kernels.quant_gemm.fragment_tiled`, and the dequantization path, whose
+workspace the warm-up's prefill has grown to the largest weight by the time the graph is captured). The memory
 plan's workspace counts the graph's activations (:func:`ninfer.runtime.memory.workspace_bytes`), which its pool
 keeps.
 """
