@@ -237,7 +237,7 @@ def compile_frag_tiled(cfg, group: int, swiglu: bool, arch: int, bits: int = 4):
            "ws_ptr": "*fp32", **dict.fromkeys(("M", "N_OUT", "KC", "NG", "chunks_per_split", "stride_xm", "stride_rm",
                                                 "stride_om"), "i32")}
     consts = dict(GROUP=group, BITS=bits, SWIGLU=swiglu, HAS_RES=False, SPLIT=cfg.split_k > 1, IEEE=False,
-                  BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, GROUP_M=8)
+                  CODES=cfg.kind == fragment_tiled.CODES_KIND, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, GROUP_M=8)
     sig.update(dict.fromkeys(consts, "constexpr"))
     names = list(sig)
     aligned = [n for n in names if n.endswith("_ptr") or n in ("N_OUT", "KC", "stride_xm", "stride_rm", "stride_om")]
@@ -253,7 +253,7 @@ def frag_tiled(fmt: str, m: int, arch: int, sms: int) -> None:
     shapes = (("gate_up", 17408, 5120, True), ("down", 5120, 17408, False), ("qkvz", 16384, 5120, False))
     for name, n_out, k, swiglu in shapes:
         for cfg in tiled_fragment_candidates(fmt, m, n_out, k, sms, swiglu=swiglu):
-            head = (f"{fmt:9s} frag-tiled-{name:7s} tokens={cfg.block_m:<3d} rows={cfg.block_n:<3d} "
+            head = (f"{fmt:9s} {cfg.kind}-{name:7s} tokens={cfg.block_m:<3d} rows={cfg.block_n:<3d} "
                     f"warps={cfg.num_warps} stages={cfg.num_stages} split={cfg.split_k:<3d}")
             try:
                 kernel = compile_frag_tiled(cfg, group, swiglu, arch, bits)

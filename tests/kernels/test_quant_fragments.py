@@ -245,20 +245,22 @@ def test_fragment_separate_reduce_kernel(monkeypatch: pytest.MonkeyPatch) -> Non
     _check("int4-g64", 3, 64, 256, _frag(8, 1, 1, 4), swiglu=True, residual=True, seed=10)
 
 
-def _tiled(tokens: int, rows: int, split: int = 1) -> GemmConfig:
-    return GemmConfig(tokens, rows, 64, split, 4, 1, "frag-tiled")
+def _tiled(tokens: int, rows: int, split: int = 1, kind: str = "frag-tiled") -> GemmConfig:
+    return GemmConfig(tokens, rows, 64, split, 4, 1, kind)
 
 
+@pytest.mark.parametrize("kind", ["frag-tiled", "frag-tiled-codes"])
 @pytest.mark.parametrize("fmt", ["int4-g64", "int4-g128", "int8-g64"])
-def test_fragment_tiled(fmt: str) -> None:
-    """The tiled GEMM over the fragment layout: token blocks with a ragged last one, a ragged last row block (48
-    rows in 32-row programs), split-K of unequal splits with a residual, SwiGLU, fp32 activations."""
+def test_fragment_tiled(fmt: str, kind: str) -> None:
+    """The tiled GEMM over the fragment layout, both variants (weights scaled before the MMA, exact codes into it):
+    token blocks with a ragged last one, a ragged last row block (48 rows in 32-row programs), split-K of unequal
+    splits with a residual, SwiGLU, fp32 activations."""
     k = 256 if fmt == "int4-g128" else 384
-    _check(fmt, 40, 96, 256, _tiled(32, 32), seed=1)
-    _check(fmt, 21, 48, 256, _tiled(16, 32), residual=True, seed=2)
-    _check(fmt, 17, 64, k, _tiled(16, 64, 3), residual=True, seed=3)
-    _check(fmt, 20, 64, 256, _tiled(16, 32, 2), swiglu=True, residual=True, seed=4)
-    _check(fmt, 20, 64, 256, _tiled(16, 32), swiglu=True, dtype=torch.float32, seed=5)
+    _check(fmt, 40, 96, 256, _tiled(32, 32, kind=kind), seed=1)
+    _check(fmt, 21, 48, 256, _tiled(16, 32, kind=kind), residual=True, seed=2)
+    _check(fmt, 17, 64, k, _tiled(16, 64, 3, kind), residual=True, seed=3)
+    _check(fmt, 20, 64, 256, _tiled(16, 32, 2, kind), swiglu=True, residual=True, seed=4)
+    _check(fmt, 20, 64, 256, _tiled(16, 32, kind=kind), swiglu=True, dtype=torch.float32, seed=5)
 
 
 @pytest.mark.usefixtures("poisoned_outputs")
@@ -283,6 +285,10 @@ def test_fragment_weights_take_their_own_candidates() -> None:
         assert "dequant" not in {c.kind for c in graph} and "frag-tiled" in {c.kind for c in graph}, m
     assert all(c.block_m == 64 for c in tiled_fragment_candidates("int4-g64", 64, 5120, 17408, 132))
     assert tiled_fragment_candidates("int4-g64", 128, 24, 256, 132) == []  # rows in part of a 16-row tile
+    kinds = {c.kind for c in tiled_fragment_candidates("int4-g64", 128, 5120, 17408, 132)}
+    assert kinds == {"frag-tiled", "frag-tiled-codes"}
+    assert {c.kind for c in tiled_fragment_candidates("int4-g64", 128, 17408, 5120, 132, swiglu=True)} == \
+        {"frag-tiled"}  # the exact-codes variant spills with SwiGLU's four accumulators
     w = _fragments(_weight(32, 256, "int4-g64", 11))
     x = torch.randn(40, 256, generator=torch.Generator().manual_seed(12)).half()
     for cfg in candidates("int4-g64", 40, 32, 256, 4, layout=FRAGMENTS):

@@ -125,8 +125,9 @@ def quant_matmul_triton(x: torch.Tensor, w: QuantizedTensor, residual: torch.Ten
     cfg = config or select_config(w.format.name, x2, n_out, k, swiglu, res is not None, trial, w.layout,
                                   graph=graph, dequant_in_graph=graph and graph_workspace_fits(n, k, x2.dtype,
                                                                                                x2.device))
-    if w.layout == FRAGMENTS and cfg.kind not in ("frag", "frag-tiled", "dequant"):
-        raise ValueError(f"a weight in the fragment layout takes frag, frag-tiled or dequant configs, not {cfg.kind!r}")
+    if w.layout == FRAGMENTS and cfg.kind not in ("frag", "frag-tiled", "frag-tiled-codes", "dequant"):
+        raise ValueError(f"a weight in the fragment layout takes frag, frag-tiled(-codes) or dequant configs, "
+                         f"not {cfg.kind!r}")
     _launch(x2, w, res, out, swiglu, cfg)
     return result
 
@@ -149,7 +150,7 @@ def _launch(x: torch.Tensor, w: QuantizedTensor, res: torch.Tensor | None, out: 
     if cfg.kind == "frag":  # int4 / int8 in the fragment layout, from registers (fragment_mma)
         launch_fragment_mma(x, q, scales, res, out, swiglu, p["group"], cfg)
         return
-    if cfg.kind == "frag-tiled":  # the same layout at prefill sizes, on tensor cores by tl.dot (fragment_tiled)
+    if cfg.kind.startswith("frag-tiled"):  # the same layout at prefill sizes, on tensor cores by tl.dot (fragment_tiled)
         launch_fragment_tiled(x, q, scales, res, out, swiglu, p["group"], cfg)
         return
     if cfg.kind == "gemv-mma":  # int4 decode on tensor cores (gemv_mma)

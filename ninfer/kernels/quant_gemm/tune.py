@@ -61,8 +61,9 @@ class GemmConfig:
     # (M <= 32, block_m = tokens per program); "dequant": dequant's whole-weight dequantization
     # (block_n x block_k tiles) + cuBLAS (M > 16); "frag": fragment_mma's register decode of int4 / int8 weights
     # or int8 weights in the fragment layout (block_m tokens per program, block_n = 16 * num_warps rows, block_k / 64 chunks
-    # per loop trip); "frag-tiled": fragment_tiled's tl.dot GEMM over the same layout at prefill sizes (block_m tokens
-    # x block_n rows per program, block_k = one 64-column chunk per step)
+    # per loop trip); "frag-tiled" / "frag-tiled-codes": fragment_tiled's tl.dot GEMM over the same layout at prefill
+    # sizes (block_m tokens x block_n rows per program, block_k = one 64-column chunk per step; weights scaled before
+    # the MMA / exact codes into it and the scale on its product)
     kind: str = "dot"
     # "gemv-mma" only: Triton's ``maxnreg`` (registers per thread; fewer let more programs share an SM,
     # at the risk of spills); 0 = the compiler's choice
@@ -160,7 +161,7 @@ def tiled_fragment_candidates(fmt: str, m: int, n_out: int, k: int, sms: int, *,
                               swiglu: bool = False) -> list[GemmConfig]:
     """Configs of the tiled GEMM over the fragment layout (:mod:`ninfer.kernels.quant_gemm.fragment_tiled`) for
     prefill sizes: 64 tokens per program up to 64, else 128, ``(rows, warps, stages)`` (SwiGLU keeps four
-    accumulators: narrower tiles or more warps), each with split-K where its tiles cannot fill the GPU (about
+    accumulators: narrower tiles or more warps), then the exact-codes variant's tiles, each with split-K where its tiles cannot fill the GPU (about
     two programs per SM) and without. Shared memory per stage: the codes (``rows x 32`` bytes int4, twice for
     int8, twice again with SwiGLU) and the activations (``64 x tokens x 2`` bytes); the 64-row tiles stay within
     99 KB (RTX 5090) at any stage count offered."""
@@ -168,9 +169,15 @@ def tiled_fragment_candidates(fmt: str, m: int, n_out: int, k: int, sms: int, *,
         return []
     tokens = 64 if m <= 64 else 128
     shapes = [(64, 4, 3), (128, 8, 3), (64, 8, 4)] if swiglu else [(128, 8, 3), (64, 4, 3), (128, 4, 4)]
+    kinds = ["frag-tiled"] * len(shapes)
+    # The exact-codes variant (fragment_tiled.CODES_KIND) holds a second accumulator tile per half: the tiles
+    # that compile without spills on sm_90 (perf/ptx_check.py --kinds frag-tiled; with SwiGLU's four halves none
+    # does: 64-112 bytes of stack at 128 x 128 and 8 warps).
+    codes = [] if swiglu else [(128, 8, 3), (64, 4, 3)]
+    shapes, kinds = shapes + codes, kinds + ["frag-tiled-codes"] * len(codes)
     out: list[GemmConfig] = []
-    for rows, warps, stages in shapes:
-        cfg = GemmConfig(tokens, rows, 64, 1, warps, stages, "frag-tiled")
+    for (rows, warps, stages), kind in zip(shapes, kinds):
+        cfg = GemmConfig(tokens, rows, 64, 1, warps, stages, kind)
         split = _split(triton.cdiv(m, tokens) * triton.cdiv(n_out, rows), k // 64, sms)
         out.extend([replace(cfg, split_k=split), cfg] if split > 1 else [cfg])
     return out
