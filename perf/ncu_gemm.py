@@ -28,8 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ninfer.kernels.quant_gemm import quant_matmul_triton  # noqa: E402
 from ninfer.kernels.quant_gemm.fragments import FRAGMENTS, to_fragments  # noqa: E402
+from ninfer.kernels.quant_gemm.timing import graph_ms as _graph_ms  # noqa: E402
 from ninfer.kernels.quant_gemm.tune import (  # noqa: E402
-    _graph_ms,
     candidates,
     fragment_candidates,
     gemv_candidates,

@@ -7,6 +7,7 @@ import triton
 from kernel_testing import graph_replay_matches
 
 from ninfer.kernels.quant_gemm import dequant as quant_dequant
+from ninfer.kernels.quant_gemm import timing as quant_gemm_timing
 from ninfer.kernels.quant_gemm import tune as quant_gemm_tune
 from ninfer.kernels.quant_gemm.dequant import dequantize_triton
 from ninfer.kernels.quant_gemm import (
@@ -198,15 +199,15 @@ def test_gemv_split_k_in_cuda_graph() -> None:
 
 
 def test_decode_tuning_times_graphs_and_keeps_a_working_config(monkeypatch: pytest.MonkeyPatch) -> None:
-    # The tuner times decode-sized keys from graph replays (quant_gemm_tune._graph_ms); the winner must
+    # The tuner times decode-sized keys from graph replays (quant_gemm_timing.graph_ms); the winner must
     # compute the right product, also when the output aliases the residual.
     tuner = TunerState(enabled=True)  # a fresh state: nothing chosen yet
     monkeypatch.setenv("NINFER_TUNE_CACHE", "off")  # time it here, not from an earlier run's choice
     # every candidate, also under NINFER_AUTOTUNE=off (which keeps one and so never times anything)
     monkeypatch.setattr(quant_gemm_tune, "autotune_configs", lambda configs: configs)
     used = []
-    real = quant_gemm_tune._graph_ms
-    monkeypatch.setattr(quant_gemm_tune, "_graph_ms", lambda fn: used.append(1) or real(fn))
+    real = quant_gemm_timing.graph_ms
+    monkeypatch.setattr(quant_gemm_timing, "graph_ms", lambda fn: used.append(1) or real(fn))
     w = quantize(_weight(5120, 6144, 11), "int4-g64")
     x = torch.randn(1, 6144, device="cuda", dtype=torch.bfloat16)
     res = torch.randn(1, 5120, device="cuda", dtype=torch.bfloat16)

@@ -16,6 +16,7 @@ import torch
 from kernel_testing import expert_routing, expert_stacks, nan_experts, poisoned_outputs  # noqa: F401  (fixture)
 
 from ninfer.kernels.moe import quant_gemm as moe_quant_gemm
+from ninfer.kernels.quant_gemm import timing as quant_gemm_timing
 from ninfer.kernels.quant_gemm import tune as quant_gemm_tune
 from ninfer.kernels.dispatch import INTERPRET
 from ninfer.kernels.moe import moe_experts_reference
@@ -203,7 +204,7 @@ def test_selection_keeps_the_faster_path_per_key(monkeypatch: pytest.MonkeyPatch
             return 1.0
         return 0.5 if cfg == fast_gemv["cfg"] else 2.0
 
-    monkeypatch.setattr(quant_gemm_tune, "_graph_ms", graph_ms)
+    monkeypatch.setattr(quant_gemm_timing, "graph_ms", graph_ms)
     a = torch.zeros(1, 64)
 
     def choose(rows, swiglu: bool, n_out: int = 32, dtype: torch.dtype = torch.float32) -> GemmConfig:
@@ -257,7 +258,7 @@ def test_auto_path_runs_the_chosen_kernel(monkeypatch: pytest.MonkeyPatch, tuner
 
     monkeypatch.setattr(moe_quant_gemm, "_launch_dot", spy_dot)
     monkeypatch.setattr(moe_quant_gemm, "launch_expert_gemv", spy_gemv)
-    monkeypatch.setattr(quant_gemm_tune, "_graph_ms", graph_ms)
+    monkeypatch.setattr(quant_gemm_timing, "graph_ms", graph_ms)
     fmt = "nvfp4"
     h, i = SHAPES[fmt]
     gate_up, down = expert_stacks(fmt, E, h, i, seed=4)

@@ -312,9 +312,9 @@ def test_do_bench_in_a_dry_pass_calls_its_function_once_and_times_nothing() -> N
 
 
 def test_graph_timing_in_a_dry_pass_calls_its_function_once_and_captures_nothing() -> None:
-    from ninfer.kernels.quant_gemm import tune
+    from ninfer.kernels.quant_gemm import timing
 
     calls: list[int] = []
     with precompile.dry_launches():  # no CUDA here: a capture would raise
-        assert tune._graph_ms(lambda: calls.append(1)) == 0.0
+        assert timing.graph_ms(lambda: calls.append(1)) == 0.0
     assert calls == [1]

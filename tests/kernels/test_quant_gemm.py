@@ -109,6 +109,7 @@ def test_expert_slice_views(fmt: str) -> None:
 
 
 def test_tuner_times_decode_from_graphs_and_falls_back_to_eager_for_all(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ninfer.kernels.quant_gemm import timing as quant_gemm_timing
     from ninfer.kernels.quant_gemm import tune as quant_gemm_tune
 
     cands = [GemmConfig(16, 64, 256), GemmConfig(16, 32, 256), GemmConfig(1, 32, 512, 4, 4, 1, "gemv")]
@@ -124,7 +125,7 @@ def test_tuner_times_decode_from_graphs_and_falls_back_to_eager_for_all(monkeypa
         fn()
         return 2.0 if calls[-1][1].kind == "gemv" else 3.0
 
-    monkeypatch.setattr(quant_gemm_tune, "_graph_ms", graph_ms)
+    monkeypatch.setattr(quant_gemm_timing, "graph_ms", graph_ms)
     monkeypatch.setattr(quant_gemm_tune.triton.testing, "do_bench", eager_ms)
     monkeypatch.setattr(quant_gemm_tune.torch.cuda, "synchronize", lambda: None)
     timings = quant_gemm_tune.time_candidates(cands, lambda cfg: calls.append(("run", cfg)), graphs=True)
