@@ -102,6 +102,18 @@ def weight_tile(q_ptr, s_ptr, rows, k0, K, stride_qn, stride_sn,
 
 
 @triton.jit
+def grouped_tile(pid, M, N_OUT, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """``(pid_m, pid_n)``, the token block and weight block of program ``pid`` in grouped order: GROUP_M token
+    blocks sweep the weight blocks together, so the activations of a group and each weight block stay in L2."""
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N_OUT, BLOCK_N)
+    per_group = GROUP_M * num_n
+    first_m = (pid // per_group) * GROUP_M
+    size_m = tl.minimum(num_m - first_m, GROUP_M)
+    return first_m + (pid % per_group) % size_m, (pid % per_group) // size_m
+
+
+@triton.jit
 def finish(acc, acc_up, offs_m, offs_n, mask, res_ptr, stride_rm, out_ptr, stride_om,
             SWIGLU: tl.constexpr, HAS_RES: tl.constexpr):
     """Epilogue on a ``[BLOCK_N, BLOCK_M]`` tile of ``y^T`` (fp32): SwiGLU, residual add, store."""

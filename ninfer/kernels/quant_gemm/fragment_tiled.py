@@ -35,7 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ninfer.kernels.quant_gemm.common import finish_at, int4_values
+from ninfer.kernels.quant_gemm.common import finish_at, grouped_tile, int4_values
 from ninfer.kernels.quant_gemm.fragments import CHUNK_COLS, TILE_ROWS, code_bits, words
 from ninfer.kernels.quant_gemm.gemv_steps import gemv_reduce_kernel, store_partials_at
 from ninfer.kernels.quant_gemm.tune import GemmConfig
@@ -113,15 +113,7 @@ def _fragment_tiled_kernel(
     IEEE: tl.constexpr, CODES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr,
 ):
     R: tl.constexpr = BLOCK_N // 2
-    pid = tl.program_id(0)
-    num_m = tl.cdiv(M, BLOCK_M)
-    num_n = tl.cdiv(N_OUT, BLOCK_N)
-    # Grouped order: GROUP_M token blocks sweep the weight tiles together, so each tile's codes stay in L2.
-    per_group = GROUP_M * num_n
-    first_m = (pid // per_group) * GROUP_M
-    size_m = tl.minimum(num_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % per_group) % size_m
-    pid_n = (pid % per_group) // size_m
+    pid_m, pid_n = grouped_tile(tl.program_id(0), M, N_OUT, BLOCK_M, BLOCK_N, GROUP_M)
 
     tiles = N_OUT // 16
     i = tl.arange(0, R)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ninfer.kernels.quant_gemm.common import FMT_FP8, finish, group_scales, weight_tile
+from ninfer.kernels.quant_gemm.common import FMT_FP8, finish, group_scales, grouped_tile, weight_tile
 
 
 @triton.jit
@@ -72,15 +72,7 @@ def quant_gemm_kernel(
     IEEE: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    num_m = tl.cdiv(M, BLOCK_M)
-    num_n = tl.cdiv(N_OUT, BLOCK_N)
-    # Grouped order: GROUP_M row blocks of x sweep all weight tiles together, so x stays in L2.
-    per_group = GROUP_M * num_n
-    first_m = (pid // per_group) * GROUP_M
-    size_m = tl.minimum(num_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % per_group) % size_m
-    pid_n = (pid % per_group) // size_m
+    pid_m, pid_n = grouped_tile(tl.program_id(0), M, N_OUT, BLOCK_M, BLOCK_N, GROUP_M)
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
