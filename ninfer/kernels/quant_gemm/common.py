@@ -102,6 +102,14 @@ def weight_tile(q_ptr, s_ptr, rows, k0, K, stride_qn, stride_sn,
 
 
 @triton.jit
+def dot(a, b, acc, IEEE: tl.constexpr):
+    """``acc + a @ b`` on tensor cores; with IEEE (fp32 activations) in full fp32, no silent tf32."""
+    if IEEE:
+        return tl.dot(a, b, acc, input_precision="ieee")
+    return tl.dot(a, b, acc)
+
+
+@triton.jit
 def grouped_tile(pid, M, N_OUT, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
     """``(pid_m, pid_n)``, the token block and weight block of program ``pid`` in grouped order: GROUP_M token
     blocks sweep the weight blocks together, so the activations of a group and each weight block stay in L2."""

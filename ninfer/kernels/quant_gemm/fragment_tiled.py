@@ -35,7 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ninfer.kernels.quant_gemm.common import finish_at, grouped_tile, int4_values
+from ninfer.kernels.quant_gemm.common import dot, finish_at, grouped_tile, int4_values
 from ninfer.kernels.quant_gemm.fragments import CHUNK_COLS, TILE_ROWS, code_bits, words
 from ninfer.kernels.quant_gemm.gemv_steps import gemv_reduce_kernel, store_partials_at
 from ninfer.kernels.quant_gemm.tune import GemmConfig
@@ -85,15 +85,8 @@ def _chunk(acc, codes, scale, xt, CODES: tl.constexpr, IEEE: tl.constexpr):
     the scale multiplies its ``[R, BLOCK_M]`` product; otherwise each weight is scaled in fp32 and rounded once to
     the activations' dtype (``QuantizedTensor.dequantize``) before it."""
     if CODES:
-        return acc + _dot(codes.to(xt.dtype), xt, tl.zeros_like(acc), IEEE) * scale[:, None]
-    return _dot((codes * scale[:, None]).to(xt.dtype), xt, acc, IEEE)
-
-
-@triton.jit
-def _dot(a, b, acc, IEEE: tl.constexpr):
-    if IEEE:  # fp32 activations: no silent tf32
-        return tl.dot(a, b, acc, input_precision="ieee")
-    return tl.dot(a, b, acc)
+        return acc + dot(codes.to(xt.dtype), xt, tl.zeros_like(acc), IEEE) * scale[:, None]
+    return dot((codes * scale[:, None]).to(xt.dtype), xt, acc, IEEE)
 
 
 @triton.jit

@@ -10,7 +10,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ninfer.kernels.quant_gemm.common import FMT_FP8, finish, group_scales, grouped_tile, weight_tile
+from ninfer.kernels.quant_gemm.common import FMT_FP8, dot, finish, group_scales, grouped_tile, weight_tile
 
 
 @triton.jit
@@ -31,16 +31,9 @@ def _k_step(acc, xt, q_ptr, s_ptr, rows, k0, K, stride_qn, stride_sn,
     w = weight_tile(q_ptr, s_ptr, rows, k0, K, stride_qn, stride_sn, FMT, GROUP, CHUNK, ROW_BLOCK, SCALED,
                      BLOCK_N, WIDTH, EVEN_K, xt.dtype)
     if SCALED or FMT == FMT_FP8:  # fp8 rows: the row scale multiplies the accumulator at the end
-        return _mma(w, xt, acc, IEEE)
+        return dot(w, xt, acc, IEEE)
     scale = group_scales(s_ptr, rows, k0, K, stride_sn, FMT, GROUP, ROW_BLOCK, 1, EVEN_K)
-    return acc + _mma(w, xt, tl.zeros(acc.shape, dtype=tl.float32), IEEE) * scale
-
-
-@triton.jit
-def _mma(a, b, acc, IEEE: tl.constexpr):
-    if IEEE:  # fp32 activations: no silent tf32
-        return tl.dot(a, b, acc, input_precision="ieee")
-    return tl.dot(a, b, acc)
+    return acc + dot(w, xt, tl.zeros(acc.shape, dtype=tl.float32), IEEE) * scale
 
 
 @triton.jit
