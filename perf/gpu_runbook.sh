@@ -58,7 +58,7 @@ chunk-graphs-27b      the prompt-chunk graph (on by default up to 256 tokens): i
 profile-mtp-27b       where a 27B int4 MTP round goes at C = 8 (K = 3, all drafts accepted: 2.25x a plain step in run 2026-12-03.13) beside the plain C = 8 step, kernels by family
 gates-in-decode-27b   the a/b gate projection inside the DeltaNet decode kernel (GPU tests) and the 27B int4 decode at C = 1 / 8 with it off (the default: its own cuBLAS GEMM, two launches a layer) then on (NINFER_GATES_IN_DECODE=1), and a step profile with it on
 frag-tiled-27b        the tiled tl.dot GEMM over fragment-laid weights (GPU tests), then 4 decodes beside a 32k prefill with the 128-token chunk graph (its graph keys tuned among the decodes and the tiled GEMM) and the profile of that step
-bench-frag-tiled      the tiled GEMM over fragment-laid int4-g64 weights against the dequantization path and cuBLAS bf16 at 128 and 512 tokens (27B shapes, every candidate timed), then 4 decodes beside a 32k prefill with the 256-token chunk graph
+bench-frag-tiled      the GPU tests of the tiled GEMM (both variants) and of the dequantization path in a graph, the tiled GEMM over fragment-laid int4-g64 weights against the dequantization path and cuBLAS bf16 at 128 and 512 tokens (27B shapes, every candidate timed), then 4 decodes beside a 32k prefill with the 256-token chunk graph
 dequant-in-graph-27b  the dequantization path inside the prompt-chunk graph (its GPU test), then 4 decodes beside a 32k prefill with the 128-token and the 256-token chunk graph
 itl-budgets-27b       27B int4 warm start: ITL of 4 decodes beside a 32k prefill at prefill_tokens_while_decoding 1024 (the default) / 512 / 256 / 128 and at max_decode_stall 3x / 2.5x, and the rate of the 32k prompt at each
 '
@@ -330,6 +330,7 @@ stage() {
       part 200 python3 perf/profile_step.py --shape 27b --recipe int4 --mixed 16384 --chunk 128 --steps 8 --top 30
       ;;
     bench-frag-tiled)
+      NINFER_AUTOTUNE=off gpu_tests 120 quant_fragments_gpu -k "'tiled or dequantization_path'" -n 4
       part 150 python3 perf/bench_quant_gemm.py --formats int4-g64 --m 128,512 --shapes gate_up,down,in_proj_qkvz,o_proj \
         --path dequant,frag-tiled --no-gemlite
       NINFER_CHUNK_GRAPHS=1 part 170 python3 perf/bench_startup.py --shape 27b --recipe int4 --modes warm \
