@@ -171,9 +171,9 @@ def tiled_fragment_candidates(fmt: str, m: int, n_out: int, k: int, sms: int, *,
     shapes = [(64, 4, 3), (128, 8, 3), (64, 8, 4)] if swiglu else [(128, 8, 3), (64, 4, 3), (128, 4, 4)]
     kinds = ["frag-tiled"] * len(shapes)
     # The exact-codes variant (fragment_tiled.CODES_KIND) holds a second accumulator tile per half: the tiles
-    # that compile without spills on sm_90 (perf/ptx_check.py --kinds frag-tiled; with SwiGLU's four halves none
-    # does: 64-112 bytes of stack at 128 x 128 and 8 warps).
-    codes = [] if swiglu else [(128, 8, 3), (64, 4, 3)]
+    # that compile without spills on sm_90 (perf/ptx_check.py --kinds frag-tiled; with SwiGLU's four halves only
+    # 64 rows on 8 warps: 128 rows spill 64-112 bytes, 4 warps 352).
+    codes = [(64, 8, 3)] if swiglu else [(128, 8, 3), (64, 4, 3)]
     shapes, kinds = shapes + codes, kinds + ["frag-tiled-codes"] * len(codes)
     out: list[GemmConfig] = []
     for (rows, warps, stages), kind in zip(shapes, kinds):
