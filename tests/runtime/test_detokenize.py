@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from ninfer.default_model import SPECIAL_TOKENS, TEXT_TAGS, build_tokenizer, special_token_ids
@@ -78,11 +78,13 @@ def test_random_bytes_and_specials_concatenate_to_decode(
 
 @HYP
 @given(text=st.text(max_size=60))
+@example(text="\ufffd")  # a replacement character in the text itself (CI's hypothesis found it)
 def test_any_text_roundtrips_without_partial_characters(tok: Tokenizer, text: str) -> None:
     ids = tok.encode(text)
     deltas = stream(tok, ids, skip=False)  # special-token text in ``text`` encodes to its id
     assert "".join(deltas) == tok.decode(ids)
-    assert all("\ufffd" not in d for d in deltas)  # valid UTF-8 in, no replacement char out
+    if "\ufffd" not in text:  # valid UTF-8 in, no replacement char out (unless the text holds one itself)
+        assert all("\ufffd" not in d for d in deltas)
 
 
 @pytest.mark.parametrize("text", [
