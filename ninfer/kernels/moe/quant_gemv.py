@@ -47,9 +47,9 @@ from ninfer.kernels.quant_gemm.gemv_steps import (
     gemv_decode,
     gemv_dot,
     gemv_raw,
-    gemv_reduce_kernel,
     gemv_scales,
     gemv_x,
+    reduce_splits,
     store_partials,
     w32_dot,
     w32_raw,
@@ -241,11 +241,7 @@ def launch_expert_gemv(rows: ExpertRows, a: torch.Tensor, w: QuantizedTensor, ds
         PREFETCH=cfg.kind == "gemv-prefetch", WORDS=words, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if splits > 1:
-        bm = min(triton.next_power_of_2(nk), 8)
-        gemv_reduce_kernel[(triton.cdiv(n_out, 128), triton.cdiv(nk, bm))](
-            ws_ptr=ws, res_ptr=dst, out_ptr=dst, M=nk, N_OUT=n_out, splits=splits, stride_rm=dst.stride(0),
-            stride_om=dst.stride(0), SWIGLU=swiglu, HAS_RES=False, BLOCK_M=bm, BLOCK_N=128, num_warps=4,
-        )
+        reduce_splits(ws, dst, dst, nk, splits, swiglu, False, min(triton.next_power_of_2(nk), 8))
 
 
 def expert_gemv_candidates(fmt: str, pairs: int, n_out: int, k: int, sms: int) -> list[GemmConfig]:

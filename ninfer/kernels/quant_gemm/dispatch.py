@@ -125,7 +125,7 @@ def quant_matmul_triton(x: torch.Tensor, w: QuantizedTensor, residual: torch.Ten
     cfg = config or select_config(w.format.name, x2, n_out, k, swiglu, res is not None, trial, w.layout,
                                   graph=graph, dequant_in_graph=graph and graph_workspace_fits(n, k, x2.dtype,
                                                                                                x2.device))
-    if w.layout == FRAGMENTS and cfg.kind not in ("frag", "frag-tiled", "frag-tiled-codes", "dequant"):
+    if w.layout == FRAGMENTS and not (cfg.kind == "dequant" or cfg.kind.startswith("frag")):
         raise ValueError(f"a weight in the fragment layout takes frag, frag-tiled(-codes) or dequant configs, "
                          f"not {cfg.kind!r}")
     _launch(x2, w, res, out, swiglu, cfg)

@@ -51,8 +51,8 @@ from ninfer.kernels.quant_gemm.fragments import (
 from ninfer.kernels.quant_gemm.gemv import tile_counters
 from ninfer.kernels.quant_gemm.gemv_steps import (
     finish_at,
-    gemv_reduce_kernel,
     last_split_arrived,
+    reduce_splits,
     reset_counter,
     store_partials_at,
     sum_splits_at,
@@ -316,8 +316,4 @@ def launch_fragment_mma(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, 
         **({"maxnreg": cfg.max_registers} if cfg.max_registers else {}), **({"launch_pdl": True} if pdl else {}),
     )
     if splits > 1 and counters is None:
-        fin = (triton.cdiv(n_out, 128), triton.cdiv(m, 8))
-        gemv_reduce_kernel[fin](
-            ws_ptr=ws, res_ptr=res_arg, out_ptr=out, M=m, N_OUT=n_out, splits=splits, stride_rm=res_arg.stride(0),
-            stride_om=out.stride(0), SWIGLU=swiglu, HAS_RES=res is not None, BLOCK_M=8, BLOCK_N=128, num_warps=4,
-        )
+        reduce_splits(ws, res_arg, out, m, splits, swiglu, res is not None)

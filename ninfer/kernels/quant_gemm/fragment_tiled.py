@@ -24,7 +24,7 @@ those repeated decodes (run 2026-12-04.5, ``docs/performance.md``). Here a progr
   second issues 256 instead of 328 instructions per thread and chunk, and ptxas pipelines its wgmma where it
   serialises the first's (its A operand from registers); it was not yet timed on a GPU when it was added.
 * Split-K over grid axis 1 (for shapes whose tiles cannot fill the GPU, the 27B down projection at 128 tokens):
-  partials to an fp32 scratch, summed in split order by :func:`.gemv_steps.gemv_reduce_kernel` (deterministic).
+  partials to an fp32 scratch, summed in split order by :func:`.gemv_steps.reduce_splits` (deterministic).
 
 The interpreter runs the same body (fp32 / fp16), so the CPU tests check the index arithmetic; the GPU tests the
 compiled kernel at the 27B shapes.
@@ -37,7 +37,8 @@ import triton.language as tl
 
 from ninfer.kernels.quant_gemm.common import dot, finish_at, grouped_tile, int4_values
 from ninfer.kernels.quant_gemm.fragments import CHUNK_COLS, TILE_ROWS, code_bits, words
-from ninfer.kernels.quant_gemm.gemv_steps import gemv_reduce_kernel, store_partials_at
+from ninfer.kernels.quant_gemm.fragment_mma import fragment_splits
+from ninfer.kernels.quant_gemm.gemv_steps import reduce_splits, store_partials_at
 from ninfer.kernels.quant_gemm.tune import GemmConfig
 
 
@@ -155,8 +156,7 @@ def launch_fragment_tiled(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor
     if group % CHUNK_COLS or k % CHUNK_COLS or n_out % TILE_ROWS or cfg.block_n % 32 or cfg.block_m < 16:
         raise ValueError(f"frag-tiled config {cfg} does not fit K = {k}, N = {n_out}, scale group {group}")
     kc = k // CHUNK_COLS
-    per = -(-kc // max(1, min(cfg.split_k, kc)))
-    splits = -(-kc // per)
+    per, splits = fragment_splits(kc, 1, cfg.split_k)
     ws = torch.empty(splits, m, n_out * (2 if swiglu else 1), dtype=torch.float32, device=x.device) \
         if splits > 1 else out
     res_arg = res if res is not None else out
@@ -164,12 +164,8 @@ def launch_fragment_tiled(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor
     _fragment_tiled_kernel[grid](
         x, words(q), scales, res_arg, out, ws, m, n_out, kc, k // group, per, x.stride(0), res_arg.stride(0),
         out.stride(0), GROUP=group, BITS=code_bits(q), SWIGLU=swiglu, HAS_RES=res is not None, SPLIT=splits > 1,
-        IEEE=x.dtype == torch.float32, CODES=cfg.kind == CODES_KIND, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, GROUP_M=8,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        IEEE=x.dtype == torch.float32, CODES=cfg.kind == CODES_KIND, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        GROUP_M=8, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if splits > 1:
-        fin = (triton.cdiv(n_out, 128), triton.cdiv(m, 8))
-        gemv_reduce_kernel[fin](
-            ws_ptr=ws, res_ptr=res_arg, out_ptr=out, M=m, N_OUT=n_out, splits=splits, stride_rm=res_arg.stride(0),
-            stride_om=out.stride(0), SWIGLU=swiglu, HAS_RES=res is not None, BLOCK_M=8, BLOCK_N=128, num_warps=4,
-        )
+        reduce_splits(ws, res_arg, out, m, splits, swiglu, res is not None)

@@ -59,9 +59,9 @@ from ninfer.kernels.quant_gemm.gemv_steps import (
     gemv_dot,
     gemv_epilogue,
     gemv_raw,
-    gemv_reduce_kernel,
     gemv_scales,
     gemv_x,
+    reduce_splits,
     w32_dot,
     w32_raw,
     w32_scales,
@@ -234,9 +234,4 @@ def launch_gemv(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, row_scal
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if splits > 1 and counters is None:
-        bm = min(cfg.block_m, 8)
-        fin = (triton.cdiv(n_out, 128), triton.cdiv(m, bm))
-        gemv_reduce_kernel[fin](
-            ws_ptr=ws, res_ptr=res_arg, out_ptr=out, M=m, N_OUT=n_out, splits=splits, stride_rm=res_arg.stride(0),
-            stride_om=out.stride(0), SWIGLU=swiglu, HAS_RES=res is not None, BLOCK_M=bm, BLOCK_N=128, num_warps=4,
-        )
+        reduce_splits(ws, res_arg, out, m, splits, swiglu, res is not None, min(cfg.block_m, 8))

@@ -38,7 +38,7 @@ import triton.language as tl
 from ninfer.kernels.dispatch import INTERPRET
 from ninfer.kernels.quant_gemm.common import int4_values
 from ninfer.kernels.quant_gemm.gemv import tile_counters
-from ninfer.kernels.quant_gemm.gemv_steps import gemv_epilogue, gemv_reduce_kernel
+from ninfer.kernels.quant_gemm.gemv_steps import gemv_epilogue, reduce_splits
 from ninfer.kernels.quant_gemm.tune import GemmConfig
 
 # Low / high nibbles of bytes 0, 1 (output word 0) and 2, 3 (output word 1) of $2 -> ``nibble - 8`` in the
@@ -190,8 +190,4 @@ def launch_gemv_mma(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, res:
         num_stages=cfg.num_stages, **({"maxnreg": cfg.max_registers} if cfg.max_registers else {}),
     )
     if splits > 1 and counters is None:
-        fin = (triton.cdiv(n_out, 128), triton.cdiv(m, 8))
-        gemv_reduce_kernel[fin](
-            ws_ptr=ws, res_ptr=res_arg, out_ptr=out, M=m, N_OUT=n_out, splits=splits, stride_rm=res_arg.stride(0),
-            stride_om=out.stride(0), SWIGLU=swiglu, HAS_RES=res is not None, BLOCK_M=8, BLOCK_N=128, num_warps=4,
-        )
+        reduce_splits(ws, res_arg, out, m, splits, swiglu, res is not None)

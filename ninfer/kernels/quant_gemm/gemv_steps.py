@@ -6,6 +6,7 @@ the arithmetic is described in :mod:`.gemv`.
 """
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
@@ -261,3 +262,15 @@ def gemv_reduce_kernel(ws_ptr, res_ptr, out_ptr, M, N_OUT, splits, stride_rm, st
     mask = (offs_n < N_OUT)[:, None] & (offs_m < M)[None, :]
     acc, acc_up = sum_splits_at(ws_ptr, offs_m[None, :], offs_n[:, None], mask, M, N_OUT, splits, SWIGLU)
     finish(acc, acc_up, offs_m, offs_n, mask, res_ptr, stride_rm, out_ptr, stride_om, SWIGLU, HAS_RES)
+
+
+def reduce_splits(ws: torch.Tensor, res: torch.Tensor, out: torch.Tensor, m: int, splits: int, swiglu: bool,
+                  has_res: bool, block_m: int = 8) -> None:
+    """Launch :func:`gemv_reduce_kernel`: the split-K partials ``ws [splits, m, N_OUT (x 2 with SwiGLU)]`` summed in
+    split order into rows ``0..m`` of ``out [*, N_OUT]``, with the epilogue (``res``: the residual where
+    ``has_res``, else any tensor of ``out``'s row stride)."""
+    n_out = out.shape[1]
+    gemv_reduce_kernel[(triton.cdiv(n_out, 128), triton.cdiv(m, block_m))](
+        ws_ptr=ws, res_ptr=res, out_ptr=out, M=m, N_OUT=n_out, splits=splits, stride_rm=res.stride(0),
+        stride_om=out.stride(0), SWIGLU=swiglu, HAS_RES=has_res, BLOCK_M=block_m, BLOCK_N=128, num_warps=4,
+    )

@@ -161,8 +161,8 @@ def tiled_fragment_candidates(fmt: str, m: int, n_out: int, k: int, sms: int, *,
                               swiglu: bool = False) -> list[GemmConfig]:
     """Configs of the tiled GEMM over the fragment layout (:mod:`ninfer.kernels.quant_gemm.fragment_tiled`) for
     prefill sizes: 64 tokens per program up to 64, else 128, ``(rows, warps, stages)`` (SwiGLU keeps four
-    accumulators: narrower tiles or more warps), then the exact-codes variant's tiles, each with split-K where its tiles cannot fill the GPU (about
-    two programs per SM) and without. Shared memory per stage: the codes (``rows x 32`` bytes int4, twice for
+    accumulators: narrower tiles or more warps), then the exact-codes variant's tiles, each with split-K where its
+    tiles cannot fill the GPU (about two programs per SM) and without. Shared memory per stage: the codes (``rows x 32`` bytes int4, twice for
     int8, twice again with SwiGLU) and the activations (``64 x tokens x 2`` bytes); the 64-row tiles stay within
     99 KB (RTX 5090) at any stage count offered."""
     if fmt not in GROUPS or not fmt.startswith(("int4", "int8")) or n_out % 16 or k % 64:
