@@ -155,8 +155,8 @@ def compile_mma(fmt: str, cfg, swiglu: bool, arch: int):
                           options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
 
 
-def loop_instructions(kernel) -> int:
-    """SASS instructions in the kernel's longest loop (its K loop), from Triton's bundled nvdisasm."""
+def loop_sass(kernel) -> list[str]:
+    """The SASS instructions of the kernel's longest loop (its K loop), from Triton's bundled nvdisasm."""
     tools = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
     with tempfile.TemporaryDirectory() as tmp:
         cubin = Path(tmp) / "k.cubin"
@@ -167,9 +167,21 @@ def loop_instructions(kernel) -> int:
     loops = [(labels[m[1]], i) for i, line in enumerate(lines)
              if (m := re.search(r"BRA `\(\.(L_x_\d+)\)", line)) and labels.get(m[1], i) < i]
     if not loops:
-        return 0
+        return []
     start, end = max(loops, key=lambda span: span[1] - span[0])
-    return sum(bool(re.search(r"/\*[0-9a-f]{4}\*/\s+\S", line)) for line in lines[start:end + 1])
+    return [m[1] for line in lines[start:end + 1] if (m := re.search(r"/\*[0-9a-f]{4}\*/\s+(\S.*?);", line))]
+
+
+def loop_instructions(kernel) -> int:
+    """SASS instructions in the kernel's longest loop (its K loop)."""
+    return len(loop_sass(kernel))
+
+
+def code_loads_at(sass: list[str]) -> str:
+    """Where in the loop body the weight-code loads (``ld.global.nc``: LDG ... CONSTANT) are issued, as
+    fractions of its length: a prefetch issued at the end of the body hides nothing."""
+    at = [i for i, ins in enumerate(sass) if "LDG" in ins and "CONSTANT" in ins]
+    return "code loads at " + (f"{at[0] / len(sass):.0%}-{at[-1] / len(sass):.0%} of the loop" if at else "-")
 
 
 def mma(fmt: str, m: int, arch: int, sms: int) -> None:
@@ -197,7 +209,7 @@ def compile_frag(cfg, group: int, swiglu: bool, arch: int, bits: int = 4):
     split = cfg.split_k > 1
     consts = dict(CPG=group // 64, SWIGLU=swiglu, HAS_RES=False, SPLIT=split, FUSED_REDUCE=split,
                   NB=cfg.block_m // 8, WARPS=cfg.num_warps, UNROLL=cfg.block_k // 64, PREFETCH=cfg.num_stages > 1,
-                  TOKENS_FIRST=False, PDL=arch >= 90, ASM=True, BITS=bits,
+                  PREFETCH_SCALES=cfg.num_stages > 2, TOKENS_FIRST=False, PDL=arch >= 90, ASM=True, BITS=bits,
                   **fragment_mma.asm_constants(torch.bfloat16, bits))
     sig.update(dict.fromkeys(consts, "constexpr"))
     names = list(sig)
@@ -220,13 +232,14 @@ def frag(fmt: str, m: int, arch: int, sms: int) -> None:
         wide = wide_fragment_candidate(fmt, m, n_out, k, sms) if m > MMA_MAX_M and not swiglu else None
         for cfg in fragment_candidates(fmt, m, n_out, k, sms) + ([wide] if wide else []):
             head = (f"{fmt:9s} frag-{name:7s} tokens={cfg.block_m:<2d} warps={cfg.num_warps} "
-                    f"chunks/trip={cfg.block_k // 64} split={cfg.split_k:<3d} prefetch={cfg.num_stages > 1:d}")
+                    f"chunks/trip={cfg.block_k // 64} split={cfg.split_k:<3d} stages={cfg.num_stages} "
+                    f"maxnreg={cfg.max_registers or '-'}")
             try:
                 kernel = compile_frag(cfg, group, swiglu, arch, bits)
                 per_thread = 16 * cfg.block_k * (2 if swiglu else 1) / 32
-                per_weight = loop_instructions(kernel) / per_thread
-                print(f"{head} | {resources(kernel, arch)} | {per_weight:.2f} SASS instructions per weight in the "
-                      f"K loop", flush=True)
+                sass = loop_sass(kernel)
+                print(f"{head} | {resources(kernel, arch)} | {len(sass) / per_thread:.2f} SASS instructions per "
+                      f"weight in the K loop, {code_loads_at(sass)}", flush=True)
             except Exception as err:  # noqa: BLE001
                 print(f"{head}: FAILED {type(err).__name__}: {str(err).splitlines()[0][:200]}", flush=True)
 

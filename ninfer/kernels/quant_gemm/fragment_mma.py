@@ -45,7 +45,7 @@ from ninfer.kernels.quant_gemm.fragments import (
     TILE_ROWS,
     code_bits,
     fragment_values,
-    scale_pair,
+    scale_halves,
     words,
 )
 from ninfer.kernels.quant_gemm.gemv import tile_counters
@@ -148,19 +148,30 @@ def _load_trip(code_lane, c, UNROLL: tl.constexpr, ASM: tl.constexpr, BITS: tl.c
 
 
 @triton.jit
-def _step(acc, codes, q_ptr, s_lane, x_ptr, x_lane, tile, c, g, t, tok0, M, KC, stride_xm, CPG: tl.constexpr,
+def _load_scales(s_lane, c, CPG: tl.constexpr, UNROLL: tl.constexpr):
+    """A lane's scale words (rows g / g + 8) of the ``UNROLL / CPG`` scale groups of the trip from chunk ``c``
+    (``s_lane``: its word of group 0)."""
+    trip_scales = s_lane + (c // CPG) * 8
+    out = ()
+    for grp in tl.static_range(UNROLL // CPG):
+        out = out + (tl.load(trip_scales + grp * 8),)
+    return out
+
+
+@triton.jit
+def _step(acc, codes, scales, q_ptr, x_ptr, x_lane, tile, c, g, t, tok0, M, KC, stride_xm, CPG: tl.constexpr,
           UNROLL: tl.constexpr, NB: tl.constexpr, BITS: tl.constexpr, DECODE_ASM: tl.constexpr,
           DECODE_OPERANDS: tl.constexpr, MMA_ASM: tl.constexpr, ASM: tl.constexpr):
-    """``UNROLL`` chunks from chunk ``c`` of one weight stream (tile per warp; ``codes`` from :func:`_load_trip`)
-    into ``acc`` (4 * NB fp32 per lane): per scale group (``CPG`` chunks) its unscaled products from zero, scaled
-    once. ``x_lane`` (one per token block) and ``s_lane``: the lane's addresses of chunk 0 and scale group 0."""
+    """``UNROLL`` chunks from chunk ``c`` of one weight stream (tile per warp; ``codes`` from :func:`_load_trip`,
+    ``scales`` from :func:`_load_scales`) into ``acc`` (4 * NB fp32 per lane): per scale group (``CPG`` chunks)
+    its unscaled products from zero, scaled once. ``x_lane`` (one per token block): the lane's addresses of
+    chunk 0."""
     if ASM:
         trip_x = ()
         for b in tl.static_range(NB):
             trip_x = trip_x + (x_lane[b] + c * 128,)
-    trip_scales = s_lane + (c // CPG) * 8
     for grp in tl.static_range(UNROLL // CPG):
-        s_lo, s_hi = scale_pair(trip_scales + grp * 8)
+        s_lo, s_hi = scale_halves(scales[grp])
         d = ()
         for i in tl.static_range(4 * NB):
             d = d + (tl.zeros_like(s_lo),)
@@ -198,7 +209,7 @@ def _fragment_mma_kernel(
     M, N_OUT, KC, NG, chunks_per_split, stride_xm, stride_rm, stride_om,
     CPG: tl.constexpr, SWIGLU: tl.constexpr, HAS_RES: tl.constexpr, SPLIT: tl.constexpr,
     FUSED_REDUCE: tl.constexpr, NB: tl.constexpr, WARPS: tl.constexpr, UNROLL: tl.constexpr, PREFETCH: tl.constexpr,
-    TOKENS_FIRST: tl.constexpr, PDL: tl.constexpr, BITS: tl.constexpr, LOAD0: tl.constexpr, LOAD1: tl.constexpr, LOAD2: tl.constexpr,
+    PREFETCH_SCALES: tl.constexpr,     TOKENS_FIRST: tl.constexpr, PDL: tl.constexpr, BITS: tl.constexpr, LOAD0: tl.constexpr, LOAD1: tl.constexpr, LOAD2: tl.constexpr,
     LOAD3: tl.constexpr, DECODE_ASM: tl.constexpr, DECODE_OPERANDS: tl.constexpr, MMA_ASM: tl.constexpr,
     ASM: tl.constexpr,
 ):
@@ -237,6 +248,8 @@ def _fragment_mma_kernel(
     # for it (programmatic dependent launch), and with PREFETCH each trip requests the next one's.
     codes = _load_trip(code_lane, c_first, UNROLL, ASM, BITS, LOAD0, LOAD1, LOAD2, LOAD3)
     codes_up = _load_trip(code_lane_up, c_first, UNROLL, ASM and SWIGLU, BITS, LOAD0, LOAD1, LOAD2, LOAD3)
+    scales = _load_scales(s_lane, c_first, CPG, UNROLL)
+    scales_up = _load_scales(s_lane_up, c_first, CPG, UNROLL if SWIGLU else 0)
     if PDL:
         tl.extra.cuda.gdc_wait()
     for c in range(c_first, c_last, UNROLL):
@@ -244,18 +257,27 @@ def _fragment_mma_kernel(
             c_next = tl.minimum(c + UNROLL, c_last - UNROLL)
             codes_next = _load_trip(code_lane, c_next, UNROLL, ASM, BITS, LOAD0, LOAD1, LOAD2, LOAD3)
             codes_up_next = _load_trip(code_lane_up, c_next, UNROLL, ASM and SWIGLU, BITS, LOAD0, LOAD1,
-                                          LOAD2, LOAD3)
+                                       LOAD2, LOAD3)
         elif c > c_first:
             codes = _load_trip(code_lane, c, UNROLL, ASM, BITS, LOAD0, LOAD1, LOAD2, LOAD3)
             codes_up = _load_trip(code_lane_up, c, UNROLL, ASM and SWIGLU, BITS, LOAD0, LOAD1, LOAD2, LOAD3)
-        acc = _step(acc, codes, q_ptr, s_lane, x_ptr, x_lane, tile, c, g, t, tok0, M, KC, stride_xm, CPG, UNROLL, NB,
-                    BITS, DECODE_ASM, DECODE_OPERANDS, MMA_ASM, ASM)
+        if PREFETCH_SCALES:
+            scales_next = _load_scales(s_lane, c_next, CPG, UNROLL)
+            scales_up_next = _load_scales(s_lane_up, c_next, CPG, UNROLL if SWIGLU else 0)
+        elif c > c_first:
+            scales = _load_scales(s_lane, c, CPG, UNROLL)
+            scales_up = _load_scales(s_lane_up, c, CPG, UNROLL if SWIGLU else 0)
+        acc = _step(acc, codes, scales, q_ptr, x_ptr, x_lane, tile, c, g, t, tok0, M, KC, stride_xm, CPG, UNROLL,
+                    NB, BITS, DECODE_ASM, DECODE_OPERANDS, MMA_ASM, ASM)
         if SWIGLU:  # the up rows of the same outputs: tiles N_OUT / 16 further on
-            acc_up = _step(acc_up, codes_up, q_ptr, s_lane_up, x_ptr, x_lane, tile + tiles, c, g, t, tok0, M, KC,
+            acc_up = _step(acc_up, codes_up, scales_up, q_ptr, x_ptr, x_lane, tile + tiles, c, g, t, tok0, M, KC,
                            stride_xm, CPG, UNROLL, NB, BITS, DECODE_ASM, DECODE_OPERANDS, MMA_ASM, ASM)
         if PREFETCH:
             codes = codes_next
             codes_up = codes_up_next
+        if PREFETCH_SCALES:
+            scales = scales_next
+            scales_up = scales_up_next
     pid_s = tl.program_id(1)
     if SPLIT:
         for i in tl.static_range(4 * NB):
@@ -310,7 +332,8 @@ def launch_fragment_mma(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, 
         x, q if asm else words(q), words(scales), res_arg, out, ws, counters, m, n_out, kc,
         k // group, per, x.stride(0), res_arg.stride(0), out.stride(0), CPG=cpg, SWIGLU=swiglu,
         HAS_RES=res is not None, SPLIT=splits > 1, FUSED_REDUCE=counters is not None, NB=cfg.block_m // 8,
-        WARPS=cfg.num_warps, UNROLL=unroll, PREFETCH=cfg.num_stages > 1 and asm, TOKENS_FIRST=tokens_first, PDL=pdl,
+        WARPS=cfg.num_warps, UNROLL=unroll, PREFETCH=cfg.num_stages > 1,
+        PREFETCH_SCALES=cfg.num_stages > 2, TOKENS_FIRST=tokens_first, PDL=pdl,
         ASM=asm,
         BITS=bits, num_warps=cfg.num_warps, num_stages=1, **asm_constants(x.dtype, bits),
         **({"maxnreg": cfg.max_registers} if cfg.max_registers else {}), **({"launch_pdl": True} if pdl else {}),
