@@ -61,6 +61,7 @@ frag-tiled-27b        the tiled tl.dot GEMM over fragment-laid weights (GPU test
 bench-frag-tiled      the GPU tests of the tiled GEMM (both variants) and of the dequantization path in a graph, the tiled GEMM over fragment-laid int4-g64 weights against the dequantization path and cuBLAS bf16 at 128 and 512 tokens (27B shapes, every candidate timed), then 4 decodes beside a 32k prefill with the 256-token chunk graph
 dequant-in-graph-27b  the dequantization path inside the prompt-chunk graph (its GPU test), then 4 decodes beside a 32k prefill with the 128-token and the 256-token chunk graph
 frag-prefetch         the register decode with the next loop trip loads issued first (a register limit above the count ptxas picks) and its scales prefetched too: its GPU tests (every candidate), then L2-cold at 1 and 8 tokens on the 27B int4-g64 shapes and the int8-g64 LM head, every candidate timed
+pdl-trigger           programmatic dependent launch with the register decode letting the next kernel launch early (griddepcontrol.launch_dependents): its graph test, the decode GEMMs back to back L2-cold with it on and off, then the 27B int4 decode at C = 1 / 8 on and off
 itl-budgets-27b       27B int4 warm start: ITL of 4 decodes beside a 32k prefill at prefill_tokens_while_decoding 1024 (the default) / 512 / 256 / 128 and at max_decode_stall 3x / 2.5x, and the rate of the 32k prompt at each
 '
 names=$(echo "$STAGES" | awk 'NF { print $1 }')
@@ -350,6 +351,17 @@ stage() {
         --shapes gate_up,down,in_proj_qkvz,o_proj --no-gemlite
       part 80 python3 perf/bench_quant_gemm.py --path frag --m 1,8 --formats int8-g64 --l2 cold --shapes lm_head \
         --no-gemlite
+      ;;
+    pdl-trigger)  # without an explicit trigger the next kernel could only launch as this one exited (run 2026-12-03.1)
+      NINFER_PDL=1 gpu_tests 60 quant_fragments_gpu -k "'graph_bit_equal and not tiled'"
+      for pdl in 1 0; do
+        NINFER_PDL=$pdl part 100 python3 perf/bench_quant_gemm.py --path frag --m 1,8 --formats int4-g64 --l2 cold \
+          --shapes gate_up,down,in_proj_qkvz,o_proj --no-gemlite
+      done
+      for pdl in 1 0; do
+        NINFER_PDL=$pdl part 120 python3 perf/bench_engine.py --shape 27b --recipe int4 --contexts 1024 --lanes 1 8 \
+          --steps 12 --chunk 1024 --prefill 1024 --label "pdl=$pdl"
+      done
       ;;
     itl-budgets-27b)  # a budget whose mixed step stays within 3x TPOT chooses the default (docs/performance.md)
       part 420 python3 perf/bench_startup.py --shape 27b --recipe int4 --modes warm --prefill --ttft-lanes 1 \

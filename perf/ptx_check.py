@@ -209,7 +209,7 @@ def compile_frag(cfg, group: int, swiglu: bool, arch: int, bits: int = 4):
     split = cfg.split_k > 1
     consts = dict(CPG=group // 64, SWIGLU=swiglu, HAS_RES=False, SPLIT=split, FUSED_REDUCE=split,
                   NB=cfg.block_m // 8, WARPS=cfg.num_warps, UNROLL=cfg.block_k // 64, PREFETCH=cfg.num_stages > 1,
-                  PREFETCH_SCALES=cfg.num_stages > 2, TOKENS_FIRST=False, PDL=arch >= 90, ASM=True, BITS=bits,
+                  TOKENS_FIRST=False, PDL=arch >= 90, ASM=True, BITS=bits,
                   **fragment_mma.asm_constants(torch.bfloat16, bits))
     sig.update(dict.fromkeys(consts, "constexpr"))
     names = list(sig)

@@ -229,13 +229,12 @@ def test_fragment_swiglu(split: int) -> None:
     _check("int8-g64", 9, 64, 256, _frag(16, 1, 2, split), swiglu=True, residual=split > 1, seed=14)
 
 
-@pytest.mark.parametrize("stages", [2, 3])
-def test_fragment_prefetch(stages: int) -> None:
-    """The next loop trip's codes (2) and scales (3) requested during this one, the last trip of a split
-    requesting its own again: splits of two trips, of one, and of unequal length."""
-    _check("int4-g64", 3, 48, 512, _frag(8, 2, 2, 2, stages), residual=True, seed=20)
-    _check("int4-g128", 5, 64, 768, _frag(8, 1, 2, 1, stages), swiglu=True, seed=21)
-    _check("int8-g64", 2, 32, 384, _frag(8, 1, 2, 2, stages), seed=22)
+def test_fragment_prefetch() -> None:
+    """The next loop trip's codes requested during this one (``num_stages=2``), the last trip of a split requesting
+    its own again: splits of two trips, of one, and of unequal length."""
+    _check("int4-g64", 3, 48, 512, _frag(8, 2, 2, 2, 2), residual=True, seed=20)
+    _check("int4-g128", 5, 64, 768, _frag(8, 1, 2, 1, 2), swiglu=True, seed=21)
+    _check("int8-g64", 2, 32, 384, _frag(8, 1, 2, 2, 2), seed=22)
 
 
 def test_fragment_odd_scale_groups_per_row() -> None:

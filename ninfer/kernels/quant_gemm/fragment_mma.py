@@ -17,9 +17,10 @@ streams the bytes 80-92%). Here the weights go from global memory straight into 
 * Fewer instructions did not make it faster: a decode without the ``fma`` (the codes' offset subtracted per
   group through MMAs of ones: 1.66 instead of 1.96 SASS instructions per int4 weight) ran 7-12% slower on the H200
   (run 2026-12-03.1, ``docs/performance.md``).
-* Programmatic dependent launch (``NINFER_PDL=1``, compute capability 9.0+; off by default, since the 27B step
-  measured 2-3% slower with it): the kernel may start while the previous one finishes; it requests its first
-  codes (static weights), then waits (``griddepcontrol.wait``) before anything reads the activations or writes.
+* Programmatic dependent launch (``NINFER_PDL=1``, compute capability 9.0+; off by default): the kernel may start
+  while the previous one finishes; it requests its first codes (static weights), lets the next kernel launch
+  (``griddepcontrol.launch_dependents``), then waits (``griddepcontrol.wait``) before anything reads the
+  activations or writes.
 * ``num_stages=2`` requests each next loop trip's codes before this trip's arithmetic.
 * Split-K over grid axis 1 with the deterministic epilogue of :mod:`.gemv_steps` (partials in an fp32 scratch,
   the last split to arrive sums them in split order; SwiGLU and residual after the sum), tiles over axis 0 and
@@ -45,7 +46,7 @@ from ninfer.kernels.quant_gemm.fragments import (
     TILE_ROWS,
     code_bits,
     fragment_values,
-    scale_halves,
+    scale_pair,
     words,
 )
 from ninfer.kernels.quant_gemm.gemv import tile_counters
@@ -148,30 +149,19 @@ def _load_trip(code_lane, c, UNROLL: tl.constexpr, ASM: tl.constexpr, BITS: tl.c
 
 
 @triton.jit
-def _load_scales(s_lane, c, CPG: tl.constexpr, UNROLL: tl.constexpr):
-    """A lane's scale words (rows g / g + 8) of the ``UNROLL / CPG`` scale groups of the trip from chunk ``c``
-    (``s_lane``: its word of group 0)."""
-    trip_scales = s_lane + (c // CPG) * 8
-    out = ()
-    for grp in tl.static_range(UNROLL // CPG):
-        out = out + (tl.load(trip_scales + grp * 8),)
-    return out
-
-
-@triton.jit
-def _step(acc, codes, scales, q_ptr, x_ptr, x_lane, tile, c, g, t, tok0, M, KC, stride_xm, CPG: tl.constexpr,
+def _step(acc, codes, q_ptr, s_lane, x_ptr, x_lane, tile, c, g, t, tok0, M, KC, stride_xm, CPG: tl.constexpr,
           UNROLL: tl.constexpr, NB: tl.constexpr, BITS: tl.constexpr, DECODE_ASM: tl.constexpr,
           DECODE_OPERANDS: tl.constexpr, MMA_ASM: tl.constexpr, ASM: tl.constexpr):
-    """``UNROLL`` chunks from chunk ``c`` of one weight stream (tile per warp; ``codes`` from :func:`_load_trip`,
-    ``scales`` from :func:`_load_scales`) into ``acc`` (4 * NB fp32 per lane): per scale group (``CPG`` chunks)
-    its unscaled products from zero, scaled once. ``x_lane`` (one per token block): the lane's addresses of
-    chunk 0."""
+    """``UNROLL`` chunks from chunk ``c`` of one weight stream (tile per warp; ``codes`` from :func:`_load_trip`)
+    into ``acc`` (4 * NB fp32 per lane): per scale group (``CPG`` chunks) its unscaled products from zero, scaled
+    once. ``x_lane`` (one per token block) and ``s_lane``: the lane's addresses of chunk 0 and scale group 0."""
     if ASM:
         trip_x = ()
         for b in tl.static_range(NB):
             trip_x = trip_x + (x_lane[b] + c * 128,)
+    trip_scales = s_lane + (c // CPG) * 8
     for grp in tl.static_range(UNROLL // CPG):
-        s_lo, s_hi = scale_halves(scales[grp])
+        s_lo, s_hi = scale_pair(trip_scales + grp * 8)
         d = ()
         for i in tl.static_range(4 * NB):
             d = d + (tl.zeros_like(s_lo),)
@@ -209,7 +199,7 @@ def _fragment_mma_kernel(
     M, N_OUT, KC, NG, chunks_per_split, stride_xm, stride_rm, stride_om,
     CPG: tl.constexpr, SWIGLU: tl.constexpr, HAS_RES: tl.constexpr, SPLIT: tl.constexpr,
     FUSED_REDUCE: tl.constexpr, NB: tl.constexpr, WARPS: tl.constexpr, UNROLL: tl.constexpr, PREFETCH: tl.constexpr,
-    PREFETCH_SCALES: tl.constexpr,     TOKENS_FIRST: tl.constexpr, PDL: tl.constexpr, BITS: tl.constexpr, LOAD0: tl.constexpr, LOAD1: tl.constexpr, LOAD2: tl.constexpr,
+    TOKENS_FIRST: tl.constexpr, PDL: tl.constexpr, BITS: tl.constexpr, LOAD0: tl.constexpr, LOAD1: tl.constexpr, LOAD2: tl.constexpr,
     LOAD3: tl.constexpr, DECODE_ASM: tl.constexpr, DECODE_OPERANDS: tl.constexpr, MMA_ASM: tl.constexpr,
     ASM: tl.constexpr,
 ):
@@ -248,36 +238,29 @@ def _fragment_mma_kernel(
     # for it (programmatic dependent launch), and with PREFETCH each trip requests the next one's.
     codes = _load_trip(code_lane, c_first, UNROLL, ASM, BITS, LOAD0, LOAD1, LOAD2, LOAD3)
     codes_up = _load_trip(code_lane_up, c_first, UNROLL, ASM and SWIGLU, BITS, LOAD0, LOAD1, LOAD2, LOAD3)
-    scales = _load_scales(s_lane, c_first, CPG, UNROLL)
-    scales_up = _load_scales(s_lane_up, c_first, CPG, UNROLL if SWIGLU else 0)
     if PDL:
+        # The next kernel may launch once every program of this one has got here, so its programs fill the SMs
+        # this one's last programs leave, and request their own codes meanwhile; it waits for this one to
+        # finish before it reads what this one writes.
+        tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
     for c in range(c_first, c_last, UNROLL):
         if PREFETCH:  # the last trip requests its own codes again (cached), not past the split
             c_next = tl.minimum(c + UNROLL, c_last - UNROLL)
             codes_next = _load_trip(code_lane, c_next, UNROLL, ASM, BITS, LOAD0, LOAD1, LOAD2, LOAD3)
             codes_up_next = _load_trip(code_lane_up, c_next, UNROLL, ASM and SWIGLU, BITS, LOAD0, LOAD1,
-                                       LOAD2, LOAD3)
+                                          LOAD2, LOAD3)
         elif c > c_first:
             codes = _load_trip(code_lane, c, UNROLL, ASM, BITS, LOAD0, LOAD1, LOAD2, LOAD3)
             codes_up = _load_trip(code_lane_up, c, UNROLL, ASM and SWIGLU, BITS, LOAD0, LOAD1, LOAD2, LOAD3)
-        if PREFETCH_SCALES:
-            scales_next = _load_scales(s_lane, c_next, CPG, UNROLL)
-            scales_up_next = _load_scales(s_lane_up, c_next, CPG, UNROLL if SWIGLU else 0)
-        elif c > c_first:
-            scales = _load_scales(s_lane, c, CPG, UNROLL)
-            scales_up = _load_scales(s_lane_up, c, CPG, UNROLL if SWIGLU else 0)
-        acc = _step(acc, codes, scales, q_ptr, x_ptr, x_lane, tile, c, g, t, tok0, M, KC, stride_xm, CPG, UNROLL,
-                    NB, BITS, DECODE_ASM, DECODE_OPERANDS, MMA_ASM, ASM)
+        acc = _step(acc, codes, q_ptr, s_lane, x_ptr, x_lane, tile, c, g, t, tok0, M, KC, stride_xm, CPG, UNROLL, NB,
+                    BITS, DECODE_ASM, DECODE_OPERANDS, MMA_ASM, ASM)
         if SWIGLU:  # the up rows of the same outputs: tiles N_OUT / 16 further on
-            acc_up = _step(acc_up, codes_up, scales_up, q_ptr, x_ptr, x_lane, tile + tiles, c, g, t, tok0, M, KC,
+            acc_up = _step(acc_up, codes_up, q_ptr, s_lane_up, x_ptr, x_lane, tile + tiles, c, g, t, tok0, M, KC,
                            stride_xm, CPG, UNROLL, NB, BITS, DECODE_ASM, DECODE_OPERANDS, MMA_ASM, ASM)
         if PREFETCH:
             codes = codes_next
             codes_up = codes_up_next
-        if PREFETCH_SCALES:
-            scales = scales_next
-            scales_up = scales_up_next
     pid_s = tl.program_id(1)
     if SPLIT:
         for i in tl.static_range(4 * NB):
@@ -332,8 +315,7 @@ def launch_fragment_mma(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, 
         x, q if asm else words(q), words(scales), res_arg, out, ws, counters, m, n_out, kc,
         k // group, per, x.stride(0), res_arg.stride(0), out.stride(0), CPG=cpg, SWIGLU=swiglu,
         HAS_RES=res is not None, SPLIT=splits > 1, FUSED_REDUCE=counters is not None, NB=cfg.block_m // 8,
-        WARPS=cfg.num_warps, UNROLL=unroll, PREFETCH=cfg.num_stages > 1,
-        PREFETCH_SCALES=cfg.num_stages > 2, TOKENS_FIRST=tokens_first, PDL=pdl,
+        WARPS=cfg.num_warps, UNROLL=unroll, PREFETCH=cfg.num_stages > 1, TOKENS_FIRST=tokens_first, PDL=pdl,
         ASM=asm,
         BITS=bits, num_warps=cfg.num_warps, num_stages=1, **asm_constants(x.dtype, bits),
         **({"maxnreg": cfg.max_registers} if cfg.max_registers else {}), **({"launch_pdl": True} if pdl else {}),

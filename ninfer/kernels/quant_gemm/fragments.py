@@ -118,9 +118,10 @@ def fragment_values(q_ptr, chunk_word, g, h, cols, BITS: tl.constexpr):
 
 
 @triton.jit
-def scale_halves(word):
-    """fp32 scales of rows ``g`` and ``g + 8`` from their 32-bit word (the scales viewed as int32: word ``(tile *
-    groups + group) * 8 + g``)."""
+def scale_pair(ptr):
+    """fp32 scales of rows ``g`` and ``g + 8`` from their 32-bit word at ``ptr`` (the scales viewed as int32:
+    word ``(tile * groups + group) * 8 + g``)."""
+    word = tl.load(ptr)
     return _half(word, 0), _half(word, 1)
 
 

@@ -316,11 +316,6 @@ def mma_candidates(fmt: str, m: int, n_out: int, k: int, sms: int, *, swiglu: bo
     return out
 
 
-# A register limit for the register decode's prefetching configs: any limit above ptxas's own count makes it
-# issue the next loop trip's loads at the top of the loop instead of at the end (fragment_candidates).
-FRAGMENT_PREFETCH_REGISTERS = 128
-
-
 def fragment_candidates(fmt: str, m: int, n_out: int, k: int, sms: int) -> list[GemmConfig]:
     """Configs of the register decode (:mod:`ninfer.kernels.quant_gemm.fragment_mma`) for int4 and int8 weights in
     the fragment layout, any M (8, 16 or 32 tokens per program; more tokens take more programs, each reading the
@@ -329,16 +324,11 @@ def fragment_candidates(fmt: str, m: int, n_out: int, k: int, sms: int) -> list[
     several share an SM. Each comes with the next loop trip's codes requested during this one (``num_stages=2``)
     and without. On the H200 (run 2026-12-03.1, L2-cold, 27B shapes at 1 and 8 tokens) about 8 programs per SM
     read most, 8 warps per program never won (so they are not offered); the favourite:
-    4 warps, 2 chunks per trip, 8 programs per SM, prefetching.
-
-    Left to itself, ptxas issues the prefetched codes at the end of the loop body, next to their use in the
-    next trip, which keeps its register count low and hides nothing (``perf/ptx_check.py --kinds frag --sass``);
-    a register limit above its own count (``FRAGMENT_PREFETCH_REGISTERS``) makes it issue them first. Those
-    configs come with the next trip's scales requested too (``num_stages=3``) and without."""
+    4 warps, 2 chunks per trip, 8 programs per SM, prefetching."""
     group = GROUPS[fmt]
     tokens = 8 if m <= 8 else 16 if m <= 16 else 32
     out: list[GemmConfig] = []
-    for stages, registers in ((2, 0), (1, 0), (3, FRAGMENT_PREFETCH_REGISTERS), (2, FRAGMENT_PREFETCH_REGISTERS)):
+    for stages in (2, 1):
         for warps, unroll in ((4, 2), (4, 4), (2, 4)):
             bk = 64 * unroll
             if k % bk or bk % group:
@@ -346,7 +336,7 @@ def fragment_candidates(fmt: str, m: int, n_out: int, k: int, sms: int) -> list[
             programs = triton.cdiv(n_out // 16, warps) * triton.cdiv(m, tokens)
             for per_sm in (8, 4, 16):
                 split = max(1, min(triton.cdiv(per_sm * sms, programs), k // bk))
-                cfg = GemmConfig(tokens, 16 * warps, bk, split, warps, stages, "frag", max_registers=registers)
+                cfg = GemmConfig(tokens, 16 * warps, bk, split, warps, stages, "frag")
                 if cfg not in out:
                     out.append(cfg)
     return out
