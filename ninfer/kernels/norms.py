@@ -17,7 +17,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from ninfer.kernels.dispatch import use_triton
+from ninfer.kernels.dispatch import pdl_enabled, use_triton
 from ninfer.kernels.rowwise import TL_DTYPE, as_rows_3d, row_block_config
 
 
@@ -61,8 +61,13 @@ def _rms_norm_kernel(
     n_rows, rows_b, D, eps,
     sx_a, sx_b, sr_a, sr_b,
     HAS_RESIDUAL: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, NUM_CHUNKS: tl.constexpr,
+    PDL_TRIGGER: tl.constexpr = False,
 ):
-    """``BLOCK_R`` rows of ``NUM_CHUNKS * BLOCK_D`` channels, held in registers as a tuple of chunks."""
+    """``BLOCK_R`` rows of ``NUM_CHUNKS * BLOCK_D`` channels, held in registers as a tuple of chunks.
+    ``PDL_TRIGGER``: let the next kernel launch now (programmatic dependent launch: a GEMM that requests its
+    weights while this runs, and waits for this kernel's outputs before it reads them)."""
+    if PDL_TRIGGER:
+        tl.extra.cuda.gdc_launch_dependents()
     pid = tl.program_id(0)
     x_off, rows, row_mask = _row_offsets(pid, n_rows, rows_b, sx_a, sx_b, BLOCK_R)
     r_off, _, _ = _row_offsets(pid, n_rows, rows_b, sr_a, sr_b, BLOCK_R)
@@ -103,8 +108,10 @@ def _gated_rms_norm_kernel(
     x_ptr, z_ptr, w_ptr, out_ptr,
     n_rows, rows_b, D, eps,
     sx_a, sx_b, sz_a, sz_b,
-    PROD_DTYPE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+    PROD_DTYPE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, PDL_TRIGGER: tl.constexpr = False,
 ):
+    if PDL_TRIGGER:  # as in _rms_norm_kernel
+        tl.extra.cuda.gdc_launch_dependents()
     pid = tl.program_id(0)
     x_off, rows, row_mask = _row_offsets(pid, n_rows, rows_b, sx_a, sx_b, BLOCK_R)
     z_off, _, _ = _row_offsets(pid, n_rows, rows_b, sz_a, sz_b, BLOCK_R)
@@ -140,7 +147,7 @@ def rms_norm_triton(
         x3, r3, weight, out, new_res, n_rows, rows_b, d, eps,
         x3.stride(0), x3.stride(1), r3.stride(0), r3.stride(1),
         HAS_RESIDUAL=residual is not None, BLOCK_R=block_r, BLOCK_D=block_d, NUM_CHUNKS=num_chunks,
-        num_warps=num_warps,
+        PDL_TRIGGER=pdl_enabled(x.device), num_warps=num_warps,
     )
     return out, new_res
 
@@ -158,7 +165,7 @@ def gated_rms_norm_triton(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor
         x3, z3, weight, out, n_rows, rows_b, d, eps,
         x3.stride(0), x3.stride(1), z3.stride(0), z3.stride(1),
         PROD_DTYPE=TL_DTYPE[torch.promote_types(weight.dtype, x.dtype)],
-        BLOCK_R=block_r, BLOCK_D=block_d, num_warps=num_warps,
+        BLOCK_R=block_r, BLOCK_D=block_d, PDL_TRIGGER=pdl_enabled(x.device), num_warps=num_warps,
     )
     return out
 

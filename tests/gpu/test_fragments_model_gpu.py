@@ -56,3 +56,23 @@ def test_bf16_fragments_decode_like_rows(dense: TinyCheckpoint, monkeypatch: pyt
         a = frag.generate(prompt, max_new_tokens=24, greedy=True, logprobs=1, ignore_eos=True)
         b = rows.generate(prompt, max_new_tokens=24, greedy=True, logprobs=1, ignore_eos=True)
         assert_same_up_to_rounding(a, b, greedy=True)
+
+
+def test_programmatic_dependent_launch_decodes_bit_equal(dense: TinyCheckpoint,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """``NINFER_PDL=1`` (the norms let the next GEMM launch early, the GEMMs request their codes before they wait)
+    changes when kernels start, never what they compute: the same tokens and logprobs from the captured graphs."""
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("programmatic dependent launch needs compute capability 9.0")
+    kw = dict(device="cuda", dtype=torch.bfloat16, quantize="int4", progress=False, max_concurrency=2)
+    outs = []
+    for pdl in ("0", "1"):
+        monkeypatch.setenv("NINFER_PDL", pdl)
+        llm = ninfer.load(dense.path, **kw)
+        outs.append([llm.generate(_prompt(40, seed), max_new_tokens=24, greedy=True, logprobs=1, ignore_eos=True)
+                     for seed in (4, 5)])
+        del llm
+    for a, b in zip(*outs):
+        assert a.token_ids == b.token_ids
+        assert [{t: lp.logprob for t, lp in d.items()} for d in a.logprobs] == \
+            [{t: lp.logprob for t, lp in d.items()} for d in b.logprobs]
