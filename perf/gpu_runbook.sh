@@ -63,6 +63,7 @@ dequant-in-graph-27b  the dequantization path inside the prompt-chunk graph (its
 frag-prefetch         the register decode with the next loop trip loads issued first (a register limit above the count ptxas picks) and its scales prefetched too: its GPU tests (every candidate), then L2-cold at 1 and 8 tokens on the 27B int4-g64 shapes and the int8-g64 LM head, every candidate timed
 pdl-trigger           programmatic dependent launch with the register decode letting the next kernel launch early (griddepcontrol.launch_dependents): its graph test, the decode GEMMs back to back L2-cold with it on and off, then the 27B int4 decode at C = 1 / 8 on and off
 pdl-norms             programmatic dependent launch with the RMSNorm kernels letting the next GEMM launch early too: the whole-model test (same tokens and logprobs on and off), then the 27B int4 decode at C = 1 / 8, on and off twice in turn
+itl-small-chunks      27B int4 warm start: ITL of 4 decodes beside a 32k prefill with 64- and 32-token prompt chunks replayed from the chunk graph, and the rate of the 32k prompt at each
 itl-budgets-27b       27B int4 warm start: ITL of 4 decodes beside a 32k prefill at prefill_tokens_while_decoding 1024 (the default) / 512 / 256 / 128 and at max_decode_stall 3x / 2.5x, and the rate of the 32k prompt at each
 '
 names=$(echo "$STAGES" | awk 'NF { print $1 }')
@@ -369,6 +370,12 @@ stage() {
       for pdl in 1 0 1 0; do
         NINFER_PDL=$pdl part 75 python3 perf/bench_engine.py --shape 27b --recipe int4 --contexts 1024 --lanes 1 8 \
           --steps 12 --prefill --label "pdl=$pdl"
+      done
+      ;;
+    itl-small-chunks)  # the 128-token graph step stays at 6.2x TPOT (run 2026-12-04.11): what smaller chunks give
+      for budget in 64 32; do
+        NINFER_CHUNK_GRAPHS=1 part 170 python3 perf/bench_startup.py --shape 27b --recipe int4 --modes warm \
+          --prefill --ttft-lanes 1 --while-decoding $budget --child-timeout 160 --budget 165
       done
       ;;
     itl-budgets-27b)  # a budget whose mixed step stays within 3x TPOT chooses the default (docs/performance.md)
