@@ -64,7 +64,6 @@ frag-prefetch         the register decode with the next loop trip loads issued f
 pdl-trigger           programmatic dependent launch with the register decode letting the next kernel launch early (griddepcontrol.launch_dependents): its graph test, the decode GEMMs back to back L2-cold with it on and off, then the 27B int4 decode at C = 1 / 8 on and off
 pdl-norms             programmatic dependent launch with the RMSNorm kernels letting the next GEMM launch early too: the whole-model test (same tokens and logprobs on and off), then the 27B int4 decode at C = 1 / 8, on and off twice in turn
 itl-small-chunks      27B int4 warm start: ITL of 4 decodes beside a 32k prefill with 64- and 32-token prompt chunks replayed from the chunk graph, and the rate of the 32k prompt at each
-mixed-chunk-graphs    the chunk graphs holding the decode rows too (one replay a step beside short contexts): their GPU tests, then the 27B int4 ITL of 4 decodes beside a 32k prefill with 32- and 64-token chunks
 itl-budgets-27b       27B int4 warm start: ITL of 4 decodes beside a 32k prefill at prefill_tokens_while_decoding 1024 (the default) / 512 / 256 / 128 and at max_decode_stall 3x / 2.5x, and the rate of the 32k prompt at each
 '
 names=$(echo "$STAGES" | awk 'NF { print $1 }')
@@ -377,13 +376,6 @@ stage() {
       for budget in 64 32; do
         NINFER_CHUNK_GRAPHS=1 part 170 python3 perf/bench_startup.py --shape 27b --recipe int4 --modes warm \
           --prefill --ttft-lanes 1 --while-decoding $budget --child-timeout 160 --budget 165
-      done
-      ;;
-    mixed-chunk-graphs)  # the decode graph then the chunk graph read the weights twice a step (run 2026-12-04.15)
-      gpu_tests 100 chunk_graphs_gpu
-      for budget in ${ITL_BUDGETS:-32 64}; do
-        NINFER_CHUNK_GRAPHS=1 part 150 python3 perf/bench_startup.py --shape 27b --recipe int4 --modes warm \
-          --prefill --ttft-lanes 1 --while-decoding $budget --child-timeout 140 --budget 145
       done
       ;;
     itl-budgets-27b)  # a budget whose mixed step stays within 3x TPOT chooses the default (docs/performance.md)

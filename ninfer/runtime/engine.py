@@ -184,9 +184,10 @@ class Engine:
         shape = plan.prefill_tokens, len(plan.decode)
         if plan.prefills and self.spec is None and plan.prefills[0][0].mm is None:
             # Decode rows ride along with the prompt chunks unless their contexts are long: the prefill
-            # attention kernel gives a one-token query no split-KV parallelism. (A chunk graph holds the
-            # riders too; beside long contexts the decode graph replays, then the chunk's graph.)
-            ride = all(r.num_computed < MIXED_MAX_CONTEXT for r in plan.decode)
+            # attention kernel gives a one-token query no split-KV parallelism.
+            # Nor do they where the chunk replays its graph: the decode graph replays beside it.
+            ride = (all(r.num_computed < MIXED_MAX_CONTEXT for r in plan.decode)
+                    and not self.runner.takes_chunk_graph(plan.prefills, plan.checkpoints))
             if not ride:
                 self._decode(plan.decode, events)
             self._mixed_step(plan.decode if ride else [], plan.prefills, plan.checkpoints, events)

@@ -52,12 +52,10 @@ def state_bytes_per_slot(cfg: ModelConfig, model_dtype: torch.dtype) -> int:
 
 def workspace_bytes(cfg: ModelConfig, engine: EngineConfig, model_dtype: torch.dtype) -> int:
     """A generous bound on activations of one prefill chunk plus the logits of a decode batch, and those of the
-    prompt-chunk graphs where the engine captures them (:func:`chunk_graph_tokens`, beside up to
-    ``max_concurrency - 1`` decode rows): their memory pool holds them for good."""
+    prompt-chunk graph where the engine captures one (:func:`chunk_graph_tokens`): its memory pool holds them
+    for good."""
     logits = (engine.max_concurrency * (engine.draft_tokens + 1) + 1) * cfg.vocab_size * 4 * 2
-    graph = chunk_graph_tokens(engine)
-    graph_rows = graph + engine.max_concurrency - 1 if graph else 0
-    return _activation_bytes(cfg, engine.prefill_chunk + graph_rows, model_dtype) + logits
+    return _activation_bytes(cfg, engine.prefill_chunk + chunk_graph_tokens(engine), model_dtype) + logits
 
 
 def _activation_bytes(cfg: ModelConfig, tokens: int, model_dtype: torch.dtype) -> int:

@@ -135,7 +135,12 @@ class ModelRunner:
         """One forward over decode rows (one new token each, at ``num_computed``) and prompt chunks (request,
         end: tokens ``[num_computed, end)``) packed in that order; also writes the state at each checkpoint.
         Returns the hidden states ``[N, H]`` and the packed offsets ``cu_seqlens`` (host ints).
-        A step that :meth:`takes_chunk_graph` replays the chunk graph of its decode rows."""
+        A step that :meth:`takes_chunk_graph` and writes no checkpoint replays the chunk graph."""
+        if not decode and self.takes_chunk_graph([item for item, _ in chunks], checkpoints):
+            ((req, end), (row_slots, row_ids)), = chunks
+            hidden = self.chunk_graphs.run(torch.tensor(row_ids, dtype=torch.long), req.num_computed,
+                                           torch.tensor(row_slots, dtype=torch.long), req.lane, req.slot)
+            return hidden, [0, end - req.num_computed]
         ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
@@ -156,13 +161,6 @@ class ModelRunner:
             lengths.append(end - start)
             context.append(end)
         reqs = [r for r, _ in decode] + [req for (req, _), _ in chunks]
-        cu = [0, *itertools.accumulate(lengths)]
-        if self.takes_chunk_graph([item for item, _ in chunks], checkpoints, decode_rows=len(decode)):
-            hidden = self.chunk_graphs.run(
-                torch.tensor(ids, dtype=torch.long), torch.tensor(positions, dtype=torch.long),
-                torch.tensor(context, dtype=torch.int32), torch.tensor(slots, dtype=torch.long),
-                torch.tensor([r.lane for r in reqs], dtype=torch.long), torch.tensor([r.slot for r in reqs], dtype=torch.long))
-            return hidden, cu
         lanes = torch.tensor([r.lane for r in reqs], dtype=torch.long, device=self.device)
         marks: tuple[tuple[int, int, int, int], ...] = ()
         offsets = targets = None
@@ -175,7 +173,7 @@ class ModelRunner:
                            block_tables=self.block_tables[lanes], slot_mapping=slots,
                            state_slots=[r.slot for r in reqs], checkpoints=marks, ckpt_offsets=offsets,
                            ckpt_slots=targets)
-        return self.model(batch, self.cache), cu
+        return self.model(batch, self.cache), [0, *itertools.accumulate(lengths)]
 
     # -- start-up -----------------------------------------------------------------------------
     @torch.inference_mode()
@@ -215,18 +213,16 @@ class ModelRunner:
         tokens = chunk_graph_tokens(config)
         if self.graphs is not None and tokens:
             try:
-                self.chunk_graphs = ChunkGraphs(self.model, self.cache, self.block_tables, tokens,
-                                                config.max_concurrency - 1)
+                self.chunk_graphs = ChunkGraphs(self.model, self.cache, self.block_tables, tokens)
             except Exception as err:  # noqa: BLE001 (a failed capture must not stop the start: no graph)
                 log.warning("no prompt-chunk graph (%s: %s): steps beside decodes run eagerly",
                             type(err).__name__, err)
 
-    def takes_chunk_graph(self, chunks: list[tuple[Request, int]], checkpoints: Collection = (),
-                          decode_rows: int = 0) -> bool:
-        """Whether a step of these prompt chunks (request, end) after ``decode_rows`` decode rows replays a chunk
-        graph: one text chunk of the graph's length (:mod:`ninfer.runtime.chunk_graphs`) with no prefix-cache
+    def takes_chunk_graph(self, chunks: list[tuple[Request, int]], checkpoints: Collection = ()) -> bool:
+        """Whether a step of these prompt chunks (request, end) and no decode rows replays the chunk graph:
+        one text chunk of the graph's length (:mod:`ninfer.runtime.chunk_graphs`) with no prefix-cache
         ``checkpoints`` to write (the graph writes none)."""
-        if self.chunk_graphs is None or len(chunks) != 1 or checkpoints or not self.chunk_graphs.fits(decode_rows):
+        if self.chunk_graphs is None or len(chunks) != 1 or checkpoints:
             return False
         req, end = chunks[0]
         return req.mm is None and end - req.num_computed == self.chunk_graphs.tokens

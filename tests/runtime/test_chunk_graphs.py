@@ -1,7 +1,7 @@
-"""The prompt-chunk graphs (:mod:`ninfer.runtime.chunk_graphs`) on CPU: the same forwards on their static
-buffers, run eagerly in place of a replay. A long prompt beside a decoding sequence takes them for every chunk of
-the graph's length (the decode rows in the same forward, or apart when their contexts are long), and both outputs
-are the ones the plain engine gives."""
+"""The prompt-chunk graph (:mod:`ninfer.runtime.chunk_graphs`) on CPU: the same forward on its static buffers,
+run eagerly in place of a replay. A long prompt beside a decoding sequence takes it for every chunk of the
+graph's length (the decode rows then run apart, in their own step), and both outputs are the ones the plain
+engine gives."""
 from __future__ import annotations
 
 import pytest
@@ -15,25 +15,19 @@ from tiny_checkpoints import TinyCheckpoint
 BUDGET = 32
 
 
-def _install_graph(llm, max_decode: int = 1) -> list[tuple[int, int]]:
-    """Give the runner eager chunk graphs of ``BUDGET`` tokens beside up to ``max_decode`` decode rows; the
-    returned list gets each run's (decode rows, chunk start)."""
+def _install_graph(llm) -> list[int]:
+    """Give the runner an eager chunk graph of ``BUDGET`` tokens; the returned list gets each run's start."""
     runner, runs = llm.engine.runner, []
-    graph = ChunkGraphs(runner.model, runner.cache, runner.block_tables, BUDGET, max_decode, captured=False)
+    graph = ChunkGraphs(runner.model, runner.cache, runner.block_tables, BUDGET, captured=False)
     run = graph.run
-
-    def counted(ids, positions, context, slots, lanes, state_slots):
-        runs.append((len(lanes) - 1, int(positions[-BUDGET])))
-        return run(ids, positions, context, slots, lanes, state_slots)
-
-    graph.run = counted
+    graph.run = lambda ids, start, *a: runs.append(start) or run(ids, start, *a)
     runner.chunk_graphs = graph
     return runs
 
 
-def _run(llm, with_graph: bool, max_decode: int = 1) -> tuple[list[int], list[int], list[tuple[int, int]]]:
+def _run(llm, with_graph: bool) -> tuple[list[int], list[int], list[int]]:
     engine = llm.engine
-    runs = _install_graph(llm, max_decode) if with_graph else []
+    runs = _install_graph(llm) if with_graph else []
     params = llm.sampling_params(greedy=True, logprobs=1)
     decoder = llm._request(list(range(5, 25)), 40, params)
     engine.add_request(decoder)
@@ -52,26 +46,7 @@ def test_a_long_prompt_beside_decodes_replays_the_chunk_graph(dense_ckpt: TinyCh
 
     plain_decoder, plain_long, _ = _run(load(), with_graph=False)
     decoder, long, runs = _run(load(), with_graph=True)
-    assert runs == [(1, start) for start in range(0, 192, BUDGET)]  # every full chunk with the decode row in it;
-    assert decoder == plain_decoder and long == plain_long           # the last 8 tokens prefill eagerly
-    decoder, long, runs = _run(load(), with_graph=True, max_decode=0)  # no graph with a decode row: eager steps
-    assert runs == [] and decoder == plain_decoder and long == plain_long
-
-
-def test_decodes_over_long_contexts_replay_their_graph_beside_the_chunk(dense_ckpt: TinyCheckpoint,
-                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    """Beside decodes whose contexts are too long to ride in a prefill forward, the chunk replays the graph that
-    holds it alone (and the decodes theirs)."""
-    from ninfer.runtime import engine as engine_module
-
-    monkeypatch.setattr(engine_module, "MIXED_MAX_CONTEXT", 10)
-    llm = ninfer.load(dense_ckpt.path, device="cpu", max_concurrency=2, prefill_tokens_while_decoding=BUDGET,
-                      prefix_cache=False, progress=False)
-    plain_decoder, plain_long, _ = _run(llm, with_graph=False)
-    llm = ninfer.load(dense_ckpt.path, device="cpu", max_concurrency=2, prefill_tokens_while_decoding=BUDGET,
-                      prefix_cache=False, progress=False)
-    decoder, long, runs = _run(llm, with_graph=True)
-    assert runs and all(b == 0 for b, _ in runs)
+    assert runs == list(range(0, 192, BUDGET))  # every full chunk; the last 8 tokens prefill eagerly
     assert decoder == plain_decoder and long == plain_long
 
 
@@ -99,7 +74,7 @@ def test_a_prefix_cache_hit_continues_in_the_graph(dense_ckpt: TinyCheckpoint) -
     plain, _, _ = turns(False)
     tokens, cached, runs = turns(True)
     assert tokens == plain and cached > 0 and cached % BUDGET
-    assert runs == [(1, cached), (1, cached + BUDGET)]  # ~80 new tokens: two chunks of 32 replayed, the rest eager
+    assert runs == [cached, cached + BUDGET]  # ~80 new tokens: two chunks of 32 replayed, the rest eager
 
 
 def test_only_a_single_text_chunk_of_the_graph_s_length_takes_it(dense_ckpt: TinyCheckpoint) -> None:
@@ -109,8 +84,6 @@ def test_only_a_single_text_chunk_of_the_graph_s_length_takes_it(dense_ckpt: Tin
     _install_graph(llm)
     req = llm._request(list(range(100)), 1, llm.sampling_params(greedy=True))
     assert runner.takes_chunk_graph([(req, BUDGET)]) and not runner.takes_chunk_graph([(req, BUDGET + 1)])
-    assert runner.takes_chunk_graph([(req, BUDGET)], decode_rows=1)
-    assert not runner.takes_chunk_graph([(req, BUDGET)], decode_rows=2)  # more than the graphs hold
     assert not runner.takes_chunk_graph([(req, BUDGET), (req, BUDGET)])
     assert not runner.takes_chunk_graph([(req, BUDGET)], {req.request_id: 10})  # a checkpoint to write: eager
 

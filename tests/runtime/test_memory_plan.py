@@ -32,13 +32,11 @@ def test_plan_adds_the_dequant_bytes_to_the_workspace() -> None:
 
 
 def test_the_prompt_chunk_graph_adds_its_activations_to_the_workspace(monkeypatch) -> None:
-    """With prompt-chunk graphs (``NINFER_CHUNK_GRAPHS=1``) the workspace also holds a chunk of the while-decoding
-    budget and the decode rows beside it, ``max_concurrency - 1`` at most (the graphs' pool keeps them): as much
-    as a ``prefill_chunk`` that much longer would."""
+    """With a prompt-chunk graph (``NINFER_CHUNK_GRAPHS=1``) the workspace also holds a chunk of the while-decoding budget (the graph's
+    pool keeps it): as much as a ``prefill_chunk`` that much longer would."""
     cfg = parse_config({**text_config_kwargs(), "model_type": "qwen3_5_text"})
-    engine = EngineConfig(kv_capacity=256, prefill_chunk=1024, prefill_tokens_while_decoding=256, max_concurrency=4)
-    longer = EngineConfig(kv_capacity=256, prefill_chunk=1024 + 256 + 3, prefill_tokens_while_decoding=256,
-                          max_concurrency=4)
+    engine = EngineConfig(kv_capacity=256, prefill_chunk=1024, prefill_tokens_while_decoding=256)
+    longer = EngineConfig(kv_capacity=256, prefill_chunk=1280, prefill_tokens_while_decoding=256)
     monkeypatch.setenv("NINFER_CHUNK_GRAPHS", "0")
     base = plan_memory(cfg, engine, torch.device("cpu"), torch.float32).workspace_bytes
     monkeypatch.setenv("NINFER_CHUNK_GRAPHS", "1")
