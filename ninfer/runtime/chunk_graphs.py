@@ -10,9 +10,11 @@ of ~1,300 launches, the weights read twice instead of once.
 When: ``NINFER_CHUNK_GRAPHS`` unset (or ``auto``) captures it for budgets up to :data:`AUTO_MAX_TOKENS`, ``1``
 for any budget, ``0`` never. On the H200 (27B ``int4``, 4 decodes beside a 32k prompt, run 2026-12-04.3) the
 graph cut the decodes' ITL p99 at a 128-token budget from 13.1x to 6.8x their TPOT (11.1x at 256, against 18.3x
-eagerly in run 2026-12-03.15; 6.7x and 8.7x with the tiled GEMM and the dequantization path among the keys'
-candidates, runs 2026-12-04.7 to .9); at the default 1,024-token budget a step is GPU-bound (~100 ms of kernels),
-so the default stays eager.
+eagerly in run 2026-12-03.15; 6.2x at 128, 4.4x at 64 and 3.6x at 32 tokens with every GEMM path among the keys'
+candidates, runs 2026-12-04.11 / .15); at the default 1,024-token budget a step is GPU-bound (~100 ms of
+kernels), so the default stays eager. Packing the decode rows into this graph (one replay a step) was slower at
+32 tokens (run 2026-12-04.16): the register decode reads the weights once per 32 rows either way, and the decode
+rows then take the prefill kernels.
 
 Everything the chunk varies lives in static buffers, as in :class:`~ninfer.runtime.graphs.DecodeGraphs`: its
 token ids, positions, context length, KV slots, lane (which selects the row of the lane block table) and state
