@@ -64,6 +64,7 @@ frag-prefetch         the register decode with the next loop trip loads issued f
 pdl-trigger           programmatic dependent launch with the register decode letting the next kernel launch early (griddepcontrol.launch_dependents): its graph test, the decode GEMMs back to back L2-cold with it on and off, then the 27B int4 decode at C = 1 / 8 on and off
 pdl-norms             programmatic dependent launch with the RMSNorm kernels letting the next GEMM launch early too: the whole-model test (same tokens and logprobs on and off), then the 27B int4 decode at C = 1 / 8, on and off twice in turn
 itl-small-chunks      27B int4 warm start: ITL of 4 decodes beside a 32k prefill with 64- and 32-token prompt chunks replayed from the chunk graph, and the rate of the 32k prompt at each
+frag-narrow           the register decode at 16 and 32 tokens with programs of 8 or 16 tokens side by side (sharing codes through L2) among the candidates: GPU tests of every candidate, then L2-cold on the 27B shapes, every candidate timed (the engine takes them after export-tuning-h200)
 itl-budgets-27b       27B int4 warm start: ITL of 4 decodes beside a 32k prefill at prefill_tokens_while_decoding 1024 (the default) / 512 / 256 / 128 and at max_decode_stall 3x / 2.5x, and the rate of the 32k prompt at each
 '
 names=$(echo "$STAGES" | awk 'NF { print $1 }')
@@ -377,6 +378,11 @@ stage() {
         NINFER_CHUNK_GRAPHS=1 part 170 python3 perf/bench_startup.py --shape 27b --recipe int4 --modes warm \
           --prefill --ttft-lanes 1 --while-decoding $budget --child-timeout 160 --budget 165
       done
+      ;;
+    frag-narrow)  # 32-token programs need 100-255 registers (perf/ptx_check.py --kinds frag --m 32): 2-3 programs an SM
+      NINFER_AUTOTUNE=off gpu_tests 200 quant_fragments_gpu -k "'every_candidate'" -n 8
+      part 200 python3 perf/bench_quant_gemm.py --path frag --m 16,32 --formats int4-g64 --l2 cold \
+        --shapes gate_up,down,in_proj_qkvz,o_proj --no-gemlite
       ;;
     itl-budgets-27b)  # a budget whose mixed step stays within 3x TPOT chooses the default (docs/performance.md)
       part 420 python3 perf/bench_startup.py --shape 27b --recipe int4 --modes warm --prefill --ttft-lanes 1 \

@@ -271,6 +271,19 @@ def test_fragment_tiled(fmt: str, kind: str) -> None:
     _check(fmt, 20, 64, 256, _tiled(16, 32, kind=kind), swiglu=True, dtype=torch.float32, seed=5)
 
 
+def test_verification_sizes_also_offer_narrower_programs() -> None:
+    """9-32 tokens: besides programs of 16 / 32 tokens, ones of 8 (and 16) tokens side by side; decode sizes and
+    prefill sizes keep their lists. The narrower programs compute the same (a ragged last token block)."""
+    def token_blocks(m: int) -> set[int]:
+        return {c.block_m for c in fragment_candidates("int4-g64", m, 17408, 5120, 132)}
+
+    assert token_blocks(8) == {8} and token_blocks(16) == {16, 8} and token_blocks(29) == {32, 16, 8}
+    assert token_blocks(64) == {32}
+    narrow = [c for c in fragment_candidates("int4-g64", 29, 64, 256, 4) if c.block_m == 8]
+    assert narrow
+    _check("int4-g64", 29, 64, 256, narrow[0], residual=True, seed=23)
+
+
 @pytest.mark.usefixtures("poisoned_outputs")
 def test_fragment_weights_take_their_own_candidates() -> None:
     """Decode sizes: the fragment decode only; prefill sizes: the dequantization path first (untuned keys), then

@@ -339,6 +339,27 @@ def fragment_candidates(fmt: str, m: int, n_out: int, k: int, sms: int) -> list[
                 cfg = GemmConfig(tokens, 16 * warps, bk, split, warps, stages, "frag")
                 if cfg not in out:
                     out.append(cfg)
+    return out + _narrow_fragment_candidates(fmt, m, n_out, k, sms, tokens)
+
+
+def _narrow_fragment_candidates(fmt: str, m: int, n_out: int, k: int, sms: int, tokens: int) -> list[GemmConfig]:
+    """Register-decode configs of fewer tokens per program than ``tokens``, for 9-32 tokens (speculative rounds'
+    verification, short prompt chunks): a tile's token blocks run side by side, all but the first reading its
+    codes from L2, in programs of the decode sizes' register count. 32-token programs take 100-255 registers
+    (``perf/ptx_check.py --kinds frag --m 32``): 2-3 programs an SM."""
+    if m > MMA_MAX_M:
+        return []
+    out = []
+    for narrow in (16, 8):
+        if narrow >= tokens:
+            continue
+        for warps, unroll in ((4, 2), (2, 4)):
+            bk = 64 * unroll
+            if k % bk or bk % GROUPS[fmt]:
+                continue
+            programs = triton.cdiv(n_out // 16, warps) * triton.cdiv(m, narrow)
+            split = max(1, min(triton.cdiv(8 * sms, programs), k // bk))
+            out.append(GemmConfig(narrow, 16 * warps, bk, split, warps, 2, "frag"))
     return out
 
 
