@@ -69,15 +69,27 @@ def matmul_peak_tflops() -> float:
     return 2 * 8192 ** 3 / ms / 1e9
 
 
+COMMIT_FILE = Path(__file__).parents[1] / ".commit"
+
+
+def source_commit() -> str:
+    """The commit the measured code is: ``.commit`` at the checkout's root where a copy without its git history
+    carries one (``perf/snapshot.sh`` writes it; a device call's copy may hold another repository's history),
+    else ``git rev-parse``, else "unknown"."""
+    if COMMIT_FILE.is_file():
+        return COMMIT_FILE.read_text().strip() or "unknown"
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=Path(__file__).parent).stdout.strip() or "unknown"
+    except OSError:
+        return "unknown"
+
+
 @lru_cache(maxsize=None)
 def environment() -> dict[str, str]:
     import triton
 
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                cwd=Path(__file__).parent).stdout.strip() or "unknown"
-    except OSError:
-        commit = "unknown"
+    commit = source_commit()
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu (no CUDA device)"
     return {"gpu": gpu, "torch": torch.__version__, "triton": triton.__version__,
             "commit": commit, "date": _dt.date.today().isoformat()}
