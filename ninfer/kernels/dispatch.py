@@ -47,7 +47,7 @@ def pdl_enabled(device: torch.device) -> bool:
     the previous kernel finishes, and wait for its results with ``griddepcontrol.wait``): with ``NINFER_PDL=1``
     (read per call) on compute capability 9.0 and up. Off by default: the 27B int4 decode step took 8.27 ms
     with it and 8.08 ms without (H200, run 2026-12-03.2 / .3), and with the GEMMs and norms letting the next
-    kernel launch early 7.25 against 7.23-7.31 ms (run 2026-12-04.14): no gain worth a second code path."""
+    kernel launch early 7.25 against 7.23-7.31 ms (run 2026-12-04.14): inside the noise, so it stays off."""
     return os.environ.get("NINFER_PDL", "0") == "1" and _capability(device) >= (9, 0)
 
 
