@@ -60,7 +60,6 @@ gates-in-decode-27b   the a/b gate projection inside the DeltaNet decode kernel 
 frag-tiled-27b        the tiled tl.dot GEMM over fragment-laid weights (GPU tests), then 4 decodes beside a 32k prefill with the 128-token chunk graph (its graph keys tuned among the decodes and the tiled GEMM) and the profile of that step
 bench-frag-tiled      the GPU tests of the tiled GEMM (both variants) and of the dequantization path in a graph, the tiled GEMM over fragment-laid int4-g64 weights against the dequantization path and cuBLAS bf16 at 128 and 512 tokens (27B shapes, every candidate timed), then 4 decodes beside a 32k prefill with the 256-token chunk graph
 dequant-in-graph-27b  the dequantization path inside the prompt-chunk graph (its GPU test), then 4 decodes beside a 32k prefill with the 128-token and the 256-token chunk graph
-frag-prefetch         the register decode with the next loop trip loads issued first (a register limit above the count ptxas picks) and its scales prefetched too: its GPU tests (every candidate), then L2-cold at 1 and 8 tokens on the 27B int4-g64 shapes and the int8-g64 LM head, every candidate timed
 pdl-trigger           programmatic dependent launch with the register decode letting the next kernel launch early (griddepcontrol.launch_dependents): its graph test, the decode GEMMs back to back L2-cold with it on and off, then the 27B int4 decode at C = 1 / 8 on and off
 pdl-norms             programmatic dependent launch with the RMSNorm kernels letting the next GEMM launch early too: the whole-model test (same tokens and logprobs on and off), then the 27B int4 decode at C = 1 / 8, on and off twice in turn
 itl-small-chunks      27B int4 warm start: ITL of 4 decodes beside a 32k prefill with 64- and 32-token prompt chunks replayed from the chunk graph, and the rate of the 32k prompt at each
@@ -347,13 +346,6 @@ stage() {
         NINFER_CHUNK_GRAPHS=1 part 100 python3 perf/bench_startup.py --shape 27b --recipe int4 --modes warm \
           --prefill --ttft-lanes 1 --while-decoding $budget --child-timeout 95 --budget 98
       done
-      ;;
-    frag-prefetch)  # ptxas put the prefetched codes at the end of the loop body (perf/ptx_check.py --kinds frag)
-      NINFER_AUTOTUNE=off gpu_tests 220 quant_fragments_gpu -k "'not tiled and not dequantization_path'" -n 8
-      part 200 python3 perf/bench_quant_gemm.py --path frag --m 1,8 --formats int4-g64 --l2 cold \
-        --shapes gate_up,down,in_proj_qkvz,o_proj --no-gemlite
-      part 80 python3 perf/bench_quant_gemm.py --path frag --m 1,8 --formats int8-g64 --l2 cold --shapes lm_head \
-        --no-gemlite
       ;;
     pdl-trigger)  # without an explicit trigger the next kernel could only launch as this one exited (run 2026-12-03.1)
       NINFER_PDL=1 gpu_tests 60 quant_fragments_gpu -k "'graph_bit_equal and not tiled'"

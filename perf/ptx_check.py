@@ -232,8 +232,7 @@ def frag(fmt: str, m: int, arch: int, sms: int) -> None:
         wide = wide_fragment_candidate(fmt, m, n_out, k, sms) if m > MMA_MAX_M and not swiglu else None
         for cfg in fragment_candidates(fmt, m, n_out, k, sms) + ([wide] if wide else []):
             head = (f"{fmt:9s} frag-{name:7s} tokens={cfg.block_m:<2d} warps={cfg.num_warps} "
-                    f"chunks/trip={cfg.block_k // 64} split={cfg.split_k:<3d} stages={cfg.num_stages} "
-                    f"maxnreg={cfg.max_registers or '-'}")
+                    f"chunks/trip={cfg.block_k // 64} split={cfg.split_k:<3d} stages={cfg.num_stages}")
             try:
                 kernel = compile_frag(cfg, group, swiglu, arch, bits)
                 per_thread = 16 * cfg.block_k * (2 if swiglu else 1) / 32

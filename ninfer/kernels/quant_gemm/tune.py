@@ -324,42 +324,28 @@ def fragment_candidates(fmt: str, m: int, n_out: int, k: int, sms: int) -> list[
     several share an SM. Each comes with the next loop trip's codes requested during this one (``num_stages=2``)
     and without. On the H200 (run 2026-12-03.1, L2-cold, 27B shapes at 1 and 8 tokens) about 8 programs per SM
     read most, 8 warps per program never won (so they are not offered); the favourite:
-    4 warps, 2 chunks per trip, 8 programs per SM, prefetching."""
-    group = GROUPS[fmt]
+    4 warps, 2 chunks per trip, 8 programs per SM, prefetching.
+
+    For 9-32 tokens also narrower programs (8 or 16 tokens; speculative rounds' verification, short prompt chunks):
+    a tile's token blocks run side by side, all but the first reading its codes from L2, in programs of the decode
+    sizes' register count, where 32-token programs take 100-255 registers (``perf/ptx_check.py --kinds frag --m
+    32``): 2-3 programs an SM."""
     tokens = 8 if m <= 8 else 16 if m <= 16 else 32
+    shapes = [(tokens, warps, unroll, per_sm, stages) for stages in (2, 1)
+              for warps, unroll in ((4, 2), (4, 4), (2, 4)) for per_sm in (8, 4, 16)]
+    if m <= MMA_MAX_M:
+        shapes += [(narrow, warps, unroll, 8, 2) for narrow in (16, 8) if narrow < tokens
+                   for warps, unroll in ((4, 2), (2, 4))]
     out: list[GemmConfig] = []
-    for stages in (2, 1):
-        for warps, unroll in ((4, 2), (4, 4), (2, 4)):
-            bk = 64 * unroll
-            if k % bk or bk % group:
-                continue
-            programs = triton.cdiv(n_out // 16, warps) * triton.cdiv(m, tokens)
-            for per_sm in (8, 4, 16):
-                split = max(1, min(triton.cdiv(per_sm * sms, programs), k // bk))
-                cfg = GemmConfig(tokens, 16 * warps, bk, split, warps, stages, "frag")
-                if cfg not in out:
-                    out.append(cfg)
-    return out + _narrow_fragment_candidates(fmt, m, n_out, k, sms, tokens)
-
-
-def _narrow_fragment_candidates(fmt: str, m: int, n_out: int, k: int, sms: int, tokens: int) -> list[GemmConfig]:
-    """Register-decode configs of fewer tokens per program than ``tokens``, for 9-32 tokens (speculative rounds'
-    verification, short prompt chunks): a tile's token blocks run side by side, all but the first reading its
-    codes from L2, in programs of the decode sizes' register count. 32-token programs take 100-255 registers
-    (``perf/ptx_check.py --kinds frag --m 32``): 2-3 programs an SM."""
-    if m > MMA_MAX_M:
-        return []
-    out = []
-    for narrow in (16, 8):
-        if narrow >= tokens:
+    for block_m, warps, unroll, per_sm, stages in shapes:
+        bk = 64 * unroll
+        if k % bk or bk % GROUPS[fmt]:
             continue
-        for warps, unroll in ((4, 2), (2, 4)):
-            bk = 64 * unroll
-            if k % bk or bk % GROUPS[fmt]:
-                continue
-            programs = triton.cdiv(n_out // 16, warps) * triton.cdiv(m, narrow)
-            split = max(1, min(triton.cdiv(8 * sms, programs), k // bk))
-            out.append(GemmConfig(narrow, 16 * warps, bk, split, warps, 2, "frag"))
+        programs = triton.cdiv(n_out // 16, warps) * triton.cdiv(m, block_m)
+        split = max(1, min(triton.cdiv(per_sm * sms, programs), k // bk))
+        cfg = GemmConfig(block_m, 16 * warps, bk, split, warps, stages, "frag")
+        if cfg not in out:
+            out.append(cfg)
     return out
 
 
