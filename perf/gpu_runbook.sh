@@ -64,6 +64,7 @@ pdl-trigger           programmatic dependent launch with the register decode let
 pdl-norms             programmatic dependent launch with the RMSNorm kernels letting the next GEMM launch early too: the whole-model test (same tokens and logprobs on and off), then the 27B int4 decode at C = 1 / 8, on and off twice in turn
 itl-small-chunks      27B int4 warm start: ITL of 4 decodes beside a 32k prefill with 64- and 32-token prompt chunks replayed from the chunk graph, and the rate of the 32k prompt at each
 frag-narrow           the register decode at 16 and 32 tokens with programs of 8 or 16 tokens side by side (sharing codes through L2) among the candidates: GPU tests of every candidate, then L2-cold on the 27B shapes, every candidate timed (the engine takes them after export-tuning-h200)
+frag-pair             the register decode with two tiles per warp sharing each activation load (frag-pair), SwiGLU loading its activations once for both streams: GPU tests of the fragment kernels, then L2-cold at 1 / 8 / 16 / 32 tokens on the 27B shapes, every candidate timed
 itl-budgets-27b       27B int4 warm start: ITL of 4 decodes beside a 32k prefill at prefill_tokens_while_decoding 1024 (the default) / 512 / 256 / 128 and at max_decode_stall 3x / 2.5x, and the rate of the 32k prompt at each
 '
 names=$(echo "$STAGES" | awk 'NF { print $1 }')
@@ -374,6 +375,11 @@ stage() {
     frag-narrow)  # 32-token programs need 100-255 registers (perf/ptx_check.py --kinds frag --m 32): 2-3 programs an SM
       NINFER_AUTOTUNE=off gpu_tests 200 quant_fragments_gpu -k "'every_candidate'" -n 8
       part 200 python3 perf/bench_quant_gemm.py --path frag --m 16,32 --formats int4-g64 --l2 cold \
+        --shapes gate_up,down,in_proj_qkvz,o_proj --no-gemlite
+      ;;
+    frag-pair)  # at 32 tokens a warp reads as many activation bytes from L1 as code bytes from memory
+      NINFER_AUTOTUNE=off gpu_tests 220 quant_fragments_gpu -n 8
+      part 220 python3 perf/bench_quant_gemm.py --path frag --m 1,8,16,32 --formats int4-g64 --l2 cold \
         --shapes gate_up,down,in_proj_qkvz,o_proj --no-gemlite
       ;;
     itl-budgets-27b)  # a budget whose mixed step stays within 3x TPOT chooses the default (docs/performance.md)

@@ -64,7 +64,7 @@ def main() -> None:
     elif args.path == "frag":  # the register decode reads the weights re-laid as the engines hold them
         q, scales = to_fragments(w.tensors["qweight"], w.tensors["scales"])
         w = replace(w, tensors={"qweight": q, "scales": scales}, layout=FRAGMENTS)
-        cands = fragment_candidates(args.format, args.m, n_out, k, sms)
+        cands = fragment_candidates(args.format, args.m, n_out, k, sms, swiglu=swiglu)
     else:
         cands = [c for c in candidates(args.format, args.m, n_out, k, sms, swiglu=swiglu) if c.kind == args.path]
     if not cands:

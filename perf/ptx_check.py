@@ -207,7 +207,7 @@ def compile_frag(cfg, group: int, swiglu: bool, arch: int, bits: int = 4):
            "ws_ptr": "*fp32", "cnt_ptr": "*i32", **dict.fromkeys(("M", "N_OUT", "KC", "NG", "chunks_per_split",
                                                                     "stride_xm", "stride_rm", "stride_om"), "i32")}
     split = cfg.split_k > 1
-    consts = dict(CPG=group // 64, SWIGLU=swiglu, HAS_RES=False, SPLIT=split, FUSED_REDUCE=split,
+    consts = dict(CPG=group // 64, SWIGLU=swiglu, PAIR=cfg.kind == fragment_mma.PAIR_KIND, HAS_RES=False, SPLIT=split, FUSED_REDUCE=split,
                   NB=cfg.block_m // 8, WARPS=cfg.num_warps, UNROLL=cfg.block_k // 64, PREFETCH=cfg.num_stages > 1,
                   TOKENS_FIRST=False, PDL=arch >= 90, ASM=True, BITS=bits,
                   **fragment_mma.asm_constants(torch.bfloat16, bits))
@@ -230,12 +230,12 @@ def frag(fmt: str, m: int, arch: int, sms: int) -> None:
         shapes = (("lm_head", 248320, 5120, False), ("qkvz", 16384, 5120, False), ("o_proj", 5120, 6144, False))
     for name, n_out, k, swiglu in shapes:
         wide = wide_fragment_candidate(fmt, m, n_out, k, sms) if m > MMA_MAX_M and not swiglu else None
-        for cfg in fragment_candidates(fmt, m, n_out, k, sms) + ([wide] if wide else []):
-            head = (f"{fmt:9s} frag-{name:7s} tokens={cfg.block_m:<2d} warps={cfg.num_warps} "
+        for cfg in fragment_candidates(fmt, m, n_out, k, sms, swiglu=swiglu) + ([wide] if wide else []):
+            head = (f"{fmt:9s} {cfg.kind}-{name:7s} tokens={cfg.block_m:<2d} warps={cfg.num_warps} "
                     f"chunks/trip={cfg.block_k // 64} split={cfg.split_k:<3d} stages={cfg.num_stages}")
             try:
                 kernel = compile_frag(cfg, group, swiglu, arch, bits)
-                per_thread = 16 * cfg.block_k * (2 if swiglu else 1) / 32
+                per_thread = 16 * cfg.block_k * (2 if swiglu or cfg.kind == fragment_mma.PAIR_KIND else 1) / 32
                 sass = loop_sass(kernel)
                 print(f"{head} | {resources(kernel, arch)} | {len(sass) / per_thread:.2f} SASS instructions per "
                       f"weight in the K loop, {code_loads_at(sass)}", flush=True)

@@ -56,7 +56,7 @@ def test_every_candidate_at_real_shapes(fmt: str, dtype: torch.dtype) -> None:
             x = torch.randn(m, k, device="cuda", dtype=dtype)
             res = torch.randn(m, n_out, device="cuda", dtype=dtype) if residual else None
             ref = quant_matmul_reference(x.float(), rows, None if res is None else res.float(), swiglu)
-            cands = fragment_candidates(fmt, m, n_out, k, sms)
+            cands = fragment_candidates(fmt, m, n_out, k, sms, swiglu=swiglu)
             if dtype == torch.float16 or m not in (1, 29):
                 cands = cands[:1]
             for cfg in cands:
@@ -82,7 +82,7 @@ def test_int8_every_candidate(dtype: torch.dtype) -> None:
             x = torch.randn(m, k, device="cuda", dtype=dtype)
             res = torch.randn(m, n_out, device="cuda", dtype=dtype) if residual else None
             ref = quant_matmul_reference(x.float(), rows, None if res is None else res.float(), swiglu)
-            cands = fragment_candidates("int8-g64", m, n_out, k, sms)
+            cands = fragment_candidates("int8-g64", m, n_out, k, sms, swiglu=swiglu)
             for cfg in cands if m in (1, 8) and dtype == torch.bfloat16 else cands[:1]:
                 out = torch.full((m, n_out), float("nan"), device="cuda", dtype=dtype)
                 got = quant_matmul_triton(x, frag, res, swiglu, out=out, config=cfg)

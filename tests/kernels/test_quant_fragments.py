@@ -189,8 +189,9 @@ def test_dequantize_fragments_is_bit_exact(fmt: str, dtype: torch.dtype) -> None
     assert torch.equal(out, w.dequantize(dtype))
 
 
-def _frag(tokens: int, warps: int, unroll: int, split: int, stages: int = 1) -> GemmConfig:
-    return GemmConfig(tokens, 16 * warps, 64 * unroll, split, warps, stages, "frag")
+def _frag(tokens: int, warps: int, unroll: int, split: int, stages: int = 1, kind: str = "frag") -> GemmConfig:
+    rows = 32 if kind == "frag-pair" else 16
+    return GemmConfig(tokens, rows * warps, 64 * unroll, split, warps, stages, kind)
 
 
 def _check(fmt: str, m: int, n: int, k: int, cfg: GemmConfig, *, swiglu: bool = False, residual: bool = False,
@@ -227,6 +228,22 @@ def test_fragment_decode_tokens_per_program() -> None:
 def test_fragment_swiglu(split: int) -> None:
     _check("int4-g64", 3, 64, 256, _frag(8, 1, 2, split), swiglu=True, residual=split > 1, seed=8)
     _check("int8-g64", 9, 64, 256, _frag(16, 1, 2, split), swiglu=True, residual=split > 1, seed=14)
+
+
+@pytest.mark.parametrize("fmt", ["int4-g64", "int4-g128", "int8-g64"])
+def test_fragment_pairs_of_tiles(fmt: str) -> None:
+    """Two tiles per warp, one in each half of the output (``frag-pair``): a ragged last program (96 rows = 3 pairs,
+    2 per program), split-K with the fused reduction and a residual, several token blocks, prefetching; SwiGLU
+    (already two streams a warp) refuses it."""
+    _check(fmt, 3, 96, 256, _frag(8, 2, 2, 1, kind="frag-pair"), seed=30)
+    _check(fmt, 5, 64, 512, _frag(8, 1, 2, 3, 2, kind="frag-pair"), residual=True, seed=31)
+    _check(fmt, 19, 64, 256, _frag(16, 1, 2, 2, kind="frag-pair"), residual=True, seed=32)
+    with pytest.raises(ValueError, match="SwiGLU"):
+        _check(fmt, 3, 128, 256, _frag(8, 1, 2, 1, kind="frag-pair"), swiglu=True)
+    assert all(c.kind == "frag" for c in fragment_candidates(fmt, 1, 17408, 5120, 132, swiglu=True))
+    pairs = [c for c in fragment_candidates(fmt, 1, 5120, 17408, 132) if c.kind == "frag-pair"]
+    assert pairs and all(c.block_n == 32 * c.num_warps for c in pairs)
+    assert fragment_candidates(fmt, 1, 5120, 17408, 132)[0].kind == "frag"  # untuned keys keep the favourite
 
 
 def test_fragment_prefetch() -> None:
@@ -292,7 +309,7 @@ def test_fragment_weights_take_their_own_candidates() -> None:
     capture the decode where the dequantization was chosen, and their own keys offer the tiled GEMM instead."""
     for m in (1, 8, 32):
         cands = candidates("int4-g128", m, 5120, 17408, 132, layout=FRAGMENTS)
-        assert cands and all(c.kind == "frag" and c.block_m <= 32 for c in cands)
+        assert cands and all(c.kind in ("frag", "frag-pair") and c.block_m <= 32 for c in cands)
     cands = candidates("int4-g128", 512, 5120, 17408, 132, layout=FRAGMENTS)
     assert [(c.kind, c.block_m) for c in cands] == [("dequant", 128), ("frag", 32), ("frag", 64)]
     swiglu = candidates("int4-g128", 512, 17408, 5120, 132, swiglu=True, layout=FRAGMENTS)

@@ -49,7 +49,7 @@ import triton
 from ninfer.kernels.dispatch import capturing, use_triton
 from ninfer.kernels.quant_gemm.common import FMT_CODES, kernel_tensors, split_finish_kernel
 from ninfer.kernels.quant_gemm.dequant import graph_workspace_fits, launch_dequant_gemm
-from ninfer.kernels.quant_gemm.fragment_mma import launch_fragment_mma
+from ninfer.kernels.quant_gemm.fragment_mma import PAIR_KIND, launch_fragment_mma
 from ninfer.kernels.quant_gemm.fragment_tiled import launch_fragment_tiled
 from ninfer.kernels.quant_gemm.fragments import FRAGMENTS
 from ninfer.kernels.quant_gemm.gemm import quant_gemm_kernel
@@ -147,7 +147,7 @@ def _launch(x: torch.Tensor, w: QuantizedTensor, res: torch.Tensor | None, out: 
         cfg = graph_fallback(name, m, n_out, k, sm_count(x.device), w.layout)
     p = kernel_params(name, cfg)
     q, scales, row_scale = kernel_tensors(w)
-    if cfg.kind == "frag":  # int4 / int8 in the fragment layout, from registers (fragment_mma)
+    if cfg.kind in ("frag", PAIR_KIND):  # int4 / int8 in the fragment layout, from registers (fragment_mma)
         launch_fragment_mma(x, q, scales, res, out, swiglu, p["group"], cfg)
         return
     if cfg.kind.startswith("frag-tiled"):  # the same layout at prefill sizes, on tensor cores by tl.dot (fragment_tiled)

@@ -60,6 +60,8 @@ from ninfer.kernels.quant_gemm.gemv_steps import (
 )
 from ninfer.kernels.quant_gemm.tune import GemmConfig
 
+PAIR_KIND = "frag-pair"
+
 # Activation loads at a chunk's constant offset from the loop trip's address (folded into the instruction, no
 # address arithmetic per chunk).
 _X0, _X1, _X2, _X3 = (tl.constexpr(x_load_asm(u)) for u in range(4))
@@ -149,72 +151,103 @@ def _load_trip(code_lane, c, UNROLL: tl.constexpr, ASM: tl.constexpr, BITS: tl.c
 
 
 @triton.jit
-def _step(acc, codes, q_ptr, s_lane, x_ptr, x_lane, tile, c, g, t, tok0, M, KC, stride_xm, CPG: tl.constexpr,
-          UNROLL: tl.constexpr, NB: tl.constexpr, BITS: tl.constexpr, DECODE_ASM: tl.constexpr,
-          DECODE_OPERANDS: tl.constexpr, MMA_ASM: tl.constexpr, ASM: tl.constexpr):
-    """``UNROLL`` chunks from chunk ``c`` of one weight stream (tile per warp; ``codes`` from :func:`_load_trip`)
-    into ``acc`` (4 * NB fp32 per lane): per scale group (``CPG`` chunks) its unscaled products from zero, scaled
-    once. ``x_lane`` (one per token block) and ``s_lane``: the lane's addresses of chunk 0 and scale group 0."""
+def _step(acc, acc_up, codes, codes_up, q_ptr, s_lane, s_lane_up, x_ptr, x_lane, tile, tile_up, c, g, t, tok0, M,
+          KC, stride_xm, CPG: tl.constexpr, UNROLL: tl.constexpr, NB: tl.constexpr, BITS: tl.constexpr,
+          TWO: tl.constexpr, DECODE_ASM: tl.constexpr, DECODE_OPERANDS: tl.constexpr, MMA_ASM: tl.constexpr,
+          ASM: tl.constexpr):
+    """``UNROLL`` chunks from chunk ``c`` of a warp's weight stream (its tile; ``codes`` from :func:`_load_trip`)
+    into ``acc`` (4 * NB fp32 per lane), and with ``TWO`` of its second stream (``tile_up``: the up rows of
+    SwiGLU, or a second tile of rows) into ``acc_up``: both streams' MMAs take the same activation registers,
+    loaded once. Per scale group (``CPG`` chunks) the unscaled products accumulate from zero and are scaled
+    once. ``x_lane`` (one per token block) and ``s_lane`` / ``s_lane_up``: the lane's addresses of chunk 0 and of
+    scale group 0."""
     if ASM:
         trip_x = ()
         for b in tl.static_range(NB):
             trip_x = trip_x + (x_lane[b] + c * 128,)
     trip_scales = s_lane + (c // CPG) * 8
+    trip_scales_up = s_lane_up + (c // CPG) * 8
     for grp in tl.static_range(UNROLL // CPG):
         s_lo, s_hi = scale_pair(trip_scales + grp * 8)
+        s_lo_up, s_hi_up = s_lo, s_hi
+        if TWO:
+            s_lo_up, s_hi_up = scale_pair(trip_scales_up + grp * 8)
         d = ()
         for i in tl.static_range(4 * NB):
             d = d + (tl.zeros_like(s_lo),)
+        d_up = d
         for ci in tl.static_range(CPG):
             cc = c + grp * CPG + ci
             if ASM:
                 a = _decode(codes[grp * CPG + ci], DECODE_ASM, DECODE_OPERANDS, BITS)
+                a_up = a
+                if TWO:
+                    a_up = _decode(codes_up[grp * CPG + ci], DECODE_ASM, DECODE_OPERANDS, BITS)
                 new = ()
+                new_up = ()
                 for b in tl.static_range(NB):
                     xw = _load_x(trip_x[b], grp * CPG + ci)
                     new = new + _mma(a, xw, d[4 * b], d[4 * b + 1], d[4 * b + 2], d[4 * b + 3], MMA_ASM)
+                    if TWO:
+                        new_up = new_up + _mma(a_up, xw, d_up[4 * b], d_up[4 * b + 1], d_up[4 * b + 2],
+                                               d_up[4 * b + 3], MMA_ASM)
                 d = new
+                if TWO:
+                    d_up = new_up
             else:
                 d = _chunk_portable(d, q_ptr, x_ptr, tile, cc, g, t, tok0, M, KC, stride_xm, NB, BITS)
-        scaled = ()
-        for b in tl.static_range(NB):  # values 0, 1 of a block are row g's, 2, 3 row g + 8's
-            scaled = scaled + (acc[4 * b] + d[4 * b] * s_lo, acc[4 * b + 1] + d[4 * b + 1] * s_lo,
-                               acc[4 * b + 2] + d[4 * b + 2] * s_hi, acc[4 * b + 3] + d[4 * b + 3] * s_hi)
-        acc = scaled
-    return acc
+                if TWO:
+                    d_up = _chunk_portable(d_up, q_ptr, x_ptr, tile_up, cc, g, t, tok0, M, KC, stride_xm, NB, BITS)
+        acc = _scaled(acc, d, s_lo, s_hi, NB)
+        if TWO:
+            acc_up = _scaled(acc_up, d_up, s_lo_up, s_hi_up, NB)
+    return acc, acc_up
 
 
 @triton.jit
-def _position(i: tl.constexpr, tile_out, tiles, g, t, tok0, M):
+def _scaled(acc, d, s_lo, s_hi, NB: tl.constexpr):
+    """``acc`` plus one scale group's products ``d``: values 0, 1 of a block are row g's, 2, 3 row g + 8's."""
+    out = ()
+    for b in tl.static_range(NB):
+        out = out + (acc[4 * b] + d[4 * b] * s_lo, acc[4 * b + 1] + d[4 * b + 1] * s_lo,
+                     acc[4 * b + 2] + d[4 * b + 2] * s_hi, acc[4 * b + 3] + d[4 * b + 3] * s_hi)
+    return out
+
+
+@triton.jit
+def _position(i: tl.constexpr, tile_out, slots, g, t, tok0, M):
     """(token, row, valid) of a lane's accumulator ``i``: in 8-token block ``i // 4``, rows ``g`` / ``g + 8`` for
     ``i % 4`` in 0..1 / 2..3, tokens ``2t`` / ``2t + 1`` for even / odd ``i`` (the MMA's D fragment)."""
     n_idx = tile_out * 16 + g + 8 * ((i % 4) // 2)
     m_idx = tok0 + 8 * (i // 4) + 2 * t + i % 2
-    return m_idx, n_idx, (tile_out < tiles) & (m_idx < M)
+    return m_idx, n_idx, (tile_out < slots) & (m_idx < M)
 
 
 @triton.jit(do_not_specialize=["M", "chunks_per_split"])
 def _fragment_mma_kernel(
     x_ptr, q_ptr, s_ptr, res_ptr, out_ptr, ws_ptr, cnt_ptr,
     M, N_OUT, KC, NG, chunks_per_split, stride_xm, stride_rm, stride_om,
-    CPG: tl.constexpr, SWIGLU: tl.constexpr, HAS_RES: tl.constexpr, SPLIT: tl.constexpr,
+    CPG: tl.constexpr, SWIGLU: tl.constexpr, PAIR: tl.constexpr, HAS_RES: tl.constexpr, SPLIT: tl.constexpr,
     FUSED_REDUCE: tl.constexpr, NB: tl.constexpr, WARPS: tl.constexpr, UNROLL: tl.constexpr, PREFETCH: tl.constexpr,
-    TOKENS_FIRST: tl.constexpr, PDL: tl.constexpr, BITS: tl.constexpr, LOAD0: tl.constexpr, LOAD1: tl.constexpr, LOAD2: tl.constexpr,
-    LOAD3: tl.constexpr, DECODE_ASM: tl.constexpr, DECODE_OPERANDS: tl.constexpr, MMA_ASM: tl.constexpr,
-    ASM: tl.constexpr,
+    TOKENS_FIRST: tl.constexpr, PDL: tl.constexpr, BITS: tl.constexpr, LOAD0: tl.constexpr, LOAD1: tl.constexpr,
+    LOAD2: tl.constexpr, LOAD3: tl.constexpr, DECODE_ASM: tl.constexpr, DECODE_OPERANDS: tl.constexpr,
+    MMA_ASM: tl.constexpr, ASM: tl.constexpr,
 ):
+    TWO: tl.constexpr = SWIGLU or PAIR
     e = tl.arange(0, 32 * WARPS)  # one element per thread: element i is thread i (lane i % 32 of warp i // 32)
     lane = e % 32
     g = lane // 4
     t = lane % 4
-    tiles = N_OUT // 16
+    # A warp's first stream is tile tile_out of `slots`; its second (TWO) the tile `slots` further on: the up
+    # rows of the same outputs (SwiGLU: the weight has 2 N_OUT rows), or (PAIR) the second half's tile.
+    slots = N_OUT // (32 if PAIR else 16)
     if TOKENS_FIRST:  # several token blocks: those of one tile run side by side and share its codes through L2
         tile_out = tl.program_id(2) * WARPS + e // 32
         tok0 = tl.program_id(0) * 8 * NB
     else:
         tile_out = tl.program_id(0) * WARPS + e // 32
         tok0 = tl.program_id(2) * 8 * NB
-    tile = tl.minimum(tile_out, tiles - 1)  # a clamped tile loads valid memory; its stores are masked
+    tile = tl.minimum(tile_out, slots - 1)  # a clamped tile loads valid memory; its stores are masked
     # lane (g, t)'s codes of chunk 0, its activations of token block b (row tok0 + 8b + g, clamped; columns
     # 64 c + 16 t .. + 15 of chunk c) and its scale pair of group 0
     x_lane = ()
@@ -222,12 +255,12 @@ def _fragment_mma_kernel(
     code_lane_up = tile
     if ASM:
         code_lane = q_ptr.to(tl.int64) + tile.to(tl.int64) * KC * (128 * BITS) + lane * 16
-        code_lane_up = code_lane + tiles.to(tl.int64) * KC * (128 * BITS)
+        code_lane_up = code_lane + slots.to(tl.int64) * KC * (128 * BITS)
         for b in tl.static_range(NB):
             row = tl.minimum(tok0 + 8 * b + g, M - 1).to(tl.int64)
             x_lane = x_lane + (x_ptr.to(tl.int64) + (row * stride_xm + t * 16) * 2,)
     s_lane = s_ptr + tile.to(tl.int64) * NG * 8 + g
-    s_lane_up = s_lane + tiles.to(tl.int64) * NG * 8
+    s_lane_up = s_lane + slots.to(tl.int64) * NG * 8
     acc = ()
     for i in tl.static_range(4 * NB):
         acc = acc + (tl.zeros((32 * WARPS,), dtype=tl.float32),)
@@ -237,7 +270,7 @@ def _fragment_mma_kernel(
     # The weights do not depend on the previous kernel: the first trip's codes are requested before waiting
     # for it (programmatic dependent launch), and with PREFETCH each trip requests the next one's.
     codes = _load_trip(code_lane, c_first, UNROLL, ASM, BITS, LOAD0, LOAD1, LOAD2, LOAD3)
-    codes_up = _load_trip(code_lane_up, c_first, UNROLL, ASM and SWIGLU, BITS, LOAD0, LOAD1, LOAD2, LOAD3)
+    codes_up = _load_trip(code_lane_up, c_first, UNROLL, ASM and TWO, BITS, LOAD0, LOAD1, LOAD2, LOAD3)
     if PDL:
         # The next kernel may launch once every program of this one has got here, so its programs fill the SMs
         # this one's last programs leave, and request their own codes meanwhile; it waits for this one to
@@ -248,35 +281,44 @@ def _fragment_mma_kernel(
         if PREFETCH:  # the last trip requests its own codes again (cached), not past the split
             c_next = tl.minimum(c + UNROLL, c_last - UNROLL)
             codes_next = _load_trip(code_lane, c_next, UNROLL, ASM, BITS, LOAD0, LOAD1, LOAD2, LOAD3)
-            codes_up_next = _load_trip(code_lane_up, c_next, UNROLL, ASM and SWIGLU, BITS, LOAD0, LOAD1,
-                                          LOAD2, LOAD3)
+            codes_up_next = _load_trip(code_lane_up, c_next, UNROLL, ASM and TWO, BITS, LOAD0, LOAD1, LOAD2, LOAD3)
         elif c > c_first:
             codes = _load_trip(code_lane, c, UNROLL, ASM, BITS, LOAD0, LOAD1, LOAD2, LOAD3)
-            codes_up = _load_trip(code_lane_up, c, UNROLL, ASM and SWIGLU, BITS, LOAD0, LOAD1, LOAD2, LOAD3)
-        acc = _step(acc, codes, q_ptr, s_lane, x_ptr, x_lane, tile, c, g, t, tok0, M, KC, stride_xm, CPG, UNROLL, NB,
-                    BITS, DECODE_ASM, DECODE_OPERANDS, MMA_ASM, ASM)
-        if SWIGLU:  # the up rows of the same outputs: tiles N_OUT / 16 further on
-            acc_up = _step(acc_up, codes_up, q_ptr, s_lane_up, x_ptr, x_lane, tile + tiles, c, g, t, tok0, M, KC,
-                           stride_xm, CPG, UNROLL, NB, BITS, DECODE_ASM, DECODE_OPERANDS, MMA_ASM, ASM)
+            codes_up = _load_trip(code_lane_up, c, UNROLL, ASM and TWO, BITS, LOAD0, LOAD1, LOAD2, LOAD3)
+        acc, acc_up = _step(acc, acc_up, codes, codes_up, q_ptr, s_lane, s_lane_up, x_ptr, x_lane, tile,
+                            tile + slots, c, g, t, tok0, M, KC, stride_xm, CPG, UNROLL, NB, BITS, TWO, DECODE_ASM,
+                            DECODE_OPERANDS, MMA_ASM, ASM)
         if PREFETCH:
             codes = codes_next
             codes_up = codes_up_next
     pid_s = tl.program_id(1)
-    if SPLIT:
+    n_stream = slots * 16  # output columns per stream; a pair's second stream writes the second half
+    if SPLIT:  # partials [split, M, 2 * n_stream] for two streams: the second stream's at + n_stream
         for i in tl.static_range(4 * NB):
-            m_idx, n_idx, mask = _position(i, tile_out, tiles, g, t, tok0, M)
-            store_partials_at(ws_ptr, acc[i], acc_up[i], pid_s, M, m_idx, n_idx, mask, N_OUT, SWIGLU)
+            m_idx, n_idx, mask = _position(i, tile_out, slots, g, t, tok0, M)
+            store_partials_at(ws_ptr, acc[i], acc_up[i], pid_s, M, m_idx, n_idx, mask, n_stream, TWO)
         if FUSED_REDUCE:
             if last_split_arrived(cnt_ptr):
                 for i in tl.static_range(4 * NB):
-                    m_idx, n_idx, mask = _position(i, tile_out, tiles, g, t, tok0, M)
-                    y, y_up = sum_splits_at(ws_ptr, m_idx, n_idx, mask, M, N_OUT, tl.num_programs(1), SWIGLU)
-                    finish_at(y, y_up, m_idx, n_idx, mask, res_ptr, stride_rm, out_ptr, stride_om, SWIGLU, HAS_RES)
+                    m_idx, n_idx, mask = _position(i, tile_out, slots, g, t, tok0, M)
+                    y, y_up = sum_splits_at(ws_ptr, m_idx, n_idx, mask, M, n_stream, tl.num_programs(1), TWO)
+                    _finish(y, y_up, m_idx, n_idx, mask, n_stream, res_ptr, stride_rm, out_ptr, stride_om, SWIGLU,
+                            PAIR, HAS_RES)
                 reset_counter(cnt_ptr)
     else:
         for i in tl.static_range(4 * NB):
-            m_idx, n_idx, mask = _position(i, tile_out, tiles, g, t, tok0, M)
-            finish_at(acc[i], acc_up[i], m_idx, n_idx, mask, res_ptr, stride_rm, out_ptr, stride_om, SWIGLU, HAS_RES)
+            m_idx, n_idx, mask = _position(i, tile_out, slots, g, t, tok0, M)
+            _finish(acc[i], acc_up[i], m_idx, n_idx, mask, n_stream, res_ptr, stride_rm, out_ptr, stride_om, SWIGLU,
+                    PAIR, HAS_RES)
+
+
+@triton.jit
+def _finish(y, y_up, m_idx, n_idx, mask, n_stream, res_ptr, stride_rm, out_ptr, stride_om, SWIGLU: tl.constexpr,
+            PAIR: tl.constexpr, HAS_RES: tl.constexpr):
+    """The epilogue of one output (SwiGLU combines the two streams) or, for a pair of tiles, of two."""
+    finish_at(y, y_up, m_idx, n_idx, mask, res_ptr, stride_rm, out_ptr, stride_om, SWIGLU, HAS_RES)
+    if PAIR:
+        finish_at(y_up, y_up, m_idx, n_idx + n_stream, mask, res_ptr, stride_rm, out_ptr, stride_om, False, HAS_RES)
 
 
 def fragment_splits(kc: int, unroll: int, split: int) -> tuple[int, int]:
@@ -288,15 +330,20 @@ def fragment_splits(kc: int, unroll: int, split: int) -> tuple[int, int]:
 
 def launch_fragment_mma(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, res: torch.Tensor | None,
                         out: torch.Tensor, swiglu: bool, group: int, cfg: GemmConfig) -> None:
-    """Launch the fragment decode (``cfg.kind == "frag"``: ``block_m`` tokens per program (8, 16, 32 or 64),
-    ``num_warps`` tiles of 16 rows per program, ``block_k / 64`` chunks per loop trip, ``split_k``) on codes and
-    scales in the fragment layout; ``x [M, K]`` with unit stride along K, ``out [M, N_OUT]`` contiguous."""
+    """Launch the fragment decode (``cfg.kind``: ``"frag"``, or ``"frag-pair"``: two tiles per warp, one in each
+    half of the output; ``block_m`` tokens per program (8, 16, 32 or 64), ``num_warps`` warps of 16 rows (a pair
+    32) per program, ``block_k / 64`` chunks per loop trip, ``split_k``) on codes and scales in the fragment
+    layout; ``x [M, K]`` with unit stride along K, ``out [M, N_OUT]`` contiguous."""
     m, k = x.shape
     n_out = out.shape[1]
     unroll = cfg.block_k // CHUNK_COLS
     cpg = group // CHUNK_COLS
-    if group % CHUNK_COLS or unroll % cpg or k % cfg.block_k or n_out % TILE_ROWS or cfg.block_m not in (8, 16, 32, 64):
-        raise ValueError(f"frag config {cfg} does not fit K = {k}, N = {n_out}, scale group {group}")
+    pair = cfg.kind == PAIR_KIND
+    rows = 2 * TILE_ROWS if pair else TILE_ROWS
+    if (group % CHUNK_COLS or unroll % cpg or k % cfg.block_k or n_out % rows or cfg.block_m not in (8, 16, 32, 64)
+            or (pair and swiglu)):
+        raise ValueError(f"frag config {cfg} does not fit K = {k}, N = {n_out}, scale group {group}"
+                         + (", SwiGLU" if swiglu else ""))
     asm = not INTERPRET and x.dtype in (torch.bfloat16, torch.float16)
     bits = code_bits(q)
     pdl = asm and pdl_enabled(x.device)
@@ -307,14 +354,14 @@ def launch_fragment_mma(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, 
     ws = torch.empty(splits, m, n_out * (2 if swiglu else 1), dtype=torch.float32, device=x.device) \
         if splits > 1 else out
     res_arg = res if res is not None else out
-    tile_groups, token_blocks = triton.cdiv(n_out // TILE_ROWS, cfg.num_warps), triton.cdiv(m, cfg.block_m)
+    tile_groups, token_blocks = triton.cdiv(n_out // rows, cfg.num_warps), triton.cdiv(m, cfg.block_m)
     tokens_first = token_blocks > 1 and tile_groups <= 65535  # grid axis 2 holds at most 65535
     grid = (token_blocks, splits, tile_groups) if tokens_first else (tile_groups, splits, token_blocks)
     counters = tile_counters(x.device, grid[0] * grid[2]) if splits > 1 else None
     _fragment_mma_kernel[grid](
         x, q if asm else words(q), words(scales), res_arg, out, ws, counters, m, n_out, kc,
         k // group, per, x.stride(0), res_arg.stride(0), out.stride(0), CPG=cpg, SWIGLU=swiglu,
-        HAS_RES=res is not None, SPLIT=splits > 1, FUSED_REDUCE=counters is not None, NB=cfg.block_m // 8,
+        PAIR=pair, HAS_RES=res is not None, SPLIT=splits > 1, FUSED_REDUCE=counters is not None, NB=cfg.block_m // 8,
         WARPS=cfg.num_warps, UNROLL=unroll, PREFETCH=cfg.num_stages > 1, TOKENS_FIRST=tokens_first, PDL=pdl,
         ASM=asm,
         BITS=bits, num_warps=cfg.num_warps, num_stages=1, **asm_constants(x.dtype, bits),

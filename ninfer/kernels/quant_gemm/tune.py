@@ -147,7 +147,7 @@ def fragment_layout_candidates(fmt: str, m: int, n_out: int, k: int, sms: int, *
     ``docs/performance.md``), and timing it would only lengthen a cold start. A weight too large for the
     workspace (the LM head) takes the decode's favourite and the tiled GEMM's first two. :func:`graph_fallback`
     is what CUDA-graph capture runs instead of the dequantization path."""
-    decode = fragment_candidates(fmt, m, n_out, k, sms)
+    decode = fragment_candidates(fmt, m, n_out, k, sms, swiglu=swiglu)
     if m <= MMA_MAX_M:
         return decode
     if n_out * (2 if swiglu else 1) * k > DEQUANT_MAX_ELEMENTS:
@@ -217,7 +217,7 @@ def graph_candidates(fmt: str, m: int, n_out: int, k: int, sms: int, *, swiglu: 
     calls of these sizes mostly choose the dequantization path, so only the prompt-chunk graphs
     (``ninfer.runtime.chunk_graphs``) meet these keys, and their choice is what a step beside decodes costs."""
     if layout == FRAGMENTS and m > MMA_MAX_M:
-        decode = fragment_candidates(fmt, m, n_out, k, sms)
+        decode = fragment_candidates(fmt, m, n_out, k, sms, swiglu=swiglu)
         tiled = tiled_fragment_candidates(fmt, m, n_out, k, sms, swiglu=swiglu)
         fits = dequant and n_out * (2 if swiglu else 1) * k <= DEQUANT_MAX_ELEMENTS
         whole = dequant_candidates(fmt, 128)[:1] if fits else []
@@ -316,7 +316,7 @@ def mma_candidates(fmt: str, m: int, n_out: int, k: int, sms: int, *, swiglu: bo
     return out
 
 
-def fragment_candidates(fmt: str, m: int, n_out: int, k: int, sms: int) -> list[GemmConfig]:
+def fragment_candidates(fmt: str, m: int, n_out: int, k: int, sms: int, *, swiglu: bool = False) -> list[GemmConfig]:
     """Configs of the register decode (:mod:`ninfer.kernels.quant_gemm.fragment_mma`) for int4 and int8 weights in
     the fragment layout, any M (8, 16 or 32 tokens per program; more tokens take more programs, each reading the
     weight again, which the prefill sizes' dequantization path beats): ``(warps, chunks per loop trip)`` with
@@ -329,21 +329,31 @@ def fragment_candidates(fmt: str, m: int, n_out: int, k: int, sms: int) -> list[
     For 9-32 tokens also narrower programs (8 or 16 tokens; speculative rounds' verification, short prompt chunks):
     a tile's token blocks run side by side, all but the first reading its codes from L2, in programs of the decode
     sizes' register count, where 32-token programs take 100-255 registers (``perf/ptx_check.py --kinds frag --m
-    32``): 2-3 programs an SM."""
+    32``): 2-3 programs an SM. On the H200 they won only o_proj at 32 tokens (0.020 against 0.025 ms) and down by
+    3% (run 2026-12-04.17).
+
+    Without SwiGLU also pairs of tiles per warp (``kind="frag-pair"``: rows of both halves of the output): each
+    activation load then feeds the MMAs of 32 rows, as SwiGLU's gate and up tiles share theirs. A warp's
+    activations come from L1 once per tile and token block: at 32 tokens that is as many bytes through L1 as
+    the codes take from memory."""
     tokens = 8 if m <= 8 else 16 if m <= 16 else 32
-    shapes = [(tokens, warps, unroll, per_sm, stages) for stages in (2, 1)
+    shapes = [(tokens, warps, unroll, per_sm, stages, "frag") for stages in (2, 1)
               for warps, unroll in ((4, 2), (4, 4), (2, 4)) for per_sm in (8, 4, 16)]
     if m <= MMA_MAX_M:
-        shapes += [(narrow, warps, unroll, 8, 2) for narrow in (16, 8) if narrow < tokens
+        shapes += [(narrow, warps, unroll, 8, 2, "frag") for narrow in (16, 8) if narrow < tokens
                    for warps, unroll in ((4, 2), (2, 4))]
+    if not swiglu and n_out % 32 == 0:
+        shapes += [(tokens, warps, unroll, per_sm, 2, "frag-pair") for warps, unroll in ((4, 2), (2, 4))
+                   for per_sm in (8, 4)]
     out: list[GemmConfig] = []
-    for block_m, warps, unroll, per_sm, stages in shapes:
+    for block_m, warps, unroll, per_sm, stages, kind in shapes:
         bk = 64 * unroll
         if k % bk or bk % GROUPS[fmt]:
             continue
-        programs = triton.cdiv(n_out // 16, warps) * triton.cdiv(m, block_m)
+        rows = 32 if kind == "frag-pair" else 16
+        programs = triton.cdiv(n_out // rows, warps) * triton.cdiv(m, block_m)
         split = max(1, min(triton.cdiv(per_sm * sms, programs), k // bk))
-        cfg = GemmConfig(block_m, 16 * warps, bk, split, warps, stages, "frag")
+        cfg = GemmConfig(block_m, rows * warps, bk, split, warps, stages, kind)
         if cfg not in out:
             out.append(cfg)
     return out
