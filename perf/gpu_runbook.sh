@@ -47,7 +47,7 @@ profile-27b           where a 27B int4 step goes (torch.profiler by op family): 
 profile-35b-a3b       where a 35B-A3B 4-bit step goes: decode C = 1, 8k prefill in one chunk
 bench-27b-step        27B int4 engine (decode ctx 1k / 32k, C = 1 / 8, 8k prefill) and its C = 8 profile
 ncu-gemm-mma          Nsight Compute of the tensor-core int4 decode (gate/up, int4-g64 / -g128, 1 and 8 tokens)
-ncu-gemm-frag         Nsight Compute of the register decode of fragment-laid int4-g64 (gate_up and down, 1 and 8 tokens, the fastest config of each): DRAM throughput, stall reasons, occupancy
+ncu-gemm-frag         Nsight Compute of the register decode of fragment-laid int4-g64 (gate_up and down, 1 and 8 tokens or NCU_TOKENS, the fastest config of each): DRAM throughput, stall reasons, occupancy
 gpu-tests-no-stalls   nothing compiles or tunes after ready over a serving mix (int4, int4 + MTP, bf16); the 8k-chunk workspace bound at 27B widths
 startup-27b-int4      27B int4 cold and warm start-up by phase (main thread sampled every 3 s until ready), TTFT of first / second batch at C = 8 / 1, 8k / 32k prefill, ITL beside a 32k prefill, compiles after ready
 startup-27b-warm-serial  27B int4 warm start (on the caches the runbook restored) with the dry passes off (NINFER_PARALLEL_COMPILE=0), then on: is a warm start faster without them (20 s of dry passes found nothing to compile in run 2026-12-03.10), main thread sampled every 2 s
@@ -307,7 +307,7 @@ stage() {
       ;;
     ncu-gemm-frag)  # the register decode reads 61-76% of copy bandwidth at one token (run 2026-12-03.1): why
       for shape in gate_up down; do
-        for m in 1 8; do
+        for m in ${NCU_TOKENS:-1 8}; do  # NCU_TOKENS=32: the prompt-chunk graphs' and verification's size
           i=$(timeout 90 python3 perf/ncu_gemm.py --shape $shape --format int4-g64 --m $m --path frag --best 2>> "$LOG")
           part 100 ncu --clock-control none -k regex:_fragment_mma_kernel --launch-skip 2 --launch-count 1 \
             --section SpeedOfLight --section WarpStateStats --section InstructionStats \
