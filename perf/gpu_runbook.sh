@@ -367,7 +367,7 @@ stage() {
       done
       ;;
     itl-small-chunks)  # the 128-token graph step stays at 6.2x TPOT (run 2026-12-04.11): what smaller chunks give
-      for budget in 64 32; do
+      for budget in ${ITL_BUDGETS:-64 32}; do  # ITL_BUDGETS=16: other chunk lengths
         NINFER_CHUNK_GRAPHS=1 part 170 python3 perf/bench_startup.py --shape 27b --recipe int4 --modes warm \
           --prefill --ttft-lanes 1 --while-decoding $budget --child-timeout 160 --budget 165
       done
