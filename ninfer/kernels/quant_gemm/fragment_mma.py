@@ -14,6 +14,10 @@ streams the bytes 80-92%). Here the weights go from global memory straight into 
   (int8: twice that many) 16-byte loads in flight per lane and weight stream (SwiGLU has two: the gate and the up tile of the same
   outputs). Each scale group's products accumulate in fp32 from zero and are scaled once (fp32), as the
   reference does per group.
+* A warp may hold two weight streams that share each activation load: SwiGLU's gate and up tiles of the same
+  outputs, or (``kind="frag-pair"``) a tile in each half of the output. At 32 tokens a warp reads as many
+  activation bytes from L1 as code bytes from memory; pairs gained 5-9% there on some shapes, nothing at 1-8
+  tokens (run 2026-12-04.18).
 * Fewer instructions did not make it faster: a decode without the ``fma`` (the codes' offset subtracted per
   group through MMAs of ones: 1.66 instead of 1.96 SASS instructions per int4 weight) ran 7-12% slower on the H200
   (run 2026-12-03.1, ``docs/performance.md``).

@@ -61,7 +61,7 @@ class GemmConfig:
     # (M <= 32, block_m = tokens per program); "dequant": dequant's whole-weight dequantization
     # (block_n x block_k tiles) + cuBLAS (M > 16); "frag": fragment_mma's register decode of int4 / int8 weights
     # or int8 weights in the fragment layout (block_m tokens per program, block_n = 16 * num_warps rows, block_k / 64 chunks
-    # per loop trip); "frag-tiled" / "frag-tiled-codes": fragment_tiled's tl.dot GEMM over the same layout at prefill
+    # per loop trip); "frag-pair": the same with two tiles per warp, one in each half of the output (32 * num_warps rows); "frag-tiled" / "frag-tiled-codes": fragment_tiled's tl.dot GEMM over the same layout at prefill
     # sizes (block_m tokens x block_n rows per program, block_k = one 64-column chunk per step; weights scaled before
     # the MMA / exact codes into it and the scale on its product)
     kind: str = "dot"
