@@ -17,10 +17,19 @@ time per token).
 The model is linear in the prompt tokens. Where a step beside decodes pays a fixed cost for having any (a
 GEMM path that re-reads every weight per chunk, decode rows run as a forward of their own), the cost per token
 it measures grows as the chunk shrinks; a bound below that fixed cost cannot be met by chunking, and the
-budget then settles at its floor, :data:`LEAST_TOKENS` a step. Where the engine replays a prompt-chunk graph
-(:mod:`ninfer.runtime.chunk_graphs`) the floor is the graph's length: a shorter chunk runs eagerly, and an eager
-step beside decodes costs more than the graph's whole step (27B ``int4``, H200, 128 tokens beside 4 decodes:
-p50 72 ms eagerly, 52 ms replayed; run 2026-12-04.3).
+budget then settles at its floor, :data:`LEAST_TOKENS` a step.
+
+Where the engine replays a prompt-chunk graph (:mod:`ninfer.runtime.chunk_graphs`) only chunks of the graph's
+length replay; any other runs eagerly, and an eager step beside decodes costs far more than its tokens say
+(27B ``int4``, H200: 100-150 ms for any chunk up to a few hundred tokens, against 21 ms for the 16-token graph's
+step, run 2026-12-04.22). One cost per token over both kinds would keep trying a few tokens more than the graph
+holds, each try an eager step far over the bound. So the two are measured apart: the graph's step (its cost per
+token serves as a first guess), and eager steps' cost per token. The budget is the graph's length unless the
+eager cost, or before any eager step the graph's own, says a longer chunk fits; an eager chunk is first tried only
+where the bound leaves room for :data:`EXPLORE_GRAPH_STEPS` graph steps, and after an eager step over the bound
+the next :data:`GRAPH_AFTER_MISS` steps beside decodes stay at the graph's length (a linear cost per token
+cannot see an eager step's fixed cost, so shrinking the eager chunk would take many steps over the bound). A
+bound that eager steps cannot meet thus costs one step over it per that many steps.
 """
 from __future__ import annotations
 
@@ -28,6 +37,8 @@ import re
 from dataclasses import dataclass
 
 LEAST_TOKENS = 32  # a step always makes some progress on the prompt, whatever the bound
+EXPLORE_GRAPH_STEPS = 4  # with a chunk graph, an eager chunk is tried only where this many graph steps would fit
+GRAPH_AFTER_MISS = 256  # steps beside decodes at the graph's length after an eager one over the bound
 SMOOTHING = 0.25  # weight of the newest step in the moving averages
 _BOUND = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|x)\s*$")
 
@@ -78,7 +89,10 @@ class StallBudget:
         self.bound, self.initial, self.most = bound, min(initial, most), most
         self.least = min(LEAST_TOKENS, most)
         self.decode_s: float | None = None  # a step that only decodes
-        self.token_s: float | None = None  # one prompt token's share of a step beside decodes
+        self.token_s: float | None = None  # one prompt token's share of an (eager) step beside decodes
+        self.graph_tokens = 0  # the chunk length the engine replays from a graph (0: none)
+        self.graph_s: float | None = None  # what such a replayed chunk adds to a step beside decodes
+        self.graph_only = 0  # steps beside decodes left at the graph's length (after an eager step over the bound)
 
     def observe(self, seconds: float, prefill_tokens: int, decode_rows: int) -> None:
         """A step's wall time, its prompt tokens and its decoding sequences. Steps with nothing decoding stall
@@ -88,19 +102,49 @@ class StallBudget:
         if prefill_tokens == 0:
             self.decode_s = _average(self.decode_s, seconds)
         elif self.decode_s is not None:
-            self.token_s = _average(self.token_s, max(seconds - self.decode_s, 0.0) / prefill_tokens)
+            extra = max(seconds - self.decode_s, 0.0)
+            if prefill_tokens == self.graph_tokens:
+                self.graph_s = _average(self.graph_s, extra)
+                self.graph_only = max(self.graph_only - 1, 0)
+            elif prefill_tokens < self.graph_tokens:
+                return  # a prompt's last, short chunk (eager): no budget chose it, its fixed cost would mislead
+            else:
+                self.token_s = _average(self.token_s, extra / prefill_tokens)
+                if self.graph_tokens and seconds > self.bound.limit(self.decode_s):
+                    self.graph_only = GRAPH_AFTER_MISS
 
     def replays_chunks_of(self, tokens: int) -> None:
-        """The engine replays a graph for chunks of ``tokens``: never plan fewer (they would run eagerly)."""
+        """The engine replays a graph for chunks of ``tokens``: never plan fewer (they would run eagerly), and plan
+        more only where eager steps are measured, or expected, to fit."""
         self.least = min(max(self.least, tokens), self.most)
+        self.graph_tokens = min(tokens, self.most)
 
     def tokens(self) -> int:
+        if self.graph_tokens and self.decode_s is not None:
+            return self._beside_graph(self.bound.limit(self.decode_s) - self.decode_s)
         if self.decode_s is None or self.token_s is None:
             return self.initial
         room = self.bound.limit(self.decode_s) - self.decode_s
         if self.token_s == 0:
             return self.most
         return int(min(max(room / self.token_s, self.least), self.most))
+
+
+    def _beside_graph(self, room: float) -> int:
+        """The budget with a chunk graph, given the bound's room beside the decode step: the graph's length, or an
+        eager chunk that the measured eager cost per token (before any eager step: the graph's, where the room
+        holds several graph steps) says fits."""
+        if self.graph_only:
+            return self.graph_tokens
+        per_token = self.token_s
+        if per_token is None:
+            if self.graph_s is None:
+                return self.initial
+            if room < EXPLORE_GRAPH_STEPS * self.graph_s:
+                return self.graph_tokens
+            per_token = self.graph_s / self.graph_tokens
+        fits = room / per_token if per_token > 0 else self.most
+        return int(min(fits, self.most)) if fits > self.graph_tokens else self.graph_tokens
 
 
 def _average(mean: float | None, value: float) -> float:

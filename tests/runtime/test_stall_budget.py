@@ -6,7 +6,7 @@ import pytest
 
 import ninfer
 from ninfer.runtime.options import OptionError
-from ninfer.runtime.stall_budget import LEAST_TOKENS, StallBound, StallBudget
+from ninfer.runtime.stall_budget import GRAPH_AFTER_MISS, LEAST_TOKENS, StallBound, StallBudget
 from tiny_checkpoints import TinyCheckpoint
 
 
@@ -65,6 +65,42 @@ def test_a_chunk_graph_raises_the_floor_to_its_length() -> None:
     small = StallBudget(StallBound.parse("3x"), initial=64, most=100)
     small.replays_chunks_of(256)
     assert small.least == 100
+
+
+def _simulate_graph(bound: str, graph: int, steps: int) -> list[tuple[int, float]]:
+    """The 27B int4 on the H200 beside 4 decodes (run 2026-12-04.22): an 8.5 ms decode step, a replayed
+    ``graph``-token chunk adds 12.5 ms, an eager chunk of n tokens 100 ms + 0.15 ms a token. (budget, step s)."""
+    budget = StallBudget(StallBound.parse(bound), initial=graph, most=8192)
+    budget.replays_chunks_of(graph)
+    for _ in range(3):
+        budget.observe(0.0085, 0, 4)
+    out = []
+    for _ in range(steps):
+        n = budget.tokens()
+        seconds = 0.0085 + (0.0125 if n == graph else 0.1 + 0.00015 * n)
+        out.append((n, seconds))
+        budget.observe(seconds, n, 4)
+    return out
+
+
+def test_beside_a_chunk_graph_eager_steps_are_costed_apart() -> None:
+    """Eager chunks cost a fixed ~100 ms whatever their length, a replayed one 12.5 ms for its 16 tokens. A bound
+    the graph meets (3x) keeps every step at the graph's length (one cost per token over both kinds kept trying a
+    few tokens more, each an eager step 5x over the bound), also for a graph shorter than LEAST_TOKENS; a bound
+    eager steps cannot meet (100 ms) is exceeded once per GRAPH_AFTER_MISS steps; a loose one (1 s) grows the
+    chunks to it."""
+    tight = _simulate_graph("3x", 16, 40)
+    assert {n for n, _ in tight} == {16} and max(s for _, s in tight) <= 3 * 0.0085
+    mid = _simulate_graph("100ms", 16, GRAPH_AFTER_MISS + 10)
+    assert [s > 0.1 for _, s in mid].count(True) == 2 and [n for n, _ in mid[-7:]] == [16] * 7
+    loose = _simulate_graph("1000ms", 16, 40)
+    assert loose[-1][0] > 1000 and all(s <= 1.0 + 1e-9 for _, s in loose[2:])
+    budget = StallBudget(StallBound.parse("1000ms"), initial=16, most=8192)
+    budget.replays_chunks_of(16)
+    budget.observe(0.0085, 0, 4)
+    budget.observe(0.0085 + 0.0125, 16, 4)
+    budget.observe(0.0085 + 0.1, 3, 4)  # a prompt's eager 3-token tail says nothing about eager chunks
+    assert budget.token_s is None and budget.tokens() > 1000
 
 
 def test_steps_without_decodes_say_nothing() -> None:
