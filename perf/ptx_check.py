@@ -207,7 +207,8 @@ def compile_frag(cfg, group: int, swiglu: bool, arch: int, bits: int = 4):
            "ws_ptr": "*fp32", "cnt_ptr": "*i32", **dict.fromkeys(("M", "N_OUT", "KC", "NG", "chunks_per_split",
                                                                     "stride_xm", "stride_rm", "stride_om"), "i32")}
     split = cfg.split_k > 1
-    consts = dict(CPG=group // 64, SWIGLU=swiglu, PAIR=cfg.kind == fragment_mma.PAIR_KIND, HAS_RES=False, SPLIT=split, FUSED_REDUCE=split,
+    pair = cfg.kind == fragment_mma.PAIR_KIND
+    consts = dict(CPG=group // 64, SWIGLU=swiglu, PAIR=pair, HAS_RES=False, SPLIT=split, FUSED_REDUCE=split,
                   NB=cfg.block_m // 8, WARPS=cfg.num_warps, UNROLL=cfg.block_k // 64, PREFETCH=cfg.num_stages > 1,
                   TOKENS_FIRST=False, PDL=arch >= 90, ASM=True, BITS=bits,
                   **fragment_mma.asm_constants(torch.bfloat16, bits))

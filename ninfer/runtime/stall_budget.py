@@ -120,15 +120,16 @@ class StallBudget:
         self.graph_tokens = min(tokens, self.most)
 
     def tokens(self) -> int:
-        if self.graph_tokens and self.decode_s is not None:
-            return self._beside_graph(self.bound.limit(self.decode_s) - self.decode_s)
-        if self.decode_s is None or self.token_s is None:
+        if self.decode_s is None:
             return self.initial
         room = self.bound.limit(self.decode_s) - self.decode_s
+        if self.graph_tokens:
+            return self._beside_graph(room)
+        if self.token_s is None:
+            return self.initial
         if self.token_s == 0:
             return self.most
         return int(min(max(room / self.token_s, self.least), self.most))
-
 
     def _beside_graph(self, room: float) -> int:
         """The budget with a chunk graph, given the bound's room beside the decode step: the graph's length, or an

@@ -49,13 +49,13 @@ import triton
 from ninfer.kernels.dispatch import capturing, use_triton
 from ninfer.kernels.quant_gemm.common import FMT_CODES, kernel_tensors, split_finish_kernel
 from ninfer.kernels.quant_gemm.dequant import graph_workspace_fits, launch_dequant_gemm
-from ninfer.kernels.quant_gemm.fragment_mma import PAIR_KIND, launch_fragment_mma
+from ninfer.kernels.quant_gemm.fragment_mma import launch_fragment_mma
 from ninfer.kernels.quant_gemm.fragment_tiled import launch_fragment_tiled
 from ninfer.kernels.quant_gemm.fragments import FRAGMENTS
 from ninfer.kernels.quant_gemm.gemm import quant_gemm_kernel
 from ninfer.kernels.quant_gemm.gemv import launch_gemv
 from ninfer.kernels.quant_gemm.gemv_mma import launch_gemv_mma
-from ninfer.kernels.quant_gemm.tune import GemmConfig, graph_fallback, kernel_params, select_config, sm_count
+from ninfer.kernels.quant_gemm.tune import PAIR_KIND, GemmConfig, graph_fallback, kernel_params, select_config, sm_count
 from ninfer.kernels.quant_gemm.weights import QuantizedTensor
 
 def quant_matmul_reference(x: torch.Tensor, w: QuantizedTensor, residual: torch.Tensor | None = None,

@@ -62,9 +62,7 @@ from ninfer.kernels.quant_gemm.gemv_steps import (
     store_partials_at,
     sum_splits_at,
 )
-from ninfer.kernels.quant_gemm.tune import GemmConfig
-
-PAIR_KIND = "frag-pair"
+from ninfer.kernels.quant_gemm.tune import PAIR_KIND, GemmConfig
 
 # Activation loads at a chunk's constant offset from the loop trip's address (folded into the instruction, no
 # address arithmetic per chunk).

@@ -46,6 +46,7 @@ WIDE_FRAG_TOKENS = 64  # tokens per program of the register decode's prefill-siz
 # Qwen3.5-27B fits (gate_up 34816 x 5120 = 356 MB); the 248320 x 5120 LM head (2.5 GB) does not.
 DEQUANT_MAX_ELEMENTS = 256 << 20
 TABLE = "quant_gemm"  # the tuner state's and the disk cache's table of these choices
+PAIR_KIND = "frag-pair"  # the register decode with two 16-row tiles per warp (fragment_candidates)
 
 
 @dataclass(frozen=True)
@@ -60,9 +61,10 @@ class GemmConfig:
     # words): gemv's decode GEMV (M <= 8); "gemv-mma": gemv_mma's int4 decode on tensor cores
     # (M <= 32, block_m = tokens per program); "dequant": dequant's whole-weight dequantization
     # (block_n x block_k tiles) + cuBLAS (M > 16); "frag": fragment_mma's register decode of int4 / int8 weights
-    # or int8 weights in the fragment layout (block_m tokens per program, block_n = 16 * num_warps rows, block_k / 64 chunks
-    # per loop trip); "frag-pair": the same with two tiles per warp, one in each half of the output (32 * num_warps rows); "frag-tiled" / "frag-tiled-codes": fragment_tiled's tl.dot GEMM over the same layout at prefill
-    # sizes (block_m tokens x block_n rows per program, block_k = one 64-column chunk per step; weights scaled before
+    # or int8 weights in the fragment layout (block_m tokens per program, block_n = 16 * num_warps rows, block_k / 64
+    # chunks per loop trip); PAIR_KIND ("frag-pair"): the same with two tiles per warp, one in each half of the output
+    # (32 * num_warps rows); "frag-tiled" / "frag-tiled-codes": fragment_tiled's tl.dot GEMM over the same layout at
+    # prefill sizes (block_m tokens x block_n rows per program, block_k = one 64-column chunk per step; weights scaled before
     # the MMA / exact codes into it and the scale on its product)
     kind: str = "dot"
     # "gemv-mma" only: Triton's ``maxnreg`` (registers per thread; fewer let more programs share an SM,
@@ -343,14 +345,14 @@ def fragment_candidates(fmt: str, m: int, n_out: int, k: int, sms: int, *, swigl
         shapes += [(narrow, warps, unroll, 8, 2, "frag") for narrow in (16, 8) if narrow < tokens
                    for warps, unroll in ((4, 2), (2, 4))]
     if not swiglu and n_out % 32 == 0:
-        shapes += [(tokens, warps, unroll, per_sm, 2, "frag-pair") for warps, unroll in ((4, 2), (2, 4))
+        shapes += [(tokens, warps, unroll, per_sm, 2, PAIR_KIND) for warps, unroll in ((4, 2), (2, 4))
                    for per_sm in (8, 4)]
     out: list[GemmConfig] = []
     for block_m, warps, unroll, per_sm, stages, kind in shapes:
         bk = 64 * unroll
         if k % bk or bk % GROUPS[fmt]:
             continue
-        rows = 32 if kind == "frag-pair" else 16
+        rows = 32 if kind == PAIR_KIND else 16
         programs = triton.cdiv(n_out // rows, warps) * triton.cdiv(m, block_m)
         split = max(1, min(triton.cdiv(per_sm * sms, programs), k // bk))
         cfg = GemmConfig(block_m, rows * warps, bk, split, warps, stages, kind)
