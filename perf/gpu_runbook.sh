@@ -45,9 +45,11 @@ prefix-cache-27b      pinned host copies; prefix cache at 64k / 20 agent turns (
 vision-27b            27B ViT encode vs transformers, preprocessing, TTFT with an image / a video
 profile-27b           where a 27B int4 step goes (torch.profiler by op family): decode C = 1 / 8, 8k prefill in one chunk
 profile-35b-a3b       where a 35B-A3B 4-bit step goes: decode C = 1, 8k prefill in one chunk
+profile-35b-decode    the 35B-A3B 4-bit decode step kernel by kernel (top 45 at C = 1, top 30 at C = 8): what its launches are
 bench-27b-step        27B int4 engine (decode ctx 1k / 32k, C = 1 / 8, 8k prefill) and its C = 8 profile
 ncu-gemm-mma          Nsight Compute of the tensor-core int4 decode (gate/up, int4-g64 / -g128, 1 and 8 tokens)
 ncu-gemm-frag         Nsight Compute of the register decode of fragment-laid int4-g64 (gate_up and down, 1 and 8 tokens or NCU_TOKENS, the fastest config of each): DRAM throughput, stall reasons, occupancy
+gpu-tests-fragments-model  the whole int4 model over fragment-laid weights on the GPU (tests/gpu/test_fragments_model_gpu.py)
 gpu-tests-no-stalls   nothing compiles or tunes after ready over a serving mix (int4, int4 + MTP, bf16); the 8k-chunk workspace bound at 27B widths
 startup-27b-int4      27B int4 cold and warm start-up by phase (main thread sampled every 3 s until ready), TTFT of first / second batch at C = 8 / 1, 8k / 32k prefill, ITL beside a 32k prefill, compiles after ready
 startup-27b-warm-serial  27B int4 warm start (on the caches the runbook restored) with the dry passes off (NINFER_PARALLEL_COMPILE=0), then on: is a warm start faster without them (20 s of dry passes found nothing to compile in run 2026-12-03.10), main thread sampled every 2 s
@@ -269,10 +271,17 @@ stage() {
       part 110 python3 perf/profile_step.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4
       part 240 python3 perf/profile_step.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --prefill 8192 --chunk 8192
       ;;
+    profile-35b-decode)
+      part 150 python3 perf/profile_step.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --top 45
+      part 150 python3 perf/profile_step.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --lanes 8 --top 30
+      ;;
     bench-27b-step)
       part 150 python3 perf/bench_engine.py --shape 27b --recipe int4 --contexts 1024 32768 --lanes 1 8 --steps 12 \
         --chunk 8192 --prefill 8192
       part 120 python3 perf/profile_step.py --shape 27b --recipe int4 --lanes 8
+      ;;
+    gpu-tests-fragments-model)
+      gpu_tests 270 fragments_model_gpu
       ;;
     gpu-tests-no-stalls)  # autotuning on: the mix must meet no kernel key that warm-up left out
       gpu_tests 500 no_stalls -s
