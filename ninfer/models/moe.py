@@ -48,8 +48,8 @@ class SparseMoeBlock(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         router_logits, shared_logit = self._router_logits(x)
         weights, ids = route_topk(router_logits, self.top_k)
-        routed = moe_experts(x, _stack(self.experts.gate_up_proj), _stack(self.experts.down_proj), weights, ids)
-        return routed + torch.sigmoid(shared_logit) * self.shared_expert(x)
+        shared = (self.shared_expert(x), shared_logit)  # routed + sigmoid(logit) * shared, summed by the combine
+        return moe_experts(x, _stack(self.experts.gate_up_proj), _stack(self.experts.down_proj), weights, ids, shared)
 
     def _router_logits(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Router logits ``[T, E]`` and the shared expert's gate logit ``[T, 1]``: on CUDA one GEMM over

@@ -94,6 +94,28 @@ def test_repeated_experts_and_int32_ids(n: int) -> None:
     assert _err(got, ref) < TOL[torch.float32]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_gated_shared_expert_in_the_combine(dtype: torch.dtype) -> None:
+    """The combine adds ``sigmoid(logit) * shared``: the logit a strided column (the router's last), rounded where
+    the unfused ops round; and a shared output of the wrong shape is refused."""
+    n = 5
+    gate_up, down = _experts(dtype, seed=7)
+    weights, ids = _routing(n, dtype, seed=8)
+    x = torch.randn(n, H).to(dtype)
+    shared_out = torch.randn(n, H).to(dtype)
+    logit = (torch.randn(n, E + 1) * 3).to(dtype)[:, E:]
+    got = moe_experts_triton(x, gate_up, down, weights, ids, shared=(shared_out, logit))
+    routed = moe_experts_triton(x, gate_up, down, weights, ids)
+    unfused = routed + torch.sigmoid(logit) * shared_out
+    assert got.shape == (n, H) and torch.isfinite(got).all()
+    torch.testing.assert_close(got, unfused, atol=TOL[dtype], rtol=TOL[dtype])
+    ref = moe_experts_reference(x.float(), gate_up.float(), down.float(), weights.float(), ids,
+                                (shared_out.float(), logit.float()))
+    assert _err(got, ref) < TOL[dtype]
+    with pytest.raises(ValueError, match="shared expert output"):
+        moe_experts_triton(x, gate_up, down, weights, ids, shared=(shared_out[:, :H // 2], logit))
+
+
 def test_mixed_weight_dtype() -> None:
     """fp16 experts under fp32 activations are converted in registers."""
     n = 3

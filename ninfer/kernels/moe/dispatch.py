@@ -25,12 +25,14 @@ def _expert(w: Weight, expert: int, dtype: torch.dtype) -> torch.Tensor:
 
 
 def moe_experts_reference(
-    x: torch.Tensor, gate_up: Weight, down: Weight, weights: torch.Tensor, ids: torch.Tensor
+    x: torch.Tensor, gate_up: Weight, down: Weight, weights: torch.Tensor, ids: torch.Tensor,
+    shared: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """``sum_j weights[:, j] * down[e] @ swiglu(gate_up[e] @ x)`` with ``e = ids[:, j]``.
 
     ``gate_up [E, 2I, H]`` (gate rows first), ``down [E, H, I]``, float or quantized; accumulated
-    in x's dtype, one expert at a time, as transformers does.
+    in x's dtype, one expert at a time, as transformers does. ``shared``: a gated shared expert's
+    ``(output, gate logit)``; the result is then ``routed + sigmoid(logit) * output`` (in x's dtype, op by op).
     """
     out = torch.zeros_like(x)
     for expert in ids.unique().tolist():
@@ -38,6 +40,8 @@ def moe_experts_reference(
         gate, up = F.linear(x[token_idx], _expert(gate_up, expert, x.dtype)).chunk(2, dim=-1)
         y = F.linear(F.silu(gate) * up, _expert(down, expert, x.dtype)) * weights[token_idx, pos, None]
         out.index_add_(0, token_idx, y.to(out.dtype))
+    if shared is not None:
+        out = out + torch.sigmoid(shared[1]) * shared[0]
     return out
 
 
@@ -48,9 +52,11 @@ def _triton_reads(w: Weight) -> bool:
 
 
 def moe_experts(
-    x: torch.Tensor, gate_up: Weight, down: Weight, weights: torch.Tensor, ids: torch.Tensor
+    x: torch.Tensor, gate_up: Weight, down: Weight, weights: torch.Tensor, ids: torch.Tensor,
+    shared: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
-    """Routed experts; ``gate_up`` and ``down`` are float stacks or quantized ones (any mix)."""
+    """Routed experts; ``gate_up`` and ``down`` are float stacks or quantized ones (any mix). ``shared``: a gated
+    shared expert's ``(output, gate logit)``, added in the combine's launch on CUDA."""
     if use_triton(x) and x.dim() == 2 and _triton_reads(gate_up) and _triton_reads(down):
-        return moe_experts_triton(x, gate_up, down, weights, ids)
-    return moe_experts_reference(x, gate_up, down, weights, ids)
+        return moe_experts_triton(x, gate_up, down, weights, ids, shared=shared)
+    return moe_experts_reference(x, gate_up, down, weights, ids, shared)

@@ -12,7 +12,8 @@
 3. down GEMM: the same walk over ``down [E, H, I]`` reading ``inter``, times the pair's routing
    weight, written to ``y [N*k, H]`` (x's dtype);
 4. combine: ``out[t] = sum_j y[t*k + j]`` in fp32, one program per token and column block. A
-   separate reduce instead of atomics keeps the result deterministic and needs no zeroed buffer.
+   separate reduce instead of atomics keeps the result deterministic and needs no zeroed buffer. A gated
+   shared expert's ``sigmoid(logit) * output`` is added here too (three torch launches fewer per MoE layer).
 
 Grids are sized from the upper bound of row blocks (CUDA-graph safe); blocks past the padded
 total read ``-1`` as their expert and return at once, and experts without tokens own no block,
@@ -181,14 +182,24 @@ _gemm_direct = ninfer_autotune(configs=autotune_configs(_SKINNY), key=_KEY, name
 
 
 @triton.jit
-def _combine_kernel(y_ptr, out_ptr, H, TOPK: tl.constexpr, K_BLOCK: tl.constexpr, BLOCK: tl.constexpr):
-    """``out[t, cols] = sum_j y[t * TOPK + j, cols]`` in fp32."""
+def _combine_kernel(y_ptr, out_ptr, shared_ptr, logit_ptr, H, stride_sm, stride_lm, TOPK: tl.constexpr,
+                    K_BLOCK: tl.constexpr, BLOCK: tl.constexpr, SHARED: tl.constexpr):
+    """``out[t, cols] = sum_j y[t * TOPK + j, cols]`` in fp32; with ``SHARED``, plus ``sigmoid(logit[t]) *
+    shared[t, cols]``, rounded to the output dtype where the unfused torch ops round (the routed sum, the gate,
+    the product, the sum)."""
     t = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     slots = tl.arange(0, K_BLOCK)
     mask = (slots < TOPK)[:, None] & (cols < H)[None, :]
     y = tl.load(y_ptr + (t * TOPK + slots)[:, None] * H + cols[None, :], mask=mask, other=0.0)
-    tl.store(out_ptr + t * H + cols, tl.sum(y.to(tl.float32), axis=0).to(out_ptr.dtype.element_ty), mask=cols < H)
+    dt = out_ptr.dtype.element_ty
+    out = tl.sum(y.to(tl.float32), axis=0).to(dt)
+    if SHARED:
+        logit = tl.load(logit_ptr + t * stride_lm).to(tl.float32)
+        gate = tl.sigmoid(logit).to(dt)
+        shared = tl.load(shared_ptr + t * stride_sm + cols, mask=cols < H, other=0.0)
+        out = (out.to(tl.float32) + (gate.to(tl.float32) * shared.to(tl.float32)).to(dt).to(tl.float32)).to(dt)
+    tl.store(out_ptr + t * H + cols, out, mask=cols < H)
 
 
 def block_m_for(pairs: int, num_experts: int) -> int:
@@ -196,14 +207,16 @@ def block_m_for(pairs: int, num_experts: int) -> int:
 
 
 def moe_experts_triton(x: torch.Tensor, gate_up: Weight, down: Weight, weights: torch.Tensor,
-                       ids: torch.Tensor, *, path: str | GemmConfig | None = None) -> torch.Tensor:
+                       ids: torch.Tensor, *, path: str | GemmConfig | None = None,
+                       shared: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """Triton ``moe_experts_reference``: ``x [N, H]``, ``gate_up [E, 2I, H]`` (gate rows first),
     ``down [E, H, I]``, ``weights [N, k]``, ``ids [N, k]`` (int32/int64, in [0, E)). Each expert
     stack is a float tensor (fp32/fp16/bf16, converted to x's dtype in registers) or a
     :class:`QuantizedTensor` in any format of the quantized GEMM (dequantized in the K loop, see
     :mod:`ninfer.kernels.moe.quant_gemm`); returns ``[N, H]`` in x's dtype. ``path`` picks the
     quantized stacks' kernels (``launch_quant_experts``: auto, dot, gemv or a config; float stacks
-    ignore it)."""
+    ignore it). ``shared``: a gated shared expert's ``(output [N, H], gate logit [N, 1])``, added by the combine
+    as ``sigmoid(logit) * output`` (:func:`ninfer.kernels.moe.dispatch.moe_experts_reference` defines it)."""
     n, h = x.shape
     e, two_i, hk = gate_up.shape
     inter_size = two_i // 2
@@ -224,8 +237,13 @@ def moe_experts_triton(x: torch.Tensor, gate_up: Weight, down: Weight, weights: 
     _launch(rows, x, gate_up, inter, rw, a_div=top_k, swiglu=True, path=path)
     _launch(rows, inter, down, y, rw, a_div=1, swiglu=False, path=path)
     block = min(1024, triton.next_power_of_2(h))
-    _combine_kernel[(n, triton.cdiv(h, block))](y, out, h, TOPK=top_k, K_BLOCK=triton.next_power_of_2(top_k),
-                                               BLOCK=block, num_warps=4)
+    s_out, logit = shared if shared is not None else (out, out)
+    if shared is not None and (s_out.shape != x.shape or s_out.stride(1) != 1 or logit.shape != (n, 1)):
+        raise ValueError(f"shared expert output {list(s_out.shape)} and gate logit {list(logit.shape)} must be "
+                         f"[{n}, {h}] (unit stride along H) and [{n}, 1]")
+    _combine_kernel[(n, triton.cdiv(h, block))](y, out, s_out, logit, h, s_out.stride(0), logit.stride(0),
+                                               TOPK=top_k, K_BLOCK=triton.next_power_of_2(top_k), BLOCK=block,
+                                               SHARED=shared is not None, num_warps=4)
     return out
 
 
