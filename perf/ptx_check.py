@@ -5,6 +5,7 @@
     python perf/ptx_check.py --kinds gemv-mma --formats int4-g64,int4-g128 [--m 1|16|32] [--arch 120]
     python perf/ptx_check.py --kinds frag --formats int4-g128 [--m 1|16|32] [--arch 120]
     python perf/ptx_check.py --kinds frag-tiled --formats int4-g64,int8-g64 --m 128 [--arch 120]
+    python perf/ptx_check.py --kinds expert-mma --formats int4-g64 [--arch 120]
 
 For each kernel, format and candidate config: shared memory and the global loads of the PTX
 (``ld.global.v4.b32`` = 16-byte vectors; ``ld.global.b8`` = one byte each), and the async copies of
@@ -43,6 +44,8 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from ninfer.kernels.attention import prefill as attention_prefill  # noqa: E402
 from ninfer.kernels.moe import quant_gemv as moe_quant_gemv  # noqa: E402
+from ninfer.kernels.moe import quant_mma as moe_quant_mma  # noqa: E402
+from ninfer.kernels.quant_gemm.fragment_ptx import mma_asm, row_major_decode_asm  # noqa: E402
 from ninfer.kernels.quant_gemm import dequant as quant_dequant  # noqa: E402
 from ninfer.kernels.quant_gemm import fragment_mma  # noqa: E402
 from ninfer.kernels.quant_gemm import fragment_tiled  # noqa: E402
@@ -135,6 +138,40 @@ def moe_gemv(fmt: str, arch: int, sms: int) -> None:
                     print(f"{head} | {describe(compile_moe_gemv(fmt, cfg, swiglu, arch))}", flush=True)
                 except Exception as err:  # noqa: BLE001
                     print(f"{head}: FAILED {type(err).__name__}: {str(err).splitlines()[0][:200]}", flush=True)
+
+
+def compile_expert_mma(fmt: str, cfg, swiglu: bool, arch: int):
+    """moe_quant_mma's register decode of int4 expert stacks (bf16 activations), split-K fused where split."""
+    strides = ("stride_xm", "stride_qe", "stride_qn", "stride_se", "stride_sn", "stride_om")
+    sig = {"x_ptr": "*bf16", "q_ptr": "*u8", "s_ptr": "*fp16", "rw_ptr": "*bf16", "out_ptr": "*bf16",
+           "ws_ptr": "*fp32", "cnt_ptr": "*i32", "ids_ptr": "*i64",
+           **dict.fromkeys(("NK", "N_OUT", "a_div", "chunks_per_split", "KC", *strides), "i32")}
+    split = cfg.split_k > 1
+    consts = dict(CPG=int(fmt.split("-g")[1]) // 64, SWIGLU=swiglu, SPLIT=split, FUSED_REDUCE=split,
+                  WARPS=cfg.num_warps, UNROLL=cfg.block_k // 64, PREFETCH=cfg.num_stages > 1, PAIRS_BLOCK=64,
+                  DECODE_ASM=row_major_decode_asm("bf16"), DECODE_OPERANDS="=r," * 16 + "r,r,r,r",
+                  MMA_ASM=mma_asm("bf16"), ASM=True)
+    sig.update(dict.fromkeys(consts, "constexpr"))
+    names = list(sig)
+    aligned = [n for n in names if n.endswith("_ptr") or n in ("N_OUT", "KC", *strides)]
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned}
+    return triton.compile(ASTSource(moe_quant_mma._expert_mma_kernel, sig, consts, attrs),
+                          target=GPUTarget("cuda", arch, 32), options={"num_warps": cfg.num_warps, "num_stages": 1})
+
+
+def expert_mma(fmt: str, arch: int, sms: int) -> None:
+    for name, n_out, k, swiglu in (("gate_up", 512, 2048, True), ("down", 2048, 512, False)):
+        for cfg in moe_quant_mma.expert_mma_candidates(fmt, 8, n_out, k, sms):
+            head = (f"{fmt:9s} expert-mma-{name:7s} warps={cfg.num_warps} chunks/trip={cfg.block_k // 64} "
+                    f"split={cfg.split_k:<3d} stages={cfg.num_stages}")
+            try:
+                kernel = compile_expert_mma(fmt, cfg, swiglu, arch)
+                per_thread = 16 * cfg.block_k * (2 if swiglu else 1) / 32
+                sass = loop_sass(kernel)
+                print(f"{head} | {resources(kernel, arch)} | {len(sass) / per_thread:.2f} SASS instructions per "
+                      f"weight in the K loop, {code_loads_at(sass)}", flush=True)
+            except Exception as err:  # noqa: BLE001
+                print(f"{head}: FAILED {type(err).__name__}: {str(err).splitlines()[0][:200]}", flush=True)
 
 
 def compile_mma(fmt: str, cfg, swiglu: bool, arch: int):
@@ -356,6 +393,8 @@ def main(args: argparse.Namespace) -> None:
     for fmt in args.formats.split(","):
         if "moe-gemv" in kinds:
             moe_gemv(fmt, args.arch, args.sms)
+        if "expert-mma" in kinds and fmt in moe_quant_mma.FORMATS:
+            expert_mma(fmt, args.arch, args.sms)
         if "gemv-mma" in kinds and fmt.startswith("int4"):
             mma(fmt, args.m, args.arch, args.sms)
         if "frag" in kinds and (fmt.startswith("int4") or fmt == "int8-g64"):
@@ -366,7 +405,7 @@ def main(args: argparse.Namespace) -> None:
         if "dequant" in kinds and not any(c.kind == "dequant" for c in cfgs):  # decode M: not offered there
             cfgs += dequant_candidates(fmt, 128)
         for cfg in cfgs:
-            if cfg.kind not in kinds or cfg.kind in ("gemv-mma", "frag", "frag-tiled"):
+            if cfg.kind not in kinds or cfg.kind in ("gemv-mma", "frag", "frag-tiled", "expert-mma"):
                 continue
             common = dict(FMT=FMT_CODES[fmt], ROW_SCALE=fmt in ("fp8", "nvfp4"), SWIGLU=False, HAS_RES=False,
                           SPLIT=cfg.split_k > 1, EVEN_K=True, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,

@@ -37,6 +37,7 @@ import triton.language as tl
 from ninfer.kernels.autotune import ninfer_autotune
 from ninfer.kernels.dispatch import autotune_configs
 from ninfer.kernels.moe.align import ExpertRows, aligned_tile, pair_group, pair_rows
+from ninfer.kernels.moe.quant_mma import EXPERT_MMA_KIND, launch_expert_mma
 from ninfer.kernels.moe.quant_gemv import (
     GROUPED_DOT,
     choose_config,
@@ -206,6 +207,8 @@ def launch_quant_experts(rows: ExpertRows, a: torch.Tensor, w: QuantizedTensor, 
     def launch(cfg: GemmConfig) -> None:
         if cfg.kind == "dot":
             _launch_dot(rows, a, w, dst, rw, a_div=a_div, swiglu=swiglu)
+        elif cfg.kind == EXPERT_MMA_KIND:
+            launch_expert_mma(rows, a, w, dst, rw, a_div=a_div, swiglu=swiglu, cfg=cfg)
         else:
             launch_expert_gemv(rows, a, w, dst, rw, a_div=a_div, swiglu=swiglu, cfg=cfg)
 

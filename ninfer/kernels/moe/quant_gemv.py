@@ -25,7 +25,8 @@ measured 10-24 % of copy bandwidth at 1-8 tokens on an H200, where the dense GEM
 
 Selection (:func:`choose_config`): never blind. The first call of a key ``(format, dtype,
 pair-count bucket, N, K, swiglu)`` on CUDA, outside graph capture and the interpreter, times the
-``tl.dot`` path (``GROUPED_DOT``) and the GEMV candidates from CUDA-graph replays (the dense
+``tl.dot`` path (``GROUPED_DOT``), the GEMV candidates and, for int4 stacks under 16-bit activations, the
+register decode of :mod:`ninfer.kernels.moe.quant_mma` from CUDA-graph replays (the dense
 tuner's ``time_candidates``) and keeps the fastest in the process's tuner state (:mod:`ninfer.kernels.tuning`),
 also on disk (:mod:`ninfer.kernels.tune_cache`):
 a later process takes the stored choice while it is still a candidate. During capture, or with tuning
@@ -40,6 +41,7 @@ import triton
 import triton.language as tl
 
 from ninfer.kernels.moe.align import ExpertRows, pair_group, pair_rows
+from ninfer.kernels.moe.quant_mma import expert_mma_candidates
 from ninfer.kernels.quant_gemm import tune as quant_gemm_tune
 from ninfer.kernels.quant_gemm.common import FMT_CODES, finish, kernel_tensors
 from ninfer.kernels.quant_gemm.tune import GemmConfig, kernel_params, sm_count
@@ -284,7 +286,10 @@ def choose_config(fmt: str, a: torch.Tensor, rows: ExpertRows, n_out: int, k: in
     key = (fmt, a.dtype, rows.tune_m, n_out, k, swiglu, a.device)
 
     def cands() -> list[GemmConfig]:
-        return [GROUPED_DOT, *expert_gemv_candidates(fmt, rows.pairs, n_out, k, sm_count(a.device))]
+        sms = sm_count(a.device)
+        register_decode = expert_mma_candidates(fmt, rows.pairs, n_out, k, sms) \
+            if a.dtype in (torch.bfloat16, torch.float16) else []
+        return [GROUPED_DOT, *expert_gemv_candidates(fmt, rows.pairs, n_out, k, sms), *register_decode]
 
     def time_fn(cfgs: list[GemmConfig]) -> dict[GemmConfig, float]:
         return quant_gemm_tune.time_candidates(cfgs, launch, graphs=True)

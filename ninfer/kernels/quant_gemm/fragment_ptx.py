@@ -102,3 +102,48 @@ def asm_constants(dtype: torch.dtype, bits: int) -> dict[str, str]:
     loads = {f"LOAD{u}": load_asm(bits, u) for u in range(4)}
     return {**loads, "DECODE_ASM": decode_asm(ty, bits), "DECODE_OPERANDS": decode_operands(bits),
             "MMA_ASM": mma_asm(ty)}
+
+
+# Row-major int4 codes (byte i of a row: columns 2i (low nibble), 2i + 1): the expert stacks of the MoE decode
+# (ninfer.kernels.moe.quant_mma), which stay in the layout the prefill's grouped GEMMs read. Lane (g, t) loads the
+# 8 bytes of columns 16 t .. 16 t + 15 of rows g and g + 8 per chunk: words (row g low, row g high, row g + 8 low,
+# row g + 8 high), word w's nibble n being column 8 w' + n of the lane's 16 (w' = w % 2). ``(word >> 4 j) &
+# 0x000F000F`` pairs columns j and j + 4 of a word, so MMA j takes the lane's columns j, j + 4, 8 + j, 12 + j
+# (k slots 2t, 2t + 1, 2t + 8, 2t + 9): the decode costs what the fragment layout's does, and the activations'
+# pairs are packed to match with one ``prmt`` per B register.
+
+def row_major_load_asm(u: int) -> str:
+    """A lane's codes of chunk ``u`` of a loop trip: 8 bytes of row g at ``$4``, 8 of row g + 8 at ``$5``."""
+    return (f"ld.global.nc.L1::no_allocate.v2.b32 {{$0, $1}}, [$4+{32 * u}]; "
+            f"ld.global.nc.L1::no_allocate.v2.b32 {{$2, $3}}, [$5+{32 * u}];")
+
+
+def row_major_decode_asm(ty: str) -> str:
+    """:func:`decode_asm` for row-major int4 words ``$16..$19`` (row g low / high, row g + 8 low / high): MMA j's
+    register ``r = 2b + h`` from word ``2h + b`` shifted by ``4 j``."""
+    one, bias4, magic, _ = _CONSTS[ty]
+    lines = ["{", ".reg .b32 s, one, bias;", f"mov.b32 one, {one};", f"mov.b32 bias, {bias4};"]
+    for j in range(4):
+        for r in range(4):
+            word, out = 16 + 2 * (r % 2) + r // 2, f"${4 * j + r}"
+            src = f"${word}"
+            if j:
+                lines.append(f"shr.u32 s, {src}, {4 * j};")
+                src = "s"
+            lines.append(f"lop3.b32 {out}, {src}, 0x000F000F, {magic}, 0xEA;")
+            lines.append(f"fma.rn.{ty}x2 {out}, {out}, one, bias;")
+    lines.append("}")
+    return "\n".join(lines)
+
+
+def paired_x_load_asm(u: int) -> str:
+    """A lane's 16 activations of chunk ``u`` (at ``$8``) packed for the row-major decode's MMAs: B registers
+    ``2j`` = columns (j, j + 4) and ``2j + 1`` = (8 + j, 12 + j) of the lane's 16 ($0..$7)."""
+    lines = ["{", ".reg .b32 w<8>;", f"ld.global.v4.b32 {{w0, w1, w2, w3}}, [$8+{128 * u}];",
+             f"ld.global.v4.b32 {{w4, w5, w6, w7}}, [$8+{128 * u + 16}];"]
+    for j in range(4):
+        sel = "0x5410" if j % 2 == 0 else "0x7632"  # the low / high halves of two words
+        lines.append(f"prmt.b32 ${2 * j}, w{j // 2}, w{j // 2 + 2}, {sel};")
+        lines.append(f"prmt.b32 ${2 * j + 1}, w{4 + j // 2}, w{6 + j // 2}, {sel};")
+    lines.append("}")
+    return "\n".join(lines)

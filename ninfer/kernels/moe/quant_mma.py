@@ -1,0 +1,295 @@
+"""Decode over routed (token, expert) pairs on tensor cores from registers, for int4 expert stacks.
+
+The expert counterpart of the dense register decode (:mod:`ninfer.kernels.quant_gemm.fragment_mma`): no shared
+memory, one warp per 16-row tile of an expert, ``mma.sync.m16n8k16`` with the tile's rows as M and up to eight
+pairs of that expert as N. The stacks keep their row-major layout (the prefill's grouped GEMMs read it), so a
+lane loads 8 bytes of each of its two rows per 64 columns and its activations are paired to match
+(:func:`ninfer.kernels.quant_gemm.fragment_ptx.row_major_decode_asm`); the decode per weight is the dense one's.
+
+* Grid ``(tile groups, K splits, pairs)``: the program of pair ``p`` runs if ``p`` opens a block of eight of its
+  expert's pairs (rank 0, 8, ...; at decode one token's eight pairs have eight experts, so every program of a
+  batch-1 step runs) and serves that block: lane ``(g, t)`` feeds the MMAs the activation row of the block's
+  pair ``g``, and its accumulators are pairs ``2t`` and ``2t + 1``. No other expert's bytes are read.
+* Gate/up (SwiGLU: the gate tile and the up tile of the same outputs in one warp, sharing the activation loads),
+  or down times the routing weight ``rw[pair]``. Each scale group's products accumulate from zero in fp32 and are
+  scaled once. Split-K stores fp32 partials (the routing weight already applied: it is linear) and the last
+  split to arrive sums them in split order (:mod:`ninfer.kernels.quant_gemm.gemv_steps`): deterministic.
+* ``UNROLL`` chunks per loop trip, all their code loads issued first; with ``PREFETCH`` the next trip's too.
+
+The interpreter cannot run PTX: with ``ASM`` off (CPU tests, fp32 activations) each lane computes the same
+products with Triton gathers of the same bytes, so the CPU tests check the indexing, splits and epilogues.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ninfer.kernels.dispatch import INTERPRET
+from ninfer.kernels.moe.align import ExpertRows, pair_group, pair_rows
+from ninfer.kernels.quant_gemm.common import finish_at
+from ninfer.kernels.quant_gemm.fragment_mma import _decode, _mma, _scaled
+from ninfer.kernels.quant_gemm.fragment_ptx import (
+    mma_asm,
+    paired_x_load_asm,
+    row_major_decode_asm,
+    row_major_load_asm,
+)
+from ninfer.kernels.quant_gemm.gemv import tile_counters
+from ninfer.kernels.quant_gemm.gemv_steps import (
+    last_split_arrived,
+    reduce_splits,
+    reset_counter,
+    store_partials_at,
+    sum_splits_at,
+)
+from ninfer.kernels.quant_gemm.tune import GemmConfig
+
+EXPERT_MMA_KIND = "expert-mma"  # GemmConfig.kind of this kernel (block_n = 16 * num_warps, block_k = a trip)
+FORMATS = {"int4-g64": 64, "int4-g128": 128}  # the formats it reads, by scale group
+_CODE_LOADS = tuple(tl.constexpr(row_major_load_asm(u)) for u in range(4))
+_X_LOADS = tuple(tl.constexpr(paired_x_load_asm(u)) for u in range(4))
+_L0, _L1, _L2, _L3 = _CODE_LOADS
+_X0, _X1, _X2, _X3 = _X_LOADS
+
+
+@triton.jit
+def _load_rows(addr_g, addr_h, U: tl.constexpr):
+    """A lane's codes of chunk ``U`` of a loop trip: rows g and g + 8 (4 words)."""
+    cons: tl.constexpr = "=r,=r,=r,=r,l,l"
+    if U == 0:
+        w = tl.inline_asm_elementwise(_L0, cons, [addr_g, addr_h], dtype=(tl.int32,) * 4, is_pure=True, pack=1)
+    elif U == 1:
+        w = tl.inline_asm_elementwise(_L1, cons, [addr_g, addr_h], dtype=(tl.int32,) * 4, is_pure=True, pack=1)
+    elif U == 2:
+        w = tl.inline_asm_elementwise(_L2, cons, [addr_g, addr_h], dtype=(tl.int32,) * 4, is_pure=True, pack=1)
+    else:
+        w = tl.inline_asm_elementwise(_L3, cons, [addr_g, addr_h], dtype=(tl.int32,) * 4, is_pure=True, pack=1)
+    return w
+
+
+@triton.jit
+def _load_x(addr, U: tl.constexpr):
+    """A lane's 16 activations of chunk ``U``, packed as the row-major decode's B registers (8 words)."""
+    cons: tl.constexpr = "=r,=r,=r,=r,=r,=r,=r,=r,l"
+    if U == 0:
+        x = tl.inline_asm_elementwise(_X0, cons, [addr], dtype=(tl.int32,) * 8, is_pure=True, pack=1)
+    elif U == 1:
+        x = tl.inline_asm_elementwise(_X1, cons, [addr], dtype=(tl.int32,) * 8, is_pure=True, pack=1)
+    elif U == 2:
+        x = tl.inline_asm_elementwise(_X2, cons, [addr], dtype=(tl.int32,) * 8, is_pure=True, pack=1)
+    else:
+        x = tl.inline_asm_elementwise(_X3, cons, [addr], dtype=(tl.int32,) * 8, is_pure=True, pack=1)
+    return x
+
+
+@triton.jit
+def _trip_codes(row_g, row_h, c, UNROLL: tl.constexpr, ASM: tl.constexpr):
+    """A lane's codes of the ``UNROLL`` chunks from chunk ``c`` (``row_g`` / ``row_h``: its addresses of chunk 0)."""
+    codes = ()
+    if ASM:
+        for u in tl.static_range(UNROLL):
+            codes = codes + (_load_rows(row_g + c * 32, row_h + c * 32, u),)
+    return codes
+
+
+@triton.jit
+def _portable_chunk(d, q_row, x_ptr, x_row0, x_row1, c, g, stride_qn):
+    """What the PTX of one chunk adds to ``d`` (rows g / g + 8 x the lane's pairs 2t / 2t + 1), from gathers of
+    the row-major codes (``q_row``: the lane's row g; interpreter, fp32 activations)."""
+    cols = c * 64 + tl.arange(0, 64)[None, :]
+    byte_g = tl.load(q_row[:, None] + cols // 2).to(tl.int32)
+    byte_h = tl.load(q_row[:, None] + 8 * stride_qn + cols // 2).to(tl.int32)
+    lo = (((byte_g >> (4 * (cols % 2))) & 0xF) - 8).to(tl.float32)
+    hi = (((byte_h >> (4 * (cols % 2))) & 0xF) - 8).to(tl.float32)
+    x0 = tl.load(x_ptr + x_row0[:, None] + cols).to(tl.float32)
+    x1 = tl.load(x_ptr + x_row1[:, None] + cols).to(tl.float32)
+    return (d[0] + tl.sum(lo * x0, axis=1), d[1] + tl.sum(lo * x1, axis=1),
+            d[2] + tl.sum(hi * x0, axis=1), d[3] + tl.sum(hi * x1, axis=1))
+
+
+@triton.jit
+def _trip(acc, acc_up, codes, codes_up, q_row, q_row_up, s_row, s_row_up, x_lane, x_row0, x_row1, x_ptr, c, g,
+          stride_qn, stride_sn, CPG: tl.constexpr, UNROLL: tl.constexpr, SWIGLU: tl.constexpr,
+          DECODE_ASM: tl.constexpr, DECODE_OPERANDS: tl.constexpr, MMA_ASM: tl.constexpr, ASM: tl.constexpr):
+    """``UNROLL`` chunks from chunk ``c`` into ``acc`` (and the up tile's into ``acc_up``): per scale group the
+    unscaled products from zero, then scaled once (``s_row``: the lane's row g scales; row g + 8's are 8 rows
+    on)."""
+    for grp in tl.static_range(UNROLL // CPG):
+        gi = c // CPG + grp
+        d = (tl.zeros_like(acc[0]), tl.zeros_like(acc[0]), tl.zeros_like(acc[0]), tl.zeros_like(acc[0]))
+        d_up = d
+        for u in tl.static_range(grp * CPG, grp * CPG + CPG):
+            if ASM:
+                xw = _load_x(x_lane + c * 128, u)
+                d = _mma(_decode(codes[u], DECODE_ASM, DECODE_OPERANDS, 4), xw, d[0], d[1], d[2], d[3], MMA_ASM)
+                if SWIGLU:
+                    a_up = _decode(codes_up[u], DECODE_ASM, DECODE_OPERANDS, 4)
+                    d_up = _mma(a_up, xw, d_up[0], d_up[1], d_up[2], d_up[3], MMA_ASM)
+            else:
+                d = _portable_chunk(d, q_row, x_ptr, x_row0, x_row1, c + u, g, stride_qn)
+                if SWIGLU:
+                    d_up = _portable_chunk(d_up, q_row_up, x_ptr, x_row0, x_row1, c + u, g, stride_qn)
+        acc = _scaled(acc, d, tl.load(s_row + gi).to(tl.float32), tl.load(s_row + 8 * stride_sn + gi).to(tl.float32),
+                      1)
+        if SWIGLU:
+            acc_up = _scaled(acc_up, d_up, tl.load(s_row_up + gi).to(tl.float32),
+                             tl.load(s_row_up + 8 * stride_sn + gi).to(tl.float32), 1)
+    return acc, acc_up
+
+
+@triton.jit
+def _slot_pair(slot, block_pairs):
+    """The pair in slot ``slot`` (per lane) of the program's block of eight (``block_pairs``, NK where empty)."""
+    return tl.sum(tl.where(slot[:, None] == tl.arange(0, 8)[None, :], block_pairs[None, :], 0), axis=1)
+
+
+@triton.jit(do_not_specialize=["NK", "chunks_per_split"])
+def _expert_mma_kernel(
+    x_ptr, q_ptr, s_ptr, rw_ptr, out_ptr, ws_ptr, cnt_ptr, ids_ptr,
+    NK, N_OUT, a_div, chunks_per_split, KC, stride_xm, stride_qe, stride_qn, stride_se, stride_sn, stride_om,
+    CPG: tl.constexpr, SWIGLU: tl.constexpr, SPLIT: tl.constexpr, FUSED_REDUCE: tl.constexpr,
+    WARPS: tl.constexpr, UNROLL: tl.constexpr, PREFETCH: tl.constexpr, PAIRS_BLOCK: tl.constexpr,
+    DECODE_ASM: tl.constexpr, DECODE_OPERANDS: tl.constexpr, MMA_ASM: tl.constexpr, ASM: tl.constexpr,
+):
+    _, match, rank, count, earlier = pair_group(ids_ptr, tl.program_id(2), NK, PAIRS_BLOCK)
+    if earlier % 8 != 0:  # not the first pair of a block of eight of its expert: that block's program serves it
+        return
+    expert = tl.load(ids_ptr + tl.program_id(2)).to(tl.int64)
+    block_pairs = pair_rows(match, rank, count, earlier, NK, 8, PAIRS_BLOCK)
+    e = tl.arange(0, 32 * WARPS)  # one element per thread: element i is thread i (lane i % 32 of warp i // 32)
+    lane = e % 32
+    g = lane // 4
+    t = lane % 4
+    slots = N_OUT // 16
+    tile_out = tl.program_id(0) * WARPS + e // 32
+    tile = tl.minimum(tile_out, slots - 1)  # a clamped tile loads valid memory; its stores are masked
+    pair_b = _slot_pair(g, block_pairs)  # the B operand's pair (N index g)
+    x_row_b = tl.where(pair_b < NK, pair_b // a_div, 0).to(tl.int64) * stride_xm
+    row = tile.to(tl.int64) * 16 + g
+    q_row = q_ptr + expert * stride_qe + row * stride_qn
+    q_row_up = q_row + N_OUT.to(tl.int64) * stride_qn
+    s_row = s_ptr + expert * stride_se + row * stride_sn
+    s_row_up = s_row + N_OUT.to(tl.int64) * stride_sn
+    # the D fragment's pairs (N index 2t, 2t + 1): the portable body's activation rows, then the stores
+    pair0 = _slot_pair(2 * t, block_pairs)
+    pair1 = _slot_pair(2 * t + 1, block_pairs)
+    x_row0 = tl.where(pair0 < NK, pair0 // a_div, 0).to(tl.int64) * stride_xm
+    x_row1 = tl.where(pair1 < NK, pair1 // a_div, 0).to(tl.int64) * stride_xm
+    row_g, row_h, row_g_up, row_h_up, x_lane = q_row, q_row, q_row, q_row, x_row_b
+    if ASM:
+        row_g = q_row.to(tl.int64) + t * 8
+        row_h = row_g + 8 * stride_qn
+        row_g_up = q_row_up.to(tl.int64) + t * 8
+        row_h_up = row_g_up + 8 * stride_qn
+        x_lane = x_ptr.to(tl.int64) + (x_row_b + t * 16) * 2
+    zero = tl.zeros((32 * WARPS,), dtype=tl.float32)
+    acc = (zero, zero, zero, zero)
+    acc_up = acc
+    c_first = tl.program_id(1) * chunks_per_split
+    c_last = tl.minimum(c_first + chunks_per_split, KC)
+    codes = _trip_codes(row_g, row_h, c_first, UNROLL, ASM)
+    codes_up = _trip_codes(row_g_up, row_h_up, c_first, UNROLL, ASM and SWIGLU)
+    for c in range(c_first, c_last, UNROLL):
+        if PREFETCH:  # the last trip requests its own codes again (cached), not past the split
+            c_next = tl.minimum(c + UNROLL, c_last - UNROLL)
+            codes_next = _trip_codes(row_g, row_h, c_next, UNROLL, ASM)
+            codes_up_next = _trip_codes(row_g_up, row_h_up, c_next, UNROLL, ASM and SWIGLU)
+        elif c > c_first:
+            codes = _trip_codes(row_g, row_h, c, UNROLL, ASM)
+            codes_up = _trip_codes(row_g_up, row_h_up, c, UNROLL, ASM and SWIGLU)
+        acc, acc_up = _trip(acc, acc_up, codes, codes_up, q_row, q_row_up, s_row, s_row_up, x_lane, x_row0, x_row1,
+                            x_ptr, c, g, stride_qn, stride_sn, CPG, UNROLL, SWIGLU, DECODE_ASM, DECODE_OPERANDS,
+                            MMA_ASM, ASM)
+        if PREFETCH:
+            codes = codes_next
+            codes_up = codes_up_next
+    # accumulator i: row tile * 16 + g + 8 (i // 2), pair slot 2t + i % 2
+    pid_s = tl.program_id(1)
+    for i in tl.static_range(4):
+        pair = pair0 if i % 2 == 0 else pair1
+        n_idx = tile_out * 16 + g + 8 * (i // 2)
+        mask = (tile_out < slots) & (pair < NK)
+        y = acc[i]
+        if not SWIGLU:  # the routing weight, before the split-K sum (it is linear)
+            y = y * tl.load(rw_ptr + pair, mask=mask, other=0.0).to(tl.float32)
+        if SPLIT:
+            store_partials_at(ws_ptr, y, acc_up[i], pid_s, NK, pair, n_idx, mask, N_OUT, SWIGLU)
+        else:
+            finish_at(y, acc_up[i], pair, n_idx, mask, out_ptr, 0, out_ptr, stride_om, SWIGLU, False)
+    if FUSED_REDUCE:
+        if last_split_arrived(cnt_ptr):
+            for i in tl.static_range(4):
+                pair = pair0 if i % 2 == 0 else pair1
+                n_idx = tile_out * 16 + g + 8 * (i // 2)
+                mask = (tile_out < slots) & (pair < NK)
+                y, y_up = sum_splits_at(ws_ptr, pair, n_idx, mask, NK, N_OUT, tl.num_programs(1), SWIGLU)
+                finish_at(y, y_up, pair, n_idx, mask, out_ptr, 0, out_ptr, stride_om, SWIGLU, False)
+            reset_counter(cnt_ptr)
+
+
+def expert_mma_fits(fmt: str, n_out: int, k: int, unroll: int = 2) -> bool:
+    """Whether this kernel serves an expert GEMM of ``n_out`` outputs (per SwiGLU half) over ``k`` columns."""
+    group = FORMATS.get(fmt)
+    return group is not None and n_out % 16 == 0 and k % (unroll * 64) == 0 and unroll * 64 >= group
+
+
+def expert_mma_splits(kc: int, unroll: int, split: int) -> tuple[int, int]:
+    """``(chunks per split, splits)``: whole loop trips per split, no empty split."""
+    trips = kc // unroll
+    per = -(-trips // max(1, min(split, trips))) * unroll
+    return per, -(-kc // per)
+
+
+def launch_expert_mma(rows: ExpertRows, a: torch.Tensor, w, dst: torch.Tensor, rw: torch.Tensor, *, a_div: int,
+                      swiglu: bool, cfg: GemmConfig) -> None:
+    """``dst[pair] = f(a[pair // a_div] @ dequantize(w)[expert]^T)`` (``launch_quant_experts``'s contract) for an
+    int4 stack ``w`` (a ``QuantizedTensor [E, N, K]``, row-major) through this kernel: ``cfg.num_warps`` 16-row
+    tiles per program, ``cfg.block_k / 64`` chunks per loop trip, ``cfg.split_k``, ``num_stages > 1``: prefetch.
+    Needs the alignment-free rows of decode (``rows.direct``)."""
+    name = w.format.name
+    n_out, k = dst.shape[1], a.shape[1]
+    unroll = cfg.block_k // 64
+    if not rows.direct:
+        raise ValueError(f"the expert register decode needs alignment-free decode rows, got {rows.pairs} pairs")
+    if (cfg.kind != EXPERT_MMA_KIND or unroll not in (1, 2, 4) or cfg.block_k % 64
+            or not expert_mma_fits(name, n_out, k, unroll) or cfg.block_k % FORMATS[name]):
+        raise ValueError(f"expert register decode config {cfg} does not fit {name} N = {n_out}, K = {k}")
+    q, scales = w.tensors["qweight"], w.tensors["scales"]
+    asm = not INTERPRET and a.dtype in (torch.bfloat16, torch.float16)
+    if asm and (a.data_ptr() % 16 or a.stride(0) % 8):  # 16-byte activation loads
+        a = torch.empty_like(a, memory_format=torch.contiguous_format).copy_(a)
+    kc = k // 64
+    per, splits = expert_mma_splits(kc, unroll, cfg.split_k)
+    nk = rows.pairs
+    ws = torch.empty(splits, nk, n_out * (2 if swiglu else 1), dtype=torch.float32, device=a.device) \
+        if splits > 1 else dst
+    grid = (triton.cdiv(n_out // 16, cfg.num_warps), splits, nk)
+    counters = tile_counters(a.device, grid[0] * grid[2]) if splits > 1 else None
+    ty = "f16" if a.dtype == torch.float16 else "bf16"
+    _expert_mma_kernel[grid](
+        a, q, scales, rw, dst, ws, counters, rows.flat_ids, nk, n_out, a_div, per, kc, a.stride(0), q.stride(0),
+        q.stride(1), scales.stride(0), scales.stride(1), dst.stride(0), CPG=FORMATS[name] // 64, SWIGLU=swiglu,
+        SPLIT=splits > 1, FUSED_REDUCE=counters is not None, WARPS=cfg.num_warps, UNROLL=unroll,
+        PREFETCH=cfg.num_stages > 1, PAIRS_BLOCK=rows.pairs_block, DECODE_ASM=row_major_decode_asm(ty),
+        DECODE_OPERANDS="=r," * 16 + "r,r,r,r", MMA_ASM=mma_asm(ty), ASM=asm, num_warps=cfg.num_warps, num_stages=1,
+    )
+    if splits > 1 and counters is None:
+        reduce_splits(ws, dst, dst, nk, splits, swiglu, False, min(triton.next_power_of_2(nk), 8))
+
+
+def expert_mma_candidates(fmt: str, pairs: int, n_out: int, k: int, sms: int) -> list[GemmConfig]:
+    """Configs for ``pairs`` routed pairs (each its own expert, as one token's are): 2 and 4 warps, 2 and 4
+    chunks a trip, with and without prefetch, each split so the grid comes near eight programs per SM (two
+    also near two: fewer partials to sum). No shared memory: every config fits any GPU's."""
+    out = []
+    for warps, unroll, stages, fill in ((4, 2, 2, 8), (4, 4, 1, 8), (2, 2, 2, 8), (2, 4, 1, 8), (4, 2, 1, 8),
+                                        (2, 2, 1, 8), (4, 2, 2, 2), (4, 4, 1, 2)):
+        if not expert_mma_fits(fmt, n_out, k, unroll):
+            continue
+        programs = triton.cdiv(n_out // 16, warps) * max(1, min(pairs, 8))
+        split = max(1, min(triton.cdiv(fill * sms, programs), k // (64 * unroll), 32))
+        cfg = GemmConfig(8, 16 * warps, 64 * unroll, split, warps, stages, EXPERT_MMA_KIND)
+        if cfg not in out:
+            out.append(cfg)
+    return out

@@ -1,0 +1,99 @@
+"""The expert register decode (:mod:`ninfer.kernels.moe.quant_mma`) in the Triton interpreter.
+
+int4 expert stacks (g64 and g128) against dequantize + ``moe_experts_reference`` in fp32, fp32 and fp16
+activations, both epilogues (gate/up SwiGLU, down times the routing weight), split-K with the fused and with the
+separate reduction, prefetch on and off, ragged tile groups, and experts holding more than eight pairs (a
+second block of eight, served by its own program). Outputs and scratch are NaN-poisoned. The interpreter runs
+the kernel's Triton gathers, not its PTX: the GPU tests check that (``tests/gpu/test_moe_quant.py``).
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+from kernel_testing import expert_routing, expert_stacks, nan_experts, poisoned_outputs  # noqa: F401  (fixture)
+
+from ninfer.kernels.dispatch import INTERPRET
+from ninfer.kernels.moe import moe_experts_reference
+from ninfer.kernels.moe.align import expert_rows
+from ninfer.kernels.moe.gemm import moe_experts_triton
+from ninfer.kernels.moe.quant_mma import (
+    EXPERT_MMA_KIND,
+    expert_mma_candidates,
+    expert_mma_fits,
+    launch_expert_mma,
+)
+from ninfer.kernels.quant_gemm.gemv import reduce_kernel_for_splits
+from ninfer.kernels.quant_gemm.tune import GemmConfig
+
+pytestmark = [pytest.mark.skipif(not INTERPRET, reason="Triton launchers on CPU need TRITON_INTERPRET=1"),
+              pytest.mark.usefixtures("poisoned_outputs")]
+
+E, K = 8, 2
+TOL = {torch.float32: 1e-5, torch.float16: 3e-3}
+
+
+def _cfg(warps: int, unroll: int, split: int, prefetch: bool) -> GemmConfig:
+    return GemmConfig(8, 16 * warps, 64 * unroll, split, warps, 2 if prefetch else 1, EXPERT_MMA_KIND)
+
+
+def _check(fmt: str, h: int, i: int, dtype: torch.dtype, n: int, cfg: GemmConfig, seed: int = 0,
+           ids: torch.Tensor | None = None) -> None:
+    gate_up, down = expert_stacks(fmt, E, h, i, seed)
+    weights, routed = expert_routing(n, E, K, seed + 1)
+    ids = routed if ids is None else ids
+    x = torch.randn(n, h, generator=torch.Generator().manual_seed(seed + 2)).to(dtype)
+    got = moe_experts_triton(x, gate_up, down, weights.to(dtype), ids, path=cfg)
+    ref = moe_experts_reference(x.float(), gate_up.dequantize(), down.dequantize(), weights.float(), ids.long())
+    assert got.shape == (n, h) and got.dtype == dtype and torch.isfinite(got).all(), (fmt, n, cfg)
+    err = ((got.double() - ref.double()).norm() / ref.double().norm()).item()
+    assert err < TOL[dtype], (fmt, dtype, n, cfg, err)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("fmt,h,i", [("int4-g64", 256, 128), ("int4-g128", 256, 128)])
+def test_expert_mma_matches_reference(fmt: str, h: int, i: int, dtype: torch.dtype) -> None:
+    """1 token (two pairs), 5 tokens, 13 tokens (expert 3 holds more than eight pairs: two blocks)."""
+    for n, cfg in [(1, _cfg(4, 2, 1, False)), (5, _cfg(2, 2, 2, True)), (13, _cfg(4, 2, 2, False))]:
+        _check(fmt, h, i, dtype, n, cfg, seed=n)
+
+
+def test_ragged_tiles_one_chunk_trips_and_separate_reduction() -> None:
+    """12 gate/up tiles over 4-warp programs (the last program's warps past the end), K = 192 (trips of one
+    chunk), split-K summed by the reduce kernel instead of the last program."""
+    cfg = _cfg(4, 1, 3, True)
+    _check("int4-g64", 256, 192, torch.float32, 6, cfg, seed=4)
+    with reduce_kernel_for_splits():
+        _check("int4-g64", 256, 192, torch.float32, 6, cfg, seed=5)
+
+
+def test_repeated_slot_and_experts_without_tokens() -> None:
+    """A token listing expert 6 in both slots, nine pairs on expert 6; NaN in experts without tokens never
+    reaches the output."""
+    ids = torch.full((5, K), 6, dtype=torch.int32)
+    ids[0, 1] = 2
+    _check("int4-g64", 256, 128, torch.float32, 5, _cfg(2, 2, 2, False), seed=3, ids=ids)
+    stacks = expert_stacks("int4-g64", E, 256, 128, seed=9)
+    weights, ids = expert_routing(4, E, K)
+    poisoned = nan_experts(stacks, [0, 5])
+    x = torch.randn(4, 256)
+    cfg = _cfg(4, 2, 2, True)
+    assert torch.equal(moe_experts_triton(x, *poisoned, weights, ids, path=cfg),
+                       moe_experts_triton(x, *stacks, weights, ids, path=cfg))
+
+
+def test_fit_candidates_and_errors() -> None:
+    assert expert_mma_fits("int4-g64", 512, 2048) and not expert_mma_fits("int8-g64", 512, 2048)
+    assert not expert_mma_fits("int4-g64", 520, 2048) and not expert_mma_fits("int4-g128", 512, 2048, unroll=1)
+    cands = expert_mma_candidates("int4-g64", 8, 512, 2048, sms=132)
+    assert cands and all(c.kind == EXPERT_MMA_KIND and 2048 % c.block_k == 0 for c in cands)
+    assert any(c.split_k > 1 for c in cands) and any(c.num_stages > 1 for c in cands)
+    gate_up, _ = expert_stacks("int4-g64", E, 256, 128)
+    weights, ids = expert_routing(2, E, K)
+    x = torch.randn(2, 256)
+    dst = torch.empty(4, 128)
+    with pytest.raises(ValueError, match="does not fit"):  # outputs not whole 16-row tiles
+        launch_expert_mma(expert_rows(ids, E, 64, 16), x, gate_up, dst[:, :120], weights.reshape(-1), a_div=K,
+                          swiglu=True, cfg=_cfg(4, 2, 1, False))
+    with pytest.raises(ValueError, match="alignment-free"):
+        launch_expert_mma(expert_rows(ids, E, 0, 16), x, gate_up, dst, weights.reshape(-1), a_div=K, swiglu=True,
+                          cfg=_cfg(4, 2, 1, False))
