@@ -46,6 +46,7 @@ vision-27b            27B ViT encode vs transformers, preprocessing, TTFT with a
 profile-27b           where a 27B int4 step goes (torch.profiler by op family): decode C = 1 / 8, 8k prefill in one chunk
 profile-35b-a3b       where a 35B-A3B 4-bit step goes: decode C = 1, 8k prefill in one chunk
 moe-expert-mma        the expert register decode of int4 stacks: its GPU tests, the 35B-A3B expert block at decode (the tuner time of every candidate: GEMV, tl.dot, register decode), the 35B-A3B engine (decode C = 1 / 8, 8k prefill)
+moe-35b-tuned         the 35B-A3B engine (decode C = 1 / 8, 8k prefill) exporting its tuning choices (the expert keys timed among the register decode; merge with perf/ship_tuning.py <files_at>/tuned-h200.json), then its MTP speculation at C = 1 / 8
 profile-35b-decode    the 35B-A3B 4-bit decode step kernel by kernel (top 45 at C = 1, top 30 at C = 8): what its launches are
 bench-27b-step        27B int4 engine (decode ctx 1k / 32k, C = 1 / 8, 8k prefill) and its C = 8 profile
 ncu-gemm-mma          Nsight Compute of the tensor-core int4 decode (gate/up, int4-g64 / -g128, 1 and 8 tokens)
@@ -277,6 +278,12 @@ stage() {
       NINFER_TUNE_CACHE=off part 130 python3 perf/bench_moe.py --no-bf16 --formats int4-g64 --path auto,gemv
       part 200 python3 perf/bench_engine.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --contexts 1024 \
         --lanes 1 8 --steps 12 --chunk 8192 --prefill 8192
+      ;;
+    moe-35b-tuned)
+      NINFER_EXPORT_TUNING=$OUT/tuned-h200.json part 200 python3 perf/bench_engine.py --shape 35b-a3b \
+        --recipe qwen3_5_35b_a3b_int4 --contexts 1024 --lanes 1 8 --steps 12 --chunk 8192 --prefill 8192
+      part 280 python3 perf/bench_spec.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --lanes 1 8 --steps 12 \
+        --prefill 8192
       ;;
     profile-35b-decode)
       part 150 python3 perf/profile_step.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --top 45

@@ -281,10 +281,11 @@ def launch_expert_mma(rows: ExpertRows, a: torch.Tensor, w, dst: torch.Tensor, r
 def expert_mma_candidates(fmt: str, pairs: int, n_out: int, k: int, sms: int) -> list[GemmConfig]:
     """Configs for ``pairs`` routed pairs (each its own expert, as one token's are): 2 and 4 warps, 2 and 4
     chunks a trip, with and without prefetch, each split so the grid comes near eight programs per SM (two
-    also near two: fewer partials to sum). No shared memory: every config fits any GPU's."""
+    also near two and one: fewer, longer programs won at 4-8 tokens on the H200, run 2026-12-04.26). No shared
+    memory: every config fits any GPU's."""
     out = []
     for warps, unroll, stages, fill in ((4, 2, 2, 8), (4, 4, 1, 8), (2, 2, 2, 8), (2, 4, 1, 8), (4, 2, 1, 8),
-                                        (2, 2, 1, 8), (4, 2, 2, 2), (4, 4, 1, 2)):
+                                        (2, 2, 1, 8), (4, 2, 2, 2), (4, 4, 1, 2), (4, 2, 2, 1), (4, 4, 1, 1)):
         if not expert_mma_fits(fmt, n_out, k, unroll):
             continue
         programs = triton.cdiv(n_out // 16, warps) * max(1, min(pairs, 8))
