@@ -215,3 +215,18 @@ def test_stacked_router_and_shared_gate_match_separate_projections() -> None:
         assert router.shape == (rows, 256) and shared.shape == (rows, 1)
         torch.testing.assert_close(router.float(), (x @ gate.T).float(), atol=2e-2, rtol=2e-2)
         torch.testing.assert_close(shared.float(), (x @ shared_gate.T).float(), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("n", [1, 8, 300])
+def test_gated_shared_expert_in_the_combine(experts: tuple[torch.Tensor, torch.Tensor], n: int) -> None:
+    """The combine's ``sigmoid(logit) * shared`` matches the three torch ops it replaces (bf16, rounded at the same
+    points: equal up to one bf16 step where the two sigmoids round a tie differently)."""
+    gate_up, down = (w.to(torch.bfloat16) for w in experts)
+    x = torch.randn(n, H, device="cuda", dtype=torch.bfloat16)
+    weights, ids = route_topk(torch.randn(n, E, device="cuda", dtype=torch.bfloat16), TOP_K)
+    shared = torch.randn(n, H, device="cuda", dtype=torch.bfloat16)
+    logit = (torch.randn(n, E + 1, device="cuda") * 3).to(torch.bfloat16)[:, E:]
+    got = moe_experts(x, gate_up, down, weights, ids, shared=(shared, logit))
+    unfused = moe_experts(x, gate_up, down, weights, ids) + torch.sigmoid(logit) * shared
+    torch.testing.assert_close(got, unfused, rtol=8e-3, atol=8e-3)
+    assert (got == unfused).float().mean().item() > 0.99
