@@ -219,14 +219,16 @@ def test_stacked_router_and_shared_gate_match_separate_projections() -> None:
 
 @pytest.mark.parametrize("n", [1, 8, 300])
 def test_gated_shared_expert_in_the_combine(experts: tuple[torch.Tensor, torch.Tensor], n: int) -> None:
-    """The combine's ``sigmoid(logit) * shared`` matches the three torch ops it replaces (bf16, rounded at the same
-    points: equal up to one bf16 step where the two sigmoids round a tie differently)."""
+    """The combine's ``sigmoid(logit) * shared`` in fp32 beside the routed sum, rounded once: against the same math
+    in fp32 on the unfused routed output (which was rounded to bf16 once more) and against the three torch ops it
+    replaces (each rounding to bf16)."""
     gate_up, down = (w.to(torch.bfloat16) for w in experts)
     x = torch.randn(n, H, device="cuda", dtype=torch.bfloat16)
     weights, ids = route_topk(torch.randn(n, E, device="cuda", dtype=torch.bfloat16), TOP_K)
     shared = torch.randn(n, H, device="cuda", dtype=torch.bfloat16)
     logit = (torch.randn(n, E + 1, device="cuda") * 3).to(torch.bfloat16)[:, E:]
     got = moe_experts(x, gate_up, down, weights, ids, shared=(shared, logit))
-    unfused = moe_experts(x, gate_up, down, weights, ids) + torch.sigmoid(logit) * shared
-    torch.testing.assert_close(got, unfused, rtol=8e-3, atol=8e-3)
-    assert (got == unfused).float().mean().item() > 0.99
+    routed = moe_experts(x, gate_up, down, weights, ids)
+    exact = routed.float() + torch.sigmoid(logit.float()) * shared.float()
+    torch.testing.assert_close(got.float(), exact, rtol=8e-3, atol=4e-3)
+    torch.testing.assert_close(got, routed + torch.sigmoid(logit) * shared, rtol=1.6e-2, atol=8e-3)

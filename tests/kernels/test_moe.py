@@ -96,8 +96,8 @@ def test_repeated_experts_and_int32_ids(n: int) -> None:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_gated_shared_expert_in_the_combine(dtype: torch.dtype) -> None:
-    """The combine adds ``sigmoid(logit) * shared``: the logit a strided column (the router's last), rounded where
-    the unfused ops round; and a shared output of the wrong shape is refused."""
+    """The combine adds ``sigmoid(logit) * shared``: the logit a strided column (the router's last); a shared
+    output of the wrong shape is refused."""
     n = 5
     gate_up, down = _experts(dtype, seed=7)
     weights, ids = _routing(n, dtype, seed=8)

@@ -13,7 +13,7 @@
    weight, written to ``y [N*k, H]`` (x's dtype);
 4. combine: ``out[t] = sum_j y[t*k + j]`` in fp32, one program per token and column block. A
    separate reduce instead of atomics keeps the result deterministic and needs no zeroed buffer. A gated
-   shared expert's ``sigmoid(logit) * output`` is added here too (three torch launches fewer per MoE layer).
+   shared expert's ``sigmoid(logit) * output`` is added here too, in fp32 (three torch launches fewer per MoE layer).
 
 Grids are sized from the upper bound of row blocks (CUDA-graph safe); blocks past the padded
 total read ``-1`` as their expert and return at once, and experts without tokens own no block,
@@ -184,22 +184,18 @@ _gemm_direct = ninfer_autotune(configs=autotune_configs(_SKINNY), key=_KEY, name
 @triton.jit
 def _combine_kernel(y_ptr, out_ptr, shared_ptr, logit_ptr, H, stride_sm, stride_lm, TOPK: tl.constexpr,
                     K_BLOCK: tl.constexpr, BLOCK: tl.constexpr, SHARED: tl.constexpr):
-    """``out[t, cols] = sum_j y[t * TOPK + j, cols]`` in fp32; with ``SHARED``, plus ``sigmoid(logit[t]) *
-    shared[t, cols]``, rounded to the output dtype where the unfused torch ops round (the routed sum, the gate,
-    the product, the sum)."""
+    """``out[t, cols] = sum_j y[t * TOPK + j, cols]``; with ``SHARED``, plus ``sigmoid(logit[t]) * shared[t, cols]``;
+    in fp32, rounded once (the three torch ops it replaces rounded after each: within a rounding step of them)."""
     t = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     slots = tl.arange(0, K_BLOCK)
     mask = (slots < TOPK)[:, None] & (cols < H)[None, :]
     y = tl.load(y_ptr + (t * TOPK + slots)[:, None] * H + cols[None, :], mask=mask, other=0.0)
-    dt = out_ptr.dtype.element_ty
-    out = tl.sum(y.to(tl.float32), axis=0).to(dt)
+    out = tl.sum(y.to(tl.float32), axis=0)
     if SHARED:
-        logit = tl.load(logit_ptr + t * stride_lm).to(tl.float32)
-        gate = tl.sigmoid(logit).to(dt)
-        shared = tl.load(shared_ptr + t * stride_sm + cols, mask=cols < H, other=0.0)
-        out = (out.to(tl.float32) + (gate.to(tl.float32) * shared.to(tl.float32)).to(dt).to(tl.float32)).to(dt)
-    tl.store(out_ptr + t * H + cols, out, mask=cols < H)
+        gate = tl.sigmoid(tl.load(logit_ptr + t * stride_lm).to(tl.float32))
+        out += gate * tl.load(shared_ptr + t * stride_sm + cols, mask=cols < H, other=0.0).to(tl.float32)
+    tl.store(out_ptr + t * H + cols, out.to(out_ptr.dtype.element_ty), mask=cols < H)
 
 
 def block_m_for(pairs: int, num_experts: int) -> int:
