@@ -1,7 +1,11 @@
 """A whole int4 model with its projections in the fragment layout (what ``ninfer.load(..., quantize="int4")``
 serves on a GPU) against the same model kept row-major (``NINFER_FRAGMENTS=0``) and against the PyTorch
 reference path: prefill scores (the dequantization path and the decode kernel over token blocks) and greedy
-decoding from CUDA graphs (the register decode at 1..3 tokens)."""
+decoding from CUDA graphs (the register decode at 1..3 tokens).
+
+The quantized GEMMs run their first candidate (``NINFER_AUTOTUNE=off``): every candidate is checked in
+``test_quant_fragments_gpu.py``, and tuning them all for fp32 activations (Triton gathers, no PTX) kept this file
+past 270 s of compiling on the H200."""
 from __future__ import annotations
 
 import pytest
@@ -15,6 +19,10 @@ from tiny_checkpoints import REAL_HEADS, TinyCheckpoint, make_dense
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
+
+@pytest.fixture(autouse=True)
+def first_candidates(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NINFER_AUTOTUNE", "off")
 
 
 @pytest.fixture(scope="module")
