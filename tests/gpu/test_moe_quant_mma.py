@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from kernel_testing import nan_experts
 
 from ninfer.kernels.moe import moe_experts_reference, route_topk, route_topk_reference
 from ninfer.kernels.moe import quant_gemm as moe_quant_gemm
@@ -74,13 +75,7 @@ def test_unselected_experts_are_never_read(stacks) -> None:
         weights, ids = _route(n, 50 + n)
         unused = torch.ones(E, dtype=torch.bool, device="cuda")
         unused[ids.flatten()] = False
-        poisoned = []
-        for stack in stacks:
-            tensors = {name: t.clone() for name, t in stack.tensors.items()}
-            for t in tensors.values():
-                if t.is_floating_point():
-                    t[unused] = float("nan")
-            poisoned.append(QuantizedTensor(stack.format, stack.shape, tensors))
+        poisoned = nan_experts(stacks, unused.nonzero().flatten().tolist())
         x = torch.randn(n, H, device="cuda", dtype=torch.bfloat16)
         cfg = _configs(n)[0]
         got = moe_experts_triton(x, *poisoned, weights, ids, path=cfg)

@@ -28,7 +28,7 @@ import triton.language as tl
 from ninfer.kernels.dispatch import INTERPRET
 from ninfer.kernels.moe.align import ExpertRows, pair_group, pair_rows
 from ninfer.kernels.quant_gemm.common import finish_at
-from ninfer.kernels.quant_gemm.fragment_mma import _decode, _mma, _scaled
+from ninfer.kernels.quant_gemm.fragment_mma import _decode, _mma, _scaled, x_words
 from ninfer.kernels.quant_gemm.fragment_ptx import (
     mma_asm,
     paired_x_load_asm,
@@ -71,16 +71,7 @@ def _load_rows(addr_g, addr_h, U: tl.constexpr):
 @triton.jit
 def _load_x(addr, U: tl.constexpr):
     """A lane's 16 activations of chunk ``U``, packed as the row-major decode's B registers (8 words)."""
-    cons: tl.constexpr = "=r,=r,=r,=r,=r,=r,=r,=r,l"
-    if U == 0:
-        x = tl.inline_asm_elementwise(_X0, cons, [addr], dtype=(tl.int32,) * 8, is_pure=True, pack=1)
-    elif U == 1:
-        x = tl.inline_asm_elementwise(_X1, cons, [addr], dtype=(tl.int32,) * 8, is_pure=True, pack=1)
-    elif U == 2:
-        x = tl.inline_asm_elementwise(_X2, cons, [addr], dtype=(tl.int32,) * 8, is_pure=True, pack=1)
-    else:
-        x = tl.inline_asm_elementwise(_X3, cons, [addr], dtype=(tl.int32,) * 8, is_pure=True, pack=1)
-    return x
+    return x_words(addr, U, _X0, _X1, _X2, _X3, True)
 
 
 @triton.jit

@@ -82,19 +82,27 @@ def _load_codes(addr, LOAD: tl.constexpr, BITS: tl.constexpr):
 
 
 @triton.jit
+def x_words(addr, U: tl.constexpr, X0: tl.constexpr, X1: tl.constexpr, X2: tl.constexpr, X3: tl.constexpr,
+            PURE: tl.constexpr):
+    """A lane's 8 activation words of chunk ``U`` (0..3) of the loop trip at ``addr``, by the load ``X<U>`` (its
+    inline PTX at that chunk's constant offset)."""
+    cons: tl.constexpr = "=r,=r,=r,=r,=r,=r,=r,=r,l"
+    if U == 0:
+        x = tl.inline_asm_elementwise(X0, cons, [addr], dtype=(tl.int32,) * 8, is_pure=PURE, pack=1)
+    elif U == 1:
+        x = tl.inline_asm_elementwise(X1, cons, [addr], dtype=(tl.int32,) * 8, is_pure=PURE, pack=1)
+    elif U == 2:
+        x = tl.inline_asm_elementwise(X2, cons, [addr], dtype=(tl.int32,) * 8, is_pure=PURE, pack=1)
+    else:
+        x = tl.inline_asm_elementwise(X3, cons, [addr], dtype=(tl.int32,) * 8, is_pure=PURE, pack=1)
+    return x
+
+
+@triton.jit
 def _load_x(addr, U: tl.constexpr):
     """A lane's 16 activations (8 words) of chunk ``U`` (0..3) of the loop trip at ``addr``. Not pure: the
     compiler must not move them above the wait for the kernel that wrote them (programmatic dependent launch)."""
-    cons: tl.constexpr = "=r,=r,=r,=r,=r,=r,=r,=r,l"
-    if U == 0:
-        x = tl.inline_asm_elementwise(_X0, cons, [addr], dtype=(tl.int32,) * 8, is_pure=False, pack=1)
-    elif U == 1:
-        x = tl.inline_asm_elementwise(_X1, cons, [addr], dtype=(tl.int32,) * 8, is_pure=False, pack=1)
-    elif U == 2:
-        x = tl.inline_asm_elementwise(_X2, cons, [addr], dtype=(tl.int32,) * 8, is_pure=False, pack=1)
-    else:
-        x = tl.inline_asm_elementwise(_X3, cons, [addr], dtype=(tl.int32,) * 8, is_pure=False, pack=1)
-    return x
+    return x_words(addr, U, _X0, _X1, _X2, _X3, False)
 
 
 @triton.jit
