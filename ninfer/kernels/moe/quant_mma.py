@@ -28,7 +28,7 @@ import triton.language as tl
 from ninfer.kernels.dispatch import INTERPRET
 from ninfer.kernels.moe.align import ExpertRows, pair_group, pair_rows
 from ninfer.kernels.quant_gemm.common import finish_at
-from ninfer.kernels.quant_gemm.fragment_mma import _decode, _mma, _scaled, x_words
+from ninfer.kernels.quant_gemm.fragment_mma import add_scaled, decode_codes, mma_block, x_words
 from ninfer.kernels.quant_gemm.fragment_ptx import (
     mma_asm,
     paired_x_load_asm,
@@ -113,18 +113,18 @@ def _trip(acc, acc_up, codes, codes_up, q_row, q_row_up, s_row, s_row_up, x_lane
         for u in tl.static_range(grp * CPG, grp * CPG + CPG):
             if ASM:
                 xw = _load_x(x_lane + c * 128, u)
-                d = _mma(_decode(codes[u], DECODE_ASM, DECODE_OPERANDS, 4), xw, d[0], d[1], d[2], d[3], MMA_ASM)
+                d = mma_block(decode_codes(codes[u], DECODE_ASM, DECODE_OPERANDS, 4), xw, d[0], d[1], d[2], d[3], MMA_ASM)
                 if SWIGLU:
-                    a_up = _decode(codes_up[u], DECODE_ASM, DECODE_OPERANDS, 4)
-                    d_up = _mma(a_up, xw, d_up[0], d_up[1], d_up[2], d_up[3], MMA_ASM)
+                    a_up = decode_codes(codes_up[u], DECODE_ASM, DECODE_OPERANDS, 4)
+                    d_up = mma_block(a_up, xw, d_up[0], d_up[1], d_up[2], d_up[3], MMA_ASM)
             else:
                 d = _portable_chunk(d, q_row, x_ptr, x_row0, x_row1, c + u, g, stride_qn)
                 if SWIGLU:
                     d_up = _portable_chunk(d_up, q_row_up, x_ptr, x_row0, x_row1, c + u, g, stride_qn)
-        acc = _scaled(acc, d, tl.load(s_row + gi).to(tl.float32), tl.load(s_row + 8 * stride_sn + gi).to(tl.float32),
+        acc = add_scaled(acc, d, tl.load(s_row + gi).to(tl.float32), tl.load(s_row + 8 * stride_sn + gi).to(tl.float32),
                       1)
         if SWIGLU:
-            acc_up = _scaled(acc_up, d_up, tl.load(s_row_up + gi).to(tl.float32),
+            acc_up = add_scaled(acc_up, d_up, tl.load(s_row_up + gi).to(tl.float32),
                              tl.load(s_row_up + 8 * stride_sn + gi).to(tl.float32), 1)
     return acc, acc_up
 

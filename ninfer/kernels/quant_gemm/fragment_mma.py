@@ -106,7 +106,8 @@ def _load_x(addr, U: tl.constexpr):
 
 
 @triton.jit
-def _decode(w, DECODE_ASM: tl.constexpr, DECODE_OPERANDS: tl.constexpr, BITS: tl.constexpr):
+def decode_codes(w, DECODE_ASM: tl.constexpr, DECODE_OPERANDS: tl.constexpr, BITS: tl.constexpr):
+    """One chunk's code words ``w`` (4 for int4, 8 for int8) -> the 16 A registers of its four MMAs."""
     if BITS == 4:
         args = [w[0], w[1], w[2], w[3]]
     else:
@@ -115,7 +116,8 @@ def _decode(w, DECODE_ASM: tl.constexpr, DECODE_OPERANDS: tl.constexpr, BITS: tl
 
 
 @triton.jit
-def _mma(a, xw, c0, c1, c2, c3, MMA_ASM: tl.constexpr):
+def mma_block(a, xw, c0, c1, c2, c3, MMA_ASM: tl.constexpr):
+    """The four MMAs of one chunk and 8-token block: A registers ``a``, activation words ``xw``, accumulators in."""
     args = [a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12], a[13], a[14], a[15],
             xw[0], xw[1], xw[2], xw[3], xw[4], xw[5], xw[6], xw[7], c0, c1, c2, c3]
     return tl.inline_asm_elementwise(MMA_ASM, _MMA_OPERANDS, args, dtype=(tl.float32,) * 4, is_pure=True, pack=1)
@@ -189,17 +191,17 @@ def _step(acc, acc_up, codes, codes_up, q_ptr, s_lane, s_lane_up, x_ptr, x_lane,
         for ci in tl.static_range(CPG):
             cc = c + grp * CPG + ci
             if ASM:
-                a = _decode(codes[grp * CPG + ci], DECODE_ASM, DECODE_OPERANDS, BITS)
+                a = decode_codes(codes[grp * CPG + ci], DECODE_ASM, DECODE_OPERANDS, BITS)
                 a_up = a
                 if TWO:
-                    a_up = _decode(codes_up[grp * CPG + ci], DECODE_ASM, DECODE_OPERANDS, BITS)
+                    a_up = decode_codes(codes_up[grp * CPG + ci], DECODE_ASM, DECODE_OPERANDS, BITS)
                 new = ()
                 new_up = ()
                 for b in tl.static_range(NB):
                     xw = _load_x(trip_x[b], grp * CPG + ci)
-                    new = new + _mma(a, xw, d[4 * b], d[4 * b + 1], d[4 * b + 2], d[4 * b + 3], MMA_ASM)
+                    new = new + mma_block(a, xw, d[4 * b], d[4 * b + 1], d[4 * b + 2], d[4 * b + 3], MMA_ASM)
                     if TWO:
-                        new_up = new_up + _mma(a_up, xw, d_up[4 * b], d_up[4 * b + 1], d_up[4 * b + 2],
+                        new_up = new_up + mma_block(a_up, xw, d_up[4 * b], d_up[4 * b + 1], d_up[4 * b + 2],
                                                d_up[4 * b + 3], MMA_ASM)
                 d = new
                 if TWO:
@@ -208,14 +210,14 @@ def _step(acc, acc_up, codes, codes_up, q_ptr, s_lane, s_lane_up, x_ptr, x_lane,
                 d = _chunk_portable(d, q_ptr, x_ptr, tile, cc, g, t, tok0, M, KC, stride_xm, NB, BITS)
                 if TWO:
                     d_up = _chunk_portable(d_up, q_ptr, x_ptr, tile_up, cc, g, t, tok0, M, KC, stride_xm, NB, BITS)
-        acc = _scaled(acc, d, s_lo, s_hi, NB)
+        acc = add_scaled(acc, d, s_lo, s_hi, NB)
         if TWO:
-            acc_up = _scaled(acc_up, d_up, s_lo_up, s_hi_up, NB)
+            acc_up = add_scaled(acc_up, d_up, s_lo_up, s_hi_up, NB)
     return acc, acc_up
 
 
 @triton.jit
-def _scaled(acc, d, s_lo, s_hi, NB: tl.constexpr):
+def add_scaled(acc, d, s_lo, s_hi, NB: tl.constexpr):
     """``acc`` plus one scale group's products ``d``: values 0, 1 of a block are row g's, 2, 3 row g + 8's."""
     out = ()
     for b in tl.static_range(NB):
