@@ -19,9 +19,11 @@ the grouped quantized GEMMs). Points, each against a limit measured in this run:
 ``tl.dot`` kernels and the expert GEMV, measured on first use; records carry the choice and every
 candidate's tuner time), ``dot`` (the ``tl.dot`` grouped GEMMs pinned) and ``gemv`` (the expert GEMV
 of :mod:`ninfer.kernels.moe.quant_gemv`, each GEMM's first candidate; the 64-token point is past
-the GEMV's pair limit and runs the dot). Labels of pinned paths end in ``[dot]`` / ``[gemv]``.
+the GEMV's pair limit and runs the dot) and ``mma`` (the register decode of :mod:`ninfer.kernels.moe.quant_mma`,
+each GEMM's first candidate; int4 stacks only, the dot elsewhere). Labels of pinned paths end in ``[dot]`` /
+``[gemv]`` / ``[mma]``.
 
-Run: ``python perf/bench_moe.py [--formats int4-g64,nvfp4] [--no-bf16] [--path auto,dot,gemv]``
+Run: ``python perf/bench_moe.py [--formats int4-g64,nvfp4] [--no-bf16] [--path auto,dot,gemv,mma]``
 (``--formats ''``: bf16 only).
 """
 from __future__ import annotations
@@ -63,7 +65,7 @@ PREFILL = 8192
 ROUTINGS = 8
 DEVICE, DTYPE = "cuda", torch.bfloat16  # activations and the float stacks
 QUANT_FORMATS = "int4-g64,nvfp4"
-PATHS = ("auto", "dot", "gemv")  # expert-GEMM paths of the quantized decode points (--path)
+PATHS = ("auto", "dot", "gemv", "mma")  # expert-GEMM paths of the quantized decode points (--path)
 
 
 def expert_bytes(gate_up: Weight, down: Weight) -> int:

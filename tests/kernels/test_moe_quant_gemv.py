@@ -154,7 +154,7 @@ def test_path_pins(monkeypatch: pytest.MonkeyPatch) -> None:
     moe_experts_triton(x, gate_up, down, weights, ids)
     assert ran == ["gemv", "gemv"]
     monkeypatch.setenv("NINFER_MOE_PATH", "fast")
-    with pytest.raises(ValueError, match="NINFER_MOE_PATH must be one of auto, dot, gemv, got 'fast'"):
+    with pytest.raises(ValueError, match="NINFER_MOE_PATH must be one of auto, dot, gemv, mma, got 'fast'"):
         moe_experts_triton(x, gate_up, down, weights, ids)
 
 

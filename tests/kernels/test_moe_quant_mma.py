@@ -14,6 +14,7 @@ from kernel_testing import expert_routing, expert_stacks, nan_experts, poisoned_
 
 from ninfer.kernels.dispatch import INTERPRET
 from ninfer.kernels.moe import moe_experts_reference
+from ninfer.kernels.moe import quant_gemm as moe_quant_gemm
 from ninfer.kernels.moe.align import expert_rows
 from ninfer.kernels.moe.gemm import moe_experts_triton
 from ninfer.kernels.moe.quant_mma import (
@@ -79,6 +80,31 @@ def test_repeated_slot_and_experts_without_tokens() -> None:
     cfg = _cfg(4, 2, 2, True)
     assert torch.equal(moe_experts_triton(x, *poisoned, weights, ids, path=cfg),
                        moe_experts_triton(x, *stacks, weights, ids, path=cfg))
+
+
+def test_mma_path_pin(monkeypatch: pytest.MonkeyPatch) -> None:
+    """path="mma" runs the register decode on int4 stacks at decode rows, the dot on other formats and on aligned
+    rows; so does ``NINFER_MOE_PATH=mma``."""
+    ran: list[str] = []
+    dot, mma = moe_quant_gemm._launch_dot, moe_quant_gemm.launch_expert_mma
+    monkeypatch.setattr(moe_quant_gemm, "_launch_dot", lambda *a, **k: (ran.append("dot"), dot(*a, **k)))
+    monkeypatch.setattr(moe_quant_gemm, "launch_expert_mma", lambda *a, **k: (ran.append("mma"), mma(*a, **k)))
+    weights, ids = expert_routing(3, E, K)
+    for fmt, want in (("int4-g64", "mma"), ("int8-g64", "dot")):
+        stacks = expert_stacks(fmt, E, 256, 128)
+        x = torch.randn(3, 256)
+        ran.clear()
+        got = moe_experts_triton(x, *stacks, weights, ids, path="mma")
+        ref = moe_experts_reference(x, *(w.dequantize() for w in stacks), weights, ids)
+        assert ran == [want, want] and (got - ref).norm() / ref.norm() < TOL[torch.float32], fmt
+    monkeypatch.setenv("NINFER_MOE_PATH", "mma")
+    ran.clear()
+    moe_experts_triton(x, *expert_stacks("int4-g64", E, 256, 128), weights, ids)
+    assert ran == ["mma", "mma"]
+    monkeypatch.setattr("ninfer.kernels.moe.gemm.DIRECT_MAX_PAIRS", 0)  # aligned 16-row blocks
+    ran.clear()
+    moe_experts_triton(x, *expert_stacks("int4-g64", E, 256, 128), weights, ids)
+    assert ran == ["dot", "dot"]
 
 
 def test_fit_candidates_and_errors() -> None:

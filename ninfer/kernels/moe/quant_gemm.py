@@ -37,7 +37,7 @@ import triton.language as tl
 from ninfer.kernels.autotune import ninfer_autotune
 from ninfer.kernels.dispatch import autotune_configs
 from ninfer.kernels.moe.align import ExpertRows, aligned_tile, pair_group, pair_rows
-from ninfer.kernels.moe.quant_mma import EXPERT_MMA_KIND, launch_expert_mma
+from ninfer.kernels.moe.quant_mma import EXPERT_MMA_KIND, expert_mma_candidates, launch_expert_mma
 from ninfer.kernels.moe.quant_gemv import (
     GROUPED_DOT,
     choose_config,
@@ -52,13 +52,13 @@ from ninfer.kernels.quant_gemm.weights import QuantizedTensor
 
 QUANT_FORMATS = frozenset(FMT_CODES)  # formats these kernels read
 PATH_ENV = "NINFER_MOE_PATH"
-PATHS = ("auto", "dot", "gemv")
+PATHS = ("auto", "dot", "gemv", "mma")
 
 
 def default_path() -> str:
     """The path of a ``launch_quant_experts`` call that names none: ``NINFER_MOE_PATH`` (read per call, so a
-    test or benchmark may set it late), "auto" (measure dot vs GEMV per decode key) unless it pins "dot" or
-    "gemv" everywhere (e.g. to compare whole engine runs: ``NINFER_MOE_PATH=dot perf/bench_engine.py ...``)."""
+    test or benchmark may set it late), "auto" (measure the candidates per decode key) unless it pins "dot",
+    "gemv" or "mma" everywhere (e.g. to compare whole engine runs: ``NINFER_MOE_PATH=dot perf/bench_engine.py ...``)."""
     path = os.environ.get(PATH_ENV, "auto")
     if path not in PATHS:
         raise ValueError(f"{PATH_ENV} must be one of {', '.join(PATHS)}, got {path!r}")
@@ -193,7 +193,8 @@ def launch_quant_experts(rows: ExpertRows, a: torch.Tensor, w: QuantizedTensor, 
     ``path``: "auto" (None: :func:`default_path`) measures the ``tl.dot`` kernels here against the GEMV of
     :mod:`ninfer.kernels.moe.quant_gemv` per key at decode (:func:`ninfer.kernels.moe.quant_gemv.choose_config`);
     "dot" pins the ``tl.dot`` kernels, "gemv" the GEMV's first candidate wherever it applies
-    (alignment-free decode rows; the dot elsewhere); a ``GemmConfig`` of either kind pins exactly that
+    (alignment-free decode rows; the dot elsewhere), "mma" the register decode's (:mod:`.quant_mma`: int4 stacks at
+    decode rows; the dot elsewhere); a ``GemmConfig`` of either kind pins exactly that
     (tests, benchmarks; a GEMV config raises on aligned rows)."""
     name = w.format.name
     if name not in QUANT_FORMATS or len(w.shape) != 3:
@@ -222,8 +223,11 @@ def launch_quant_experts(rows: ExpertRows, a: torch.Tensor, w: QuantizedTensor, 
     elif path == "gemv":  # where it applies (alignment-free decode rows), else the dot
         cfg = expert_gemv_candidates(name, rows.pairs, n_out, k_dim, sm_count(a.device))[0] if rows.direct \
             else GROUPED_DOT
+    elif path == "mma":  # the register decode's first candidate where it applies (int4, decode rows), else the dot
+        mma = expert_mma_candidates(name, rows.pairs, n_out, k_dim, sm_count(a.device)) if rows.direct else []
+        cfg = mma[0] if mma else GROUPED_DOT
     else:
-        raise ValueError(f"expert GEMM path must be auto, dot, gemv or a GemmConfig, got {path!r}")
+        raise ValueError(f"expert GEMM path must be auto, dot, gemv, mma or a GemmConfig, got {path!r}")
     launch(cfg)
 
 
