@@ -229,7 +229,7 @@ stage() {
         --formats int4-g64,nvfp4,fp8 --gemlite-budget 200
       ;;
     moe-kernels)
-      NINFER_TUNE_CACHE=off part 120 python3 perf/bench_moe.py --no-bf16 --formats int4-g64,nvfp4 --path auto,dot,gemv
+      NINFER_TUNE_CACHE=off part 150 python3 perf/bench_moe.py --no-bf16 --formats int4-g64,nvfp4 --path auto,dot,gemv,mma
       ;;
     engine-27b-int4)
       part 330 python3 perf/bench_engine.py --shape 27b --recipe int4 --contexts 1024 32768 --lanes 1 2 4 8 \
