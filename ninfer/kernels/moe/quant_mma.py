@@ -47,10 +47,9 @@ from ninfer.kernels.quant_gemm.tune import GemmConfig
 
 EXPERT_MMA_KIND = "expert-mma"  # GemmConfig.kind of this kernel (block_n = 16 * num_warps, block_k = a trip)
 FORMATS = {"int4-g64": 64, "int4-g128": 128}  # the formats it reads, by scale group
-_CODE_LOADS = tuple(tl.constexpr(row_major_load_asm(u)) for u in range(4))
-_X_LOADS = tuple(tl.constexpr(paired_x_load_asm(u)) for u in range(4))
-_L0, _L1, _L2, _L3 = _CODE_LOADS
-_X0, _X1, _X2, _X3 = _X_LOADS
+# a chunk's loads at its constant offset from the loop trip's address (one inline-PTX string per chunk of a trip)
+_L0, _L1, _L2, _L3 = (tl.constexpr(row_major_load_asm(u)) for u in range(4))
+_X0, _X1, _X2, _X3 = (tl.constexpr(paired_x_load_asm(u)) for u in range(4))
 
 
 @triton.jit
@@ -113,7 +112,8 @@ def _trip(acc, acc_up, codes, codes_up, q_row, q_row_up, s_row, s_row_up, x_lane
         for u in tl.static_range(grp * CPG, grp * CPG + CPG):
             if ASM:
                 xw = _load_x(x_lane + c * 128, u)
-                d = mma_block(decode_codes(codes[u], DECODE_ASM, DECODE_OPERANDS, 4), xw, d[0], d[1], d[2], d[3], MMA_ASM)
+                a = decode_codes(codes[u], DECODE_ASM, DECODE_OPERANDS, 4)
+                d = mma_block(a, xw, d[0], d[1], d[2], d[3], MMA_ASM)
                 if SWIGLU:
                     a_up = decode_codes(codes_up[u], DECODE_ASM, DECODE_OPERANDS, 4)
                     d_up = mma_block(a_up, xw, d_up[0], d_up[1], d_up[2], d_up[3], MMA_ASM)
