@@ -2,8 +2,9 @@
 
 Run: ``python -m pytest -m gpu tests/gpu/test_moe_quant_mma.py``. Every candidate the selection may pick, pinned
 for both GEMMs, at 1, 4 and 8 tokens (8, 32, 64 routed pairs), bf16 and fp16 activations, a skewed routing (one
-expert in every token's top k: a block of eight pairs and more), against dequantize + the fp32 reference; experts
-without tokens never read (NaN scales); a captured step replays exactly what eager calls compute.
+expert in every token's top k: a block of eight pairs; top-2 routing with 20 pairs on one expert: three blocks),
+against dequantize + the fp32 reference; experts without tokens never read (NaN scales); a captured step replays
+exactly what eager calls compute.
 """
 from __future__ import annotations
 
@@ -68,6 +69,21 @@ def test_every_candidate(stacks, dtype: torch.dtype) -> None:
             assert got.dtype == dtype and torch.isfinite(got).all(), (n, cfg)
             err = ((got.float() - ref).norm() / ref.norm()).item()
             assert err < TOL, (gate_up.format.name, n, skew, dtype, cfg, err)
+
+
+def test_blocks_of_eight_pairs(stacks) -> None:
+    """Top-2 routing of 20 tokens with one expert in every token's pair: 20 pairs of one expert, served by three
+    programs (blocks of eight), beside experts with one or two pairs."""
+    gate_up, down = stacks
+    g = torch.Generator(device="cuda").manual_seed(11)
+    logits = torch.randn(20, E, generator=g, device="cuda")
+    logits[:, 7] = 20.0
+    weights, ids = route_topk_reference(logits.to(torch.bfloat16), 2)
+    x = torch.randn(20, H, device="cuda", dtype=torch.bfloat16)
+    ref = moe_experts_reference(x.float(), gate_up.dequantize(), down.dequantize(), weights.float(), ids)
+    for cfg in _configs(5)[:2]:
+        got = moe_experts_triton(x, gate_up, down, weights.to(torch.bfloat16), ids, path=cfg)
+        assert ((got.float() - ref).norm() / ref.norm()).item() < TOL, cfg
 
 
 def test_unselected_experts_are_never_read(stacks) -> None:
