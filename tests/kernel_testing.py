@@ -89,3 +89,17 @@ def graph_replay_matches(w, cfg, x: torch.Tensor, res: torch.Tensor, tol: float 
     graph.replay()
     ref = quant_matmul_reference(x.float(), w, res.float()).float()
     assert ((out.float() - ref).norm() / ref.norm()).item() < tol
+
+
+def assert_graph_replays_eager(step, inputs: list[torch.Tensor], label: object = None, replays: int = 2) -> None:
+    """Capture ``step`` (a warmed-up call of static ``inputs``) in a CUDA graph, then ``replays`` times: fresh
+    random inputs, one replay, and the graph's output equal to an eager call's."""
+    from ninfer.runtime.graphs import capture
+
+    graph, out = capture(step)
+    for _ in range(replays):
+        for t in inputs:
+            t.copy_(torch.randn_like(t))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, step()), label

@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 import triton
+from kernel_testing import assert_graph_replays_eager
 
 from ninfer.kernels.moe import gemm as moe_gemm
 from ninfer.kernels.moe import quant_gemm as moe_quant_gemm
@@ -25,7 +26,6 @@ from ninfer.kernels.moe import (
 from ninfer.kernels.moe.gemm import moe_experts_triton
 from ninfer.kernels.tuning import TunerState, use_tuner
 from ninfer.quant.formats import QuantizedTensor, quantize
-from ninfer.runtime.graphs import capture
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -172,12 +172,7 @@ def test_dispatch_and_graph_replay(float_experts) -> None:
     first = step()  # compiles and tunes outside the graph
     weights, ids = route_topk(logits, TOP_K)
     assert torch.equal(first, moe_experts_triton(x, gate_up, down, weights, ids))
-    graph, out = capture(step)
-    logits.copy_(torch.randn_like(logits))
-    x.copy_(torch.randn_like(x))
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(out, step())
+    assert_graph_replays_eager(step, [logits, x], replays=1)
 
 
 @pytest.fixture
@@ -268,13 +263,7 @@ def test_expert_gemv_in_cuda_graph(float_experts, monkeypatch: pytest.MonkeyPatc
             weights, ids = route_topk_reference(logits, TOP_K)
             ref = moe_experts_reference(x.float(), gate_up.dequantize(), down.dequantize(), weights.float(), ids)
             assert ((first.float() - ref).norm() / ref.norm()).item() < TOL[torch.bfloat16], (fmt, n, path)
-            graph, out = capture(step)
-            for _ in range(2):
-                logits.copy_(torch.randn_like(logits))
-                x.copy_(torch.randn_like(x))
-                graph.replay()
-                torch.cuda.synchronize()
-                assert torch.equal(out, step()), (fmt, n, path)
+            assert_graph_replays_eager(step, [logits, x], (fmt, n, path))
     if path is None:
         chosen, timings = tuner.chosen("moe_gemv"), tuner.timings("moe_gemv")
         want = {(fmt, torch.bfloat16, p, n_out, k, sw, x.device) for p in (8, 64)

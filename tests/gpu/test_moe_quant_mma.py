@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_testing import nan_experts
+from kernel_testing import assert_graph_replays_eager, nan_experts
 
 from ninfer.kernels.moe import moe_experts_reference, route_topk, route_topk_reference
 from ninfer.kernels.moe import quant_gemm as moe_quant_gemm
 from ninfer.kernels.moe.gemm import moe_experts_triton
 from ninfer.kernels.moe.quant_mma import expert_mma_candidates
 from ninfer.quant.formats import QuantizedTensor, quantize
-from ninfer.runtime.graphs import capture
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -110,10 +109,4 @@ def test_graph_replay(stacks) -> None:
             return moe_experts_triton(x, gate_up, down, weights, ids, path=cfg)
 
         step()
-        graph, out = capture(step)
-        for _ in range(2):
-            logits.copy_(torch.randn_like(logits))
-            x.copy_(torch.randn_like(x))
-            graph.replay()
-            torch.cuda.synchronize()
-            assert torch.equal(out, step()), n
+        assert_graph_replays_eager(step, [logits, x], n)
