@@ -210,7 +210,7 @@ def moe_experts_triton(x: torch.Tensor, gate_up: Weight, down: Weight, weights: 
     stack is a float tensor (fp32/fp16/bf16, converted to x's dtype in registers) or a
     :class:`QuantizedTensor` in any format of the quantized GEMM (dequantized in the K loop, see
     :mod:`ninfer.kernels.moe.quant_gemm`); returns ``[N, H]`` in x's dtype. ``path`` picks the
-    quantized stacks' kernels (``launch_quant_experts``: auto, dot, gemv or a config; float stacks
+    quantized stacks' kernels (``launch_quant_experts``: auto, dot, gemv, mma or a config; float stacks
     ignore it). ``shared``: a gated shared expert's ``(output [N, H], gate logit [N, 1])``, added by the combine
     as ``sigmoid(logit) * output`` (:func:`ninfer.kernels.moe.dispatch.moe_experts_reference` defines it)."""
     n, h = x.shape
@@ -222,6 +222,10 @@ def moe_experts_triton(x: torch.Tensor, gate_up: Weight, down: Weight, weights: 
         raise ValueError(f"weights {list(weights.shape)} and ids {list(ids.shape)} must both be [N = {n}, k]")
     top_k = ids.shape[1]
     out = torch.empty_like(x)
+    s_out, logit = shared if shared is not None else (out, out)
+    if shared is not None and (s_out.shape != x.shape or s_out.stride(1) != 1 or logit.shape != (n, 1)):
+        raise ValueError(f"shared expert output {list(s_out.shape)} and gate logit {list(logit.shape)} must be "
+                         f"[{n}, {h}] (unit stride along H) and [{n}, 1]")
     if n == 0:
         return out
     x = x if x.stride(-1) == 1 else x.contiguous()
@@ -233,10 +237,6 @@ def moe_experts_triton(x: torch.Tensor, gate_up: Weight, down: Weight, weights: 
     _launch(rows, x, gate_up, inter, rw, a_div=top_k, swiglu=True, path=path)
     _launch(rows, inter, down, y, rw, a_div=1, swiglu=False, path=path)
     block = min(1024, triton.next_power_of_2(h))
-    s_out, logit = shared if shared is not None else (out, out)
-    if shared is not None and (s_out.shape != x.shape or s_out.stride(1) != 1 or logit.shape != (n, 1)):
-        raise ValueError(f"shared expert output {list(s_out.shape)} and gate logit {list(logit.shape)} must be "
-                         f"[{n}, {h}] (unit stride along H) and [{n}, 1]")
     _combine_kernel[(n, triton.cdiv(h, block))](y, out, s_out, logit, h, s_out.stride(0), logit.stride(0),
                                                TOPK=top_k, K_BLOCK=triton.next_power_of_2(top_k), BLOCK=block,
                                                SHARED=shared is not None, num_warps=4)
