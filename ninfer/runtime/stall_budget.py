@@ -87,7 +87,6 @@ class StallBudget:
 
     def __init__(self, bound: StallBound, *, initial: int, most: int) -> None:
         self.bound, self.initial, self.most = bound, min(initial, most), most
-        self.least = min(LEAST_TOKENS, most)
         self.decode_s: float | None = None  # a step that only decodes
         self.token_s: float | None = None  # one prompt token's share of an (eager) step beside decodes
         self.graph_tokens = 0  # the chunk length the engine replays from a graph (0: none)
@@ -116,8 +115,13 @@ class StallBudget:
     def replays_chunks_of(self, tokens: int) -> None:
         """The engine replays a graph for chunks of ``tokens``: never plan fewer (they would run eagerly), and plan
         more only where eager steps are measured, or expected, to fit."""
-        self.least = min(max(self.least, tokens), self.most)
         self.graph_tokens = min(tokens, self.most)
+
+    @property
+    def least(self) -> int:
+        """The fewest prompt tokens a step beside decodes plans: the graph's length where one replays, else
+        :data:`LEAST_TOKENS` (never past the prefill chunk)."""
+        return self.graph_tokens or min(LEAST_TOKENS, self.most)
 
     def tokens(self) -> int:
         if self.decode_s is None:
