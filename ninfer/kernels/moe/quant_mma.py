@@ -28,7 +28,7 @@ import triton.language as tl
 from ninfer.kernels.dispatch import INTERPRET
 from ninfer.kernels.moe.align import ExpertRows, pair_group, pair_rows
 from ninfer.kernels.quant_gemm.common import finish_at
-from ninfer.kernels.quant_gemm.fragment_mma import add_scaled, decode_codes, mma_block, x_words
+from ninfer.kernels.quant_gemm.fragment_mma import add_scaled, decode_codes, fragment_splits, mma_block, x_words
 from ninfer.kernels.quant_gemm.fragment_ptx import (
     mma_asm,
     paired_x_load_asm,
@@ -84,7 +84,7 @@ def _trip_codes(row_g, row_h, c, UNROLL: tl.constexpr, ASM: tl.constexpr):
 
 
 @triton.jit
-def _portable_chunk(d, q_row, x_ptr, x_row0, x_row1, c, g, stride_qn):
+def _portable_chunk(d, q_row, x_ptr, x_row0, x_row1, c, stride_qn):
     """What the PTX of one chunk adds to ``d`` (rows g / g + 8 x the lane's pairs 2t / 2t + 1), from gathers of
     the row-major codes (``q_row``: the lane's row g; interpreter, fp32 activations)."""
     cols = c * 64 + tl.arange(0, 64)[None, :]
@@ -99,7 +99,7 @@ def _portable_chunk(d, q_row, x_ptr, x_row0, x_row1, c, g, stride_qn):
 
 
 @triton.jit
-def _trip(acc, acc_up, codes, codes_up, q_row, q_row_up, s_row, s_row_up, x_lane, x_row0, x_row1, x_ptr, c, g,
+def _trip(acc, acc_up, codes, codes_up, q_row, q_row_up, s_row, s_row_up, x_lane, x_row0, x_row1, x_ptr, c,
           stride_qn, stride_sn, CPG: tl.constexpr, UNROLL: tl.constexpr, SWIGLU: tl.constexpr,
           DECODE_ASM: tl.constexpr, DECODE_OPERANDS: tl.constexpr, MMA_ASM: tl.constexpr, ASM: tl.constexpr):
     """``UNROLL`` chunks from chunk ``c`` into ``acc`` (and the up tile's into ``acc_up``): per scale group the
@@ -118,9 +118,9 @@ def _trip(acc, acc_up, codes, codes_up, q_row, q_row_up, s_row, s_row_up, x_lane
                     a_up = decode_codes(codes_up[u], DECODE_ASM, DECODE_OPERANDS, 4)
                     d_up = mma_block(a_up, xw, d_up[0], d_up[1], d_up[2], d_up[3], MMA_ASM)
             else:
-                d = _portable_chunk(d, q_row, x_ptr, x_row0, x_row1, c + u, g, stride_qn)
+                d = _portable_chunk(d, q_row, x_ptr, x_row0, x_row1, c + u, stride_qn)
                 if SWIGLU:
-                    d_up = _portable_chunk(d_up, q_row_up, x_ptr, x_row0, x_row1, c + u, g, stride_qn)
+                    d_up = _portable_chunk(d_up, q_row_up, x_ptr, x_row0, x_row1, c + u, stride_qn)
         acc = add_scaled(acc, d, tl.load(s_row + gi).to(tl.float32), tl.load(s_row + 8 * stride_sn + gi).to(tl.float32),
                       1)
         if SWIGLU:
@@ -190,7 +190,7 @@ def _expert_mma_kernel(
             codes = _trip_codes(row_g, row_h, c, UNROLL, ASM)
             codes_up = _trip_codes(row_g_up, row_h_up, c, UNROLL, ASM and SWIGLU)
         acc, acc_up = _trip(acc, acc_up, codes, codes_up, q_row, q_row_up, s_row, s_row_up, x_lane, x_row0, x_row1,
-                            x_ptr, c, g, stride_qn, stride_sn, CPG, UNROLL, SWIGLU, DECODE_ASM, DECODE_OPERANDS,
+                            x_ptr, c, stride_qn, stride_sn, CPG, UNROLL, SWIGLU, DECODE_ASM, DECODE_OPERANDS,
                             MMA_ASM, ASM)
         if PREFETCH:
             codes = codes_next
@@ -225,13 +225,6 @@ def expert_mma_fits(fmt: str, n_out: int, k: int, unroll: int = 2) -> bool:
     return group is not None and n_out % 16 == 0 and k % (unroll * 64) == 0 and unroll * 64 >= group
 
 
-def expert_mma_splits(kc: int, unroll: int, split: int) -> tuple[int, int]:
-    """``(chunks per split, splits)``: whole loop trips per split, no empty split."""
-    trips = kc // unroll
-    per = -(-trips // max(1, min(split, trips))) * unroll
-    return per, -(-kc // per)
-
-
 def launch_expert_mma(rows: ExpertRows, a: torch.Tensor, w, dst: torch.Tensor, rw: torch.Tensor, *, a_div: int,
                       swiglu: bool, cfg: GemmConfig) -> None:
     """``dst[pair] = f(a[pair // a_div] @ dequantize(w)[expert]^T)`` (``launch_quant_experts``'s contract) for an
@@ -251,7 +244,7 @@ def launch_expert_mma(rows: ExpertRows, a: torch.Tensor, w, dst: torch.Tensor, r
     if asm and (a.data_ptr() % 16 or a.stride(0) % 8):  # 16-byte activation loads
         a = torch.empty_like(a, memory_format=torch.contiguous_format).copy_(a)
     kc = k // 64
-    per, splits = expert_mma_splits(kc, unroll, cfg.split_k)
+    per, splits = fragment_splits(kc, unroll, cfg.split_k)
     nk = rows.pairs
     ws = torch.empty(splits, nk, n_out * (2 if swiglu else 1), dtype=torch.float32, device=a.device) \
         if splits > 1 else dst
