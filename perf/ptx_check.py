@@ -164,14 +164,8 @@ def expert_mma(fmt: str, arch: int, sms: int) -> None:
         for cfg in moe_quant_mma.expert_mma_candidates(fmt, 8, n_out, k, sms):
             head = (f"{fmt:9s} expert-mma-{name:7s} warps={cfg.num_warps} chunks/trip={cfg.block_k // 64} "
                     f"split={cfg.split_k:<3d} stages={cfg.num_stages}")
-            try:
-                kernel = compile_expert_mma(fmt, cfg, swiglu, arch)
-                per_thread = 16 * cfg.block_k * (2 if swiglu else 1) / 32
-                sass = loop_sass(kernel)
-                print(f"{head} | {resources(kernel, arch)} | {len(sass) / per_thread:.2f} SASS instructions per "
-                      f"weight in the K loop, {code_loads_at(sass)}", flush=True)
-            except Exception as err:  # noqa: BLE001
-                print(f"{head}: FAILED {type(err).__name__}: {str(err).splitlines()[0][:200]}", flush=True)
+            register_decode_line(head, lambda: compile_expert_mma(fmt, cfg, swiglu, arch),
+                                 16 * cfg.block_k * (2 if swiglu else 1) / 32, arch)
 
 
 def compile_mma(fmt: str, cfg, swiglu: bool, arch: int):
@@ -260,6 +254,18 @@ def compile_frag(cfg, group: int, swiglu: bool, arch: int, bits: int = 4):
                           target=GPUTarget("cuda", arch, 32), options=options)
 
 
+def register_decode_line(head: str, compile_fn, weights_per_thread: float, arch: int) -> None:
+    """One config of a register decode: registers and stack, SASS instructions per weight in its K loop (a trip's
+    ``weights_per_thread``), where its code loads sit; or why it failed to compile."""
+    try:
+        kernel = compile_fn()
+        sass = loop_sass(kernel)
+        print(f"{head} | {resources(kernel, arch)} | {len(sass) / weights_per_thread:.2f} SASS instructions per "
+              f"weight in the K loop, {code_loads_at(sass)}", flush=True)
+    except Exception as err:  # noqa: BLE001
+        print(f"{head}: FAILED {type(err).__name__}: {str(err).splitlines()[0][:200]}", flush=True)
+
+
 def frag(fmt: str, m: int, arch: int, sms: int) -> None:
     group = int(fmt.split("-g")[1])
     bits = 8 if fmt.startswith("int8") else 4
@@ -271,14 +277,9 @@ def frag(fmt: str, m: int, arch: int, sms: int) -> None:
         for cfg in fragment_candidates(fmt, m, n_out, k, sms, swiglu=swiglu) + ([wide] if wide else []):
             head = (f"{fmt:9s} {cfg.kind}-{name:7s} tokens={cfg.block_m:<2d} warps={cfg.num_warps} "
                     f"chunks/trip={cfg.block_k // 64} split={cfg.split_k:<3d} stages={cfg.num_stages}")
-            try:
-                kernel = compile_frag(cfg, group, swiglu, arch, bits)
-                per_thread = 16 * cfg.block_k * (2 if swiglu or cfg.kind == fragment_mma.PAIR_KIND else 1) / 32
-                sass = loop_sass(kernel)
-                print(f"{head} | {resources(kernel, arch)} | {len(sass) / per_thread:.2f} SASS instructions per "
-                      f"weight in the K loop, {code_loads_at(sass)}", flush=True)
-            except Exception as err:  # noqa: BLE001
-                print(f"{head}: FAILED {type(err).__name__}: {str(err).splitlines()[0][:200]}", flush=True)
+            streams = 2 if swiglu or cfg.kind == fragment_mma.PAIR_KIND else 1
+            register_decode_line(head, lambda: compile_frag(cfg, group, swiglu, arch, bits),
+                                 16 * cfg.block_k * streams / 32, arch)
 
 
 def compile_frag_tiled(cfg, group: int, swiglu: bool, arch: int, bits: int = 4):
@@ -405,7 +406,7 @@ def main(args: argparse.Namespace) -> None:
         if "dequant" in kinds and not any(c.kind == "dequant" for c in cfgs):  # decode M: not offered there
             cfgs += dequant_candidates(fmt, 128)
         for cfg in cfgs:
-            if cfg.kind not in kinds or cfg.kind in ("gemv-mma", "frag", "frag-tiled", "expert-mma"):
+            if cfg.kind not in kinds or cfg.kind in ("gemv-mma", "frag", "frag-tiled"):
                 continue
             common = dict(FMT=FMT_CODES[fmt], ROW_SCALE=fmt in ("fp8", "nvfp4"), SWIGLU=False, HAS_RES=False,
                           SPLIT=cfg.split_k > 1, EVEN_K=True, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
