@@ -47,7 +47,7 @@ profile-27b           where a 27B int4 step goes (torch.profiler by op family): 
 profile-35b-a3b       where a 35B-A3B 4-bit step goes: decode C = 1, 8k prefill in one chunk
 moe-expert-mma        the expert register decode of int4 stacks: its GPU tests, the 35B-A3B expert block at decode (the tuner time of every candidate: GEMV, tl.dot, register decode), the 35B-A3B engine (decode C = 1 / 8, 8k prefill)
 moe-35b-tuned         the 35B-A3B engine (decode C = 1 / 8, 8k prefill) exporting its tuning choices (the expert keys timed among the register decode; merge with perf/ship_tuning.py <files_at>/tuned-h200.json), then its MTP speculation at C = 1 / 8
-stall-budget-graph-27b  the GPU tests of the gated shared expert in the MoE combine, then 27B int4 warm start: ITL of 4 decodes beside a 32k prefill at a 16-token chunk graph and at max_decode_stall 3x over it (graph and eager chunks costed apart)
+stall-budget-graph-27b  27B int4 warm start: ITL of 4 decodes beside a 32k prefill at a 16-token chunk graph and at max_decode_stall 3x over it (graph and eager chunks costed apart)
 moe-combine-tests     the GPU tests of the gated shared expert in the MoE combine and the whole-model GPU tests of the MoE checkpoint (parity with transformers, graphs = eager, batched = single)
 profile-35b-decode    the 35B-A3B 4-bit decode step kernel by kernel (top 45 at C = 1, top 30 at C = 8): what its launches are
 bench-27b-step        27B int4 engine (decode ctx 1k / 32k, C = 1 / 8, 8k prefill) and its C = 8 profile
@@ -288,7 +288,6 @@ stage() {
         --prefill 8192
       ;;
     stall-budget-graph-27b)
-      gpu_tests 90 moe -k shared
       NINFER_CHUNK_GRAPHS=1 part 330 python3 perf/bench_startup.py --shape 27b --recipe int4 --modes warm \
         --prefill --ttft-lanes 1 --while-decoding 16 --stalls 3x --child-timeout 320 --budget 325
       ;;
