@@ -71,6 +71,7 @@ pdl-norms             programmatic dependent launch with the RMSNorm kernels let
 itl-small-chunks      27B int4 warm start: ITL of 4 decodes beside a 32k prefill with 64- and 32-token prompt chunks replayed from the chunk graph, and the rate of the 32k prompt at each
 frag-narrow           the register decode at 16 and 32 tokens with programs of 8 or 16 tokens side by side (sharing codes through L2) among the candidates: GPU tests of every candidate, then L2-cold on the 27B shapes, every candidate timed (the engine takes them after export-tuning-h200)
 frag-pair             the register decode with two tiles per warp sharing each activation load (frag-pair), SwiGLU loading its activations once for both streams: GPU tests of the fragment kernels, then L2-cold at 1 / 8 / 16 / 32 tokens on the 27B shapes, every candidate timed
+overlap-streams       the shared expert and the DeltaNet a/b gate GEMM on a second stream of the captured decode step: its GPU test, the 35B-A3B and 27B int4 decode at C = 1 / 8 with it on (the default) and off (NINFER_OVERLAP=0) in turn, then the whole-model MoE GPU test (graphs = eager)
 itl-budgets-27b       27B int4 warm start: ITL of 4 decodes beside a 32k prefill at prefill_tokens_while_decoding 1024 (the default) / 512 / 256 / 128 and at max_decode_stall 3x / 2.5x, and the rate of the 32k prompt at each
 '
 names=$(echo "$STAGES" | awk 'NF { print $1 }')
@@ -294,6 +295,18 @@ stage() {
     moe-combine-tests)
       gpu_tests 90 moe -k shared
       gpu_tests 300 model_gpu -k moe
+      ;;
+    overlap-streams)
+      gpu_tests 120 overlap_gpu
+      for on in 1 0 1 0; do
+        NINFER_OVERLAP=$on part 80 python3 perf/bench_engine.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 \
+          --contexts 1024 --lanes 1 8 --steps 12 --prefill --label "overlap=$on"
+      done
+      for on in 1 0; do
+        NINFER_OVERLAP=$on part 100 python3 perf/bench_engine.py --shape 27b --recipe int4 --contexts 1024 --lanes 1 8 \
+          --steps 12 --prefill --label "overlap=$on"
+      done
+      gpu_tests 200 model_gpu -k moe
       ;;
     profile-35b-decode)
       part 150 python3 perf/profile_step.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --top 45

@@ -146,11 +146,13 @@ class GatedDeltaNet(nn.Module):
         self.out_proj = linear(self.value_dim, hidden)
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: ModelCache) -> torch.Tensor:
+        # a, b = in_proj_ab(x), started first: in a captured decode step its small GEMM runs on a second stream
+        # beside the q/k/v/z projection (or the decode kernel applies the float weight itself: no GEMM launch)
+        ab = GateProjection(x, self.in_proj_ab, getattr(self.in_proj_ab, "weight", None))
+        gates = ab.started(self.num_v_heads)
         qkv, z = self.in_proj_qkvz(x).split([self.conv_dim, self.value_dim], dim=-1)  # column views (row strides)
         if batch.checkpoints:
             save_conv_windows(qkv, cache.conv[self.layer_idx], batch.checkpoints)
-        # a, b = in_proj_ab(x): the decode kernel can apply a float weight itself (no GEMM launch)
-        gates = GateProjection(x, self.in_proj_ab, getattr(self.in_proj_ab, "weight", None))
         # conv + SiLU -> gated delta rule -> gated RMSNorm (one kernel at decode; the dispatcher decides)
         o = gated_deltanet(
             qkv, z, gates, self.conv1d.weight[:, 0, :], cache.conv[self.layer_idx], self.A_log, self.dt_bias,

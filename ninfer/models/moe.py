@@ -9,6 +9,7 @@ from torch import nn
 
 from ninfer.config import ModelConfig
 from ninfer.kernels.moe import moe_experts, route_topk
+from ninfer.kernels.overlap import overlapped
 from ninfer.models.layers import MLP, FusedRows, linear
 
 if TYPE_CHECKING:
@@ -46,9 +47,12 @@ class SparseMoeBlock(nn.Module):
         self.shared_expert = MLP(config.hidden_size, config.shared_expert_intermediate_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # The shared expert does not depend on the routing: in a captured decode step it runs on a second stream,
+        # beside the router, the top-k and the routed experts, until the combine waits for it.
+        shared_out = overlapped(lambda: self.shared_expert(x), x)
         router_logits, shared_logit = self._router_logits(x)
         weights, ids = route_topk(router_logits, self.top_k)
-        shared = (self.shared_expert(x), shared_logit)  # routed + sigmoid(logit) * shared, summed by the combine
+        shared = (shared_out, shared_logit)  # routed + sigmoid(logit) * shared, summed by the combine
         return moe_experts(x, _stack(self.experts.gate_up_proj), _stack(self.experts.down_proj), weights, ids, shared)
 
     def _router_logits(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

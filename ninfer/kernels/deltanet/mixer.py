@@ -22,6 +22,7 @@ from ninfer.kernels.deltanet.dispatch import RECURRENT_MAX_SEQLEN, gated_delta_r
 from ninfer.kernels.deltanet.reference import gated_delta_rule_reference
 from ninfer.kernels.dispatch import use_triton
 from ninfer.kernels.norms import gated_rms_norm, gated_rms_norm_reference
+from ninfer.kernels.overlap import Overlapped, overlapped, wait_for
 
 
 @dataclass(frozen=True)
@@ -38,12 +39,21 @@ class GateProjection:
         a, b = self.project(self.x).split(hv, dim=-1)  # column views: the kernels take row strides
         return a, b
 
+    def started(self, hv: int) -> Gates:
+        """The gates as :func:`gated_deltanet` will take them: this projection where the decode kernel applies it
+        itself, else its GEMM launched now, on a second stream in a captured decode step
+        (:func:`~ninfer.kernels.overlap.overlapped`), so that it runs beside the launches that follow."""
+        if gates_in_kernel(self):
+            return self
+        return overlapped(lambda: self.gates(hv), self.x)
 
-Gates = tuple[torch.Tensor, torch.Tensor] | GateProjection  # (a, b) or what computes them
+
+# (a, b), what computes them, or their GEMM's results on another stream
+Gates = tuple[torch.Tensor, torch.Tensor] | GateProjection | Overlapped[tuple[torch.Tensor, torch.Tensor]]
 
 
 def _gate_values(gates: Gates, hv: int) -> tuple[torch.Tensor, torch.Tensor]:
-    return gates.gates(hv) if isinstance(gates, GateProjection) else gates
+    return gates.gates(hv) if isinstance(gates, GateProjection) else wait_for(gates)
 
 
 def _split_heads(mixed: torch.Tensor, hk: int, dk: int, hv: int, dv: int) -> tuple[torch.Tensor, ...]:
@@ -133,8 +143,9 @@ def gated_deltanet(
     ckpt_offsets: torch.Tensor | None = None,
     ckpt_slots: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """See :func:`gated_deltanet_reference` (``gates``: its ``(a, b)``, or a :class:`GateProjection`): one kernel
-    at decode on CUDA, else conv, rule and norm in turn."""
+    """See :func:`gated_deltanet_reference` (``gates``: its ``(a, b)``, a :class:`GateProjection`, or ``(a, b)``
+    computing on another stream, waited for before the first launch that reads them): one kernel at decode on
+    CUDA, else conv, rule and norm in turn."""
     hk, dk, hv, dv = _head_counts(qkv, state)
     if fused_decode_applies(qkv, state, max_seqlen, state_out_slots, ckpt_offsets):
         if gates_in_kernel(gates):

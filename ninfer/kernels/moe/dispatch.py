@@ -12,8 +12,9 @@ import torch
 import torch.nn.functional as F
 
 from ninfer.kernels.dispatch import use_triton
-from ninfer.kernels.moe.gemm import Weight, moe_experts_triton
+from ninfer.kernels.moe.gemm import SharedExpert, Weight, moe_experts_triton
 from ninfer.kernels.moe.quant_gemm import QUANT_FORMATS
+from ninfer.kernels.overlap import wait_for
 from ninfer.kernels.quant_gemm.weights import QuantizedTensor
 
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)  # expert stacks the Triton GEMMs read directly
@@ -26,7 +27,7 @@ def _expert(w: Weight, expert: int, dtype: torch.dtype) -> torch.Tensor:
 
 def moe_experts_reference(
     x: torch.Tensor, gate_up: Weight, down: Weight, weights: torch.Tensor, ids: torch.Tensor,
-    shared: tuple[torch.Tensor, torch.Tensor] | None = None,
+    shared: SharedExpert | None = None,
 ) -> torch.Tensor:
     """``sum_j weights[:, j] * down[e] @ swiglu(gate_up[e] @ x)`` with ``e = ids[:, j]``.
 
@@ -41,7 +42,7 @@ def moe_experts_reference(
         y = F.linear(F.silu(gate) * up, _expert(down, expert, x.dtype)) * weights[token_idx, pos, None]
         out.index_add_(0, token_idx, y.to(out.dtype))
     if shared is not None:
-        out = out + torch.sigmoid(shared[1]) * shared[0]
+        out = out + torch.sigmoid(shared[1]) * wait_for(shared[0])
     return out
 
 
@@ -53,10 +54,11 @@ def _triton_reads(w: Weight) -> bool:
 
 def moe_experts(
     x: torch.Tensor, gate_up: Weight, down: Weight, weights: torch.Tensor, ids: torch.Tensor,
-    shared: tuple[torch.Tensor, torch.Tensor] | None = None,
+    shared: SharedExpert | None = None,
 ) -> torch.Tensor:
     """Routed experts; ``gate_up`` and ``down`` are float stacks or quantized ones (any mix). ``shared``: a gated
-    shared expert's ``(output, gate logit)``, added in the combine's launch on CUDA."""
+    shared expert's ``(output, gate logit)``, added in the combine's launch on CUDA; its output may still be
+    computing on another stream (:class:`~ninfer.kernels.overlap.Overlapped`): the combine waits for it."""
     if use_triton(x) and x.dim() == 2 and _triton_reads(gate_up) and _triton_reads(down):
         return moe_experts_triton(x, gate_up, down, weights, ids, shared=shared)
     return moe_experts_reference(x, gate_up, down, weights, ids, shared)

@@ -49,6 +49,7 @@ from ninfer.kernels.moe.align import (
 )
 from ninfer.kernels.moe.quant_gemm import launch_quant_experts
 from ninfer.kernels.quant_gemm.tune import GemmConfig
+from ninfer.kernels.overlap import Overlapped, wait_for
 from ninfer.kernels.quant_gemm.weights import QuantizedTensor
 
 Weight = torch.Tensor | QuantizedTensor  # an expert stack [E, N, K]
@@ -198,13 +199,16 @@ def _combine_kernel(y_ptr, out_ptr, shared_ptr, logit_ptr, H, stride_sm, stride_
     tl.store(out_ptr + t * H + cols, out.to(out_ptr.dtype.element_ty), mask=cols < H)
 
 
+SharedExpert = tuple[torch.Tensor | Overlapped[torch.Tensor], torch.Tensor]  # (output, gate logit)
+
+
 def block_m_for(pairs: int, num_experts: int) -> int:
     return 16 if pairs <= SKINNY_ROWS * num_experts else 64
 
 
 def moe_experts_triton(x: torch.Tensor, gate_up: Weight, down: Weight, weights: torch.Tensor,
                        ids: torch.Tensor, *, path: str | GemmConfig | None = None,
-                       shared: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                       shared: SharedExpert | None = None) -> torch.Tensor:
     """Triton ``moe_experts_reference``: ``x [N, H]``, ``gate_up [E, 2I, H]`` (gate rows first),
     ``down [E, H, I]``, ``weights [N, k]``, ``ids [N, k]`` (int32/int64, in [0, E)). Each expert
     stack is a float tensor (fp32/fp16/bf16, converted to x's dtype in registers) or a
@@ -212,7 +216,8 @@ def moe_experts_triton(x: torch.Tensor, gate_up: Weight, down: Weight, weights: 
     :mod:`ninfer.kernels.moe.quant_gemm`); returns ``[N, H]`` in x's dtype. ``path`` picks the
     quantized stacks' kernels (``launch_quant_experts``: auto, dot, gemv, mma or a config; float stacks
     ignore it). ``shared``: a gated shared expert's ``(output [N, H], gate logit [N, 1])``, added by the combine
-    as ``sigmoid(logit) * output`` (:func:`ninfer.kernels.moe.dispatch.moe_experts_reference` defines it)."""
+    as ``sigmoid(logit) * output`` (:func:`ninfer.kernels.moe.dispatch.moe_experts_reference` defines it); the
+    combine waits for an output still computing on another stream."""
     n, h = x.shape
     e, two_i, hk = gate_up.shape
     inter_size = two_i // 2
@@ -222,11 +227,13 @@ def moe_experts_triton(x: torch.Tensor, gate_up: Weight, down: Weight, weights: 
         raise ValueError(f"weights {list(weights.shape)} and ids {list(ids.shape)} must both be [N = {n}, k]")
     top_k = ids.shape[1]
     out = torch.empty_like(x)
-    s_out, logit = shared if shared is not None else (out, out)
+    pending, logit = shared if shared is not None else (out, out)
+    s_out = pending.value if isinstance(pending, Overlapped) else pending  # its shape only, until the combine
     if shared is not None and (s_out.shape != x.shape or s_out.stride(1) != 1 or logit.shape != (n, 1)):
         raise ValueError(f"shared expert output {list(s_out.shape)} and gate logit {list(logit.shape)} must be "
                          f"[{n}, {h}] (unit stride along H) and [{n}, 1]")
     if n == 0:
+        wait_for(pending)
         return out
     x = x if x.stride(-1) == 1 else x.contiguous()
     rw = weights.reshape(-1).contiguous()
@@ -237,6 +244,7 @@ def moe_experts_triton(x: torch.Tensor, gate_up: Weight, down: Weight, weights: 
     _launch(rows, x, gate_up, inter, rw, a_div=top_k, swiglu=True, path=path)
     _launch(rows, inter, down, y, rw, a_div=1, swiglu=False, path=path)
     block = min(1024, triton.next_power_of_2(h))
+    wait_for(pending)  # the shared expert may be computing on another stream until here
     _combine_kernel[(n, triton.cdiv(h, block))](y, out, s_out, logit, h, s_out.stride(0), logit.stride(0),
                                                TOPK=top_k, K_BLOCK=triton.next_power_of_2(top_k), BLOCK=block,
                                                SHARED=shared is not None, num_warps=4)
