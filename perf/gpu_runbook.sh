@@ -72,6 +72,7 @@ itl-small-chunks      27B int4 warm start: ITL of 4 decodes beside a 32k prefill
 frag-narrow           the register decode at 16 and 32 tokens with programs of 8 or 16 tokens side by side (sharing codes through L2) among the candidates: GPU tests of every candidate, then L2-cold on the 27B shapes, every candidate timed (the engine takes them after export-tuning-h200)
 frag-pair             the register decode with two tiles per warp sharing each activation load (frag-pair), SwiGLU loading its activations once for both streams: GPU tests of the fragment kernels, then L2-cold at 1 / 8 / 16 / 32 tokens on the 27B shapes, every candidate timed
 overlap-streams       the shared expert and the DeltaNet a/b gate GEMM on a second stream of the captured decode step: its GPU test, the 35B-A3B and 27B int4 decode at C = 1 / 8 with it on (the default) and off (NINFER_OVERLAP=0) in turn, then the whole-model MoE GPU test (graphs = eager)
+fused-router          the router GEMV and its top-k in one launch: GPU tests (real shapes, graph replay), the 35B-A3B decode at C = 1 / 8 with it on (the default) and off (NINFER_FUSED_ROUTER=0) in turn, the decode step kernel by kernel, the whole-model MoE GPU test (graphs = eager)
 itl-budgets-27b       27B int4 warm start: ITL of 4 decodes beside a 32k prefill at prefill_tokens_while_decoding 1024 (the default) / 512 / 256 / 128 and at max_decode_stall 3x / 2.5x, and the rate of the 32k prompt at each
 '
 names=$(echo "$STAGES" | awk 'NF { print $1 }')
@@ -98,6 +99,12 @@ export PYTHONPATH=$PWD:$PWD/perf:${PYTHONPATH:-}
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)"
   echo "CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-all}"; } >> "$LOG" 2>&1
+# The GPU's clocks, temperature, power and throttle reasons every second of the call: are slower runs late in a
+# call the GPU's state or the code?
+nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,temperature.gpu,power.draw,clocks_throttle_reasons.active \
+  --format=csv -l 1 > "$OUT/gpu_state.csv" 2>&1 &
+STATE_PID=$!
+trap 'kill $STATE_PID 2> /dev/null' EXIT
 
 # part SECONDS CMD...: run CMD with at most SECONDS (less if the call's deadline is nearer), log it, save the cache.
 part() {
@@ -306,6 +313,15 @@ stage() {
         NINFER_OVERLAP=$on part 100 python3 perf/bench_engine.py --shape 27b --recipe int4 --contexts 1024 --lanes 1 8 \
           --steps 12 --prefill --label "overlap=$on"
       done
+      gpu_tests 200 model_gpu -k moe
+      ;;
+    fused-router)
+      gpu_tests 150 moe -k "router or shared"
+      for on in 1 0 1 0; do
+        NINFER_FUSED_ROUTER=$on part 80 python3 perf/bench_engine.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 \
+          --contexts 1024 --lanes 1 8 --steps 30 --prefill --label "fused_router=$on"
+      done
+      part 100 python3 perf/profile_step.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --top 30
       gpu_tests 200 model_gpu -k moe
       ;;
     profile-35b-decode)
