@@ -165,7 +165,7 @@ def test_router(dtype: torch.dtype, e: int, k: int) -> None:
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("n", [1, 4, 8, 32])
+@pytest.mark.parametrize("n", [1, 3, 8])
 def test_fused_router_at_real_shapes(dtype: torch.dtype, n: int) -> None:
     """The router's GEMV (256 experts and the shared gate's row, H = 2048) and the top-k in one launch: logits
     as the GEMM's within a rounding step, the routing of exactly those logits, the counter back at zero, the

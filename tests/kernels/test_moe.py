@@ -171,13 +171,14 @@ def test_router_matches_reference(dtype: torch.dtype, e: int, k: int) -> None:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("n,h,e,k", [(1, 256, 64, 8), (5, 192, 20, 3), (ROUTER_MAX_TOKENS, 128, 32, 2)])
-def test_fused_router_gemv_and_top_k(dtype: torch.dtype, n: int, h: int, e: int, k: int) -> None:
-    """One launch: the router's logits (the experts' rows and a shared gate's row beside them) as the GEMM's, in
-    x's dtype, and the routing of exactly those logits; the arrival counter back at zero."""
-    x, weight = torch.randn(n, h).to(dtype), (torch.randn(e + 1, h) * 0.1).to(dtype)
+@pytest.mark.parametrize("extra", [1, 0])
+def test_fused_router_gemv_and_top_k(dtype: torch.dtype, n: int, h: int, e: int, k: int, extra: int) -> None:
+    """One launch: the router's logits (the experts' rows and a shared gate's row beside them, if any) as the
+    GEMM's, in x's dtype, and the routing of exactly those logits; the arrival counter back at zero."""
+    x, weight = torch.randn(n, h).to(dtype), (torch.randn(e + extra, h) * 0.1).to(dtype)
     weights, ids, logits = router_topk_triton(x, weight, k, e)
     ref_logits = router_topk_reference(x.float(), weight.float(), k, e)[2]
-    assert logits.shape == (n, e + 1) and logits.dtype == dtype
+    assert logits.shape == (n, e + extra) and logits.dtype == dtype
     assert torch.allclose(logits.float(), ref_logits, rtol=TOL[dtype], atol=TOL[dtype])
     ref_w, ref_ids = route_topk_reference(logits[:, :e], k)  # routed from the kernel's own (rounded) logits
     assert torch.equal(ids, ref_ids)
@@ -187,7 +188,7 @@ def test_fused_router_gemv_and_top_k(dtype: torch.dtype, n: int, h: int, e: int,
 
 def test_fused_router_limits() -> None:
     x, weight = torch.randn(ROUTER_MAX_TOKENS + 1, 64), torch.randn(9, 64)
-    with pytest.raises(ValueError, match="at most 32 tokens"):
+    with pytest.raises(ValueError, match=f"at most {ROUTER_MAX_TOKENS} tokens"):
         router_topk_triton(x, weight, 2, 8)
     with pytest.raises(ValueError, match="does not fit"):
         router_topk_triton(x[:4], weight, 2, 10)

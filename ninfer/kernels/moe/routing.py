@@ -17,9 +17,10 @@ from ninfer.kernels.counters import arrival_counters
 from ninfer.kernels.dispatch import use_triton
 from ninfer.kernels.quant_gemm.common import dot
 
-# The fused router (GEMV + top-k in one launch) at decode sizes: up to 32 tokens (speculative verification of 8
-# sequences), programs of 16 rows x a split of H, about 64 of them (for 257 x 2048: 17 row blocks x 4 splits).
-ROUTER_MAX_TOKENS = 32
+# The fused router (GEMV + top-k in one launch) at decode sizes: up to 8 tokens, always routed as 8 (one compiled
+# variant, which the first decode graph's capture compiles, so that no batch meets a new one after start-up),
+# programs of 16 rows x a split of H, about 64 of them (for 257 x 2048: 17 row blocks x 4 splits).
+ROUTER_MAX_TOKENS = 8
 ROUTER_BLOCK_R, ROUTER_BLOCK_H, ROUTER_PROGRAMS = 16, 128, 64
 _IEEE_OR_MMA = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -72,12 +73,28 @@ def _route_kernel(logits_ptr, w_ptr, ids_ptr, N, E, stride_l, TOP_K: tl.constexp
 
 
 @triton.jit
+def _final_logits(part_ptr, logits_ptr, toks, cols, n_cols, N, R, plane, splits):
+    """Logits ``(toks, cols < n_cols)`` (rows of ``R``) from the splits' fp32 partials, summed in split order
+    (deterministic; ``.cg``: other SMs wrote them during this launch), rounded to the logits' dtype as the router
+    GEMM's output, stored."""
+    at = toks[:, None] * R + cols[None, :]
+    inside = cols[None, :] < n_cols
+    logit = tl.load(part_ptr + at, mask=inside, other=0.0, cache_modifier=".cg")
+    for s in range(1, splits):
+        logit += tl.load(part_ptr + s * plane + at, mask=inside, other=0.0, cache_modifier=".cg")
+    logit = logit.to(logits_ptr.dtype.element_ty)
+    tl.store(logits_ptr + at, logit, mask=(toks[:, None] < N) & inside)
+    return logit.to(tl.float32)
+
+
+@triton.jit
 def _router_kernel(x_ptr, w_ptr, part_ptr, logits_ptr, rw_ptr, ids_ptr, cnt_ptr, N, R, E, H, stride_x, stride_w,
                    IEEE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr,
-                   TOP_K: tl.constexpr, K_BLOCK: tl.constexpr, R_BLOCK: tl.constexpr):
-    """Program (row block, split of H): fp32 partial logits of every token for its rows; the last program to
-    arrive sums the splits in order, rounds the logits to x's dtype (as the router GEMM's output) and routes
-    every token."""
+                   TOP_K: tl.constexpr, K_BLOCK: tl.constexpr, T_BLOCK: tl.constexpr, E_BLOCK: tl.constexpr,
+                   X_BLOCK: tl.constexpr):
+    """Program (row block, split of H): fp32 partial logits of every token for its rows (``BLOCK_T`` >= 16 for
+    the MMA); the last program to arrive finishes the logits of the ``N <= T_BLOCK`` tokens, routes them over the
+    ``E`` experts' columns, and finishes the ``R - E <= X_BLOCK`` columns after them."""
     pid_r, pid_s = tl.program_id(0), tl.program_id(1)
     toks = tl.arange(0, BLOCK_T)
     rows = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -91,22 +108,21 @@ def _router_kernel(x_ptr, w_ptr, part_ptr, logits_ptr, rw_ptr, ids_ptr, cnt_ptr,
         ws = tl.load(w_ptr + rows[:, None].to(tl.int64) * stride_w + c[None, :],
                      mask=(rows[:, None] < R) & (c[None, :] < H), other=0.0).to(xs.dtype)
         acc = dot(xs, tl.trans(ws), acc, IEEE)
-    plane = BLOCK_T * R
-    tl.store(part_ptr + pid_s * plane + toks[:, None] * R + rows[None, :], acc, mask=rows[None, :] < R)
+    plane = T_BLOCK * R  # partials of the first T_BLOCK tokens only: the others are padding
+    tl.store(part_ptr + pid_s * plane + toks[:, None] * R + rows[None, :], acc,
+             mask=(toks[:, None] < T_BLOCK) & (rows[None, :] < R))
     tl.debug_barrier()
     if tl.atomic_add(cnt_ptr, 1, sem="acq_rel") == tl.num_programs(0) * tl.num_programs(1) - 1:
         tl.debug_barrier()
-        experts = tl.arange(0, R_BLOCK)
-        at = toks[:, None] * R + experts[None, :]
-        inside = experts[None, :] < R
-        logit = tl.load(part_ptr + at, mask=inside, other=0.0, cache_modifier=".cg")
-        for s in range(1, tl.num_programs(1)):  # in split order: deterministic
-            logit += tl.load(part_ptr + s * plane + at, mask=inside, other=0.0, cache_modifier=".cg")
-        logit = logit.to(logits_ptr.dtype.element_ty)
-        tl.store(logits_ptr + toks[:, None] * R + experts[None, :], logit, mask=(toks[:, None] < N) & inside)
-        logit = tl.where(experts[None, :] < E, logit.to(tl.float32), float("-inf"))
-        top, top_ids = _top_k_rows(logit, experts, E, BLOCK_T, TOP_K, K_BLOCK, R_BLOCK)
+        splits = tl.num_programs(1)
+        toks = tl.arange(0, T_BLOCK)
+        experts = tl.arange(0, E_BLOCK)
+        logit = _final_logits(part_ptr, logits_ptr, toks, experts, E, N, R, plane, splits)
+        logit = tl.where(experts[None, :] < E, logit, float("-inf"))
+        top, top_ids = _top_k_rows(logit, experts, E, T_BLOCK, TOP_K, K_BLOCK, E_BLOCK)
         _store_routes(rw_ptr, ids_ptr, toks, N, top, top_ids, TOP_K, K_BLOCK)
+        if R > E:  # the rows read beside the experts' (the shared expert's gate)
+            _final_logits(part_ptr + E, logits_ptr + E, toks, tl.arange(0, X_BLOCK), R - E, N, R, plane, splits)
         tl.store(cnt_ptr, 0)  # the next launch (or graph replay) counts from zero
 
 
@@ -165,15 +181,16 @@ def router_topk_triton(x: torch.Tensor, weight: torch.Tensor, top_k: int, num_ex
         return weights, ids, logits
     x = x if x.stride(-1) == 1 else x.contiguous()
     weight = weight if weight.stride(-1) == 1 else weight.contiguous()
-    block_t = max(16, triton.next_power_of_2(n))  # tl.dot takes 16 rows at least
+    t_block = ROUTER_MAX_TOKENS
     row_blocks = triton.cdiv(r, ROUTER_BLOCK_R)
     splits = max(1, min(triton.cdiv(h, ROUTER_BLOCK_H), ROUTER_PROGRAMS // row_blocks))
-    partials = torch.empty(splits, block_t, r, dtype=torch.float32, device=x.device)
+    partials = torch.empty(splits, t_block, r, dtype=torch.float32, device=x.device)
     _router_kernel[(row_blocks, splits)](
         x, weight, partials, logits, weights, ids, arrival_counters(x.device), n, r, num_experts, h, x.stride(0),
-        weight.stride(0), IEEE=x.dtype == torch.float32, BLOCK_T=block_t, BLOCK_R=ROUTER_BLOCK_R,
-        BLOCK_H=ROUTER_BLOCK_H, TOP_K=top_k, K_BLOCK=triton.next_power_of_2(top_k),
-        R_BLOCK=triton.next_power_of_2(r), num_warps=4)
+        weight.stride(0), IEEE=x.dtype == torch.float32, BLOCK_T=max(16, t_block),  # tl.dot takes 16 rows at least
+        BLOCK_R=ROUTER_BLOCK_R, BLOCK_H=ROUTER_BLOCK_H, TOP_K=top_k, K_BLOCK=triton.next_power_of_2(top_k),
+        T_BLOCK=t_block, E_BLOCK=triton.next_power_of_2(num_experts),
+        X_BLOCK=triton.next_power_of_2(max(1, r - num_experts)), num_warps=4)
     return weights, ids, logits
 
 
