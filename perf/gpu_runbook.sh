@@ -72,7 +72,7 @@ itl-small-chunks      27B int4 warm start: ITL of 4 decodes beside a 32k prefill
 frag-narrow           the register decode at 16 and 32 tokens with programs of 8 or 16 tokens side by side (sharing codes through L2) among the candidates: GPU tests of every candidate, then L2-cold on the 27B shapes, every candidate timed (the engine takes them after export-tuning-h200)
 frag-pair             the register decode with two tiles per warp sharing each activation load (frag-pair), SwiGLU loading its activations once for both streams: GPU tests of the fragment kernels, then L2-cold at 1 / 8 / 16 / 32 tokens on the 27B shapes, every candidate timed
 overlap-streams       the shared expert and the DeltaNet a/b gate GEMM on a second stream of the captured decode step: its GPU test, the 35B-A3B and 27B int4 decode at C = 1 / 8 with it on (the default) and off (NINFER_OVERLAP=0) in turn, then the whole-model MoE GPU test (graphs = eager)
-fused-router          the router GEMV and its top-k in one launch: alone against cuBLAS + the top-k kernel, its GPU tests, the 35B-A3B decode at C = 1 / 8 with it on (the default) and off (NINFER_FUSED_ROUTER=0) in turn, then the 35B-A3B MTP speculation at C = 1 / 8 and the speculative GPU tests (MTP greedy = plain greedy, graphs with the second stream)
+fused-router          the router GEMV and its top-k in one launch: alone against cuBLAS + the top-k kernel, its GPU tests, the 35B-A3B decode at C = 1 / 8 with it on (the default) and off (NINFER_FUSED_ROUTER=0) in turn, then the 35B-A3B MTP speculation at C = 1 / 8, the whole-model MoE GPU test (graphs = eager) and the speculative GPU tests (MTP greedy = plain greedy, graphs with the second stream)
 itl-budgets-27b       27B int4 warm start: ITL of 4 decodes beside a 32k prefill at prefill_tokens_while_decoding 1024 (the default) / 512 / 256 / 128 and at max_decode_stall 3x / 2.5x, and the rate of the 32k prompt at each
 '
 names=$(echo "$STAGES" | awk 'NF { print $1 }')
@@ -317,14 +317,15 @@ stage() {
       ;;
     fused-router)
       part 60 python3 perf/bench_moe.py --router
-      gpu_tests 150 moe -k "router or shared"
+      gpu_tests 60 moe -k fused_router
       for on in 1 0 1; do
         NINFER_FUSED_ROUTER=$on part 80 python3 perf/bench_engine.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 \
           --contexts 1024 --lanes 1 8 --steps 30 --prefill --label "fused_router=$on"
       done
       part 150 python3 perf/bench_spec.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --lanes 1 8 --steps 12 \
         --prefill 8192
-      gpu_tests 150 speculative_gpu
+      gpu_tests 160 model_gpu -k moe
+      gpu_tests 200 speculative_gpu
       ;;
     profile-35b-decode)
       part 150 python3 perf/profile_step.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --top 45

@@ -115,14 +115,14 @@ def _router_kernel(x_ptr, w_ptr, part_ptr, logits_ptr, rw_ptr, ids_ptr, cnt_ptr,
     if tl.atomic_add(cnt_ptr, 1, sem="acq_rel") == tl.num_programs(0) * tl.num_programs(1) - 1:
         tl.debug_barrier()
         splits = tl.num_programs(1)
-        toks = tl.arange(0, T_BLOCK)
+        routed = tl.arange(0, T_BLOCK)  # the tokens routed (a new name: a branch may not reshape ``toks``)
         experts = tl.arange(0, E_BLOCK)
-        logit = _final_logits(part_ptr, logits_ptr, toks, experts, E, N, R, plane, splits)
+        logit = _final_logits(part_ptr, logits_ptr, routed, experts, E, N, R, plane, splits)
         logit = tl.where(experts[None, :] < E, logit, float("-inf"))
         top, top_ids = _top_k_rows(logit, experts, E, T_BLOCK, TOP_K, K_BLOCK, E_BLOCK)
-        _store_routes(rw_ptr, ids_ptr, toks, N, top, top_ids, TOP_K, K_BLOCK)
+        _store_routes(rw_ptr, ids_ptr, routed, N, top, top_ids, TOP_K, K_BLOCK)
         if R > E:  # the rows read beside the experts' (the shared expert's gate)
-            _final_logits(part_ptr + E, logits_ptr + E, toks, tl.arange(0, X_BLOCK), R - E, N, R, plane, splits)
+            _final_logits(part_ptr + E, logits_ptr + E, routed, tl.arange(0, X_BLOCK), R - E, N, R, plane, splits)
         tl.store(cnt_ptr, 0)  # the next launch (or graph replay) counts from zero
 
 
