@@ -13,9 +13,6 @@ the grouped quantized GEMMs). Points, each against a limit measured in this run:
   the same shapes (``[N*k, H] x [H, 2I]`` and ``[N*k, I] x [I, H]``) in this run (bar: >= 0.6x).
   Baselines as at decode.
 * router alone at decode and prefill: logits read + weights/ids written vs the copy bandwidth.
-* ``--router``: only the router's GEMM (256 experts + the shared gate's row, bf16) and its top-k at 1 / 4 / 8
-  tokens: in one launch (``router_topk_triton``) against cuBLAS's GEMM, then the top-k kernel, replayed from a
-  CUDA graph; bytes = the weight + x + logits.
 
 ``--path`` (comma list) times the quantized decode points per expert-GEMM path side by side:
 ``auto`` (the default, what the runtime does: per GEMM and pair-count bucket the faster of the
@@ -39,7 +36,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -57,7 +53,6 @@ from ninfer.kernels.moe import (
     moe_experts_reference,
     route_topk_reference,
     route_topk_triton,
-    router_topk_triton,
 )
 from ninfer.kernels.moe.gemm import Weight, moe_experts_triton
 from ninfer.kernels.quant_gemm.tune import GemmConfig
@@ -181,29 +176,13 @@ def router(n: int, bw: float) -> None:
            unit="TB/s", baseline="torch softmax+topk", baseline_ms=base_ms)
 
 
-def fused_router(bw: float) -> None:
-    g = torch.Generator(device=DEVICE).manual_seed(5)
-    weight = (torch.randn(E + 1, H, generator=g, device=DEVICE) * H ** -0.5).to(DTYPE)
-    for n in (1, 4, 8):
-        x = torch.randn(n, H, generator=g, device=DEVICE).to(DTYPE)
-        nbytes = weight.numel() * 2 + x.numel() * 2 + n * (E + 1) * 2
-        ms = bench_graph_ms(lambda: router_topk_triton(x, weight, TOP_K, E))
-        base_ms = bench_graph_ms(lambda: route_topk_triton(F.linear(x, weight)[:, :E], TOP_K))
-        record("moe_router_fused", f"N={n} R={E + 1} H={H} k={TOP_K} bf16", ms, achieved=nbytes / ms / 1e9,
-               limit=bw, unit="TB/s", baseline="cuBLAS GEMM + top-k kernel", baseline_ms=base_ms)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--formats", default=QUANT_FORMATS, help="quantized expert formats, comma-separated")
     parser.add_argument("--no-bf16", action="store_true", help="skip the bf16 stacks and the router points")
     parser.add_argument("--path", default="auto",
                         help=f"comma list of expert-GEMM paths for the quantized decode points: {', '.join(PATHS)}")
-    parser.add_argument("--router", action="store_true", help="only the router GEMM + top-k: fused vs cuBLAS + kernel")
     args = parser.parse_args()
-    if args.router:
-        fused_router(copy_bandwidth_tbps())
-        return
     paths = tuple(p for p in PATHS if p in args.path.split(","))  # auto first: what the runtime does
     if not paths or not set(args.path.split(",")) <= set(PATHS):
         parser.error(f"--path takes {', '.join(PATHS)}; got {args.path}")

@@ -72,7 +72,6 @@ itl-small-chunks      27B int4 warm start: ITL of 4 decodes beside a 32k prefill
 frag-narrow           the register decode at 16 and 32 tokens with programs of 8 or 16 tokens side by side (sharing codes through L2) among the candidates: GPU tests of every candidate, then L2-cold on the 27B shapes, every candidate timed (the engine takes them after export-tuning-h200)
 frag-pair             the register decode with two tiles per warp sharing each activation load (frag-pair), SwiGLU loading its activations once for both streams: GPU tests of the fragment kernels, then L2-cold at 1 / 8 / 16 / 32 tokens on the 27B shapes, every candidate timed
 overlap-streams       the shared expert and the DeltaNet a/b gate GEMM on a second stream of the captured decode step: its GPU test, the 35B-A3B and 27B int4 decode at C = 1 / 8 with it on (the default) and off (NINFER_OVERLAP=0) in turn, then the whole-model MoE GPU test (graphs = eager)
-fused-router          the router GEMV and its top-k in one launch: alone against cuBLAS + the top-k kernel, its GPU tests, the 35B-A3B decode at C = 1 / 8 with it on (the default) and off (NINFER_FUSED_ROUTER=0) in turn, then the 35B-A3B MTP speculation at C = 1 / 8, the whole-model MoE GPU test (graphs = eager) and the speculative GPU tests (MTP greedy = plain greedy, graphs with the second stream)
 itl-budgets-27b       27B int4 warm start: ITL of 4 decodes beside a 32k prefill at prefill_tokens_while_decoding 1024 (the default) / 512 / 256 / 128 and at max_decode_stall 3x / 2.5x, and the rate of the 32k prompt at each
 '
 names=$(echo "$STAGES" | awk 'NF { print $1 }')
@@ -121,7 +120,8 @@ part() {
 # that compile many configs: pytest-xdist workers compile in parallel on the machine's 16 cores.
 gpu_tests() {
   local limit=$1 file=$2; shift 2
-  part "$limit" bash -c "python3 -m pytest -m gpu -v -p no:cacheprovider --durations=5 tests/gpu/test_$file.py $* 2>&1 | tee -a $OUT/gpu_tests.log | grep -E 'PASSED|FAILED|ERROR|passed|failed|^E '"
+  local args=""; [ "$#" -gt 0 ] && args=$(printf '%q ' "$@")  # quoted again for bash -c: -k "a or b" stays one argument
+  part "$limit" bash -c "python3 -m pytest -m gpu -v -p no:cacheprovider --durations=5 tests/gpu/test_$file.py $args 2>&1 | tee -a $OUT/gpu_tests.log | grep -E 'PASSED|FAILED|ERROR|passed|failed|^E '"
 }
 
 
@@ -152,8 +152,8 @@ stage() {
       wait
       ;;
     gpu-tests-quant)
-      NINFER_AUTOTUNE=off gpu_tests 150 quant_gemm -n 4 -k "'gemv or graph or epilogues'"
-      gpu_tests 190 quant_gemm -k tensor_core_decode -n 4  # (one -k word: gpu_tests re-splits its arguments)
+      NINFER_AUTOTUNE=off gpu_tests 150 quant_gemm -n 4 -k "gemv or graph or epilogues"
+      gpu_tests 190 quant_gemm -k tensor_core_decode -n 4
       NINFER_AUTOTUNE=off gpu_tests 60 moe -k stacked
       ;;
     verify-fused)
@@ -193,10 +193,10 @@ stage() {
       gpu_tests 200 fragments_model_gpu
       ;;
     frag-int8)
-      gpu_tests 230 quant_fragments_gpu -n 16 -k "'int8 or graph or projections or fp32'"
+      gpu_tests 230 quant_fragments_gpu -n 16 -k "int8 or graph or projections or fp32"
       part 220 python3 perf/bench_quant_gemm.py --path frag,tuned --m 1,8 --formats int8-g64 --l2 cold \
         --shapes lm_head,in_proj_qkvz,o_proj --no-gemlite
-      gpu_tests 100 quant_fragments_gpu -n 16 -k "'every_candidate and int4-g128'"
+      gpu_tests 100 quant_fragments_gpu -n 16 -k "every_candidate and int4-g128"
       ;;
     deltanet-split-27b)
       gpu_tests 170 deltanet_decode_gpu -n 16
@@ -315,18 +315,6 @@ stage() {
       done
       gpu_tests 200 model_gpu -k moe
       ;;
-    fused-router)
-      part 60 python3 perf/bench_moe.py --router
-      gpu_tests 60 moe -k fused_router
-      for on in 1 0 1; do
-        NINFER_FUSED_ROUTER=$on part 80 python3 perf/bench_engine.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 \
-          --contexts 1024 --lanes 1 8 --steps 30 --prefill --label "fused_router=$on"
-      done
-      part 150 python3 perf/bench_spec.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --lanes 1 8 --steps 12 \
-        --prefill 8192
-      gpu_tests 160 model_gpu -k moe
-      gpu_tests 200 speculative_gpu
-      ;;
     profile-35b-decode)
       part 150 python3 perf/profile_step.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --top 45
       part 150 python3 perf/profile_step.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --lanes 8 --top 30
@@ -386,7 +374,7 @@ stage() {
       part 100 python3 perf/profile_step.py --shape 27b --recipe int4 --lanes 8 --top 30
       ;;
     gates-in-decode-27b)  # in_proj_ab was a cuBLAS GEMM and its split-K reduce per DeltaNet layer: 0.29 ms of a 7.8 ms step (run 2026-12-03.6)
-      gpu_tests 150 deltanet_decode_gpu -k "'gates or graph'"
+      gpu_tests 150 deltanet_decode_gpu -k "gates or graph"
       NINFER_GATES_IN_DECODE=0 part 120 python3 perf/bench_engine.py --shape 27b --recipe int4 --contexts 1024 \
         --lanes 1 8 --steps 12 --chunk 1024 --prefill 1024 --label gates-separate
       NINFER_GATES_IN_DECODE=1 part 120 python3 perf/bench_engine.py --shape 27b --recipe int4 --contexts 1024 \
@@ -400,21 +388,21 @@ stage() {
       part 200 python3 perf/profile_step.py --shape 27b --recipe int4 --mixed 16384 --chunk 128 --steps 8 --top 30
       ;;
     bench-frag-tiled)
-      NINFER_AUTOTUNE=off gpu_tests 120 quant_fragments_gpu -k "'tiled or dequantization_path'" -n 4
+      NINFER_AUTOTUNE=off gpu_tests 120 quant_fragments_gpu -k "tiled or dequantization_path" -n 4
       part 150 python3 perf/bench_quant_gemm.py --formats int4-g64 --m 128,512 --shapes gate_up,down,in_proj_qkvz,o_proj \
         --path dequant,frag-tiled --no-gemlite
       NINFER_CHUNK_GRAPHS=1 part 170 python3 perf/bench_startup.py --shape 27b --recipe int4 --modes warm \
         --prefill --ttft-lanes 1 --while-decoding 256 --child-timeout 160 --budget 165
       ;;
     dequant-in-graph-27b)  # the dequantization beat the tiled GEMM by 0-25% at 128 tokens and 2x at 512 (run 2026-12-04.8)
-      NINFER_AUTOTUNE=off gpu_tests 60 quant_fragments_gpu -k "'dequantization_path_in_cuda_graph or tiled_in_cuda_graph'"
+      NINFER_AUTOTUNE=off gpu_tests 60 quant_fragments_gpu -k "dequantization_path_in_cuda_graph or tiled_in_cuda_graph"
       for budget in 128 256; do
         NINFER_CHUNK_GRAPHS=1 part 100 python3 perf/bench_startup.py --shape 27b --recipe int4 --modes warm \
           --prefill --ttft-lanes 1 --while-decoding $budget --child-timeout 95 --budget 98
       done
       ;;
     pdl-trigger)  # without an explicit trigger the next kernel could only launch as this one exited (run 2026-12-03.1)
-      NINFER_PDL=1 gpu_tests 60 quant_fragments_gpu -k "'graph_bit_equal and not tiled'"
+      NINFER_PDL=1 gpu_tests 60 quant_fragments_gpu -k "graph_bit_equal and not tiled"
       for pdl in 1 0; do
         NINFER_PDL=$pdl part 100 python3 perf/bench_quant_gemm.py --path frag --m 1,8 --formats int4-g64 --l2 cold \
           --shapes gate_up,down,in_proj_qkvz,o_proj --no-gemlite
@@ -438,7 +426,7 @@ stage() {
       done
       ;;
     frag-narrow)  # 32-token programs need 100-255 registers (perf/ptx_check.py --kinds frag --m 32): 2-3 programs an SM
-      NINFER_AUTOTUNE=off gpu_tests 200 quant_fragments_gpu -k "'every_candidate'" -n 8
+      NINFER_AUTOTUNE=off gpu_tests 200 quant_fragments_gpu -k "every_candidate" -n 8
       part 200 python3 perf/bench_quant_gemm.py --path frag --m 16,32 --formats int4-g64 --l2 cold \
         --shapes gate_up,down,in_proj_qkvz,o_proj --no-gemlite
       ;;

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ninfer.config import ModelConfig
-from ninfer.kernels.moe import moe_experts, route_topk, router_topk, router_topk_applies
+from ninfer.kernels.moe import moe_experts, route_topk
 from ninfer.kernels.overlap import overlapped
 from ninfer.models.layers import MLP, FusedRows, linear
 
@@ -50,19 +50,10 @@ class SparseMoeBlock(nn.Module):
         # The shared expert does not depend on the routing: in a captured decode step it runs on a second stream,
         # beside the router, the top-k and the routed experts, until the combine waits for it.
         shared_out = overlapped(lambda: self.shared_expert(x), x)
-        weights, ids, shared_logit = self._route(x)
+        router_logits, shared_logit = self._router_logits(x)
+        weights, ids = route_topk(router_logits, self.top_k)
         shared = (shared_out, shared_logit)  # routed + sigmoid(logit) * shared, summed by the combine
         return moe_experts(x, _stack(self.experts.gate_up_proj), _stack(self.experts.down_proj), weights, ids, shared)
-
-    def _route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Routing weights and expert ids ``[T, k]``, and the shared expert's gate logit ``[T, 1]``. At decode
-        sizes on CUDA one launch computes the router's logits and routes (its last program picks the top k)."""
-        weight = getattr(self.router, "weight", None)
-        if router_topk_applies(x, weight):
-            weights, ids, logits = router_topk(x, weight, self.top_k, self.num_experts)
-            return weights, ids, logits[:, self.num_experts:]
-        router_logits, shared_logit = self._router_logits(x)
-        return *route_topk(router_logits, self.top_k), shared_logit
 
     def _router_logits(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Router logits ``[T, E]`` and the shared expert's gate logit ``[T, 1]``: on CUDA one GEMM over

@@ -7,17 +7,11 @@ import torch
 from ninfer.kernels.moe import align as moe_align
 from ninfer.kernels.moe import gemm as moe_gemm
 from ninfer.kernels.dispatch import INTERPRET
-from ninfer.kernels.counters import arrival_counters
 from ninfer.kernels.moe import (
     moe_experts_reference,
     route_topk_reference,
     route_topk_triton,
-    router_topk,
-    router_topk_applies,
-    router_topk_reference,
-    router_topk_triton,
 )
-from ninfer.kernels.moe.routing import ROUTER_MAX_TOKENS
 from ninfer.kernels.moe.align import align_pairs
 from ninfer.kernels.moe.gemm import moe_experts_triton
 
@@ -167,34 +161,6 @@ def test_router_matches_reference(dtype: torch.dtype, e: int, k: int) -> None:
     if dtype == torch.float32:
         assert torch.equal(ids, ref_ids)
     assert torch.allclose(weights.float(), ref_w.float(), rtol=TOL[dtype], atol=1e-6)
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize("n,h,e,k", [(1, 256, 64, 8), (5, 192, 20, 3), (ROUTER_MAX_TOKENS, 128, 32, 2)])
-@pytest.mark.parametrize("extra", [1, 0])
-def test_fused_router_gemv_and_top_k(dtype: torch.dtype, n: int, h: int, e: int, k: int, extra: int) -> None:
-    """One launch: the router's logits (the experts' rows and a shared gate's row beside them, if any) as the
-    GEMM's, in x's dtype, and the routing of exactly those logits; the arrival counter back at zero."""
-    x, weight = torch.randn(n, h).to(dtype), (torch.randn(e + extra, h) * 0.1).to(dtype)
-    weights, ids, logits = router_topk_triton(x, weight, k, e)
-    ref_logits = router_topk_reference(x.float(), weight.float(), k, e)[2]
-    assert logits.shape == (n, e + extra) and logits.dtype == dtype
-    assert torch.allclose(logits.float(), ref_logits, rtol=TOL[dtype], atol=TOL[dtype])
-    ref_w, ref_ids = route_topk_reference(logits[:, :e], k)  # routed from the kernel's own (rounded) logits
-    assert torch.equal(ids, ref_ids)
-    assert torch.allclose(weights.float(), ref_w.float(), rtol=TOL[dtype], atol=1e-6)
-    assert not arrival_counters(x.device).any()
-
-
-def test_fused_router_limits() -> None:
-    x, weight = torch.randn(ROUTER_MAX_TOKENS + 1, 64), torch.randn(9, 64)
-    with pytest.raises(ValueError, match=f"at most {ROUTER_MAX_TOKENS} tokens"):
-        router_topk_triton(x, weight, 2, 8)
-    with pytest.raises(ValueError, match="does not fit"):
-        router_topk_triton(x[:4], weight, 2, 10)
-    assert not router_topk_applies(x[:4], weight)  # CPU tensors: the reference
-    w, ids, logits = router_topk(x[:4], weight, 2, 8)
-    assert torch.allclose(logits, x[:4] @ weight.t(), atol=1e-5) and ids.shape == (4, 2)
 
 
 def test_router_ties_prefer_lower_ids() -> None:

@@ -2,20 +2,11 @@
 
 Modules, bottom up: ``align`` (routed pairs grouped by expert), the grouped expert GEMMs ``gemm`` (float
 stacks; it hands quantized stacks to ``quant_gemm``), ``quant_gemm`` (``tl.dot``) and ``quant_gemv``
-(decode GEMV, reusing :mod:`ninfer.kernels.quant_gemm`'s pieces), ``routing`` (the top-k, and the router's GEMV with it in one launch at decode sizes) and ``dispatch``.
+(decode GEMV, reusing :mod:`ninfer.kernels.quant_gemm`'s pieces), ``routing`` and ``dispatch``.
 """
 from ninfer.kernels.moe.dispatch import moe_experts, moe_experts_reference
 from ninfer.kernels.moe.gemm import Weight, moe_experts_triton
-from ninfer.kernels.moe.routing import (
-    route_topk,
-    route_topk_reference,
-    route_topk_triton,
-    router_topk,
-    router_topk_applies,
-    router_topk_reference,
-    router_topk_triton,
-)
+from ninfer.kernels.moe.routing import route_topk, route_topk_reference, route_topk_triton
 
 __all__ = ["Weight", "moe_experts", "moe_experts_reference", "moe_experts_triton", "route_topk",
-           "route_topk_reference", "route_topk_triton", "router_topk", "router_topk_applies", "router_topk_reference",
-           "router_topk_triton"]
+           "route_topk_reference", "route_topk_triton"]
