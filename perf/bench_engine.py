@@ -25,6 +25,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
 import torch
 from common import check_target, copy_bandwidth_for, export_tuning, export_tuning_on_timeout, record, sync
@@ -68,8 +69,10 @@ def weight_bytes_per_step(model, tokens: int = 1) -> int:
     return int(total)
 
 
-def steady_decode(llm, lanes: int, context: int, steps: int) -> float:
-    """Seconds per step once ``lanes`` sequences of ~``context`` tokens are all decoding."""
+def steady_decode(llm, lanes: int, context: int, steps: int,
+                  timer: Callable[[object, int], float] | None = None) -> float:
+    """Seconds per step once ``lanes`` sequences of ~``context`` tokens are all decoding (``timer(llm, steps)``
+    times the steps: :func:`time_steps` by default)."""
     engine = llm.engine
     reqs = [llm._request(random_prompt(context, seed=i), 10 ** 6, GREEDY) for i in range(lanes)]
     for r in reqs:
@@ -78,7 +81,7 @@ def steady_decode(llm, lanes: int, context: int, steps: int) -> float:
         engine.step()
     for _ in range(3):
         engine.step()
-    elapsed = time_steps(llm, steps)
+    elapsed = (timer or time_steps)(llm, steps)
     for r in reqs:
         engine.cancel(r.request_id)
     return elapsed

@@ -72,6 +72,9 @@ itl-small-chunks      27B int4 warm start: ITL of 4 decodes beside a 32k prefill
 frag-narrow           the register decode at 16 and 32 tokens with programs of 8 or 16 tokens side by side (sharing codes through L2) among the candidates: GPU tests of every candidate, then L2-cold on the 27B shapes, every candidate timed (the engine takes them after export-tuning-h200)
 frag-pair             the register decode with two tiles per warp sharing each activation load (frag-pair), SwiGLU loading its activations once for both streams: GPU tests of the fragment kernels, then L2-cold at 1 / 8 / 16 / 32 tokens on the 27B shapes, every candidate timed
 overlap-streams       the shared expert and the DeltaNet a/b gate GEMM on a second stream of the captured decode step: its GPU test, the 35B-A3B and 27B int4 decode at C = 1 / 8 with it on (the default) and off (NINFER_OVERLAP=0) in turn, then the whole-model MoE GPU test (graphs = eager)
+overlap-timeline      the graph-replayed decode step in time (perf/graph_timeline.py: busy, two kernels at once, idle between kernels) with the second stream on and off: 35B-A3B and 27B int4 at C = 1
+prefetch-l2           the L2 prefetch of o_proj / out_proj beside the attention and DeltaNet decode (NINFER_PREFETCH=1): its GPU test, the whole-model graphs = eager tests with it on, the 27B int4 and 35B-A3B decode at C = 1 / 8 with it on and off in turn
+pdl-35b               programmatic dependent launch on the 35B-A3B decode (NINFER_PDL=1: the register decodes and norms let the next kernel launch early), on and off in turn, C = 1 / 8, then the whole-model MoE test with it on
 itl-budgets-27b       27B int4 warm start: ITL of 4 decodes beside a 32k prefill at prefill_tokens_while_decoding 1024 (the default) / 512 / 256 / 128 and at max_decode_stall 3x / 2.5x, and the rate of the 32k prompt at each
 '
 names=$(echo "$STAGES" | awk 'NF { print $1 }')
@@ -302,6 +305,32 @@ stage() {
     moe-combine-tests)
       gpu_tests 90 moe -k shared
       gpu_tests 300 model_gpu -k moe
+      ;;
+    overlap-timeline)
+      for on in 1 0; do
+        NINFER_OVERLAP=$on part 120 python3 perf/profile_step.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 \
+          --timeline --top 12
+      done
+      part 150 python3 perf/profile_step.py --shape 27b --recipe int4 --timeline --top 12
+      ;;
+    prefetch-l2)
+      gpu_tests 90 overlap_gpu
+      NINFER_PREFETCH=1 gpu_tests 200 model_gpu -k graphs_equal_eager
+      for on in 1 0 1 0; do
+        NINFER_PREFETCH=$on part 80 python3 perf/bench_engine.py --shape 27b --recipe int4 --contexts 1024 \
+          --lanes 1 8 --steps 30 --prefill --label "prefetch=$on"
+      done
+      for on in 1 0; do
+        NINFER_PREFETCH=$on part 80 python3 perf/bench_engine.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 \
+          --contexts 1024 --lanes 1 8 --steps 30 --prefill --label "prefetch=$on"
+      done
+      ;;
+    pdl-35b)
+      for pdl in 1 0 1 0; do
+        NINFER_PDL=$pdl part 80 python3 perf/bench_engine.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 \
+          --contexts 1024 --lanes 1 8 --steps 30 --prefill --label "pdl=$pdl"
+      done
+      NINFER_PDL=1 gpu_tests 200 model_gpu -k moe
       ;;
     overlap-streams)
       gpu_tests 120 overlap_gpu

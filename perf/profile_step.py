@@ -15,6 +15,9 @@ decodes, once the prompt has reached CONTEXT tokens: wall time per step, kernel 
 by family, and (``--host``) the host's time per op (torch.profiler) and a cProfile of the same steps.
     python perf/profile_step.py --shape 27b --recipe int4 --mixed 16384 --chunk 128 --host
 
+``--timeline`` also profiles the graph-replayed steps themselves (``perf/graph_timeline.py``): how much of a step
+the GPU is busy, runs two kernels at once (the second stream's branches) or idles between kernels.
+
 ``--prefill N`` profiles one N-token prompt instead (one request, eager, chunks of ``--chunk``): the
 kernel time by family against the prefill's wall time, after two unprofiled prefills of the same
 length (compilation and tuning).
@@ -30,6 +33,7 @@ import torch
 from bench_engine import GREEDY, prefill, steady_decode, time_steps
 from bench_spec import make_llm, random_head
 from common import record
+from graph_timeline import profile_timeline
 from random_model import SHAPES, random_model, random_prompt
 
 from ninfer.llm import LLM
@@ -186,7 +190,11 @@ def run(args: argparse.Namespace) -> None:
         if args.draft_tokens:  # random weights accept nothing: profile the full round, every draft accepted
             force_acceptance(llm.engine.spec, args.draft_tokens)
         return llm
-    step_s = steady_decode(llm_with(graphs), args.lanes, args.context, args.steps)
+    graph_llm = llm_with(graphs)
+    step_s = steady_decode(graph_llm, args.lanes, args.context, args.steps)
+    if args.timeline and graphs:
+        _timeline(label, graph_llm, args)
+    del graph_llm
     eager_llm = llm_with(False)
     steady_decode(eager_llm, args.lanes, args.context, 2)  # compile and tune outside the profile
     # Profile prefill + 3 warm + N steps, then the same with 0 timed steps: the difference is N steps.
@@ -198,6 +206,23 @@ def run(args: argparse.Namespace) -> None:
         if ms - ms0 > 0:
             per_step[name] = ((ms - ms0) / args.steps, (n - n0) / args.steps)
     _report(label, step_s * 1e3, "step with CUDA graphs", per_step, args.top)
+
+
+def _timeline(label: str, llm: LLM, args: argparse.Namespace) -> None:
+    """The graph-replayed steps' kernel timeline (:mod:`graph_timeline`): busy, concurrent and idle time."""
+    found: dict = {}
+
+    def timed(llm_: LLM, steps: int) -> float:
+        found.update(profile_timeline(lambda: time_steps(llm_, steps), steps))
+        return 0.0
+
+    steady_decode(llm, args.lanes, args.context, args.steps, timer=timed)
+    streams = ", ".join(f"stream {k}: {v['kernels']:.0f} kernels, {v['ms']:.3f} ms" for k, v in found["streams"].items())
+    print(f"\n{label}: graph-replayed step, {found['kernels']:.0f} kernels; busy {found['busy_ms']:.3f} of "
+          f"{found['span_ms']:.3f} ms (idle between kernels {found['idle_ms']:.3f} ms); kernels summed "
+          f"{found['kernel_ms']:.3f} ms, two or more at once {found['concurrent_ms']:.3f} ms; {streams}")
+    record("profile_graph_timeline", label, found["span_ms"], achieved=found["busy_ms"], limit=found["span_ms"],
+           unit="busy ms", **{k: v for k, v in found.items() if k != "span_ms"})
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -216,6 +241,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="profile 4 decodes beside a long prompt's chunks from this context on (module doc)")
     parser.add_argument("--host", action="store_true",
                         help="--prefill / --mixed: also the host's time per op (torch.profiler) and a cProfile")
+    parser.add_argument("--timeline", action="store_true",
+                        help="also the graph-replayed steps' kernel timeline: busy, concurrent (two streams), idle")
     parser.add_argument("--device", default="cuda", help="cpu: a smoke test with --shape tiny / tiny-moe")
     run(parser.parse_args(argv))
 
