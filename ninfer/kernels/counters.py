@@ -16,9 +16,11 @@ from contextvars import ContextVar
 
 import torch
 
+from ninfer.kernels.scoped import scoped
+
 SLOTS = 1 << 16  # counters per bank (256 KB): output tiles of a split GEMM, or sequences x key heads
 BANKS = 2  # the current stream's and the overlapped side stream's
-_BUFFERS: dict[torch.device, torch.Tensor] = {}
+_BANKS: dict[torch.device, tuple[torch.Tensor, ...]] = {}  # per device: views of one buffer, one per bank
 _bank: ContextVar[int] = ContextVar("ninfer_counter_bank", default=0)
 
 
@@ -28,20 +30,17 @@ def counter_bank(bank: int) -> Iterator[None]:
     bank 0's on another stream). Holds in this block and thread only (a context variable)."""
     if not 0 <= bank < BANKS:
         raise ValueError(f"counter bank {bank} is not in [0, {BANKS})")
-    token = _bank.set(bank)
-    try:
+    with scoped(_bank, bank):
         yield
-    finally:
-        _bank.reset(token)
 
 
 def arrival_counters(device: torch.device) -> torch.Tensor | None:
     """The current bank's ``SLOTS`` zeroed int32 counters on ``device``, or None on a first use inside CUDA-graph
     capture (nothing can be allocated and zeroed for the graph to keep)."""
-    buf = _BUFFERS.get(device)
-    if buf is None:
+    banks = _BANKS.get(device)
+    if banks is None:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             return None
-        buf = _BUFFERS[device] = torch.zeros(BANKS * SLOTS, dtype=torch.int32, device=device)
-    bank = _bank.get()
-    return buf[bank * SLOTS:(bank + 1) * SLOTS]
+        buf = torch.zeros(BANKS * SLOTS, dtype=torch.int32, device=device)
+        banks = _BANKS[device] = tuple(buf[b * SLOTS:(b + 1) * SLOTS] for b in range(BANKS))
+    return banks[_bank.get()]

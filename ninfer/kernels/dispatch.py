@@ -14,6 +14,8 @@ from functools import cache
 
 import torch
 
+from ninfer.kernels.scoped import scoped
+
 # Read once, at import, on purpose: Triton picks the interpreter when ``@triton.jit`` decorates a kernel (at
 # the kernel modules' import), so a later change of the variable cannot change how the kernels run.
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -30,11 +32,8 @@ _graph_bound: ContextVar[bool] = ContextVar("ninfer_graph_bound", default=False)
 def graph_bound() -> Iterator[None]:
     """Inside, launches take the paths a CUDA-graph capture takes (:func:`capturing`): the eager run before a
     capture then compiles and tunes what the capture will launch, and the capture compiles nothing."""
-    token = _graph_bound.set(True)
-    try:
+    with scoped(_graph_bound, True):
         yield
-    finally:
-        _graph_bound.reset(token)
 
 
 def capturing(x: torch.Tensor) -> bool:

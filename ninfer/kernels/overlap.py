@@ -28,6 +28,7 @@ import torch
 
 from ninfer.kernels.counters import counter_bank
 from ninfer.kernels.dispatch import capturing
+from ninfer.kernels.scoped import scoped
 
 T = TypeVar("T")
 
@@ -79,12 +80,8 @@ def overlapped(fn: Callable[[], T], like: torch.Tensor) -> Overlapped[T]:
     if side is None:
         side = _SIDE_STREAMS[device] = torch.cuda.Stream(device)
     side.wait_stream(torch.cuda.current_stream(device))
-    token = _on_side.set(True)
-    try:
-        with torch.cuda.stream(side), counter_bank(1):
-            value = fn()
-    finally:
-        _on_side.reset(token)
+    with scoped(_on_side, True), torch.cuda.stream(side), counter_bank(1):
+        value = fn()
     done = torch.cuda.Event()
     done.record(side)
     return Overlapped(value, done, device)

@@ -38,6 +38,7 @@ from ninfer.kernels.attention.paged import PagedKV
 from ninfer.kernels.attention.split_kv import MAX_SPLITS, merge_kernel, sm_count, split_range
 from ninfer.kernels.autotune import ninfer_autotune
 from ninfer.kernels.dispatch import autotune_configs, fp32_first_config
+from ninfer.kernels.scoped import scoped
 
 SPLIT_BLOCK_M = 64  # the host's guess at BLOCK_M when counting programs (the autotuner picks 16-128)
 # forced_prefill_splits' override: a context variable, so that it holds only inside the block and only for
@@ -202,11 +203,8 @@ def forced_prefill_splits(splits: int) -> Iterator[None]:
     autotuning out of serving. Tests use it too. A launch's own ``num_splits`` still wins."""
     if splits < 1:
         raise ValueError(f"forced_prefill_splits needs splits >= 1, got {splits}")
-    token = _forced_splits.set(splits)
-    try:
+    with scoped(_forced_splits, splits):
         yield
-    finally:
-        _forced_splits.reset(token)
 
 
 def paged_attention_prefill_triton(

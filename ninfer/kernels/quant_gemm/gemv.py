@@ -68,6 +68,7 @@ from ninfer.kernels.quant_gemm.gemv_steps import (
     w32_values,
 )
 from ninfer.kernels.quant_gemm.tune import GemmConfig
+from ninfer.kernels.scoped import scoped
 
 
 @triton.jit
@@ -185,11 +186,8 @@ _reduce_kernel_only: ContextVar[bool] = ContextVar("ninfer_gemv_reduce_kernel_on
 def reduce_kernel_for_splits() -> Iterator[None]:
     """Test hook: split-K GEMV launches inside (this module's and :mod:`gemv_mma`'s) sum their partials with
     the separate reduce kernel instead of the arrival counters, so that tests can compare the two paths."""
-    token = _reduce_kernel_only.set(True)
-    try:
+    with scoped(_reduce_kernel_only, True):
         yield
-    finally:
-        _reduce_kernel_only.reset(token)
 
 
 def tile_counters(device: torch.device, tiles: int) -> torch.Tensor | None:
