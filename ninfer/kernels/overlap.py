@@ -28,13 +28,14 @@ import torch
 
 from ninfer.kernels.counters import counter_bank
 from ninfer.kernels.dispatch import capturing
+from ninfer.kernels.quant_gemm.tune import SKINNY_MAX_M
 from ninfer.kernels.scoped import scoped
 
 T = TypeVar("T")
 
-# Decode-sized batches only: a prefill chunk fills the GPU by itself, and the dequantizing prefill GEMM path
-# shares one workspace, which two streams must not use at once (the quantized decodes take up to 32 rows).
-MAX_ROWS = 32
+# Decode-sized batches only: a prefill chunk fills the GPU by itself, and above SKINNY_MAX_M (16) rows a quantized
+# GEMM may take the dequantizing path, whose one workspace two streams must not use at once.
+MAX_ROWS = SKINNY_MAX_M
 
 _SIDE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
 _on_side: ContextVar[bool] = ContextVar("ninfer_on_side_stream", default=False)  # no nested forks
