@@ -48,8 +48,8 @@ from ninfer.kernels.moe.align import (
     pair_rows,
 )
 from ninfer.kernels.moe.quant_gemm import launch_quant_experts
-from ninfer.kernels.quant_gemm.tune import GemmConfig
 from ninfer.kernels.overlap import Overlapped, wait_for
+from ninfer.kernels.quant_gemm.tune import GemmConfig
 from ninfer.kernels.quant_gemm.weights import QuantizedTensor
 
 Weight = torch.Tensor | QuantizedTensor  # an expert stack [E, N, K]
