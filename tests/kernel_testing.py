@@ -103,3 +103,12 @@ def assert_graph_replays_eager(step, inputs: list[torch.Tensor], label: object =
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, step()), label
+
+
+def fragment_laid(w):
+    """A row-major int4 / int8-g64 ``QuantizedTensor`` re-laid in the register decode's fragment layout."""
+    from ninfer.kernels.quant_gemm import QuantizedTensor
+    from ninfer.kernels.quant_gemm.fragments import FRAGMENTS, to_fragments
+
+    q, s = to_fragments(w.tensors["qweight"], w.tensors["scales"])
+    return QuantizedTensor(w.format, w.shape, {"qweight": q, "scales": s}, layout=FRAGMENTS)

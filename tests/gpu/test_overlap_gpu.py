@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_testing import assert_graph_replays_eager
+from kernel_testing import assert_graph_replays_eager, fragment_laid
 
 from ninfer.kernels.overlap import overlapped, wait_for
 from ninfer.kernels.quant_gemm import QuantizedTensor, quant_matmul_triton
-from ninfer.kernels.quant_gemm.fragments import FRAGMENTS, to_fragments
 from ninfer.kernels.quant_gemm.tune import GemmConfig, fragment_candidates, sm_count
 from ninfer.quant.formats import quantize
 
@@ -18,9 +17,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 def _fragment_weight(n: int, k: int, seed: int) -> QuantizedTensor:
     g = torch.Generator(device="cuda").manual_seed(seed)
-    w = quantize(torch.randn(n, k, generator=g, device="cuda") * 0.02, "int8-g64")
-    q, s = to_fragments(w.tensors["qweight"], w.tensors["scales"])
-    return QuantizedTensor(w.format, w.shape, {"qweight": q, "scales": s}, FRAGMENTS)
+    return fragment_laid(quantize(torch.randn(n, k, generator=g, device="cuda") * 0.02, "int8-g64"))
 
 
 def _split_config(m: int, n_out: int, k: int, swiglu: bool) -> GemmConfig:

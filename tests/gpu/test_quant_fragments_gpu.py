@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_testing import graph_replay_matches
+from kernel_testing import fragment_laid, graph_replay_matches
 
 from ninfer.kernels.quant_gemm import QuantizedTensor, quant_matmul_reference, quant_matmul_triton
 from ninfer.kernels.quant_gemm.dequant import dequantize_triton
-from ninfer.kernels.quant_gemm.fragments import FRAGMENTS, to_fragments
+from ninfer.kernels.quant_gemm.fragments import FRAGMENTS
 from ninfer.kernels.quant_gemm.tune import (
     candidates,
     fragment_candidates,
@@ -35,8 +35,7 @@ def _pair(n: int, k: int, fmt: str, seed: int) -> tuple[QuantizedTensor, Quantiz
     """A random weight quantized row-major, and the same in the fragment layout."""
     g = torch.Generator(device="cuda").manual_seed(seed)
     w = quantize(torch.randn(n, k, generator=g, device="cuda") * 0.02, fmt)
-    q, s = to_fragments(w.tensors["qweight"], w.tensors["scales"])
-    return w, QuantizedTensor(w.format, w.shape, {"qweight": q, "scales": s}, FRAGMENTS)
+    return w, fragment_laid(w)
 
 
 def _err(got: torch.Tensor, ref: torch.Tensor) -> float:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 from kernel_testing import QUANT_TOL as TOL
-from kernel_testing import poisoned_outputs  # noqa: F401  (fixture)
+from kernel_testing import fragment_laid, poisoned_outputs  # noqa: F401  (fixture)
 
 from ninfer.kernels.quant_gemm import QuantizedTensor, quant_matmul_reference, quant_matmul_triton
 from ninfer.kernels.quant_gemm.fragments import (
@@ -22,7 +22,6 @@ from ninfer.kernels.quant_gemm.fragments import (
     dequantize_fragments,
     fragments_fit,
     from_fragments,
-    to_fragments,
 )
 from ninfer.kernels.quant_gemm.tune import (
     GemmConfig,
@@ -38,11 +37,6 @@ from ninfer.quant.formats import quantize
 def _weight(n: int, k: int, fmt: str = "int4-g128", seed: int = 0) -> QuantizedTensor:
     g = torch.Generator().manual_seed(seed)
     return quantize(torch.randn(n, k, generator=g) * 0.05, fmt)
-
-
-def _fragments(w: QuantizedTensor) -> QuantizedTensor:
-    q, s = to_fragments(w.tensors["qweight"], w.tensors["scales"])
-    return QuantizedTensor(w.format, w.shape, {"qweight": q, "scales": s}, layout=FRAGMENTS)
 
 
 def _lane_registers(words: list[int]) -> list[list[tuple[int, int]]]:
@@ -143,7 +137,7 @@ def test_int8_decode_is_exact_for_every_byte(ty: str) -> None:
 def test_layout_matches_the_mma_fragment_map(fmt: str) -> None:
     w = _weight(32, 256, fmt, seed=1)
     x = torch.randn(5, 256, generator=torch.Generator().manual_seed(2))
-    f = _fragments(w)
+    f = fragment_laid(w)
     got = _emulate(f.tensors["qweight"], f.tensors["scales"], x, w.format.group_size)
     ref = x.double() @ w.dequantize(torch.float64).t()
     assert torch.allclose(got, ref, rtol=1e-10, atol=1e-10)
@@ -152,7 +146,7 @@ def test_layout_matches_the_mma_fragment_map(fmt: str) -> None:
 @pytest.mark.parametrize("fmt", ["int4-g64", "int8-g64"])
 def test_round_trip_and_row_slices(fmt: str) -> None:
     w = _weight(48, 384, fmt, seed=3)
-    f = _fragments(w)
+    f = fragment_laid(w)
     q, s = from_fragments(f.tensors["qweight"], f.tensors["scales"])
     assert torch.equal(q, w.tensors["qweight"]) and torch.equal(s, w.tensors["scales"])
     assert torch.equal(f.dequantize(), w.dequantize())
@@ -183,7 +177,7 @@ def test_every_weight_that_fits_has_a_register_decode(fmt: str) -> None:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_dequantize_fragments_is_bit_exact(fmt: str, dtype: torch.dtype) -> None:
     w = _weight(32, 512, fmt, seed=4)
-    f = _fragments(w)
+    f = fragment_laid(w)
     out = torch.full((32, 512), float("nan"), dtype=dtype)
     dequantize_fragments(f.tensors["qweight"], f.tensors["scales"], w.format.group_size, out)
     assert torch.equal(out, w.dequantize(dtype))
@@ -202,7 +196,7 @@ def _check(fmt: str, m: int, n: int, k: int, cfg: GemmConfig, *, swiglu: bool = 
     n_out = n // 2 if swiglu else n
     res = torch.randn(m, n_out, generator=g).to(dtype) if residual else None
     out = torch.full((m, n_out), float("nan"), dtype=dtype)
-    got = quant_matmul_triton(x, _fragments(w), res, swiglu, out=out, config=cfg)
+    got = quant_matmul_triton(x, fragment_laid(w), res, swiglu, out=out, config=cfg)
     assert torch.isfinite(got).all(), f"{fmt} {cfg}: unwritten or non-finite outputs"
     ref = quant_matmul_reference(x, w, res, swiglu).float()
     err = (got.float() - ref).norm() / ref.norm()
@@ -328,7 +322,7 @@ def test_fragment_weights_take_their_own_candidates() -> None:
     swiglu_codes = [c for c in tiled_fragment_candidates("int4-g64", 128, 17408, 5120, 132, swiglu=True)
                     if c.kind == "frag-tiled-codes"]
     assert [(c.block_n, c.num_warps) for c in swiglu_codes] == [(64, 8)]  # the one that does not spill
-    w = _fragments(_weight(32, 256, "int4-g64", 11))
+    w = fragment_laid(_weight(32, 256, "int4-g64", 11))
     x = torch.randn(40, 256, generator=torch.Generator().manual_seed(12)).half()
     for cfg in candidates("int4-g64", 40, 32, 256, 4, layout=FRAGMENTS):
         got = quant_matmul_triton(x, w, config=cfg)
