@@ -212,9 +212,9 @@ def _timeline(label: str, llm: LLM, args: argparse.Namespace) -> None:
     """The graph-replayed steps' kernel timeline (:mod:`graph_timeline`): busy, concurrent and idle time."""
     found: dict = {}
 
-    def timed(llm_: LLM, steps: int) -> float:
+    def timed(llm_: LLM, steps: int) -> float:  # steady_decode's timer: the profiled span per step, in seconds
         found.update(profile_timeline(lambda: time_steps(llm_, steps), steps))
-        return 0.0
+        return found["span_ms"] / 1e3
 
     steady_decode(llm, args.lanes, args.context, args.steps, timer=timed)
     streams = ", ".join(f"stream {k}: {v['kernels']:.0f} kernels, {v['ms']:.3f} ms" for k, v in found["streams"].items())
