@@ -55,6 +55,27 @@ def expert_routing(n: int, e: int, k: int, seed: int = 1) -> tuple[torch.Tensor,
     return route_topk_reference(logits, k)
 
 
+EXPERT_TOL = {torch.float32: 1e-5, torch.float16: 3e-3}  # relative error of a quantized expert block's output
+
+
+def check_quant_experts(fmt: str, h: int, i: int, dtype: torch.dtype, n: int, path, *, seed: int = 0,
+                        ids: torch.Tensor | None = None, e: int = 8, k: int = 2) -> None:
+    """``moe_experts_triton`` over random ``fmt`` stacks (``e`` experts, H = ``h``, I = ``i``) on ``n`` tokens
+    routed top-``k`` (or by ``ids``), through ``path``, against the fp32 reference of the dequantized stacks."""
+    from ninfer.kernels.moe import moe_experts_reference
+    from ninfer.kernels.moe.gemm import moe_experts_triton
+
+    gate_up, down = expert_stacks(fmt, e, h, i, seed)
+    weights, routed = expert_routing(n, e, k, seed + 1)
+    ids = routed if ids is None else ids
+    x = torch.randn(n, h, generator=torch.Generator().manual_seed(seed + 2)).to(dtype)
+    got = moe_experts_triton(x, gate_up, down, weights.to(dtype), ids, path=path)
+    ref = moe_experts_reference(x.float(), gate_up.dequantize(), down.dequantize(), weights.float(), ids.long())
+    assert got.shape == (n, h) and got.dtype == dtype and torch.isfinite(got).all(), (fmt, n, path)
+    err = ((got.double() - ref.double()).norm() / ref.double().norm()).item()
+    assert err < EXPERT_TOL[dtype], (fmt, dtype, n, path, err)
+
+
 def nan_experts(stacks: tuple, experts: list[int]) -> list:
     """Copies of quantized expert stacks with NaN in every float tensor (scales) of ``experts``: a kernel
     that reads those experts produces NaN, one that skips them is unchanged."""

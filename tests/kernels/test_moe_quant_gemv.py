@@ -13,7 +13,14 @@ from collections.abc import Iterator
 
 import pytest
 import torch
-from kernel_testing import expert_routing, expert_stacks, nan_experts, poisoned_outputs  # noqa: F401  (fixture)
+from kernel_testing import (  # noqa: F401  (poisoned_outputs: a fixture)
+    EXPERT_TOL as TOL,
+    check_quant_experts,
+    expert_routing,
+    expert_stacks,
+    nan_experts,
+    poisoned_outputs,
+)
 
 from ninfer.kernels.moe import quant_gemm as moe_quant_gemm
 from ninfer.kernels.quant_gemm import timing as quant_gemm_timing
@@ -40,7 +47,6 @@ SHAPES = {  # format: (H, I), as in test_moe_quant
     "fp8": (192, 96), "fp8-b128": (192, 96), "int8-g32": (160, 96), "int8-g64": (192, 64),
     "int4-g64": (192, 64), "int4-g128": (256, 128), "nvfp4": (176, 48),
 }
-TOL = {torch.float32: 1e-5, torch.float16: 3e-3}
 BK = {"int4-g128": 128, "fp8-b128": 128}  # K step: the format's group where it exceeds 64
 
 
@@ -65,16 +71,7 @@ def no_dot(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def _check(fmt: str, dtype: torch.dtype, n: int, path: str | GemmConfig, seed: int = 0,
            ids: torch.Tensor | None = None) -> None:
-    h, i = SHAPES[fmt]
-    gate_up, down = expert_stacks(fmt, E, h, i, seed)
-    weights, routed = expert_routing(n, E, K, seed + 1)
-    ids = routed if ids is None else ids
-    x = torch.randn(n, h, generator=torch.Generator().manual_seed(seed + 2)).to(dtype)
-    got = moe_experts_triton(x, gate_up, down, weights.to(dtype), ids, path=path)
-    ref = moe_experts_reference(x.float(), gate_up.dequantize(), down.dequantize(), weights.float(), ids.long())
-    assert got.shape == (n, h) and got.dtype == dtype and torch.isfinite(got).all(), (fmt, n, path)
-    err = ((got.double() - ref.double()).norm() / ref.double().norm()).item()
-    assert err < TOL[dtype], (fmt, dtype, n, path, err)
+    check_quant_experts(fmt, *SHAPES[fmt], dtype, n, path, seed=seed, ids=ids, e=E, k=K)
 
 
 @pytest.mark.usefixtures("no_dot")

@@ -10,7 +10,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_testing import expert_routing, expert_stacks, nan_experts, poisoned_outputs  # noqa: F401  (fixture)
+from kernel_testing import (  # noqa: F401  (poisoned_outputs: a fixture)
+    EXPERT_TOL as TOL,
+    check_quant_experts,
+    expert_routing,
+    expert_stacks,
+    nan_experts,
+    poisoned_outputs,
+)
 
 from ninfer.kernels.dispatch import INTERPRET
 from ninfer.kernels.moe import moe_experts_reference
@@ -30,24 +37,10 @@ pytestmark = [pytest.mark.skipif(not INTERPRET, reason="Triton launchers on CPU 
               pytest.mark.usefixtures("poisoned_outputs")]
 
 E, K = 8, 2
-TOL = {torch.float32: 1e-5, torch.float16: 3e-3}
 
 
 def _cfg(warps: int, unroll: int, split: int, prefetch: bool) -> GemmConfig:
     return GemmConfig(8, 16 * warps, 64 * unroll, split, warps, 2 if prefetch else 1, EXPERT_MMA_KIND)
-
-
-def _check(fmt: str, h: int, i: int, dtype: torch.dtype, n: int, cfg: GemmConfig, seed: int = 0,
-           ids: torch.Tensor | None = None) -> None:
-    gate_up, down = expert_stacks(fmt, E, h, i, seed)
-    weights, routed = expert_routing(n, E, K, seed + 1)
-    ids = routed if ids is None else ids
-    x = torch.randn(n, h, generator=torch.Generator().manual_seed(seed + 2)).to(dtype)
-    got = moe_experts_triton(x, gate_up, down, weights.to(dtype), ids, path=cfg)
-    ref = moe_experts_reference(x.float(), gate_up.dequantize(), down.dequantize(), weights.float(), ids.long())
-    assert got.shape == (n, h) and got.dtype == dtype and torch.isfinite(got).all(), (fmt, n, cfg)
-    err = ((got.double() - ref.double()).norm() / ref.double().norm()).item()
-    assert err < TOL[dtype], (fmt, dtype, n, cfg, err)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
@@ -55,16 +48,16 @@ def _check(fmt: str, h: int, i: int, dtype: torch.dtype, n: int, cfg: GemmConfig
 def test_expert_mma_matches_reference(fmt: str, h: int, i: int, dtype: torch.dtype) -> None:
     """1 token (two pairs), 5 tokens, 13 tokens (expert 3 holds more than eight pairs: two blocks)."""
     for n, cfg in [(1, _cfg(4, 2, 1, False)), (5, _cfg(2, 2, 2, True)), (13, _cfg(4, 2, 2, False))]:
-        _check(fmt, h, i, dtype, n, cfg, seed=n)
+        check_quant_experts(fmt, h, i, dtype, n, cfg, seed=n)
 
 
 def test_ragged_tiles_one_chunk_trips_and_separate_reduction() -> None:
     """12 gate/up tiles over 4-warp programs (the last program's warps past the end), K = 192 (trips of one
     chunk), split-K summed by the reduce kernel instead of the last program."""
     cfg = _cfg(4, 1, 3, True)
-    _check("int4-g64", 256, 192, torch.float32, 6, cfg, seed=4)
+    check_quant_experts("int4-g64", 256, 192, torch.float32, 6, cfg, seed=4)
     with reduce_kernel_for_splits():
-        _check("int4-g64", 256, 192, torch.float32, 6, cfg, seed=5)
+        check_quant_experts("int4-g64", 256, 192, torch.float32, 6, cfg, seed=5)
 
 
 def test_repeated_slot_and_experts_without_tokens() -> None:
@@ -72,7 +65,7 @@ def test_repeated_slot_and_experts_without_tokens() -> None:
     reaches the output."""
     ids = torch.full((5, K), 6, dtype=torch.int32)
     ids[0, 1] = 2
-    _check("int4-g64", 256, 128, torch.float32, 5, _cfg(2, 2, 2, False), seed=3, ids=ids)
+    check_quant_experts("int4-g64", 256, 128, torch.float32, 5, _cfg(2, 2, 2, False), seed=3, ids=ids)
     stacks = expert_stacks("int4-g64", E, 256, 128, seed=9)
     weights, ids = expert_routing(4, E, K)
     poisoned = nan_experts(stacks, [0, 5])
