@@ -4,7 +4,7 @@ int4 expert stacks (g64 and g128) against dequantize + ``moe_experts_reference``
 activations, both epilogues (gate/up SwiGLU, down times the routing weight), split-K with the fused and with the
 separate reduction, prefetch on and off, ragged tile groups, and experts holding more than eight pairs (a
 second block of eight, served by its own program). Outputs and scratch are NaN-poisoned. The interpreter runs
-the kernel's Triton gathers, not its PTX: the GPU tests check that (``tests/gpu/test_moe_quant.py``).
+the kernel's Triton gathers, not its PTX: the GPU tests check that (``tests/gpu/test_moe_quant_mma.py``).
 """
 from __future__ import annotations
 
