@@ -26,6 +26,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from typing import TypeVar
 
 import torch
 from common import check_target, copy_bandwidth_for, export_tuning, export_tuning_on_timeout, record, sync
@@ -34,6 +35,8 @@ from random_model import SHAPES, model_bytes, random_llm, random_prompt, shape_c
 from ninfer.runtime.engine import EngineConfig
 from ninfer.runtime.memory import kv_bytes_per_token, state_bytes_per_slot
 from ninfer.runtime.sampling import SamplingParams
+
+T = TypeVar("T")
 
 GREEDY = SamplingParams(greedy=True)
 HF_MIN_STEPS = 6  # transformers decode steps taken whatever the budget (the first two are not timed)
@@ -70,7 +73,7 @@ def weight_bytes_per_step(model, tokens: int = 1) -> int:
 
 
 def steady_decode(llm, lanes: int, context: int, steps: int,
-                  timer: Callable[[object, int], float] | None = None) -> float:
+                  timer: Callable[[object, int], T] | None = None) -> T | float:
     """Seconds per step once ``lanes`` sequences of ~``context`` tokens are all decoding (``timer(llm, steps)``
     times the steps: :func:`time_steps` by default)."""
     engine = llm.engine
@@ -95,6 +98,24 @@ def time_steps(llm, steps: int) -> float:
         llm.engine.step()
     sync(llm.device)
     return (time.perf_counter() - start) / max(steps, 1)
+
+
+def replay_only(llm, steps: int) -> float:
+    """Seconds per replay of the decode graph of the running batch, replayed ``steps`` times back to back with no
+    engine work between them: the step's GPU time, which :func:`time_steps` less this leaves to the host."""
+    graphs = llm.engine.runner.graphs
+    graph = graphs.graphs[len(llm.engine.scheduler.running)]
+    sync(llm.device)
+    start = time.perf_counter()
+    for _ in range(steps):
+        graph.replay()
+    sync(llm.device)
+    return (time.perf_counter() - start) / max(steps, 1)
+
+
+def host_split(llm, steps: int) -> tuple[float, float]:
+    """(seconds per engine step, seconds per bare graph replay) over the same running batch."""
+    return time_steps(llm, steps), replay_only(llm, steps)
 
 
 def prefill(llm, tokens: int) -> tuple[float, float]:
@@ -152,7 +173,13 @@ def run(args: argparse.Namespace) -> None:
                limit=bw, unit="TB/s", tok_per_s=round(tok_s, 1), roofline_ms=round(floor_bytes / bw / 1e9, 4),
                weight_bytes=wb1, step_bytes=int(floor_bytes), **common, **extra)
     for lanes in args.lanes:
-        step = steady_decode(llm, lanes, args.lane_context, args.steps)
+        if llm.engine.runner.graphs is None:
+            step = steady_decode(llm, lanes, args.lane_context, args.steps)
+        else:
+            step, replay = steady_decode(llm, lanes, args.lane_context, args.steps, timer=host_split)
+            record("engine_decode_host", f"{shape} {label} C={lanes} ctx={args.lane_context}", (step - replay) * 1e3,
+                   achieved=replay * 1e3, limit=step * 1e3, unit="ms", step_ms=round(step * 1e3, 4),
+                   replay_ms=round(replay * 1e3, 4), **common)
         floor_bytes = weight_bytes_per_step(llm.model, lanes) + lanes * (args.lane_context * kv_tok + 2 * state)
         extra = check_target("c8_tok_s", lanes / step, targets["c8_tok_s"], "tok/s") \
             if lanes == 8 and "c8_tok_s" in targets else {}

@@ -74,6 +74,7 @@ frag-pair             the register decode with two tiles per warp sharing each a
 overlap-streams       the shared expert and the DeltaNet a/b gate GEMM on a second stream of the captured decode step: its GPU test, the 35B-A3B and 27B int4 decode at C = 1 / 8 with it on (the default) and off (NINFER_OVERLAP=0) in turn, then the whole-model MoE GPU test (graphs = eager)
 overlap-timeline      the graph-replayed decode step in time (perf/graph_timeline.py: busy, two kernels at once, idle between kernels) with the second stream on and off: 35B-A3B and 27B int4 at C = 1
 prefetch-l2           the L2 prefetch of o_proj / out_proj beside the attention and DeltaNet decode (NINFER_PREFETCH=1): its GPU test, the whole-model graphs = eager tests with it on, the 27B int4 and 35B-A3B decode at C = 1 / 8 with it on and off in turn
+host-split            the host time of a graph-replayed decode step (an engine step less a bare replay of its graph): cProfile of the 35B-A3B 4-bit steps at C = 1, then its timeline (idle in gaps over 20 us: the host)
 pdl-35b               programmatic dependent launch on the 35B-A3B decode (NINFER_PDL=1: the register decodes and norms let the next kernel launch early), on and off in turn, C = 1 / 8, then the whole-model MoE test with it on
 itl-budgets-27b       27B int4 warm start: ITL of 4 decodes beside a 32k prefill at prefill_tokens_while_decoding 1024 (the default) / 512 / 256 / 128 and at max_decode_stall 3x / 2.5x, and the rate of the 32k prompt at each
 '
@@ -324,6 +325,10 @@ stage() {
         NINFER_PREFETCH=$on part 80 python3 perf/bench_engine.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 \
           --contexts 1024 --lanes 1 8 --steps 30 --prefill --label "prefetch=$on"
       done
+      ;;
+    host-split)
+      part 120 python3 perf/profile_step.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --host --timeline --top 30 \
+        --steps 20
       ;;
     pdl-35b)
       for pdl in 1 0 1 0; do

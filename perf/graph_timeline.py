@@ -13,6 +13,9 @@ from pathlib import Path
 from typing import Any
 
 Interval = tuple[float, float, int]  # start and end (µs), stream
+# An idle gap this long is the host's: inside a replayed graph kernels follow each other within a few µs, so longer
+# gaps are the time between steps the GPU waits for the engine (sampling, scheduling, the next step's inputs).
+LONG_GAP_US = 20.0
 
 
 def kernel_intervals(trace: dict[str, Any]) -> list[Interval]:
@@ -23,17 +26,21 @@ def kernel_intervals(trace: dict[str, Any]) -> list[Interval]:
 
 def summarize(intervals: list[Interval], steps: int = 1) -> dict[str, Any]:
     """Per step: kernels, their summed time, the time at least one runs (busy), two or more at once (concurrent),
-    the span from the first start to the last end and what of it is idle; kernels and time per stream."""
+    the span from the first start to the last end and what of it is idle (and idle in gaps over LONG_GAP_US);
+    kernels and time per stream."""
     if not intervals:
-        return dict(kernels=0, kernel_ms=0.0, busy_ms=0.0, concurrent_ms=0.0, span_ms=0.0, idle_ms=0.0, streams={})
+        return dict(kernels=0, kernel_ms=0.0, busy_ms=0.0, concurrent_ms=0.0, span_ms=0.0, idle_ms=0.0,
+                    long_gap_ms=0.0, streams={})
     edges = sorted([(s, 1) for s, _, _ in intervals] + [(e, -1) for _, e, _ in intervals])
-    busy = concurrent = 0.0
+    busy = concurrent = long_gaps = 0.0
     depth, last = 0, edges[0][0]
     for t, step in edges:
         if depth >= 1:
             busy += t - last
         if depth >= 2:
             concurrent += t - last
+        if depth == 0 and t - last > LONG_GAP_US:
+            long_gaps += t - last
         depth, last = depth + step, t
     span = max(e for _, e, _ in intervals) - min(s for s, _, _ in intervals)
     streams: dict[int, list[float]] = defaultdict(lambda: [0, 0.0])
@@ -43,6 +50,7 @@ def summarize(intervals: list[Interval], steps: int = 1) -> dict[str, Any]:
     per = 1e3 * steps  # µs over the profiled steps -> ms per step
     return dict(kernels=len(intervals) / steps, kernel_ms=sum(e - s for s, e, _ in intervals) / per, busy_ms=busy / per,
                 concurrent_ms=concurrent / per, span_ms=span / per, idle_ms=(span - busy) / per,
+                long_gap_ms=long_gaps / per,
                 streams={str(k): dict(kernels=v[0] / steps, ms=v[1] / per) for k, v in sorted(streams.items())})
 
 

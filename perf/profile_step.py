@@ -33,7 +33,7 @@ import torch
 from bench_engine import GREEDY, prefill, steady_decode, time_steps
 from bench_spec import make_llm, random_head
 from common import record
-from graph_timeline import profile_timeline
+from graph_timeline import LONG_GAP_US, profile_timeline
 from random_model import SHAPES, random_model, random_prompt
 
 from ninfer.llm import LLM
@@ -194,6 +194,9 @@ def run(args: argparse.Namespace) -> None:
     step_s = steady_decode(graph_llm, args.lanes, args.context, args.steps)
     if args.timeline and graphs:
         _timeline(label, graph_llm, args)
+    if args.host and graphs:  # the graph-replayed steps' host work: what the GPU waits on between steps
+        steady_decode(graph_llm, args.lanes, args.context, args.steps,
+                      timer=lambda llm_, steps: _host_profile(lambda: time_steps(llm_, steps), args.top))
     del graph_llm
     eager_llm = llm_with(False)
     steady_decode(eager_llm, args.lanes, args.context, 2)  # compile and tune outside the profile
@@ -219,7 +222,7 @@ def _timeline(label: str, llm: LLM, args: argparse.Namespace) -> None:
     steady_decode(llm, args.lanes, args.context, args.steps, timer=timed)
     streams = ", ".join(f"stream {k}: {v['kernels']:.0f} kernels, {v['ms']:.3f} ms" for k, v in found["streams"].items())
     print(f"\n{label}: graph-replayed step, {found['kernels']:.0f} kernels; busy {found['busy_ms']:.3f} of "
-          f"{found['span_ms']:.3f} ms (idle between kernels {found['idle_ms']:.3f} ms); kernels summed "
+          f"{found['span_ms']:.3f} ms (idle between kernels {found['idle_ms']:.3f} ms, {found['long_gap_ms']:.3f} of it in gaps over {LONG_GAP_US:.0f} µs); kernels summed "
           f"{found['kernel_ms']:.3f} ms, two or more at once {found['concurrent_ms']:.3f} ms; {streams}")
     record("profile_graph_timeline", label, found["span_ms"], achieved=found["busy_ms"], limit=found["span_ms"],
            unit="busy ms", **{k: v for k, v in found.items() if k != "span_ms"})
@@ -240,7 +243,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--mixed", type=int, default=0,
                         help="profile 4 decodes beside a long prompt's chunks from this context on (module doc)")
     parser.add_argument("--host", action="store_true",
-                        help="--prefill / --mixed: also the host's time per op (torch.profiler) and a cProfile")
+                        help="also a cProfile of the host (decode: the graph-replayed steps; --prefill / --mixed: "
+                             "with the host's time per op from torch.profiler)")
     parser.add_argument("--timeline", action="store_true",
                         help="also the graph-replayed steps' kernel timeline: busy, concurrent (two streams), idle")
     parser.add_argument("--device", default="cuda", help="cpu: a smoke test with --shape tiny / tiny-moe")

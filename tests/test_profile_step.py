@@ -46,7 +46,9 @@ def test_graph_timeline_busy_concurrent_and_idle_time() -> None:
     assert (found["kernel_ms"], found["busy_ms"], found["concurrent_ms"], found["span_ms"], found["idle_ms"]) == \
         pytest.approx((0.02, 0.015, 0.005, 0.015, 0.0))
     gap = graph_timeline.summarize([(0.0, 1.0, 1), (3.0, 4.0, 1)])  # one stream, 2 µs between its kernels
-    assert gap["idle_ms"] == pytest.approx(0.002) and gap["concurrent_ms"] == 0.0
+    assert gap["idle_ms"] == pytest.approx(0.002) and gap["concurrent_ms"] == 0.0 and gap["long_gap_ms"] == 0.0
+    host = graph_timeline.summarize([(0.0, 1.0, 1), (3.0, 4.0, 1), (54.0, 55.0, 1)])  # 50 µs: the host's gap
+    assert host["idle_ms"] == pytest.approx(0.052) and host["long_gap_ms"] == pytest.approx(0.05)
     assert graph_timeline.summarize([])["kernels"] == 0
 
 
