@@ -145,7 +145,7 @@ def run(args: argparse.Namespace) -> None:
     cfg = EngineConfig(max_concurrency=max(args.lanes), max_context=max_ctx,
                        kv_capacity=max_ctx * max(args.lanes) if max(args.lanes) * max_ctx < 600_000 else "auto",
                        kv_dtype=args.kv_dtype, prefill_chunk=args.chunk, cuda_graphs=not args.eager,
-                       prefix_cache=False)  # raw engine speed
+                       prefix_cache=False, decode_ahead=not args.no_decode_ahead)  # raw engine speed
     start = time.perf_counter()
     llm = random_llm(shape, cfg, device=args.device, num_layers=args.layers, recipe=args.recipe, verbose=True)
     llm.stop_ids = frozenset()  # random weights: never stop early
@@ -331,6 +331,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--layers", type=int, default=None, help="fewer decoder layers (smoke tests)")
     parser.add_argument("--eager", action="store_true", help="decode without CUDA graphs")
+    parser.add_argument("--no-decode-ahead", action="store_true",
+                        help="wait for each decode step's tokens before launching the next (EngineConfig.decode_ahead)")
     parser.add_argument("--label", default="", help="words added to the records' labels (e.g. an A/B switch set in "
                                                     "the environment)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")

@@ -32,6 +32,7 @@ from ninfer.runtime.pools import PagePool, SlotPool
 from ninfer.runtime.postprocess import Postprocessor
 from ninfer.runtime.prefix_cache import PrefixCache
 from ninfer.runtime.request import Request, RequestOutput, Status
+from ninfer.runtime.run_ahead import InFlight, may_run_ahead
 from ninfer.runtime.sampler import Sampler
 from ninfer.runtime.scheduler import Scheduler
 from ninfer.runtime.speculative import MTPSpeculator, SpecStats, committed_tokens
@@ -84,6 +85,8 @@ class Engine:
         # done then (the server's streaming) overlaps the device instead of delaying the next launch.
         self.on_launched: Callable[[], None] | None = None
         self.launches_async = self.device.type == "cuda"  # whether there is such a wait to overlap
+        self.runs_ahead = config.decode_ahead and self.spec is None
+        self.ahead: InFlight | None = None  # a decode step launched, its tokens not yet read (run_ahead)
         if config.warmup and self.device.type == "cuda":
             self.warm_up()
 
@@ -163,6 +166,7 @@ class Engine:
             if self.scheduler.stall is not None and shape is not None:
                 self.scheduler.stall.observe(time.perf_counter() - started, *shape)
         except Exception as err:  # a batched stage: what ran in it may be half-written, so its requests end
+            self.ahead = None
             log.exception("engine step failed; ending the %d resident requests", len(self.scheduler.running))
             for req in list(self.scheduler.running):
                 events.extend(self.post.fail(req, "the batched step", err, logged=True))
@@ -172,6 +176,9 @@ class Engine:
         """The step's stages append their events to ``events`` as they go, so that the error events of requests
         failed early in the step are not lost when a later batched stage raises. Returns the step's prompt
         tokens and decoding sequences as planned (None: nothing ran), for the stall budget."""
+        if self.ahead is not None and (self.scheduler.waiting or self.pauser.needs_room()
+                                       or not all(r.prefill_done for r in self.scheduler.running)):
+            self._land_ahead(events)  # admitting, prefilling and pausing need every token on the host
         self.pauser.make_room()  # growing sequences first: pauses the newest resident requests if pages ran out
         for req in self.scheduler.admit():
             try:
@@ -194,8 +201,8 @@ class Engine:
             return shape
         if plan.decode and self.spec is not None:
             self._speculative_round(plan.decode, events)
-        elif plan.decode:
-            self._decode(plan.decode, events)
+        elif plan.decode:  # a prompt finishing below would join the next step with its token on the host
+            self._decode(plan.decode, events, may_stay=not plan.prefills)
         for req, end in plan.prefills:  # one (speculation, media); see Scheduler.plan
             try:  # a forward of this request alone: its failure touches no other request's state
                 events.extend(self._prefill(req, end))
@@ -229,16 +236,39 @@ class Engine:
             self.spec.begin(req, tokens[0])
         return self.post.append(req, tokens[0], logprobs[0])
 
-    def _decode(self, reqs: list[Request], events: list[RequestOutput]) -> None:
+    def _decode(self, reqs: list[Request], events: list[RequestOutput], may_stay: bool = False) -> None:
+        """One decode step. A step still in flight (:mod:`~ninfer.runtime.run_ahead`) feeds this one its drawn
+        tokens and lands only after this one is launched; this one stays in flight when its batch may and
+        ``may_stay`` (no prompt finishes in this step)."""
+        prev, self.ahead = self.ahead, None
+        if prev is not None:  # a request whose token in flight is its last by length gets no row after it
+            reqs = [r for r in reqs if len(r.output_ids) + 1 < r.max_new_tokens]
         slots = prepare_each(reqs, lambda r: self._slots_for(r, r.num_computed, r.num_computed + 1)[0],
                              "decode preparation", self.post.fail, events)
-        if not slots:
-            return
         reqs = [r for r, _ in slots]
-        logits = self._decode_logits(reqs, [slot for _, slot in slots])
-        self._launched()
-        for req, token, lp in sample_each(self.sampler, logits, reqs, self.post.fail, events):
-            events.extend(self.post.append(req, token, lp))
+        cur = logits = None
+        if reqs:
+            logits = self._decode_logits(reqs, [slot for _, slot in slots], prev.inputs_for(reqs) if prev else None)
+            self._launched()
+            try:
+                cur = InFlight.launch(reqs, self.sampler.launch(logits, reqs))
+            except Exception:  # sampled again below, row by row, once the step before has landed
+                log.warning("batched sampling failed; sampling the %d rows one at a time", len(reqs), exc_info=True)
+        if prev is not None:
+            prev.land(self.sampler, self.post.append, events)
+        if cur is None and reqs:
+            for req, token, lp in sample_each(self.sampler, logits, reqs, self.post.fail, events):
+                events.extend(self.post.append(req, token, lp))
+        elif cur is not None and may_stay and self.runs_ahead and may_run_ahead(cur.reqs):
+            self.ahead = cur
+        elif cur is not None:
+            cur.land(self.sampler, self.post.append, events)
+
+    def _land_ahead(self, events: list[RequestOutput]) -> None:
+        """Land the step in flight, if any: afterwards every request's tokens are on the host."""
+        prev, self.ahead = self.ahead, None
+        if prev is not None:
+            prev.land(self.sampler, self.post.append, events)
 
     def _mixed_step(self, decode: list[Request], prefills: list[tuple[Request, int]], marks: dict[str, int],
                     events: list[RequestOutput]) -> None:
@@ -317,8 +347,9 @@ class Engine:
             self.runner.set_pages(req.lane, new_pages, first=len(req.pages) - len(new_pages))
         return self.runner.slot_mapping(req.pages, start, end)
 
-    def _decode_logits(self, reqs: list[Request], slot_mapping: list[int]) -> torch.Tensor:
-        logits = self.runner.decode(reqs, slot_mapping)
+    def _decode_logits(self, reqs: list[Request], slot_mapping: list[int],
+                       ids: torch.Tensor | None = None) -> torch.Tensor:
+        logits = self.runner.decode(reqs, slot_mapping, ids)
         for r in reqs:
             r.num_computed += 1
         return logits

@@ -71,6 +71,11 @@ class EngineConfig:
     cuda_graphs: bool = option(Option(
         "cuda_graphs", True, "replay decode steps from CUDA graphs", kind=bool,
         flag_help="run decode steps eagerly, without CUDA graphs"))
+    decode_ahead: bool = option(Option(
+        "decode_ahead", True, "launch each decode step before the tokens of the one before reach the host, so "
+        "the host's work (text, stops, the next step's inputs) overlaps the GPU's (vLLM's async scheduling); "
+        "never with speculation", kind=bool,
+        flag_help="wait for each decode step's tokens before launching the next"))
     page_size: int = option(Option(
         "page_size", 64, "tokens per KV page (vLLM's block size)", check=at_least(1), metavar="N"))
     max_pending: int = 64  # the wait queue; the server widens it to its own admission limit

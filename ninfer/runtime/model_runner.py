@@ -84,7 +84,10 @@ class ModelRunner:
 
     def set_pages(self, lane: int, pages: list[int], first: int = 0) -> None:
         """Entries ``first ..`` of ``lane``'s block table become ``pages``."""
-        self.block_tables[lane, first:first + len(pages)] = torch.tensor(pages, dtype=torch.int32)
+        table = torch.tensor(pages, dtype=torch.int32)
+        if self.device.type == "cuda":  # pinned, so the host does not wait for the queued kernels
+            table = table.pin_memory()
+        self.block_tables[lane, first:first + len(pages)].copy_(table, non_blocking=True)
 
     def clear(self, lane: int) -> None:
         """Point every entry of ``lane``'s table at page 0 (the lane's pages went back to the pool)."""
@@ -99,22 +102,32 @@ class ModelRunner:
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.model.logits(hidden)
 
-    def decode(self, reqs: list[Request], slot_mapping: list[int]) -> torch.Tensor:
-        """Logits ``[b, V]`` of one new token per request (its last output token at ``num_computed``), from a
-        CUDA graph's replay where there is one (its buffer: valid until the next replay)."""
+    def decode(self, reqs: list[Request], slot_mapping: list[int], ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits ``[b, V]`` of one new token per request at ``num_computed``: its last output token, or ``ids``
+        (on the device: the tokens a step still in flight drew), from a CUDA graph's replay where there is one (its
+        buffer: valid until the next replay). The host's inputs travel from pinned memory, so nothing here waits
+        for the kernels already queued."""
         pos = [r.num_computed for r in reqs]
-        ids = torch.tensor([r.output_ids[-1] for r in reqs], dtype=torch.long)
-        positions = torch.tensor([p + r.rope_delta for r, p in zip(reqs, pos)], dtype=torch.long).expand(3, len(reqs))
-        context = torch.tensor([p + 1 for p in pos], dtype=torch.int32)
-        lanes = torch.tensor([r.lane for r in reqs], dtype=torch.long)
-        state_slots = torch.tensor([r.slot for r in reqs], dtype=torch.long)
-        slots = torch.tensor(slot_mapping, dtype=torch.long)
+        b = len(reqs)
+        rope = [p + r.rope_delta for r, p in zip(reqs, pos)]
+        host = self._host_inputs([[r.output_ids[-1] for r in reqs] if ids is None else [0] * b, rope, rope, rope,
+                                  [r.lane for r in reqs], [r.slot for r in reqs], slot_mapping], torch.long)
+        context = self._host_inputs([[p + 1 for p in pos]], torch.int32)[0]
+        ids = host[0] if ids is None else ids
+        positions, lanes, state_slots, slots = host[1:4], host[4], host[5], host[6]
         if self.graphs is not None:
             return self.graphs.run(ids, positions, context, slots, lanes, state_slots)
-        batch = make_batch(input_ids=ids, positions=positions, seq_lens=[1] * len(reqs), context_lens=context,
+        batch = make_batch(input_ids=ids, positions=positions, seq_lens=[1] * b, context_lens=context,
                            block_tables=self.block_tables[lanes.to(self.device)], slot_mapping=slots,
                            state_slots=state_slots)
         return self.model.logits(self.model(batch, self.cache))
+
+    def _host_inputs(self, rows: list[list[int]], dtype: torch.dtype) -> torch.Tensor:
+        """``rows`` as one host tensor, pinned on a GPU (the caching host allocator keeps it until the copies that
+        read it have run), each row contiguous and of the dtype it is copied into: a copy that had to convert or
+        gather first would go through pageable memory."""
+        host = torch.tensor(rows, dtype=dtype)
+        return host.pin_memory() if self.device.type == "cuda" else host
 
     def prefill(self, req: Request, start: int, end: int,
                 slot_mapping: list[int]) -> tuple[torch.Tensor, ForwardBatch]:

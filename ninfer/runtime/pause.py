@@ -92,6 +92,17 @@ class Pauser:
                 if victim is req:
                     break
 
+    def needs_room(self) -> bool:
+        """Whether :meth:`make_room` would have to reserve pages beyond those free (evict cached prefixes or
+        pause requests): a step still in flight must land before either (``ninfer.runtime.run_ahead``)."""
+        running, lookahead = self.scheduler.running, self.scheduler.lookahead
+        short = 0
+        for req in running:
+            if req.status is Status.RUNNING and req.prefill_done:
+                upto = min(req.num_computed + 1 + lookahead, len(req.prompt_ids) + req.max_new_tokens + lookahead)
+                short += max(0, self.scheduler.pages_for(upto) - len(req.pages) - req.reserved_pages)
+        return short > self.scheduler.pages.num_available
+
     def pause(self, req: Request) -> None:
         """Snapshot (or mark for recompute) a resident request and send it back to the wait queue."""
         lane = self.sampler.lane_state(req)

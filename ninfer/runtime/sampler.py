@@ -56,6 +56,7 @@ class Sampler:
         self.seen = torch.zeros(max_lanes, vocab_size, dtype=torch.int8, device=device)
         self._scratch_counts = torch.zeros_like(self.counts)
         self._scratch_seen = torch.zeros_like(self.seen)
+        self._lane_tensors: dict[tuple[int, ...], torch.Tensor] = {}
 
     def start(self, req: Request, resume: LaneState | None = None) -> None:
         """Load a newly admitted request's parameters into its lane; ``resume`` (from :meth:`lane_state`)
@@ -143,12 +144,18 @@ class Sampler:
 
     def sample(self, logits: torch.Tensor, reqs: list[Request]) -> tuple[list[int], list[TokenLogprobs | None]]:
         """Tokens for each row of ``logits [b, V]`` (row i belongs to ``reqs[i]``), plus logprobs where asked."""
-        draw = self._draw(logits, reqs, 1, None)
-        self.commit(draw)
+        draw = self.launch(logits, reqs)
         tokens = draw.out.token_ids.tolist()
         if not draw.want_logprobs:
             return tokens, [None] * len(reqs)
         return tokens, [lps[0] for lps in self.logprobs(draw, [[t] for t in tokens])]
+
+    def launch(self, logits: torch.Tensor, reqs: list[Request]) -> Draw:
+        """Queue the draw of one token per row of ``logits [b, V]`` and commit it; the tokens stay on the device
+        (``draw.out.token_ids``). Nothing here waits for the device unless a request is constrained by a grammar."""
+        draw = self._draw(logits, reqs, 1, None)
+        self.commit(draw)
+        return draw
 
     def draw_rows(self, logits: torch.Tensor, reqs: list[Request], drafts: torch.Tensor) -> Draw:
         """Speculative verification: row ``j`` of request ``b`` (``logits [b * T, V]``, ``T = K + 1``)
@@ -159,7 +166,7 @@ class Sampler:
     def _draw(self, logits: torch.Tensor, reqs: list[Request], rows_per_req: int, drafts: torch.Tensor | None) -> Draw:
         b, t = len(reqs), rows_per_req
         mask = self._token_mask(reqs, t, drafts)  # first: the tensors below wait on the device
-        lanes = torch.tensor([r.lane for r in reqs], dtype=torch.long, device=self.device)
+        lanes = self._lanes(reqs)
         rows = lanes.repeat_interleave(t) if t > 1 else lanes
         st = SamplingTensors(**{f.name: getattr(self.st, f.name)[rows] for f in dataclasses.fields(self.st)})
         if t > 1:  # row j draws with the counter of the j-th next token
@@ -265,6 +272,18 @@ class Sampler:
             result.append([(tok, logprob[r], list(zip(top_ids[r][:k], top_lps[r][:k])) if n else [])
                            for tok, r in zip(toks, rows)])
         return result
+
+    def _lanes(self, reqs: list[Request]) -> torch.Tensor:
+        """The batch's lanes on the device, made once per lane tuple: building them from a list each step would
+        be a synchronous copy, the host then waiting for every queued kernel (a decode step run ahead of its
+        tokens, ``ninfer.runtime.run_ahead``, would wait for the step before)."""
+        key = tuple(r.lane for r in reqs)
+        lanes = self._lane_tensors.get(key)
+        if lanes is None:
+            if len(self._lane_tensors) >= 256:  # lane tuples of a long run: keep the table small
+                self._lane_tensors.clear()
+            lanes = self._lane_tensors[key] = torch.tensor(key, dtype=torch.long, device=self.device)
+        return lanes
 
     def _scratch(self, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Zero penalty state for ``rows`` rows (no request in the batch uses penalties)."""

@@ -93,13 +93,14 @@ def _slots_fault(when: Callable[[Request, int, int], bool]) -> Callable:
 
 
 def _sampling_fault(llm: ninfer.LLM, victim: Request, monkeypatch: pytest.MonkeyPatch) -> None:
-    real = llm.engine.sampler.sample
-
-    def sample(logits: torch.Tensor, reqs: list[Request]):
-        if victim in reqs and len(victim.output_ids) >= 2:
-            raise Injected("bad sampling values")
-        return real(logits, reqs)
-    monkeypatch.setattr(llm.engine.sampler, "sample", sample)
+    """Both ways a batch is sampled raise for the victim: ``launch`` (a decode step's draw, left on the device) and
+    ``sample`` (which the engine falls back to row by row)."""
+    for name in ("launch", "sample"):
+        def faulty(logits: torch.Tensor, reqs: list[Request], real=getattr(llm.engine.sampler, name)):
+            if victim in reqs and len(victim.output_ids) >= 2:
+                raise Injected("bad sampling values")
+            return real(logits, reqs)
+        monkeypatch.setattr(llm.engine.sampler, name, faulty)
 
 
 def _admission_fault(llm: ninfer.LLM, victim: Request, monkeypatch: pytest.MonkeyPatch) -> None:
