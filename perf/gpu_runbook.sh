@@ -76,6 +76,7 @@ overlap-timeline      the graph-replayed decode step in time (perf/graph_timelin
 prefetch-l2           the L2 prefetch of o_proj / out_proj beside the attention and DeltaNet decode (NINFER_PREFETCH=1): its GPU test, the whole-model graphs = eager tests with it on, the 27B int4 and 35B-A3B decode at C = 1 / 8 with it on and off in turn
 host-split            the host time of a graph-replayed decode step (an engine step less a bare replay of its graph): cProfile of the 35B-A3B 4-bit steps at C = 1, then its timeline (idle in gaps over 20 us: the host)
 decode-ahead          decode steps left in flight (the host works while the GPU computes the next step): its GPU test (graphs and eager, dense and MoE), the 35B-A3B and 27B int4 decode at C = 1 / 8 with it on (the default) and off in turn, the host share of each step, then the whole-model graphs = eager tests
+ahead-checks          the paths beside the decode left in flight on the GPU: speculative (MTP greedy = plain greedy), structured output and min_tokens tests, then the 35B-A3B MTP speculation at C = 1 / 8 (never run ahead) against its plain engine
 pdl-35b               programmatic dependent launch on the 35B-A3B decode (NINFER_PDL=1: the register decodes and norms let the next kernel launch early), on and off in turn, C = 1 / 8, then the whole-model MoE test with it on
 itl-budgets-27b       27B int4 warm start: ITL of 4 decodes beside a 32k prefill at prefill_tokens_while_decoding 1024 (the default) / 512 / 256 / 128 and at max_decode_stall 3x / 2.5x, and the rate of the 32k prompt at each
 '
@@ -340,6 +341,12 @@ stage() {
           $flag --label "ahead=$ahead"
       done
       gpu_tests 120 model_gpu -k graphs_equal_eager
+      ;;
+    ahead-checks)
+      gpu_tests 150 speculative_gpu
+      gpu_tests 100 structured_gpu
+      gpu_tests 80 min_tokens_gpu
+      part 200 python3 perf/bench_spec.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --lanes 1 8 --steps 12
       ;;
     host-split)
       part 120 python3 perf/profile_step.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --host --timeline --top 30 \
