@@ -9,12 +9,18 @@
 # The tar is xz-compressed where xz exists (half gzip's size on cubins: 24 against 48 MB for the 27B and
 # 35B-A3B kernels, which gzip had pushed over the carry limit), gzip otherwise; restore reads either.
 # Only what a later launch needs is packed (cubins, their metadata, launcher stubs, tuning JSON): the
-# intermediate IRs are pruned first (perf/prune_triton_cache.py). A stale or partial cache only costs recompilation: Triton keys entries by source hash,
+# intermediate IRs are pruned first, and past CACHE_RAW_BYTES the kernels used least recently are dropped
+# (perf/prune_triton_cache.py). A stale or partial cache only costs recompilation: Triton keys entries by source hash,
 # compiler version and options, ninfer's tuning file by GPU, versions and a hash of the tuned kernels' sources (quant_*, moe*).
 
 export TRITON_CACHE_DIR=/tmp/ninfer-triton-cache NINFER_TUNE_CACHE=/tmp/ninfer-tune TRITON_CACHE_AUTOTUNING=1
+# Each cache hit marks its kernel as used, so that the save below can drop the kernels used least recently.
+export TRITON_CACHE_MANAGER=prune_triton_cache:UsageMarkingCacheManager PYTHONPATH=$PWD/perf:${PYTHONPATH:-}
 CACHE_PART_BYTES=${CACHE_PART_BYTES:-15000000}
-CACHE_MAX_BYTES=${CACHE_MAX_BYTES:-56000000}  # the carried tree (repo + wheels + cache) must stay under 64 MiB
+# The carried tree (the checkout, perf/snapshot.sh's copy of it, wheels, this cache) must stay under 64 MiB: keep
+# the kernels' uncompressed bytes under CACHE_RAW_BYTES (xz packs cubins ~6x), the packed cache under CACHE_MAX_BYTES.
+CACHE_RAW_BYTES=${CACHE_RAW_BYTES:-250000000}
+CACHE_MAX_BYTES=${CACHE_MAX_BYTES:-48000000}
 
 _compress() { if command -v xz > /dev/null; then xz -T0 -3 -c; else gzip -c; fi; }
 _decompressor() {  # from the first part's magic bytes: xz (fd 37 7a 58 5a 00) or gzip
@@ -33,7 +39,7 @@ cache_restore() {
 }
 
 cache_save() {  # quick (a few seconds): called after every part, so a call cut by its limit keeps the last one
-  python3 perf/prune_triton_cache.py "$TRITON_CACHE_DIR" > /dev/null
+  python3 perf/prune_triton_cache.py "$TRITON_CACHE_DIR" --budget "$CACHE_RAW_BYTES" > /dev/null
   rm -f "$OUT"/cache.t*.*
   tar -cf - "$TRITON_CACHE_DIR" "$NINFER_TUNE_CACHE" 2>/dev/null | _compress | split -b "$CACHE_PART_BYTES" -a 1 - "$OUT/cache.tar."
   local total

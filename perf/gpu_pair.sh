@@ -18,7 +18,7 @@ mkdir -p "$OUT"
 source perf/device_cache.sh
 if compgen -G ".whl/*.whl" > /dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    > "$OUT/prepare.log" 2>&1 && export PYTHONPATH=/tmp/site
+    > "$OUT/prepare.log" 2>&1 && export PYTHONPATH=/tmp/site:$PYTHONPATH
 fi
 cache_restore >> "$OUT/prepare.log" 2>&1
 gpus=$(nvidia-smi -L | wc -l)

@@ -96,7 +96,7 @@ source perf/device_cache.sh
 if [ -z "${RUNBOOK_SHARED:-}" ]; then  # perf/gpu_pair.sh prepares once for two stages and saves the cache itself
   if compgen -G ".whl/*.whl" > /dev/null; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-      >> "$LOG" 2>&1 && export PYTHONPATH=/tmp/site
+      >> "$LOG" 2>&1 && export PYTHONPATH=/tmp/site:$PYTHONPATH
   fi
   cache_restore >> "$LOG" 2>&1
 fi

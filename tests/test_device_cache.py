@@ -52,3 +52,37 @@ def test_pruned_entry_is_still_a_cache_hit(tmp_path: Path) -> None:
     assert "ptx" in run().split(",")  # a fresh compile produces every IR
     prune_triton_cache.prune(cache)
     assert run() == "cubin"  # loaded from the pruned cache, not recompiled
+
+
+def test_evict_drops_the_kernels_used_least_recently(tmp_path: Path) -> None:
+    """Three 100-byte kernels, used at t = 1, 3, 2: a 200-byte budget keeps the two used last; other files stay."""
+    for name, used in (("a", 1), ("b", 3), ("c", 2)):
+        entry = tmp_path / name
+        entry.mkdir()
+        group = entry / "__grp__k.json"
+        group.write_text(json.dumps({"child_paths": {}}))
+        (entry / "k.cubin").write_bytes(b"x" * (100 - group.stat().st_size))
+        os.utime(group, (used, used))
+    (tmp_path / "autotune.json").write_text("{}")
+    assert prune_triton_cache.evict(tmp_path, 200) == 1
+    assert not list((tmp_path / "a").iterdir()) and len(list((tmp_path / "b").iterdir())) == 2
+    assert (tmp_path / "autotune.json").exists()
+    assert prune_triton_cache.evict(tmp_path, 10_000) == 0
+
+
+def test_a_cache_hit_marks_its_kernel_used(tmp_path: Path) -> None:
+    """Under the usage-marking manager a hit sets the group file's mtime: what evict orders by."""
+    script = tmp_path / "compile_double.py"
+    script.write_text(_COMPILE)
+    cache = tmp_path / "cache"
+    env = {**os.environ, "TRITON_CACHE_DIR": str(cache), "TRITON_INTERPRET": "0",
+           "TRITON_CACHE_MANAGER": "prune_triton_cache:UsageMarkingCacheManager",
+           "PYTHONPATH": os.pathsep.join([str(ROOT / "perf"), os.environ.get("PYTHONPATH", "")])}
+    run = lambda: subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True,  # noqa: E731
+                                 check=True).stdout.strip()
+    run()
+    groups = list(cache.rglob("__grp__double.json"))
+    assert len(groups) == 1
+    os.utime(groups[0], (1, 1))
+    run()  # a hit
+    assert groups[0].stat().st_mtime > 1
