@@ -3,7 +3,8 @@
 ``step()`` is the whole loop: the scheduler admits and plans, the model runner executes the decode batch
 (replayed from a CUDA graph on GPU) or, when prompt chunks are due, one forward over the decode rows
 and the chunks together, the sampler picks tokens, and the postprocessor turns them into each request's
-text events (its output processor decides when it stops) and ends requests.
+text events (its output processor decides when it stops) and ends requests. A plain decode step is left in
+flight where it may (:mod:`~ninfer.runtime.run_ahead`): the next step launches before its tokens are read.
 
 Failure isolation: whatever raises while one request is prepared (admission, its rows of a batch),
 sampled or turned into text finishes that request alone with ``finish_reason="error"`` and the error
@@ -176,7 +177,8 @@ class Engine:
         """The step's stages append their events to ``events`` as they go, so that the error events of requests
         failed early in the step are not lost when a later batched stage raises. Returns the step's prompt
         tokens and decoding sequences as planned (None: nothing ran), for the stall budget."""
-        if self.ahead is not None and (self.scheduler.waiting or self.pauser.needs_room()
+        waiting = self.scheduler.waiting and self.scheduler.free_lanes  # without a free lane nothing is admitted
+        if self.ahead is not None and (waiting or self.pauser.needs_room()
                                        or not all(r.prefill_done for r in self.scheduler.running)):
             self._land_ahead(events)  # admitting, prefilling and pausing need every token on the host
         self.pauser.make_room()  # growing sequences first: pauses the newest resident requests if pages ran out
@@ -265,10 +267,9 @@ class Engine:
             cur.land(self.sampler, self.post.append, events)
 
     def _land_ahead(self, events: list[RequestOutput]) -> None:
-        """Land the step in flight, if any: afterwards every request's tokens are on the host."""
+        """Land the step in flight: afterwards every request's tokens are on the host."""
         prev, self.ahead = self.ahead, None
-        if prev is not None:
-            prev.land(self.sampler, self.post.append, events)
+        prev.land(self.sampler, self.post.append, events)
 
     def _mixed_step(self, decode: list[Request], prefills: list[tuple[Request, int]], marks: dict[str, int],
                     events: list[RequestOutput]) -> None:

@@ -137,3 +137,23 @@ def test_what_the_sampler_reads_on_the_host_keeps_the_step_waiting() -> None:
     assert not run_ahead.may_run_ahead([req(think_end=9, params=dict(thinking_budget=4))])
     assert not run_ahead.may_run_ahead([req(max_new_tokens=3)])
     assert run_ahead.may_run_ahead([req(max_new_tokens=3), req(max_new_tokens=4)])
+
+
+def test_steps_run_ahead_while_requests_wait_for_a_lane(dense_ckpt: TinyCheckpoint) -> None:
+    """Every lane busy and a request queued: nothing can be admitted, so the steps still run ahead; the queued
+    request starts once a lane frees, with the tokens the waiting engine gives it."""
+    runs = {}
+    for ahead in (False, True):
+        llm = _load(dense_ckpt, ahead, max_concurrency=2)
+        reqs = [llm._request(p, n, llm.sampling_params(greedy=True))
+                for p, n in zip(_prompts([8, 5, 12], seed=9), [6, 15, 7])]
+        queued_in_flight = 0
+        for r in reqs:
+            llm.engine.add_request(r)
+        while llm.engine.has_work:
+            llm.engine.step()
+            queued_in_flight += bool(llm.engine.ahead is not None and llm.engine.scheduler.waiting)
+        assert (queued_in_flight > 0) == ahead
+        runs[ahead] = [r.output_ids for r in reqs]
+        _assert_balanced(llm)
+    assert runs[True] == runs[False]
