@@ -17,7 +17,9 @@ engine thread starts building the next step, takes the GIL at the engine's first
 keeps it for its whole burst (chunk, SSE frame, socket write) while the device idles: on an H200 at
 batch 1 that cost ~0.2 ms per 11 ms token, and the response start during a prefill's launches
 delayed the first token by milliseconds. A request's first token and finished events are not held
-(the client waits on them), nor is anything when the engine goes idle after the step.
+(the client waits on them), nor is anything when the engine goes idle after the step, nor the events of a step
+that ended with a decode step left in flight (``Engine.ahead``, :mod:`~ninfer.runtime.run_ahead`): the device
+then has a whole step queued, which the loop's work overlaps however long the next launch waits for the GIL.
 
 When the thread ends for any reason, every open stream gets :class:`EngineStopped`, so that
 readers can wait on their events without polling the thread's liveness.
@@ -182,7 +184,8 @@ class AsyncEngine:
                 box, stream = target
                 batches.setdefault(box, []).append((stream.put_nowait, event))
                 urgent = urgent or (self._overlap and self._urgent(event))
-        if self._held or urgent or not self._overlap or not self.engine.has_work:
+        in_flight = getattr(self.engine, "ahead", None) is not None
+        if self._held or urgent or in_flight or not self._overlap or not self.engine.has_work:
             self._flush(batches)
         else:
             self._held = batches

@@ -264,6 +264,30 @@ def test_overlap_holds_decode_tokens_until_the_next_launch_but_not_first_or_last
     assert not ae._held and not ae._admissions
 
 
+def test_tokens_go_at_once_while_a_decode_step_is_left_in_flight(recording: Any) -> None:
+    """With a step in flight the device stays busy whatever the loop does: a decode token is not held."""
+    engine = LaunchingEngine(tokens=3)
+    engine.ahead = object()
+    ae = recording(engine)
+
+    async def run() -> str:
+        events = ae.generate(_request())
+        first = asyncio.ensure_future(events.__anext__())
+        engine.gate.release()
+        engine.gate.release()
+        await asyncio.wait_for(first, BOUND_S)
+        second = asyncio.ensure_future(events.__anext__())
+        engine.gate.release()
+        engine.gate.release()  # step 2 ends: its token goes now, not at step 3's launch
+        token = (await asyncio.wait_for(second, BOUND_S)).text
+        engine.gate.release()
+        engine.gate.release()
+        async for _ in events:
+            pass
+        return token
+    assert asyncio.run(asyncio.wait_for(run(), BOUND_S)) == "t2"
+
+
 def test_a_step_without_launch_still_hands_its_held_tokens_over(recording: Any) -> None:
     engine = LaunchingEngine(tokens=4)
     ae = recording(engine)
