@@ -180,7 +180,8 @@ class Engine:
         waiting = self.scheduler.waiting and self.scheduler.free_lanes  # without a free lane nothing is admitted
         if self.ahead is not None and (waiting or self.pauser.needs_room()
                                        or not all(r.prefill_done for r in self.scheduler.running)):
-            self._land_ahead(events)  # admitting, prefilling and pausing need every token on the host
+            prev, self.ahead = self.ahead, None  # admitting, prefilling and pausing need every token on the host
+            prev.land(self.sampler, self.post.append, events)
         self.pauser.make_room()  # growing sequences first: pauses the newest resident requests if pages ran out
         for req in self.scheduler.admit():
             try:
@@ -265,11 +266,6 @@ class Engine:
             self.ahead = cur
         elif cur is not None:
             cur.land(self.sampler, self.post.append, events)
-
-    def _land_ahead(self, events: list[RequestOutput]) -> None:
-        """Land the step in flight: afterwards every request's tokens are on the host."""
-        prev, self.ahead = self.ahead, None
-        prev.land(self.sampler, self.post.append, events)
 
     def _mixed_step(self, decode: list[Request], prefills: list[tuple[Request, int]], marks: dict[str, int],
                     events: list[RequestOutput]) -> None:
