@@ -73,7 +73,6 @@ frag-narrow           the register decode at 16 and 32 tokens with programs of 8
 frag-pair             the register decode with two tiles per warp sharing each activation load (frag-pair), SwiGLU loading its activations once for both streams: GPU tests of the fragment kernels, then L2-cold at 1 / 8 / 16 / 32 tokens on the 27B shapes, every candidate timed
 overlap-streams       the shared expert and the DeltaNet a/b gate GEMM on a second stream of the captured decode step: its GPU test, the 35B-A3B and 27B int4 decode at C = 1 / 8 with it on (the default) and off (NINFER_OVERLAP=0) in turn, then the whole-model MoE GPU test (graphs = eager)
 overlap-timeline      the graph-replayed decode step in time (perf/graph_timeline.py: busy, two kernels at once, idle between kernels) with the second stream on and off: 35B-A3B and 27B int4 at C = 1
-prefetch-l2           the L2 prefetch of o_proj / out_proj beside the attention and DeltaNet decode (NINFER_PREFETCH=1): its GPU test, the whole-model graphs = eager tests with it on, the 27B int4 and 35B-A3B decode at C = 1 / 8 with it on and off in turn
 host-split            the host time of a graph-replayed decode step (an engine step less a bare replay of its graph): cProfile of the 35B-A3B 4-bit steps at C = 1, then its timeline (idle in gaps over 20 us: the host)
 decode-ahead          decode steps left in flight (the host works while the GPU computes the next step): its GPU test (graphs and eager, dense and MoE), the 35B-A3B and 27B int4 decode at C = 1 / 8 with it on (the default) and off in turn, the host share of each step, then the whole-model graphs = eager tests
 ahead-checks          the paths beside the decode left in flight on the GPU: speculative (MTP greedy = plain greedy), structured output and min_tokens tests, then the 35B-A3B MTP speculation at C = 1 / 8 (never run ahead) against its plain engine
@@ -315,18 +314,6 @@ stage() {
           --timeline --top 12
       done
       part 150 python3 perf/profile_step.py --shape 27b --recipe int4 --timeline --top 12
-      ;;
-    prefetch-l2)
-      gpu_tests 90 overlap_gpu
-      NINFER_PREFETCH=1 gpu_tests 200 model_gpu -k graphs_equal_eager
-      for on in 1 0 1 0; do
-        NINFER_PREFETCH=$on part 80 python3 perf/bench_engine.py --shape 27b --recipe int4 --contexts 1024 \
-          --lanes 1 8 --steps 30 --prefill --label "prefetch=$on"
-      done
-      for on in 1 0; do
-        NINFER_PREFETCH=$on part 80 python3 perf/bench_engine.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 \
-          --contexts 1024 --lanes 1 8 --steps 30 --prefill --label "prefetch=$on"
-      done
       ;;
     decode-ahead)
       gpu_tests 150 run_ahead_gpu

@@ -20,8 +20,6 @@ from ninfer.kernels.attention import paged_attention, write_kv
 from ninfer.kernels.conv import save_conv_windows
 from ninfer.kernels.deltanet import GateProjection, gated_deltanet
 from ninfer.kernels.norms import gated_rms_norm, rms_norm
-from ninfer.kernels.overlap import wait_for
-from ninfer.kernels.prefetch import prefetched
 from ninfer.kernels.rope import qk_norm_rope
 from ninfer.models.batch import ForwardBatch
 from ninfer.models.cache import ModelCache
@@ -116,11 +114,9 @@ class GatedAttention(nn.Module):
 
         kv = cache.kv[self.layer_idx]
         write_kv(k, v, kv, batch.slot_mapping)
-        warm = prefetched(self.o_proj.parameters(), x)  # o_proj's weight into the L2 beside the attention
         # The sigmoid output gate is fused into the attention epilogue.
         o = paged_attention(q, kv, batch.block_tables, batch.cu_seqlens, batch.context_lens,
                             self.head_dim ** -0.5, batch.max_seqlen, gate=gate)
-        wait_for(warm)
         return self.o_proj(o.reshape(n, -1))
 
 
@@ -157,7 +153,6 @@ class GatedDeltaNet(nn.Module):
         qkv, z = self.in_proj_qkvz(x).split([self.conv_dim, self.value_dim], dim=-1)  # column views (row strides)
         if batch.checkpoints:
             save_conv_windows(qkv, cache.conv[self.layer_idx], batch.checkpoints)
-        warm = prefetched(self.out_proj.parameters(), x)  # out_proj's weight into the L2 beside the recurrence
         # conv + SiLU -> gated delta rule -> gated RMSNorm (one kernel at decode; the dispatcher decides)
         o = gated_deltanet(
             qkv, z, gates, self.conv1d.weight[:, 0, :], cache.conv[self.layer_idx], self.A_log, self.dt_bias,
@@ -165,5 +160,4 @@ class GatedDeltaNet(nn.Module):
             batch.max_seqlen, state_out_slots=batch.state_out_slots, ckpt_offsets=batch.ckpt_offsets,
             ckpt_slots=batch.ckpt_slots,
         )
-        wait_for(warm)
         return self.out_proj(o)

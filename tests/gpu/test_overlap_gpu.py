@@ -53,26 +53,3 @@ def test_split_k_decodes_on_two_streams_in_one_graph(m: int) -> None:
     assert forked == [False]  # eager: in place
     assert_graph_replays_eager(step, [x], label=m, replays=3)
     assert forked[1:3] == [True, True]  # the capture's warm-up run and the capture itself forked
-
-
-def test_prefetched_weight_then_its_gemm_in_a_graph(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The L2 prefetch of a weight on the side stream (``NINFER_PREFETCH=1``), waited for before its GEMM: a hint,
-    so the graph's replays equal the eager GEMM; every byte of the packed tensors asked for."""
-    from ninfer.kernels.prefetch import prefetch_l2, prefetched
-
-    monkeypatch.setenv("NINFER_PREFETCH", "1")
-    weight = _fragment_weight(2048, 4096, 4)
-    tensors = list(weight.tensors.values())
-    assert prefetch_l2(tensors) == sum(t.numel() * t.element_size() for t in tensors)
-    x = torch.randn(1, 4096, device="cuda", dtype=torch.bfloat16)
-    forked: list[bool] = []
-
-    def step() -> torch.Tensor:
-        warm = prefetched(tensors, x)
-        forked.append(warm.forked)
-        wait_for(warm)
-        return quant_matmul_triton(x, weight)
-
-    step()
-    assert_graph_replays_eager(step, [x], replays=3)
-    assert forked[:3] == [False, True, True]
