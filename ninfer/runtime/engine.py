@@ -255,8 +255,8 @@ class Engine:
             self._launched()
             try:
                 cur = InFlight.launch(reqs, self.sampler.launch(logits, reqs))
-            except Exception:  # sampled again below, row by row, once the step before has landed
-                log.warning("batched sampling failed; sampling the %d rows one at a time", len(reqs), exc_info=True)
+            except Exception:  # sample_each below tries again and isolates the failing rows, after prev lands
+                pass
         if prev is not None:
             prev.land(self.sampler, self.post.append, events)
         if cur is None and reqs:

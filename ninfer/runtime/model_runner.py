@@ -84,9 +84,7 @@ class ModelRunner:
 
     def set_pages(self, lane: int, pages: list[int], first: int = 0) -> None:
         """Entries ``first ..`` of ``lane``'s block table become ``pages``."""
-        table = torch.tensor(pages, dtype=torch.int32)
-        if self.device.type == "cuda":  # pinned, so the host does not wait for the queued kernels
-            table = table.pin_memory()
+        table = self._host_inputs([pages], torch.int32)[0]  # pinned: the host does not wait for queued kernels
         self.block_tables[lane, first:first + len(pages)].copy_(table, non_blocking=True)
 
     def clear(self, lane: int) -> None:
@@ -126,8 +124,7 @@ class ModelRunner:
         """``rows`` as one host tensor, pinned on a GPU (the caching host allocator keeps it until the copies that
         read it have run), each row contiguous and of the dtype it is copied into: a copy that had to convert or
         gather first would go through pageable memory."""
-        host = torch.tensor(rows, dtype=dtype)
-        return host.pin_memory() if self.device.type == "cuda" else host
+        return torch.tensor(rows, dtype=dtype, pin_memory=self.device.type == "cuda")
 
     def prefill(self, req: Request, start: int, end: int,
                 slot_mapping: list[int]) -> tuple[torch.Tensor, ForwardBatch]:

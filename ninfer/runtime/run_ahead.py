@@ -66,10 +66,8 @@ class InFlight:
         if len(reqs) == len(self.reqs) and all(a is b for a, b in zip(reqs, self.reqs)):
             return tokens
         row = {id(r): i for i, r in enumerate(self.reqs)}
-        index = torch.tensor([row[id(r)] for r in reqs], dtype=torch.long)
-        if tokens.device.type == "cuda":
-            index = index.pin_memory().to(tokens.device, non_blocking=True)
-        return tokens.index_select(0, index)
+        index = torch.tensor([row[id(r)] for r in reqs], dtype=torch.long, pin_memory=tokens.is_cuda)
+        return tokens.index_select(0, index.to(tokens.device, non_blocking=True))
 
     def land(self, sampler: Sampler, append: Append, events: list[RequestOutput]) -> None:
         """Wait for the tokens and ``append`` each to its request, skipping requests that ended meanwhile."""
