@@ -77,6 +77,8 @@ host-split            the host time of a graph-replayed decode step (an engine s
 decode-ahead          decode steps left in flight (the host works while the GPU computes the next step): its GPU test (graphs and eager, dense and MoE), the 35B-A3B and 27B int4 decode at C = 1 / 8 with it on (the default) and off in turn, the host share of each step, then the whole-model graphs = eager tests
 ahead-checks          the paths beside the decode left in flight on the GPU: speculative (MTP greedy = plain greedy), structured output and min_tokens tests, then the 35B-A3B MTP speculation at C = 1 / 8 (never run ahead) against its plain engine
 pdl-35b               programmatic dependent launch on the 35B-A3B decode (NINFER_PDL=1: the register decodes and norms let the next kernel launch early), on and off in turn, C = 1 / 8, then the whole-model MoE test with it on
+profile-mtp-35b       where a 35B-A3B 4-bit MTP round goes at C = 1 (K = 3, all drafts accepted) beside the plain step: kernels by family, the graph timeline
+engine-27b-nvfp4      27B nvfp4 engine: decode at ctx 1k, C = 1 / 8 (the target: within 5% of int4)
 itl-budgets-27b       27B int4 warm start: ITL of 4 decodes beside a 32k prefill at prefill_tokens_while_decoding 1024 (the default) / 512 / 256 / 128 and at max_decode_stall 3x / 2.5x, and the rate of the 32k prompt at each
 '
 names=$(echo "$STAGES" | awk 'NF { print $1 }')
@@ -411,6 +413,13 @@ stage() {
             python3 perf/ncu_gemm.py --shape $shape --format int4-g64 --m $m --path frag --pick "${i:-0}"
         done
       done
+      ;;
+    profile-mtp-35b)
+      part 200 python3 perf/profile_step.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --lanes 1 --draft-tokens 3 \
+        --top 40 --timeline
+      ;;
+    engine-27b-nvfp4)
+      part 280 python3 perf/bench_engine.py --shape 27b --recipe nvfp4 --contexts 1024 --lanes 1 8 --steps 12
       ;;
     profile-mtp-27b)
       part 150 python3 perf/profile_step.py --shape 27b --recipe int4 --lanes 8 --draft-tokens 3 --top 30
