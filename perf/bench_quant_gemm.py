@@ -22,7 +22,7 @@ candidate of ``quant_gemv`` timed, the fastest recorded), ``mma`` (int4, M <= 16
 tensor-core decode of ``quant_gemv_mma``), ``dequant`` (M > 16, weights the tuner
 offers it for: every ``quant_dequant`` candidate timed, whole-weight dequantization + cuBLAS, the
 fastest recorded with the dequant kernel's own time and bandwidth as ``dequant_ms`` /
-``dequant_tbps``), ``frag`` (int4 / int8-g64, M <= 32: the weight re-laid into the fragment layout, every candidate of
+``dequant_tbps``), ``frag`` (int4 / int8-g64 / nvfp4, M <= 32: the weight re-laid into the fragment layout, every candidate of
 the register decode ``fragment_mma`` timed, the fastest recorded), ``frag-tiled`` (likewise, M > 32: the tiled
 ``tl.dot`` GEMM of ``fragment_tiled``), ``tuned`` (the runtime tuner over all
 candidates, whichever path wins). Records carry ``path`` and ``config``. ``--l2 cold`` (decode sizes)
@@ -148,7 +148,7 @@ def _run_path(path: str, fmt: str, x: torch.Tensor, qt, tune: bool, cold: bool =
         if not fragments_fit(fmt, tuple(qt.shape)) or (m > quant_gemm_tune.MMA_MAX_M) != (path == "frag-tiled"):
             return None
         q, sc = to_fragments(qt.tensors["qweight"], qt.tensors["scales"])
-        qt = replace(qt, tensors={"qweight": q, "scales": sc}, layout=FRAGMENTS)
+        qt = replace(qt, tensors={**qt.tensors, "qweight": q, "scales": sc}, layout=FRAGMENTS)
     names = list(qt.tensors)
     nbytes = sum(t.numel() * t.element_size() for t in qt.tensors.values())
     copies = [replace(qt, tensors=dict(zip(names, ts)))

@@ -18,7 +18,7 @@ N = 512, K = 2048; down: N = 2048, K = 512; 8 and 64 routed pairs), ignoring ``-
 and strides are declared 16-byte divisible, as Triton specialises them at run time for the model's
 shapes. ``--kinds attention-prefill`` compiles the paged prefill attention kernel's configs at the
 27B geometry (24 : 4 heads, head dim 256, page 64, bf16 queries), unsplit and split-KV, for each
-``--kv`` format. ``--kinds frag`` compiles the register decode of fragment-laid int4 / int8-g64 weights
+``--kv`` format. ``--kinds frag`` compiles the register decode of fragment-laid int4 / int8-g64 / nvfp4 weights
 (``fragment_mma``) for each of its candidates at the 27B gate/up (SwiGLU), down and qkvz shapes: registers,
 stack (spills) and SASS instructions per weight in its K loop. Needs a Triton with the NVIDIA backend
 (compiling needs ptxas, not a driver).
@@ -232,17 +232,18 @@ def mma(fmt: str, m: int, arch: int, sms: int) -> None:
                 print(f"{head}: FAILED {type(err).__name__}: {str(err).splitlines()[0][:200]}", flush=True)
 
 
-def compile_frag(cfg, group: int, swiglu: bool, arch: int, bits: int = 4):
+def compile_frag(cfg, group: int, swiglu: bool, arch: int, bits: int = 4, fp4: bool = False):
     """fragment_mma's kernel (bf16 activations, PTX decode) for one config, split-K with the fused reduction."""
-    sig = {"x_ptr": "*bf16", "q_ptr": "*u8" if bits == 4 else "*i8", "s_ptr": "*i32", "res_ptr": "*bf16", "out_ptr": "*bf16",
+    sig = {"x_ptr": "*bf16", "q_ptr": "*u8" if bits == 4 else "*i8", "s_ptr": "*i32", "rs_ptr": "*fp32",
+           "res_ptr": "*bf16", "out_ptr": "*bf16",
            "ws_ptr": "*fp32", "cnt_ptr": "*i32", **dict.fromkeys(("M", "N_OUT", "KC", "NG", "chunks_per_split",
                                                                     "stride_xm", "stride_rm", "stride_om"), "i32")}
     split = cfg.split_k > 1
     pair = cfg.kind == fragment_mma.PAIR_KIND
-    consts = dict(CPG=group // 64, SWIGLU=swiglu, PAIR=pair, HAS_RES=False, SPLIT=split, FUSED_REDUCE=split,
+    consts = dict(CPG=max(1, group // 64), SWIGLU=swiglu, PAIR=pair, HAS_RES=False, SPLIT=split, FUSED_REDUCE=split,
                   NB=cfg.block_m // 8, WARPS=cfg.num_warps, UNROLL=cfg.block_k // 64, PREFETCH=cfg.num_stages > 1,
-                  TOKENS_FIRST=False, PDL=arch >= 90, ASM=True, BITS=bits,
-                  **fragment_mma.asm_constants(torch.bfloat16, bits))
+                  TOKENS_FIRST=False, PDL=arch >= 90, ASM=True, BITS=bits, FP4=fp4,
+                  **fragment_mma.asm_constants(torch.bfloat16, bits, fp4))
     sig.update(dict.fromkeys(consts, "constexpr"))
     names = list(sig)
     aligned = [n for n in names if n.endswith("_ptr") or n in ("N_OUT", "KC", "stride_xm", "stride_rm", "stride_om")]
@@ -267,7 +268,7 @@ def register_decode_line(head: str, compile_fn, weights_per_thread: float, arch:
 
 
 def frag(fmt: str, m: int, arch: int, sms: int) -> None:
-    group = int(fmt.split("-g")[1])
+    group = 16 if fmt == "nvfp4" else int(fmt.split("-g")[1])
     bits = 8 if fmt.startswith("int8") else 4
     shapes = (("gate_up", 17408, 5120, True), ("down", 5120, 17408, False), ("qkvz", 16384, 5120, False))
     if bits == 8:  # the LM head and the int8 recipes' attention / DeltaNet projections
@@ -278,7 +279,7 @@ def frag(fmt: str, m: int, arch: int, sms: int) -> None:
             head = (f"{fmt:9s} {cfg.kind}-{name:7s} tokens={cfg.block_m:<2d} warps={cfg.num_warps} "
                     f"chunks/trip={cfg.block_k // 64} split={cfg.split_k:<3d} stages={cfg.num_stages}")
             streams = 2 if swiglu or cfg.kind == fragment_mma.PAIR_KIND else 1
-            register_decode_line(head, lambda: compile_frag(cfg, group, swiglu, arch, bits),
+            register_decode_line(head, lambda: compile_frag(cfg, group, swiglu, arch, bits, fmt == "nvfp4"),
                                  16 * cfg.block_k * streams / 32, arch)
 
 
@@ -398,7 +399,7 @@ def main(args: argparse.Namespace) -> None:
             expert_mma(fmt, args.arch, args.sms)
         if "gemv-mma" in kinds and fmt.startswith("int4"):
             mma(fmt, args.m, args.arch, args.sms)
-        if "frag" in kinds and (fmt.startswith("int4") or fmt == "int8-g64"):
+        if "frag" in kinds and (fmt.startswith("int4") or fmt in ("int8-g64", "nvfp4")):
             frag(fmt, args.m, args.arch, args.sms)
         if "frag-tiled" in kinds and (fmt.startswith("int4") or fmt == "int8-g64"):
             frag_tiled(fmt, args.m, args.arch, args.sms)

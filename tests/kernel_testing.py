@@ -127,9 +127,9 @@ def assert_graph_replays_eager(step, inputs: list[torch.Tensor], label: object =
 
 
 def fragment_laid(w):
-    """A row-major int4 / int8-g64 ``QuantizedTensor`` re-laid in the register decode's fragment layout."""
+    """A row-major int4 / int8-g64 / nvfp4 ``QuantizedTensor`` re-laid in the register decode's fragment layout."""
     from ninfer.kernels.quant_gemm import QuantizedTensor
     from ninfer.kernels.quant_gemm.fragments import FRAGMENTS, to_fragments
 
     q, s = to_fragments(w.tensors["qweight"], w.tensors["scales"])
-    return QuantizedTensor(w.format, w.shape, {"qweight": q, "scales": s}, layout=FRAGMENTS)
+    return QuantizedTensor(w.format, w.shape, {**w.tensors, "qweight": q, "scales": s}, layout=FRAGMENTS)

@@ -29,6 +29,7 @@ from torch import nn
 from ninfer.checkpoint import RowSlice, fused_parts
 from ninfer.kernels.quant_gemm import quant_matmul
 from ninfer.kernels.quant_gemm.fragments import FRAGMENTS, fragments_fit, to_fragments
+from ninfer.kernels.quant_gemm.fragments_fp4 import fp4_scales_fit
 from ninfer.kernels.quant_gemm.weights import ROWS
 from ninfer.quant.formats import (
     FormatError,
@@ -122,13 +123,16 @@ class QuantLinear(QuantWeight):
 
     @torch.no_grad()
     def use_fragment_layout_(self) -> bool:
-        """Re-lay int4 / int8 codes and scales in place into the register decode's fragment layout
+        """Re-lay int4 / int8 / nvfp4 codes and scales in place into the register decode's fragment layout
         (:mod:`ninfer.kernels.quant_gemm.fragments`): same shapes and bytes, another order, which every path of
-        ``quant_matmul`` (and ``dequantize``) reads. False where the weight cannot take it (not int4-g64 / -g128 or
-        int8-g64, N not a multiple of 16, K of 64) or shares its storage (a tied LM head: the embedding reads rows)."""
+        ``quant_matmul`` (and ``dequantize``) reads. False where the weight cannot take it (not int4-g64 / -g128,
+        int8-g64 or nvfp4 with nonnegative block scales, N not a multiple of 16, K of 128) or shares its storage (a tied
+        LM head: the embedding reads rows)."""
         if self.layout == FRAGMENTS:
             return True
         if self.shares_storage or not fragments_fit(self.format.name, self.shape):
+            return False
+        if self.format.name == "nvfp4" and not fp4_scales_fit(self.scales.data):
             return False
         q, s = to_fragments(self.qweight.data, self.scales.data)
         self.qweight.data.copy_(q)
@@ -180,7 +184,7 @@ class QuantEmbedding(QuantWeight):
 
 
 def use_kernel_layouts_(*modules: nn.Module | None) -> int:
-    """Re-lay the int4 and int8 linear weights of ``modules`` (on CUDA) for the register decode
+    """Re-lay the int4, int8 and nvfp4 linear weights of ``modules`` (on CUDA) for the register decode
     (:meth:`QuantLinear.use_fragment_layout_`), unless ``NINFER_FRAGMENTS=0`` (read now): the row-major
     kernels then serve them. Returns how many weights are in the fragment layout."""
     if os.environ.get("NINFER_FRAGMENTS", "1") == "0":

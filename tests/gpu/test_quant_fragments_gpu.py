@@ -1,4 +1,4 @@
-"""The register decode of fragment-laid int4 and int8 weights on the GPU (its PTX: loads, bit decode, mma.sync) at
+"""The register decode of fragment-laid int4, int8 and nvfp4 weights on the GPU (its PTX: loads, bit decode, mma.sync) at
 the 27B shapes, against the fp32 dequantize-then-matmul reference of the row-major weight: fresh random inputs,
 NaN-poisoned outputs, every candidate config at 1..32 tokens, bf16 and fp16, plain / residual / SwiGLU, in and
 out of a CUDA graph; the prefill sizes' paths (the decode at 33+ tokens, the dequantization, the tiled GEMM of
@@ -42,7 +42,7 @@ def _err(got: torch.Tensor, ref: torch.Tensor) -> float:
     return ((got.float() - ref.float()).norm() / ref.float().norm()).item()
 
 
-@pytest.mark.parametrize("fmt", ["int4-g64", "int4-g128"])
+@pytest.mark.parametrize("fmt", ["int4-g64", "int4-g128", "nvfp4"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_every_candidate_at_real_shapes(fmt: str, dtype: torch.dtype) -> None:
     """bf16: every candidate at 1 and 29 tokens (8- and 32-token programs), the favourite at the other counts;
@@ -90,9 +90,10 @@ def test_int8_every_candidate(dtype: torch.dtype) -> None:
         del rows, frag
 
 
-def test_fp32_activations_and_unaligned_rows() -> None:
+@pytest.mark.parametrize("fmt", ["int4-g128", "nvfp4"])
+def test_fp32_activations_and_unaligned_rows(fmt: str) -> None:
     """fp32 activations take the portable (Triton) body; a bf16 view starting off a 16-byte boundary is copied."""
-    rows, frag = _pair(5120, 6144, "int4-g128", 2)
+    rows, frag = _pair(5120, 6144, fmt, 2)
     x = torch.randn(3, 6144, device="cuda")
     assert _err(quant_matmul_triton(x, frag), quant_matmul_reference(x, rows)) < 1e-5
     base = torch.randn(2, 6145, device="cuda", dtype=torch.bfloat16)
@@ -100,7 +101,7 @@ def test_fp32_activations_and_unaligned_rows() -> None:
     assert _err(quant_matmul_triton(x, frag), quant_matmul_reference(x.float(), rows)) < BF16_TOL
 
 
-@pytest.mark.parametrize("fmt", ["int4-g128", "int8-g64"])
+@pytest.mark.parametrize("fmt", ["int4-g128", "int8-g64", "nvfp4"])
 def test_in_cuda_graph_bit_equal_to_eager(fmt: str) -> None:
     """Split-K with the fused, ordered reduction (and programmatic dependent launch where the GPU has it)."""
     _, frag = _pair(5120, 17408, fmt, 3)
@@ -126,12 +127,14 @@ def test_prefill_sizes_and_tuned_choice(monkeypatch: pytest.MonkeyPatch) -> None
             assert _err(quant_matmul_triton(x, frag, None, True), ref) < BF16_TOL
 
 
-@pytest.mark.parametrize("fmt", ["int4-g64", "int4-g128", "int8-g64"])
+@pytest.mark.parametrize("fmt", ["int4-g64", "int4-g128", "int8-g64", "nvfp4"])
 def test_prefill_sizes_without_swiglu_take_the_64_token_decode(fmt: str) -> None:
     """Without SwiGLU the prefill sizes also offer the register decode with 64 tokens per program
     (``wide_fragment_candidate``): every candidate at the 27B down shape (with a residual) and at 33, 64, 100
     and 300 tokens, against the reference."""
     rows, frag = _pair(5120, 17408, fmt, 5)
+    ws = torch.full((5120, 17408), float("nan"), device="cuda", dtype=torch.bfloat16)
+    assert torch.equal(dequantize_triton(frag, ws), rows.dequantize(torch.bfloat16))
     for m in (33, 64, 100, 300):
         x = torch.randn(m, 17408, device="cuda", dtype=torch.bfloat16)
         res = torch.randn(m, 5120, device="cuda", dtype=torch.bfloat16)
@@ -198,11 +201,15 @@ def test_model_projections_re_laid_in_place() -> None:
     fits = QuantLinear.from_float(torch.randn(1024, 2048, generator=g, device="cuda") * 0.02, "int4-g128")
     fits8 = QuantLinear.from_float(torch.randn(1024, 2048, generator=g, device="cuda") * 0.02, "int8-g64")
     odd = QuantLinear.from_float(torch.randn(257, 2048, generator=g, device="cuda") * 0.02, "int4-g128")
+    fp4 = QuantLinear.from_float(torch.randn(1024, 2048, generator=g, device="cuda") * 0.02, "nvfp4")
     x = torch.randn(2, 2048, device="cuda", dtype=torch.bfloat16)
-    before = [fits(x), odd(x), fits.dequantize(torch.float32), fits8(x), fits8.dequantize(torch.float32)]
+    before = [fits(x), odd(x), fits.dequantize(torch.float32), fits8(x), fits8.dequantize(torch.float32), fp4(x),
+              fp4.dequantize(torch.float32)]
     param = fits.qweight
-    assert use_kernel_layouts_(torch.nn.ModuleList([fits, odd, fits8])) == 2
+    assert use_kernel_layouts_(torch.nn.ModuleList([fits, odd, fits8, fp4])) == 3
     assert fits.layout == FRAGMENTS and fits.qweight is param and odd.layout == "rows" and fits8.layout == FRAGMENTS
     assert _err(fits(x), before[0]) < 1e-2 and torch.equal(odd(x), before[1]) and _err(fits8(x), before[3]) < 1e-2
     assert torch.equal(fits.dequantize(torch.float32), before[2])
     assert torch.equal(fits8.dequantize(torch.float32), before[4])
+    assert fp4.layout == FRAGMENTS and _err(fp4(x), before[5]) < 1e-2
+    assert torch.equal(fp4.dequantize(torch.float32), before[6])

@@ -160,7 +160,7 @@ def test_fit() -> None:
     assert not fragments_fit("int4-g128", (257, 2048))  # the MoE router's rows
     assert fragments_fit("int8-g64", (248320, 5120)) and not fragments_fit("int8-g32", (5120, 5120))
     assert not fragments_fit("int4-g64", (16, 64))  # one chunk: shorter than the decode's loop trip
-    assert not fragments_fit("int4-g64", (8, 16, 128)) and not fragments_fit("nvfp4", (5120, 5120))
+    assert not fragments_fit("int4-g64", (8, 16, 128)) and not fragments_fit("fp8", (5120, 5120))
 
 
 @pytest.mark.parametrize("fmt", ["int4-g64", "int4-g128", "int8-g64"])

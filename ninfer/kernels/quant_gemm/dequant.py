@@ -51,6 +51,7 @@ from ninfer.kernels.quant_gemm.common import (
     weight_tile,
 )
 from ninfer.kernels.quant_gemm.fragments import FRAGMENTS, dequantize_fragments
+from ninfer.kernels.quant_gemm.fragments_fp4 import dequantize_fp4_fragments
 from ninfer.kernels.quant_gemm.tune import (
     DEQUANT_MAX_ELEMENTS,
     GemmConfig,
@@ -108,6 +109,8 @@ def dequantize_triton(w: QuantizedTensor, out: torch.Tensor, config: GemmConfig 
     name = w.format.name
     p = kernel_params(name, cfg)
     q, scales, row_scale = kernel_tensors(w)
+    if w.layout == FRAGMENTS and name == "nvfp4":
+        return dequantize_fp4_fragments(q, scales, row_scale, out)
     if w.layout == FRAGMENTS:
         return dequantize_fragments(q, scales, p["group"], out)
     grid = (triton.cdiv(n, cfg.block_n) * triton.cdiv(k, cfg.block_k),)

@@ -147,9 +147,11 @@ def _launch(x: torch.Tensor, w: QuantizedTensor, res: torch.Tensor | None, out: 
         cfg = graph_fallback(name, m, n_out, k, sm_count(x.device), w.layout)
     p = kernel_params(name, cfg)
     q, scales, row_scale = kernel_tensors(w)
-    if cfg.kind in ("frag", PAIR_KIND):  # int4 / int8 in the fragment layout, from registers (fragment_mma)
-        launch_fragment_mma(x, q, scales, res, out, swiglu, p["group"], cfg)
+    if cfg.kind in ("frag", PAIR_KIND):  # int4 / int8 / nvfp4 in the fragment layout, from registers (fragment_mma)
+        launch_fragment_mma(x, q, scales, res, out, swiglu, p["group"], cfg, row_scale if name == "nvfp4" else None)
         return
+    if cfg.kind.startswith("frag-tiled") and name == "nvfp4":
+        raise ValueError("the tiled GEMM over the fragment layout reads int4 and int8 codes, not nvfp4")
     if cfg.kind.startswith("frag-tiled"):  # the same layout at prefill sizes, on tensor cores by tl.dot (fragment_tiled)
         launch_fragment_tiled(x, q, scales, res, out, swiglu, p["group"], cfg)
         return

@@ -1,4 +1,5 @@
-"""int4 / int8 decode GEMM from registers: ``y = x @ W^T`` for a few tokens, W in the fragment layout (:mod:`.fragments`).
+"""int4 / int8 / nvfp4 decode GEMM from registers: ``y = x @ W^T`` for a few tokens, W in the fragment layout
+(:mod:`.fragments`, :mod:`.fragments_fp4`).
 
 The ``tl.dot`` decode (:mod:`.gemv_mma`) stages the packed weights through shared memory and reads at most about
 half of the copy bandwidth whatever its tiles (``docs/performance.md``: the memory system gives a kernel that only
@@ -13,7 +14,8 @@ streams the bytes 80-92%). Here the weights go from global memory straight into 
 * ``UNROLL`` chunks (64 columns each) per loop trip, all their loads issued before the first MMA: that many
   (int8: twice that many) 16-byte loads in flight per lane and weight stream (SwiGLU has two: the gate and the up tile of the same
   outputs). Each scale group's products accumulate in fp32 from zero and are scaled once (fp32), as the
-  reference does per group.
+  reference does per group. nvfp4's block scales (16 columns: one per lane and chunk) multiply the decoded A
+  registers instead, so its MMAs accumulate every chunk in place; its per-row global scale multiplies the sums.
 * A warp may hold two weight streams that share each activation load: SwiGLU's gate and up tiles of the same
   outputs, or (``kind="frag-pair"``) a tile in each half of the output. At 32 tokens a warp reads as many
   activation bytes from L1 as code bytes from memory; pairs gained 5-9% there on some shapes, nothing at 1-8
@@ -53,6 +55,7 @@ from ninfer.kernels.quant_gemm.fragments import (
     scale_pair,
     words,
 )
+from ninfer.kernels.quant_gemm.fragments_fp4 import FP4_OUT_SCALE, fp4_fragment_scales, fp4_fragment_values
 from ninfer.kernels.quant_gemm.gemv import tile_counters
 from ninfer.kernels.quant_gemm.gemv_steps import (
     finish_at,
@@ -116,6 +119,19 @@ def decode_codes(w, DECODE_ASM: tl.constexpr, DECODE_OPERANDS: tl.constexpr, BIT
 
 
 @triton.jit
+def decode_fp4(w, s_lo, s_hi, DECODE_ASM: tl.constexpr, DECODE_OPERANDS: tl.constexpr):
+    """One chunk's nvfp4 code words ``w`` and the lane's scale pairs of rows g / g + 8 -> the 16 A registers."""
+    args = [w[0], w[1], w[2], w[3], s_lo, s_hi]
+    return tl.inline_asm_elementwise(DECODE_ASM, DECODE_OPERANDS, args, dtype=(tl.int32,) * 16, is_pure=True, pack=1)
+
+
+@triton.jit
+def scale_pairs(word, SCALE_ASM: tl.constexpr):
+    """A lane's nvfp4 scale word of two chunks -> its scale pairs (chunk 0 rows g, g + 8, chunk 1 rows g, g + 8)."""
+    return tl.inline_asm_elementwise(SCALE_ASM, "=r,=r,=r,=r,r", [word], dtype=(tl.int32,) * 4, is_pure=True, pack=1)
+
+
+@triton.jit
 def mma_block(a, xw, c0, c1, c2, c3, MMA_ASM: tl.constexpr):
     """The four MMAs of one chunk and 8-token block: A registers ``a``, activation words ``xw``, accumulators in."""
     args = [a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12], a[13], a[14], a[15],
@@ -124,13 +140,21 @@ def mma_block(a, xw, c0, c1, c2, c3, MMA_ASM: tl.constexpr):
 
 
 @triton.jit
-def _chunk_portable(d, q_ptr, x_ptr, tile, c, g, t, tok0, M, KC, stride_xm, NB: tl.constexpr, BITS: tl.constexpr):
+def _chunk_portable(d, q_ptr, s_ptr, x_ptr, tile, c, g, t, tok0, M, KC, stride_xm, NB: tl.constexpr,
+                    BITS: tl.constexpr, FP4: tl.constexpr):
     """What the PTX of one chunk adds to ``d`` (4 per token block: rows g / g + 8 x tokens 2t / 2t + 1), from
-    Triton gathers of the same layout (interpreter, fp32 activations)."""
+    Triton gathers of the same layout (interpreter, fp32 activations); nvfp4's weights scaled as its PTX scales
+    them (``e2m1 * scale * 2^-8``)."""
     cols = tl.arange(0, 64)[None, :]
     chunk_word = ((tile.to(tl.int64) * KC + c) * (32 * BITS))[:, None]
-    lo = fragment_values(q_ptr, chunk_word, g[:, None], 0, cols, BITS).to(tl.float32)
-    hi = fragment_values(q_ptr, chunk_word, g[:, None], 1, cols, BITS).to(tl.float32)
+    if FP4:
+        s_lo = fp4_fragment_scales(s_ptr, tile[:, None], KC, c, g[:, None], 0, cols // 16) / FP4_OUT_SCALE
+        s_hi = fp4_fragment_scales(s_ptr, tile[:, None], KC, c, g[:, None], 1, cols // 16) / FP4_OUT_SCALE
+        lo = fp4_fragment_values(q_ptr, chunk_word, g[:, None], 0, cols) * s_lo
+        hi = fp4_fragment_values(q_ptr, chunk_word, g[:, None], 1, cols) * s_hi
+    else:
+        lo = fragment_values(q_ptr, chunk_word, g[:, None], 0, cols, BITS).to(tl.float32)
+        hi = fragment_values(q_ptr, chunk_word, g[:, None], 1, cols, BITS).to(tl.float32)
     out = ()
     for b in tl.static_range(NB):
         tok = tok0 + 8 * b + 2 * t
@@ -143,10 +167,11 @@ def _chunk_portable(d, q_ptr, x_ptr, tile, c, g, t, tok0, M, KC, stride_xm, NB: 
 
 
 @triton.jit
-def _load_trip(code_lane, c, UNROLL: tl.constexpr, ASM: tl.constexpr, BITS: tl.constexpr, LOAD0: tl.constexpr,
-               LOAD1: tl.constexpr, LOAD2: tl.constexpr, LOAD3: tl.constexpr):
-    """A lane's codes of the ``UNROLL`` chunks from chunk ``c`` (``code_lane``: its address of chunk 0); nothing
-    in the interpreter's body, which gathers its own."""
+def _load_trip(code_lane, scale_lane, c, UNROLL: tl.constexpr, ASM: tl.constexpr, BITS: tl.constexpr,
+               FP4: tl.constexpr, LOAD0: tl.constexpr, LOAD1: tl.constexpr, LOAD2: tl.constexpr, LOAD3: tl.constexpr):
+    """A lane's codes of the ``UNROLL`` chunks from chunk ``c`` (``code_lane``: its address of chunk 0), then for
+    nvfp4 its scale word of each pair of them (``scale_lane``: its word of chunks 0 and 1); nothing in the
+    interpreter's body, which gathers its own."""
     codes = ()
     if ASM:
         trip_codes = code_lane + c * (128 * BITS)
@@ -159,6 +184,9 @@ def _load_trip(code_lane, c, UNROLL: tl.constexpr, ASM: tl.constexpr, BITS: tl.c
                 codes = codes + (_load_codes(trip_codes, LOAD2, BITS),)
             else:
                 codes = codes + (_load_codes(trip_codes, LOAD3, BITS),)
+        if FP4:
+            for p in tl.static_range(UNROLL // 2):
+                codes = codes + (tl.load(scale_lane + (c // 2 + p) * 32),)
     return codes
 
 
@@ -207,13 +235,72 @@ def _step(acc, acc_up, codes, codes_up, q_ptr, s_lane, s_lane_up, x_ptr, x_lane,
                 if TWO:
                     d_up = new_up
             else:
-                d = _chunk_portable(d, q_ptr, x_ptr, tile, cc, g, t, tok0, M, KC, stride_xm, NB, BITS)
+                d = _chunk_portable(d, q_ptr, q_ptr, x_ptr, tile, cc, g, t, tok0, M, KC, stride_xm, NB, BITS, False)
                 if TWO:
-                    d_up = _chunk_portable(d_up, q_ptr, x_ptr, tile_up, cc, g, t, tok0, M, KC, stride_xm, NB, BITS)
+                    d_up = _chunk_portable(d_up, q_ptr, q_ptr, x_ptr, tile_up, cc, g, t, tok0, M, KC, stride_xm, NB,
+                                           BITS, False)
         acc = add_scaled(acc, d, s_lo, s_hi, NB)
         if TWO:
             acc_up = add_scaled(acc_up, d_up, s_lo_up, s_hi_up, NB)
     return acc, acc_up
+
+
+@triton.jit
+def _step_fp4(acc, acc_up, codes, codes_up, q_ptr, s_ptr, x_ptr, x_lane, tile, tile_up, c, g, t, tok0, M, KC,
+              stride_xm, UNROLL: tl.constexpr, NB: tl.constexpr, TWO: tl.constexpr, DECODE_ASM: tl.constexpr,
+              DECODE_OPERANDS: tl.constexpr, MMA_ASM: tl.constexpr, SCALE_ASM: tl.constexpr, ASM: tl.constexpr):
+    """:func:`_step` for nvfp4: the block scales are in the A registers (:func:`decode_fp4`), so every chunk's MMAs
+    accumulate straight into ``acc`` (``acc_up``). ``codes``: the chunks' code words, then each pair's scale word."""
+    if ASM:
+        trip_x = ()
+        for b in tl.static_range(NB):
+            trip_x = trip_x + (x_lane[b] + c * 128,)
+        pairs = ()
+        pairs_up = ()
+        for p in tl.static_range(UNROLL // 2):
+            pairs = pairs + scale_pairs(codes[UNROLL + p], SCALE_ASM)
+            if TWO:
+                pairs_up = pairs_up + scale_pairs(codes_up[UNROLL + p], SCALE_ASM)
+    for u in tl.static_range(UNROLL):
+        if ASM:
+            a = decode_fp4(codes[u], pairs[2 * u], pairs[2 * u + 1], DECODE_ASM, DECODE_OPERANDS)
+            a_up = a
+            if TWO:
+                a_up = decode_fp4(codes_up[u], pairs_up[2 * u], pairs_up[2 * u + 1], DECODE_ASM, DECODE_OPERANDS)
+            new = ()
+            new_up = ()
+            for b in tl.static_range(NB):
+                xw = _load_x(trip_x[b], u)
+                new = new + mma_block(a, xw, acc[4 * b], acc[4 * b + 1], acc[4 * b + 2], acc[4 * b + 3], MMA_ASM)
+                if TWO:
+                    new_up = new_up + mma_block(a_up, xw, acc_up[4 * b], acc_up[4 * b + 1], acc_up[4 * b + 2],
+                                                acc_up[4 * b + 3], MMA_ASM)
+            acc = new
+            if TWO:
+                acc_up = new_up
+        else:
+            acc = _chunk_portable(acc, q_ptr, s_ptr, x_ptr, tile, c + u, g, t, tok0, M, KC, stride_xm, NB, 4, True)
+            if TWO:
+                acc_up = _chunk_portable(acc_up, q_ptr, s_ptr, x_ptr, tile_up, c + u, g, t, tok0, M, KC, stride_xm,
+                                         NB, 4, True)
+    return acc, acc_up
+
+
+@triton.jit
+def _row_scaled(acc, acc_up, rs_ptr, tile_out, slots, g, t, tok0, M, n_stream, NB: tl.constexpr, TWO: tl.constexpr):
+    """nvfp4: the sums times each output row's global scale (and the ``2^8`` the decode left out); the second
+    stream's rows (SwiGLU's up rows, a pair's second half) are ``n_stream`` further on."""
+    out = ()
+    out_up = ()
+    for i in tl.static_range(4 * NB):
+        _, n_idx, _ = _position(i, tile_out, slots, g, t, tok0, M)
+        row = tl.minimum(n_idx, n_stream - 1)
+        out = out + (acc[i] * (tl.load(rs_ptr + row) * FP4_OUT_SCALE),)
+        if TWO:
+            out_up = out_up + (acc_up[i] * (tl.load(rs_ptr + n_stream + row) * FP4_OUT_SCALE),)
+    if not TWO:
+        out_up = out
+    return out, out_up
 
 
 @triton.jit
@@ -237,13 +324,13 @@ def _position(i: tl.constexpr, tile_out, slots, g, t, tok0, M):
 
 @triton.jit(do_not_specialize=["M", "chunks_per_split"])
 def _fragment_mma_kernel(
-    x_ptr, q_ptr, s_ptr, res_ptr, out_ptr, ws_ptr, cnt_ptr,
+    x_ptr, q_ptr, s_ptr, rs_ptr, res_ptr, out_ptr, ws_ptr, cnt_ptr,
     M, N_OUT, KC, NG, chunks_per_split, stride_xm, stride_rm, stride_om,
     CPG: tl.constexpr, SWIGLU: tl.constexpr, PAIR: tl.constexpr, HAS_RES: tl.constexpr, SPLIT: tl.constexpr,
     FUSED_REDUCE: tl.constexpr, NB: tl.constexpr, WARPS: tl.constexpr, UNROLL: tl.constexpr, PREFETCH: tl.constexpr,
-    TOKENS_FIRST: tl.constexpr, PDL: tl.constexpr, BITS: tl.constexpr, LOAD0: tl.constexpr, LOAD1: tl.constexpr,
-    LOAD2: tl.constexpr, LOAD3: tl.constexpr, DECODE_ASM: tl.constexpr, DECODE_OPERANDS: tl.constexpr,
-    MMA_ASM: tl.constexpr, ASM: tl.constexpr,
+    TOKENS_FIRST: tl.constexpr, PDL: tl.constexpr, BITS: tl.constexpr, FP4: tl.constexpr, LOAD0: tl.constexpr,
+    LOAD1: tl.constexpr, LOAD2: tl.constexpr, LOAD3: tl.constexpr, DECODE_ASM: tl.constexpr,
+    DECODE_OPERANDS: tl.constexpr, MMA_ASM: tl.constexpr, SCALE_ASM: tl.constexpr, ASM: tl.constexpr,
 ):
     TWO: tl.constexpr = SWIGLU or PAIR
     e = tl.arange(0, 32 * WARPS)  # one element per thread: element i is thread i (lane i % 32 of warp i // 32)
@@ -271,8 +358,12 @@ def _fragment_mma_kernel(
         for b in tl.static_range(NB):
             row = tl.minimum(tok0 + 8 * b + g, M - 1).to(tl.int64)
             x_lane = x_lane + (x_ptr.to(tl.int64) + (row * stride_xm + t * 16) * 2,)
-    s_lane = s_ptr + tile.to(tl.int64) * NG * 8 + g
-    s_lane_up = s_lane + slots.to(tl.int64) * NG * 8
+    if FP4:  # the lane's scale word of chunks 0 and 1 (a tile's scales: KC * 16 words)
+        s_lane = s_ptr + tile.to(tl.int64) * KC * 16 + lane
+        s_lane_up = s_lane + slots.to(tl.int64) * KC * 16
+    else:
+        s_lane = s_ptr + tile.to(tl.int64) * NG * 8 + g
+        s_lane_up = s_lane + slots.to(tl.int64) * NG * 8
     acc = ()
     for i in tl.static_range(4 * NB):
         acc = acc + (tl.zeros((32 * WARPS,), dtype=tl.float32),)
@@ -281,8 +372,9 @@ def _fragment_mma_kernel(
     c_last = tl.minimum(c_first + chunks_per_split, KC)
     # The weights do not depend on the previous kernel: the first trip's codes are requested before waiting
     # for it (programmatic dependent launch), and with PREFETCH each trip requests the next one's.
-    codes = _load_trip(code_lane, c_first, UNROLL, ASM, BITS, LOAD0, LOAD1, LOAD2, LOAD3)
-    codes_up = _load_trip(code_lane_up, c_first, UNROLL, ASM and TWO, BITS, LOAD0, LOAD1, LOAD2, LOAD3)
+    codes = _load_trip(code_lane, s_lane, c_first, UNROLL, ASM, BITS, FP4, LOAD0, LOAD1, LOAD2, LOAD3)
+    codes_up = _load_trip(code_lane_up, s_lane_up, c_first, UNROLL, ASM and TWO, BITS, FP4, LOAD0, LOAD1, LOAD2,
+                          LOAD3)
     if PDL:
         # The next kernel may launch once every program of this one has got here, so its programs fill the SMs
         # this one's last programs leave, and request their own codes meanwhile; it waits for this one to
@@ -292,19 +384,28 @@ def _fragment_mma_kernel(
     for c in range(c_first, c_last, UNROLL):
         if PREFETCH:  # the last trip requests its own codes again (cached), not past the split
             c_next = tl.minimum(c + UNROLL, c_last - UNROLL)
-            codes_next = _load_trip(code_lane, c_next, UNROLL, ASM, BITS, LOAD0, LOAD1, LOAD2, LOAD3)
-            codes_up_next = _load_trip(code_lane_up, c_next, UNROLL, ASM and TWO, BITS, LOAD0, LOAD1, LOAD2, LOAD3)
+            codes_next = _load_trip(code_lane, s_lane, c_next, UNROLL, ASM, BITS, FP4, LOAD0, LOAD1, LOAD2, LOAD3)
+            codes_up_next = _load_trip(code_lane_up, s_lane_up, c_next, UNROLL, ASM and TWO, BITS, FP4, LOAD0, LOAD1,
+                                       LOAD2, LOAD3)
         elif c > c_first:
-            codes = _load_trip(code_lane, c, UNROLL, ASM, BITS, LOAD0, LOAD1, LOAD2, LOAD3)
-            codes_up = _load_trip(code_lane_up, c, UNROLL, ASM and TWO, BITS, LOAD0, LOAD1, LOAD2, LOAD3)
-        acc, acc_up = _step(acc, acc_up, codes, codes_up, q_ptr, s_lane, s_lane_up, x_ptr, x_lane, tile,
-                            tile + slots, c, g, t, tok0, M, KC, stride_xm, CPG, UNROLL, NB, BITS, TWO, DECODE_ASM,
-                            DECODE_OPERANDS, MMA_ASM, ASM)
+            codes = _load_trip(code_lane, s_lane, c, UNROLL, ASM, BITS, FP4, LOAD0, LOAD1, LOAD2, LOAD3)
+            codes_up = _load_trip(code_lane_up, s_lane_up, c, UNROLL, ASM and TWO, BITS, FP4, LOAD0, LOAD1, LOAD2,
+                                  LOAD3)
+        if FP4:
+            acc, acc_up = _step_fp4(acc, acc_up, codes, codes_up, q_ptr, s_ptr, x_ptr, x_lane, tile, tile + slots, c,
+                                    g, t, tok0, M, KC, stride_xm, UNROLL, NB, TWO, DECODE_ASM, DECODE_OPERANDS,
+                                    MMA_ASM, SCALE_ASM, ASM)
+        else:
+            acc, acc_up = _step(acc, acc_up, codes, codes_up, q_ptr, s_lane, s_lane_up, x_ptr, x_lane, tile,
+                                tile + slots, c, g, t, tok0, M, KC, stride_xm, CPG, UNROLL, NB, BITS, TWO, DECODE_ASM,
+                                DECODE_OPERANDS, MMA_ASM, ASM)
         if PREFETCH:
             codes = codes_next
             codes_up = codes_up_next
     pid_s = tl.program_id(1)
     n_stream = slots * 16  # output columns per stream; a pair's second stream writes the second half
+    if FP4:
+        acc, acc_up = _row_scaled(acc, acc_up, rs_ptr, tile_out, slots, g, t, tok0, M, n_stream, NB, TWO)
     if SPLIT:  # partials [split, M, 2 * n_stream] for two streams: the second stream's at + n_stream
         for i in tl.static_range(4 * NB):
             m_idx, n_idx, mask = _position(i, tile_out, slots, g, t, tok0, M)
@@ -341,18 +442,22 @@ def fragment_splits(kc: int, unroll: int, split: int) -> tuple[int, int]:
 
 
 def launch_fragment_mma(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, res: torch.Tensor | None,
-                        out: torch.Tensor, swiglu: bool, group: int, cfg: GemmConfig) -> None:
+                        out: torch.Tensor, swiglu: bool, group: int, cfg: GemmConfig,
+                        row_scale: torch.Tensor | None = None) -> None:
     """Launch the fragment decode (``cfg.kind``: ``"frag"``, or ``"frag-pair"``: two tiles per warp, one in each
     half of the output; ``block_m`` tokens per program (8, 16, 32 or 64), ``num_warps`` warps of 16 rows (a pair
     32) per program, ``block_k / 64`` chunks per loop trip, ``split_k``) on codes and scales in the fragment
-    layout; ``x [M, K]`` with unit stride along K, ``out [M, N_OUT]`` contiguous."""
+    layout; ``x [M, K]`` with unit stride along K, ``out [M, N_OUT]`` contiguous. nvfp4 (``row_scale``: its
+    per-row global scales) has scale groups of 16 and an even number of chunks per trip."""
     m, k = x.shape
     n_out = out.shape[1]
     unroll = cfg.block_k // CHUNK_COLS
-    cpg = group // CHUNK_COLS
+    fp4 = row_scale is not None
+    cpg = 1 if fp4 else group // CHUNK_COLS
     pair = cfg.kind == PAIR_KIND
     rows = 2 * TILE_ROWS if pair else TILE_ROWS
-    if (group % CHUNK_COLS or unroll % cpg or k % cfg.block_k or n_out % rows or cfg.block_m not in (8, 16, 32, 64)
+    bad_group = (unroll % 2 or group != 16) if fp4 else (group % CHUNK_COLS or unroll % cpg)
+    if (bad_group or k % cfg.block_k or n_out % rows or cfg.block_m not in (8, 16, 32, 64)
             or (pair and swiglu)):
         raise ValueError(f"frag config {cfg} does not fit K = {k}, N = {n_out}, scale group {group}"
                          + (", SwiGLU" if swiglu else ""))
@@ -371,12 +476,12 @@ def launch_fragment_mma(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, 
     grid = (token_blocks, splits, tile_groups) if tokens_first else (tile_groups, splits, token_blocks)
     counters = tile_counters(x.device, grid[0] * grid[2]) if splits > 1 else None
     _fragment_mma_kernel[grid](
-        x, q if asm else words(q), words(scales), res_arg, out, ws, counters, m, n_out, kc,
-        k // group, per, x.stride(0), res_arg.stride(0), out.stride(0), CPG=cpg, SWIGLU=swiglu,
+        x, q if asm else words(q), words(scales), row_scale if fp4 else scales, res_arg, out, ws, counters, m, n_out,
+        kc, k // group, per, x.stride(0), res_arg.stride(0), out.stride(0), CPG=cpg, SWIGLU=swiglu,
         PAIR=pair, HAS_RES=res is not None, SPLIT=splits > 1, FUSED_REDUCE=counters is not None, NB=cfg.block_m // 8,
         WARPS=cfg.num_warps, UNROLL=unroll, PREFETCH=cfg.num_stages > 1, TOKENS_FIRST=tokens_first, PDL=pdl,
         ASM=asm,
-        BITS=bits, num_warps=cfg.num_warps, num_stages=1, **asm_constants(x.dtype, bits),
+        BITS=bits, FP4=fp4, num_warps=cfg.num_warps, num_stages=1, **asm_constants(x.dtype, bits, fp4),
         **({"maxnreg": cfg.max_registers} if cfg.max_registers else {}), **({"launch_pdl": True} if pdl else {}),
     )
     if splits > 1 and counters is None:

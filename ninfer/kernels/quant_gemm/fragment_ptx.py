@@ -14,12 +14,18 @@ removes (two 16-bit values per 32-bit register).
   (byte & 0x80)`` in fp16 (-1024 / -1152), so a second ``lop3`` builds the offset from the same byte and the
   ``fma`` adds it: ``(M + low7) - M - 128 * sign`` is the code, exactly. Two ``lop3``, one ``fma`` and (for the
   odd bytes) one shift per register.
+* nvfp4 (:mod:`.fragments_fp4`): the sign and magnitude bits shifted into a 16-bit float's sign and lowest
+  exponent / highest mantissa bits are the e2m1 value times a power of two; the ``fma`` multiplies by the lane's
+  block scale (times the power of two that makes the product ``e2m1 * scale * 2^-8``) and adds zero. One ``and``
+  to two shifts, an ``and`` and a ``lop3`` per register, then the ``fma``.
 """
 from __future__ import annotations
 
 from functools import cache
 
 import torch
+
+from ninfer.kernels.quant_gemm.fragments_fp4 import FP4_PLACES
 
 # Per 16-bit type: (1.0, the int4 offset -(M + 8), M, the int8 offset base -M), as packed pairs.
 _CONSTS = {"bf16": ("0x3F803F80", "0xC308C308", "0x43004300", "0xC300C300"),
@@ -78,8 +84,60 @@ def decode_asm(ty: str, bits: int) -> str:
     return "\n".join(lines)
 
 
-def decode_operands(bits: int) -> str:
-    return "=r," * 16 + ",".join(["r"] * (4 if bits == 4 else 8))
+def decode_operands(bits: int, fp4: bool = False) -> str:
+    """Outputs: 16 A registers; inputs: the chunk's code words (and nvfp4's two scale pairs)."""
+    return "=r," * 16 + ",".join(["r"] * (6 if fp4 else 4 if bits == 4 else 8))
+
+
+# Per 16-bit type: the lowest bit of an e2m1 code's 3 magnitude bits in the decoded float (the exponent's lowest
+# two bits and the mantissa's top bit), the e4m3 scale byte's shift into the exponent, and the packed factors that
+# take it to ``scale * 2^118`` (bf16: twice 2^119 from ``scale * 2^-120``) or ``scale * 2^6`` (fp16: 2^14 from
+# ``scale * 2^-8``, then 1).
+_FP4 = {"bf16": (6, 4, ("0x7B007B00", "0x7B007B00")), "f16": (9, 7, ("0x74007400", "0x3C003C00"))}
+
+
+def fp4_decode_asm(ty: str) -> str:
+    """:func:`decode_asm` for nvfp4: words ``$16..$19`` (word j gives MMA j's registers, register r's codes at the
+    places of ``FP4_PLACES[r]`` in both halves), the lane's scale pairs of rows g and g + 8 in ``$20`` and ``$21``
+    (:func:`fp4_scale_asm`): register r = the decoded pair times scale pair ``r % 2``."""
+    low, _, _ = _FP4[ty]
+    mag = (7 << low) * 0x10001
+    lines = ["{", ".reg .b32 s, m, zero;", "mov.b32 zero, 0;"]
+    for j in range(4):
+        word = f"${16 + j}"
+        for r, (sign, first) in enumerate(FP4_PLACES):
+            out, up_sign, up_mag = f"${4 * j + r}", 15 - sign, low - first
+            if up_sign == up_mag:  # one shift puts both fields in place
+                src = word
+                if up_sign:
+                    lines.append(f"shl.b32 s, {word}, {up_sign};")
+                    src = "s"
+                lines.append(f"and.b32 {out}, {src}, {hex(0x80008000 | mag)};")
+            else:
+                lines.append(f"shl.b32 s, {word}, {up_sign};" if up_sign else f"mov.b32 s, {word};")
+                lines.append("and.b32 s, s, 0x80008000;")
+                m = word
+                if up_mag:
+                    lines.append(f"{'shl' if up_mag > 0 else 'shr'}.b32 m, {word}, {abs(up_mag)};")
+                    m = "m"
+                lines.append(f"lop3.b32 {out}, {m}, {hex(mag)}, s, 0xEA;")  # (m & mag) | s
+            lines.append(f"fma.rn.{ty}x2 {out}, {out}, ${20 + r % 2}, zero;")
+    lines.append("}")
+    return "\n".join(lines)
+
+
+def fp4_scale_asm(ty: str) -> str:
+    """A lane's scale word of two chunks (``$4``: bytes chunk 0 rows g / g + 8, chunk 1 rows g / g + 8) -> four
+    packed pairs ``$0..$3`` (each byte in both halves), each ``scale * 2^118`` (bf16) or ``scale * 2^6`` (fp16)."""
+    _, shift, (f1, f2) = _FP4[ty]
+    lines = ["{", ".reg .b32 f1, f2, zero;", f"mov.b32 f1, {f1};", f"mov.b32 f2, {f2};", "mov.b32 zero, 0;"]
+    for i in range(4):
+        lines.append(f"prmt.b32 ${i}, $4, zero, {hex(0x4040 | (i << 8) | i)};")  # byte i in both halves' low bytes
+        lines.append(f"shl.b32 ${i}, ${i}, {shift};")
+        lines.append(f"fma.rn.{ty}x2 ${i}, ${i}, f1, zero;")
+        lines.append(f"fma.rn.{ty}x2 ${i}, ${i}, f2, zero;")
+    lines.append("}")
+    return "\n".join(lines)
 
 
 def mma_asm(ty: str) -> str:
@@ -96,12 +154,14 @@ def mma_asm(ty: str) -> str:
 
 
 @cache
-def asm_constants(dtype: torch.dtype, bits: int) -> dict[str, str]:
-    """The kernel's PTX for 16-bit activations of ``dtype`` and ``bits``-bit codes (its constexpr arguments)."""
+def asm_constants(dtype: torch.dtype, bits: int, fp4: bool = False) -> dict[str, str]:
+    """The kernel's PTX for 16-bit activations of ``dtype`` and ``bits``-bit codes, or nvfp4's (its constexpr
+    arguments)."""
     ty = "f16" if dtype == torch.float16 else "bf16"
     loads = {f"LOAD{u}": load_asm(bits, u) for u in range(4)}
-    return {**loads, "DECODE_ASM": decode_asm(ty, bits), "DECODE_OPERANDS": decode_operands(bits),
-            "MMA_ASM": mma_asm(ty)}
+    return {**loads, "DECODE_ASM": fp4_decode_asm(ty) if fp4 else decode_asm(ty, bits),
+            "DECODE_OPERANDS": decode_operands(bits, fp4), "MMA_ASM": mma_asm(ty),
+            "SCALE_ASM": fp4_scale_asm(ty) if fp4 else ""}
 
 
 # Row-major int4 codes (byte i of a row: columns 2i (low nibble), 2i + 1): the expert stacks of the MoE decode

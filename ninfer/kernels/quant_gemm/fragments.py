@@ -1,4 +1,5 @@
-"""The fragment layout of int4 and int8 weights: codes and scales stored in the order the decode kernel's lanes read them.
+"""The fragment layout of int4 and int8 weights (nvfp4: :mod:`.fragments_fp4`): codes and scales stored in the order the
+decode kernel's lanes read them.
 
 The tensor-core decode of :mod:`.fragment_mma` gives each warp 16 weight rows and multiplies them with
 ``mma.sync.m16n8k16``, whose A operand (16 rows x 16 columns) lives in registers: lane ``(g, t)`` (``g =
@@ -28,9 +29,10 @@ them takes a ``lop3`` or two (plus a shift and a packed ``fma``) per register: n
 
 The layout is a property of the stored tensors (``QuantizedTensor.layout``); ``QuantizedTensor.dequantize`` and
 the prefill dequantization (:func:`dequantize_fragments`) read it, so every path computes the same function.
-The code width follows from the codes' dtype (uint8 nibble pairs: int4; int8). Only 2-D weights with ``N % 16
-== 0``, ``K % 128 == 0`` and scale groups of a multiple of 64 columns take it (:func:`fragments_fit`): an MMA's 16
-columns then share one scale, and the register decode's shortest loop trip (two chunks) divides K.
+The code width follows from the codes' dtype (uint8 nibble pairs: int4 or, with e4m3 scales, nvfp4; int8). Only 2-D
+weights with ``N % 16 == 0``, ``K % 128 == 0`` and scale groups of a multiple of 64 columns (nvfp4: 16, one per lane
+and chunk) take it (:func:`fragments_fit`): an MMA's 16 columns then share one scale, and the register decode's
+shortest loop trip (two chunks) divides K.
 """
 from __future__ import annotations
 
@@ -38,11 +40,13 @@ import torch
 import triton
 import triton.language as tl
 
+from ninfer.kernels.quant_gemm.fragments_fp4 import fp4_from_fragments, fp4_to_fragments
+
 FRAGMENTS = "mma-fragments"  # QuantizedTensor.layout of re-laid weights; the default is "rows"
 TILE_ROWS, CHUNK_COLS = 16, 64
 MIN_TRIP_CHUNKS = 2  # chunks per loop trip of the register decode, at least
 _TILES_PER_PASS = 512  # tiles converted at once: bounds the temporaries of a large weight to ~2 x its codes
-_GROUPS = {"int4-g64": 64, "int4-g128": 128, "int8-g64": 64}  # the formats whose scale groups span whole chunks
+_GROUPS = {"int4-g64": 64, "int4-g128": 128, "int8-g64": 64, "nvfp4": 16}  # scale groups: whole chunks, or a lane's
 
 
 def fragments_fit(fmt: str, shape: tuple[int, ...]) -> bool:
@@ -58,9 +62,16 @@ def code_bits(q: torch.Tensor) -> int:
     return 8 if q.dtype == torch.int8 else 4
 
 
+def is_fp4(scales: torch.Tensor) -> bool:
+    """Whether stored scales are nvfp4's (e4m3 block scales; int4 and int8 store fp16 group scales)."""
+    return scales.dtype == torch.float8_e4m3fn
+
+
 def to_fragments(qweight: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Row-major codes (int4: ``[N, K / 2]`` uint8, byte ``i`` = columns ``2i`` low nibble, ``2i + 1`` high; int8:
     ``[N, K]``) and scales ``[N, K / G]`` -> the same shapes in the fragment layout (new tensors, same device)."""
+    if is_fp4(scales):
+        return fp4_to_fragments(qweight, scales, _TILES_PER_PASS)
     n, kb = qweight.shape
     q = torch.empty_like(qweight)
     for t0 in range(0, n // TILE_ROWS, _TILES_PER_PASS):
@@ -81,6 +92,8 @@ def to_fragments(qweight: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Ten
 
 def from_fragments(q: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The inverse of :func:`to_fragments`: row-major codes and scales."""
+    if is_fp4(s):
+        return fp4_from_fragments(q, s, _TILES_PER_PASS)
     n, kb = q.shape
     qweight = torch.empty_like(q)
     for t0 in range(0, n // TILE_ROWS, _TILES_PER_PASS):
