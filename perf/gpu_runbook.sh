@@ -79,7 +79,7 @@ ahead-checks          the paths beside the decode left in flight on the GPU: spe
 pdl-35b               programmatic dependent launch on the 35B-A3B decode (NINFER_PDL=1: the register decodes and norms let the next kernel launch early), on and off in turn, C = 1 / 8, then the whole-model MoE test with it on
 profile-mtp-35b       where a 35B-A3B 4-bit MTP round goes at C = 1 (K = 3, all drafts accepted) beside the plain step: kernels by family, the graph timeline
 engine-27b-nvfp4      27B nvfp4 engine: decode at ctx 1k, C = 1 / 8 (the target: within 5% of int4)
-frag-nvfp4            the register decode of fragment-laid nvfp4: its GPU tests, then L2-cold at 1 / 8 tokens against int4-g64's and nvfp4's row-major tuner pick on the 27B shapes
+frag-nvfp4            the register decode of fragment-laid nvfp4: its GPU tests, then L2-cold at 1 / 8 tokens against the int4-g64 register decode and the nvfp4 row-major tuner pick on the 27B shapes
 itl-budgets-27b       27B int4 warm start: ITL of 4 decodes beside a 32k prefill at prefill_tokens_while_decoding 1024 (the default) / 512 / 256 / 128 and at max_decode_stall 3x / 2.5x, and the rate of the 32k prompt at each
 '
 names=$(echo "$STAGES" | awk 'NF { print $1 }')
