@@ -1,5 +1,5 @@
-"""A whole int4 model with its projections in the fragment layout (what ``ninfer.load(..., quantize="int4")``
-serves on a GPU) against the same model kept row-major (``NINFER_FRAGMENTS=0``) and against the PyTorch
+"""A whole int4 (and nvfp4) model with its projections in the fragment layout (what ``ninfer.load(...,
+quantize="int4")`` serves on a GPU) against the same model kept row-major (``NINFER_FRAGMENTS=0``) and against the PyTorch
 reference path: prefill scores (the dequantization path and the decode kernel over token blocks) and greedy
 decoding from CUDA graphs (the register decode at 1..3 tokens).
 
@@ -38,8 +38,9 @@ def _layouts(llm) -> set[str]:
     return {m.layout for m in llm.model.modules() if isinstance(m, QuantLinear)}
 
 
-def test_fp32_fragments_equal_the_reference(dense: TinyCheckpoint, monkeypatch: pytest.MonkeyPatch) -> None:
-    llm = ninfer.load(dense.path, device="cuda", dtype=torch.float32, quantize="int4", progress=False,
+@pytest.mark.parametrize("fmt", ["int4", "nvfp4"])
+def test_fp32_fragments_equal_the_reference(dense: TinyCheckpoint, monkeypatch: pytest.MonkeyPatch, fmt: str) -> None:
+    llm = ninfer.load(dense.path, device="cuda", dtype=torch.float32, quantize=fmt, progress=False,
                       cuda_graphs=False)
     assert FRAGMENTS in _layouts(llm)
     ids = _prompt(200)
@@ -49,8 +50,9 @@ def test_fp32_fragments_equal_the_reference(dense: TinyCheckpoint, monkeypatch: 
     assert (got - ref).abs().max().item() < 1e-3
 
 
-def test_bf16_fragments_decode_like_rows(dense: TinyCheckpoint, monkeypatch: pytest.MonkeyPatch) -> None:
-    kw = dict(device="cuda", dtype=torch.bfloat16, quantize="int4", progress=False, max_concurrency=2)
+@pytest.mark.parametrize("fmt", ["int4", "nvfp4"])
+def test_bf16_fragments_decode_like_rows(dense: TinyCheckpoint, monkeypatch: pytest.MonkeyPatch, fmt: str) -> None:
+    kw = dict(device="cuda", dtype=torch.bfloat16, quantize=fmt, progress=False, max_concurrency=2)
     monkeypatch.setenv("NINFER_FRAGMENTS", "0")
     rows = ninfer.load(dense.path, **kw)
     monkeypatch.delenv("NINFER_FRAGMENTS")
