@@ -81,6 +81,7 @@ profile-mtp-35b       where a 35B-A3B 4-bit MTP round goes at C = 1 (K = 3, all 
 engine-27b-nvfp4      27B nvfp4 engine: decode at ctx 1k, C = 1 / 8 (the target: within 5% of int4)
 nvfp4-checks          the whole nvfp4 model over fragment-laid weights (GPU tests), the 27B nvfp4 prefill of 8k in one chunk (the default) and decode at 32k, the 35B-A3B nvfp4 recipe decode C = 1 / 8
 frag-nvfp4            the register decode of fragment-laid nvfp4: its GPU tests, then L2-cold at 1 / 8 tokens against the int4-g64 register decode and the nvfp4 row-major tuner pick on the 27B shapes
+fragments-model       the whole int4 and nvfp4 models over fragment-laid weights against the row-major ones and the fp32 oracle (GPU tests)
 itl-budgets-27b       27B int4 warm start: ITL of 4 decodes beside a 32k prefill at prefill_tokens_while_decoding 1024 (the default) / 512 / 256 / 128 and at max_decode_stall 3x / 2.5x, and the rate of the 32k prompt at each
 '
 names=$(echo "$STAGES" | awk 'NF { print $1 }')
@@ -419,6 +420,9 @@ stage() {
     profile-mtp-35b)
       part 200 python3 perf/profile_step.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --lanes 1 --draft-tokens 3 \
         --top 40 --timeline
+      ;;
+    fragments-model)
+      gpu_tests 250 fragments_model_gpu -n 3
       ;;
     nvfp4-checks)
       gpu_tests 150 fragments_model_gpu -n 2 -k "nvfp4"

@@ -59,8 +59,13 @@ def test_bf16_fragments_decode_like_rows(dense: TinyCheckpoint, monkeypatch: pyt
     frag = ninfer.load(dense.path, **kw)
     assert _layouts(rows) == {"rows"} and FRAGMENTS in _layouts(frag)
     ids = _prompt(300, seed=1)
-    diff = (frag.score(ids) - rows.score(ids)).abs()
-    assert diff.max().item() < 0.15 and diff.mean().item() < 0.02, (diff.max(), diff.mean())
+    # The fp32 model over the same codes is the oracle: the fragment path must be as close to it as the row-major
+    # one (nvfp4's tiny random model rounds further from both in bf16 than int4's: max 0.19 / mean 0.05 apart).
+    ref = ninfer.load(dense.path, device="cuda", dtype=torch.float32, quantize=fmt, progress=False,
+                      cuda_graphs=False).score(ids)
+    err_frag, err_rows = (frag.score(ids) - ref).abs(), (rows.score(ids) - ref).abs()
+    assert err_frag.mean() <= 1.25 * err_rows.mean() + 2e-3, (err_frag.mean(), err_rows.mean())
+    assert err_frag.max() <= 1.5 * err_rows.max() + 2e-2, (err_frag.max(), err_rows.max())
     for seed in (2, 3):
         prompt = _prompt(40, seed)
         a = frag.generate(prompt, max_new_tokens=24, greedy=True, logprobs=1, ignore_eos=True)
