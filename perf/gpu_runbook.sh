@@ -53,7 +53,7 @@ profile-35b-decode    the 35B-A3B 4-bit decode step kernel by kernel (top 45 at 
 bench-27b-step        27B int4 engine (decode ctx 1k / 32k, C = 1 / 8, 8k prefill) and its C = 8 profile
 ncu-gemm-mma          Nsight Compute of the tensor-core int4 decode (gate/up, int4-g64 / -g128, 1 and 8 tokens)
 ncu-gemm-frag         Nsight Compute of the register decode of fragment-laid int4-g64 (gate_up and down, 1 and 8 tokens or NCU_TOKENS, the fastest config of each): DRAM throughput, stall reasons, occupancy
-gpu-tests-fragments-model  the whole int4 model over fragment-laid weights on the GPU (tests/gpu/test_fragments_model_gpu.py)
+gpu-tests-fragments-model  the whole int4 and nvfp4 models over fragment-laid weights on the GPU (tests/gpu/test_fragments_model_gpu.py)
 gpu-tests-no-stalls   nothing compiles or tunes after ready over a serving mix (int4, int4 + MTP, bf16); the 8k-chunk workspace bound at 27B widths
 startup-27b-int4      27B int4 cold and warm start-up by phase (main thread sampled every 3 s until ready), TTFT of first / second batch at C = 8 / 1, 8k / 32k prefill, ITL beside a 32k prefill, compiles after ready
 startup-27b-warm-serial  27B int4 warm start (on the caches the runbook restored) with the dry passes off (NINFER_PARALLEL_COMPILE=0), then on: is a warm start faster without them (20 s of dry passes found nothing to compile in run 2026-12-03.10), main thread sampled every 2 s
@@ -81,7 +81,6 @@ profile-mtp-35b       where a 35B-A3B 4-bit MTP round goes at C = 1 (K = 3, all 
 engine-27b-nvfp4      27B nvfp4 engine: decode at ctx 1k, C = 1 / 8 (the target: within 5% of int4)
 nvfp4-checks          the whole nvfp4 model over fragment-laid weights (GPU tests), the 27B nvfp4 prefill of 8k in one chunk (the default) and decode at 32k, the 35B-A3B nvfp4 recipe decode C = 1 / 8
 frag-nvfp4            the register decode of fragment-laid nvfp4: its GPU tests, then L2-cold at 1 / 8 tokens against the int4-g64 register decode and the nvfp4 row-major tuner pick on the 27B shapes
-fragments-model       the whole int4 and nvfp4 models over fragment-laid weights against the row-major ones and the fp32 oracle (GPU tests)
 itl-budgets-27b       27B int4 warm start: ITL of 4 decodes beside a 32k prefill at prefill_tokens_while_decoding 1024 (the default) / 512 / 256 / 128 and at max_decode_stall 3x / 2.5x, and the rate of the 32k prompt at each
 '
 names=$(echo "$STAGES" | awk 'NF { print $1 }')
@@ -373,7 +372,7 @@ stage() {
       part 120 python3 perf/profile_step.py --shape 27b --recipe int4 --lanes 8
       ;;
     gpu-tests-fragments-model)
-      gpu_tests 270 fragments_model_gpu
+      gpu_tests 330 fragments_model_gpu -n 3
       ;;
     gpu-tests-no-stalls)  # autotuning on: the mix must meet no kernel key that warm-up left out
       gpu_tests 500 no_stalls -s
@@ -420,9 +419,6 @@ stage() {
     profile-mtp-35b)
       part 200 python3 perf/profile_step.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --lanes 1 --draft-tokens 3 \
         --top 40 --timeline
-      ;;
-    fragments-model)
-      gpu_tests 250 fragments_model_gpu -n 3
       ;;
     nvfp4-checks)
       gpu_tests 150 fragments_model_gpu -n 2 -k "nvfp4"
