@@ -112,18 +112,35 @@ def fp4_fragment_scales(s_ptr, tile, KC, c, g, h, t):
 @triton.jit
 def _dequant_fp4_kernel(q_ptr, s_ptr, rs_ptr, w_ptr, KC, stride_wn, CHUNKS: tl.constexpr):
     """One tile's 16 rows x ``CHUNKS`` chunks into the row-major workspace: ``e2m1 * (scale * global)`` in fp32 (the
-    order of ``Nvfp4Format.dequantize``), one rounding."""
+    order of ``Nvfp4Format.dequantize``), one rounding. Each chunk's 128 code words are read once, in order, and
+    decoded 8 codes a word (``(lane, word) x (h, b, e)``), then rearranged into the tile's rows and columns."""
     tile = tl.program_id(0).to(tl.int64)
-    r = tl.arange(0, 16)[:, None]
-    g, h = r % 8, r // 8
+    word = tl.arange(0, 128)[:, None]  # (g, t, j): lane 4 g + t, its word j
+    code = tl.arange(0, 8)[None, :]  # (h, b, e): row g + 8 h, column pair b, half e
+    g, t = word // 16, (word // 4) % 4
+    h, b, e = code // 4, (code // 2) % 2, code % 2
+    r = 2 * b + h
+    sign = tl.where(r == 0, 15, tl.where(r == 1, 12, tl.where(r == 2, 13, 14)))
+    low = tl.where(r == 0, 6, tl.where(r == 1, 3, tl.where(r == 2, 9, 0))) + 16 * e
+    sign = sign + 16 * e
+    rows = tl.arange(0, 16)[:, None]
     cols = tl.arange(0, 64)[None, :]
-    glob = tl.load(rs_ptr + tile * 16 + r)
+    glob = tl.load(rs_ptr + tile * 16 + rows)
     for ci in tl.static_range(CHUNKS):
         c = tl.program_id(1) * CHUNKS + ci
-        values = fp4_fragment_values(q_ptr, (tile * KC + c) * 128, g, h, cols)
-        scale = fp4_fragment_scales(s_ptr, tile, KC, c, g, h, cols // 16)
-        w = values * (scale * glob)
-        tl.store(w_ptr + (tile * 16 + r) * stride_wn + c * 64 + cols, w.to(w_ptr.dtype.element_ty))
+        words = tl.load(q_ptr + (tile * KC + c) * 128 + word)
+        nib = (((words >> sign) & 1) << 3) | ((words >> low) & 7)
+        pair = tl.load(s_ptr + tile * KC * 16 + (c // 2) * 32 + 4 * g + t)  # the lane's scale word
+        scale = ((pair >> (16 * (c % 2) + 8 * h)) & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True)
+        w = _tile_order(e2m1_values(nib) * _TWO_126) * (_tile_order(scale.to(tl.float32)) * glob)
+        tl.store(w_ptr + (tile * 16 + rows) * stride_wn + c * 64 + cols, w.to(w_ptr.dtype.element_ty))
+
+
+@triton.jit
+def _tile_order(x):
+    """``[128, 8]`` values in ``(g, t, j) x (h, b, e)`` order -> ``[16, 64]``: row ``g + 8 h``, column ``16 t + 4 j +
+    2 b + e``."""
+    return tl.reshape(tl.permute(tl.reshape(x, (8, 4, 4, 2, 2, 2)), (3, 0, 1, 2, 4, 5)), (16, 64))
 
 
 def dequantize_fp4_fragments(q: torch.Tensor, s: torch.Tensor, global_scale: torch.Tensor,
