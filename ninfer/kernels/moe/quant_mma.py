@@ -28,7 +28,8 @@ import triton.language as tl
 from ninfer.kernels.dispatch import INTERPRET
 from ninfer.kernels.moe.align import ExpertRows, pair_group, pair_rows
 from ninfer.kernels.quant_gemm.common import finish_at
-from ninfer.kernels.quant_gemm.fragment_mma import add_scaled, decode_codes, fragment_splits, mma_block, x_words
+from ninfer.kernels.quant_gemm.fragment_mma import fragment_splits
+from ninfer.kernels.quant_gemm.fragment_steps import add_scaled, decode_codes, mma_block, x_words
 from ninfer.kernels.quant_gemm.fragment_ptx import (
     mma_asm,
     paired_x_load_asm,

@@ -35,7 +35,7 @@ streams the bytes 80-92%). Here the weights go from global memory straight into 
   side and all but the first read its codes from L2.
   The tuner chooses warps, trip length, tokens per program and splits per shape (:func:`fragment_candidates`).
 
-The interpreter cannot run PTX: with ``ASM`` off (CPU tests, and fp32 activations on a GPU) each lane computes the
+The loop trip's pieces live in :mod:`.fragment_steps`. The interpreter cannot run PTX: with ``ASM`` off (CPU tests, and fp32 activations on a GPU) each lane computes the
 same four products per 8-token block with Triton gathers from the same layout and plain sums, so the CPU tests
 check the indexing, splits and epilogues, and the GPU tests the PTX.
 """
@@ -46,16 +46,10 @@ import triton
 import triton.language as tl
 
 from ninfer.kernels.dispatch import INTERPRET, pdl_enabled
-from ninfer.kernels.quant_gemm.fragment_ptx import asm_constants, x_load_asm
-from ninfer.kernels.quant_gemm.fragments import (
-    CHUNK_COLS,
-    TILE_ROWS,
-    code_bits,
-    fragment_values,
-    scale_pair,
-    words,
-)
-from ninfer.kernels.quant_gemm.fragments_fp4 import FP4_OUT_SCALE, fp4_fragment_scales, fp4_fragment_values
+from ninfer.kernels.quant_gemm.fragment_ptx import asm_constants
+from ninfer.kernels.quant_gemm.fragment_steps import load_trip, trip_step, trip_step_fp4
+from ninfer.kernels.quant_gemm.fragments import CHUNK_COLS, TILE_ROWS, code_bits, words
+from ninfer.kernels.quant_gemm.fragments_fp4 import FP4_OUT_SCALE
 from ninfer.kernels.quant_gemm.gemv import tile_counters
 from ninfer.kernels.quant_gemm.gemv_steps import (
     finish_at,
@@ -66,225 +60,6 @@ from ninfer.kernels.quant_gemm.gemv_steps import (
     sum_splits_at,
 )
 from ninfer.kernels.quant_gemm.tune import PAIR_KIND, GemmConfig
-
-# Activation loads at a chunk's constant offset from the loop trip's address (folded into the instruction, no
-# address arithmetic per chunk).
-_X0, _X1, _X2, _X3 = (tl.constexpr(x_load_asm(u)) for u in range(4))
-_MMA_OPERANDS = tl.constexpr("=f,=f,=f,=f," + "r," * 24 + "f,f,f,f")
-
-
-@triton.jit
-def _load_codes(addr, LOAD: tl.constexpr, BITS: tl.constexpr):
-    """A lane's codes of one chunk (``LOAD``: its load at a constant offset from ``addr``): 4 words (int4) or 8."""
-    if BITS == 4:
-        w = tl.inline_asm_elementwise(LOAD, "=r,=r,=r,=r,l", [addr], dtype=(tl.int32,) * 4, is_pure=True, pack=1)
-    else:
-        w = tl.inline_asm_elementwise(LOAD, "=r,=r,=r,=r,=r,=r,=r,=r,l", [addr], dtype=(tl.int32,) * 8,
-                                      is_pure=True, pack=1)
-    return w
-
-
-@triton.jit
-def x_words(addr, U: tl.constexpr, X0: tl.constexpr, X1: tl.constexpr, X2: tl.constexpr, X3: tl.constexpr,
-            PURE: tl.constexpr):
-    """A lane's 8 activation words of chunk ``U`` (0..3) of the loop trip at ``addr``, by the load ``X<U>`` (its
-    inline PTX at that chunk's constant offset)."""
-    cons: tl.constexpr = "=r,=r,=r,=r,=r,=r,=r,=r,l"
-    if U == 0:
-        x = tl.inline_asm_elementwise(X0, cons, [addr], dtype=(tl.int32,) * 8, is_pure=PURE, pack=1)
-    elif U == 1:
-        x = tl.inline_asm_elementwise(X1, cons, [addr], dtype=(tl.int32,) * 8, is_pure=PURE, pack=1)
-    elif U == 2:
-        x = tl.inline_asm_elementwise(X2, cons, [addr], dtype=(tl.int32,) * 8, is_pure=PURE, pack=1)
-    else:
-        x = tl.inline_asm_elementwise(X3, cons, [addr], dtype=(tl.int32,) * 8, is_pure=PURE, pack=1)
-    return x
-
-
-@triton.jit
-def _load_x(addr, U: tl.constexpr):
-    """A lane's 16 activations (8 words) of chunk ``U`` (0..3) of the loop trip at ``addr``. Not pure: the
-    compiler must not move them above the wait for the kernel that wrote them (programmatic dependent launch)."""
-    return x_words(addr, U, _X0, _X1, _X2, _X3, False)
-
-
-@triton.jit
-def decode_codes(w, DECODE_ASM: tl.constexpr, DECODE_OPERANDS: tl.constexpr, BITS: tl.constexpr):
-    """One chunk's code words ``w`` (4 for int4, 8 for int8) -> the 16 A registers of its four MMAs."""
-    if BITS == 4:
-        args = [w[0], w[1], w[2], w[3]]
-    else:
-        args = [w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7]]
-    return tl.inline_asm_elementwise(DECODE_ASM, DECODE_OPERANDS, args, dtype=(tl.int32,) * 16, is_pure=True, pack=1)
-
-
-@triton.jit
-def decode_fp4(w, s_lo, s_hi, DECODE_ASM: tl.constexpr, DECODE_OPERANDS: tl.constexpr):
-    """One chunk's nvfp4 code words ``w`` and the lane's scale pairs of rows g / g + 8 -> the 16 A registers."""
-    args = [w[0], w[1], w[2], w[3], s_lo, s_hi]
-    return tl.inline_asm_elementwise(DECODE_ASM, DECODE_OPERANDS, args, dtype=(tl.int32,) * 16, is_pure=True, pack=1)
-
-
-@triton.jit
-def scale_pairs(word, SCALE_ASM: tl.constexpr):
-    """A lane's nvfp4 scale word of two chunks -> its scale pairs (chunk 0 rows g, g + 8, chunk 1 rows g, g + 8)."""
-    return tl.inline_asm_elementwise(SCALE_ASM, "=r,=r,=r,=r,r", [word], dtype=(tl.int32,) * 4, is_pure=True, pack=1)
-
-
-@triton.jit
-def mma_block(a, xw, c0, c1, c2, c3, MMA_ASM: tl.constexpr):
-    """The four MMAs of one chunk and 8-token block: A registers ``a``, activation words ``xw``, accumulators in."""
-    args = [a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12], a[13], a[14], a[15],
-            xw[0], xw[1], xw[2], xw[3], xw[4], xw[5], xw[6], xw[7], c0, c1, c2, c3]
-    return tl.inline_asm_elementwise(MMA_ASM, _MMA_OPERANDS, args, dtype=(tl.float32,) * 4, is_pure=True, pack=1)
-
-
-@triton.jit
-def _chunk_portable(d, q_ptr, s_ptr, x_ptr, tile, c, g, t, tok0, M, KC, stride_xm, NB: tl.constexpr,
-                    BITS: tl.constexpr, FP4: tl.constexpr):
-    """What the PTX of one chunk adds to ``d`` (4 per token block: rows g / g + 8 x tokens 2t / 2t + 1), from
-    Triton gathers of the same layout (interpreter, fp32 activations); nvfp4's weights scaled as its PTX scales
-    them (``e2m1 * scale * 2^-8``)."""
-    cols = tl.arange(0, 64)[None, :]
-    chunk_word = ((tile.to(tl.int64) * KC + c) * (32 * BITS))[:, None]
-    if FP4:
-        s_lo = fp4_fragment_scales(s_ptr, tile[:, None], KC, c, g[:, None], 0, cols // 16) / FP4_OUT_SCALE
-        s_hi = fp4_fragment_scales(s_ptr, tile[:, None], KC, c, g[:, None], 1, cols // 16) / FP4_OUT_SCALE
-        lo = fp4_fragment_values(q_ptr, chunk_word, g[:, None], 0, cols) * s_lo
-        hi = fp4_fragment_values(q_ptr, chunk_word, g[:, None], 1, cols) * s_hi
-    else:
-        lo = fragment_values(q_ptr, chunk_word, g[:, None], 0, cols, BITS).to(tl.float32)
-        hi = fragment_values(q_ptr, chunk_word, g[:, None], 1, cols, BITS).to(tl.float32)
-    out = ()
-    for b in tl.static_range(NB):
-        tok = tok0 + 8 * b + 2 * t
-        x0 = tl.load(x_ptr + tl.minimum(tok, M - 1).to(tl.int64)[:, None] * stride_xm + c * 64 + cols).to(tl.float32)
-        x1 = tl.load(x_ptr + tl.minimum(tok + 1, M - 1).to(tl.int64)[:, None] * stride_xm + c * 64 + cols)
-        x1 = x1.to(tl.float32)
-        out = out + (d[4 * b] + tl.sum(lo * x0, axis=1), d[4 * b + 1] + tl.sum(lo * x1, axis=1),
-                     d[4 * b + 2] + tl.sum(hi * x0, axis=1), d[4 * b + 3] + tl.sum(hi * x1, axis=1))
-    return out
-
-
-@triton.jit
-def _load_trip(code_lane, scale_lane, c, UNROLL: tl.constexpr, ASM: tl.constexpr, BITS: tl.constexpr,
-               FP4: tl.constexpr, LOAD0: tl.constexpr, LOAD1: tl.constexpr, LOAD2: tl.constexpr, LOAD3: tl.constexpr):
-    """A lane's codes of the ``UNROLL`` chunks from chunk ``c`` (``code_lane``: its address of chunk 0), then for
-    nvfp4 its scale word of each pair of them (``scale_lane``: its word of chunks 0 and 1); nothing in the
-    interpreter's body, which gathers its own."""
-    codes = ()
-    if ASM:
-        trip_codes = code_lane + c * (128 * BITS)
-        for u in tl.static_range(UNROLL):
-            if u == 0:
-                codes = codes + (_load_codes(trip_codes, LOAD0, BITS),)
-            elif u == 1:
-                codes = codes + (_load_codes(trip_codes, LOAD1, BITS),)
-            elif u == 2:
-                codes = codes + (_load_codes(trip_codes, LOAD2, BITS),)
-            else:
-                codes = codes + (_load_codes(trip_codes, LOAD3, BITS),)
-        if FP4:
-            for p in tl.static_range(UNROLL // 2):
-                codes = codes + (tl.load(scale_lane + (c // 2 + p) * 32),)
-    return codes
-
-
-@triton.jit
-def _step(acc, acc_up, codes, codes_up, q_ptr, s_lane, s_lane_up, x_ptr, x_lane, tile, tile_up, c, g, t, tok0, M,
-          KC, stride_xm, CPG: tl.constexpr, UNROLL: tl.constexpr, NB: tl.constexpr, BITS: tl.constexpr,
-          TWO: tl.constexpr, DECODE_ASM: tl.constexpr, DECODE_OPERANDS: tl.constexpr, MMA_ASM: tl.constexpr,
-          ASM: tl.constexpr):
-    """``UNROLL`` chunks from chunk ``c`` of a warp's weight stream (its tile; ``codes`` from :func:`_load_trip`)
-    into ``acc`` (4 * NB fp32 per lane), and with ``TWO`` of its second stream (``tile_up``: the up rows of
-    SwiGLU, or a second tile of rows) into ``acc_up``: both streams' MMAs take the same activation registers,
-    loaded once. Per scale group (``CPG`` chunks) the unscaled products accumulate from zero and are scaled
-    once. ``x_lane`` (one per token block) and ``s_lane`` / ``s_lane_up``: the lane's addresses of chunk 0 and of
-    scale group 0."""
-    if ASM:
-        trip_x = ()
-        for b in tl.static_range(NB):
-            trip_x = trip_x + (x_lane[b] + c * 128,)
-    trip_scales = s_lane + (c // CPG) * 8
-    trip_scales_up = s_lane_up + (c // CPG) * 8
-    for grp in tl.static_range(UNROLL // CPG):
-        s_lo, s_hi = scale_pair(trip_scales + grp * 8)
-        s_lo_up, s_hi_up = s_lo, s_hi
-        if TWO:
-            s_lo_up, s_hi_up = scale_pair(trip_scales_up + grp * 8)
-        d = ()
-        for i in tl.static_range(4 * NB):
-            d = d + (tl.zeros_like(s_lo),)
-        d_up = d
-        for ci in tl.static_range(CPG):
-            cc = c + grp * CPG + ci
-            if ASM:
-                a = decode_codes(codes[grp * CPG + ci], DECODE_ASM, DECODE_OPERANDS, BITS)
-                a_up = a
-                if TWO:
-                    a_up = decode_codes(codes_up[grp * CPG + ci], DECODE_ASM, DECODE_OPERANDS, BITS)
-                new = ()
-                new_up = ()
-                for b in tl.static_range(NB):
-                    xw = _load_x(trip_x[b], grp * CPG + ci)
-                    new = new + mma_block(a, xw, d[4 * b], d[4 * b + 1], d[4 * b + 2], d[4 * b + 3], MMA_ASM)
-                    if TWO:
-                        new_up = new_up + mma_block(a_up, xw, d_up[4 * b], d_up[4 * b + 1], d_up[4 * b + 2],
-                                               d_up[4 * b + 3], MMA_ASM)
-                d = new
-                if TWO:
-                    d_up = new_up
-            else:
-                d = _chunk_portable(d, q_ptr, q_ptr, x_ptr, tile, cc, g, t, tok0, M, KC, stride_xm, NB, BITS, False)
-                if TWO:
-                    d_up = _chunk_portable(d_up, q_ptr, q_ptr, x_ptr, tile_up, cc, g, t, tok0, M, KC, stride_xm, NB,
-                                           BITS, False)
-        acc = add_scaled(acc, d, s_lo, s_hi, NB)
-        if TWO:
-            acc_up = add_scaled(acc_up, d_up, s_lo_up, s_hi_up, NB)
-    return acc, acc_up
-
-
-@triton.jit
-def _step_fp4(acc, acc_up, codes, codes_up, q_ptr, s_ptr, x_ptr, x_lane, tile, tile_up, c, g, t, tok0, M, KC,
-              stride_xm, UNROLL: tl.constexpr, NB: tl.constexpr, TWO: tl.constexpr, DECODE_ASM: tl.constexpr,
-              DECODE_OPERANDS: tl.constexpr, MMA_ASM: tl.constexpr, SCALE_ASM: tl.constexpr, ASM: tl.constexpr):
-    """:func:`_step` for nvfp4: the block scales are in the A registers (:func:`decode_fp4`), so every chunk's MMAs
-    accumulate straight into ``acc`` (``acc_up``). ``codes``: the chunks' code words, then each pair's scale word."""
-    if ASM:
-        trip_x = ()
-        for b in tl.static_range(NB):
-            trip_x = trip_x + (x_lane[b] + c * 128,)
-        pairs = ()
-        pairs_up = ()
-        for p in tl.static_range(UNROLL // 2):
-            pairs = pairs + scale_pairs(codes[UNROLL + p], SCALE_ASM)
-            if TWO:
-                pairs_up = pairs_up + scale_pairs(codes_up[UNROLL + p], SCALE_ASM)
-    for u in tl.static_range(UNROLL):
-        if ASM:
-            a = decode_fp4(codes[u], pairs[2 * u], pairs[2 * u + 1], DECODE_ASM, DECODE_OPERANDS)
-            a_up = a
-            if TWO:
-                a_up = decode_fp4(codes_up[u], pairs_up[2 * u], pairs_up[2 * u + 1], DECODE_ASM, DECODE_OPERANDS)
-            new = ()
-            new_up = ()
-            for b in tl.static_range(NB):
-                xw = _load_x(trip_x[b], u)
-                new = new + mma_block(a, xw, acc[4 * b], acc[4 * b + 1], acc[4 * b + 2], acc[4 * b + 3], MMA_ASM)
-                if TWO:
-                    new_up = new_up + mma_block(a_up, xw, acc_up[4 * b], acc_up[4 * b + 1], acc_up[4 * b + 2],
-                                                acc_up[4 * b + 3], MMA_ASM)
-            acc = new
-            if TWO:
-                acc_up = new_up
-        else:
-            acc = _chunk_portable(acc, q_ptr, s_ptr, x_ptr, tile, c + u, g, t, tok0, M, KC, stride_xm, NB, 4, True)
-            if TWO:
-                acc_up = _chunk_portable(acc_up, q_ptr, s_ptr, x_ptr, tile_up, c + u, g, t, tok0, M, KC, stride_xm,
-                                         NB, 4, True)
-    return acc, acc_up
-
 
 @triton.jit
 def _row_scaled(acc, acc_up, rs_ptr, tile_out, slots, g, t, tok0, M, n_stream, NB: tl.constexpr, TWO: tl.constexpr):
@@ -301,16 +76,6 @@ def _row_scaled(acc, acc_up, rs_ptr, tile_out, slots, g, t, tok0, M, n_stream, N
     if not TWO:
         out_up = out
     return out, out_up
-
-
-@triton.jit
-def add_scaled(acc, d, s_lo, s_hi, NB: tl.constexpr):
-    """``acc`` plus one scale group's products ``d``: values 0, 1 of a block are row g's, 2, 3 row g + 8's."""
-    out = ()
-    for b in tl.static_range(NB):
-        out = out + (acc[4 * b] + d[4 * b] * s_lo, acc[4 * b + 1] + d[4 * b + 1] * s_lo,
-                     acc[4 * b + 2] + d[4 * b + 2] * s_hi, acc[4 * b + 3] + d[4 * b + 3] * s_hi)
-    return out
 
 
 @triton.jit
@@ -372,9 +137,9 @@ def _fragment_mma_kernel(
     c_last = tl.minimum(c_first + chunks_per_split, KC)
     # The weights do not depend on the previous kernel: the first trip's codes are requested before waiting
     # for it (programmatic dependent launch), and with PREFETCH each trip requests the next one's.
-    codes = _load_trip(code_lane, s_lane, c_first, UNROLL, ASM, BITS, FP4, LOAD0, LOAD1, LOAD2, LOAD3)
-    codes_up = _load_trip(code_lane_up, s_lane_up, c_first, UNROLL, ASM and TWO, BITS, FP4, LOAD0, LOAD1, LOAD2,
-                          LOAD3)
+    codes = load_trip(code_lane, s_lane, c_first, UNROLL, ASM, BITS, FP4, LOAD0, LOAD1, LOAD2, LOAD3)
+    codes_up = load_trip(code_lane_up, s_lane_up, c_first, UNROLL, ASM and TWO, BITS, FP4, LOAD0, LOAD1, LOAD2,
+                         LOAD3)
     if PDL:
         # The next kernel may launch once every program of this one has got here, so its programs fill the SMs
         # this one's last programs leave, and request their own codes meanwhile; it waits for this one to
@@ -384,21 +149,21 @@ def _fragment_mma_kernel(
     for c in range(c_first, c_last, UNROLL):
         if PREFETCH:  # the last trip requests its own codes again (cached), not past the split
             c_next = tl.minimum(c + UNROLL, c_last - UNROLL)
-            codes_next = _load_trip(code_lane, s_lane, c_next, UNROLL, ASM, BITS, FP4, LOAD0, LOAD1, LOAD2, LOAD3)
-            codes_up_next = _load_trip(code_lane_up, s_lane_up, c_next, UNROLL, ASM and TWO, BITS, FP4, LOAD0, LOAD1,
-                                       LOAD2, LOAD3)
+            codes_next = load_trip(code_lane, s_lane, c_next, UNROLL, ASM, BITS, FP4, LOAD0, LOAD1, LOAD2, LOAD3)
+            codes_up_next = load_trip(code_lane_up, s_lane_up, c_next, UNROLL, ASM and TWO, BITS, FP4, LOAD0, LOAD1,
+                                      LOAD2, LOAD3)
         elif c > c_first:
-            codes = _load_trip(code_lane, s_lane, c, UNROLL, ASM, BITS, FP4, LOAD0, LOAD1, LOAD2, LOAD3)
-            codes_up = _load_trip(code_lane_up, s_lane_up, c, UNROLL, ASM and TWO, BITS, FP4, LOAD0, LOAD1, LOAD2,
-                                  LOAD3)
+            codes = load_trip(code_lane, s_lane, c, UNROLL, ASM, BITS, FP4, LOAD0, LOAD1, LOAD2, LOAD3)
+            codes_up = load_trip(code_lane_up, s_lane_up, c, UNROLL, ASM and TWO, BITS, FP4, LOAD0, LOAD1, LOAD2,
+                                 LOAD3)
         if FP4:
-            acc, acc_up = _step_fp4(acc, acc_up, codes, codes_up, q_ptr, s_ptr, x_ptr, x_lane, tile, tile + slots, c,
-                                    g, t, tok0, M, KC, stride_xm, UNROLL, NB, TWO, DECODE_ASM, DECODE_OPERANDS,
-                                    MMA_ASM, SCALE_ASM, ASM)
+            acc, acc_up = trip_step_fp4(acc, acc_up, codes, codes_up, q_ptr, s_ptr, x_ptr, x_lane, tile, tile + slots,
+                                        c, g, t, tok0, M, KC, stride_xm, UNROLL, NB, TWO, DECODE_ASM, DECODE_OPERANDS,
+                                        MMA_ASM, SCALE_ASM, ASM)
         else:
-            acc, acc_up = _step(acc, acc_up, codes, codes_up, q_ptr, s_lane, s_lane_up, x_ptr, x_lane, tile,
-                                tile + slots, c, g, t, tok0, M, KC, stride_xm, CPG, UNROLL, NB, BITS, TWO, DECODE_ASM,
-                                DECODE_OPERANDS, MMA_ASM, ASM)
+            acc, acc_up = trip_step(acc, acc_up, codes, codes_up, q_ptr, s_lane, s_lane_up, x_ptr, x_lane, tile,
+                                    tile + slots, c, g, t, tok0, M, KC, stride_xm, CPG, UNROLL, NB, BITS, TWO,
+                                    DECODE_ASM, DECODE_OPERANDS, MMA_ASM, ASM)
         if PREFETCH:
             codes = codes_next
             codes_up = codes_up_next
