@@ -11,6 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ninfer.kernels.quant_gemm.e2m1 import e2m1_values
 from ninfer.kernels.quant_gemm.weights import QuantizedTensor
 
 
@@ -32,15 +33,6 @@ def int4_values(nib, DTYPE: tl.constexpr):
     else:
         v = (nib.to(tl.int32) | 0x4B000000).to(tl.float32, bitcast=True) - 8388616.0  # 2^23 + nibble - 8
     return v
-
-
-@triton.jit
-def e2m1_values(nib):
-    """e2m1 nibbles -> fp32 ``value * 2^-126``: sign, exponent and mantissa bits moved to fp32 positions
-    form exactly that number (the e2m1 subnormal 0.5 becomes an fp32 subnormal); one multiply-shift
-    places all three fields at once, one AND clears the bits in between."""
-    bits = (nib.to(tl.uint32) * 0x10400000) & 0x81C00000  # nibble << 28 (sign) plus nibble << 22 (e, m)
-    return bits.to(tl.float32, bitcast=True)
 
 
 @triton.jit

@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ninfer.kernels.quant_gemm.common import e2m1_values
+from ninfer.kernels.quant_gemm.e2m1 import e2m1_values
 
 # (sign bit, lowest magnitude bit) of A register r's code in each 16-bit half of its word
 FP4_PLACES = ((15, 6), (12, 3), (13, 9), (14, 0))

@@ -15,11 +15,11 @@ from ninfer.kernels.quant_gemm.common import (
     FMT_INT4,
     FMT_INT8,
     FMT_NVFP4,
-    e2m1_values,
     finish,
     finish_at,
     group_scales,
 )
+from ninfer.kernels.quant_gemm.e2m1 import e2m1_values
 
 
 TWO_63 = tl.constexpr(9.223372036854775808e18)  # 2^63
