@@ -81,6 +81,7 @@ profile-mtp-35b       where a 35B-A3B 4-bit MTP round goes at C = 1 (K = 3, all 
 engine-27b-nvfp4      27B nvfp4 engine: decode at ctx 1k, C = 1 / 8 (the target: within 5% of int4)
 nvfp4-checks          the whole nvfp4 model over fragment-laid weights (GPU tests), the 27B nvfp4 prefill of 8k in one chunk (the default) and decode at 32k, the 35B-A3B nvfp4 recipe decode C = 1 / 8
 dequant-nvfp4         the dequantization of fragment-laid nvfp4 for prefill sizes (GPU test: bit for bit), the 27B nvfp4 prefill of 8k in 1024-token chunks (the dequantization once per chunk) and in one
+profile-nvfp4-chunks  why the 27B nvfp4 prefill in 1024-token chunks took 4.4k tok/s against 7.3k for int4 (run 2026-12-04.44): kernels by family and a host profile, nvfp4 then int4, 8k prompt in 1024-token chunks
 frag-nvfp4            the register decode of fragment-laid nvfp4: its GPU tests, then L2-cold at 1 / 8 tokens against the int4-g64 register decode and the nvfp4 row-major tuner pick on the 27B shapes
 itl-budgets-27b       27B int4 warm start: ITL of 4 decodes beside a 32k prefill at prefill_tokens_while_decoding 1024 (the default) / 512 / 256 / 128 and at max_decode_stall 3x / 2.5x, and the rate of the 32k prompt at each
 '
@@ -434,6 +435,10 @@ stage() {
         --prefill 8192 --chunk 1024
       part 100 python3 perf/bench_engine.py --shape 27b --recipe nvfp4 --contexts 1024 --lanes 1 --steps 8 \
         --prefill 8192 --chunk 8192
+      ;;
+    profile-nvfp4-chunks)
+      part 200 python3 perf/profile_step.py --shape 27b --recipe nvfp4 --prefill 8192 --chunk 1024 --host --top 30
+      part 150 python3 perf/profile_step.py --shape 27b --recipe int4 --prefill 8192 --chunk 1024 --top 30
       ;;
     frag-nvfp4)
       gpu_tests 200 quant_fragments_gpu -n 4 -k "nvfp4 or re_laid"
