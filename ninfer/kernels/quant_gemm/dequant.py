@@ -109,9 +109,9 @@ def dequantize_triton(w: QuantizedTensor, out: torch.Tensor, config: GemmConfig 
     name = w.format.name
     p = kernel_params(name, cfg)
     q, scales, row_scale = kernel_tensors(w)
-    if w.layout == FRAGMENTS and name == "nvfp4":
-        return dequantize_fp4_fragments(q, scales, row_scale, out)
     if w.layout == FRAGMENTS:
+        if name == "nvfp4":
+            return dequantize_fp4_fragments(q, scales, row_scale, out)
         return dequantize_fragments(q, scales, p["group"], out)
     grid = (triton.cdiv(n, cfg.block_n) * triton.cdiv(k, cfg.block_k),)
     _dequant_kernel[grid](

@@ -150,9 +150,9 @@ def _launch(x: torch.Tensor, w: QuantizedTensor, res: torch.Tensor | None, out: 
     if cfg.kind in ("frag", PAIR_KIND):  # int4 / int8 / nvfp4 in the fragment layout, from registers (fragment_mma)
         launch_fragment_mma(x, q, scales, res, out, swiglu, p["group"], cfg, row_scale if name == "nvfp4" else None)
         return
-    if cfg.kind.startswith("frag-tiled") and name == "nvfp4":
-        raise ValueError("the tiled GEMM over the fragment layout reads int4 and int8 codes, not nvfp4")
     if cfg.kind.startswith("frag-tiled"):  # the same layout at prefill sizes, on tensor cores by tl.dot (fragment_tiled)
+        if name == "nvfp4":
+            raise ValueError("the tiled GEMM over the fragment layout reads int4 and int8 codes, not nvfp4")
         launch_fragment_tiled(x, q, scales, res, out, swiglu, p["group"], cfg)
         return
     if cfg.kind == "gemv-mma":  # int4 decode on tensor cores (gemv_mma)

@@ -35,9 +35,10 @@ streams the bytes 80-92%). Here the weights go from global memory straight into 
   side and all but the first read its codes from L2.
   The tuner chooses warps, trip length, tokens per program and splits per shape (:func:`fragment_candidates`).
 
-The loop trip's pieces live in :mod:`.fragment_steps`. The interpreter cannot run PTX: with ``ASM`` off (CPU tests, and fp32 activations on a GPU) each lane computes the
-same four products per 8-token block with Triton gathers from the same layout and plain sums, so the CPU tests
-check the indexing, splits and epilogues, and the GPU tests the PTX.
+The loop trip's pieces live in :mod:`.fragment_steps`. The interpreter cannot run PTX: with ``ASM`` off (CPU
+tests, and fp32 activations on a GPU) each lane computes the same four products per 8-token block with Triton
+gathers from the same layout and plain sums, so the CPU tests check the indexing, splits and epilogues, and the
+GPU tests the PTX.
 """
 from __future__ import annotations
 

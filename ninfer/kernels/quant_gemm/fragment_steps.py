@@ -138,6 +138,24 @@ def load_trip(code_lane, scale_lane, c, UNROLL: tl.constexpr, ASM: tl.constexpr,
 
 
 @triton.jit
+def chunk_mmas(a, a_up, trip_x, U: tl.constexpr, d, d_up, NB: tl.constexpr, TWO: tl.constexpr,
+               MMA_ASM: tl.constexpr):
+    """The MMAs of chunk ``U`` of the trip over every token block: A registers ``a`` into ``d`` and, with ``TWO``,
+    the second stream's ``a_up`` into ``d_up``, both taking each activation load (``trip_x``: its addresses)."""
+    new = ()
+    new_up = ()
+    for b in tl.static_range(NB):
+        xw = load_x(trip_x[b], U)
+        new = new + mma_block(a, xw, d[4 * b], d[4 * b + 1], d[4 * b + 2], d[4 * b + 3], MMA_ASM)
+        if TWO:
+            new_up = new_up + mma_block(a_up, xw, d_up[4 * b], d_up[4 * b + 1], d_up[4 * b + 2], d_up[4 * b + 3],
+                                        MMA_ASM)
+    if not TWO:
+        new_up = d_up
+    return new, new_up
+
+
+@triton.jit
 def trip_step(acc, acc_up, codes, codes_up, q_ptr, s_lane, s_lane_up, x_ptr, x_lane, tile, tile_up, c, g, t, tok0, M,
               KC, stride_xm, CPG: tl.constexpr, UNROLL: tl.constexpr, NB: tl.constexpr, BITS: tl.constexpr,
               TWO: tl.constexpr, DECODE_ASM: tl.constexpr, DECODE_OPERANDS: tl.constexpr, MMA_ASM: tl.constexpr,
@@ -170,22 +188,12 @@ def trip_step(acc, acc_up, codes, codes_up, q_ptr, s_lane, s_lane_up, x_ptr, x_l
                 a_up = a
                 if TWO:
                     a_up = decode_codes(codes_up[grp * CPG + ci], DECODE_ASM, DECODE_OPERANDS, BITS)
-                new = ()
-                new_up = ()
-                for b in tl.static_range(NB):
-                    xw = load_x(trip_x[b], grp * CPG + ci)
-                    new = new + mma_block(a, xw, d[4 * b], d[4 * b + 1], d[4 * b + 2], d[4 * b + 3], MMA_ASM)
-                    if TWO:
-                        new_up = new_up + mma_block(a_up, xw, d_up[4 * b], d_up[4 * b + 1], d_up[4 * b + 2],
-                                               d_up[4 * b + 3], MMA_ASM)
-                d = new
-                if TWO:
-                    d_up = new_up
+                d, d_up = chunk_mmas(a, a_up, trip_x, grp * CPG + ci, d, d_up, NB, TWO, MMA_ASM)
             else:
                 d = chunk_portable(d, q_ptr, q_ptr, x_ptr, tile, cc, g, t, tok0, M, KC, stride_xm, NB, BITS, False)
                 if TWO:
                     d_up = chunk_portable(d_up, q_ptr, q_ptr, x_ptr, tile_up, cc, g, t, tok0, M, KC, stride_xm, NB,
-                                           BITS, False)
+                                          BITS, False)
         acc = add_scaled(acc, d, s_lo, s_hi, NB)
         if TWO:
             acc_up = add_scaled(acc_up, d_up, s_lo_up, s_hi_up, NB)
@@ -214,22 +222,12 @@ def trip_step_fp4(acc, acc_up, codes, codes_up, q_ptr, s_ptr, x_ptr, x_lane, til
             a_up = a
             if TWO:
                 a_up = decode_fp4(codes_up[u], pairs_up[2 * u], pairs_up[2 * u + 1], DECODE_ASM, DECODE_OPERANDS)
-            new = ()
-            new_up = ()
-            for b in tl.static_range(NB):
-                xw = load_x(trip_x[b], u)
-                new = new + mma_block(a, xw, acc[4 * b], acc[4 * b + 1], acc[4 * b + 2], acc[4 * b + 3], MMA_ASM)
-                if TWO:
-                    new_up = new_up + mma_block(a_up, xw, acc_up[4 * b], acc_up[4 * b + 1], acc_up[4 * b + 2],
-                                                acc_up[4 * b + 3], MMA_ASM)
-            acc = new
-            if TWO:
-                acc_up = new_up
+            acc, acc_up = chunk_mmas(a, a_up, trip_x, u, acc, acc_up, NB, TWO, MMA_ASM)
         else:
             acc = chunk_portable(acc, q_ptr, s_ptr, x_ptr, tile, c + u, g, t, tok0, M, KC, stride_xm, NB, 4, True)
             if TWO:
                 acc_up = chunk_portable(acc_up, q_ptr, s_ptr, x_ptr, tile_up, c + u, g, t, tok0, M, KC, stride_xm,
-                                         NB, 4, True)
+                                        NB, 4, True)
     return acc, acc_up
 
 

@@ -91,13 +91,16 @@ def fp4_fragment_values(q_ptr, chunk_word, g, h, cols):
     """fp32 e2m1 values of rows ``g + 8 h`` (``[L, 1]``) at columns ``cols`` (``[1, 64]``) of the chunk whose first
     int32 word is ``chunk_word``, gathered from the lanes ``(g, 0..3)`` that hold them (:func:`.fragment_values`'
     nvfp4 counterpart)."""
-    r = 2 * ((cols % 4) // 2) + h
     words = tl.load(q_ptr + chunk_word + (4 * g + cols // 16) * 4 + (cols % 16) // 4)
-    half = (words >> (16 * (cols % 2))) & 0xFFFF
-    sign = tl.where(r == 0, 15, tl.where(r == 1, 12, tl.where(r == 2, 13, 14)))
-    low = tl.where(r == 0, 6, tl.where(r == 1, 3, tl.where(r == 2, 9, 0)))
-    nib = (((half >> sign) & 1) << 3) | ((half >> low) & 7)
-    return e2m1_values(nib) * _TWO_126
+    return e2m1_values(_code(words, 2 * ((cols % 4) // 2) + h, cols % 2)) * _TWO_126
+
+
+@triton.jit
+def _code(words, r, e):
+    """The e2m1 code of A register ``r`` in half ``e`` of code words (``FP4_PLACES``, spelled out for Triton)."""
+    sign = tl.where(r == 0, 15, tl.where(r == 1, 12, tl.where(r == 2, 13, 14))) + 16 * e
+    low = tl.where(r == 0, 6, tl.where(r == 1, 3, tl.where(r == 2, 9, 0))) + 16 * e
+    return (((words >> sign) & 1) << 3) | ((words >> low) & 7)
 
 
 @triton.jit
@@ -119,17 +122,13 @@ def _dequant_fp4_kernel(q_ptr, s_ptr, rs_ptr, w_ptr, KC, stride_wn, CHUNKS: tl.c
     code = tl.arange(0, 8)[None, :]  # (h, b, e): row g + 8 h, column pair b, half e
     g, t = word // 16, (word // 4) % 4
     h, b, e = code // 4, (code // 2) % 2, code % 2
-    r = 2 * b + h
-    sign = tl.where(r == 0, 15, tl.where(r == 1, 12, tl.where(r == 2, 13, 14)))
-    low = tl.where(r == 0, 6, tl.where(r == 1, 3, tl.where(r == 2, 9, 0))) + 16 * e
-    sign = sign + 16 * e
     rows = tl.arange(0, 16)[:, None]
     cols = tl.arange(0, 64)[None, :]
     glob = tl.load(rs_ptr + tile * 16 + rows)
     for ci in tl.static_range(CHUNKS):
         c = tl.program_id(1) * CHUNKS + ci
         words = tl.load(q_ptr + (tile * KC + c) * 128 + word)
-        nib = (((words >> sign) & 1) << 3) | ((words >> low) & 7)
+        nib = _code(words, 2 * b + h, e)
         pair = tl.load(s_ptr + tile * KC * 16 + (c // 2) * 32 + 4 * g + t)  # the lane's scale word
         scale = ((pair >> (16 * (c % 2) + 8 * h)) & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True)
         w = _tile_order(e2m1_values(nib) * _TWO_126) * (_tile_order(scale.to(tl.float32)) * glob)
