@@ -179,3 +179,30 @@ def test_graph_bound_prefill_keys_are_tuned_apart_without_the_dequantization_pat
                                       graph=True)
         assert len(tuner.chosen("quant_gemm")) == 4 and all(k[-1] != "graph" for k in tuner.chosen("quant_gemm")
                                                             if k[2] == 8)
+
+
+def test_a_key_with_one_candidate_builds_its_candidates_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fragment-laid weights above FRAG_PREFILL_MAX_M tokens have one candidate (the dequantization path), so the
+    tuner never stores a choice for them and asks for the list on every tunable call: it is built once per
+    distinct call (it took ~0.25 ms of Python a GEMM), and the same list comes back."""
+    from ninfer.kernels.quant_gemm import tune as quant_gemm_tune
+    from ninfer.kernels.quant_gemm.fragments import FRAGMENTS
+
+    built: list[int] = []
+    real = quant_gemm_tune.fragment_layout_candidates
+
+    def counted(*args: object, **kwargs: object) -> list:
+        built.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(quant_gemm_tune, "fragment_layout_candidates", counted)
+    monkeypatch.setattr(tuning, "stored_config", lambda *args: None)
+    monkeypatch.setattr(tune_cache, "record", lambda *args: None)
+    x = torch.zeros(1024, 5120, dtype=torch.bfloat16)
+    n_out = 5120 + 16 * 7  # a shape no other test asks for: the lists are cached per process
+    with use_tuner(TunerState()) as tuner:
+        monkeypatch.setattr(tuner, "tunable", lambda device: True)
+        picks = [quant_gemm_tune.select_config("nvfp4", x, n_out, 5120, False, True, lambda c: None, FRAGMENTS)
+                 for _ in range(5)]
+        assert len(built) == 1 and {c.kind for c in picks} == {"dequant"} and len(set(picks)) == 1
+        assert tuner.chosen("quant_gemm") == {}  # one candidate: nothing was timed or stored
