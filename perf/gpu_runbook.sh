@@ -28,6 +28,7 @@ frag-int8             register decode of fragment-laid int8-g64 (the LM head, th
 deltanet-split-27b    the DeltaNet decode over value-column blocks: its GPU tests, the 27B int4 engine with autotuning off (as frag-engine-27b) and on (ctx 1k / 32k, C = 1 / 8, 8k prefill; tuning choices exported)
 export-tuning-h200    tuning choices for the shipped H200 table (NINFER_SHIPPED_TUNING=0, everything measured): the 27B int4 engine, its main thread sampled every 25 s (perf/stack_sampler.py); merge with perf/ship_tuning.py <files_at>/tuned-h200.json
 export-tuning-h200-35b  the same for the 35B-A3B qwen3_5_35b_a3b_int4 engine
+export-tuning-h200-nvfp4  the same for the 27B nvfp4 engine (its register-decode keys: the shipped table has none)
 structured-27b        the cost of structured output, 27B int4: constrained vs free decode at C = 1 / 8, JSON Schema compile first / cached (carry an xgrammar wheel in .whl: ../shared/tools/device-wheels.sh xgrammar)
 profile-structured-27b  where the extra host time of structured output goes, 27B int4 (first configs): C = 1 / 8, free vs constrained, cProfile of each round
 frag-engine-27b       27B int4 engine with fragment-laid weights, cold caches, triton autotune off: decode C = 1 / 8 at ctx 1k, 1k prefill, step profile
@@ -54,7 +55,7 @@ bench-27b-step        27B int4 engine (decode ctx 1k / 32k, C = 1 / 8, 8k prefil
 ncu-gemm-mma          Nsight Compute of the tensor-core int4 decode (gate/up, int4-g64 / -g128, 1 and 8 tokens)
 ncu-gemm-frag         Nsight Compute of the register decode of fragment-laid int4-g64 (gate_up and down, 1 and 8 tokens or NCU_TOKENS, the fastest config of each): DRAM throughput, stall reasons, occupancy
 gpu-tests-fragments-model  the whole int4 and nvfp4 models over fragment-laid weights on the GPU (tests/gpu/test_fragments_model_gpu.py)
-gpu-tests-no-stalls   nothing compiles or tunes after ready over a serving mix (int4, int4 + MTP, bf16); the 8k-chunk workspace bound at 27B widths
+gpu-tests-no-stalls   nothing compiles or tunes after ready over a serving mix (int4, int4 + MTP, nvfp4, bf16); the 8k-chunk workspace bound at 27B widths
 startup-27b-int4      27B int4 cold and warm start-up by phase (main thread sampled every 3 s until ready), TTFT of first / second batch at C = 8 / 1, 8k / 32k prefill, ITL beside a 32k prefill, compiles after ready
 startup-27b-warm-serial  27B int4 warm start (on the caches the runbook restored) with the dry passes off (NINFER_PARALLEL_COMPILE=0), then on: is a warm start faster without them (20 s of dry passes found nothing to compile in run 2026-12-03.10), main thread sampled every 2 s
 profile-27b-chunks    why a small 27B int4 chunk costs as much as a large one: 8k prefill in 128- and 1024-token chunks, kernel time vs wall time, and a cProfile of the host
@@ -225,6 +226,11 @@ stage() {
       export NINFER_SHIPPED_TUNING=0 NINFER_EXPORT_TUNING=$OUT/tuned-h200.json
       part 300 python3 perf/stack_sampler.py perf/bench_engine.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 \
         --contexts 1024 --lanes 1 8 --steps 12 --chunk 8192 --prefill 8192
+      ;;
+    export-tuning-h200-nvfp4)
+      export NINFER_SHIPPED_TUNING=0 NINFER_EXPORT_TUNING=$OUT/tuned-h200.json
+      part 330 python3 perf/stack_sampler.py perf/bench_engine.py --shape 27b --recipe nvfp4 --contexts 1024 \
+        --lanes 1 8 --steps 12 --chunk 8192 --prefill 8192
       ;;
     structured-27b)
       part 300 python3 perf/bench_structured.py --shape 27b --recipe int4 --lanes 1 8 --tokens 128

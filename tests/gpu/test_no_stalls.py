@@ -3,7 +3,7 @@ Triton kernel, no tuner timing and no triton.autotune benchmark (:mod:`ninfer.ke
 
 The model has few layers and a small width but the real head geometry (attention head dim 256, 6 query
 heads per KV head; DeltaNet dk = dv = 128, 3 value heads per key head) and goes through ``ninfer.load``
-as a checkpoint would, int4-quantized (the GEMM tuner's paths) or bf16, with MTP speculation on or off.
+as a checkpoint would, int4- or nvfp4-quantized (the GEMM tuner's paths) or bf16, with MTP speculation on or off.
 The mix: C = 1..8 requests arriving together and one per step (prompts packed into one step, prompt
 chunks next to decode rows), prompts of 1 token to 32k, the sampler's paths (greedy, temperature /
 top-p / top-k / min-p, penalties, logprobs), prefix-cache hits of a conversation's next turn, and four
@@ -100,8 +100,8 @@ class Mix:
         return next((lbl for at, lbl in reversed(self.where) if at <= event_index), "?")
 
 
-@pytest.mark.parametrize("quantize,mtp", [("int4", False), ("int4", True), (None, False)],
-                         ids=["int4", "int4-mtp", "bf16"])
+@pytest.mark.parametrize("quantize,mtp", [("int4", False), ("int4", True), ("nvfp4", False), (None, False)],
+                         ids=["int4", "int4-mtp", "nvfp4", "bf16"])
 def test_nothing_compiles_or_tunes_after_ready(ckpt: TinyCheckpoint, quantize: str | None, mtp: bool) -> None:
     llm = ninfer.load(ckpt.path, device="cuda", dtype=torch.bfloat16, quantize=quantize, max_concurrency=8,
                       max_context=LONG + 64, kv_capacity=3 * (LONG + 64), spec="mtp" if mtp else None,
