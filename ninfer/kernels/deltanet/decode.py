@@ -80,33 +80,49 @@ def _conv_silu(x_rows, sx_n, slot_row, ss_k, w_rows, sw_k, t: tl.constexpr, K: t
 
 
 @triton.jit
-def _store_window(x_rows, sx_n, old_row, new_row, ss_k, last, K: tl.constexpr, WDT: tl.constexpr):
-    """Write the window after position ``last`` (its ``K - 1`` inputs, oldest first; those before position 0
-    from the old window ``old_row``) to ``new_row``, rounded through the weight dtype ``WDT`` as the conv reads
-    them (and as the conv kernel and the reference write them)."""
+def _window_after(x_rows, sx_n, old_row, ss_k, last, ok, K: tl.constexpr, WDT: tl.constexpr):
+    """The ``K - 1`` inputs of the window after position ``last``, oldest first (those before position 0 from the old
+    window ``old_row``), rounded through the weight dtype ``WDT`` as the conv reads them (and as the conv kernel and
+    the reference write them); loads only, none where ``ok`` is false."""
     vals = ()
     for j in tl.static_range(K - 1):
         pos = last - (K - 2) + j
-        from_x = tl.load(x_rows + pos * sx_n, mask=pos >= 0, other=0.0)
-        from_old = tl.load(old_row + (K - 1 + pos) * ss_k, mask=pos < 0, other=0.0)
+        from_x = tl.load(x_rows + pos * sx_n, mask=ok & (pos >= 0), other=0.0)
+        from_old = tl.load(old_row + (K - 1 + pos) * ss_k, mask=ok & (pos < 0), other=0.0)
         vals = vals + (tl.where(pos >= 0, from_x.to(WDT), from_old.to(WDT)),)
-    tl.debug_barrier()  # in place: every thread's reads of the old window come before any write
-    for j in tl.static_range(K - 1):
-        tl.store(new_row + j * ss_k, vals[j].to(new_row.dtype.element_ty))
+    return vals
 
 
 @triton.jit
-def _update_windows(rows, sx_n, slot_rows, conv_state, out_slots, seq, length, ch, ss_s, ss_c, ss_k, so_b,
-                    K: tl.constexpr, T_MAX: tl.constexpr, HAS_OUT_SLOTS: tl.constexpr, WDT: tl.constexpr):
-    """The conv windows of channels ``ch``: after every token to its out slot, or after the last one in place."""
+def _windows_read(rows, sx_n, slot_rows, conv_state, out_slots, seq, length, ch, ss_s, ss_c, ss_k, so_b,
+                  K: tl.constexpr, T_MAX: tl.constexpr, HAS_OUT_SLOTS: tl.constexpr, WDT: tl.constexpr):
+    """The conv windows of channels ``ch`` to write, as ``(targets, values, oks)``: after every token to its out
+    slot, or after the last one in place. Loads only: :func:`_windows_write` stores them after a barrier, so that
+    a caller can have several sets of loads in flight at once."""
+    targets = ()
+    values = ()
+    oks = ()
     if HAS_OUT_SLOTS:
         for t in tl.static_range(T_MAX):
-            if t < length:
-                out_slot = tl.load(out_slots + seq * so_b + t).to(tl.int64)
-                _store_window(rows + ch, sx_n, slot_rows + ch * ss_c, conv_state + out_slot * ss_s + ch * ss_c,
-                              ss_k, t, K, WDT)
+            ok = t < length
+            out_slot = tl.load(out_slots + seq * so_b + t, mask=ok, other=0).to(tl.int64)
+            targets = targets + (conv_state + out_slot * ss_s + ch * ss_c,)
+            values = values + (_window_after(rows + ch, sx_n, slot_rows + ch * ss_c, ss_k, t, ok, K, WDT),)
+            oks = oks + (ok,)
     else:
-        _store_window(rows + ch, sx_n, slot_rows + ch * ss_c, slot_rows + ch * ss_c, ss_k, length - 1, K, WDT)
+        ok = length > 0
+        targets = (slot_rows + ch * ss_c,)
+        values = (_window_after(rows + ch, sx_n, slot_rows + ch * ss_c, ss_k, length - 1, ok, K, WDT),)
+        oks = (ok,)
+    return targets, values, oks
+
+
+@triton.jit
+def _windows_write(targets, values, oks, ss_k, K: tl.constexpr):
+    """Store what :func:`_windows_read` read (after a barrier where the windows are updated in place)."""
+    for i in tl.static_range(len(targets)):
+        for j in tl.static_range(K - 1):
+            tl.store(targets[i] + j * ss_k, values[i][j].to(targets[i].dtype.element_ty), mask=oks[i])
 
 
 @triton.jit
@@ -199,21 +215,30 @@ def _decode_kernel(
                 tl.store(state + out_slot * stride_state_s + head_block, s)
     if not HAS_OUT_SLOTS:
         tl.store(state + slot * stride_state_s + head_block, s)
-    # This block's v windows: no other program reads these channels.
-    _update_windows(rows, stride_qkv_t, slot_rows, conv_state, out_slots, seq, length, v_ch, stride_cs_s,
-                    stride_cs_c, stride_cs_k, stride_out_slots_b, K, T_MAX, HAS_OUT_SLOTS, WDT)
+    # This block's v windows: no other program reads these channels. (Reading them before the rule, to overlap
+    # the loads, cost 10-35 registers and spilled the 128-column config that the H200 takes at batch 1.)
+    v_win = _windows_read(rows, stride_qkv_t, slot_rows, conv_state, out_slots, seq, length, v_ch, stride_cs_s,
+                          stride_cs_c, stride_cs_k, stride_out_slots_b, K, T_MAX, HAS_OUT_SLOTS, WDT)
+    tl.debug_barrier()  # in place: every thread's reads of the old window come before any write
+    _windows_write(*v_win, stride_cs_k, K)
     # Every program of the key head convolved its old q/k windows and stored its outputs before it arrives:
     # the last to arrive writes the new q/k windows and normalizes the group's outputs.
     counter = counters + seq * (HV // GROUP) + key_head
     tl.debug_barrier()
     if tl.atomic_add(counter, 1, sem="acq_rel") == GROUP * NV - 1:
         tl.debug_barrier()
-        _update_windows(rows, stride_qkv_t, slot_rows, conv_state, out_slots, seq, length, q_ch, stride_cs_s,
-                        stride_cs_c, stride_cs_k, stride_out_slots_b, K, T_MAX, HAS_OUT_SLOTS, WDT)
-        _update_windows(rows, stride_qkv_t, slot_rows, conv_state, out_slots, seq, length, k_ch, stride_cs_s,
-                        stride_cs_c, stride_cs_k, stride_out_slots_b, K, T_MAX, HAS_OUT_SLOTS, WDT)
-        _gated_norms(y, z, norm_w, sumsq, bos, length, key_head, stride_z_t, eps, HV, GROUP, DV, NV, T_MAX,
-                     PROD_DTYPE)
+        # Every load of this tail first (the q and k windows, the group's outputs, sums and gates), then one
+        # barrier, then the stores: one memory round trip instead of one per window set and value head.
+        q_win = _windows_read(rows, stride_qkv_t, slot_rows, conv_state, out_slots, seq, length, q_ch, stride_cs_s,
+                              stride_cs_c, stride_cs_k, stride_out_slots_b, K, T_MAX, HAS_OUT_SLOTS, WDT)
+        k_win = _windows_read(rows, stride_qkv_t, slot_rows, conv_state, out_slots, seq, length, k_ch, stride_cs_s,
+                              stride_cs_c, stride_cs_k, stride_out_slots_b, K, T_MAX, HAS_OUT_SLOTS, WDT)
+        normed = _gated_norms(y, z, norm_w, sumsq, bos, length, key_head, stride_z_t, eps, HV, GROUP, DV, NV, T_MAX,
+                              PROD_DTYPE)
+        tl.debug_barrier()  # the windows are updated in place: all reads of the old ones come first
+        _windows_write(*q_win, stride_cs_k, K)
+        _windows_write(*k_win, stride_cs_k, K)
+        _store_norms(*normed)
         tl.store(counter, 0)  # for the next launch (or graph replay)
 
 
@@ -221,25 +246,40 @@ def _decode_kernel(
 def _gated_norms(y, z, norm_w, sumsq, bos, length, key_head, stride_z_t, eps, HV: tl.constexpr,
                  GROUP: tl.constexpr, DV: tl.constexpr, NV: tl.constexpr, T_MAX: tl.constexpr,
                  PROD_DTYPE: tl.constexpr):
-    """The gated RMSNorm of the key head's value heads, every token, in the reference's order of roundings, from
-    the rule's outputs and block sums of squares that the key head's programs stored (other SMs, this launch:
-    loads bypass L1). The blocks' sums add up in block order (deterministic)."""
+    """The gated RMSNorm of the key head's value heads (all ``GROUP`` as one tile), every token, in the reference's
+    order of roundings, from the rule's outputs and block sums of squares that the key head's programs stored
+    (other SMs, this launch: loads bypass L1). The blocks' sums add up in block order (deterministic). Returns
+    ``(rows, values, masks)`` per token for :func:`_store_norms`: the outputs overwrite the rule's."""
     xdt = y.dtype.element_ty
-    offs_v = tl.arange(0, DV)
+    GP: tl.constexpr = triton.next_power_of_2(GROUP)
+    offs_v = tl.arange(0, DV)[None, :]
+    head = key_head * GROUP + tl.arange(0, GP)[:, None]
+    in_group = tl.arange(0, GP)[:, None] < GROUP
     norm_weight = tl.load(norm_w + offs_v).to(tl.float32)
-    blocks = tl.arange(0, NV)
-    for j in range(GROUP):
-        head = key_head * GROUP + j
-        for t in tl.static_range(T_MAX):
-            if t < length:
-                tok = bos + t
-                row = y + tok * (HV * DV) + head * DV + offs_v
-                o = tl.load(row, cache_modifier=".cg").to(tl.float32)
-                ss = tl.sum(tl.load(sumsq + (tok * HV + head) * NV + blocks, cache_modifier=".cg"), axis=0)
-                n = (o * tl.rsqrt(ss / DV + eps)).to(xdt).to(tl.float32)
-                gz = tl.load(z + tok * stride_z_t + head * DV + offs_v).to(tl.float32)
-                out = (norm_weight * n).to(PROD_DTYPE).to(tl.float32) * (gz / (1.0 + tl.exp(-gz)))
-                tl.store(row, out.to(xdt))
+    blocks = tl.arange(0, NV)[None, :]
+    rows = ()
+    values = ()
+    masks = ()
+    for t in tl.static_range(T_MAX):
+        ok = in_group & (t < length)
+        tok = bos + t
+        row = y + tok * (HV * DV) + head * DV + offs_v
+        o = tl.load(row, mask=ok, other=0.0, cache_modifier=".cg").to(tl.float32)
+        ss = tl.sum(tl.load(sumsq + (tok * HV + head) * NV + blocks, mask=ok, other=0.0, cache_modifier=".cg"),
+                    axis=1)[:, None]
+        n = (o * tl.rsqrt(ss / DV + eps)).to(xdt).to(tl.float32)
+        gz = tl.load(z + tok * stride_z_t + head * DV + offs_v, mask=ok, other=0.0).to(tl.float32)
+        out = (norm_weight * n).to(PROD_DTYPE).to(tl.float32) * (gz / (1.0 + tl.exp(-gz)))
+        rows = rows + (row,)
+        values = values + (out.to(xdt),)
+        masks = masks + (ok,)
+    return rows, values, masks
+
+
+@triton.jit
+def _store_norms(rows, values, masks):
+    for t in tl.static_range(len(rows)):
+        tl.store(rows[t], values[t], mask=masks[t])
 
 
 def _counters(device: torch.device, n: int) -> torch.Tensor:
