@@ -27,15 +27,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
-import subprocess
 import sys
-import tempfile
-from collections import Counter
 from pathlib import Path
 
 os.environ.pop("TRITON_INTERPRET", None)
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 import triton  # noqa: E402
@@ -52,6 +49,8 @@ from ninfer.kernels.quant_gemm import fragment_tiled  # noqa: E402
 from ninfer.kernels.quant_gemm import gemv as quant_gemv  # noqa: E402
 from ninfer.kernels.quant_gemm import gemv_mma as quant_gemv_mma  # noqa: E402
 from ninfer.kernels.quant_gemm.gemm import quant_gemm_kernel  # noqa: E402
+from sass_tools import code_loads_at, describe, loop_instructions, loop_sass, resources  # noqa: E402
+
 from ninfer.kernels.quant_gemm.tune import (  # noqa: E402
     FMT_CODES,
     MMA_MAX_M,
@@ -184,35 +183,6 @@ def compile_mma(fmt: str, cfg, swiglu: bool, arch: int):
     return triton.compile(ASTSource(quant_gemv_mma._quant_gemv_mma_kernel, sig, consts, attrs),
                           target=GPUTarget("cuda", arch, 32),
                           options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
-
-
-def loop_sass(kernel) -> list[str]:
-    """The SASS instructions of the kernel's longest loop (its K loop), from Triton's bundled nvdisasm."""
-    tools = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
-    with tempfile.TemporaryDirectory() as tmp:
-        cubin = Path(tmp) / "k.cubin"
-        cubin.write_bytes(kernel.asm["cubin"])
-        lines = subprocess.run([str(tools / "nvdisasm"), "-c", str(cubin)], capture_output=True, text=True).stdout
-    lines = lines.splitlines()
-    labels = {m[1]: i for i, line in enumerate(lines) if (m := re.match(r"\s*\.(L_x_\d+):", line))}
-    loops = [(labels[m[1]], i) for i, line in enumerate(lines)
-             if (m := re.search(r"BRA `\(\.(L_x_\d+)\)", line)) and labels.get(m[1], i) < i]
-    if not loops:
-        return []
-    start, end = max(loops, key=lambda span: span[1] - span[0])
-    return [m[1] for line in lines[start:end + 1] if (m := re.search(r"/\*[0-9a-f]{4}\*/\s+(\S.*?);", line))]
-
-
-def loop_instructions(kernel) -> int:
-    """SASS instructions in the kernel's longest loop (its K loop)."""
-    return len(loop_sass(kernel))
-
-
-def code_loads_at(sass: list[str]) -> str:
-    """Where in the loop body the weight-code loads (``ld.global.nc``: LDG ... CONSTANT) are issued, as
-    fractions of its length: a prefetch issued at the end of the body hides nothing."""
-    at = [i for i, ins in enumerate(sass) if "LDG" in ins and "CONSTANT" in ins]
-    return "code loads at " + (f"{at[0] / len(sass):.0%}-{at[-1] / len(sass):.0%} of the loop" if at else "-")
 
 
 def mma(fmt: str, m: int, arch: int, sms: int) -> None:
@@ -350,40 +320,6 @@ def prefill_attention(kvs: str, arch: int) -> None:
                     print(f"{head} | {resources(kernel, arch)} | {describe(kernel, stores=True)}", flush=True)
                 except Exception as err:  # noqa: BLE001
                     print(f"{head}: FAILED {type(err).__name__}: {str(err).splitlines()[0][:200]}", flush=True)
-
-
-def resources(kernel, arch: int = 90) -> str:
-    """Registers and stack (spills show as stack) of the cubin, from Triton's bundled cuobjdump; on Hopper
-    also whether ptxas serialised the wgmma pipeline (its C7515 note, which Triton does not show): the
-    prefill kernel's hot loop once compiled to the same PTX but serialised and ran 25% slower."""
-    tools = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
-    with tempfile.TemporaryDirectory() as tmp:
-        cubin, ptx = Path(tmp) / "k.cubin", Path(tmp) / "k.ptx"
-        cubin.write_bytes(kernel.asm["cubin"])
-        usage = subprocess.run([str(tools / "cuobjdump"), "--dump-resource-usage", str(cubin)],
-                               capture_output=True, text=True).stdout
-        serial = ""
-        if arch == 90 and "wgmma" not in kernel.asm["ptx"]:
-            serial = " | mma.sync"
-        elif arch == 90:  # ptxas again on the PTX, only for its notes (about half a second)
-            ptx.write_text(kernel.asm["ptx"])
-            notes = subprocess.run([str(tools / "ptxas"), "-v", "--gpu-name", "sm_90a", str(ptx), "-o",
-                                    str(Path(tmp) / "k.o")], capture_output=True, text=True).stderr
-            serial = " | WGMMA SERIALISED (C7515)" if "C7515" in notes else " | wgmma pipelined"
-    found = re.search(r"REG:(\d+) STACK:(\d+)", usage)
-    return (f"regs {found[1]:>3s} stack {found[2]:>4s} B" if found else "regs ?") + serial
-
-
-def describe(kernel, stores: bool = False) -> str:
-    ptx = kernel.asm["ptx"]
-    loads = Counter(re.findall(r"ld\.global(?:\.\w+)*", ptx))
-    copies = Counter(f"cp.async {m}B" for m in re.findall(r"cp\.async\.c[ag]\.shared\.global[^,]*,[^,]*, (0x\w+)", ptx))
-    parts = [f"{n}x {op.removeprefix('ld.global.')}" for op, n in loads.most_common()]
-    if stores:
-        parts += [f"{n}x {op.removeprefix('st.global.')} store"
-                  for op, n in Counter(re.findall(r"st\.global(?:\.\w+)*", ptx)).most_common()]
-    parts += [f"{n}x {op.replace('0x10', '16').replace('0x8', '8').replace('0x4', '4')}" for op, n in copies.items()]
-    return f"shared {kernel.metadata.shared / 1024:5.1f} KB | " + ", ".join(parts)
 
 
 def main(args: argparse.Namespace) -> None:
