@@ -20,7 +20,8 @@ shapes. ``--kinds attention-prefill`` compiles the paged prefill attention kerne
 27B geometry (24 : 4 heads, head dim 256, page 64, bf16 queries), unsplit and split-KV, for each
 ``--kv`` format. ``--kinds frag`` compiles the register decode of fragment-laid int4 / int8-g64 / nvfp4 weights
 (``fragment_mma``) for each of its candidates at the 27B gate/up (SwiGLU), down and qkvz shapes: registers,
-stack (spills) and SASS instructions per weight in its K loop. Needs a Triton with the NVIDIA backend
+stack (spills) and SASS instructions per weight in its K loop (``NINFER_SPLIT_SUM=across``: with the fused split-K
+reduction that variable selects). Needs a Triton with the NVIDIA backend
 (compiling needs ptxas, not a driver).
 """
 from __future__ import annotations
@@ -42,6 +43,7 @@ from triton.compiler import ASTSource  # noqa: E402
 from ninfer.kernels.attention import prefill as attention_prefill  # noqa: E402
 from ninfer.kernels.moe import quant_gemv as moe_quant_gemv  # noqa: E402
 from ninfer.kernels.moe import quant_mma as moe_quant_mma  # noqa: E402
+from ninfer.kernels.dispatch import split_sum_across  # noqa: E402
 from ninfer.kernels.quant_gemm.fragment_ptx import mma_asm, row_major_decode_asm  # noqa: E402
 from ninfer.kernels.quant_gemm import dequant as quant_dequant  # noqa: E402
 from ninfer.kernels.quant_gemm import fragment_mma  # noqa: E402
@@ -147,6 +149,7 @@ def compile_expert_mma(fmt: str, cfg, swiglu: bool, arch: int):
            **dict.fromkeys(("NK", "N_OUT", "a_div", "chunks_per_split", "KC", *strides), "i32")}
     split = cfg.split_k > 1
     consts = dict(CPG=int(fmt.split("-g")[1]) // 64, SWIGLU=swiglu, SPLIT=split, FUSED_REDUCE=split,
+                  SUM_ACROSS=split and split_sum_across(),
                   WARPS=cfg.num_warps, UNROLL=cfg.block_k // 64, PREFETCH=cfg.num_stages > 1, PAIRS_BLOCK=64,
                   DECODE_ASM=row_major_decode_asm("bf16"), DECODE_OPERANDS="=r," * 16 + "r,r,r,r",
                   MMA_ASM=mma_asm("bf16"), ASM=True)
@@ -211,6 +214,7 @@ def compile_frag(cfg, group: int, swiglu: bool, arch: int, bits: int = 4, fp4: b
     split = cfg.split_k > 1
     pair = cfg.kind == fragment_mma.PAIR_KIND
     consts = dict(CPG=max(1, group // 64), SWIGLU=swiglu, PAIR=pair, HAS_RES=False, SPLIT=split, FUSED_REDUCE=split,
+                  SUM_ACROSS=split and split_sum_across(),
                   NB=cfg.block_m // 8, WARPS=cfg.num_warps, UNROLL=cfg.block_k // 64, PREFETCH=cfg.num_stages > 1,
                   TOKENS_FIRST=False, PDL=arch >= 90, ASM=True, BITS=bits, FP4=fp4,
                   **fragment_mma.asm_constants(torch.bfloat16, bits, fp4))

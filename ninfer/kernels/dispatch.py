@@ -50,6 +50,15 @@ def pdl_enabled(device: torch.device) -> bool:
     return os.environ.get("NINFER_PDL", "0") == "1" and _capability(device) >= (9, 0)
 
 
+def split_sum_across() -> bool:
+    """Whether the register decodes' fused split-K reductions (``fragment_mma``, ``moe.quant_mma``) sum split after
+    split for all of a program's accumulators at once (``NINFER_SPLIT_SUM=across``, read per launch) instead of
+    accumulator after accumulator (the default). Offline the default's last split waits for a round of L2 loads per
+    four splits and accumulator, ``across`` for one per four splits (``gemv_steps.sum_splits_of``); ``across`` also
+    moved some configs' K loops by 1-3% SASS instructions per weight (either way), so it waits for a measurement."""
+    return os.environ.get("NINFER_SPLIT_SUM", "each") == "across"
+
+
 @cache
 def _capability(device: torch.device) -> tuple[int, int]:
     return torch.cuda.get_device_capability(device) if device.type == "cuda" else (0, 0)

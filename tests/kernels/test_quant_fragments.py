@@ -328,3 +328,21 @@ def test_fragment_weights_take_their_own_candidates() -> None:
         got = quant_matmul_triton(x, w, config=cfg)
         ref = quant_matmul_reference(x, w).float()
         assert (got.float() - ref).norm() / ref.norm() < TOL[torch.float16], cfg
+
+
+@pytest.mark.parametrize("swiglu", [False, True])
+def test_split_sums_across_accumulators_equal_the_default(swiglu: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``NINFER_SPLIT_SUM=across`` (the fused split-K reduction summing split after split for all of a program's
+    accumulators at once) gives the same bits as the default, which sums accumulator after accumulator: both add
+    each output's partials in split order. Three unequal splits, 16 tokens (two token blocks), a residual."""
+    g = torch.Generator().manual_seed(40)
+    w = fragment_laid(_weight(64, 512, "int4-g64", 40))
+    x = torch.randn(13, 512, generator=g).to(torch.float16)
+    res = torch.randn(13, 32 if swiglu else 64, generator=g).to(torch.float16)
+    cfg = _frag(16, 1, 2, 3)
+    outs = []
+    for mode in ("each", "across"):
+        monkeypatch.setenv("NINFER_SPLIT_SUM", mode)
+        out = torch.full_like(res, float("nan"))
+        outs.append(quant_matmul_triton(x, w, res, swiglu, out=out, config=cfg))
+    assert torch.isfinite(outs[0]).all() and torch.equal(outs[0], outs[1])

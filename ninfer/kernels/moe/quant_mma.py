@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ninfer.kernels.dispatch import INTERPRET
+from ninfer.kernels.dispatch import INTERPRET, split_sum_across
 from ninfer.kernels.moe.align import ExpertRows, pair_group, pair_rows
 from ninfer.kernels.quant_gemm.common import finish_at
 from ninfer.kernels.quant_gemm.fragment_mma import fragment_splits
@@ -43,6 +43,7 @@ from ninfer.kernels.quant_gemm.gemv_steps import (
     reset_counter,
     store_partials_at,
     sum_splits_at,
+    sum_splits_of,
 )
 from ninfer.kernels.quant_gemm.tune import GemmConfig
 
@@ -140,7 +141,7 @@ def _slot_pair(slot, block_pairs):
 def _expert_mma_kernel(
     x_ptr, q_ptr, s_ptr, rw_ptr, out_ptr, ws_ptr, cnt_ptr, ids_ptr,
     NK, N_OUT, a_div, chunks_per_split, KC, stride_xm, stride_qe, stride_qn, stride_se, stride_sn, stride_om,
-    CPG: tl.constexpr, SWIGLU: tl.constexpr, SPLIT: tl.constexpr, FUSED_REDUCE: tl.constexpr,
+    CPG: tl.constexpr, SWIGLU: tl.constexpr, SPLIT: tl.constexpr, FUSED_REDUCE: tl.constexpr, SUM_ACROSS: tl.constexpr,
     WARPS: tl.constexpr, UNROLL: tl.constexpr, PREFETCH: tl.constexpr, PAIRS_BLOCK: tl.constexpr,
     DECODE_ASM: tl.constexpr, DECODE_OPERANDS: tl.constexpr, MMA_ASM: tl.constexpr, ASM: tl.constexpr,
 ):
@@ -211,12 +212,23 @@ def _expert_mma_kernel(
             finish_at(y, acc_up[i], pair, n_idx, mask, out_ptr, 0, out_ptr, stride_om, SWIGLU, False)
     if FUSED_REDUCE:
         if last_split_arrived(cnt_ptr):
+            pairs = ()
+            n_idxs = ()
+            masks = ()
             for i in tl.static_range(4):
                 pair = pair0 if i % 2 == 0 else pair1
-                n_idx = tile_out * 16 + g + 8 * (i // 2)
-                mask = (tile_out < slots) & (pair < NK)
-                y, y_up = sum_splits_at(ws_ptr, pair, n_idx, mask, NK, N_OUT, tl.num_programs(1), SWIGLU)
-                finish_at(y, y_up, pair, n_idx, mask, out_ptr, 0, out_ptr, stride_om, SWIGLU, False)
+                pairs, n_idxs = pairs + (pair,), n_idxs + (tile_out * 16 + g + 8 * (i // 2),)
+                masks = masks + ((tile_out < slots) & (pair < NK),)
+            if SUM_ACROSS:  # split after split for all four accumulators (dispatch.split_sum_across)
+                sums = sum_splits_of(ws_ptr, pairs, n_idxs, masks, NK, N_OUT, tl.num_programs(1), SWIGLU)
+                for i in tl.static_range(4):
+                    finish_at(sums[2 * i], sums[2 * i + 1], pairs[i], n_idxs[i], masks[i], out_ptr, 0, out_ptr,
+                              stride_om, SWIGLU, False)
+            else:
+                for i in tl.static_range(4):
+                    y, y_up = sum_splits_at(ws_ptr, pairs[i], n_idxs[i], masks[i], NK, N_OUT, tl.num_programs(1),
+                                            SWIGLU)
+                    finish_at(y, y_up, pairs[i], n_idxs[i], masks[i], out_ptr, 0, out_ptr, stride_om, SWIGLU, False)
             reset_counter(cnt_ptr)
 
 
@@ -255,7 +267,8 @@ def launch_expert_mma(rows: ExpertRows, a: torch.Tensor, w, dst: torch.Tensor, r
     _expert_mma_kernel[grid](
         a, q, scales, rw, dst, ws, counters, rows.flat_ids, nk, n_out, a_div, per, kc, a.stride(0), q.stride(0),
         q.stride(1), scales.stride(0), scales.stride(1), dst.stride(0), CPG=FORMATS[name] // 64, SWIGLU=swiglu,
-        SPLIT=splits > 1, FUSED_REDUCE=counters is not None, WARPS=cfg.num_warps, UNROLL=unroll,
+        SPLIT=splits > 1, FUSED_REDUCE=counters is not None, SUM_ACROSS=counters is not None and split_sum_across(),
+        WARPS=cfg.num_warps, UNROLL=unroll,
         PREFETCH=cfg.num_stages > 1, PAIRS_BLOCK=rows.pairs_block, DECODE_ASM=row_major_decode_asm(ty),
         DECODE_OPERANDS="=r," * 16 + "r,r,r,r", MMA_ASM=mma_asm(ty), ASM=asm, num_warps=cfg.num_warps, num_stages=1,
     )

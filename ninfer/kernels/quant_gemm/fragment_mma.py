@@ -12,8 +12,8 @@ streams the bytes 80-92%). Here the weights go from global memory straight into 
   (:mod:`.fragment_ptx`: no conversion instructions) and runs four ``m16n8k16`` MMAs per 8-token block, reusing
   the decoded registers across the blocks.
 * ``UNROLL`` chunks (64 columns each) per loop trip, all their loads issued before the first MMA: that many
-  (int8: twice that many) 16-byte loads in flight per lane and weight stream (SwiGLU has two: the gate and the up tile of the same
-  outputs). Each scale group's products accumulate in fp32 from zero and are scaled once (fp32), as the
+  (int8: twice that many) 16-byte loads in flight per lane and weight stream (SwiGLU has two: the gate and the up
+  tile of the same outputs). Each scale group's products accumulate in fp32 from zero and are scaled once (fp32), as the
   reference does per group. nvfp4's block scales (16 columns: one per lane and chunk) multiply the decoded A
   registers instead, so its MMAs accumulate every chunk in place; its per-row global scale multiplies the sums.
 * A warp may hold two weight streams that share each activation load: SwiGLU's gate and up tiles of the same
@@ -29,7 +29,9 @@ streams the bytes 80-92%). Here the weights go from global memory straight into 
   activations or writes.
 * ``num_stages=2`` requests each next loop trip's codes before this trip's arithmetic.
 * Split-K over grid axis 1 with the deterministic epilogue of :mod:`.gemv_steps` (partials in an fp32 scratch,
-  the last split to arrive sums them in split order; SwiGLU and residual after the sum), tiles over axis 0 and
+  the last split to arrive sums them in split order, accumulator after accumulator, or with
+  ``NINFER_SPLIT_SUM=across`` split after split for all of them at once (``dispatch.split_sum_across``); SwiGLU
+  and residual after the sum), tiles over axis 0 and
   token blocks over axis 2, or the other way round when there are several token blocks (prefill sizes, e.g. the
   LM head of a scored prompt, too large for the dequantization path): the blocks of one tile then run side by
   side and all but the first read its codes from L2.
@@ -46,7 +48,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ninfer.kernels.dispatch import INTERPRET, pdl_enabled
+from ninfer.kernels.dispatch import INTERPRET, pdl_enabled, split_sum_across
 from ninfer.kernels.quant_gemm.fragment_ptx import asm_constants
 from ninfer.kernels.quant_gemm.fragment_steps import load_trip, trip_step, trip_step_fp4
 from ninfer.kernels.quant_gemm.fragments import CHUNK_COLS, TILE_ROWS, code_bits, words
@@ -59,6 +61,7 @@ from ninfer.kernels.quant_gemm.gemv_steps import (
     reset_counter,
     store_partials_at,
     sum_splits_at,
+    sum_splits_of,
 )
 from ninfer.kernels.quant_gemm.tune import PAIR_KIND, GemmConfig
 
@@ -93,7 +96,8 @@ def _fragment_mma_kernel(
     x_ptr, q_ptr, s_ptr, rs_ptr, res_ptr, out_ptr, ws_ptr, cnt_ptr,
     M, N_OUT, KC, NG, chunks_per_split, stride_xm, stride_rm, stride_om,
     CPG: tl.constexpr, SWIGLU: tl.constexpr, PAIR: tl.constexpr, HAS_RES: tl.constexpr, SPLIT: tl.constexpr,
-    FUSED_REDUCE: tl.constexpr, NB: tl.constexpr, WARPS: tl.constexpr, UNROLL: tl.constexpr, PREFETCH: tl.constexpr,
+    FUSED_REDUCE: tl.constexpr, SUM_ACROSS: tl.constexpr, NB: tl.constexpr, WARPS: tl.constexpr, UNROLL: tl.constexpr,
+    PREFETCH: tl.constexpr,
     TOKENS_FIRST: tl.constexpr, PDL: tl.constexpr, BITS: tl.constexpr, FP4: tl.constexpr, LOAD0: tl.constexpr,
     LOAD1: tl.constexpr, LOAD2: tl.constexpr, LOAD3: tl.constexpr, DECODE_ASM: tl.constexpr,
     DECODE_OPERANDS: tl.constexpr, MMA_ASM: tl.constexpr, SCALE_ASM: tl.constexpr, ASM: tl.constexpr,
@@ -178,11 +182,23 @@ def _fragment_mma_kernel(
             store_partials_at(ws_ptr, acc[i], acc_up[i], pid_s, M, m_idx, n_idx, mask, n_stream, TWO)
         if FUSED_REDUCE:
             if last_split_arrived(cnt_ptr):
-                for i in tl.static_range(4 * NB):
-                    m_idx, n_idx, mask = _position(i, tile_out, slots, g, t, tok0, M)
-                    y, y_up = sum_splits_at(ws_ptr, m_idx, n_idx, mask, M, n_stream, tl.num_programs(1), TWO)
-                    _finish(y, y_up, m_idx, n_idx, mask, n_stream, res_ptr, stride_rm, out_ptr, stride_om, SWIGLU,
-                            PAIR, HAS_RES)
+                if SUM_ACROSS:
+                    m_idxs = ()
+                    n_idxs = ()
+                    masks = ()
+                    for i in tl.static_range(4 * NB):
+                        m_idx, n_idx, mask = _position(i, tile_out, slots, g, t, tok0, M)
+                        m_idxs, n_idxs, masks = m_idxs + (m_idx,), n_idxs + (n_idx,), masks + (mask,)
+                    sums = sum_splits_of(ws_ptr, m_idxs, n_idxs, masks, M, n_stream, tl.num_programs(1), TWO)
+                    for i in tl.static_range(4 * NB):
+                        _finish(sums[2 * i], sums[2 * i + 1], m_idxs[i], n_idxs[i], masks[i], n_stream, res_ptr,
+                                stride_rm, out_ptr, stride_om, SWIGLU, PAIR, HAS_RES)
+                else:
+                    for i in tl.static_range(4 * NB):
+                        m_idx, n_idx, mask = _position(i, tile_out, slots, g, t, tok0, M)
+                        y, y_up = sum_splits_at(ws_ptr, m_idx, n_idx, mask, M, n_stream, tl.num_programs(1), TWO)
+                        _finish(y, y_up, m_idx, n_idx, mask, n_stream, res_ptr, stride_rm, out_ptr, stride_om,
+                                SWIGLU, PAIR, HAS_RES)
                 reset_counter(cnt_ptr)
     else:
         for i in tl.static_range(4 * NB):
@@ -244,7 +260,8 @@ def launch_fragment_mma(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, 
     _fragment_mma_kernel[grid](
         x, q if asm else words(q), words(scales), row_scale if fp4 else scales, res_arg, out, ws, counters, m, n_out,
         kc, k // group, per, x.stride(0), res_arg.stride(0), out.stride(0), CPG=cpg, SWIGLU=swiglu,
-        PAIR=pair, HAS_RES=res is not None, SPLIT=splits > 1, FUSED_REDUCE=counters is not None, NB=cfg.block_m // 8,
+        PAIR=pair, HAS_RES=res is not None, SPLIT=splits > 1, FUSED_REDUCE=counters is not None,
+        SUM_ACROSS=counters is not None and split_sum_across(), NB=cfg.block_m // 8,
         WARPS=cfg.num_warps, UNROLL=unroll, PREFETCH=cfg.num_stages > 1, TOKENS_FIRST=tokens_first, PDL=pdl,
         ASM=asm,
         BITS=bits, FP4=fp4, num_warps=cfg.num_warps, num_stages=1, **asm_constants(x.dtype, bits, fp4),

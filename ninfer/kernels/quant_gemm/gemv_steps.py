@@ -252,6 +252,36 @@ def sum_splits_at(ws_ptr, m_idx, n_idx, mask, M, N_OUT, splits, SWIGLU: tl.const
     return acc, acc_up
 
 
+@triton.jit
+def sum_splits_of(ws_ptr, m_idxs, n_idxs, masks, M, N_OUT, splits, SWIGLU: tl.constexpr):
+    """:func:`sum_splits_at` for several accumulators at once (tuples of their index tensors and masks), split
+    after split: each split's loads of every accumulator are in flight together. One accumulator's splits after
+    another's waited for a round of L2 loads per four splits (ptxas unrolls the loop by four) and accumulator, in
+    the last split of a fused reduction. Returns ``(y, y_up)`` of accumulator ``i`` at ``2 i`` and ``2 i + 1``."""
+    n_cols = N_OUT * (1 + SWIGLU)
+    plane = M.to(tl.int64) * n_cols
+    ptrs = ()
+    sums = ()
+    for i in tl.static_range(len(masks)):
+        ptr = ws_ptr + m_idxs[i].to(tl.int64) * n_cols + n_idxs[i]
+        ptrs = ptrs + (ptr,)
+        y = tl.load(ptr, mask=masks[i], other=0.0, cache_modifier=".cg")
+        y_up = y
+        if SWIGLU:
+            y_up = tl.load(ptr + N_OUT, mask=masks[i], other=0.0, cache_modifier=".cg")
+        sums = sums + (y, y_up)
+    for s in range(1, splits):
+        added = ()
+        for i in tl.static_range(len(masks)):
+            y = sums[2 * i] + tl.load(ptrs[i] + s * plane, mask=masks[i], other=0.0, cache_modifier=".cg")
+            y_up = sums[2 * i + 1]
+            if SWIGLU:
+                y_up += tl.load(ptrs[i] + s * plane + N_OUT, mask=masks[i], other=0.0, cache_modifier=".cg")
+            added = added + (y, y_up)
+        sums = added
+    return sums
+
+
 @triton.jit(do_not_specialize=["M", "splits"])
 def gemv_reduce_kernel(ws_ptr, res_ptr, out_ptr, M, N_OUT, splits, stride_rm, stride_om,
                         SWIGLU: tl.constexpr, HAS_RES: tl.constexpr, BLOCK_M: tl.constexpr,
