@@ -85,7 +85,7 @@ dequant-nvfp4         the dequantization of fragment-laid nvfp4 for prefill size
 profile-nvfp4-chunks  why the 27B nvfp4 prefill in 1024-token chunks took 4.4k tok/s against 7.3k for int4 (run 2026-12-04.44): kernels by family and a host profile, nvfp4 then int4, 8k prompt in 1024-token chunks
 frag-nvfp4            the register decode of fragment-laid nvfp4: its GPU tests, then L2-cold at 1 / 8 tokens against the int4-g64 register decode and the nvfp4 row-major tuner pick on the 27B shapes
 deltanet-tail         the DeltaNet decode with the loads of its last program batched: its GPU tests, the kernel vs fla, the 27B int4 engine at ctx 1k, C = 1 / 8 and an 8k prompt in 1024-token chunks (also the first measure of the tuner candidate lists built once)
-split-sum             the fused split-K reduction of the register decodes split after split (NINFER_SPLIT_SUM=across) against the default: its GPU tests, L2-cold int4-g64 GEMMs at 1 / 8 tokens on the four 27B shapes, the 27B int4 and 35B-A3B engines at batch 1 / C = 8, off then on
+split-sum             the fused split-K reduction of the register decodes split after split (NINFER_SPLIT_SUM=across) against the default: its GPU tests, L2-cold int4-g64 GEMMs at 1 / 8 tokens on the four 27B shapes, the 27B int4 engine at batch 1 / C = 8, off then on
 chunks-host-35b       the 35B-A3B 8k prompt in 1024-token chunks (host-bound before the tuner built its candidate lists once per call shape) and in one chunk, beside batch 1
 itl-budgets-27b       27B int4 warm start: ITL of 4 decodes beside a 32k prefill at prefill_tokens_while_decoding 1024 (the default) / 512 / 256 / 128 and at max_decode_stall 3x / 2.5x, and the rate of the 32k prompt at each
 '
