@@ -33,7 +33,7 @@ def memory_order(kernel, after: str = "ATOMG") -> str:
     """The global loads, stores, barriers and atomics after the kernel's first ``after`` instruction, runs of one
     kind counted (``LDGx17 BARx1 STGx7``): how many memory round trips a tail waits for one after another."""
     code = sass(kernel)
-    start = next((i for i, ins in enumerate(code) if after in ins.split()[0] or after in ins), len(code))
+    start = next((i for i, ins in enumerate(code) if after in ins), len(code))
     runs: list[list] = []
     for ins in code[start:]:
         op = ins.split()[1] if ins.startswith("@") else ins.split()[0]

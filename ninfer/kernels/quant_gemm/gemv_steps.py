@@ -238,18 +238,8 @@ def store_partials_at(ws_ptr, acc, acc_up, pid_s, rows_total, m_idx, n_idx, mask
 def sum_splits_at(ws_ptr, m_idx, n_idx, mask, M, N_OUT, splits, SWIGLU: tl.constexpr):
     """The split-K partials of outputs ``(m_idx, n_idx)`` summed in split order (deterministic). Loads bypass
     L1 (``.cg``): in the fused reduction other SMs wrote them during this launch."""
-    n_cols = N_OUT * (1 + SWIGLU)
-    ptrs = ws_ptr + m_idx.to(tl.int64) * n_cols + n_idx
-    plane = M.to(tl.int64) * n_cols
-    acc = tl.load(ptrs, mask=mask, other=0.0, cache_modifier=".cg")
-    acc_up = acc
-    if SWIGLU:
-        acc_up = tl.load(ptrs + N_OUT, mask=mask, other=0.0, cache_modifier=".cg")
-    for s in range(1, splits):
-        acc += tl.load(ptrs + s * plane, mask=mask, other=0.0, cache_modifier=".cg")
-        if SWIGLU:
-            acc_up += tl.load(ptrs + s * plane + N_OUT, mask=mask, other=0.0, cache_modifier=".cg")
-    return acc, acc_up
+    sums = sum_splits_of(ws_ptr, (m_idx,), (n_idx,), (mask,), M, N_OUT, splits, SWIGLU)
+    return sums[0], sums[1]
 
 
 @triton.jit
