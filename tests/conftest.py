@@ -31,6 +31,10 @@ for p in (str(_TESTS.parent), str(_TESTS)):
 
 import pytest  # noqa: E402
 import transformers  # noqa: E402
+from interpreter_patches import skip_nested_language_patches  # noqa: E402
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    skip_nested_language_patches()
 
 transformers.logging.set_verbosity_error()
 transformers.utils.logging.disable_progress_bar()
