@@ -1,24 +1,15 @@
 """Launch configurations of the quantized GEMM and their per-GPU selection.
 
-Candidates depend on the shape: the skinny decode path (M <= 16) uses 16-token tiles, narrow
-weight tiles and a split-K variant when the weight tiles alone cannot fill the GPU; the tiled
-prefill path uses 32..128-token tiles. On the first call for a key ``(format, dtype, M bucket, N,
-K, epilogue)`` every candidate is benchmarked (decode sizes from CUDA-graph replays, as the engine
-runs them) and the fastest is kept in the process's tuner state (:mod:`ninfer.kernels.tuning`; a tuning
-pass must not happen inside CUDA-graph capture: warm each shape up first; during capture an
-untuned key takes the first candidate, as every key does with ``NINFER_QUANT_TUNE=0``). Split-K
-is chosen here rather than by ``triton.autotune`` because it changes the launch (workspace and
-epilogue kernel), not only the kernel's constants. Choices also go to disk (:mod:`ninfer.kernels.tune_cache`,
-``NINFER_TUNE_CACHE``): a later process on the same GPU model takes a stored config that is still a
-candidate instead of timing the key again.
-For M <= 8 the GEMV configs of :mod:`ninfer.kernels.quant_gemm.gemv` (``kind="gemv"``, no ``tl.dot``)
-follow the dot configs, so they are chosen only by measurement, never as the untuned default. So do,
-for int4 weights, bf16 / fp16 activations and M <= 32, the tensor-core decode configs of
-:mod:`ninfer.kernels.quant_gemm.gemv_mma` (``kind="gemv-mma"``), and, for M > 16, the configs of
-:mod:`ninfer.kernels.quant_gemm.dequant` (``kind="dequant"``: dequantize the whole weight into a workspace,
-then cuBLAS), offered only for weights of at most
-``DEQUANT_MAX_ELEMENTS`` (the workspace is part of the memory plan; the LM head stays out).
-At least one candidate per path fits in 99 KB of shared memory (RTX 5090).
+Candidates depend on the shape and the weight's layout, the heuristic favourite first (what an untuned key,
+``NINFER_QUANT_TUNE=0`` and a CUDA-graph capture take): ``tl.dot`` tiles (skinny split-K up to 16 tokens, 32..128
+tokens above), then, chosen only by measurement, the GEMV (``kind="gemv"``, M <= 8), the int4 tensor-core decode
+(``"gemv-mma"``, M <= 32) and the dequantization path (``"dequant"``, M > 16, weights of at most
+``DEQUANT_MAX_ELEMENTS``); weights in the fragment layout take the register decode and the tiled GEMM over it
+(:func:`fragment_layout_candidates`). On the first call for a key ``(format, dtype, M bucket, N, K, epilogue)``
+every candidate is timed (decode sizes from CUDA-graph replays, as the engine runs them; never inside a capture)
+and the fastest kept in the tuner state (:mod:`ninfer.kernels.tuning`) and on disk (:mod:`ninfer.kernels.tune_cache`,
+``NINFER_TUNE_CACHE``). Split-K is chosen here, not by ``triton.autotune``, because it changes the launch (workspace,
+epilogue). At least one candidate per path fits in 99 KB of shared memory (RTX 5090).
 """
 from __future__ import annotations
 
@@ -292,9 +283,8 @@ def mma_candidates(fmt: str, m: int, n_out: int, k: int, sms: int, *, swiglu: bo
     narrower tiles. Each shape comes with split-K for about 4, 8 and 16 programs per SM (small programs:
     several share an SM, and more of them hide more latency). Shared memory: at most 48 KB of staged
     weight bytes, 80.5 KB in all (32 tokens; ``perf/ptx_check.py --kinds gemv-mma --arch 120``).
-    The tiles of up to 128 rows come again with a register cap of 128 and of 96 per thread (``maxnreg``):
-    the kernel is latency-bound at ~10 resident warps per SM, and the cap bought 4-17% at 1 and 8 tokens
-    (run 2026-12-02.2). ``max_registers`` keeps one cap only (0: uncapped)."""
+    The tiles of up to 128 rows come again with a register cap of 128 and of 96 per thread (``maxnreg``: the
+    kernel is latency-bound at ~10 resident warps per SM). ``max_registers`` keeps one cap only (0: uncapped)."""
     if not fmt.startswith("int4") or m > MMA_MAX_M:
         return []
     tokens = 8 if m <= 8 else 16 if m <= 16 else 32
@@ -324,15 +314,13 @@ def fragment_candidates(fmt: str, m: int, n_out: int, k: int, sms: int, *, swigl
     weight again, which the prefill sizes' dequantization path beats): ``(warps, chunks per loop trip)`` with
     split-K for about 8, 4 and 16 programs per SM. The programs are small (no shared memory, 2-4 warps), so
     several share an SM. Each comes with the next loop trip's codes requested during this one (``num_stages=2``)
-    and without. On the H200 (run 2026-12-03.1, L2-cold, 27B shapes at 1 and 8 tokens) about 8 programs per SM
-    read most, 8 warps per program never won (so they are not offered); the favourite:
-    4 warps, 2 chunks per trip, 8 programs per SM, prefetching.
+    and without. The favourite (the H200's best at 1 and 8 tokens; 8 warps never won, so are not offered): 4 warps,
+    2 chunks per trip, 8 programs per SM, prefetching.
 
     For 9-32 tokens also narrower programs (8 or 16 tokens; speculative rounds' verification, short prompt chunks):
     a tile's token blocks run side by side, all but the first reading its codes from L2, in programs of the decode
     sizes' register count, where 32-token programs take 100-255 registers (``perf/ptx_check.py --kinds frag --m
-    32``): 2-3 programs an SM. On the H200 they won only o_proj at 32 tokens (0.020 against 0.025 ms) and down by
-    3% (run 2026-12-04.17).
+    32``): 2-3 programs an SM.
 
     Without SwiGLU also pairs of tiles per warp (``kind="frag-pair"``: rows of both halves of the output): each
     activation load then feeds the MMAs of 32 rows, as SwiGLU's gate and up tiles share theirs. A warp's
@@ -390,7 +378,6 @@ def select_config(fmt: str, x: torch.Tensor, n_out: int, k: int, swiglu: bool, h
     pick = candidates
     if graph and m > MMA_MAX_M:  # the decode graphs (to 32 tokens) keep their eager keys
         key, pick = (*key, "graph"), graph_candidates
-
     dequant = dequant_in_graph if pick is graph_candidates else None
 
     def cands() -> list[GemmConfig]:
