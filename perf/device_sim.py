@@ -10,7 +10,8 @@ place), so :func:`simulate_device` replaces the model of a loaded ``LLM`` with o
 * a forward is ``chunks`` launch pieces; each spends ``launch_ms / chunks`` alternating 10 us of Python
   (GIL held) and a small torch op (GIL released, as every op's binding does), then queues ``device_ms / chunks`` of device time
   (the device starts a piece when it is queued and the previous one is done);
-* the sampler's host sync sleeps (GIL released) until the device is done;
+* the host's reads of sampled tokens (the sampler's sync, a decode step in flight landing) sleep (GIL released) until
+  the device has run what was queued before them;
 * logits are random over the plain-text tokens only, so every token is one streamed text delta.
 
 Prefill (a forward over more than one token per sequence) and decode (one token per sequence, a CUDA
@@ -24,6 +25,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from ninfer.runtime.run_ahead import InFlight
 
 _SLICE_S = 10e-6  # Python between two ops while launching
 _OP_ELEMS = 1 << 15  # an op of several microseconds with the GIL released (a launch, a pageable H2D copy)
@@ -55,6 +58,18 @@ class _Device:
 
     def sync(self) -> None:
         wait = self.free_at - time.perf_counter()
+        if wait > 0:
+            time.sleep(wait)
+
+
+class _Landed:
+    """The CUDA event behind a step's draw: complete once the device has run everything queued before it."""
+
+    def __init__(self, device: _Device) -> None:
+        self.at = device.free_at
+
+    def synchronize(self) -> None:
+        wait = self.at - time.perf_counter()
         if wait > 0:
             time.sleep(wait)
 
@@ -98,3 +113,9 @@ def simulate_device(llm: Any, times: DeviceTimes, overlap: bool = True) -> None:
         device.sync()  # the real sampler's tolist() waits for the device here
         return sample(logits, reqs)
     engine.sampler.sample = synced_sample
+
+    def launch_in_flight(cls: type[InFlight], reqs: list, draw: Any) -> InFlight:
+        # A decode step left in flight (ninfer/runtime/run_ahead.py) reads its tokens when it lands: on CUDA after
+        # an event recorded behind the draw; here after the device has run what was queued by then.
+        return cls(reqs, draw, draw.out.token_ids, _Landed(device))
+    InFlight.launch = classmethod(launch_in_flight)  # type: ignore[method-assign,assignment]

@@ -13,7 +13,7 @@ requests is printed, in ms:
 * the TTFT overhead: per request, the client's TTFT (send to the first content line) minus the
   engine's first step (its start to the first token appended), i.e. the request path plus the
   first token's path;
-* the token path, from a token's ``Engine._append`` (sampled and detokenized, as in the library) to
+* the token path, from a token's ``Postprocessor.append`` (sampled and detokenized, as in the library) to
   the client: the rest of the step, the cross-thread delivery, the asyncio hops, protocol chunk and
   SSE framing, the socket write, the client's read and JSON parse. The first token and the decode
   tokens are reported separately.
@@ -86,7 +86,7 @@ def install_probes() -> None:
         pass
     from ninfer import api
     from ninfer.api import openai_chat, service
-    from ninfer.runtime import async_engine, engine
+    from ninfer.runtime import async_engine, engine, postprocess
     from ninfer.tokenizer import Tokenizer
 
     _around(h11_impl.H11Protocol, "data_received", "data_received", None)
@@ -99,7 +99,7 @@ def install_probes() -> None:
     _around(service.Service, "request_for", None, "request_built")
     _around(service.Service, "start", "start", "admitted")
     _around(engine.Engine, "step", "step_start", "step_end")
-    _around(engine.Engine, "_append", None, "appended")
+    _around(postprocess.Postprocessor, "append", None, "appended")
 
     handle = async_engine.AsyncEngine._handle
 
@@ -319,7 +319,7 @@ def show(result: dict[str, Any]) -> None:
     for name, v in result["request_path"].items():
         print(f"  {v:8.3f}  {name}")
     for key, title in (("first_token", "first token"), ("decode_token", "decode tokens")):
-        print(f"token path, {title} (Engine._append -> client parsed):")
+        print(f"token path, {title} (Postprocessor.append -> client parsed):")
         for name, v in result[key].items():
             print(f"  {v:8.3f}  {name}")
     print(f"client TTFT {result['ttft_client_ms']:.3f}; engine first step (start -> first token appended) "
@@ -347,11 +347,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--simulate-device", action="store_true", help="perf/device_sim.py's stand-in for a GPU")
     p.add_argument("--no-overlap", action="store_true", help="hand-overs as soon as a step ends (no launch timing)")
     p.add_argument("--profile", help="cProfile the event-loop thread over the measured requests; pstats to this file")
+    p.add_argument("--switch-interval", type=float, default=bench_server.SERVE_SWITCH_MS, metavar="MS",
+                   help="Python's thread switch interval (default: ninfer serve's)")
     args = p.parse_args(argv)
     bench_args = argparse.Namespace(random=None, model=None, device="cpu", lanes=2, prefill_chunk=1024,
                                     prompt_tokens=args.prompt_tokens, max_tokens=args.max_tokens,
                                     no_cuda_graphs=True, respect_eos=False, text_tokens=True, recipe=None,
-                                    simulate_device=args.simulate_device, no_overlap=args.no_overlap)
+                                    simulate_device=args.simulate_device, no_overlap=args.no_overlap,
+                                    switch_interval=args.switch_interval)
     llm, label = bench_server.load(bench_args)
     texts = [t for t, _ in bench_server.make_prompts(llm, args.requests + args.warmup, args.prompt_tokens)]
     install_probes()

@@ -202,12 +202,14 @@ class LaunchingEngine(FakeEngineBase):
         self.on_admit: Any = None
         self.on_launched: Any = None
         self.gate = threading.Semaphore(0)  # two releases per step: its launch, then its end
+        self.steps = 0  # steps begun
 
     @property
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
     def step(self) -> list[RequestOutput]:
+        self.steps += 1
         for req in self.waiting:
             req.status = Status.RUNNING
             self.on_admit(req)
@@ -314,6 +316,58 @@ def test_a_step_without_launch_still_hands_its_held_tokens_over(recording: Any) 
         async for e in events:
             yield e
     assert asyncio.run(asyncio.wait_for(run(), BOUND_S)) == ["t1", "t2", "t3", "t4"]
+
+
+async def _until(condition: Any) -> None:
+    """Wait (bounded) for ``condition()`` to hold, looking again every few milliseconds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + BOUND_S
+    while not condition():
+        assert loop.time() < deadline
+        await asyncio.sleep(0.005)
+
+
+def test_the_engine_thread_waits_until_a_first_token_is_consumed(recording: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On an asynchronous device the engine thread gives the loop a request's first token before its next step
+    (the consumer asks for the next event: the token has gone to the client)."""
+    monkeypatch.setattr(async_engine, "HANDOVER_TIMEOUT_S", BOUND_S)
+    engine = LaunchingEngine(tokens=3)
+    ae = recording(engine)
+
+    async def run() -> list[str]:
+        events = ae.generate(_request())
+        first = asyncio.ensure_future(events.__anext__())
+        for _ in range(4):  # step 1 launches and ends; step 2 may launch and end
+            engine.gate.release()
+        texts = [(await asyncio.wait_for(first, BOUND_S)).text]
+        await asyncio.sleep(0.2)
+        assert engine.steps == 1 and ae._awaiting  # the engine thread waits for the consumer's next read
+        engine.gate.release()
+        engine.gate.release()  # step 3
+        texts += [e.text async for e in events]  # the next read lets it go on
+        return texts
+    assert asyncio.run(asyncio.wait_for(run(), BOUND_S)) == ["t1", "t2", "t3"]
+    assert engine.steps == 3 and not ae._awaiting
+
+
+def test_a_consumer_that_does_not_come_back_holds_the_engine_only_briefly(recording: Any,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(async_engine, "HANDOVER_TIMEOUT_S", 0.01)
+    engine = LaunchingEngine(tokens=3)
+    ae = recording(engine)
+
+    async def run() -> list[str]:
+        events = ae.generate(_request())
+        first = asyncio.ensure_future(events.__anext__())
+        for _ in range(6):  # steps 1 and 2; step 3 launches
+            engine.gate.release()
+        texts = [(await asyncio.wait_for(first, BOUND_S)).text]
+        await _until(lambda: engine.steps == 3)  # the engine went on without the consumer
+        assert not ae._awaiting
+        engine.gate.release()
+        texts += [e.text async for e in events]
+        return texts
+    assert asyncio.run(asyncio.wait_for(run(), BOUND_S)) == ["t1", "t2", "t3"]
 
 
 def test_the_engine_reports_each_forward_queued_before_it_waits_for_the_tokens(dense_ckpt: Any) -> None:
