@@ -10,7 +10,7 @@ kernel source is still a good first guess, and it is only taken while it is one 
 offers now (a stale entry is skipped, never launched)::
 
     {"meta": {"gpu": "NVIDIA H200", "capability": "9.0", "sources": [{date, versions, command, ...}, ...]},
-     "tables": {"quant_gemm": {key text: config fields}, "moe_gemv": {...}},
+     "tables": {"quant_gemm": {key text: config fields}, "moe_gemv": {...}, "float_gemv": {...}},
      "autotune": {"<module>.<kernel>": {key text: {"kwargs": {...}, "num_warps": 4, "num_stages": 2,
                                                    "num_ctas": 1, "maxnreg": null}}}}
 
@@ -38,7 +38,7 @@ import torch
 from ninfer.kernels import tune_cache
 
 ENV = "NINFER_SHIPPED_TUNING"
-TABLES = ("quant_gemm", "moe_gemv")  # the runtime tuners' tables (kernels/tuning.py)
+TABLES = ("quant_gemm", "moe_gemv", "float_gemv")  # the runtime tuners' tables (kernels/tuning.py)
 # A triton.Config as JSON: what decides which kernel compiles (a pre_hook cannot be stored; no config of
 # ninfer's has one). The defaults are Config's, for entries written without the optional fields.
 CONFIG_DEFAULTS: dict[str, Any] = {"num_ctas": 1, "maxnreg": None}

@@ -3,7 +3,7 @@
 A GPU run that meets the keys serving meets (the perf benchmarks at the real shapes, with
 ``NINFER_EXPORT_TUNING=<path>``) ends with :func:`export`: every ``triton.autotune`` kernel's choices (its
 ``Autotuner.cache``, through the registry of :mod:`ninfer.kernels.autotune`) and the runtime tuners' choices
-(``TunerState.chosen`` of tables ``quant_gemm`` and ``moe_gemv``), merged into the file at ``path`` if there
+(``TunerState.chosen`` of the tables in ``shipped.TABLES``), merged into the file at ``path`` if there
 is one, so that several runs on one GPU model (27B, then 35B-A3B) accumulate. ``perf/ship_tuning.py`` then
 merges such files into the package folder, which is how new shipped tables are made.
 

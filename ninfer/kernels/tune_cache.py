@@ -43,7 +43,7 @@ def cache_dir() -> Path | None:
 # GEMVs, the MoE expert paths, the autotune switches, the choice among timings): an edit there invalidates
 # earlier timings, an edit to attention or DeltaNet kernels does not (it would throw away minutes of tuning
 # at the 27B shapes).
-TUNED_SOURCES = ("quant_gemm/*.py", "moe/*.py", "dispatch.py", "tuning.py")
+TUNED_SOURCES = ("quant_gemm/*.py", "moe/*.py", "float_gemv.py", "dispatch.py", "tuning.py")
 
 
 def source_hash(folder: Path | None = None) -> str:

@@ -1,8 +1,9 @@
 """The runtime tuners' state: what each tuner chose per key, and whether calls may benchmark.
 
-Two tuners pick launch configurations by timing their candidates on a key's first call: the quantized
-GEMM (:mod:`ninfer.kernels.quant_gemm.tune`, table ``"quant_gemm"``) and the MoE expert path at decode
-(:mod:`ninfer.kernels.moe.quant_gemv`, table ``"moe_gemv"``). Both keep their choices in one
+Three tuners pick launch configurations by timing their candidates on a key's first call: the quantized
+GEMM (:mod:`ninfer.kernels.quant_gemm.tune`, table ``"quant_gemm"``), the MoE expert path at decode
+(:mod:`ninfer.kernels.moe.quant_gemv`, table ``"moe_gemv"``) and the small float projections at decode
+(:mod:`ninfer.kernels.float_gemv`, table ``"float_gemv"``). All keep their choices in one
 :class:`TunerState` per process (:func:`default_tuner`): the kernels find it without a parameter, as they
 are called deep inside a model's forward. The model runner reports the instance its forwards use
 (``ModelRunner.tuner``); tests and benchmarks swap in a fresh one with :func:`use_tuner` (a new process, as

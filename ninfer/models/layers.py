@@ -19,6 +19,7 @@ from ninfer.kernels.activations import swiglu as swiglu_op
 from ninfer.kernels.attention import paged_attention, write_kv
 from ninfer.kernels.conv import save_conv_windows
 from ninfer.kernels.deltanet import GateProjection, gated_deltanet
+from ninfer.kernels.float_gemv import float_linear
 from ninfer.kernels.norms import gated_rms_norm, rms_norm
 from ninfer.kernels.rope import qk_norm_rope
 from ninfer.models.batch import ForwardBatch
@@ -27,8 +28,17 @@ from ninfer.models.cache import ModelCache
 FusedRows = dict[str, tuple[tuple[str, int], ...]]  # fused attribute -> ((part attribute, rows), ...)
 
 
-def linear(in_features: int, out_features: int) -> nn.Linear:
-    return nn.Linear(in_features, out_features, bias=False)
+class Linear(nn.Linear):
+    """A float projection without bias. The small ones that recipes keep in bf16 (routers, the DeltaNet a/b gates)
+    run at decode sizes as cuBLAS or one Triton launch, whichever the tuner timed faster
+    (:func:`~ninfer.kernels.float_gemv.float_linear`); everything else is ``F.linear``."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return float_linear(x, self.weight)
+
+
+def linear(in_features: int, out_features: int) -> Linear:
+    return Linear(in_features, out_features, bias=False)
 
 
 class GateUpLinear(nn.Linear):
