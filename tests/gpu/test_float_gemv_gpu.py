@@ -3,15 +3,21 @@
 replays equal to eager calls; and the tuned ``float_linear`` equal to the config it chose."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
+from bf16_oracle import assert_same_up_to_rounding
 from kernel_testing import assert_close, assert_graph_replays_eager
 
+import ninfer
+from ninfer.kernels import float_gemv
 from ninfer.kernels.float_gemv import TABLE, float_gemv_candidates, float_linear, launch_float_gemv
 from ninfer.kernels.quant_gemm.gemv import reduce_kernel_for_splits
 from ninfer.kernels.quant_gemm.tune import sm_count
 from ninfer.kernels.tuning import TunerState, use_tuner
+from tiny_checkpoints import REAL_HEADS, make_moe
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 CUDA = torch.device("cuda")
@@ -66,3 +72,27 @@ def test_the_tuned_call_times_both_paths_and_keeps_its_choice() -> None:
         launch_float_gemv(x, w, out, cfg)
         assert torch.equal(y, out)
         print(f"router 257 x 2048 at 4 rows: {cfg}")
+
+
+def test_a_moe_model_decodes_alike_with_the_float_gemv_pinned(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bf16 MoE model (router with the shared expert's gate row, a/b gates: its small float projections) with
+    the float GEMV in every decode graph and short chunk, against the same model on cuBLAS: the same greedy tokens
+    up to bf16 rounding (tests/bf16_oracle.py). First candidates only: cuBLAS, or with cuBLAS dropped the first
+    float-GEMV config."""
+    ckpt = make_moe(tmp_path, expert_layout="fused", seed=2,
+                    overrides={**REAL_HEADS, "moe_intermediate_size": 128, "shared_expert_intermediate_size": 128})
+    monkeypatch.setenv("NINFER_AUTOTUNE", "off")
+    kw = dict(device="cuda", dtype=torch.bfloat16, progress=False, max_concurrency=2)
+    prompts = [torch.randint(0, 448, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in (40, 9)]
+    gen = dict(max_new_tokens=24, greedy=True, logprobs=1, ignore_eos=True)
+    base = ninfer.load(ckpt.path, **kw)
+    expected = [base.generate(p, **gen) for p in prompts]
+    kinds: list[str] = []
+    candidates, launch = float_gemv.float_gemv_candidates, float_gemv.launch_float_gemv
+    monkeypatch.setattr(float_gemv, "float_gemv_candidates", lambda *a: candidates(*a)[1:])
+    monkeypatch.setattr(float_gemv, "launch_float_gemv", lambda x, w, out, cfg: (kinds.append(cfg.kind),
+                                                                                 launch(x, w, out, cfg))[1])
+    pinned = ninfer.load(ckpt.path, **kw)
+    for prompt, ref in zip(prompts, expected):
+        assert_same_up_to_rounding(pinned.generate(prompt, **gen), ref, greedy=True)
+    assert kinds and set(kinds) == {"float-gemv"}
