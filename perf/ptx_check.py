@@ -141,17 +141,18 @@ def moe_gemv(fmt: str, arch: int, sms: int) -> None:
                     print(f"{head}: FAILED {type(err).__name__}: {str(err).splitlines()[0][:200]}", flush=True)
 
 
-def compile_expert_mma(fmt: str, cfg, swiglu: bool, arch: int):
-    """moe_quant_mma's register decode of int4 expert stacks (bf16 activations), split-K fused where split."""
+def compile_expert_mma(fmt: str, cfg, swiglu: bool, arch: int, aligned: bool = False):
+    """moe_quant_mma's register decode of int4 expert stacks (bf16 activations), split-K fused where split;
+    ``aligned``: over rows aligned in blocks of 16 (a verification of several lanes)."""
     strides = ("stride_xm", "stride_qe", "stride_qn", "stride_se", "stride_sn", "stride_om")
     sig = {"x_ptr": "*bf16", "q_ptr": "*u8", "s_ptr": "*fp16", "rw_ptr": "*bf16", "out_ptr": "*bf16",
-           "ws_ptr": "*fp32", "cnt_ptr": "*i32", "ids_ptr": "*i64",
+           "ws_ptr": "*fp32", "cnt_ptr": "*i32", "ids_ptr": "*i64", "sorted_ptr": "*i32", "block_experts_ptr": "*i32",
            **dict.fromkeys(("NK", "N_OUT", "a_div", "chunks_per_split", "KC", *strides), "i32")}
     split = cfg.split_k > 1
     consts = dict(CPG=int(fmt.split("-g")[1]) // 64, SWIGLU=swiglu, SPLIT=split, FUSED_REDUCE=split,
                   SUM_ACROSS=split and split_sum_across(),
                   WARPS=cfg.num_warps, UNROLL=cfg.block_k // 64, PREFETCH=cfg.num_stages > 1, PAIRS_BLOCK=64,
-                  DECODE_ASM=row_major_decode_asm("bf16"), DECODE_OPERANDS="=r," * 16 + "r,r,r,r",
+                  ALIGNED=aligned, DECODE_ASM=row_major_decode_asm("bf16"), DECODE_OPERANDS="=r," * 16 + "r,r,r,r",
                   MMA_ASM=mma_asm("bf16"), ASM=True)
     sig.update(dict.fromkeys(consts, "constexpr"))
     names = list(sig)
@@ -163,11 +164,12 @@ def compile_expert_mma(fmt: str, cfg, swiglu: bool, arch: int):
 
 def expert_mma(fmt: str, arch: int, sms: int) -> None:
     for name, n_out, k, swiglu in (("gate_up", 512, 2048, True), ("down", 2048, 512, False)):
-        for cfg in moe_quant_mma.expert_mma_candidates(fmt, 8, n_out, k, sms):
-            head = (f"{fmt:9s} expert-mma-{name:7s} warps={cfg.num_warps} chunks/trip={cfg.block_k // 64} "
-                    f"split={cfg.split_k:<3d} stages={cfg.num_stages}")
-            register_decode_line(head, lambda: compile_expert_mma(fmt, cfg, swiglu, arch),
-                                 16 * cfg.block_k * (2 if swiglu else 1) / 32, arch)
+        for pairs, aligned in ((8, False), (256, True)):  # batch 1; eight lanes verifying four tokens
+            for cfg in moe_quant_mma.expert_mma_candidates(fmt, pairs, n_out, k, sms):
+                head = (f"{fmt:9s} expert-mma-{name:7s}{' aligned' if aligned else ''} warps={cfg.num_warps} "
+                        f"chunks/trip={cfg.block_k // 64} split={cfg.split_k:<3d} stages={cfg.num_stages}")
+                register_decode_line(head, lambda: compile_expert_mma(fmt, cfg, swiglu, arch, aligned),
+                                     16 * cfg.block_k * (2 if swiglu else 1) / 32, arch)
 
 
 def compile_mma(fmt: str, cfg, swiglu: bool, arch: int):

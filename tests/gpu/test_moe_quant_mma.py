@@ -4,7 +4,7 @@ Run: ``python -m pytest -m gpu tests/gpu/test_moe_quant_mma.py``. Every candidat
 for both GEMMs, at 1, 4 and 8 tokens (8, 32, 64 routed pairs), bf16 and fp16 activations, a skewed routing (one
 expert in every token's top k: a block of eight pairs; top-2 routing with 20 pairs on one expert: three blocks),
 against dequantize + the fp32 reference; experts without tokens never read (NaN scales); a captured step replays
-exactly what eager calls compute.
+exactly what eager calls compute; and past the alignment-free limit, rows aligned in blocks of 16 (9 and 32 tokens).
 """
 from __future__ import annotations
 
@@ -110,3 +110,32 @@ def test_graph_replay(stacks) -> None:
 
         step()
         assert_graph_replays_eager(step, [logits, x], n)
+
+
+@pytest.mark.parametrize("n", [9, 32])
+def test_aligned_verification_rows(stacks, n: int) -> None:
+    """Past the 64 alignment-free pairs (9 tokens; 32: eight lanes verifying four tokens each), the rows come in
+    aligned blocks of 16: the first candidates against the reference, unselected experts never read, a captured
+    step equal to eager calls."""
+    gate_up, down = stacks
+    weights, ids = _route(n, 70 + n)
+    x = torch.randn(n, H, device="cuda", dtype=torch.bfloat16)
+    ref = moe_experts_reference(x.float(), gate_up.dequantize(), down.dequantize(), weights.float(), ids)
+    for cfg in _configs(n)[:3]:
+        got = moe_experts_triton(x, gate_up, down, weights.to(torch.bfloat16), ids, path=cfg)
+        assert torch.isfinite(got).all() and ((got.float() - ref).norm() / ref.norm()).item() < TOL, (n, cfg)
+    cfg = _configs(n)[0]
+    unused = torch.ones(E, dtype=torch.bool, device="cuda")
+    unused[ids.flatten()] = False
+    if unused.any():
+        poisoned = nan_experts(stacks, unused.nonzero().flatten().tolist())
+        assert torch.equal(moe_experts_triton(x, *poisoned, weights, ids, path=cfg),
+                           moe_experts_triton(x, *stacks, weights, ids, path=cfg))
+    logits = torch.randn(n, E, device="cuda", dtype=torch.bfloat16)
+
+    def step() -> torch.Tensor:
+        w, i = route_topk(logits, TOP_K)
+        return moe_experts_triton(x, gate_up, down, w, i, path=cfg)
+
+    step()
+    assert_graph_replays_eager(step, [logits, x], n)

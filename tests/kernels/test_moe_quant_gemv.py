@@ -233,6 +233,33 @@ def test_selection_keeps_the_faster_path_per_key(monkeypatch: pytest.MonkeyPatch
     assert len(timings) == 2 and all(len(t) == n_cands and t[GROUPED_DOT] == 1.0 for t in timings.values())
 
 
+def test_aligned_verification_rows_choose_between_the_dot_and_the_register_decode(monkeypatch: pytest.MonkeyPatch,
+                                                                                   tuner: TunerState) -> None:
+    """Aligned rows in blocks of 16 of up to ALIGNED_MAX_PAIRS pairs (a verification of several lanes), bf16 / fp16:
+    the dot and the register decode's candidates are timed (no GEMV: it needs decode rows); beyond that, in blocks
+    of 64, or with fp32 activations, the dot without timing."""
+    from ninfer.kernels.moe.quant_mma import ALIGNED_MAX_PAIRS, expert_mma_candidates
+
+    monkeypatch.setattr(tuning, "on_gpu", lambda device: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    launched: list[GemmConfig] = []
+    mma = expert_mma_candidates("int4-g64", 80, 32, 256, quant_gemm_tune.sm_count(torch.device("cpu")))
+    monkeypatch.setattr(quant_gemm_timing, "graph_ms", lambda fn: (fn(), 0.5 if launched[-1] == mma[1] else 1.0)[1])
+    a = torch.zeros(1, 256, dtype=torch.float16)
+
+    def choose(rows: ExpertRows, dtype: torch.dtype = torch.float16) -> GemmConfig:
+        return choose_config("int4-g64", a.to(dtype), rows, 32, 256, True, launched.append)
+
+    aligned = _rows(80, direct=False)
+    assert not aligned.direct and aligned.block_m == 16
+    assert choose(aligned) == mma[1] and launched == [GROUPED_DOT, *mma]
+    launched.clear()
+    assert choose(aligned, torch.float32) == GROUPED_DOT
+    assert choose(_rows(ALIGNED_MAX_PAIRS + 1, direct=False)) == GROUPED_DOT
+    ids = torch.arange(80).reshape(-1, 1) % E
+    assert choose(expert_rows(ids, E, 0, 64)) == GROUPED_DOT and not launched
+
+
 def test_auto_path_runs_the_chosen_kernel(monkeypatch: pytest.MonkeyPatch, tuner: TunerState) -> None:
     """launch_quant_experts with path=None: the selection's candidates really launch (fake timings make
     the prefetch GEMV the fastest for gate/up, the dot for down) and the chosen kernels give the output."""

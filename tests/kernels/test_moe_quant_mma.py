@@ -3,7 +3,8 @@
 int4 expert stacks (g64 and g128) against dequantize + ``moe_experts_reference`` in fp32, fp32 and fp16
 activations, both epilogues (gate/up SwiGLU, down times the routing weight), split-K with the fused and with the
 separate reduction, prefetch on and off, ragged tile groups, and experts holding more than eight pairs (a
-second block of eight, served by its own program). Outputs and scratch are NaN-poisoned. The interpreter runs
+second block of eight, served by its own program), and rows aligned in blocks of 16 past the alignment-free limit
+(each program half a block). Outputs and scratch are NaN-poisoned. The interpreter runs
 the kernel's Triton gathers, not its PTX: the GPU tests check that (``tests/gpu/test_moe_quant_mma.py``).
 """
 from __future__ import annotations
@@ -98,7 +99,11 @@ def test_mma_path_pin(monkeypatch: pytest.MonkeyPatch) -> None:
     ran.clear()
     moe_experts_triton(x, *expert_stacks("int4-g64", E, 256, 128), weights, ids)
     assert ran == ["mma", "mma"]
-    monkeypatch.setattr("ninfer.kernels.moe.gemm.DIRECT_MAX_PAIRS", 0)  # aligned 16-row blocks
+    monkeypatch.setattr("ninfer.kernels.moe.gemm.DIRECT_MAX_PAIRS", 0)  # aligned 16-row blocks: still served
+    ran.clear()
+    moe_experts_triton(x, *expert_stacks("int4-g64", E, 256, 128), weights, ids)
+    assert ran == ["mma", "mma"]
+    monkeypatch.setattr("ninfer.kernels.moe.gemm.block_m_for", lambda pairs, experts: 64)  # 64-row blocks: the dot
     ran.clear()
     moe_experts_triton(x, *expert_stacks("int4-g64", E, 256, 128), weights, ids)
     assert ran == ["dot", "dot"]
@@ -117,6 +122,14 @@ def test_fit_candidates_and_errors() -> None:
     with pytest.raises(ValueError, match="does not fit"):  # outputs not whole 16-row tiles
         launch_expert_mma(expert_rows(ids, E, 64, 16), x, gate_up, dst[:, :120], weights.reshape(-1), a_div=K,
                           swiglu=True, cfg=_cfg(4, 2, 1, False))
-    with pytest.raises(ValueError, match="alignment-free"):
-        launch_expert_mma(expert_rows(ids, E, 0, 16), x, gate_up, dst, weights.reshape(-1), a_div=K, swiglu=True,
+    with pytest.raises(ValueError, match="blocks of 16"):  # aligned rows in blocks of 64
+        launch_expert_mma(expert_rows(ids, E, 0, 64), x, gate_up, dst, weights.reshape(-1), a_div=K, swiglu=True,
                           cfg=_cfg(4, 2, 1, False))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_aligned_blocks_of_sixteen(dtype: torch.dtype) -> None:
+    """Past the alignment-free limit (40 tokens x 2 slots = 80 pairs over 8 experts: blocks of 16 pairs, most
+    experts several blocks, the last of each partly padding): programs serve halves of blocks and skip padding."""
+    check_quant_experts("int4-g64", 256, 128, dtype, 40, _cfg(4, 2, 2, True), seed=40)
+

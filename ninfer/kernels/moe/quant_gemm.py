@@ -37,7 +37,7 @@ import triton.language as tl
 from ninfer.kernels.autotune import ninfer_autotune
 from ninfer.kernels.dispatch import autotune_configs
 from ninfer.kernels.moe.align import ExpertRows, aligned_tile, pair_group, pair_rows
-from ninfer.kernels.moe.quant_mma import EXPERT_MMA_KIND, expert_mma_candidates, launch_expert_mma
+from ninfer.kernels.moe.quant_mma import ALIGNED_BLOCK, EXPERT_MMA_KIND, expert_mma_candidates, launch_expert_mma
 from ninfer.kernels.moe.quant_gemv import (
     GROUPED_DOT,
     choose_config,
@@ -194,7 +194,7 @@ def launch_quant_experts(rows: ExpertRows, a: torch.Tensor, w: QuantizedTensor, 
     :mod:`ninfer.kernels.moe.quant_gemv` per key at decode (:func:`ninfer.kernels.moe.quant_gemv.choose_config`);
     "dot" pins the ``tl.dot`` kernels, "gemv" the GEMV's first candidate wherever it applies
     (alignment-free decode rows; the dot elsewhere), "mma" the register decode's (:mod:`.quant_mma`: int4 stacks at
-    decode rows; the dot elsewhere); a ``GemmConfig`` of either kind pins exactly that
+    decode rows or in blocks of 16 pairs; the dot elsewhere); a ``GemmConfig`` of either kind pins exactly that
     (tests, benchmarks; a GEMV config raises on aligned rows)."""
     name = w.format.name
     if name not in QUANT_FORMATS or len(w.shape) != 3:
@@ -223,8 +223,10 @@ def launch_quant_experts(rows: ExpertRows, a: torch.Tensor, w: QuantizedTensor, 
     elif path == "gemv":  # where it applies (alignment-free decode rows), else the dot
         cfg = expert_gemv_candidates(name, rows.pairs, n_out, k_dim, sm_count(a.device))[0] if rows.direct \
             else GROUPED_DOT
-    elif path == "mma":  # the register decode's first candidate where it applies (int4, decode rows), else the dot
-        mma = expert_mma_candidates(name, rows.pairs, n_out, k_dim, sm_count(a.device)) if rows.direct else []
+    elif path == "mma":  # the register decode's first candidate where it applies (int4; decode rows or blocks of
+        # 16), else the dot
+        takes = rows.direct or rows.block_m == ALIGNED_BLOCK
+        mma = expert_mma_candidates(name, rows.pairs, n_out, k_dim, sm_count(a.device)) if takes else []
         cfg = mma[0] if mma else GROUPED_DOT
     else:
         raise ValueError(f"expert GEMM path must be auto, dot, gemv, mma or a GemmConfig, got {path!r}")

@@ -41,7 +41,8 @@ import triton
 import triton.language as tl
 
 from ninfer.kernels.moe.align import ExpertRows, pair_group, pair_rows
-from ninfer.kernels.moe.quant_mma import expert_mma_candidates
+from ninfer.kernels.moe.quant_mma import ALIGNED_BLOCK, ALIGNED_MAX_PAIRS, expert_mma_candidates
+from ninfer.kernels.moe.quant_mma import FORMATS as MMA_FORMATS
 from ninfer.kernels.quant_gemm import tune as quant_gemm_tune
 from ninfer.kernels.quant_gemm.common import FMT_CODES, finish, kernel_tensors
 from ninfer.kernels.quant_gemm.tune import GemmConfig, kernel_params, sm_count
@@ -280,16 +281,21 @@ def choose_config(fmt: str, a: torch.Tensor, rows: ExpertRows, n_out: int, k: in
     (:func:`ninfer.kernels.tuning.default_tuner`, table ``"moe_gemv"``). Only alignment-free calls of
     <= MAX_PAIRS pairs are candidates; their first tunable call per key takes the choice stored on disk if
     it is still a candidate, else times ``launch`` of each candidate (graph replays) and keeps (and stores)
-    the fastest. Untuned keys (capture, interpreter, CPU, ``NINFER_QUANT_TUNE=0``): the dot."""
-    if not rows.direct or rows.pairs > MAX_PAIRS:
+    the fastest. Untuned keys (capture, interpreter, CPU, ``NINFER_QUANT_TUNE=0``): the dot. Aligned calls of up
+    to ``ALIGNED_MAX_PAIRS`` pairs in blocks of 16 (a speculative verification of several lanes) choose between
+    the dot and the register decode (:mod:`.quant_mma`) the same way."""
+    floats = a.dtype in (torch.bfloat16, torch.float16)
+    aligned = (not rows.direct and rows.block_m == ALIGNED_BLOCK and rows.pairs <= ALIGNED_MAX_PAIRS and floats
+               and fmt in MMA_FORMATS)
+    if not aligned and (not rows.direct or rows.pairs > MAX_PAIRS):
         return GROUPED_DOT
     key = (fmt, a.dtype, rows.tune_m, n_out, k, swiglu, a.device)
 
     def cands() -> list[GemmConfig]:
         sms = sm_count(a.device)
-        register_decode = expert_mma_candidates(fmt, rows.pairs, n_out, k, sms) \
-            if a.dtype in (torch.bfloat16, torch.float16) else []
-        return [GROUPED_DOT, *expert_gemv_candidates(fmt, rows.pairs, n_out, k, sms), *register_decode]
+        register_decode = expert_mma_candidates(fmt, rows.pairs, n_out, k, sms) if floats else []
+        gemv = [] if aligned else expert_gemv_candidates(fmt, rows.pairs, n_out, k, sms)
+        return [GROUPED_DOT, *gemv, *register_decode]
 
     def time_fn(cfgs: list[GemmConfig]) -> dict[GemmConfig, float]:
         return quant_gemm_tune.time_candidates(cfgs, launch, graphs=True)

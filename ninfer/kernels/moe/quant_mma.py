@@ -10,6 +10,10 @@ lane loads 8 bytes of each of its two rows per 64 columns and its activations ar
   expert's pairs (rank 0, 8, ...; at decode one token's eight pairs have eight experts, so every program of a
   batch-1 step runs) and serves that block: lane ``(g, t)`` feeds the MMAs the activation row of the block's
   pair ``g``, and its accumulators are pairs ``2t`` and ``2t + 1``. No other expert's bytes are read.
+* Past the alignment-free decode rows (a speculative verification of several lanes: 4 tokens x 8 lanes x 8
+  slots), the rows come aligned to blocks of 16 pairs of one expert (:func:`~ninfer.kernels.moe.align.align_pairs`)
+  and grid axis 2 is (row block, half): each program serves eight pairs of a block, and exits where its block or
+  half is padding. The ``tl.dot`` grouped GEMM otherwise pads every expert's one or two pairs to a 16-row MMA.
 * Gate/up (SwiGLU: the gate tile and the up tile of the same outputs in one warp, sharing the activation loads),
   or down times the routing weight ``rw[pair]``. Each scale group's products accumulate from zero in fp32 and are
   scaled once. Split-K stores fp32 partials (the routing weight already applied: it is linear) and the last
@@ -48,6 +52,8 @@ from ninfer.kernels.quant_gemm.gemv_steps import (
 from ninfer.kernels.quant_gemm.tune import GemmConfig
 
 EXPERT_MMA_KIND = "expert-mma"  # GemmConfig.kind of this kernel (block_n = 16 * num_warps, block_k = a trip)
+ALIGNED_BLOCK = 16  # pairs per aligned row block it takes (two programs of eight)
+ALIGNED_MAX_PAIRS = 256  # aligned calls up to which it is a candidate: 32 tokens of top-8 (8 lanes x 4 verified)
 FORMATS = {"int4-g64": 64, "int4-g128": 128}  # the formats it reads, by scale group
 # a chunk's loads at its constant offset from the loop trip's address (one inline-PTX string per chunk of a trip)
 _L0, _L1, _L2, _L3 = (tl.constexpr(row_major_load_asm(u)) for u in range(4))
@@ -139,17 +145,27 @@ def _slot_pair(slot, block_pairs):
 
 @triton.jit(do_not_specialize=["NK", "chunks_per_split"])
 def _expert_mma_kernel(
-    x_ptr, q_ptr, s_ptr, rw_ptr, out_ptr, ws_ptr, cnt_ptr, ids_ptr,
+    x_ptr, q_ptr, s_ptr, rw_ptr, out_ptr, ws_ptr, cnt_ptr, ids_ptr, sorted_ptr, block_experts_ptr,
     NK, N_OUT, a_div, chunks_per_split, KC, stride_xm, stride_qe, stride_qn, stride_se, stride_sn, stride_om,
     CPG: tl.constexpr, SWIGLU: tl.constexpr, SPLIT: tl.constexpr, FUSED_REDUCE: tl.constexpr, SUM_ACROSS: tl.constexpr,
     WARPS: tl.constexpr, UNROLL: tl.constexpr, PREFETCH: tl.constexpr, PAIRS_BLOCK: tl.constexpr,
-    DECODE_ASM: tl.constexpr, DECODE_OPERANDS: tl.constexpr, MMA_ASM: tl.constexpr, ASM: tl.constexpr,
+    ALIGNED: tl.constexpr, DECODE_ASM: tl.constexpr, DECODE_OPERANDS: tl.constexpr, MMA_ASM: tl.constexpr,
+    ASM: tl.constexpr,
 ):
-    _, match, rank, count, earlier = pair_group(ids_ptr, tl.program_id(2), NK, PAIRS_BLOCK)
-    if earlier % 8 != 0:  # not the first pair of a block of eight of its expert: that block's program serves it
-        return
-    expert = tl.load(ids_ptr + tl.program_id(2)).to(tl.int64)
-    block_pairs = pair_rows(match, rank, count, earlier, NK, 8, PAIRS_BLOCK)
+    if ALIGNED:  # half (program_id(2) % 2) of a block of 16 aligned pairs (sentinel NK in its padding)
+        block = tl.program_id(2) // 2
+        expert = tl.load(block_experts_ptr + block).to(tl.int64)
+        if expert < 0:  # past the last block
+            return
+        block_pairs = tl.load(sorted_ptr + block * 16 + (tl.program_id(2) % 2) * 8 + tl.arange(0, 8))
+        if tl.min(block_pairs, axis=0) >= NK:  # the half is padding
+            return
+    else:
+        _, match, rank, count, earlier = pair_group(ids_ptr, tl.program_id(2), NK, PAIRS_BLOCK)
+        if earlier % 8 != 0:  # not the first pair of a block of eight of its expert: that block's program serves it
+            return
+        expert = tl.load(ids_ptr + tl.program_id(2)).to(tl.int64)
+        block_pairs = pair_rows(match, rank, count, earlier, NK, 8, PAIRS_BLOCK)
     e = tl.arange(0, 32 * WARPS)  # one element per thread: element i is thread i (lane i % 32 of warp i // 32)
     lane = e % 32
     g = lane // 4
@@ -243,12 +259,13 @@ def launch_expert_mma(rows: ExpertRows, a: torch.Tensor, w, dst: torch.Tensor, r
     """``dst[pair] = f(a[pair // a_div] @ dequantize(w)[expert]^T)`` (``launch_quant_experts``'s contract) for an
     int4 stack ``w`` (a ``QuantizedTensor [E, N, K]``, row-major) through this kernel: ``cfg.num_warps`` 16-row
     tiles per program, ``cfg.block_k / 64`` chunks per loop trip, ``cfg.split_k``, ``num_stages > 1``: prefetch.
-    Needs the alignment-free rows of decode (``rows.direct``)."""
+    Takes the alignment-free rows of decode (``rows.direct``) or rows aligned to blocks of 16."""
     name = w.format.name
     n_out, k = dst.shape[1], a.shape[1]
     unroll = cfg.block_k // 64
-    if not rows.direct:
-        raise ValueError(f"the expert register decode needs alignment-free decode rows, got {rows.pairs} pairs")
+    if not rows.direct and rows.block_m != ALIGNED_BLOCK:
+        raise ValueError(f"the expert register decode needs alignment-free rows or blocks of {ALIGNED_BLOCK}, got "
+                         f"blocks of {rows.block_m}")
     if (cfg.kind != EXPERT_MMA_KIND or unroll not in (1, 2, 4) or cfg.block_k % 64
             or not expert_mma_fits(name, n_out, k, unroll) or cfg.block_k % FORMATS[name]):
         raise ValueError(f"expert register decode config {cfg} does not fit {name} N = {n_out}, K = {k}")
@@ -261,15 +278,19 @@ def launch_expert_mma(rows: ExpertRows, a: torch.Tensor, w, dst: torch.Tensor, r
     nk = rows.pairs
     ws = torch.empty(splits, nk, n_out * (2 if swiglu else 1), dtype=torch.float32, device=a.device) \
         if splits > 1 else dst
-    grid = (triton.cdiv(n_out // 16, cfg.num_warps), splits, nk)
+    grid = (triton.cdiv(n_out // 16, cfg.num_warps), splits, nk if rows.direct else 2 * rows.blocks)
     counters = tile_counters(a.device, grid[0] * grid[2]) if splits > 1 else None
     ty = "f16" if a.dtype == torch.float16 else "bf16"
+    ids, sorted_pairs, block_experts = (rows.flat_ids, None, None) if rows.direct else \
+        (None, rows.sorted_pairs, rows.block_experts)
     _expert_mma_kernel[grid](
-        a, q, scales, rw, dst, ws, counters, rows.flat_ids, nk, n_out, a_div, per, kc, a.stride(0), q.stride(0),
+        a, q, scales, rw, dst, ws, counters, ids, sorted_pairs, block_experts, nk, n_out, a_div, per, kc, a.stride(0),
+        q.stride(0),
         q.stride(1), scales.stride(0), scales.stride(1), dst.stride(0), CPG=FORMATS[name] // 64, SWIGLU=swiglu,
         SPLIT=splits > 1, FUSED_REDUCE=counters is not None, SUM_ACROSS=counters is not None and split_sum_across(),
         WARPS=cfg.num_warps, UNROLL=unroll,
-        PREFETCH=cfg.num_stages > 1, PAIRS_BLOCK=rows.pairs_block, DECODE_ASM=row_major_decode_asm(ty),
+        PREFETCH=cfg.num_stages > 1, PAIRS_BLOCK=rows.pairs_block, ALIGNED=not rows.direct,
+        DECODE_ASM=row_major_decode_asm(ty),
         DECODE_OPERANDS="=r," * 16 + "r,r,r,r", MMA_ASM=mma_asm(ty), ASM=asm, num_warps=cfg.num_warps, num_stages=1,
     )
     if splits > 1 and counters is None:
@@ -286,7 +307,8 @@ def expert_mma_candidates(fmt: str, pairs: int, n_out: int, k: int, sms: int) ->
                                         (2, 2, 1, 8), (4, 2, 2, 2), (4, 4, 1, 2), (4, 2, 2, 1), (4, 4, 1, 1)):
         if not expert_mma_fits(fmt, n_out, k, unroll):
             continue
-        programs = triton.cdiv(n_out // 16, warps) * max(1, min(pairs, 8))
+        # decode rows: about one program per token's pair (distinct experts); aligned rows: up to one per pair
+        programs = triton.cdiv(n_out // 16, warps) * (max(1, min(pairs, 8)) if pairs <= 64 else pairs)
         split = max(1, min(triton.cdiv(fill * sms, programs), k // (64 * unroll), 32))
         cfg = GemmConfig(8, 16 * warps, 64 * unroll, split, warps, stages, EXPERT_MMA_KIND)
         if cfg not in out:
