@@ -26,7 +26,7 @@ at most ``HANDOVER_TIMEOUT_S``, until the request's consumer asks for its next e
 written the token to its client. Otherwise the engine thread goes on to build and launch the next steps, and the
 loop thread, woken from its selector, waits for the GIL through them: with the step left in flight the host
 does two steps' work before it first waits on the device, and a first token reached its client ~1.1 ms late
-(``perf/trace_server.py --simulate-device``: 1.75 ms from sampled to parsed, 0.66 ms with the hand-over). The wait
+(``perf/trace_server.py --simulate-device``: 1.75 ms from sampled to parsed, 0.68 ms with the hand-over). The wait
 costs the device at most that long once per request, when nothing else is queued.
 
 When the thread ends for any reason, every open stream gets :class:`EngineStopped`, so that
@@ -146,7 +146,7 @@ class AsyncEngine:
                 if not self._awaiting:
                     self._handover.notify()
 
-    def _hand_over(self, firsts: list[str]) -> None:
+    def _hand_over(self) -> None:
         """Engine thread: wait (bounded) until the first tokens just posted have been consumed."""
         with self._handover:
             self._handover.wait_for(lambda: not self._awaiting, timeout=HANDOVER_TIMEOUT_S)
@@ -224,7 +224,7 @@ class AsyncEngine:
                     self._awaiting.update(firsts)
             self._flush(batches)
             if firsts:
-                self._hand_over(firsts)
+                self._hand_over()
         else:
             self._held = batches
 
