@@ -97,19 +97,23 @@ def test_unselected_experts_are_never_read(stacks) -> None:
         assert torch.equal(got, moe_experts_triton(x, *stacks, weights, ids, path=cfg)), n
 
 
-def test_graph_replay(stacks) -> None:
+def _assert_step_replays(stacks, n: int, cfg) -> None:
+    """Routing and both expert GEMMs of ``n`` tokens (``cfg`` pinned) captured: replays equal eager calls."""
     gate_up, down = stacks
+    logits = torch.randn(n, E, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(n, H, device="cuda", dtype=torch.bfloat16)
+
+    def step() -> torch.Tensor:
+        weights, ids = route_topk(logits, TOP_K)
+        return moe_experts_triton(x, gate_up, down, weights, ids, path=cfg)
+
+    step()
+    assert_graph_replays_eager(step, [logits, x], n)
+
+
+def test_graph_replay(stacks) -> None:
     for n in (1, 8):
-        cfg = _configs(n)[0]
-        logits = torch.randn(n, E, device="cuda", dtype=torch.bfloat16)
-        x = torch.randn(n, H, device="cuda", dtype=torch.bfloat16)
-
-        def step() -> torch.Tensor:
-            weights, ids = route_topk(logits, TOP_K)
-            return moe_experts_triton(x, gate_up, down, weights, ids, path=cfg)
-
-        step()
-        assert_graph_replays_eager(step, [logits, x], n)
+        _assert_step_replays(stacks, n, _configs(n)[0])
 
 
 @pytest.mark.parametrize("n", [9, 32])
@@ -131,11 +135,4 @@ def test_aligned_verification_rows(stacks, n: int) -> None:
         poisoned = nan_experts(stacks, unused.nonzero().flatten().tolist())
         assert torch.equal(moe_experts_triton(x, *poisoned, weights, ids, path=cfg),
                            moe_experts_triton(x, *stacks, weights, ids, path=cfg))
-    logits = torch.randn(n, E, device="cuda", dtype=torch.bfloat16)
-
-    def step() -> torch.Tensor:
-        w, i = route_topk(logits, TOP_K)
-        return moe_experts_triton(x, gate_up, down, w, i, path=cfg)
-
-    step()
-    assert_graph_replays_eager(step, [logits, x], n)
+    _assert_step_replays(stacks, n, cfg)
