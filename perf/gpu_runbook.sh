@@ -55,7 +55,7 @@ bench-27b-step        27B int4 engine (decode ctx 1k / 32k, C = 1 / 8, 8k prefil
 ncu-gemm-mma          Nsight Compute of the tensor-core int4 decode (gate/up, int4-g64 / -g128, 1 and 8 tokens)
 ncu-gemm-frag         Nsight Compute of the register decode of fragment-laid int4-g64 (gate_up and down, 1 and 8 tokens or NCU_TOKENS, the fastest config of each): DRAM throughput, stall reasons, occupancy
 gpu-tests-fragments-model  the whole int4 and nvfp4 models over fragment-laid weights on the GPU (tests/gpu/test_fragments_model_gpu.py)
-gpu-tests-no-stalls   nothing compiles or tunes after ready over a serving mix (int4, int4 + MTP, nvfp4, bf16); the 8k-chunk workspace bound at 27B widths
+gpu-tests-no-stalls   nothing compiles or tunes after ready over a serving mix (int4, int4 + MTP, nvfp4, bf16, MoE int4 + MTP); the 8k-chunk workspace bound at 27B widths
 startup-27b-int4      27B int4 cold and warm start-up by phase (main thread sampled every 3 s until ready), TTFT of first / second batch at C = 8 / 1, 8k / 32k prefill, ITL beside a 32k prefill, compiles after ready
 startup-27b-warm-serial  27B int4 warm start (on the caches the runbook restored) with the dry passes off (NINFER_PARALLEL_COMPILE=0), then on: is a warm start faster without them (20 s of dry passes found nothing to compile in run 2026-12-03.10), main thread sampled every 2 s
 profile-27b-chunks    why a small 27B int4 chunk costs as much as a large one: 8k prefill in 128- and 1024-token chunks, kernel time vs wall time, and a cProfile of the host

@@ -3,7 +3,8 @@ Triton kernel, no tuner timing and no triton.autotune benchmark (:mod:`ninfer.ke
 
 The model has few layers and a small width but the real head geometry (attention head dim 256, 6 query
 heads per KV head; DeltaNet dk = dv = 128, 3 value heads per key head) and goes through ``ninfer.load``
-as a checkpoint would, int4- or nvfp4-quantized (the GEMM tuner's paths) or bf16, with MTP speculation on or off.
+as a checkpoint would, int4- or nvfp4-quantized (the GEMM tuner's paths) or bf16, with MTP speculation on or off;
+and a MoE model of the same geometry, int4 with MTP (the expert and float-GEMV tuners' keys).
 The mix: C = 1..8 requests arriving together and one per step (prompts packed into one step, prompt
 chunks next to decode rows), prompts of 1 token to 32k, the sampler's paths (greedy, temperature /
 top-p / top-k / min-p, penalties, logprobs), prefix-cache hits of a conversation's next turn, and four
@@ -40,6 +41,14 @@ def _prompt(n: int, seed: int) -> list[int]:
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory) -> TinyCheckpoint:
     return make_composite(tmp_path_factory.mktemp("nostalls"), seed=7, overrides=REAL_HEADS)
+
+
+@pytest.fixture(scope="module")
+def moe_ckpt(tmp_path_factory) -> TinyCheckpoint:
+    """MoE with expert widths the register decodes take (its keys: decode rows, rows aligned in blocks of 16 past
+    64 pairs, the float GEMV's router and a/b gates)."""
+    return make_composite(tmp_path_factory.mktemp("nostalls_moe"), moe=True, seed=8,
+                          overrides={**REAL_HEADS, "moe_intermediate_size": 128, "shared_expert_intermediate_size": 128})
 
 
 class Mix:
@@ -100,9 +109,13 @@ class Mix:
         return next((lbl for at, lbl in reversed(self.where) if at <= event_index), "?")
 
 
-@pytest.mark.parametrize("quantize,mtp", [("int4", False), ("int4", True), ("nvfp4", False), (None, False)],
-                         ids=["int4", "int4-mtp", "nvfp4", "bf16"])
-def test_nothing_compiles_or_tunes_after_ready(ckpt: TinyCheckpoint, quantize: str | None, mtp: bool) -> None:
+@pytest.mark.parametrize("model,quantize,mtp", [("ckpt", "int4", False), ("ckpt", "int4", True),
+                                               ("ckpt", "nvfp4", False), ("ckpt", None, False),
+                                               ("moe_ckpt", "int4", True)],
+                         ids=["int4", "int4-mtp", "nvfp4", "bf16", "moe-int4-mtp"])
+def test_nothing_compiles_or_tunes_after_ready(request: pytest.FixtureRequest, model: str, quantize: str | None,
+                                               mtp: bool) -> None:
+    ckpt = request.getfixturevalue(model)
     llm = ninfer.load(ckpt.path, device="cuda", dtype=torch.bfloat16, quantize=quantize, max_concurrency=8,
                       max_context=LONG + 64, kv_capacity=3 * (LONG + 64), spec="mtp" if mtp else None,
                       progress=True)
