@@ -87,6 +87,7 @@ frag-nvfp4            the register decode of fragment-laid nvfp4: its GPU tests,
 deltanet-tail         the DeltaNet decode with the loads of its last program batched: its GPU tests, the kernel vs fla, the 27B int4 engine at ctx 1k, C = 1 / 8 and an 8k prompt in 1024-token chunks (also the first measure of the tuner candidate lists built once)
 split-sum             the fused split-K reduction of the register decodes split after split (NINFER_SPLIT_SUM=across) against the default: its GPU tests, L2-cold int4-g64 GEMMs at 1 / 8 tokens on the four 27B shapes, the 27B int4 engine at batch 1 / C = 8, off then on
 float-gemv            the one-launch float GEMV of the small bf16 projections (routers, a/b gates) against cuBLAS: its GPU tests, the bench at 1-16 tokens, the 35B-A3B engine C = 1 / 8 and its MTP rounds (the tuner picks per shape)
+float-expert-35b      float-gemv and expert-aligned in one call: both GPU tests, the float GEMV against cuBLAS, then 35B-A3B plain steps and MTP rounds at C = 1 / 8
 expert-aligned        the expert register decode over rows aligned in blocks of 16 (past 64 pairs: the 35B-A3B verification of several lanes): its GPU tests, then 35B-A3B MTP at C = 1 / 8 (the C = 8 round took the tl.dot grouped GEMM)
 chunks-host-35b       the 35B-A3B 8k prompt in 1024-token chunks (host-bound before the tuner built its candidate lists once per call shape) and in one chunk, beside batch 1
 itl-budgets-27b       27B int4 warm start: ITL of 4 decodes beside a 32k prefill at prefill_tokens_while_decoding 1024 (the default) / 512 / 256 / 128 and at max_decode_stall 3x / 2.5x, and the rate of the 32k prompt at each
@@ -452,6 +453,13 @@ stage() {
       part 110 python3 perf/bench_deltanet.py
       part 250 python3 perf/bench_engine.py --shape 27b --recipe int4 --contexts 1024 --lanes 1 8 --steps 12 \
         --prefill 8192 --chunk 1024
+      ;;
+    float-expert-35b)
+      gpu_tests 110 float_gemv_gpu -s
+      gpu_tests 110 moe_quant_mma -k aligned
+      part 60 python3 perf/bench_float_gemv.py
+      part 280 python3 perf/bench_spec.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --lanes 1 8 --steps 12 \
+        --prefill 1024
       ;;
     expert-aligned)
       gpu_tests 150 moe_quant_mma -k aligned
