@@ -56,6 +56,8 @@ def topic(record: dict) -> str:
         return "quant-gemm-decode" if record["m"] <= 32 else "quant-gemm-prefill"
     if bench.startswith("moe"):
         return "moe-kernels"
+    if bench == "float_gemv":
+        return "float-gemv"
     if bench == "sampling":
         return "sampling"
     if bench.startswith("host_"):
