@@ -37,7 +37,7 @@ import triton.language as tl
 from ninfer.kernels.autotune import ninfer_autotune
 from ninfer.kernels.dispatch import autotune_configs
 from ninfer.kernels.moe.align import ExpertRows, aligned_tile, pair_group, pair_rows
-from ninfer.kernels.moe.quant_mma import ALIGNED_BLOCK, EXPERT_MMA_KIND, expert_mma_candidates, launch_expert_mma
+from ninfer.kernels.moe.quant_mma import EXPERT_MMA_KIND, expert_mma_candidates, launch_expert_mma, takes_rows
 from ninfer.kernels.moe.quant_gemv import (
     GROUPED_DOT,
     choose_config,
@@ -225,8 +225,7 @@ def launch_quant_experts(rows: ExpertRows, a: torch.Tensor, w: QuantizedTensor, 
             else GROUPED_DOT
     elif path == "mma":  # the register decode's first candidate where it applies (int4; decode rows or blocks of
         # 16), else the dot
-        takes = rows.direct or rows.block_m == ALIGNED_BLOCK
-        mma = expert_mma_candidates(name, rows.pairs, n_out, k_dim, sm_count(a.device)) if takes else []
+        mma = expert_mma_candidates(name, rows.pairs, n_out, k_dim, sm_count(a.device)) if takes_rows(rows) else []
         cfg = mma[0] if mma else GROUPED_DOT
     else:
         raise ValueError(f"expert GEMM path must be auto, dot, gemv, mma or a GemmConfig, got {path!r}")

@@ -41,7 +41,7 @@ import triton
 import triton.language as tl
 
 from ninfer.kernels.moe.align import ExpertRows, pair_group, pair_rows
-from ninfer.kernels.moe.quant_mma import ALIGNED_BLOCK, ALIGNED_MAX_PAIRS, expert_mma_candidates
+from ninfer.kernels.moe.quant_mma import ALIGNED_MAX_PAIRS, expert_mma_candidates, takes_rows
 from ninfer.kernels.moe.quant_mma import FORMATS as MMA_FORMATS
 from ninfer.kernels.quant_gemm import tune as quant_gemm_tune
 from ninfer.kernels.quant_gemm.common import FMT_CODES, finish, kernel_tensors
@@ -278,15 +278,14 @@ TABLE = "moe_gemv"  # the tuner state's and the disk cache's table of these choi
 def choose_config(fmt: str, a: torch.Tensor, rows: ExpertRows, n_out: int, k: int, swiglu: bool,
                   launch: Callable[[GemmConfig], None]) -> GemmConfig:
     """``GROUPED_DOT`` or a GEMV config for this call, by the process's tuner state
-    (:func:`ninfer.kernels.tuning.default_tuner`, table ``"moe_gemv"``). Only alignment-free calls of
-    <= MAX_PAIRS pairs are candidates; their first tunable call per key takes the choice stored on disk if
+    (:func:`ninfer.kernels.tuning.default_tuner`, table ``"moe_gemv"``). Alignment-free calls of <= MAX_PAIRS
+    pairs are tuned; their first tunable call per key takes the choice stored on disk if
     it is still a candidate, else times ``launch`` of each candidate (graph replays) and keeps (and stores)
     the fastest. Untuned keys (capture, interpreter, CPU, ``NINFER_QUANT_TUNE=0``): the dot. Aligned calls of up
     to ``ALIGNED_MAX_PAIRS`` pairs in blocks of 16 (a speculative verification of several lanes) choose between
     the dot and the register decode (:mod:`.quant_mma`) the same way."""
     floats = a.dtype in (torch.bfloat16, torch.float16)
-    aligned = (not rows.direct and rows.block_m == ALIGNED_BLOCK and rows.pairs <= ALIGNED_MAX_PAIRS and floats
-               and fmt in MMA_FORMATS)
+    aligned = not rows.direct and takes_rows(rows) and rows.pairs <= ALIGNED_MAX_PAIRS and floats and fmt in MMA_FORMATS
     if not aligned and (not rows.direct or rows.pairs > MAX_PAIRS):
         return GROUPED_DOT
     key = (fmt, a.dtype, rows.tune_m, n_out, k, swiglu, a.device)

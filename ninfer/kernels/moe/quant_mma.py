@@ -248,6 +248,11 @@ def _expert_mma_kernel(
             reset_counter(cnt_ptr)
 
 
+def takes_rows(rows: ExpertRows) -> bool:
+    """Whether this kernel serves a call's rows: alignment-free decode rows, or rows aligned to blocks of 16."""
+    return rows.direct or rows.block_m == ALIGNED_BLOCK
+
+
 def expert_mma_fits(fmt: str, n_out: int, k: int, unroll: int = 2) -> bool:
     """Whether this kernel serves an expert GEMM of ``n_out`` outputs (per SwiGLU half) over ``k`` columns."""
     group = FORMATS.get(fmt)
@@ -263,7 +268,7 @@ def launch_expert_mma(rows: ExpertRows, a: torch.Tensor, w, dst: torch.Tensor, r
     name = w.format.name
     n_out, k = dst.shape[1], a.shape[1]
     unroll = cfg.block_k // 64
-    if not rows.direct and rows.block_m != ALIGNED_BLOCK:
+    if not takes_rows(rows):
         raise ValueError(f"the expert register decode needs alignment-free rows or blocks of {ALIGNED_BLOCK}, got "
                          f"blocks of {rows.block_m}")
     if (cfg.kind != EXPERT_MMA_KIND or unroll not in (1, 2, 4) or cfg.block_k % 64
