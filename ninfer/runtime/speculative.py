@@ -213,12 +213,14 @@ class MTPSpeculator:
         lanes, t, limit = self.lanes[:b], self.t, self.vocab_limit
         torch.index_select(self.lane_block_tables, 0, lanes, out=self.block_tables[:b])
         tokens, start, acc = self.tokens[lanes], self.start[lanes], self.accepted[lanes]
-        # Catch-up: all K+1 pairs of the last verification; the draft comes from pair a.
+        # Catch-up: all K+1 pairs of the last verification write their MTP K/V; the draft comes from pair a
+        # alone, so only its row goes through the LM head (b rows, not b * (K+1): the head's GEMM grows with rows
+        # past 8).
         positions = start[:, None] + self._steps
-        h, logits = self.head(self.hidden[lanes].reshape(b * t, -1), tokens.reshape(-1),
+        h = self.head.advance(self.hidden[lanes].reshape(b * t, -1), tokens.reshape(-1),
                               self._batch(b, positions, tokens), self.mtp_cache)
-        pick = self._rows[:b] * t + acc
-        h, draft = h[pick], logits[pick, :limit].argmax(-1)
+        h = h[self._rows[:b] * t + acc]
+        draft = self.model.logits(h)[:, :limit].argmax(-1)
         drafts = [draft]
         n = start + acc + 1  # position of x_n, the last committed token (not yet computed)
         for i in range(1, self.k):
