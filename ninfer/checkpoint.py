@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -79,7 +79,7 @@ def checkpoint_files(model_dir: Path) -> dict[str, Path]:
 class LoadReport:
     """What a load found besides the text model's own tensors."""
 
-    mtp: dict[str, torch.Tensor] = field(default_factory=dict)
+    mtp: dict[str, torch.Tensor] = field(default_factory=dict)  # ``mtp.*`` without the prefix, as stored
     vision_keys: list[str] = field(default_factory=list)
 
 
@@ -181,7 +181,7 @@ def _expert_slice(params: dict[str, nn.Parameter], stacks: dict[str, nn.Module],
 
 
 def load_weights(
-    model: nn.Module, model_dir: Path, device: torch.device, *, dtype: torch.dtype, tied_lm_head: bool,
+    model: nn.Module, model_dir: Path, device: torch.device, *, tied_lm_head: bool,
     progress: bool = True, translate: Callable[[str, torch.Tensor], list[tuple[str, torch.Tensor]]] | None = None,
 ) -> LoadReport:
     """Copy every checkpoint tensor into ``model`` (already materialised); raise on missing or misshapen ones.
@@ -189,23 +189,37 @@ def load_weights(
     ``translate`` maps a checkpoint tensor to the ``(key, tensor)`` pairs it stands for (pre-quantized
     checkpoints in public layouts rename and rescale their packed tensors this way).
     """
-    params = dict(model.named_parameters())
-    stacks = {name: m for name, m in model.named_modules() if hasattr(m, "rows_view")}  # quantized weights
-    parts = fused_parts(model)
     files = checkpoint_files(model_dir)
     report = LoadReport()
     # Vision weights are not read at all here: the vision tower loads them when vision is enabled.
     report.vision_keys = sorted(k for k in files if canonical_name(k)[0] == "vision")
     files = {k: p for k, p in files.items() if canonical_name(k)[0] != "vision"}
-    filled: set[str] = set()
-    expert_parts: dict[tuple[str, str], int] = {}  # (stacked experts, field) -> per-expert tensors placed
     total = tensor_bytes(files)
     bar = tqdm(total=total, unit="B", unit_scale=True, desc="loading weights", disable=not progress or None)
-    for raw_key, raw in _iter_tensors(files, device):
-        bar.update(raw.numel() * raw.element_size())
-        for key, tensor in (translate(raw_key, raw) if translate else [(raw_key, raw)]):
-            _place(key, tensor, params, stacks, parts, filled, expert_parts, report, dtype, tied_lm_head)
+
+    def tensors() -> Iterator[tuple[str, torch.Tensor]]:
+        for raw_key, raw in _iter_tensors(files, device):
+            bar.update(raw.numel() * raw.element_size())
+            yield from (translate(raw_key, raw) if translate else [(raw_key, raw)])
+
+    fill_module(model, tensors(), report=report, tied_lm_head=tied_lm_head, source=f"checkpoint {model_dir}")
     bar.close()
+    return report
+
+
+def fill_module(model: nn.Module, tensors: Iterable[tuple[str, torch.Tensor]], *, report: LoadReport | None = None,
+                tied_lm_head: bool = False, source: str = "the checkpoint") -> None:
+    """Copy ``(key, tensor)`` pairs into ``model`` (materialised; quantized weights already installed): a
+    parameter, rows of a fused projection, or a slice of stacked experts. ``mtp.*`` keys go to
+    ``report.mtp`` as stored. Raises :class:`CheckpointError` on an unexpected, misshapen or missing tensor."""
+    params = dict(model.named_parameters())
+    stacks = {name: m for name, m in model.named_modules() if hasattr(m, "rows_view")}  # quantized weights
+    parts = fused_parts(model)
+    report = report if report is not None else LoadReport()
+    filled: set[str] = set()
+    expert_parts: dict[tuple[str, str], int] = {}  # (stacked experts, field) -> per-expert tensors placed
+    for key, tensor in tensors:
+        _place(key, tensor, params, stacks, parts, filled, expert_parts, report, tied_lm_head)
     for (stacked, part), count in expert_parts.items():
         suffix = "" if part == "weight" else f".{part}"
         expected = 3 * params[f"{stacked}.down_proj{suffix}"].shape[0]
@@ -215,8 +229,7 @@ def load_weights(
     missing = _missing(params, parts, filled)
     if missing:
         shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
-        raise CheckpointError(f"checkpoint {model_dir} is missing {len(missing)} tensors: {shown}")
-    return report
+        raise CheckpointError(f"{source} is missing {len(missing)} tensors: {shown}")
 
 
 def _missing(params: dict[str, nn.Parameter], parts: dict[str, RowSlice], filled: set[str]) -> list[str]:
@@ -256,12 +269,12 @@ def _fused_slice(key: str, base: str, field_name: str, where: RowSlice, params: 
 
 def _place(key: str, tensor: torch.Tensor, params: dict[str, nn.Parameter], stacks: dict[str, nn.Module],
            parts: dict[str, RowSlice], filled: set[str], expert_parts: dict[tuple[str, str], int],
-           report: LoadReport, dtype: torch.dtype, tied_lm_head: bool) -> None:
+           report: LoadReport, tied_lm_head: bool) -> None:
     """Put one checkpoint tensor where it belongs: a parameter, rows of a fused projection, a slice of
     stacked experts, or the report."""
     component, name = canonical_name(key)
     if component == "mtp":
-        report.mtp[name] = tensor.to(torch.float32 if FP32_PARAMS.search(name) else dtype)
+        report.mtp[name] = tensor  # as stored: packed fields of a quantized head keep their dtypes
         return
     if name == "lm_head.weight" and tied_lm_head:
         return  # tied models use the embedding; a stored copy of the head is redundant

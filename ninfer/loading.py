@@ -88,29 +88,34 @@ def load(
     with startup.phase("model build/quantize"):
         with torch.device("meta"):
             model = Qwen3_5TextModel(config)
-        plan, translate = _stored_quantization(model_dir)
+        plan, mtp_plan, translate = _stored_quantization(model_dir)
         if plan:
             from ninfer.quant.linear import prepare_model_
 
             prepare_model_(model, plan, dtype=dtype)
         materialize(model, device, dtype)
     with startup.phase("weights read"):
-        report = load_weights(model, model_dir, device, dtype=dtype, tied_lm_head=config.tie_word_embeddings,
+        report = load_weights(model, model_dir, device, tied_lm_head=config.tie_word_embeddings,
                               progress=progress, translate=translate)
     if quantize is not None:
-        if plan:
+        if plan or mtp_plan:
             raise ValueError(f"quantize={quantize!r}: {model_dir} is already quantized; load it without quantize=")
-        from ninfer.quant.linear import quantize_model_, weight_shapes
-        from ninfer.quant.recipe import load_recipe, resolve_plan
+        from ninfer.quant.linear import quantize_model_, recipe_plans
+        from ninfer.quant.recipe import load_recipe
 
         with startup.phase("model build/quantize"):
-            quantize_model_(model, resolve_plan(load_recipe(quantize), weight_shapes(model)), dtype=dtype)
+            plan, mtp_plan = recipe_plans(load_recipe(quantize), model, _meta_head(model, engine_config))
+            quantize_model_(model, plan, dtype=dtype)
     model.register_buffer("inv_freq", _inv_freq(config, device), persistent=False)
     mtp_head = None
     if engine_config.draft_tokens:
         from ninfer.models.mtp import MTPHead
 
-        mtp_head = MTPHead.from_report(model, report.mtp)
+        if quantize is None:  # a quantized checkpoint's head loads packed
+            mtp_head = MTPHead.from_report(model, report.mtp, plan=mtp_plan)
+        else:  # the recipe's mtp.* rules quantize the head as they did the model
+            mtp_head = MTPHead.from_report(model, report.mtp)
+            quantize_model_(mtp_head, mtp_plan, dtype=dtype)
     pipeline = None
     if vision:
         from ninfer.vision import VisionPipeline
@@ -138,17 +143,29 @@ def _signature() -> inspect.Signature:
 load.__signature__ = _signature()  # type: ignore[attr-defined]
 
 
-def _stored_quantization(model_dir: Path) -> tuple[dict[str, str], Any]:
-    """The weight -> format plan of an already-quantized checkpoint, and how to translate its tensors."""
+def _stored_quantization(model_dir: Path) -> tuple[dict[str, str], dict[str, str], Any]:
+    """The weight -> format plans of an already-quantized checkpoint (text model, MTP head), and how to
+    translate its tensors."""
     from ninfer.checkpoint import checkpoint_files
     from ninfer.quant.convert import manifest_plan, read_manifest
     from ninfer.quant.imports import scan_checkpoint
 
     manifest = read_manifest(model_dir)
     if manifest is not None:
-        return manifest_plan(manifest, "text"), None
+        return manifest_plan(manifest, "text"), manifest_plan(manifest, "mtp"), None
     imported = scan_checkpoint(checkpoint_files(model_dir))
-    return (imported.plan("text"), imported.translate) if imported else ({}, None)
+    return (imported.plan("text"), imported.plan("mtp"), imported.translate) if imported else ({}, {}, None)
+
+
+def _meta_head(model: Qwen3_5TextModel, engine_config: EngineConfig) -> Any:
+    """The MTP head on the meta device (its weights' names and shapes) where the config describes one or the
+    engine drafts with it, else None: a recipe then quantizes the head as ``ninfer convert`` does."""
+    if not (model.config.mtp_num_hidden_layers or engine_config.draft_tokens):
+        return None
+    from ninfer.models.mtp import MTPHead
+
+    with torch.device("meta"):
+        return MTPHead(model.config, model)
 
 
 def _inv_freq(config: ModelConfig, device: torch.device) -> torch.Tensor:

@@ -23,6 +23,8 @@ from ninfer.checkpoint import materialize
 from ninfer.kernels.rope import rope_inv_freq
 from ninfer.llm import LLM
 from ninfer.models.mtp import MTPHead
+from ninfer.quant.linear import quantize_model_, recipe_plans
+from ninfer.quant.recipe import load_recipe
 from ninfer.runtime.engine import EngineConfig
 from ninfer.runtime.memory import kv_bytes_per_token, state_bytes_per_slot
 from ninfer.runtime.speculative import force_acceptance
@@ -32,9 +34,12 @@ TARGETS = {("27b", 1): 470.0, ("35b-a3b", 1): 1100.0}  # tok/s at C=1, K=3, 2.7 
 
 
 @torch.no_grad()
-def random_head(model) -> MTPHead:
+def random_head(model, recipe: str | None = None) -> MTPHead:
+    """A random MTP head for ``model``; with ``recipe``, quantized by its ``mtp.`` rules as ``ninfer.load(...,
+    quantize=recipe)`` quantizes a checkpoint's head."""
     with torch.device("meta"):
         head = MTPHead(model.config, model)
+    plan = recipe_plans(load_recipe(recipe), _float_twin(model), head)[1] if recipe else {}
     materialize(head, model.device, model.dtype)
     gen = torch.Generator(device=model.device).manual_seed(1)
     for _, p in head.named_parameters():
@@ -42,8 +47,16 @@ def random_head(model) -> MTPHead:
             p.normal_(0.0, 0.1, generator=gen)
         else:
             p.normal_(0.0, p.shape[-1] ** -0.5, generator=gen)
+    if plan:
+        quantize_model_(head, plan, dtype=model.dtype)
     head.inv_freq = rope_inv_freq(model.config.rotary_dim, model.config.rope_theta).to(model.device)
     return head.eval()
+
+
+def _float_twin(model):
+    """``model``'s architecture on the meta device, unquantized: what recipes resolve against."""
+    with torch.device("meta"):
+        return type(model)(model.config)
 
 
 def make_llm(model, head, shape: str, cfg: EngineConfig) -> LLM:
@@ -53,9 +66,9 @@ def make_llm(model, head, shape: str, cfg: EngineConfig) -> LLM:
 
 
 def run(args: argparse.Namespace) -> None:
-    model = random_model(args.shape, device=args.device, recipe=args.recipe)  # quantized part by part (the MTP head stays bf16)
+    model = random_model(args.shape, device=args.device, recipe=args.recipe)  # quantized part by part
     label = args.recipe or "bf16"
-    head = random_head(model)
+    head = random_head(model, args.recipe)
     k, ctx = args.draft_tokens, args.context
     bw = copy_bandwidth_for(args.device)
     kv_tok, state = kv_bytes_per_token(model.config, "auto", model.dtype), state_bytes_per_slot(model.config, model.dtype)

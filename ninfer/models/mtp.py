@@ -19,13 +19,14 @@ import re
 import torch
 from torch import nn
 
-from ninfer.checkpoint import CheckpointError, fused_parts
+from ninfer.checkpoint import CheckpointError, fill_module, fused_parts, materialize
 from ninfer.config import ModelConfig
 from ninfer.kernels.rope import mrope_cos_sin, rope_inv_freq
 from ninfer.models.batch import ForwardBatch, make_batch
 from ninfer.models.cache import ModelCache
 from ninfer.models.layers import RMSNorm, linear
 from ninfer.models.qwen3_5 import DecoderLayer, Qwen3_5TextModel
+from ninfer.quant.linear import prepare_model_
 
 _PER_EXPERT = re.compile(r"^layers\.0\.mlp\.experts\.(\d+)\.(gate|up|down)_proj\.weight$")
 
@@ -77,20 +78,24 @@ class MTPHead(nn.Module):
         return self.norm.weight.device
 
     @classmethod
-    def from_report(cls, model: Qwen3_5TextModel, tensors: dict[str, torch.Tensor]) -> MTPHead:
-        """Build the head from ``LoadReport.mtp`` (``mtp.*`` tensors, prefix removed).
+    def from_report(cls, model: Qwen3_5TextModel, tensors: dict[str, torch.Tensor],
+                    plan: dict[str, str] | None = None) -> MTPHead:
+        """Build the head from ``LoadReport.mtp`` (``mtp.*`` tensors, prefix removed, as stored).
 
-        The tensors become the parameters without a copy (they are already on the device in the
-        model dtype), except that per-expert MoE tensors are stacked into the fused ``[E, 2I, H]`` /
-        ``[E, H, I]`` parameters, gate rows first, and the parts of each fused projection into its
-        rows (``q_proj``, ``k_proj``, ``v_proj`` into ``qkv_proj``, ...). Raises :class:`CheckpointError`
-        naming the first missing, unexpected or misshapen tensor.
+        Float tensors become the parameters (in the model's dtype, on its device), except that per-expert MoE
+        tensors are stacked into the fused ``[E, 2I, H]`` / ``[E, H, I]`` parameters, gate rows first, and the
+        parts of each fused projection into its rows (``q_proj``, ``k_proj``, ``v_proj`` into ``qkv_proj``,
+        ...). ``plan`` (weight name without ``mtp.`` -> format): the head of a quantized checkpoint, whose
+        planned weights are stored packed and load into quantized modules as the text model's do. Raises
+        :class:`CheckpointError` naming the first missing, unexpected or misshapen tensor.
         """
         if not tensors:
             raise CheckpointError("the checkpoint has no mtp.* tensors: this model has no MTP head to draft with")
         if model.config.mtp_num_hidden_layers > 1:
             raise CheckpointError(f"mtp_num_hidden_layers={model.config.mtp_num_hidden_layers}: only one MTP "
                                   "layer is supported (every released Qwen3.5 checkpoint has one)")
+        if plan and any(fmt != "bf16" for fmt in plan.values()):
+            return cls._from_packed(model, tensors, plan)
         with torch.device("meta"):
             head = cls(model.config, model)
         dtype = model.dtype
@@ -109,11 +114,25 @@ class MTPHead(nn.Module):
                 raise CheckpointError(f"tensor mtp.{name} has shape {list(tensor.shape)} but config.json implies "
                                       f"{list(param.shape)}")
             if not tensor.is_floating_point():
-                raise CheckpointError(f"tensor mtp.{name} has dtype {tensor.dtype}; quantized MTP weights are "
-                                      "not supported")
+                raise CheckpointError(f"tensor mtp.{name} has dtype {tensor.dtype}, but the checkpoint's quantization "
+                                      "plan names no format for it")
             module_name, _, attr = name.rpartition(".")
             module = head.get_submodule(module_name) if module_name else head
             setattr(module, attr, nn.Parameter(tensor.to(device=model.device, dtype=dtype), requires_grad=False))
+        head.inv_freq = rope_inv_freq(model.config.rotary_dim, model.config.rope_theta).to(model.device)
+        return head.eval()
+
+    @classmethod
+    def _from_packed(cls, model: Qwen3_5TextModel, tensors: dict[str, torch.Tensor], plan: dict[str, str]) -> MTPHead:
+        with torch.device("meta"):
+            head = cls(model.config, model)
+        prepare_model_(head, plan, dtype=model.dtype)
+        materialize(head, model.device, model.dtype)
+        try:
+            fill_module(head, ((name, t.to(model.device)) for name, t in tensors.items()),
+                        source="the MTP head (mtp.* tensors)")
+        except CheckpointError as err:
+            raise CheckpointError(f"MTP head: {err}") from None
         head.inv_freq = rope_inv_freq(model.config.rotary_dim, model.config.rope_theta).to(model.device)
         return head.eval()
 
@@ -201,8 +220,8 @@ def _stack_fused(head: MTPHead, tensors: dict[str, torch.Tensor]) -> dict[str, t
                 raise CheckpointError(f"tensor mtp.{name} has shape {list(tensor.shape)} but config.json implies "
                                       f"{[count, width]}")
             if not tensor.is_floating_point():
-                raise CheckpointError(f"tensor mtp.{name} has dtype {tensor.dtype}; quantized MTP weights are "
-                                      "not supported")
+                raise CheckpointError(f"tensor mtp.{name} has dtype {tensor.dtype}, but the checkpoint's "
+                                      "quantization plan names no format for it")
             rows.append(tensor)
         out[f"{module}.weight"] = torch.cat(rows)
     return out

@@ -38,6 +38,7 @@ from ninfer.quant.formats import (
     get_format,
     stack_rows,
 )
+from ninfer.quant.recipe import Recipe, resolve_plan, split_plan
 
 
 class QuantWeight(nn.Module):
@@ -209,6 +210,16 @@ def weight_shapes(model: nn.Module) -> dict[str, tuple[int, ...]]:
         else:
             shapes[base] = tuple(p.shape)
     return shapes
+
+
+def recipe_plans(recipe: Recipe, model: nn.Module, head: nn.Module | None = None) -> tuple[dict[str, str],
+                                                                                            dict[str, str]]:
+    """``(model plan, head plan)``: what ``recipe`` quantizes in ``model`` and in its MTP ``head`` (its
+    ``mtp.`` rules; names without the prefix). Both may be on the meta device and must still be float."""
+    shapes = weight_shapes(model)
+    if head is not None:
+        shapes |= {f"mtp.{name}": shape for name, shape in weight_shapes(head).items()}
+    return split_plan(resolve_plan(recipe, shapes))
 
 
 def module_plan(plan: dict[str, str], parts: dict[str, RowSlice]) -> dict[str, str]:

@@ -135,6 +135,13 @@ def resolve_plan(recipe: Recipe, shapes: dict[str, tuple[int, ...]]) -> dict[str
     return plan
 
 
+def split_plan(plan: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """``(text, mtp)``: a plan resolved over a model and its MTP head (``mtp.``-prefixed names) as the plans of
+    each module (the head's names without the prefix)."""
+    text = {name: fmt for name, fmt in plan.items() if not name.startswith("mtp.")}
+    return text, {name.removeprefix("mtp."): fmt for name, fmt in plan.items() if name.startswith("mtp.")}
+
+
 def _examples(shapes: dict[str, tuple[int, ...]]) -> str:
     names = list(shapes)
     picks = [n for n in names if n.startswith("layers.0.")][:3] + [n for n in names if not n.startswith("layers.")][:2]

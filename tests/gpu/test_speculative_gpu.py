@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import ninfer
+from ninfer.quant.linear import QuantLinear
 from tiny_checkpoints import REAL_HEADS, TinyCheckpoint, make_composite
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -84,3 +85,17 @@ def test_speculative_bf16_runs_with_quantized_kv(ckpt: TinyCheckpoint, kv_dtype:
     outs = _run(llm, max_new=64)
     assert all(len(o) > 0 for o in outs)
     assert llm.engine.spec_totals.rounds > 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_speculative_over_a_quantized_head(ckpt: TinyCheckpoint, dtype: torch.dtype) -> None:
+    """The recipe's ``mtp.*`` rules pack the head's projections and experts (bf16: through the register decode
+    and the expert kernels, in the rounds' graphs); in fp32 greedy decoding over it equals plain decoding."""
+    llm = _load(ckpt, spec="mtp", draft_tokens=3, quantize="int4", dtype=dtype)
+    head = llm.engine.spec.head
+    assert sum(isinstance(m, QuantLinear) for m in head.modules()) >= 3 and llm.engine.spec.graphs
+    outs = _run(llm)
+    if dtype == torch.float32:
+        assert outs == _run(_load(ckpt, quantize="int4"))
+    else:
+        assert all(len(o) > 0 for o in outs) and llm.engine.spec_totals.rounds > 0

@@ -40,7 +40,7 @@ def _load_converted(model_dir: Path) -> Qwen3_5TextModel:
         model = Qwen3_5TextModel(config)
     prepare_model_(model, manifest_plan(read_manifest(model_dir)), dtype=torch.float32)
     materialize(model, torch.device("cpu"), torch.float32)
-    load_weights(model, model_dir, torch.device("cpu"), dtype=torch.float32, tied_lm_head=config.tie_word_embeddings,
+    load_weights(model, model_dir, torch.device("cpu"), tied_lm_head=config.tie_word_embeddings,
                  progress=False)
     return model
 
@@ -109,15 +109,20 @@ def test_convert_stacks_per_expert_tensors(moe_ckpt, tmp_path: Path) -> None:
     assert isinstance(model.layers[1].mlp.experts.gate_up_proj, QuantWeight)
 
 
-def test_convert_composite_keeps_prefixes_vision_and_mtp(composite_moe_ckpt, tmp_path: Path) -> None:
+def test_convert_composite_keeps_prefixes_vision_and_packs_mtp(composite_moe_ckpt, tmp_path: Path) -> None:
     out = convert_checkpoint(composite_moe_ckpt.path, "nvfp4", tmp_path / "q", progress=False, max_shard_bytes=50_000)
     index = json.loads((out / "model.safetensors.index.json").read_text())
     assert len(set(index["weight_map"].values())) > 1  # several shards
     stored = _tensors(out)
     source = _tensors(composite_moe_ckpt.path)
     assert "model.language_model.layers.0.mlp.experts.gate_up_proj.qweight" in stored
+    # The recipe's mtp.* rules pack the MTP layer's projections and experts; its fc, norms and router stay.
+    assert "mtp.layers.0.mlp.experts.gate_up_proj.qweight" in stored
+    assert "mtp.layers.0.self_attn.q_proj.qweight" in stored
+    for key in ("mtp.fc.weight", "mtp.norm.weight", "mtp.layers.0.mlp.gate.weight"):
+        assert torch.equal(stored[key], source[key]), key
     for key in source:
-        if key.startswith(("mtp.", "model.visual.")):
+        if key.startswith("model.visual."):
             assert torch.equal(stored[key], source[key]), key
     _load_converted(out)
 
