@@ -79,7 +79,8 @@ def checkpoint_files(model_dir: Path) -> dict[str, Path]:
 class LoadReport:
     """What a load found besides the text model's own tensors."""
 
-    mtp: dict[str, torch.Tensor] = field(default_factory=dict)  # ``mtp.*`` without the prefix, as stored
+    # ``mtp.*`` without the prefix, as stored; emptied once ``ninfer.load(..., spec="mtp")`` built its head
+    mtp: dict[str, torch.Tensor] = field(default_factory=dict)
     vision_keys: list[str] = field(default_factory=list)
 
 

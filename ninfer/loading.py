@@ -116,6 +116,7 @@ def load(
         else:  # the recipe's mtp.* rules quantize the head as they did the model
             mtp_head = MTPHead.from_report(model, report.mtp)
             quantize_model_(mtp_head, mtp_plan, dtype=dtype)
+        report.mtp = {}  # the head holds its weights now; the report's tensors would stay resident beside it
     pipeline = None
     if vision:
         from ninfer.vision import VisionPipeline
