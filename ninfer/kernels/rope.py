@@ -69,6 +69,17 @@ def _norm_rope_rows(
     tok = (rows // heads).to(tl.int64)
     x_row = (tok * sx_n + (rows % heads).to(tl.int64) * sx_h)[:, None]
     out_row = rows.to(tl.int64)[:, None] * D
+    norm_rope_tile(x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, x_row, out_row, tok, row_mask, D, ROT, eps, s_cos, s_sin,
+                   HAS_NORM, BLOCK_D, BLOCK_H)
+
+
+@triton.jit
+def norm_rope_tile(
+    x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, x_row, out_row, tok, row_mask, D, ROT, eps, s_cos, s_sin,
+    HAS_NORM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr,
+):
+    """Rows starting at ``x_ptr + x_row`` (optionally normalised) with RoPE at token ``tok``'s angles, stored at
+    ``out_ptr + out_row`` (``[BLOCK_R, 1]`` offsets: contiguous rows, or a paged cache's slots)."""
     half = ROT // 2
     cols = tl.arange(0, BLOCK_D)[None, :]
     hc = tl.arange(0, BLOCK_H)[None, :]  # channel within a rotary half

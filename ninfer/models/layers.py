@@ -16,12 +16,11 @@ from torch import nn
 
 from ninfer.config import ModelConfig
 from ninfer.kernels.activations import swiglu as swiglu_op
-from ninfer.kernels.attention import paged_attention, write_kv
+from ninfer.kernels.attention import paged_attention, qk_norm_rope_write_kv
 from ninfer.kernels.conv import save_conv_windows
 from ninfer.kernels.deltanet import GateProjection, gated_deltanet
 from ninfer.kernels.float_gemv import float_linear
 from ninfer.kernels.norms import gated_rms_norm, rms_norm
-from ninfer.kernels.rope import qk_norm_rope
 from ninfer.models.batch import ForwardBatch
 from ninfer.models.cache import ModelCache
 
@@ -119,11 +118,10 @@ class GatedAttention(nn.Module):
         q, gate = q.view(n, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
         k = k.view(n, self.num_kv_heads, self.head_dim)
         v = v.view(n, self.num_kv_heads, self.head_dim)
-        # Per-head q/k norm, then partial RoPE: one fused op.
-        q, k = qk_norm_rope(q, k, self.q_norm.weight, self.k_norm.weight, *rope, self.q_norm.eps)
-
+        # Per-head q/k norm, partial RoPE and the K/V write into the cache: one fused op.
         kv = cache.kv[self.layer_idx]
-        write_kv(k, v, kv, batch.slot_mapping)
+        q = qk_norm_rope_write_kv(q, k, v, self.q_norm.weight, self.k_norm.weight, *rope, self.q_norm.eps, kv,
+                                  batch.slot_mapping)
         # The sigmoid output gate is fused into the attention epilogue.
         o = paged_attention(q, kv, batch.block_tables, batch.cu_seqlens, batch.context_lens,
                             self.head_dim ** -0.5, batch.max_seqlen, gate=gate)
