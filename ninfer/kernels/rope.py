@@ -58,11 +58,12 @@ def apply_rope_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) 
 
 
 @triton.jit
-def _norm_rope_rows(
+def norm_rope_rows(
     x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, pid,
     n_rows, heads, D, ROT, eps, sx_n, sx_h, s_cos, s_sin,
     HAS_NORM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr,
 ):
+    """Program ``pid``'s ``BLOCK_R`` rows ``(token, head)`` of ``x`` into contiguous rows of ``out``."""
     rows = pid * BLOCK_R + tl.arange(0, BLOCK_R)
     row_mask = rows < n_rows
     # Row indices fit int32 (cheap division); offsets are int64, past 2**31 on long prefills.
@@ -125,10 +126,10 @@ def _norm_rope_kernel(
     """The first ``a_programs`` programs do the rows of ``a`` (q), the rest those of ``b`` (k): one launch."""
     pid = tl.program_id(0)
     if pid < a_programs:
-        _norm_rope_rows(a_ptr, a_w_ptr, cos_ptr, sin_ptr, a_out_ptr, pid, a_rows, a_heads, D, ROT, eps,
+        norm_rope_rows(a_ptr, a_w_ptr, cos_ptr, sin_ptr, a_out_ptr, pid, a_rows, a_heads, D, ROT, eps,
                         sa_n, sa_h, s_cos, s_sin, HAS_NORM, BLOCK_R, BLOCK_D, BLOCK_H)
     else:
-        _norm_rope_rows(b_ptr, b_w_ptr, cos_ptr, sin_ptr, b_out_ptr, pid - a_programs, b_rows, b_heads, D, ROT,
+        norm_rope_rows(b_ptr, b_w_ptr, cos_ptr, sin_ptr, b_out_ptr, pid - a_programs, b_rows, b_heads, D, ROT,
                         eps, sb_n, sb_h, s_cos, s_sin, HAS_NORM, BLOCK_R, BLOCK_D, BLOCK_H)
 
 

@@ -19,7 +19,7 @@ import triton.language as tl
 from ninfer.kernels.attention.dispatch import write_kv
 from ninfer.kernels.attention.paged import PagedKV
 from ninfer.kernels.dispatch import use_triton
-from ninfer.kernels.rope import norm_rope_tile, qk_norm_rope
+from ninfer.kernels.rope import norm_rope_rows, norm_rope_tile, qk_norm_rope
 from ninfer.kernels.rowwise import row_block_config
 
 
@@ -40,12 +40,8 @@ def _prologue_kernel(
 ):
     pid = tl.program_id(0)
     if pid < q_programs:
-        rows = pid * BLOCK_R + tl.arange(0, BLOCK_R)
-        mask = rows < q_rows
-        tok = (rows // q_heads).to(tl.int64)
-        x_row = (tok * sq_n + (rows % q_heads).to(tl.int64) * sq_h)[:, None]
-        norm_rope_tile(q_ptr, qw_ptr, cos_ptr, sin_ptr, q_out_ptr, x_row, rows.to(tl.int64)[:, None] * D, tok, mask,
-                       D, ROT, eps, s_cos, s_sin, True, BLOCK_D, BLOCK_H)
+        norm_rope_rows(q_ptr, qw_ptr, cos_ptr, sin_ptr, q_out_ptr, pid, q_rows, q_heads, D, ROT, eps, sq_n, sq_h,
+                       s_cos, s_sin, True, BLOCK_R, BLOCK_D, BLOCK_H)
     elif pid < q_programs + kv_programs:
         rows = (pid - q_programs) * BLOCK_R + tl.arange(0, BLOCK_R)
         mask = rows < kv_rows
