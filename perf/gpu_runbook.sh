@@ -63,6 +63,7 @@ profile-27b-mixed     4 decodes beside a long 27B int4 prompt in 128-token chunk
 itl-128-27b           27B int4 warm start: ITL of 4 decodes beside a 32k prefill at the default budget and at 128 tokens, and the rate of the 32k prompt at each
 chunk-graphs-27b      the prompt-chunk graph (on by default up to 256 tokens): its GPU tests, then the 27B int4 ITL of 4 decodes beside a 32k prefill with 128- and 256-token chunks replayed from it
 profile-mtp-27b       where a 27B int4 MTP round goes at C = 8 (K = 3, all drafts accepted: 2.25x a plain step in run 2026-12-03.13) beside the plain C = 8 step, kernels by family
+prologue-and-head-tests  the GPU tests of the one-launch attention prologue and of the quantized MTP head (no timings)
 mtp-quantized-head    the one-launch attention prologue and the MTP head quantized by the mtp rules of the recipes: their GPU tests, 27B int4 MTP at C = 1 / 8 with plain steps, 35B-A3B at C = 1
 profile-mtp-27b-c1    where a 27B int4 MTP round goes at C = 1 (K = 3, all drafts accepted), kernels by family, top 40
 gates-in-decode-27b   the a/b gate projection inside the DeltaNet decode kernel (GPU tests) and the 27B int4 decode at C = 1 / 8 with it off (the default: its own cuBLAS GEMM, two launches a layer) then on (NINFER_GATES_IN_DECODE=1), and a step profile with it on
@@ -503,6 +504,10 @@ stage() {
       ;;
     engine-27b-nvfp4)
       part 280 python3 perf/bench_engine.py --shape 27b --recipe nvfp4 --contexts 1024 --lanes 1 8 --steps 12
+      ;;
+    prologue-and-head-tests)
+      gpu_tests 70 attention_prologue_gpu -n 4
+      gpu_tests 100 speculative_gpu -k quantized_head
       ;;
     mtp-quantized-head)
       gpu_tests 60 attention_prologue_gpu -n 4
