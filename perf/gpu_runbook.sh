@@ -64,7 +64,8 @@ itl-128-27b           27B int4 warm start: ITL of 4 decodes beside a 32k prefill
 chunk-graphs-27b      the prompt-chunk graph (on by default up to 256 tokens): its GPU tests, then the 27B int4 ITL of 4 decodes beside a 32k prefill with 128- and 256-token chunks replayed from it
 profile-mtp-27b       where a 27B int4 MTP round goes at C = 8 (K = 3, all drafts accepted: 2.25x a plain step in run 2026-12-03.13) beside the plain C = 8 step, kernels by family
 prologue-and-head-tests  the GPU tests of the one-launch attention prologue and of the quantized MTP head (no timings)
-mtp-quantized-head    the one-launch attention prologue and the MTP head quantized by the mtp rules of the recipes: their GPU tests, 27B int4 MTP at C = 1 / 8 with plain steps, 35B-A3B at C = 1
+prologue-27b          the one-launch attention prologue: its GPU test, the whole-model GPU tests with it on, the 27B int4 engine with it on and off twice
+mtp-quantized-head    the MTP head quantized by the mtp rules of the recipes: its GPU tests, 27B int4 MTP at C = 1 / 8 with plain steps, 35B-A3B at C = 1
 profile-mtp-27b-c1    where a 27B int4 MTP round goes at C = 1 (K = 3, all drafts accepted), kernels by family, top 40
 gates-in-decode-27b   the a/b gate projection inside the DeltaNet decode kernel (GPU tests) and the 27B int4 decode at C = 1 / 8 with it off (the default: its own cuBLAS GEMM, two launches a layer) then on (NINFER_GATES_IN_DECODE=1), and a step profile with it on
 frag-tiled-27b        the tiled tl.dot GEMM over fragment-laid weights (GPU tests), then 4 decodes beside a 32k prefill with the 128-token chunk graph (its graph keys tuned among the decodes and the tiled GEMM) and the profile of that step
@@ -509,8 +510,15 @@ stage() {
       gpu_tests 70 attention_prologue_gpu -n 4
       gpu_tests 100 speculative_gpu -k quantized_head
       ;;
+    prologue-27b)  # the one-launch attention prologue is off by default until measured (NINFER_FUSED_PROLOGUE)
+      gpu_tests 70 attention_prologue_gpu -n 4
+      NINFER_FUSED_PROLOGUE=1 gpu_tests 120 model_gpu -k "triton_path or bf16_error or graphs_equal"
+      for on in 1 0 1 0; do
+        NINFER_FUSED_PROLOGUE=$on part 100 python3 perf/bench_engine.py --shape 27b --recipe int4 --contexts 1024 \
+          --lanes 1 8 --steps 12 --label prologue-$on
+      done
+      ;;
     mtp-quantized-head)
-      gpu_tests 60 attention_prologue_gpu -n 4
       gpu_tests 100 speculative_gpu -k quantized_head
       part 190 python3 perf/bench_spec.py --shape 27b --recipe int4 --lanes 1 8 --steps 12 --prefill 1024
       part 150 python3 perf/bench_spec.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --lanes 1 --steps 12 --prefill 1024

@@ -59,6 +59,14 @@ def split_sum_across() -> bool:
     return os.environ.get("NINFER_SPLIT_SUM", "each") == "across"
 
 
+def fused_prologue() -> bool:
+    """Whether attention layers take the one-launch prologue (q/k norm, RoPE and the K/V write,
+    ``attention.prologue``) with ``NINFER_FUSED_PROLOGUE=1`` (read per call). Off by default until its GPU test
+    and a step measurement have run (stages ``prologue-and-head-tests`` / ``prologue-27b``): the interpreter shows
+    it bit-equal to the two launches in fp32 / fp16, bf16 is checked on a GPU only."""
+    return os.environ.get("NINFER_FUSED_PROLOGUE", "0") == "1"
+
+
 @cache
 def _capability(device: torch.device) -> tuple[int, int]:
     return torch.cuda.get_device_capability(device) if device.type == "cuda" else (0, 0)

@@ -18,7 +18,7 @@ import triton.language as tl
 
 from ninfer.kernels.attention.dispatch import write_kv
 from ninfer.kernels.attention.paged import PagedKV
-from ninfer.kernels.dispatch import use_triton
+from ninfer.kernels.dispatch import fused_prologue, use_triton
 from ninfer.kernels.rope import norm_rope_rows, norm_rope_tile, qk_norm_rope
 from ninfer.kernels.rowwise import row_block_config
 
@@ -73,9 +73,9 @@ def qk_norm_rope_write_kv(
 ) -> torch.Tensor:
     """``q [N, hq, dh]`` normalised and rotated (returned, new tensor); ``k`` the same and ``v`` as is, both
     ``[N, hk, dh]``, stored at flat token slots ``slot_mapping [N]`` of ``kv``. One launch on Triton tensors where
-    :func:`fits` holds, else :func:`~ninfer.kernels.rope.qk_norm_rope` then
-    :func:`~ninfer.kernels.attention.write_kv`."""
-    if use_triton(q) and fits(q, cos, kv):
+    :func:`fits` holds and :func:`~ninfer.kernels.dispatch.fused_prologue` is on, else
+    :func:`~ninfer.kernels.rope.qk_norm_rope` then :func:`~ninfer.kernels.attention.write_kv`."""
+    if use_triton(q) and fused_prologue() and fits(q, cos, kv):
         return qk_norm_rope_write_kv_triton(q, k, v, q_weight, k_weight, cos, sin, eps, kv, slot_mapping)
     q, k = qk_norm_rope(q, k, q_weight, k_weight, cos, sin, eps)
     write_kv(k, v, kv, slot_mapping)
