@@ -79,7 +79,8 @@ def checkpoint_files(model_dir: Path) -> dict[str, Path]:
 class LoadReport:
     """What a load found besides the text model's own tensors."""
 
-    # ``mtp.*`` without the prefix, as stored; emptied once ``ninfer.load(..., spec="mtp")`` built its head
+    # ``mtp.*`` without the prefix, as stored; ``ninfer.load`` empties it once ``spec="mtp"`` built the head, and
+    # otherwise keeps it in host memory
     mtp: dict[str, torch.Tensor] = field(default_factory=dict)
     vision_keys: list[str] = field(default_factory=list)
 

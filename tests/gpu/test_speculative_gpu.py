@@ -99,3 +99,13 @@ def test_speculative_over_a_quantized_head(ckpt: TinyCheckpoint, dtype: torch.dt
         assert outs == _run(_load(ckpt, quantize="int4"))
     else:
         assert all(len(o) > 0 for o in outs) and llm.engine.spec_totals.rounds > 0
+
+
+def test_without_spec_the_head_waits_in_host_memory(ckpt: TinyCheckpoint) -> None:
+    """A load that does not draft keeps the ``mtp.*`` tensors off the device, and the head still builds from them."""
+    from ninfer.models.mtp import MTPHead
+
+    llm = _load(ckpt)
+    assert llm.load_report.mtp and all(t.device.type == "cpu" for t in llm.load_report.mtp.values())
+    head = MTPHead.from_report(llm.model, llm.load_report.mtp)
+    assert all(p.is_cuda for p in head.parameters())
