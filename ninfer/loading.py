@@ -5,7 +5,7 @@ import inspect
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -16,6 +16,9 @@ from ninfer.models.qwen3_5 import Qwen3_5TextModel
 from ninfer.runtime import startup
 from ninfer.runtime.engine_config import EngineConfig
 from ninfer.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from ninfer.models.mtp import MTPHead
 
 
 def _default_device() -> torch.device:
@@ -111,10 +114,9 @@ def load(
     if engine_config.draft_tokens:
         from ninfer.models.mtp import MTPHead
 
-        if quantize is None:  # a quantized checkpoint's head loads packed
-            mtp_head = MTPHead.from_report(model, report.mtp, plan=mtp_plan)
-        else:  # the recipe's mtp.* rules quantize the head as they did the model
-            mtp_head = MTPHead.from_report(model, report.mtp)
+        # A quantized checkpoint's head loads packed; with quantize= the recipe's mtp.* rules quantize it after.
+        mtp_head = MTPHead.from_report(model, report.mtp, plan=None if quantize else mtp_plan)
+        if quantize is not None:
             quantize_model_(mtp_head, mtp_plan, dtype=dtype)
         report.mtp = {}  # the head holds its weights now; the report's tensors would stay resident beside it
     elif report.mtp and device.type != "cpu":
@@ -162,7 +164,7 @@ def _stored_quantization(model_dir: Path) -> tuple[dict[str, str], dict[str, str
     return (imported.plan("text"), imported.plan("mtp"), imported.translate) if imported else ({}, {}, None)
 
 
-def _meta_head(model: Qwen3_5TextModel, engine_config: EngineConfig) -> Any:
+def _meta_head(model: Qwen3_5TextModel, engine_config: EngineConfig) -> MTPHead | None:
     """The MTP head on the meta device (its weights' names and shapes) where the config describes one or the
     engine drafts with it, else None: a recipe then quantizes the head as ``ninfer convert`` does."""
     if not (model.config.mtp_num_hidden_layers or engine_config.draft_tokens):

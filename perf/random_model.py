@@ -106,10 +106,10 @@ def _randomize(module: nn.Module, gen: torch.Generator) -> None:
 
 def recipe_plan(model: nn.Module, recipe: str) -> dict[str, str]:
     """The weight -> format plan ``ninfer.load(..., quantize=recipe)`` would apply to ``model``."""
-    from ninfer.quant.linear import weight_shapes
-    from ninfer.quant.recipe import load_recipe, resolve_plan
+    from ninfer.quant.linear import recipe_plans
+    from ninfer.quant.recipe import load_recipe
 
-    return resolve_plan(load_recipe(recipe), weight_shapes(model))
+    return recipe_plans(load_recipe(recipe), model)[0]
 
 
 @torch.no_grad()

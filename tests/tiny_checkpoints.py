@@ -211,6 +211,17 @@ def make_composite(dir: Path, *, moe: bool = False, seed: int = 0,
     return _finish(out, model)
 
 
+def planned_weight(model: torch.nn.Module, name: str) -> tuple[torch.nn.Module, slice]:
+    """The quantized module holding weight ``name`` (checkpoint naming) of a loaded model, and the rows of it that
+    the weight fills (all of them, or its part of a fused projection)."""
+    from ninfer.checkpoint import fused_parts
+
+    where = fused_parts(model).get(name)
+    if where is None:
+        return model.get_submodule(name), slice(None)
+    return model.get_submodule(where.module), slice(where.start, where.stop)
+
+
 # ---------------------------------------------------------------- expert layout conversion
 
 _PER_EXPERT = re.compile(r"^(.*\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")

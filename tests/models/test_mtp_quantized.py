@@ -12,11 +12,12 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import ninfer
-from ninfer.checkpoint import CheckpointError, fused_parts
+from ninfer.checkpoint import CheckpointError
 from ninfer.quant.convert import convert_checkpoint, read_manifest
 from ninfer.quant.formats import quantize
 from ninfer.quant.linear import QuantLinear, QuantWeight
 from ninfer.runtime.sampling import SamplingParams
+from tiny_checkpoints import planned_weight
 
 GREEDY = SamplingParams(greedy=True)
 PROMPTS = [[5, 17, 33, 99, 12, 7, 201, 45], list(range(20, 47))]
@@ -47,13 +48,6 @@ def _file_weight(ckpt_dir: Path, name: str) -> torch.Tensor:
     return raw[f"{name}.weight"]
 
 
-def _packed_rows(head, name: str) -> tuple[QuantWeight, slice]:
-    where = fused_parts(head).get(name)
-    if where is None:
-        return head.get_submodule(name), slice(None)
-    return head.get_submodule(where.module), slice(where.start, where.stop)
-
-
 @pytest.fixture(scope="module", params=["dense", "moe"])
 def case(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
     ckpt = request.getfixturevalue("composite_ckpt" if request.param == "dense" else "composite_moe_ckpt")
@@ -72,7 +66,7 @@ def test_a_recipe_quantizes_the_head_like_the_converter(case) -> None:
     assert any(".self_attn." in n for n in planned) and any(".mlp." in n for n in planned)
     assert "fc" not in planned and not isinstance(at_load.fc, QuantWeight)  # fc, norms and router stay float
     for name, fmt in planned.items():
-        module, rows = _packed_rows(at_load, name)
+        module, rows = planned_weight(at_load, name)
         assert module.format.name == fmt, name
         want = quantize(_file_weight(ckpt.path, f"mtp.{name}").float(), fmt).dequantize()
         got = module.dequantize(torch.float32)[..., rows, :]

@@ -8,9 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from torch import nn
 
-from ninfer.checkpoint import canonical_name, checkpoint_files, fused_parts, load_weights, materialize
+from ninfer.checkpoint import canonical_name, checkpoint_files, load_weights, materialize
 from ninfer.config import load_config
 from ninfer.models.qwen3_5 import Qwen3_5TextModel
 from ninfer.quant.convert import (
@@ -23,6 +22,7 @@ from ninfer.quant.formats import QuantizedTensor, get_format, quantize
 from ninfer.quant.imports import scan_checkpoint
 from ninfer.quant.linear import QuantLinear, QuantWeight, prepare_model_
 from ninfer.quant.recipe import RecipeError
+from tiny_checkpoints import planned_weight
 
 
 def _tensors(model_dir: Path) -> dict[str, torch.Tensor]:
@@ -45,14 +45,6 @@ def _load_converted(model_dir: Path) -> Qwen3_5TextModel:
     return model
 
 
-def _planned_weight(model: nn.Module, name: str) -> tuple[QuantWeight, torch.Tensor | None]:
-    """The quantized module holding weight ``name`` and, for a part of a fused projection, its rows."""
-    where = fused_parts(model).get(name)
-    if where is None:
-        return model.get_submodule(name), None
-    return model.get_submodule(where.module), torch.arange(where.start, where.stop)
-
-
 def test_convert_dense_and_load_without_repacking(dense_ckpt, tmp_path: Path) -> None:
     out = convert_checkpoint(dense_ckpt.path, "qwen3_5_27b_int4", tmp_path / "q", progress=False)
     assert (out / "config.json").read_text() == (dense_ckpt.path / "config.json").read_text()
@@ -72,11 +64,11 @@ def test_convert_dense_and_load_without_repacking(dense_ckpt, tmp_path: Path) ->
     model = _load_converted(out)
     assert "model.layers.0.mlp.gate_proj.qweight" in stored  # fused projections are written as their parts
     for name, fmt in manifest_plan(manifest).items():
-        module, rows = _planned_weight(model, name)
+        module, rows = planned_weight(model, name)
         assert isinstance(module, QuantWeight) and module.format.name == fmt
         expect = quantize(source[f"{name}.weight"], fmt).dequantize()
         got = module.dequantize(torch.float32)
-        assert torch.equal(got if rows is None else got[rows], expect), name
+        assert torch.equal(got[rows], expect), name
     assert isinstance(model.layers[0].mlp.gate_up_proj, QuantLinear)
     assert isinstance(model.layers[3].self_attn.qkv_proj, QuantLinear)
     assert model.layers[0].linear_attn.in_proj_ab.weight.dtype == torch.float32  # bf16 rule, model dtype
