@@ -25,7 +25,7 @@ def rope_inv_freq(rotary_dim: int, theta: float) -> torch.Tensor:
     return 1.0 / (theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim))
 
 
-def mrope_cos_sin(
+def mrope_cos_sin_reference(
     positions: torch.Tensor, inv_freq: torch.Tensor, mrope_section: list[int], dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin tables ``[N, rotary_dim]`` for 3-axis positions ``[3, N]``.
@@ -45,6 +45,54 @@ def mrope_cos_sin(
         return torch.cat((out, out), dim=-1)
 
     return interleave(cos).to(dtype), interleave(sin).to(dtype)
+
+
+# Every int and pointer argument unspecialised: one compiled kernel serves every token count and positions
+# view (a decode step's, a speculative round's slices), so warm-up meets it once per model.
+@triton.jit(do_not_specialize=["pos_ptr", "n", "s_axis", "s_tok"])
+def _mrope_table_kernel(
+    pos_ptr, inv_freq_ptr, cos_ptr, sin_ptr, n, s_axis, s_tok,
+    HALF: tl.constexpr, H_SECTION: tl.constexpr, W_SECTION: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr,
+):
+    tok = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    j = tl.arange(0, BLOCK_H)
+    axis = tl.where((j % 3 == 1) & (j < 3 * H_SECTION), 1, tl.where((j % 3 == 2) & (j < 3 * W_SECTION), 2, 0))
+    mask = (tok < n)[:, None] & (j < HALF)[None, :]
+    pos = tl.load(pos_ptr + axis[None, :].to(tl.int64) * s_axis + tok.to(tl.int64)[:, None] * s_tok, mask=mask,
+                  other=0)
+    freq = pos.to(tl.float32) * tl.load(inv_freq_ptr + j, mask=j < HALF, other=0.0)[None, :]
+    cos, sin = tl.cos(freq).to(cos_ptr.dtype.element_ty), tl.sin(freq).to(sin_ptr.dtype.element_ty)
+    out = tok.to(tl.int64)[:, None] * (2 * HALF) + j[None, :]
+    for half in tl.static_range(2):  # the table repeats its first half (rotate-half layout)
+        tl.store(cos_ptr + out + half * HALF, cos, mask=mask)
+        tl.store(sin_ptr + out + half * HALF, sin, mask=mask)
+
+
+def mrope_cos_sin_triton(
+    positions: torch.Tensor, inv_freq: torch.Tensor, mrope_section: list[int], dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`mrope_cos_sin_reference` in one launch (the reference takes about fourteen)."""
+    half, n = inv_freq.shape[0], positions.shape[1]
+    cos = torch.empty(n, 2 * half, dtype=dtype, device=positions.device)
+    sin = torch.empty_like(cos)
+    if n:
+        block_n = 32
+        _mrope_table_kernel[(triton.cdiv(n, block_n),)](
+            positions, inv_freq.to(device=positions.device, dtype=torch.float32), cos, sin, n, positions.stride(0),
+            positions.stride(1), HALF=half, H_SECTION=mrope_section[1], W_SECTION=mrope_section[2], BLOCK_N=block_n,
+            BLOCK_H=triton.next_power_of_2(half), num_warps=4,
+        )
+    return cos, sin
+
+
+def mrope_cos_sin(
+    positions: torch.Tensor, inv_freq: torch.Tensor, mrope_section: list[int], dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin tables ``[N, rotary_dim]`` for 3-axis positions ``[3, N]`` (:func:`mrope_cos_sin_reference`)."""
+    if use_triton(positions):
+        return mrope_cos_sin_triton(positions, inv_freq, mrope_section, dtype)
+    return mrope_cos_sin_reference(positions, inv_freq, mrope_section, dtype)
 
 
 def apply_rope_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ninfer.kernels.spec_rows import RoundRows, round_rows
 from ninfer.models.batch import ForwardBatch, make_batch
 from ninfer.models.mtp import MTPHead
 from ninfer.runtime.graphs import capture
@@ -111,9 +112,8 @@ class MTPSpeculator:
         self.state_slots = torch.zeros(max_lanes, **long)
         self.out_slots = torch.zeros(max_lanes, t, **long)
         self.block_tables = torch.zeros(max_lanes, lane_block_tables.shape[1], dtype=torch.int32, device=dev)
-        self._steps = torch.arange(t, **long)
-        self._rows = torch.arange(max_lanes, **long)
         self._cu = {n: torch.arange(max_lanes + 1, dtype=torch.int32, device=dev) * n for n in (1, t)}
+        self._plans = {b: RoundPlan(b, self.k, dev) for b in range(1, max_lanes + 1)}
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, tuple[torch.Tensor, ...]] = {}
         self._last_hidden: dict[int, torch.Tensor] = {}  # lane -> prompt's last hidden state, until begin()
@@ -197,41 +197,40 @@ class MTPSpeculator:
         self.accepted.index_copy_(0, lanes, accepted)
 
     # -- the device computation ---------------------------------------------------------------------
-    def _batch(self, b: int, positions: torch.Tensor, ids: torch.Tensor,
+    def _batch(self, b: int, rows: RoundRows, plan: RoundPlan, forward: int, ids: torch.Tensor,
                state_out_slots: torch.Tensor | None = None) -> ForwardBatch:
-        """A batch of ``b`` sequences with ``positions [b, T]`` (token indices; T equal for all)."""
-        t, ps = positions.shape[1], self.cache.page_size
-        bt = self.block_tables[:b]
-        slots = bt.gather(1, positions // ps).long() * ps + positions % ps
-        rope = (positions + self.rope_delta.index_select(0, self.lanes[:b])[:, None]).reshape(1, -1).expand(3, -1)
-        return make_batch(input_ids=ids.reshape(-1), positions=rope, cu_seqlens=self._cu[t][:b + 1], max_seqlen=t,
-                          context_lens=(positions[:, -1] + 1).int(), block_tables=bt,
-                          slot_mapping=slots.reshape(-1), state_slots=self.state_slots[:b],
+        """The batch of the round's ``forward``-th forward (:class:`RoundPlan`) over ``b`` lanes."""
+        tokens, ctx = plan.token_rows[forward], plan.context_rows[forward]
+        t = (tokens.stop - tokens.start) // b
+        return make_batch(input_ids=ids.reshape(-1), positions=rows.rope_positions[tokens],
+                          cu_seqlens=self._cu[t][:b + 1], max_seqlen=t, context_lens=rows.positions32[ctx], block_tables=self.block_tables[:b],
+                          slot_mapping=rows.slots[tokens], state_slots=self.state_slots[:b],
                           state_out_slots=state_out_slots)
 
     def _forward(self, b: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        lanes, t, limit = self.lanes[:b], self.t, self.vocab_limit
+        lanes, t, limit, plan = self.lanes[:b], self.t, self.vocab_limit, self._plans[b]
         torch.index_select(self.lane_block_tables, 0, lanes, out=self.block_tables[:b])
-        tokens, start, acc = self.tokens[lanes], self.start[lanes], self.accepted[lanes]
+        rows = round_rows(lanes, self.start, self.accepted, self.rope_delta, self.block_tables[:b],
+                          self.cache.page_size, plan.lane, plan.after, plan.offset, plan.tokens)
+        tokens, acc = self.tokens[lanes], self.accepted[lanes]
         # Catch-up: all K+1 pairs of the last verification write their MTP K/V; the draft comes from pair a
         # alone, so only its row goes through the LM head (b rows, not b * (K+1): the head's GEMM grows with rows
         # past 8).
-        positions = start[:, None] + self._steps
         h = self.head.advance(self.hidden[lanes].reshape(b * t, -1), tokens.reshape(-1),
-                              self._batch(b, positions, tokens), self.mtp_cache)
-        h = h[self._rows[:b] * t + acc]
+                              self._batch(b, rows, plan, 0, tokens), self.mtp_cache)
+        h = h.view(b, t, -1).gather(1, acc[:, None, None].expand(b, 1, h.shape[-1])).squeeze(1)
         draft = self.model.logits(h)[:, :limit].argmax(-1)
         drafts = [draft]
-        n = start + acc + 1  # position of x_n, the last committed token (not yet computed)
         for i in range(1, self.k):
-            h, logits = self.head(h, draft, self._batch(b, (n + i - 1)[:, None], draft), self.mtp_cache)
+            h, logits = self.head(h, draft, self._batch(b, rows, plan, i, draft), self.mtp_cache)
             draft = logits[:, :limit].argmax(-1)
             drafts.append(draft)
         drafts_t = torch.stack(drafts, 1)
+        n = rows.positions[plan.first_verified]  # position of x_n, the last committed token (not yet computed)
         if self.propose is not None:
             drafts_t = self.propose(lanes, n, drafts_t)
         ids = torch.cat([tokens.gather(1, acc[:, None]), drafts_t], 1)
-        batch = self._batch(b, n[:, None] + self._steps, ids, state_out_slots=self.out_slots[:b])
+        batch = self._batch(b, rows, plan, self.k, ids, state_out_slots=self.out_slots[:b])
         hidden = self.model(batch, self.cache)
         return drafts_t, self.model.logits(hidden), hidden, n
 
@@ -239,6 +238,33 @@ class MTPSpeculator:
         # Warm-up and capture run on lane 0, slot 0 and page 0: scratch that a real sequence resets.
         self.graphs[b], self.outputs[b] = capture(lambda: self._forward(b), pool)
         return self.graphs[b].pool()
+
+
+class RoundPlan:
+    """The rows of one round over ``b`` lanes (:mod:`ninfer.kernels.spec_rows`), forward after forward.
+
+    Forward 0 is the catch-up over each lane's ``K + 1`` pairs, at positions ``start .. start + K``; forward
+    ``i`` in ``1 .. K - 1`` the draft step at ``n + i - 1``; forward ``K`` the verification at ``n .. n + K``,
+    where ``n = start + accepted + 1``. Token rows come first (``token_rows[f]`` slices them), then one row per
+    lane and forward one past its last token (``context_rows[f]``: the context lengths), then ``n`` itself
+    (``first_verified``).
+    """
+
+    def __init__(self, b: int, k: int, device: torch.device) -> None:
+        t = k + 1
+        forwards = [(0, range(t))] + [(1, range(i - 1, i)) for i in range(1, k)] + [(1, range(t))]
+        token_plan = [(lane, after, j) for after, steps in forwards for lane in range(b) for j in steps]
+        context_plan = [(lane, after, steps[-1] + 1) for after, steps in forwards for lane in range(b)]
+        plan = token_plan + context_plan + [(lane, 1, 0) for lane in range(b)]
+        self.lane, self.after, self.offset = (torch.tensor(column, dtype=torch.long, device=device)
+                                              for column in zip(*plan, strict=True))
+        self.tokens = len(token_plan)
+        self.token_rows, self.context_rows, at = [], [], 0
+        for f, (_, steps) in enumerate(forwards):
+            self.token_rows.append(slice(at, at + b * len(steps)))
+            self.context_rows.append(slice(self.tokens + f * b, self.tokens + (f + 1) * b))
+            at += b * len(steps)
+        self.first_verified = slice(len(plan) - b, len(plan))
 
 
 def force_acceptance(spec: MTPSpeculator, n: int | None) -> None:

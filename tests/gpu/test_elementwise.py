@@ -15,6 +15,7 @@ from ninfer.kernels.rope import (
     apply_rope,
     apply_rope_reference,
     mrope_cos_sin,
+    mrope_cos_sin_reference,
     qk_norm_rope,
     qk_norm_rope_reference,
     rope_inv_freq,
@@ -73,6 +74,24 @@ def test_gated_rms_norm(dtype: torch.dtype, n: int) -> None:
     z = torch.randn(n * V_HEADS, DV, device=DEV, dtype=dtype) * 2
     w = (torch.rand(DV, device=DEV) + 0.5).to(dtype)
     assert_close(gated_rms_norm(x, z, w, EPS), gated_rms_norm_reference(x.float(), z.float(), w.float(), EPS), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [1, 4, 4097])
+@pytest.mark.parametrize("text", [True, False])
+def test_mrope_tables_in_one_launch(dtype: torch.dtype, n: int, text: bool) -> None:
+    """The one-launch tables against the torch reference, at positions up to 256k (large cos/sin arguments)."""
+    positions = torch.randint(0, 262_144, (n,) if text else (3, n), device=DEV)
+    positions = positions.expand(3, n) if text else positions
+    inv_freq = rope_inv_freq(ROT, 1e7).to(DEV)
+    for out, ref in zip(mrope_cos_sin(positions, inv_freq, [11, 11, 10], dtype),
+                        mrope_cos_sin_reference(positions, inv_freq, [11, 11, 10], dtype), strict=True):
+        assert out.dtype == dtype and out.shape == ref.shape == (n, ROT)
+        # Both sides are libdevice-accurate fp32 cos / sin of the same fp32 product: one fp32 / bf16 rounding apart
+        # at most, and nearly always equal.
+        worst = (out.float() - ref.float()).abs().max().item()
+        assert worst <= (2.0 ** -8 if dtype == torch.bfloat16 else 1e-6), worst
+        assert (out == ref).float().mean().item() > 0.99
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -10,6 +10,8 @@ from ninfer.kernels.rope import (
     apply_rope_reference,
     apply_rope_triton,
     mrope_cos_sin,
+    mrope_cos_sin_reference,
+    mrope_cos_sin_triton,
     qk_norm_rope_reference,
     qk_norm_rope_triton,
     rope_inv_freq,
@@ -57,3 +59,29 @@ def test_qk_norm_rope_matches_norm_then_rope(dtype: torch.dtype) -> None:
     q_ref, k_ref = qk_norm_rope_reference(q, k, q_w, k_w, cos, sin, 1e-6)
     assert_close(q_out, q_ref, TOL[dtype])
     assert_close(k_out, k_ref, TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("layout", ["distinct axes", "text (expanded row)", "column slice"])
+@pytest.mark.parametrize("n", [1, 45])
+def test_mrope_tables_in_one_launch(dtype: torch.dtype, layout: str, n: int) -> None:
+    rot, section = 22, [5, 3, 3]  # 11 frequencies: T, H and W indices interleaved, the last ones T only
+    g = torch.Generator().manual_seed(n)
+    if layout == "distinct axes":
+        positions = torch.randint(0, 300_000, (3, n), generator=g)
+    elif layout == "text (expanded row)":
+        positions = torch.randint(0, 300_000, (n,), generator=g).expand(3, n)
+    else:
+        positions = torch.randint(0, 300_000, (3, 2 * n + 3), generator=g)[:, 3::2]
+    inv_freq = rope_inv_freq(rot, 1e7)
+    cos, sin = mrope_cos_sin_triton(positions, inv_freq, section, dtype)
+    cos_ref, sin_ref = mrope_cos_sin_reference(positions, inv_freq, section, dtype)
+    assert_close(cos, cos_ref, TOL[dtype])
+    assert_close(sin, sin_ref, TOL[dtype])
+    assert torch.equal(cos[:, :rot // 2], cos[:, rot // 2:]) and torch.equal(sin[:, :rot // 2], sin[:, rot // 2:])
+
+
+def test_mrope_tables_of_no_tokens() -> None:
+    cos, sin = mrope_cos_sin_triton(torch.zeros(3, 0, dtype=torch.long), rope_inv_freq(8, 1e7), [2, 1, 1],
+                                    torch.float32)
+    assert cos.shape == sin.shape == (0, 8)
