@@ -70,6 +70,7 @@ def run(args: argparse.Namespace) -> None:
     label = args.recipe or "bf16"
     head = random_head(model, args.recipe)
     k, ctx = args.draft_tokens, args.context
+    vocab = f" draft-vocab={args.draft_vocab}" if args.draft_vocab else ""
     bw = copy_bandwidth_for(args.device)
     kv_tok, state = kv_bytes_per_token(model.config, "auto", model.dtype), state_bytes_per_slot(model.config, model.dtype)
     for lanes in args.lanes:
@@ -91,12 +92,13 @@ def run(args: argparse.Namespace) -> None:
         del plain
         record("spec_plain_decode", f"{args.shape} {label} C={lanes} ctx={ctx}", base * 1e3,
                achieved=lanes / base, limit=float("nan"), unit="tok/s")
-        llm = make_llm(model, head, args.shape, EngineConfig(**common, draft_tokens=k))
+        llm = make_llm(model, head, args.shape, EngineConfig(**common, draft_tokens=k, draft_vocab=args.draft_vocab))
         rounds = {}
         for n in range(k + 1):
             force_acceptance(llm.engine.spec, n)
             rounds[n] = steady_decode(llm, lanes, ctx, args.steps)
-            record("spec_forced_accept", f"{args.shape} {label} C={lanes} K={k} n={n} ctx={ctx}", rounds[n] * 1e3,
+            record("spec_forced_accept", f"{args.shape} {label} C={lanes} K={k}{vocab} n={n} ctx={ctx}",
+                   rounds[n] * 1e3,
                    achieved=lanes * (n + 1) / rounds[n], limit=float("nan"), unit="tok/s",
                    baseline="plain decode step", baseline_ms=base * 1e3, tokens_per_round=n + 1,
                    round_vs_plain_step=round(rounds[n] / base, 3))
@@ -108,7 +110,7 @@ def run(args: argparse.Namespace) -> None:
             t = rounds[lo] + frac * (rounds[min(lo + 1, k)] - rounds[lo])
             target = TARGETS.get((args.shape, lanes)) if tpr == 2.7 and k == 3 else None
             # One round commits tpr tokens per lane; plain decoding needs tpr steps for them.
-            record("spec_projected", f"{args.shape} {label} C={lanes} K={k} {tpr} tok/round ctx={ctx}", t * 1e3,
+            record("spec_projected", f"{args.shape} {label} C={lanes} K={k}{vocab} {tpr} tok/round ctx={ctx}", t * 1e3,
                    achieved=lanes * tpr / t, limit=target or float("nan"), unit="tok/s",
                    baseline="plain decode, same tokens", baseline_ms=tpr * base * 1e3)
         del llm
@@ -121,6 +123,8 @@ if __name__ == "__main__":
     parser.add_argument("--shape", choices=sorted(SHAPES), default="27b")
     parser.add_argument("--recipe", default=None, help="quantize the random model with this recipe first")
     parser.add_argument("--draft-tokens", type=int, default=3)
+    parser.add_argument("--draft-vocab", type=int, default=None,
+                        help="draft among the N lowest token ids only (the engine's draft_vocab)")
     parser.add_argument("--lanes", type=int, nargs="*", default=[1, 8])
     parser.add_argument("--context", type=int, default=1024)
     parser.add_argument("--steps", type=int, default=20)

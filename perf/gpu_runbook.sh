@@ -66,6 +66,7 @@ profile-mtp-27b       where a 27B int4 MTP round goes at C = 8 (K = 3, all draft
 prologue-and-head-tests  the GPU tests of the one-launch attention prologue, the round rows and RoPE tables in one launch, and all speculative GPU tests (quantized head, host-held mtp tensors; no timings)
 prologue-27b          the one-launch attention prologue: its GPU test, the whole-model GPU tests with it on, the 27B int4 engine with it on and off twice
 mtp-quantized-head    the MTP head quantized by the mtp rules of the recipes: its GPU tests, 27B int4 MTP at C = 1 / 8 with plain steps, 35B-A3B at C = 1
+draft-vocab           the drafts LM head over the 32768 lowest token ids instead of all 248320 (draft_vocab): 27B int4 MTP at C = 1 without then with it, 35B-A3B at C = 1 with it (forced acceptance: timings only)
 profile-mtp-27b-c1    where a 27B int4 MTP round goes at C = 1 (K = 3, all drafts accepted), kernels by family, top 40
 gates-in-decode-27b   the a/b gate projection inside the DeltaNet decode kernel (GPU tests) and the 27B int4 decode at C = 1 / 8 with it off (the default: its own cuBLAS GEMM, two launches a layer) then on (NINFER_GATES_IN_DECODE=1), and a step profile with it on
 frag-tiled-27b        the tiled tl.dot GEMM over fragment-laid weights (GPU tests), then 4 decodes beside a 32k prefill with the 128-token chunk graph (its graph keys tuned among the decodes and the tiled GEMM) and the profile of that step
@@ -524,6 +525,12 @@ stage() {
       gpu_tests 100 speculative_gpu -k quantized_head
       part 190 python3 perf/bench_spec.py --shape 27b --recipe int4 --lanes 1 8 --steps 12 --prefill 1024
       part 150 python3 perf/bench_spec.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --lanes 1 --steps 12 --prefill 1024
+      ;;
+    draft-vocab)  # the drafts int8 LM heads took ~1.2 ms of a 9.76 ms 27B C = 1 round (run 2026-12-05.4)
+      part 170 python3 perf/bench_spec.py --shape 27b --recipe int4 --lanes 1 --steps 12
+      part 170 python3 perf/bench_spec.py --shape 27b --recipe int4 --lanes 1 --steps 12 --draft-vocab 32768
+      part 150 python3 perf/bench_spec.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --lanes 1 --steps 12 \
+        --draft-vocab 32768
       ;;
     profile-mtp-27b-c1)  # a C = 1 round cost 1.6x a plain step in run 2026-12-04.21: where the rest goes
       part 150 python3 perf/profile_step.py --shape 27b --recipe int4 --lanes 1 --draft-tokens 3 --top 40

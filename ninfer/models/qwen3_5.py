@@ -19,6 +19,7 @@ from ninfer.models.batch import ForwardBatch
 from ninfer.models.cache import ModelCache
 from ninfer.models.layers import MLP, GatedAttention, GatedDeltaNet, RMSNorm, linear
 from ninfer.models.moe import SparseMoeBlock
+from ninfer.quant.linear import QuantWeight
 
 
 class DecoderLayer(nn.Module):
@@ -81,6 +82,14 @@ class Qwen3_5TextModel(nn.Module):
             x, residual = layer(x, residual, rope, batch, cache)
         hidden, _ = self.norm(x, residual)
         return hidden
+
+    def lm_head_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows ``ids`` of the LM head, ``[len(ids), H]`` in the compute dtype (dequantized where it is
+        quantized), so that ``hidden @ rows.T`` equals ``logits(hidden)[:, ids]`` up to rounding."""
+        head = self.lm_head if self.lm_head is not None else self.embed_tokens
+        if isinstance(head, QuantWeight):
+            return head.packed().dequantize_rows(ids, self.dtype)
+        return head.weight.index_select(0, ids).to(self.dtype)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.lm_head is not None:

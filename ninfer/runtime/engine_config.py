@@ -14,6 +14,7 @@ to the model's full context, which ninfer would have to reserve up front).
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +22,7 @@ from typing import Any
 from ninfer.runtime.options import (
     GIB,
     Option,
+    OptionError,
     at_least,
     between,
     gib_to_bytes,
@@ -40,8 +42,24 @@ _DRAFT = Option("draft_tokens", DEFAULT_DRAFT_TOKENS, f"tokens drafted per specu
                 check=between(1, MAX_DRAFT_TOKENS), needs="spec", metavar="K")
 
 
+_DRAFT_VOCAB = Option("draft_vocab", None, "draft only among the N lowest token ids (byte-level BPE numbers tokens in "
+                      "merge order, frequent ones first): the drafts' LM head reads N rows instead of the whole "
+                      "vocabulary; acceptance may drop", check=at_least(1), needs="spec", metavar="N")
+_TOKEN_MAP = Option("draft_token_map", None, "draft only among the token ids listed in FILE (a torch.save'd tensor, "
+                    "as SGLang's --speculative-token-map, a JSON list or whitespace-separated ids)", kind=str,
+                    check=lambda path: None if os.path.isfile(path) else "must name an existing file",
+                    needs="spec", metavar="FILE")
+
+
 def _draft_tokens(values: Mapping[str, Any]) -> int:
     return values["draft_tokens"] if values["spec"] else 0
+
+
+def _draft_vocab(values: Mapping[str, Any]) -> int | str | None:
+    if values["draft_vocab"] is not None and values["draft_token_map"] is not None:
+        raise OptionError("draft_vocab (--draft-vocab) and draft_token_map (--draft-token-map) are alternatives: "
+                          "give one")
+    return values["draft_vocab"] if values["draft_vocab"] is not None else values["draft_token_map"]
 
 
 @dataclass(frozen=True)
@@ -93,6 +111,9 @@ class EngineConfig:
         "from (0: evicted checkpoints are dropped)", kind=float, check=at_least(0), to_field=gib_to_bytes,
         needs="prefix_cache", metavar="GIB"))
     draft_tokens: int = dataclasses.field(default=0, metadata={"options": (_SPEC, _DRAFT), "resolve": _draft_tokens})
+    # The drafts' vocabulary: None (all of it), N (the N lowest ids) or a token map file (ninfer.runtime.draft_vocab).
+    draft_vocab: int | str | None = dataclasses.field(
+        default=None, metadata={"options": (_DRAFT_VOCAB, _TOKEN_MAP), "resolve": _draft_vocab})
     pause_host_bytes: int = option(Option(
         "pause_host_gib", 4.0, "pinned host memory for snapshots of requests paused when the KV pool runs "
         "out; beyond it paused requests are recomputed", kind=float, check=at_least(0), to_field=gib_to_bytes,

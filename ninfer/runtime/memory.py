@@ -18,6 +18,7 @@ from ninfer.config import ModelConfig
 from ninfer.kernels.quant_gemm.dequant import workspace_bytes as dequant_bytes
 from ninfer.quant.linear import QuantLinear
 from ninfer.runtime.chunk_graphs import chunk_graph_tokens
+from ninfer.runtime.draft_vocab import read_token_map
 from ninfer.runtime.engine_config import EngineConfig
 
 HEADROOM_BYTES = 1 << 30
@@ -55,7 +56,17 @@ def workspace_bytes(cfg: ModelConfig, engine: EngineConfig, model_dtype: torch.d
     prompt-chunk graph where the engine captures one (:func:`chunk_graph_tokens`): its memory pool holds them
     for good."""
     logits = (engine.max_concurrency * (engine.draft_tokens + 1) + 1) * cfg.vocab_size * 4 * 2
-    return _activation_bytes(cfg, engine.prefill_chunk + chunk_graph_tokens(engine), model_dtype) + logits
+    return (_activation_bytes(cfg, engine.prefill_chunk + chunk_graph_tokens(engine), model_dtype) + logits
+            + draft_head_bytes(cfg, engine, model_dtype))
+
+
+def draft_head_bytes(cfg: ModelConfig, engine: EngineConfig, model_dtype: torch.dtype) -> int:
+    """The drafts' LM head rows where a draft vocabulary narrows it (``runtime.draft_vocab``), in the model dtype."""
+    source = engine.draft_vocab if engine.draft_tokens else None
+    if source is None:
+        return 0
+    rows = source if isinstance(source, int) else len(set(read_token_map(source)))
+    return min(rows, cfg.vocab_size) * cfg.hidden_size * (torch.finfo(model_dtype).bits // 8)
 
 
 def _activation_bytes(cfg: ModelConfig, tokens: int, model_dtype: torch.dtype) -> int:

@@ -25,10 +25,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 
 from ninfer.kernels.spec_rows import RoundRows, round_rows
 from ninfer.models.batch import ForwardBatch, make_batch
 from ninfer.models.mtp import MTPHead
+from ninfer.runtime.draft_vocab import draft_token_ids
 from ninfer.runtime.graphs import capture
 from ninfer.runtime.model_runner import ModelRunner
 from ninfer.runtime.request import Request
@@ -98,6 +100,9 @@ class MTPSpeculator:
         self.mtp_cache = runner.cache.mtp_view()
         self.k, self.t = draft_tokens, draft_tokens + 1
         self.vocab_limit = vocab_limit
+        # The drafts' own LM head where a draft vocabulary narrows it (draft_vocab): its rows, dequantized once.
+        self.draft_ids = draft_token_ids(config.draft_vocab, vocab_limit, lane_block_tables.device)
+        self.draft_rows = None if self.draft_ids is None else model.lm_head_rows(self.draft_ids)
         dev, t, hidden = lane_block_tables.device, self.t, model.config.hidden_size
         long = dict(dtype=torch.long, device=dev)
         # What the previous round left per lane: the target's hidden states at positions
@@ -208,7 +213,7 @@ class MTPSpeculator:
                           state_out_slots=state_out_slots)
 
     def _forward(self, b: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        lanes, t, limit, plan = self.lanes[:b], self.t, self.vocab_limit, self._plans[b]
+        lanes, t, plan = self.lanes[:b], self.t, self._plans[b]
         torch.index_select(self.lane_block_tables, 0, lanes, out=self.block_tables[:b])
         rows = round_rows(lanes, self.start, self.accepted, self.rope_delta, self.block_tables[:b],
                           self.cache.page_size, plan.lane, plan.after, plan.offset, plan.tokens)
@@ -219,11 +224,11 @@ class MTPSpeculator:
         h = self.head.advance(self.hidden[lanes].reshape(b * t, -1), tokens.reshape(-1),
                               self._batch(b, rows, plan, 0, tokens), self.mtp_cache)
         h = h.view(b, t, -1).gather(1, acc[:, None, None].expand(b, 1, h.shape[-1])).squeeze(1)
-        draft = self.model.logits(h)[:, :limit].argmax(-1)
+        draft = self._draft(h)
         drafts = [draft]
         for i in range(1, self.k):
-            h, logits = self.head(h, draft, self._batch(b, rows, plan, i, draft), self.mtp_cache)
-            draft = logits[:, :limit].argmax(-1)
+            h = self.head.advance(h, draft, self._batch(b, rows, plan, i, draft), self.mtp_cache)
+            draft = self._draft(h)
             drafts.append(draft)
         drafts_t = torch.stack(drafts, 1)
         n = rows.positions[plan.first_verified]  # position of x_n, the last committed token (not yet computed)
@@ -233,6 +238,13 @@ class MTPSpeculator:
         batch = self._batch(b, rows, plan, self.k, ids, state_out_slots=self.out_slots[:b])
         hidden = self.model(batch, self.cache)
         return drafts_t, self.model.logits(hidden), hidden, n
+
+    def _draft(self, h: torch.Tensor) -> torch.Tensor:
+        """The greedy draft after head states ``h [b, H]``: the argmax of the LM head, over the draft vocabulary
+        where one is set (its rows only are read: a GEMM of ``len(draft_ids)`` rows, not the vocabulary's)."""
+        if self.draft_rows is None:
+            return self.model.logits(h)[:, :self.vocab_limit].argmax(-1)
+        return self.draft_ids[F.linear(h, self.draft_rows).argmax(-1)]
 
     def _capture(self, b: int, pool: object) -> object:
         # Warm-up and capture run on lane 0, slot 0 and page 0: scratch that a real sequence resets.

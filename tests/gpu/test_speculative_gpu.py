@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import ninfer
+from ninfer.kernels.quant_gemm.fragments import FRAGMENTS
 from ninfer.quant.linear import QuantLinear
 from tiny_checkpoints import REAL_HEADS, TinyCheckpoint, make_composite
 
@@ -109,3 +110,16 @@ def test_without_spec_the_head_waits_in_host_memory(ckpt: TinyCheckpoint) -> Non
     assert llm.load_report.mtp and all(t.device.type == "cpu" for t in llm.load_report.mtp.values())
     head = MTPHead.from_report(llm.model, llm.load_report.mtp)
     assert all(p.is_cuda for p in head.parameters())
+
+
+def test_speculative_over_a_draft_vocabulary(ckpt: TinyCheckpoint) -> None:
+    """Drafts among the 64 lowest ids: the LM head's rows dequantized from the fragment-laid int8-g64 head (the
+    int4 recipe's), the rounds replayed from graphs; greedy decoding equals plain decoding over the same weights."""
+    llm = _load(ckpt, spec="mtp", draft_tokens=3, quantize="int4", draft_vocab=64)
+    spec = llm.engine.spec
+    lm_head = llm.engine.runner.model.lm_head
+    assert isinstance(lm_head, QuantLinear) and lm_head.layout == FRAGMENTS and spec.graphs
+    ids = torch.arange(64, device="cuda")
+    torch.testing.assert_close(spec.draft_rows, lm_head.packed().dequantize(spec.draft_rows.dtype)[ids])
+    assert _run(llm) == _run(_load(ckpt, quantize="int4"))
+    assert spec.head is not None and llm.engine.spec_totals.rounds > 0

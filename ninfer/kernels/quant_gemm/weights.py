@@ -22,6 +22,9 @@ class WeightFormatLike(Protocol):
 
     def dequantize(self, tensors: dict[str, torch.Tensor], dtype: torch.dtype) -> torch.Tensor: ...
 
+    def dequantize_rows(self, tensors: dict[str, torch.Tensor], rows: torch.Tensor,
+                        dtype: torch.dtype) -> torch.Tensor: ...
+
 
 ROWS = "rows"  # the formats' own layout (ninfer.quant.formats); the other: fragments.FRAGMENTS
 
@@ -55,3 +58,21 @@ class QuantizedTensor:
             raise FormatError(f"select takes a slice of a stacked weight [E, N, K]; this one is {list(self.shape)}")
         return QuantizedTensor(self.format, self.shape[1:], {name: t[index] for name, t in self.tensors.items()},
                                self.layout)
+
+    def dequantize_rows(self, rows: torch.Tensor, dtype: torch.dtype = torch.float32,
+                        block: int = 4096) -> torch.Tensor:
+        """Rows ``rows`` of a 2-D weight, dequantized: ``[len(rows), K]`` (a tied LM head's subset, the drafts').
+        A re-laid weight is read back ``block`` rows at a time (a multiple of the fragments' 16-row tiles, whose
+        tensors hold their rows contiguously), so no more than a block is ever dequantized at once."""
+        if self.layout == ROWS:
+            return self.format.dequantize_rows(self.tensors, rows, dtype)
+        n, k = self.shape
+        out = torch.empty(rows.shape[0], k, dtype=dtype, device=rows.device)
+        for first in range(0, n, block):
+            inside = ((rows >= first) & (rows < first + block)).nonzero().squeeze(1)
+            if inside.numel():
+                stop = min(n, first + block)
+                part = QuantizedTensor(self.format, (stop - first, k),
+                                       {name: t[first:stop] for name, t in self.tensors.items()}, self.layout)
+                out[inside] = part.dequantize(dtype).index_select(0, rows[inside] - first)
+        return out
