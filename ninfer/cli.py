@@ -1,4 +1,4 @@
-"""The ``ninfer`` command: ``generate``, ``chat``, ``ppl``, ``convert``, ``serve`` and ``warmup``."""
+"""The ``ninfer`` command: ``generate``, ``chat``, ``ppl``, ``convert``, ``serve``, ``warmup`` and ``token-map``."""
 from __future__ import annotations
 
 import argparse
@@ -102,6 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_serve_parser(sub)
     add_warmup_parser(sub)
+    from ninfer.cli_token_map import add_token_map_parser
+
+    add_token_map_parser(sub)
     return parser
 
 

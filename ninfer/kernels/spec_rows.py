@@ -3,8 +3,8 @@
 A round runs several forwards over the same lanes (the catch-up over ``K + 1`` pairs, ``K - 1`` single-token
 draft steps, the ``K + 1``-token verification), and each needs its tokens' positions, their slots in the paged
 KV cache, their rotary positions and every sequence's context length. Computed per forward with torch ops that
-is about ten small launches each (a gather, divisions, casts, adds); here one launch writes them all into one
-flat buffer that the forwards slice.
+is about ten small launches each (a gather, divisions, casts, adds: ~50 a K = 3 round); here one launch writes
+them all into one flat buffer that the forwards slice.
 
 A *plan* lists the round's rows, forward after forward. Row ``r`` belongs to lane ``lanes[lane[r]]`` and sits at
 position ``start[l] + offset[r]`` (``after[r] == 0``) or ``start[l] + accepted[l] + 1 + offset[r]``

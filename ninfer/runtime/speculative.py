@@ -112,10 +112,11 @@ class MTPSpeculator:
         self.start = torch.zeros(max_lanes, **long)
         self.accepted = torch.zeros(max_lanes, **long)
         self.rope_delta = torch.zeros(max_lanes, **long)
-        # Graph inputs of one round (the first b rows are used).
-        self.lanes = torch.zeros(max_lanes, **long)
-        self.state_slots = torch.zeros(max_lanes, **long)
-        self.out_slots = torch.zeros(max_lanes, t, **long)
+        # Graph inputs of a round over b lanes: its lanes [b], state slots [b] and per-token state slots [b, t], in
+        # one block (a round's graph reads the views of its b), so one copy from pinned memory fills all three.
+        self._inputs = torch.zeros(max_lanes * (2 + t), **long)
+        self._views = {b: (self._inputs[:b], self._inputs[b:2 * b], self._inputs[2 * b:b * (2 + t)].view(b, t))
+                       for b in range(1, max_lanes + 1)}
         self.block_tables = torch.zeros(max_lanes, lane_block_tables.shape[1], dtype=torch.int32, device=dev)
         self._cu = {n: torch.arange(max_lanes + 1, dtype=torch.int32, device=dev) * n for n in (1, t)}
         self._plans = {b: RoundPlan(b, self.k, dev) for b in range(1, max_lanes + 1)}
@@ -180,9 +181,12 @@ class MTPSpeculator:
         n [b])``, valid until the next round.
         """
         b = len(reqs)
-        self.lanes[:b].copy_(torch.tensor([r.lane for r in reqs]), non_blocking=True)
-        self.state_slots[:b].copy_(torch.tensor([r.slot for r in reqs]), non_blocking=True)
-        self.out_slots[:b].copy_(torch.tensor([r.spare_slots for r in reqs]), non_blocking=True)
+        host = [r.lane for r in reqs] + [r.slot for r in reqs] + [s for r in reqs for s in r.spare_slots]
+        assert len(host) == b * (2 + self.t), "every request holds K + 1 spare state slots"
+        # From pinned memory: a copy from pageable memory holds the host until it is staged (the caching host
+        # allocator keeps the pinned buffer until the copy has run).
+        self._inputs[:len(host)].copy_(torch.tensor(host, dtype=torch.long, pin_memory=self._inputs.is_cuda),
+                                       non_blocking=True)
         if b in self.graphs and self.propose is None:
             self.graphs[b].replay()
             return self.outputs[b]
@@ -195,7 +199,7 @@ class MTPSpeculator:
     def advance(self, reqs: list[Request], hidden: torch.Tensor, committed: torch.Tensor, accepted: torch.Tensor,
                 n: torch.Tensor) -> None:
         """Keep this round's verification for the next round's catch-up."""
-        lanes = self.lanes[:len(reqs)]
+        lanes = self._views[len(reqs)][0]
         self.hidden.index_copy_(0, lanes, hidden.view(len(reqs), self.t, -1))
         self.tokens.index_copy_(0, lanes, committed)
         self.start.index_copy_(0, lanes, n)
@@ -209,11 +213,11 @@ class MTPSpeculator:
         t = (tokens.stop - tokens.start) // b
         return make_batch(input_ids=ids.reshape(-1), positions=rows.rope_positions[tokens],
                           cu_seqlens=self._cu[t][:b + 1], max_seqlen=t, context_lens=rows.positions32[ctx], block_tables=self.block_tables[:b],
-                          slot_mapping=rows.slots[tokens], state_slots=self.state_slots[:b],
+                          slot_mapping=rows.slots[tokens], state_slots=self._views[b][1],
                           state_out_slots=state_out_slots)
 
     def _forward(self, b: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        lanes, t, plan = self.lanes[:b], self.t, self._plans[b]
+        (lanes, _, out_slots), t, plan = self._views[b], self.t, self._plans[b]
         torch.index_select(self.lane_block_tables, 0, lanes, out=self.block_tables[:b])
         rows = round_rows(lanes, self.start, self.accepted, self.rope_delta, self.block_tables[:b],
                           self.cache.page_size, plan.lane, plan.after, plan.offset, plan.tokens)
@@ -235,7 +239,7 @@ class MTPSpeculator:
         if self.propose is not None:
             drafts_t = self.propose(lanes, n, drafts_t)
         ids = torch.cat([tokens.gather(1, acc[:, None]), drafts_t], 1)
-        batch = self._batch(b, rows, plan, self.k, ids, state_out_slots=self.out_slots[:b])
+        batch = self._batch(b, rows, plan, self.k, ids, state_out_slots=out_slots)
         hidden = self.model(batch, self.cache)
         return drafts_t, self.model.logits(hidden), hidden, n
 
