@@ -63,7 +63,7 @@ profile-27b-mixed     4 decodes beside a long 27B int4 prompt in 128-token chunk
 itl-128-27b           27B int4 warm start: ITL of 4 decodes beside a 32k prefill at the default budget and at 128 tokens, and the rate of the 32k prompt at each
 chunk-graphs-27b      the prompt-chunk graph (on by default up to 256 tokens): its GPU tests, then the 27B int4 ITL of 4 decodes beside a 32k prefill with 128- and 256-token chunks replayed from it
 profile-mtp-27b       where a 27B int4 MTP round goes at C = 8 (K = 3, all drafts accepted: 2.25x a plain step in run 2026-12-03.13) beside the plain C = 8 step, kernels by family
-prologue-and-head-tests  the GPU tests of the one-launch attention prologue, the round rows and RoPE tables in one launch, and all speculative GPU tests (quantized head, host-held mtp tensors; no timings)
+prologue-and-head-tests  the GPU tests of the one-launch attention prologue, the round rows, RoPE tables and embedding rows in one launch, and all speculative GPU tests (quantized head, host-held mtp tensors; no timings)
 prologue-27b          the one-launch attention prologue: its GPU test, the whole-model GPU tests with it on, the 27B int4 engine with it on and off twice
 mtp-quantized-head    the MTP head quantized by the mtp rules of the recipes: its GPU tests, 27B int4 MTP at C = 1 / 8 with plain steps, 35B-A3B at C = 1
 draft-vocab           the drafts LM head over the 32768 lowest token ids instead of all 248320 (draft_vocab): 27B int4 MTP at C = 1 without then with it, 35B-A3B at C = 1 with it (forced acceptance: timings only)
@@ -510,6 +510,7 @@ stage() {
     prologue-and-head-tests)
       gpu_tests 70 attention_prologue_gpu -n 4
       gpu_tests 40 spec_rows_gpu
+      gpu_tests 60 embedding_gpu
       gpu_tests 40 elementwise -k "mrope or cuda_graph"
       gpu_tests 130 speculative_gpu
       ;;

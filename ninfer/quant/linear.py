@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from ninfer.checkpoint import RowSlice, fused_parts
+from ninfer.kernels.embedding import can_take, embedding_rows_triton
 from ninfer.kernels.quant_gemm import quant_matmul
 from ninfer.kernels.quant_gemm.fragments import FRAGMENTS, fragments_fit, to_fragments
 from ninfer.kernels.quant_gemm.fragments_fp4 import fp4_scales_fit
@@ -171,9 +172,13 @@ class QuantEmbedding(QuantWeight):
         return module
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        tensors = dict(self.named_parameters(recurse=False))
-        rows = self.format.dequantize_rows(tensors, ids.reshape(-1), self.dtype)
-        return rows.reshape(*ids.shape, self.shape[-1])
+        flat, dim = ids.reshape(-1).contiguous(), self.shape[-1]
+        scales = getattr(self, "scales", None)
+        if self.layout == ROWS and scales is not None and can_take(self.qweight, scales, dim):
+            rows = embedding_rows_triton(self.qweight, scales, flat, dim, self.dtype)  # one launch
+        else:
+            rows = self.format.dequantize_rows(dict(self.named_parameters(recurse=False)), flat, self.dtype)
+        return rows.reshape(*ids.shape, dim)
 
     def as_linear(self) -> QuantLinear:
         """A :class:`QuantLinear` sharing this storage (tied LM head)."""
