@@ -12,6 +12,7 @@ from ninfer.cli_options import (
     HelpFormatter,
     add_engine_options,
     add_log_level_option,
+    add_model_argument,
     add_model_options,
     add_sampling_options,
     add_stop_options,
@@ -43,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
                          description="Generate a reply. The answer goes to stdout; reasoning, timings and "
                                      "tok/s go to stderr.", epilog=GENERATE_EXAMPLES,
                          formatter_class=HelpFormatter)
-    gen.add_argument("model", nargs="?", help="checkpoint directory or Hugging Face id (default: bundled tiny model)")
+    add_model_argument(gen)
     source = gen.add_mutually_exclusive_group(required=True)
     source.add_argument("--prompt", help="user message text (rendered with the chat template)")
     source.add_argument("--messages", type=Path, metavar="FILE",
@@ -74,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      "and perplexity.",
                          epilog="example:\n  ninfer ppl ./my-model --text wiki.txt --context 4096 --stride 2048 "
                                 "--output report.json", formatter_class=HelpFormatter)
-    ppl.add_argument("model", nargs="?", help="checkpoint directory or Hugging Face id (default: bundled tiny model)")
+    add_model_argument(ppl)
     ppl.add_argument("--text", type=Path, required=True, metavar="FILE", help="UTF-8 text to score")
     ppl.add_argument("--context", type=positive("--context"), default=4096, metavar="N",
                      help="window length in tokens (default 4096)")

@@ -15,6 +15,7 @@ from ninfer.cli_options import (
     HelpFormatter,
     add_engine_options,
     add_log_level_option,
+    add_model_argument,
     add_model_options,
     add_sampling_options,
     add_stop_options,
@@ -49,7 +50,7 @@ def add_chat_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                                    "streams to stdout, thinking is shown dimmed (on stderr when stdout is not a "
                                    "terminal) unless --hide-thinking.",
                        epilog=CHAT_EXAMPLES, formatter_class=HelpFormatter)
-    p.add_argument("model", nargs="?", help="checkpoint directory or Hugging Face id (default: bundled tiny model)")
+    add_model_argument(p)
     p.add_argument("--system", metavar="TEXT", help="system message at the start of the conversation")
     p.add_argument("--max-new", type=positive("--max-new"), default=1024, metavar="N",
                    help="maximum number of generated tokens per reply (default 1024)")
@@ -122,7 +123,7 @@ def add_warmup_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParse
                                    "and ninfer's tuning cache keep the results), run one short decode per "
                                    "lane count, print each phase's time and exit. On CPU it loads and reports.",
                        epilog=WARMUP_EXAMPLES, formatter_class=HelpFormatter)
-    p.add_argument("model", nargs="?", help="checkpoint directory or Hugging Face id (default: bundled tiny model)")
+    add_model_argument(p)
     add_log_level_option(p)
     add_model_options(p)
     add_engine_options(p, exclude=("warmup",))  # that is what the command does

@@ -70,6 +70,11 @@ def number(flag: str, lo: float, hi: float | None = None, lo_open: bool = False)
     return parse
 
 
+def add_model_argument(p: argparse.ArgumentParser) -> None:
+    """The optional positional ``MODEL`` every command takes."""
+    p.add_argument("model", nargs="?", help="checkpoint directory or Hugging Face id (default: bundled tiny model)")
+
+
 def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", help="torch device, e.g. cuda, cuda:1, cpu (default: cuda if available)")
     p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"],

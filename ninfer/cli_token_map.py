@@ -15,7 +15,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from ninfer.cli_options import CliError, HelpFormatter, positive
+from ninfer.cli_options import CliError, HelpFormatter, add_model_argument, positive
 
 EXAMPLES = """examples:
   ninfer token-map ./Qwen3.6-27B --text chats/*.txt --top 32768 --out hot.pt
@@ -29,7 +29,7 @@ def add_token_map_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentPa
                                    "frequent token ids (and those that end a turn) and write them for "
                                    "--draft-token-map; prints how much of the counted text the map covers.",
                        epilog=EXAMPLES, formatter_class=HelpFormatter)
-    p.add_argument("model", nargs="?", help="checkpoint directory or Hugging Face id (default: bundled tiny model)")
+    add_model_argument(p)
     p.add_argument("--text", type=Path, nargs="+", required=True, metavar="FILE",
                    help="UTF-8 text to count (prompts and replies like the traffic the map is for)")
     p.add_argument("--top", type=positive("--top"), default=32768, metavar="N",

@@ -13,6 +13,7 @@ from ninfer.cli_options import (
     HelpFormatter,
     add_engine_options,
     add_log_level_option,
+    add_model_argument,
     add_model_options,
     add_sampling_options,
     add_template_option,
@@ -37,7 +38,7 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
     p = subparsers.add_parser("serve", help="serve a model over HTTP (OpenAI and Anthropic APIs)",
                               description="Serve OpenAI Chat Completions / Responses and Anthropic Messages.",
                               epilog=SERVE_EXAMPLES, formatter_class=HelpFormatter)
-    p.add_argument("model", nargs="?", help="checkpoint directory or Hugging Face id (default: bundled tiny model)")
+    add_model_argument(p)
     p.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
     p.add_argument("--port", type=positive("--port", 0), default=8080, help="listen port (default 8080)")
     add_ops_options(p)
