@@ -66,7 +66,9 @@ def draft_head_bytes(cfg: ModelConfig, engine: EngineConfig, model_dtype: torch.
     if source is None:
         return 0
     rows = source if isinstance(source, int) else len(set(read_token_map(source)))
-    return min(rows, cfg.vocab_size) * cfg.hidden_size * (torch.finfo(model_dtype).bits // 8)
+    if rows >= cfg.vocab_size:  # the whole vocabulary: the drafts use the LM head itself
+        return 0
+    return rows * cfg.hidden_size * (torch.finfo(model_dtype).bits // 8)
 
 
 def _activation_bytes(cfg: ModelConfig, tokens: int, model_dtype: torch.dtype) -> int:

@@ -122,3 +122,4 @@ def test_the_memory_plan_counts_the_draft_rows(composite_ckpt, tmp_path) -> None
                             torch.float32) == 3 * cfg.hidden_size * 4
     assert draft_head_bytes(cfg, EngineConfig(draft_tokens=0, draft_vocab=40), torch.float32) == 0
     assert draft_head_bytes(cfg, EngineConfig(draft_tokens=3), torch.float32) == 0
+    assert draft_head_bytes(cfg, EngineConfig(draft_tokens=3, draft_vocab=cfg.vocab_size), torch.float32) == 0
