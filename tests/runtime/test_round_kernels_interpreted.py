@@ -1,0 +1,47 @@
+"""The round's one-launch kernels inside the engine, run by the Triton interpreter on CPU: the round rows
+(``kernels.spec_rows``), the RoPE tables and the quantized embedding lookup take their Triton paths in every
+forward of a speculative engine, whose greedy output must equal plain decoding's (reference paths)."""
+from __future__ import annotations
+
+import pytest
+
+import ninfer
+import ninfer.kernels.embedding as embedding
+import ninfer.kernels.rope as rope
+import ninfer.kernels.spec_rows as spec_rows
+from ninfer.kernels.dispatch import INTERPRET
+from ninfer.runtime.sampling import SamplingParams
+
+pytestmark = pytest.mark.skipif(not INTERPRET, reason="Triton launchers on CPU need TRITON_INTERPRET=1")
+PROMPTS = [[5, 17, 33, 99, 12, 7, 201, 45], list(range(20, 57)), [300, 301, 302]]
+
+
+def _run(llm: ninfer.LLM) -> list[list[int]]:
+    params = SamplingParams(greedy=True)
+    return [c.token_ids for c in llm._run([llm._request(list(p), 20, params) for p in PROMPTS])]
+
+
+def test_speculative_rounds_through_the_interpreted_kernels(composite_ckpt, monkeypatch) -> None:
+    kw = dict(device="cpu", progress=False, max_concurrency=3, max_context=512, quantize="int4")
+    want = _run(ninfer.load(composite_ckpt.path, **kw))  # reference paths throughout
+    calls = {"rows": 0, "rope": 0, "embedding": 0}
+
+    def counted(name, fn):  # noqa: ANN001, ANN202
+        def run(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+            calls[name] += 1
+            return fn(*args, **kwargs)
+        return run
+
+    monkeypatch.setattr(spec_rows, "use_triton", lambda x: True)
+    monkeypatch.setattr(spec_rows, "round_rows_triton", counted("rows", spec_rows.round_rows_triton))
+    monkeypatch.setattr(rope, "use_triton", lambda x: True)
+    monkeypatch.setattr(rope, "mrope_cos_sin_triton", counted("rope", rope.mrope_cos_sin_triton))
+    monkeypatch.setattr(rope, "apply_rope_triton", rope.apply_rope_reference)  # the other RoPE ops stay as they were
+    monkeypatch.setattr(rope, "qk_norm_rope_triton", rope.qk_norm_rope_reference)
+    monkeypatch.setattr(embedding, "use_triton", lambda x: True)
+    import ninfer.quant.linear as linear
+
+    monkeypatch.setattr(linear, "embedding_rows_triton", counted("embedding", embedding.embedding_rows_triton))
+    llm = ninfer.load(composite_ckpt.path, spec="mtp", draft_tokens=3, **kw)
+    assert _run(llm) == want
+    assert llm.engine.spec_totals.rounds > 0 and all(n > 0 for n in calls.values()), calls
