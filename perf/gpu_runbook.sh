@@ -66,6 +66,7 @@ profile-mtp-27b       where a 27B int4 MTP round goes at C = 8 (K = 3, all draft
 prologue-and-head-tests  the GPU tests of the one-launch attention prologue, the round rows, RoPE tables and embedding rows in one launch, and all speculative GPU tests (quantized head, host-held mtp tensors; no timings)
 prologue-27b          the one-launch attention prologue: its GPU test, the whole-model GPU tests with it on, the 27B int4 engine with it on and off twice
 mtp-quantized-head    the MTP head quantized by the mtp rules of the recipes: its GPU tests, 27B int4 MTP at C = 1 / 8 with plain steps, 35B-A3B at C = 1
+moe-norm-35b          the norm after each MoE block inside its combine launch (NINFER_MOE_NORM=1, 40 launches fewer a 35B-A3B step): its GPU test, the MoE model and speculative GPU tests with it on, the 35B-A3B engine on and off twice
 draft-vocab           the drafts LM head over the 32768 lowest token ids instead of all 248320 (draft_vocab): 27B int4 MTP at C = 1 without then with it, 35B-A3B at C = 1 with it (forced acceptance: timings only)
 profile-mtp-27b-c1    where a 27B int4 MTP round goes at C = 1 (K = 3, all drafts accepted), kernels by family, top 40
 gates-in-decode-27b   the a/b gate projection inside the DeltaNet decode kernel (GPU tests) and the 27B int4 decode at C = 1 / 8 with it off (the default: its own cuBLAS GEMM, two launches a layer) then on (NINFER_GATES_IN_DECODE=1), and a step profile with it on
@@ -526,6 +527,15 @@ stage() {
       gpu_tests 100 speculative_gpu -k quantized_head
       part 190 python3 perf/bench_spec.py --shape 27b --recipe int4 --lanes 1 8 --steps 12 --prefill 1024
       part 150 python3 perf/bench_spec.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --lanes 1 --steps 12 --prefill 1024
+      ;;
+    moe-norm-35b)  # off by default until measured: 576 launches, 2.70 ms graph replay at batch 1 (run 2026-12-04.36)
+      gpu_tests 60 moe -k "next_norm or shared_expert"
+      NINFER_MOE_NORM=1 gpu_tests 120 model_gpu -k "graphs_equal"
+      NINFER_MOE_NORM=1 gpu_tests 100 speculative_gpu -k "greedy_equals_plain"
+      for on in 1 0 1 0; do
+        NINFER_MOE_NORM=$on part 90 python3 perf/bench_engine.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 \
+          --contexts 1024 --lanes 1 8 --steps 12 --label moe-norm-$on
+      done
       ;;
     draft-vocab)  # the drafts int8 LM heads took ~1.2 ms of a 9.76 ms 27B C = 1 round (run 2026-12-05.4)
       part 170 python3 perf/bench_spec.py --shape 27b --recipe int4 --lanes 1 --steps 12

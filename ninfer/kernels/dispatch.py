@@ -67,6 +67,15 @@ def fused_prologue() -> bool:
     return os.environ.get("NINFER_FUSED_PROLOGUE", "0") == "1"
 
 
+def norm_in_moe_combine() -> bool:
+    """Whether the MoE combine applies the norm that follows the block in its own launch
+    (``moe.moe_experts_then_norm``) with ``NINFER_MOE_NORM=1`` (read per call): one launch fewer per MoE layer (40
+    of the 35B-A3B step's). Off by default until its GPU test and the 35B-A3B step have run on and off (stage
+    ``moe-norm-35b``); the interpreter shows the new residual bit-equal to the unfused path's and the normed
+    output within fp32 / fp16 rounding."""
+    return os.environ.get("NINFER_MOE_NORM", "0") == "1"
+
+
 @cache
 def _capability(device: torch.device) -> tuple[int, int]:
     return torch.cuda.get_device_capability(device) if device.type == "cuda" else (0, 0)

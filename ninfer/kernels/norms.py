@@ -12,6 +12,8 @@ so bf16 results match it to the last bit except for transcendental-function diff
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 import triton
@@ -19,6 +21,18 @@ import triton.language as tl
 
 from ninfer.kernels.dispatch import pdl_enabled, use_triton
 from ninfer.kernels.rowwise import TL_DTYPE, as_rows_3d, row_block_config
+
+
+@dataclass(frozen=True)
+class NextNorm:
+    """The zero-centred RMSNorm that follows an op, for the op to apply in its own last launch: the norm's
+    ``weight`` and ``eps``, the ``residual`` stream to add first (or None) and the buffer the new residual stream
+    (``x + residual``, as :func:`rms_norm` returns it) is written to."""
+
+    weight: torch.Tensor
+    eps: float
+    residual: torch.Tensor | None
+    new_residual: torch.Tensor
 
 
 def rms_norm_reference(

@@ -90,6 +90,11 @@ class MLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.gate_up_proj(x, swiglu=True))
 
+    def forward_then_norm(self, x: torch.Tensor, norm: RMSNorm,
+                          residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``norm(self(x), residual)`` (the MoE block applies it in its combine's launch; here it is its own)."""
+        return norm(self(x), residual)
+
 
 class GatedAttention(nn.Module):
     """Full attention with per-head q/k norm, partial RoPE, GQA and a sigmoid output gate (§6)."""

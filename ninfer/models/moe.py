@@ -8,9 +8,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from ninfer.config import ModelConfig
-from ninfer.kernels.moe import moe_experts, route_topk
+from ninfer.kernels.moe import moe_experts, moe_experts_then_norm, route_topk
 from ninfer.kernels.overlap import overlapped
-from ninfer.models.layers import MLP, FusedRows, linear
+from ninfer.models.layers import MLP, FusedRows, RMSNorm, linear
 
 if TYPE_CHECKING:
     from ninfer.quant.formats import QuantizedTensor
@@ -47,13 +47,22 @@ class SparseMoeBlock(nn.Module):
         self.shared_expert = MLP(config.hidden_size, config.shared_expert_intermediate_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return moe_experts(x, *self._routed(x))
+
+    def forward_then_norm(self, x: torch.Tensor, norm: RMSNorm,
+                          residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``norm(self(x), residual)``, the norm applied by the combine in its own launch on CUDA."""
+        return moe_experts_then_norm(x, *self._routed(x), norm.weight, norm.eps, residual)
+
+    def _routed(self, x: torch.Tensor) -> tuple:
+        """The experts' arguments after ``x``: stacks, routing weights and ids, the shared expert."""
         # The shared expert does not depend on the routing: in a captured decode step it runs on a second stream,
         # beside the router, the top-k and the routed experts, until the combine waits for it.
         shared_out = overlapped(lambda: self.shared_expert(x), x)
         router_logits, shared_logit = self._router_logits(x)
         weights, ids = route_topk(router_logits, self.top_k)
         shared = (shared_out, shared_logit)  # routed + sigmoid(logit) * shared, summed by the combine
-        return moe_experts(x, _stack(self.experts.gate_up_proj), _stack(self.experts.down_proj), weights, ids, shared)
+        return _stack(self.experts.gate_up_proj), _stack(self.experts.down_proj), weights, ids, shared
 
     def _router_logits(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Router logits ``[T, E]`` and the shared expert's gate logit ``[T, 1]``: on CUDA one GEMM over

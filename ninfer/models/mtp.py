@@ -161,8 +161,9 @@ class MTPHead(nn.Module):
         h, _ = self.pre_fc_norm_hidden(hidden)
         x = self.fc(torch.cat([e, h], dim=-1))
         rope = mrope_cos_sin(batch.positions, self.inv_freq, list(self.config.mrope_section), x.dtype)
-        x, residual = self.layers[0](x, None, rope, batch, cache)
-        h_prime, _ = self.norm(x, residual)
+        layer = self.layers[0]
+        h, residual = layer.input_layernorm(x)
+        h_prime, _ = layer(h, residual, rope, batch, cache, self.norm)
         return h_prime
 
 

@@ -7,6 +7,9 @@
         x = x + mixer(input_layernorm(x))          # Gated DeltaNet or gated attention
         x = x + ffn(post_attention_layernorm(x))   # SwiGLU MLP or MoE block
     logits = lm_head(norm(x))
+
+Each layer ends with the norm that follows it (the next layer's ``input_layernorm``, or ``norm``), so that the
+MoE block can apply it inside its combine's launch.
 """
 from __future__ import annotations
 
@@ -36,17 +39,19 @@ class DecoderLayer(nn.Module):
 
     def forward(
         self,
-        x: torch.Tensor,
+        h: torch.Tensor,
         residual: torch.Tensor | None,
         rope: tuple[torch.Tensor, torch.Tensor],
         batch: ForwardBatch,
         cache: ModelCache,
+        next_norm: RMSNorm,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Takes the previous layer's output and residual; returns this layer's (the adds are fused into the norms)."""
-        h, residual = self.input_layernorm(x, residual)
+        """Takes this layer's input already through its ``input_layernorm`` (with the residual stream), and returns
+        the next one's the same way: its output through ``next_norm`` (the next layer's input norm, or the model's
+        final norm), which the MoE block applies inside its last launch. The residual adds are fused into the norms."""
         h = self.self_attn(h, rope, batch, cache) if self.is_attention else self.linear_attn(h, batch, cache)
         h, residual = self.post_attention_layernorm(h, residual)
-        return self.mlp(h), residual
+        return self.mlp.forward_then_norm(h, next_norm, residual)
 
 
 class Qwen3_5TextModel(nn.Module):
@@ -77,11 +82,11 @@ class Qwen3_5TextModel(nn.Module):
         """
         x = self.embed_tokens(batch.input_ids) if inputs_embeds is None else inputs_embeds
         rope = mrope_cos_sin(batch.positions, self.inv_freq, list(self.config.mrope_section), x.dtype)
-        residual = None
-        for layer in self.layers:
-            x, residual = layer(x, residual, rope, batch, cache)
-        hidden, _ = self.norm(x, residual)
-        return hidden
+        h, residual = self.layers[0].input_layernorm(x)
+        norms_after = [layer.input_layernorm for layer in self.layers[1:]] + [self.norm]
+        for layer, next_norm in zip(self.layers, norms_after, strict=True):
+            h, residual = layer(h, residual, rope, batch, cache, next_norm)
+        return h
 
     def lm_head_rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows ``ids`` of the LM head, ``[len(ids), H]`` in the compute dtype (dequantized where it is

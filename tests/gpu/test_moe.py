@@ -232,3 +232,44 @@ def test_gated_shared_expert_in_the_combine(experts: tuple[torch.Tensor, torch.T
     exact = routed.float() + torch.sigmoid(logit.float()) * shared.float()
     torch.testing.assert_close(got.float(), exact, rtol=8e-3, atol=4e-3)
     torch.testing.assert_close(got, routed + torch.sigmoid(logit) * shared, rtol=1.6e-2, atol=8e-3)
+
+
+@pytest.mark.parametrize("n", [1, 4, 300])
+def test_the_combine_applies_the_next_norm(experts: tuple[torch.Tensor, torch.Tensor], n: int,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """``moe_experts_then_norm`` (``NINFER_MOE_NORM=1``): the combine's normed output and new residual stream against
+    ``rms_norm`` of the unfused block's output (the same sum, so the new residual is bit-equal), eagerly and
+    replayed from a graph."""
+    from ninfer.kernels.moe import moe_experts_then_norm
+    from ninfer.kernels.norms import rms_norm
+
+    import ninfer.kernels.moe.dispatch as moe_dispatch
+
+    monkeypatch.setenv("NINFER_MOE_NORM", "1")
+    normed_in_combine = []
+    triton_experts = moe_dispatch.moe_experts_triton
+    monkeypatch.setattr(moe_dispatch, "moe_experts_triton",
+                        lambda *a, **k: normed_in_combine.append(k.get("norm") is not None) or triton_experts(*a, **k))
+
+    gate_up, down = (w.to(torch.bfloat16) for w in experts)
+    x = torch.randn(n, H, device="cuda", dtype=torch.bfloat16)
+    weights, ids = route_topk(torch.randn(n, E, device="cuda", dtype=torch.bfloat16), TOP_K)
+    shared = (torch.randn(n, H, device="cuda", dtype=torch.bfloat16),
+              (torch.randn(n, E + 1, device="cuda") * 3).to(torch.bfloat16)[:, E:])
+    residual = torch.randn(n, H, device="cuda", dtype=torch.bfloat16) * 4
+    w = (torch.randn(H, device="cuda") * 0.3).to(torch.bfloat16)
+
+    def fused() -> tuple[torch.Tensor, torch.Tensor]:
+        return moe_experts_then_norm(x, gate_up, down, weights, ids, shared, w, 1e-6, residual)
+
+    ref, ref_res = rms_norm(moe_experts(x, gate_up, down, weights, ids, shared=shared), w, 1e-6, residual)
+    normed, new_res = fused()
+    assert normed_in_combine[-1]
+    assert torch.equal(new_res, ref_res)
+    torch.testing.assert_close(normed, ref, rtol=8e-3, atol=8e-3)  # the RMS summed in another order
+    graph, (g_normed, g_res) = capture(fused)
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    ref, ref_res = rms_norm(moe_experts(x, gate_up, down, weights, ids, shared=shared), w, 1e-6, residual)
+    assert torch.equal(g_res, ref_res)
+    torch.testing.assert_close(g_normed, ref, rtol=8e-3, atol=8e-3)

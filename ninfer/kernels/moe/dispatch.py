@@ -11,9 +11,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ninfer.kernels.dispatch import use_triton
+from ninfer.kernels.dispatch import norm_in_moe_combine, use_triton
 from ninfer.kernels.moe.gemm import SharedExpert, Weight, moe_experts_triton
 from ninfer.kernels.moe.quant_gemm import QUANT_FORMATS
+from ninfer.kernels.norms import NextNorm, rms_norm
 from ninfer.kernels.overlap import wait_for
 from ninfer.kernels.quant_gemm.weights import QuantizedTensor
 
@@ -62,3 +63,19 @@ def moe_experts(
     if use_triton(x) and x.dim() == 2 and _triton_reads(gate_up) and _triton_reads(down):
         return moe_experts_triton(x, gate_up, down, weights, ids, shared=shared)
     return moe_experts_reference(x, gate_up, down, weights, ids, shared)
+
+
+def moe_experts_then_norm(
+    x: torch.Tensor, gate_up: Weight, down: Weight, weights: torch.Tensor, ids: torch.Tensor,
+    shared: SharedExpert | None, norm_weight: torch.Tensor, eps: float, residual: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``rms_norm(moe_experts(...), norm_weight, eps, residual)``: the block's output through the norm that follows
+    it, ``(normed, new_residual)``. On CUDA with ``NINFER_MOE_NORM=1`` the combine applies the norm in its own launch
+    (one launch fewer per MoE layer: the next layer's input norm, or the model's final norm)."""
+    fused = (norm_in_moe_combine() and use_triton(x) and x.dim() == 2 and _triton_reads(gate_up) and _triton_reads(down)
+             and (residual is None or (residual.dtype == x.dtype and residual.shape == x.shape
+                                       and residual.is_contiguous())))
+    if not fused:
+        return rms_norm(moe_experts(x, gate_up, down, weights, ids, shared), norm_weight, eps, residual)
+    norm = NextNorm(norm_weight.contiguous(), eps, residual, torch.empty_like(x))
+    return moe_experts_triton(x, gate_up, down, weights, ids, shared=shared, norm=norm), norm.new_residual

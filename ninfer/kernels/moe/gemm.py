@@ -48,6 +48,7 @@ from ninfer.kernels.moe.align import (
     pair_rows,
 )
 from ninfer.kernels.moe.quant_gemm import launch_quant_experts
+from ninfer.kernels.norms import NextNorm
 from ninfer.kernels.overlap import Overlapped, wait_for
 from ninfer.kernels.quant_gemm.tune import GemmConfig
 from ninfer.kernels.quant_gemm.weights import QuantizedTensor
@@ -183,20 +184,38 @@ _gemm_direct = ninfer_autotune(configs=autotune_configs(_SKINNY), key=_KEY, name
 
 
 @triton.jit
-def _combine_kernel(y_ptr, out_ptr, shared_ptr, logit_ptr, H, stride_sm, stride_lm, TOPK: tl.constexpr,
-                    K_BLOCK: tl.constexpr, BLOCK: tl.constexpr, SHARED: tl.constexpr):
+def _combine_kernel(y_ptr, out_ptr, shared_ptr, logit_ptr, res_ptr, norm_w_ptr, new_res_ptr, H, stride_sm, stride_lm,
+                    eps, TOPK: tl.constexpr, K_BLOCK: tl.constexpr, BLOCK: tl.constexpr, SHARED: tl.constexpr,
+                    NORM: tl.constexpr, RESIDUAL: tl.constexpr):
     """``out[t, cols] = sum_j y[t * TOPK + j, cols]``; with ``SHARED``, plus ``sigmoid(logit[t]) * shared[t, cols]``;
-    in fp32, rounded once (the three torch ops it replaces rounded after each: within a rounding step of them)."""
+    in fp32, rounded once (the three torch ops it replaces rounded after each: within a rounding step of them).
+
+    ``NORM`` (``BLOCK`` covers the row): the next norm's work in the same launch, as ``rms_norm`` would do it on the
+    rounded sum: ``new_res = sum + res`` (``RESIDUAL``; rounded to the stream's dtype), then the zero-centred RMSNorm
+    of that into ``out``."""
     t = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    in_row = cols < H
     slots = tl.arange(0, K_BLOCK)
-    mask = (slots < TOPK)[:, None] & (cols < H)[None, :]
+    mask = (slots < TOPK)[:, None] & in_row[None, :]
     y = tl.load(y_ptr + (t * TOPK + slots)[:, None] * H + cols[None, :], mask=mask, other=0.0)
     out = tl.sum(y.to(tl.float32), axis=0)
     if SHARED:
         gate = tl.sigmoid(tl.load(logit_ptr + t * stride_lm).to(tl.float32))
-        out += gate * tl.load(shared_ptr + t * stride_sm + cols, mask=cols < H, other=0.0).to(tl.float32)
-    tl.store(out_ptr + t * H + cols, out.to(out_ptr.dtype.element_ty), mask=cols < H)
+        out += gate * tl.load(shared_ptr + t * stride_sm + cols, mask=in_row, other=0.0).to(tl.float32)
+    dtype = out_ptr.dtype.element_ty
+    if NORM:
+        h = out.to(dtype).to(tl.float32)
+        if RESIDUAL:
+            s = (h + tl.load(res_ptr + t * H + cols, mask=in_row, other=0.0).to(tl.float32)).to(dtype)
+            tl.store(new_res_ptr + t * H + cols, s, mask=in_row)
+            h = s.to(tl.float32)
+        else:
+            tl.store(new_res_ptr + t * H + cols, h.to(dtype), mask=in_row)
+        rstd = tl.rsqrt(tl.sum(h * h, axis=0) / H + eps)
+        w = tl.load(norm_w_ptr + cols, mask=in_row, other=0.0).to(tl.float32)
+        out = h * rstd * (1.0 + w)
+    tl.store(out_ptr + t * H + cols, out.to(dtype), mask=in_row)
 
 
 SharedExpert = tuple[torch.Tensor | Overlapped[torch.Tensor], torch.Tensor]  # (output, gate logit)
@@ -208,7 +227,7 @@ def block_m_for(pairs: int, num_experts: int) -> int:
 
 def moe_experts_triton(x: torch.Tensor, gate_up: Weight, down: Weight, weights: torch.Tensor,
                        ids: torch.Tensor, *, path: str | GemmConfig | None = None,
-                       shared: SharedExpert | None = None) -> torch.Tensor:
+                       shared: SharedExpert | None = None, norm: NextNorm | None = None) -> torch.Tensor:
     """Triton ``moe_experts_reference``: ``x [N, H]``, ``gate_up [E, 2I, H]`` (gate rows first),
     ``down [E, H, I]``, ``weights [N, k]``, ``ids [N, k]`` (int32/int64, in [0, E)). Each expert
     stack is a float tensor (fp32/fp16/bf16, converted to x's dtype in registers) or a
@@ -217,7 +236,9 @@ def moe_experts_triton(x: torch.Tensor, gate_up: Weight, down: Weight, weights: 
     quantized stacks' kernels (``launch_quant_experts``: auto, dot, gemv, mma or a config; float stacks
     ignore it). ``shared``: a gated shared expert's ``(output [N, H], gate logit [N, 1])``, added by the combine
     as ``sigmoid(logit) * output`` (:func:`ninfer.kernels.moe.dispatch.moe_experts_reference` defines it); the
-    combine waits for an output still computing on another stream."""
+    combine waits for an output still computing on another stream. ``norm``: the combine also applies the norm
+    that follows the block (:func:`ninfer.kernels.moe.dispatch.moe_experts_then_norm`); its new residual stream
+    is written to ``norm.new_residual``, and the normed output is returned."""
     n, h = x.shape
     e, two_i, hk = gate_up.shape
     inter_size = two_i // 2
@@ -243,11 +264,15 @@ def moe_experts_triton(x: torch.Tensor, gate_up: Weight, down: Weight, weights: 
     y = torch.empty(nk, h, dtype=x.dtype, device=x.device)
     _launch(rows, x, gate_up, inter, rw, a_div=top_k, swiglu=True, path=path)
     _launch(rows, inter, down, y, rw, a_div=1, swiglu=False, path=path)
-    block = min(1024, triton.next_power_of_2(h))
+    # With the norm, one program holds a whole row (the RMS needs it): 2048 for the 35B-A3B.
+    block = triton.next_power_of_2(h) if norm is not None else min(1024, triton.next_power_of_2(h))
     wait_for(pending)  # the shared expert may be computing on another stream until here
-    _combine_kernel[(n, triton.cdiv(h, block))](y, out, s_out, logit, h, s_out.stride(0), logit.stride(0),
-                                               TOPK=top_k, K_BLOCK=triton.next_power_of_2(top_k), BLOCK=block,
-                                               SHARED=shared is not None, num_warps=4)
+    res = out if norm is None or norm.residual is None else norm.residual
+    _combine_kernel[(n, triton.cdiv(h, block))](
+        y, out, s_out, logit, res, out if norm is None else norm.weight, out if norm is None else norm.new_residual,
+        h, s_out.stride(0), logit.stride(0), 0.0 if norm is None else norm.eps, TOPK=top_k,
+        K_BLOCK=triton.next_power_of_2(top_k), BLOCK=block, SHARED=shared is not None, NORM=norm is not None,
+        RESIDUAL=norm is not None and norm.residual is not None, num_warps=8 if block > 1024 else 4)
     return out
 
 
