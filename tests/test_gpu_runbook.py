@@ -3,6 +3,7 @@ in order under the call's deadline (run here with stand-ins for python3 and nvid
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -51,7 +52,8 @@ def test_stage_parts_run_in_order_under_the_deadline(tmp_path: Path) -> None:
     assert "[120s]" in started[1] and "profile_step.py --shape 27b --recipe int4 --lanes 8" in started[1]
     assert sum(line.startswith("--- rc=0") for line in log) == 2
     # a part gets at most what is left of the call's deadline (less 20 s for the cache), none below 10 s
-    for budget, expect in (("100", "[80s]"), ("30", "--- skipped (deadline)")):
+    # (a loaded machine may take a second or two before a part starts: 100 s leaves 78-80 s then)
+    for budget, expect in (("100", r"\[(7[89]|80)s\]"), ("30", r"--- skipped \(deadline\)")):
         folder = tmp_path / f"budget{budget}"
         assert _run("bench-27b-step", env={**env, "OUT": str(folder), "BUDGET": budget}).returncode == 0
-        assert (folder / "runbook.log").read_text().count(expect) == 2
+        assert len(re.findall(expect, (folder / "runbook.log").read_text())) == 2
