@@ -212,8 +212,9 @@ class MTPSpeculator:
         tokens, ctx = plan.token_rows[forward], plan.context_rows[forward]
         t = (tokens.stop - tokens.start) // b
         return make_batch(input_ids=ids.reshape(-1), positions=rows.rope_positions[tokens],
-                          cu_seqlens=self._cu[t][:b + 1], max_seqlen=t, context_lens=rows.positions32[ctx], block_tables=self.block_tables[:b],
-                          slot_mapping=rows.slots[tokens], state_slots=self._views[b][1],
+                          cu_seqlens=self._cu[t][:b + 1], max_seqlen=t, context_lens=rows.positions32[ctx],
+                          block_tables=self.block_tables[:b], slot_mapping=rows.slots[tokens],
+                          state_slots=self._views[b][1],
                           state_out_slots=state_out_slots)
 
     def _forward(self, b: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
