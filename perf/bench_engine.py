@@ -16,11 +16,17 @@ With a recipe the issue targets (#5 27B, #6 35B-A3B) are printed next to the mea
     python perf/bench_engine.py --shape 27b [--recipe qwen3_5_27b_int4] [--contexts 1024 32768]
         [--lanes 1 4 8] [--prefill 8192] [--hf]
     python perf/bench_engine.py --shape tiny --device cpu --contexts 64 --lanes 1 2 --prefill 128  # smoke test
+    python perf/bench_engine.py --shape 27b --recipe int4 --prefill --toggle NINFER_FUSED_PROLOGUE=1,0,1,0
+
+``--toggle NAME=V1,V2,...`` measures one engine per value of an environment switch that is read when an engine is
+built (its graphs capture the path), all over the one random model: an A/B comparison in one process, alternating,
+without building and quantizing the model again for each side.
 """
 from __future__ import annotations
 
 import argparse
 import gc
+import os
 import statistics
 import subprocess
 import sys
@@ -30,7 +36,7 @@ from typing import TypeVar
 
 import torch
 from common import check_target, copy_bandwidth_for, export_tuning, export_tuning_on_timeout, record, sync
-from random_model import SHAPES, model_bytes, random_llm, random_prompt, shape_config
+from random_model import SHAPES, model_bytes, random_llm, random_model, random_prompt, shape_config
 
 from ninfer.runtime.engine import EngineConfig
 from ninfer.runtime.memory import kv_bytes_per_token, state_bytes_per_slot
@@ -131,14 +137,23 @@ def prefill(llm, tokens: int) -> tuple[float, float]:
     return ttft, ttft
 
 
+def toggles(spec: str | None) -> list[tuple[str, str] | None]:
+    """``NAME=V1,V2,...`` -> ``[(NAME, V1), (NAME, V2), ...]``; None -> one run as the environment stands."""
+    if not spec:
+        return [None]
+    name, _, values = spec.partition("=")
+    if not name or not values:
+        raise SystemExit(f"--toggle takes NAME=V1,V2,... (an environment variable and its values), got {spec!r}")
+    return [(name, value) for value in values.split(",")]
+
+
 def run(args: argparse.Namespace) -> None:
     device = torch.device(args.device)
     bw = copy_bandwidth_for(device)
     print(f"copy bandwidth {bw:.3f} TB/s", flush=True)
     if args.hf:
         hf_subprocess(args)
-    shape, label = args.shape, (args.recipe or "bf16") + (" eager" if args.eager else "") + (
-        f" {args.label}" if args.label else "")
+    label = (args.recipe or "bf16") + (" eager" if args.eager else "") + (f" {args.label}" if args.label else "")
     if args.layers is not None:
         label += f" L={args.layers}"  # a cut-down model: keep its rows apart from full-depth ones
     max_ctx = max(args.contexts + args.prefill + [args.lane_context]) + args.steps + 64
@@ -147,10 +162,29 @@ def run(args: argparse.Namespace) -> None:
                        kv_dtype=args.kv_dtype, prefill_chunk=args.chunk, cuda_graphs=not args.eager,
                        prefix_cache=False, decode_ahead=not args.no_decode_ahead)  # raw engine speed
     start = time.perf_counter()
-    llm = random_llm(shape, cfg, device=args.device, num_layers=args.layers, recipe=args.recipe, verbose=True)
-    llm.stop_ids = frozenset()  # random weights: never stop early
-    print(f"engine ready in {time.perf_counter() - start:.1f} s; {llm.engine.plan.describe(cfg.page_size)}", flush=True)
-    model_cfg = llm.config
+    model = random_model(args.shape, device=args.device, num_layers=args.layers, recipe=args.recipe, verbose=True)
+    print(f"model ready in {time.perf_counter() - start:.1f} s", flush=True)
+    # An A/B switch read when an engine is built (its graphs capture the path): one engine per value, over the one
+    # model, in the order given, so the switch costs no second random model.
+    for switch in toggles(args.toggle):
+        if switch is not None:
+            os.environ[switch[0]] = switch[1]
+        start = time.perf_counter()
+        llm = random_llm(args.shape, cfg, model=model)
+        llm.stop_ids = frozenset()  # random weights: never stop early
+        setting = "" if switch is None else f" with {switch[0]}={switch[1]}"
+        print(f"engine ready in {time.perf_counter() - start:.1f} s{setting}; {llm.engine.plan.describe(cfg.page_size)}",
+              flush=True)
+        measure(llm, args, cfg, bw, label if switch is None else f"{label} {switch[0]}={switch[1]}")
+        del llm
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def measure(llm, args: argparse.Namespace, cfg: EngineConfig, bw: float, label: str) -> None:
+    """Decode at batch 1 per context, with each lane count, then the prefills: one record each."""
+    shape, model_cfg = args.shape, llm.config
     targets = TARGETS.get(shape, {}) if args.recipe else {}
     resident = model_bytes(llm.model)
     kv_tok = kv_bytes_per_token(model_cfg, args.kv_dtype, llm.model.dtype)
@@ -195,10 +229,6 @@ def run(args: argparse.Namespace) -> None:
         record("engine_prefill", f"{shape} {label} T={n} chunk={args.chunk}", seconds * 1e3,
                achieved=n / seconds, limit=float("nan"), unit="tok/s", ttft_ms=round(ttft * 1e3, 1),
                **common, **extra)
-    del llm
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
 
 
 # ------------------------------------------------------------------------------------------ transformers floor
@@ -333,6 +363,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--eager", action="store_true", help="decode without CUDA graphs")
     parser.add_argument("--no-decode-ahead", action="store_true",
                         help="wait for each decode step's tokens before launching the next (EngineConfig.decode_ahead)")
+    parser.add_argument("--toggle", metavar="NAME=V1,V2,...", default=None,
+                        help="one engine per value of this environment variable, over one random model, in this "
+                             "order (an A/B switch read when the engine is built: NINFER_FUSED_PROLOGUE=1,0,1,0)")
     parser.add_argument("--label", default="", help="words added to the records' labels (e.g. an A/B switch set in "
                                                     "the environment)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")

@@ -518,10 +518,8 @@ stage() {
     prologue-27b)  # the one-launch attention prologue is off by default until measured (NINFER_FUSED_PROLOGUE)
       gpu_tests 70 attention_prologue_gpu -n 4
       NINFER_FUSED_PROLOGUE=1 gpu_tests 120 model_gpu -k "triton_path or bf16_error or graphs_equal"
-      for on in 1 0 1 0; do
-        NINFER_FUSED_PROLOGUE=$on part 100 python3 perf/bench_engine.py --shape 27b --recipe int4 --contexts 1024 \
-          --lanes 1 8 --steps 12 --label prologue-$on
-      done
+      part 330 python3 perf/bench_engine.py --shape 27b --recipe int4 --contexts 1024 --lanes 1 8 --steps 12 \
+        --prefill --toggle NINFER_FUSED_PROLOGUE=1,0,1,0
       ;;
     mtp-quantized-head)
       gpu_tests 100 speculative_gpu -k quantized_head
@@ -532,10 +530,8 @@ stage() {
       gpu_tests 60 moe -k "next_norm or shared_expert"
       NINFER_MOE_NORM=1 gpu_tests 120 model_gpu -k "graphs_equal"
       NINFER_MOE_NORM=1 gpu_tests 100 speculative_gpu -k "greedy_equals_plain"
-      for on in 1 0 1 0; do
-        NINFER_MOE_NORM=$on part 90 python3 perf/bench_engine.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 \
-          --contexts 1024 --lanes 1 8 --steps 12 --label moe-norm-$on
-      done
+      part 300 python3 perf/bench_engine.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --contexts 1024 \
+        --lanes 1 8 --steps 12 --prefill --toggle NINFER_MOE_NORM=1,0,1,0
       ;;
     draft-vocab)  # the drafts int8 LM heads took ~1.2 ms of a 9.76 ms 27B C = 1 round (run 2026-12-05.4)
       part 170 python3 perf/bench_spec.py --shape 27b --recipe int4 --lanes 1 --steps 12
