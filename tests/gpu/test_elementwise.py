@@ -87,11 +87,11 @@ def test_mrope_tables_in_one_launch(dtype: torch.dtype, n: int, text: bool) -> N
     for out, ref in zip(mrope_cos_sin(positions, inv_freq, [11, 11, 10], dtype),
                         mrope_cos_sin_reference(positions, inv_freq, [11, 11, 10], dtype), strict=True):
         assert out.dtype == dtype and out.shape == ref.shape == (n, ROT)
-        # Both sides are libdevice-accurate fp32 cos / sin of the same fp32 product: one fp32 / bf16 rounding apart
-        # at most, and nearly always equal.
-        worst = (out.float() - ref.float()).abs().max().item()
-        assert worst <= (2.0 ** -8 if dtype == torch.bfloat16 else 1e-6), worst
-        assert (out == ref).float().mean().item() > 0.99
+        # Both sides are accurate (non-approximate) fp32 cos / sin of the same fp32 product: within an ulp or two of
+        # fp32, so at most one bf16 rounding step apart, and equal nearly everywhere.
+        diff = (out.float() - ref.float()).abs()
+        assert diff.max().item() <= (2.0 ** -8 if dtype == torch.bfloat16 else 2.4e-7), diff.max().item()
+        assert diff.mean().item() <= (2e-4 if dtype == torch.bfloat16 else 3e-8), diff.mean().item()
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
