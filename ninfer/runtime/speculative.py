@@ -270,18 +270,26 @@ class RoundPlan:
     def __init__(self, b: int, k: int, device: torch.device) -> None:
         t = k + 1
         forwards = [(0, range(t))] + [(1, range(i - 1, i)) for i in range(1, k)] + [(1, range(t))]
-        token_plan = [(lane, after, j) for after, steps in forwards for lane in range(b) for j in steps]
-        context_plan = [(lane, after, steps[-1] + 1) for after, steps in forwards for lane in range(b)]
-        plan = token_plan + context_plan + [(lane, 1, 0) for lane in range(b)]
+        plan: list[tuple[int, int, int]] = []
+        self.token_rows, self.context_rows = [], []
+        for after, steps in forwards:
+            self.token_rows.append(self._add(plan, [(lane, after, j) for lane in range(b) for j in steps]))
+        self.tokens = len(plan)
+        for after, steps in forwards:
+            self.context_rows.append(self._add(plan, [(lane, after, steps[-1] + 1) for lane in range(b)]))
+        self.first_verified = self._add(plan, [(lane, 1, 0) for lane in range(b)])
         self.lane, self.after, self.offset = (torch.tensor(column, dtype=torch.long, device=device)
                                               for column in zip(*plan, strict=True))
-        self.tokens = len(token_plan)
-        self.token_rows, self.context_rows, at = [], [], 0
-        for f, (_, steps) in enumerate(forwards):
-            self.token_rows.append(slice(at, at + b * len(steps)))
-            self.context_rows.append(slice(self.tokens + f * b, self.tokens + (f + 1) * b))
-            at += b * len(steps)
-        self.first_verified = slice(len(plan) - b, len(plan))
+
+    @staticmethod
+    def _add(plan: list[tuple[int, int, int]], rows: list[tuple[int, int, int]]) -> slice:
+        """Append ``rows`` and padding up to a multiple of four rows (lane 0's start: a real position, never read),
+        so that every slice starts 16-byte aligned, int64 or int32, as fresh tensors do: the kernels specialise
+        on their pointers' alignment, and the rounds then meet the variants the plain decode compiled."""
+        first = len(plan)
+        plan.extend(rows)
+        plan.extend([(0, 0, 0)] * (-len(plan) % 4))
+        return slice(first, first + len(rows))
 
 
 def force_acceptance(spec: MTPSpeculator, n: int | None) -> None:

@@ -64,3 +64,5 @@ def test_the_plan_gives_each_forward_its_positions(lanes: list[int], k: int) -> 
         delta = state["rope_delta"][state["lanes"]]
         assert torch.equal(rows.rope_positions[plan.token_rows[f]], (positions + delta[:, None]).reshape(-1)), f
     assert torch.equal(rows.positions[plan.first_verified], n)
+    # every slice 16-byte aligned (int64 and int32), as the plain decode's fresh tensors are
+    assert all(part.start % 4 == 0 for part in [*plan.token_rows, *plan.context_rows, plan.first_verified])
