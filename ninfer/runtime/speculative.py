@@ -113,9 +113,11 @@ class MTPSpeculator:
         self.accepted = torch.zeros(max_lanes, **long)
         self.rope_delta = torch.zeros(max_lanes, **long)
         # Graph inputs of a round over b lanes: its lanes [b], state slots [b] and per-token state slots [b, t], in
-        # one block (a round's graph reads the views of its b), so one copy from pinned memory fills all three.
-        self._inputs = torch.zeros(max_lanes * (2 + t), **long)
-        self._views = {b: (self._inputs[:b], self._inputs[b:2 * b], self._inputs[2 * b:b * (2 + t)].view(b, t))
+        # one block (a round's graph reads the views of its b), so one copy from pinned memory fills all three; each
+        # starts 16-byte aligned (at a multiple of two entries), as separate tensors would.
+        self._inputs = torch.zeros((max_lanes + 1) * (2 + t), **long)
+        self._views = {b: (self._inputs[:b], self._inputs[_even(b):_even(b) + b],
+                           self._inputs[2 * _even(b):2 * _even(b) + b * t].view(b, t))
                        for b in range(1, max_lanes + 1)}
         self.block_tables = torch.zeros(max_lanes, lane_block_tables.shape[1], dtype=torch.int32, device=dev)
         self._cu = {n: torch.arange(max_lanes + 1, dtype=torch.int32, device=dev) * n for n in (1, t)}
@@ -181,8 +183,9 @@ class MTPSpeculator:
         n [b])``, valid until the next round.
         """
         b = len(reqs)
-        host = [r.lane for r in reqs] + [r.slot for r in reqs] + [s for r in reqs for s in r.spare_slots]
-        assert len(host) == b * (2 + self.t), "every request holds K + 1 spare state slots"
+        pad = [0] * (_even(b) - b)
+        host = [r.lane for r in reqs] + pad + [r.slot for r in reqs] + pad + [s for r in reqs for s in r.spare_slots]
+        assert len(host) == 2 * _even(b) + b * self.t, "every request holds K + 1 spare state slots"
         # From pinned memory: a copy from pageable memory holds the host until it is staged (the caching host
         # allocator keeps the pinned buffer until the copy has run).
         self._inputs[:len(host)].copy_(torch.tensor(host, dtype=torch.long, pin_memory=self._inputs.is_cuda),
@@ -255,6 +258,10 @@ class MTPSpeculator:
         # Warm-up and capture run on lane 0, slot 0 and page 0: scratch that a real sequence resets.
         self.graphs[b], self.outputs[b] = capture(lambda: self._forward(b), pool)
         return self.graphs[b].pool()
+
+
+def _even(n: int) -> int:
+    return n + n % 2
 
 
 class RoundPlan:

@@ -361,3 +361,13 @@ def test_logprobs_of_committed_tokens_equal_plain(composite_ckpt) -> None:
         for (_, lp_a, top_a), (_, lp_b, top_b) in zip(a, b):
             assert abs(lp_a - lp_b) < 1e-4
             assert [t for t, _ in top_a] == [t for t, _ in top_b]
+
+
+def test_round_inputs_are_aligned_views_of_one_block(composite_ckpt) -> None:
+    """Lanes, state slots and per-token slots of every batch size: views of one block (one copy fills them), each
+    16-byte aligned as a tensor of its own would be (the kernels specialise on pointer alignment)."""
+    spec = _load(composite_ckpt, spec="mtp", draft_tokens=3).engine.spec
+    for b, views in spec._views.items():
+        assert [tuple(v.shape) for v in views] == [(b,), (b,), (b, 4)]
+        assert all(v.data_ptr() % 16 == 0 and v.is_contiguous() for v in views), b
+        assert all(v.untyped_storage().data_ptr() == spec._inputs.untyped_storage().data_ptr() for v in views)
