@@ -513,7 +513,7 @@ stage() {
       gpu_tests 40 spec_rows_gpu
       gpu_tests 60 embedding_gpu
       gpu_tests 40 elementwise -k "mrope or cuda_graph"
-      gpu_tests 130 speculative_gpu
+      gpu_tests 200 speculative_gpu
       ;;
     prologue-27b)  # the one-launch attention prologue is off by default until measured (NINFER_FUSED_PROLOGUE)
       gpu_tests 70 attention_prologue_gpu -n 4
