@@ -1,6 +1,6 @@
-"""The round's one-launch kernels inside the engine, run by the Triton interpreter on CPU: the round rows
-(``kernels.spec_rows``), the RoPE tables and the quantized embedding lookup take their Triton paths in every
-forward of a speculative engine, whose greedy output must equal plain decoding's (reference paths)."""
+"""One-launch kernels inside the engine, run by the Triton interpreter on CPU, against the reference paths' greedy
+output: the round rows (``kernels.spec_rows``), the RoPE tables and the quantized embedding lookup in every forward
+of a speculative engine; the MoE combine applying the next norm (``NINFER_MOE_NORM=1``) in a MoE model's layers."""
 from __future__ import annotations
 
 import pytest
@@ -45,3 +45,18 @@ def test_speculative_rounds_through_the_interpreted_kernels(composite_ckpt, monk
     llm = ninfer.load(composite_ckpt.path, spec="mtp", draft_tokens=3, **kw)
     assert _run(llm) == want
     assert llm.engine.spec_totals.rounds > 0 and all(n > 0 for n in calls.values()), calls
+
+
+def test_moe_layers_with_the_norm_in_the_combine(composite_moe_ckpt, monkeypatch) -> None:
+    import ninfer.kernels.moe.dispatch as moe_dispatch
+
+    kw = dict(device="cpu", progress=False, max_concurrency=2, max_context=256)
+    want = _run(ninfer.load(composite_moe_ckpt.path, **kw))
+    monkeypatch.setenv("NINFER_MOE_NORM", "1")
+    monkeypatch.setattr(moe_dispatch, "use_triton", lambda x: True)  # the whole expert path, interpreted
+    normed_in_combine = []
+    triton_experts = moe_dispatch.moe_experts_triton
+    monkeypatch.setattr(moe_dispatch, "moe_experts_triton",
+                        lambda *a, **k: normed_in_combine.append(k.get("norm") is not None) or triton_experts(*a, **k))
+    assert _run(ninfer.load(composite_moe_ckpt.path, **kw)) == want
+    assert normed_in_combine and all(normed_in_combine)
