@@ -1,6 +1,7 @@
 """One-launch kernels inside the engine, run by the Triton interpreter on CPU, against the reference paths' greedy
 output: the round rows (``kernels.spec_rows``), the RoPE tables and the quantized embedding lookup in every forward
-of a speculative engine; the MoE combine applying the next norm (``NINFER_MOE_NORM=1``) in a MoE model's layers."""
+of a speculative engine; the MoE combine applying the next norm (``NINFER_MOE_NORM=1``) in a MoE model's layers;
+the one-launch attention prologue (``NINFER_FUSED_PROLOGUE=1``) in every attention layer."""
 from __future__ import annotations
 
 import pytest
@@ -60,3 +61,22 @@ def test_moe_layers_with_the_norm_in_the_combine(composite_moe_ckpt, monkeypatch
                         lambda *a, **k: normed_in_combine.append(k.get("norm") is not None) or triton_experts(*a, **k))
     assert _run(ninfer.load(composite_moe_ckpt.path, **kw)) == want
     assert normed_in_combine and all(normed_in_combine)
+
+
+@pytest.mark.parametrize("ckpt_name", ["composite_ckpt", "composite_moe_ckpt"])
+def test_attention_layers_with_the_one_launch_prologue(request, ckpt_name: str, monkeypatch) -> None:
+    """``NINFER_FUSED_PROLOGUE=1``: every attention layer's q/k norm, RoPE and K/V write in the interpreted
+    prologue kernel, prompts and decode steps, plain and speculative; greedy output equals the reference path's."""
+    import ninfer.kernels.attention.prologue as prologue
+
+    ckpt = request.getfixturevalue(ckpt_name)
+    kw = dict(device="cpu", progress=False, max_concurrency=3, max_context=512)
+    want = _run(ninfer.load(ckpt.path, **kw))
+    monkeypatch.setenv("NINFER_FUSED_PROLOGUE", "1")
+    monkeypatch.setattr(prologue, "use_triton", lambda x: True)
+    launches = []
+    fused = prologue.qk_norm_rope_write_kv_triton
+    monkeypatch.setattr(prologue, "qk_norm_rope_write_kv_triton", lambda *a: launches.append(1) or fused(*a))
+    assert _run(ninfer.load(ckpt.path, **kw)) == want
+    assert _run(ninfer.load(ckpt.path, spec="mtp", draft_tokens=3, **kw)) == want
+    assert launches
