@@ -173,9 +173,8 @@ class QuantEmbedding(QuantWeight):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         flat, dim = ids.reshape(-1).contiguous(), self.shape[-1]
-        scales = getattr(self, "scales", None)
-        if self.layout == ROWS and scales is not None and can_take(self.qweight, scales, dim):
-            rows = embedding_rows_triton(self.qweight, scales, flat, dim, self.dtype)  # one launch
+        if self.layout == ROWS and can_take(self.qweight, self.scales, dim):
+            rows = embedding_rows_triton(self.qweight, self.scales, flat, dim, self.dtype)  # one launch
         else:
             rows = self.format.dequantize_rows(dict(self.named_parameters(recurse=False)), flat, self.dtype)
         return rows.reshape(*ids.shape, dim)
