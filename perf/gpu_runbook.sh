@@ -68,6 +68,7 @@ prologue-27b          the one-launch attention prologue: its GPU test, the whole
 mtp-quantized-head    the MTP head quantized by the mtp rules of the recipes: its GPU tests, 27B int4 MTP at C = 1 / 8 with plain steps, 35B-A3B at C = 1
 moe-norm-35b          the norm after each MoE block inside its combine launch (NINFER_MOE_NORM=1, 40 launches fewer a 35B-A3B step): its GPU test, the MoE model and speculative GPU tests with it on, the 35B-A3B engine on and off twice
 draft-vocab           the drafts LM head over the 32768 lowest token ids instead of all 248320 (draft_vocab): 27B int4 MTP at C = 1 without then with it, 35B-A3B at C = 1 with it (forced acceptance: timings only)
+norm-in-gemm-27b      the norm after each output projection inside its register decode launch (NINFER_NORM_IN_GEMM=1, 128 launches fewer a 27B step): whole-model and speculative GPU tests with it on, the 27B int4 engine on and off twice
 profile-mtp-27b-c1    where a 27B int4 MTP round goes at C = 1 (K = 3, all drafts accepted), kernels by family, top 40
 gates-in-decode-27b   the a/b gate projection inside the DeltaNet decode kernel (GPU tests) and the 27B int4 decode at C = 1 / 8 with it off (the default: its own cuBLAS GEMM, two launches a layer) then on (NINFER_GATES_IN_DECODE=1), and a step profile with it on
 frag-tiled-27b        the tiled tl.dot GEMM over fragment-laid weights (GPU tests), then 4 decodes beside a 32k prefill with the 128-token chunk graph (its graph keys tuned among the decodes and the tiled GEMM) and the profile of that step
@@ -532,6 +533,13 @@ stage() {
       NINFER_MOE_NORM=1 gpu_tests 100 speculative_gpu -k "greedy_equals_plain"
       part 300 python3 perf/bench_engine.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --contexts 1024 \
         --lanes 1 8 --steps 12 --prefill --toggle NINFER_MOE_NORM=1,0,1,0
+      ;;
+    norm-in-gemm-27b)  # off by default until measured
+      [ -f tests/gpu/test_norm_in_gemm_gpu.py ] && gpu_tests 90 norm_in_gemm_gpu
+      NINFER_NORM_IN_GEMM=1 gpu_tests 120 model_gpu -k "triton_path or bf16_error or graphs_equal"
+      NINFER_NORM_IN_GEMM=1 gpu_tests 100 speculative_gpu -k "greedy_equals_plain"
+      part 300 python3 perf/bench_engine.py --shape 27b --recipe int4 --contexts 1024 --lanes 1 8 --steps 12 \
+        --toggle NINFER_NORM_IN_GEMM=1,0,1,0
       ;;
     draft-vocab)  # the drafts int8 LM heads took ~1.2 ms of a 9.76 ms 27B C = 1 round (run 2026-12-05.4)
       part 170 python3 perf/bench_spec.py --shape 27b --recipe int4 --lanes 1 --steps 12

@@ -76,6 +76,15 @@ def norm_in_moe_combine() -> bool:
     return os.environ.get("NINFER_MOE_NORM", "0") == "1"
 
 
+def norm_in_gemm() -> bool:
+    """Whether a decode GEMM followed by an RMSNorm (a layer's output projections) applies it in its own launch
+    (``quant_gemm.quant_matmul_then_norm``) with ``NINFER_NORM_IN_GEMM=1`` (read per call): two launches fewer per
+    decoder layer (128 of the 27B step's). Off by default until its GPU test and the 27B step have run on and off
+    (stage ``norm-in-gemm-27b``); the interpreter shows the new residual bit-equal to the unfused path's and the
+    normed output within fp32 / fp16 rounding."""
+    return os.environ.get("NINFER_NORM_IN_GEMM", "0") == "1"
+
+
 @cache
 def _capability(device: torch.device) -> tuple[int, int]:
     return torch.cuda.get_device_capability(device) if device.type == "cuda" else (0, 0)

@@ -77,6 +77,16 @@ class GatedRMSNorm(nn.Module):
         return gated_rms_norm(x, z, self.weight, self.eps)
 
 
+def project_then_norm(proj: nn.Module, x: torch.Tensor, norm: RMSNorm,
+                      residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``norm(proj(x), residual)``: a layer's output projection and the norm after it. A quantized projection
+    (``QuantLinear.forward_then_norm``) may apply the norm in its GEMM's launch."""
+    then_norm = getattr(proj, "forward_then_norm", None)
+    if then_norm is not None:
+        return then_norm(x, norm.weight, norm.eps, residual)
+    return norm(proj(x), residual)
+
+
 class MLP(nn.Module):
     """Dense SwiGLU feed-forward: ``down(silu(gate(x)) * up(x))``, gate and up as one GEMM."""
 
@@ -92,8 +102,9 @@ class MLP(nn.Module):
 
     def forward_then_norm(self, x: torch.Tensor, norm: RMSNorm,
                           residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """``norm(self(x), residual)`` (the MoE block applies it in its combine's launch; here it is its own)."""
-        return norm(self(x), residual)
+        """``norm(self(x), residual)`` (the MoE block applies it in its combine's launch, a quantized down
+        projection may in its GEMM's)."""
+        return project_then_norm(self.down_proj, self.gate_up_proj(x, swiglu=True), norm, residual)
 
 
 class GatedAttention(nn.Module):
@@ -118,6 +129,18 @@ class GatedAttention(nn.Module):
     def forward(
         self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], batch: ForwardBatch, cache: ModelCache
     ) -> torch.Tensor:
+        return self.o_proj(self._attend(x, rope, batch, cache))
+
+    def forward_then_norm(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], batch: ForwardBatch,
+                          cache: ModelCache, norm: RMSNorm,
+                          residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``norm(self(x), residual)``, through :func:`project_then_norm`."""
+        return project_then_norm(self.o_proj, self._attend(x, rope, batch, cache), norm, residual)
+
+    def _attend(
+        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], batch: ForwardBatch, cache: ModelCache
+    ) -> torch.Tensor:
+        """The gated attention output before ``o_proj``, ``[N, heads * head_dim]``."""
         n = x.shape[0]
         q, k, v = self.qkv_proj(x).split(self.qkv_sizes, dim=-1)  # column views: the kernels take row strides
         q, gate = q.view(n, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
@@ -130,7 +153,7 @@ class GatedAttention(nn.Module):
         # The sigmoid output gate is fused into the attention epilogue.
         o = paged_attention(q, kv, batch.block_tables, batch.cu_seqlens, batch.context_lens,
                             self.head_dim ** -0.5, batch.max_seqlen, gate=gate)
-        return self.o_proj(o.reshape(n, -1))
+        return o.reshape(n, -1)
 
 
 class GatedDeltaNet(nn.Module):
@@ -159,6 +182,15 @@ class GatedDeltaNet(nn.Module):
         self.out_proj = linear(self.value_dim, hidden)
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: ModelCache) -> torch.Tensor:
+        return self.out_proj(self._mix(x, batch, cache))
+
+    def forward_then_norm(self, x: torch.Tensor, batch: ForwardBatch, cache: ModelCache, norm: RMSNorm,
+                          residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``norm(self(x), residual)``, through :func:`project_then_norm`."""
+        return project_then_norm(self.out_proj, self._mix(x, batch, cache), norm, residual)
+
+    def _mix(self, x: torch.Tensor, batch: ForwardBatch, cache: ModelCache) -> torch.Tensor:
+        """The gated-norm output of the delta rule before ``out_proj``, ``[N, value_dim]``."""
         # a, b = in_proj_ab(x), started first: in a captured decode step its small GEMM runs on a second stream
         # beside the q/k/v/z projection (or the decode kernel applies the float weight itself: no GEMM launch)
         ab = GateProjection(x, self.in_proj_ab, getattr(self.in_proj_ab, "weight", None))
@@ -173,4 +205,4 @@ class GatedDeltaNet(nn.Module):
             batch.max_seqlen, state_out_slots=batch.state_out_slots, ckpt_offsets=batch.ckpt_offsets,
             ckpt_slots=batch.ckpt_slots,
         )
-        return self.out_proj(o)
+        return o

@@ -28,7 +28,7 @@ from torch import nn
 
 from ninfer.checkpoint import RowSlice, fused_parts
 from ninfer.kernels.embedding import can_take, embedding_rows_triton
-from ninfer.kernels.quant_gemm import quant_matmul
+from ninfer.kernels.quant_gemm import quant_matmul, quant_matmul_then_norm
 from ninfer.kernels.quant_gemm.fragments import FRAGMENTS, fragments_fit, to_fragments
 from ninfer.kernels.quant_gemm.fragments_fp4 import fp4_scales_fit
 from ninfer.kernels.quant_gemm.weights import ROWS
@@ -122,6 +122,12 @@ class QuantLinear(QuantWeight):
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None, swiglu: bool = False) -> torch.Tensor:
         return quant_matmul(x, self.packed(), residual, swiglu)
+
+    def forward_then_norm(self, x: torch.Tensor, norm_weight: torch.Tensor, eps: float,
+                          residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``rms_norm(self(x), norm_weight, eps, residual)`` as ``(normed, new residual stream)``, the norm applied
+        by the GEMM's own launch where it can (:func:`~ninfer.kernels.quant_gemm.quant_matmul_then_norm`)."""
+        return quant_matmul_then_norm(x, self.packed(), norm_weight, eps, residual)
 
     @torch.no_grad()
     def use_fragment_layout_(self) -> bool:

@@ -1,7 +1,8 @@
 """One-launch kernels inside the engine, run by the Triton interpreter on CPU, against the reference paths' greedy
 output: the round rows (``kernels.spec_rows``), the RoPE tables and the quantized embedding lookup in every forward
 of a speculative engine; the MoE combine applying the next norm (``NINFER_MOE_NORM=1``) in a MoE model's layers;
-the one-launch attention prologue (``NINFER_FUSED_PROLOGUE=1``) in every attention layer."""
+the one-launch attention prologue (``NINFER_FUSED_PROLOGUE=1``) in every attention layer; the output projections'
+GEMMs applying the norm after them (``NINFER_NORM_IN_GEMM=1``)."""
 from __future__ import annotations
 
 import pytest
@@ -14,6 +15,7 @@ from ninfer.kernels.dispatch import INTERPRET
 from ninfer.runtime.sampling import SamplingParams
 
 pytestmark = pytest.mark.skipif(not INTERPRET, reason="Triton launchers on CPU need TRITON_INTERPRET=1")
+OUTPUT_PROJECTIONS = (".o_proj", ".out_proj", ".down_proj")
 PROMPTS = [[5, 17, 33, 99, 12, 7, 201, 45], list(range(20, 57)), [300, 301, 302]]
 
 
@@ -80,3 +82,34 @@ def test_attention_layers_with_the_one_launch_prologue(request, ckpt_name: str, 
     assert _run(ninfer.load(ckpt.path, **kw)) == want
     assert _run(ninfer.load(ckpt.path, spec="mtp", draft_tokens=3, **kw)) == want
     assert launches
+
+
+def test_output_projections_that_apply_the_norm_after_them(composite_ckpt, monkeypatch) -> None:
+    """``NINFER_NORM_IN_GEMM=1``: every layer's o_proj / out_proj and down_proj in the fragment layout apply the norm
+    after them in their GEMM's launch (all GEMMs interpreted, prompts through the unfused path above MAX_ROWS
+    tokens); greedy output equals the same GEMMs followed by the norm kernel's reference."""
+    import ninfer.kernels.quant_gemm.dispatch as quant_dispatch
+    from ninfer.quant.linear import QuantLinear
+
+    kw = dict(device="cpu", progress=False, max_concurrency=3, max_context=512, quantize="int4")
+    monkeypatch.setattr(quant_dispatch, "use_triton", lambda x: True)
+
+    laid_outputs = []
+
+    def fragment_laid_engine() -> ninfer.LLM:
+        llm = ninfer.load(composite_ckpt.path, **kw)
+        laid_outputs.clear()
+        for name, sub in llm.engine.runner.model.named_modules():  # what the engine does to such weights on CUDA
+            if isinstance(sub, QuantLinear) and sub.use_fragment_layout_() and name.endswith(OUTPUT_PROJECTIONS):
+                laid_outputs.append(name)
+        return llm
+
+    want = _run(fragment_laid_engine())
+    monkeypatch.setenv("NINFER_NORM_IN_GEMM", "1")
+    fused = []
+    launch = quant_dispatch.launch_fragment_mma
+    monkeypatch.setattr(quant_dispatch, "launch_fragment_mma",
+                        lambda *a: fused.append(len(a) > 9) or launch(*a))
+    assert _run(fragment_laid_engine()) == want
+    # the tiny model's K = 64 out_proj is too narrow for the fragment layout; its down_proj and o_proj take it
+    assert laid_outputs and sum(fused) == 19 * len(laid_outputs)  # every decode step (one batch of all lanes)

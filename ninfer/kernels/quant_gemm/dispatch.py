@@ -46,15 +46,17 @@ import torch
 import torch.nn.functional as F
 import triton
 
-from ninfer.kernels.dispatch import capturing, use_triton
+from ninfer.kernels.dispatch import capturing, norm_in_gemm, use_triton
+from ninfer.kernels.norms import rms_norm
 from ninfer.kernels.quant_gemm.common import FMT_CODES, kernel_tensors, split_finish_kernel
 from ninfer.kernels.quant_gemm.dequant import graph_workspace_fits, launch_dequant_gemm
 from ninfer.kernels.quant_gemm.fragment_mma import launch_fragment_mma
 from ninfer.kernels.quant_gemm.fragment_tiled import launch_fragment_tiled
 from ninfer.kernels.quant_gemm.fragments import FRAGMENTS
 from ninfer.kernels.quant_gemm.gemm import quant_gemm_kernel
-from ninfer.kernels.quant_gemm.gemv import launch_gemv
+from ninfer.kernels.quant_gemm.gemv import launch_gemv, tile_counters
 from ninfer.kernels.quant_gemm.gemv_mma import launch_gemv_mma
+from ninfer.kernels.quant_gemm.norm_epilogue import MAX_ROWS, ThenNorm
 from ninfer.kernels.quant_gemm.tune import PAIR_KIND, GemmConfig, graph_fallback, kernel_params, select_config, sm_count
 from ninfer.kernels.quant_gemm.weights import QuantizedTensor
 
@@ -114,22 +116,54 @@ def quant_matmul_triton(x: torch.Tensor, w: QuantizedTensor, residual: torch.Ten
         if res.stride(-1) != 1:
             res = res.contiguous()
 
-    scratch: list[torch.Tensor] = []
-
-    def trial(cfg: GemmConfig) -> None:  # tuning runs write elsewhere: out may alias the residual
-        if not scratch:
-            scratch.append(torch.empty_like(out))
-        _launch(x2, w, res, scratch[0], swiglu, cfg)
-
-    graph = capturing(x2)
-    cfg = config or select_config(w.format.name, x2, n_out, k, swiglu, res is not None, trial, w.layout,
-                                  graph=graph, dequant_in_graph=graph and graph_workspace_fits(n, k, x2.dtype,
-                                                                                               x2.device))
+    cfg = config or _tuned(x2, w, res, out, swiglu)
     if w.layout == FRAGMENTS and not (cfg.kind == "dequant" or cfg.kind.startswith("frag")):
         raise ValueError(f"a weight in the fragment layout takes frag, frag-tiled(-codes) or dequant configs, "
                          f"not {cfg.kind!r}")
     _launch(x2, w, res, out, swiglu, cfg)
     return result
+
+
+def quant_matmul_then_norm(x: torch.Tensor, w: QuantizedTensor, norm_weight: torch.Tensor, eps: float,
+                           residual: torch.Tensor | None, *,
+                           config: GemmConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``rms_norm(quant_matmul(x, W), norm_weight, eps, residual)``: ``(normed, new residual stream)``. Up to
+    ``MAX_ROWS`` tokens of a weight that the register decode reads (:mod:`.norm_epilogue`), with
+    ``NINFER_NORM_IN_GEMM=1``, the GEMM's launch applies the norm; otherwise the norm is its own launch.
+    ``config`` overrides the tuned choice."""
+    if norm_in_gemm() and use_triton(x) and x.dim() == 2 and x.shape[0] <= MAX_ROWS and w.layout == FRAGMENTS:
+        n, k = w.shape
+        m = x.shape[0]
+        x2 = x if x.stride(-1) == 1 else x.contiguous()
+        res = residual if residual is None or residual.stride(-1) == 1 else residual.contiguous()
+        new_res = torch.empty(m, n, dtype=x.dtype, device=x.device)
+        cfg = config or _tuned(x2, w, None, new_res, False)
+        if m and cfg.kind in ("frag", PAIR_KIND) and tile_counters(x.device, 1) is not None:
+            normed = torch.empty_like(new_res)
+            q, scales, row_scale = kernel_tensors(w)
+            launch_fragment_mma(x2, q, scales, res, new_res, False, kernel_params(w.format.name, cfg)["group"], cfg,
+                                row_scale if w.format.name == "nvfp4" else None,
+                                ThenNorm(norm_weight.contiguous(), eps, normed))
+            return normed, new_res
+    y = quant_matmul_triton(x, w, config=config) if config is not None and use_triton(x) else quant_matmul(x, w)
+    return rms_norm(y, norm_weight, eps, residual)
+
+
+def _tuned(x: torch.Tensor, w: QuantizedTensor, res: torch.Tensor | None, out: torch.Tensor,
+           swiglu: bool) -> GemmConfig:
+    """The tuned config of this GEMM (timed on first use of its key: the trials write a scratch, since ``out`` may
+    alias the residual)."""
+    scratch: list[torch.Tensor] = []
+
+    def trial(cfg: GemmConfig) -> None:
+        if not scratch:
+            scratch.append(torch.empty_like(out))
+        _launch(x, w, res, scratch[0], swiglu, cfg)
+
+    n, k = w.shape
+    graph = capturing(x)
+    return select_config(w.format.name, x, out.shape[1], k, swiglu, res is not None, trial, w.layout, graph=graph,
+                         dequant_in_graph=graph and graph_workspace_fits(n, k, x.dtype, x.device))
 
 
 def _launch(x: torch.Tensor, w: QuantizedTensor, res: torch.Tensor | None, out: torch.Tensor, swiglu: bool,

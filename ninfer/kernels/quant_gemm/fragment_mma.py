@@ -63,6 +63,7 @@ from ninfer.kernels.quant_gemm.gemv_steps import (
     sum_splits_at,
     sum_splits_of,
 )
+from ninfer.kernels.quant_gemm.norm_epilogue import MAX_ROWS, ThenNorm, norm_when_all_arrived
 from ninfer.kernels.quant_gemm.tune import PAIR_KIND, GemmConfig
 
 @triton.jit
@@ -93,9 +94,10 @@ def _position(i: tl.constexpr, tile_out, slots, g, t, tok0, M):
 
 @triton.jit(do_not_specialize=["M", "chunks_per_split"])
 def _fragment_mma_kernel(
-    x_ptr, q_ptr, s_ptr, rs_ptr, res_ptr, out_ptr, ws_ptr, cnt_ptr,
-    M, N_OUT, KC, NG, chunks_per_split, stride_xm, stride_rm, stride_om,
-    CPG: tl.constexpr, SWIGLU: tl.constexpr, PAIR: tl.constexpr, HAS_RES: tl.constexpr, SPLIT: tl.constexpr,
+    x_ptr, q_ptr, s_ptr, rs_ptr, res_ptr, out_ptr, ws_ptr, cnt_ptr, nw_ptr, normed_ptr,
+    M, N_OUT, KC, NG, chunks_per_split, stride_xm, stride_rm, stride_om, stride_nm, eps,
+    CPG: tl.constexpr, NORM: tl.constexpr, SWIGLU: tl.constexpr, PAIR: tl.constexpr, HAS_RES: tl.constexpr,
+    SPLIT: tl.constexpr,
     FUSED_REDUCE: tl.constexpr, SUM_ACROSS: tl.constexpr, NB: tl.constexpr, WARPS: tl.constexpr, UNROLL: tl.constexpr,
     PREFETCH: tl.constexpr,
     TOKENS_FIRST: tl.constexpr, PDL: tl.constexpr, BITS: tl.constexpr, FP4: tl.constexpr, LOAD0: tl.constexpr,
@@ -192,25 +194,34 @@ def _fragment_mma_kernel(
                     sums = sum_splits_of(ws_ptr, m_idxs, n_idxs, masks, M, n_stream, tl.num_programs(1), TWO)
                     for i in tl.static_range(4 * NB):
                         _finish(sums[2 * i], sums[2 * i + 1], m_idxs[i], n_idxs[i], masks[i], n_stream, res_ptr,
-                                stride_rm, out_ptr, stride_om, SWIGLU, PAIR, HAS_RES)
+                                stride_rm, out_ptr, stride_om, SWIGLU, PAIR, HAS_RES, NORM)
                 else:
                     for i in tl.static_range(4 * NB):
                         m_idx, n_idx, mask = _position(i, tile_out, slots, g, t, tok0, M)
                         y, y_up = sum_splits_at(ws_ptr, m_idx, n_idx, mask, M, n_stream, tl.num_programs(1), TWO)
                         _finish(y, y_up, m_idx, n_idx, mask, n_stream, res_ptr, stride_rm, out_ptr, stride_om,
-                                SWIGLU, PAIR, HAS_RES)
+                                SWIGLU, PAIR, HAS_RES, NORM)
                 reset_counter(cnt_ptr)
+                if NORM:
+                    norm_when_all_arrived(cnt_ptr, out_ptr, stride_om, nw_ptr, normed_ptr, stride_nm, M, N_OUT, eps)
     else:
         for i in tl.static_range(4 * NB):
             m_idx, n_idx, mask = _position(i, tile_out, slots, g, t, tok0, M)
             _finish(acc[i], acc_up[i], m_idx, n_idx, mask, n_stream, res_ptr, stride_rm, out_ptr, stride_om, SWIGLU,
-                    PAIR, HAS_RES)
+                    PAIR, HAS_RES, NORM)
+        if NORM:
+            norm_when_all_arrived(cnt_ptr, out_ptr, stride_om, nw_ptr, normed_ptr, stride_nm, M, N_OUT, eps)
 
 
 @triton.jit
 def _finish(y, y_up, m_idx, n_idx, mask, n_stream, res_ptr, stride_rm, out_ptr, stride_om, SWIGLU: tl.constexpr,
-            PAIR: tl.constexpr, HAS_RES: tl.constexpr):
-    """The epilogue of one output (SwiGLU combines the two streams) or, for a pair of tiles, of two."""
+            PAIR: tl.constexpr, HAS_RES: tl.constexpr, NORM: tl.constexpr):
+    """The epilogue of one output (SwiGLU combines the two streams) or, for a pair of tiles, of two. Before a norm
+    (NORM) the product is rounded to the output dtype before the residual is added, as the unfused layer's GEMM
+    output and norm round it: the new residual stream is bit-equal to theirs."""
+    if NORM:
+        y = y.to(out_ptr.dtype.element_ty).to(tl.float32)
+        y_up = y_up.to(out_ptr.dtype.element_ty).to(tl.float32)
     finish_at(y, y_up, m_idx, n_idx, mask, res_ptr, stride_rm, out_ptr, stride_om, SWIGLU, HAS_RES)
     if PAIR:
         finish_at(y_up, y_up, m_idx, n_idx + n_stream, mask, res_ptr, stride_rm, out_ptr, stride_om, False, HAS_RES)
@@ -225,12 +236,14 @@ def fragment_splits(kc: int, unroll: int, split: int) -> tuple[int, int]:
 
 def launch_fragment_mma(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, res: torch.Tensor | None,
                         out: torch.Tensor, swiglu: bool, group: int, cfg: GemmConfig,
-                        row_scale: torch.Tensor | None = None) -> None:
+                        row_scale: torch.Tensor | None = None, norm: ThenNorm | None = None) -> None:
     """Launch the fragment decode (``cfg.kind``: ``"frag"``, or ``"frag-pair"``: two tiles per warp, one in each
     half of the output; ``block_m`` tokens per program (8, 16, 32 or 64), ``num_warps`` warps of 16 rows (a pair
     32) per program, ``block_k / 64`` chunks per loop trip, ``split_k``) on codes and scales in the fragment
     layout; ``x [M, K]`` with unit stride along K, ``out [M, N_OUT]`` contiguous. nvfp4 (``row_scale``: its
-    per-row global scales) has scale groups of 16 and an even number of chunks per trip."""
+    per-row global scales) has scale groups of 16 and an even number of chunks per trip. With ``norm`` the
+    launch also writes ``norm.normed``, the RMSNorm of ``out`` (``y + res``: the new residual stream), in its last
+    program (:mod:`.norm_epilogue`); it needs the device's arrival counters (``tile_counters``)."""
     m, k = x.shape
     n_out = out.shape[1]
     unroll = cfg.block_k // CHUNK_COLS
@@ -240,7 +253,7 @@ def launch_fragment_mma(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, 
     rows = 2 * TILE_ROWS if pair else TILE_ROWS
     bad_group = (unroll % 2 or group != 16) if fp4 else (group % CHUNK_COLS or unroll % cpg)
     if (bad_group or k % cfg.block_k or n_out % rows or cfg.block_m not in (8, 16, 32, 64)
-            or (pair and swiglu)):
+            or (pair and swiglu) or (norm is not None and (swiglu or m > MAX_ROWS))):
         raise ValueError(f"frag config {cfg} does not fit K = {k}, N = {n_out}, scale group {group}"
                          + (", SwiGLU" if swiglu else ""))
     asm = not INTERPRET and x.dtype in (torch.bfloat16, torch.float16)
@@ -256,10 +269,15 @@ def launch_fragment_mma(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, 
     tile_groups, token_blocks = triton.cdiv(n_out // rows, cfg.num_warps), triton.cdiv(m, cfg.block_m)
     tokens_first = token_blocks > 1 and tile_groups <= 65535  # grid axis 2 holds at most 65535
     grid = (token_blocks, splits, tile_groups) if tokens_first else (tile_groups, splits, token_blocks)
-    counters = tile_counters(x.device, grid[0] * grid[2]) if splits > 1 else None
+    counters = tile_counters(x.device, grid[0] * grid[2] + (norm is not None)) \
+        if splits > 1 or norm is not None else None
+    if norm is not None and counters is None:
+        raise ValueError("the norm after a GEMM needs arrival counters: none are free for this launch")
+    nw, normed, eps = (norm.weight, norm.normed, norm.eps) if norm is not None else (out, out, 0.0)
     _fragment_mma_kernel[grid](
-        x, q if asm else words(q), words(scales), row_scale if fp4 else scales, res_arg, out, ws, counters, m, n_out,
-        kc, k // group, per, x.stride(0), res_arg.stride(0), out.stride(0), CPG=cpg, SWIGLU=swiglu,
+        x, q if asm else words(q), words(scales), row_scale if fp4 else scales, res_arg, out, ws, counters, nw,
+        normed, m, n_out, kc, k // group, per, x.stride(0), res_arg.stride(0), out.stride(0), normed.stride(0), eps,
+        CPG=cpg, NORM=norm is not None, SWIGLU=swiglu,
         PAIR=pair, HAS_RES=res is not None, SPLIT=splits > 1, FUSED_REDUCE=counters is not None,
         SUM_ACROSS=counters is not None and split_sum_across(), NB=cfg.block_m // 8,
         WARPS=cfg.num_warps, UNROLL=unroll, PREFETCH=cfg.num_stages > 1, TOKENS_FIRST=tokens_first, PDL=pdl,
