@@ -64,11 +64,12 @@ itl-128-27b           27B int4 warm start: ITL of 4 decodes beside a 32k prefill
 chunk-graphs-27b      the prompt-chunk graph (on by default up to 256 tokens): its GPU tests, then the 27B int4 ITL of 4 decodes beside a 32k prefill with 128- and 256-token chunks replayed from it
 profile-mtp-27b       where a 27B int4 MTP round goes at C = 8 (K = 3, all drafts accepted: 2.25x a plain step in run 2026-12-03.13) beside the plain C = 8 step, kernels by family
 prologue-and-head-tests  the GPU tests of the one-launch attention prologue, the round rows, RoPE tables and embedding rows in one launch, and all speculative GPU tests (quantized head, host-held mtp tensors; no timings)
-prologue-27b          the one-launch attention prologue: its GPU test, the whole-model GPU tests with it on, the 27B int4 engine with it on and off twice
+prologue-27b          the one-launch attention prologue (on by default): its GPU test, the whole-model GPU tests with it on, the 27B int4 engine with it on and off twice
 mtp-quantized-head    the MTP head quantized by the mtp rules of the recipes: its GPU tests, 27B int4 MTP at C = 1 / 8 with plain steps, 35B-A3B at C = 1
-moe-norm-35b          the norm after each MoE block inside its combine launch (NINFER_MOE_NORM=1, 40 launches fewer a 35B-A3B step): its GPU test, the MoE model and speculative GPU tests with it on, the 35B-A3B engine on and off twice
+moe-norm-35b          the norm after each MoE block inside its combine launch (on by default, NINFER_MOE_NORM=0 turns it off; 40 launches fewer a 35B-A3B step): its GPU test, the MoE model and speculative GPU tests with it on, the 35B-A3B engine on and off twice
 draft-vocab           the drafts LM head over the 32768 lowest token ids instead of all 248320 (draft_vocab): 27B int4 MTP at C = 1 without then with it, 35B-A3B at C = 1 with it (forced acceptance: timings only)
 norm-in-gemm-27b      the norm after each output projection inside its register decode launch (NINFER_NORM_IN_GEMM=1, 128 launches fewer a 27B step): whole-model and speculative GPU tests with it on, the 27B int4 engine on and off twice
+profile-draft-vocab-27b  a 27B int4 C = 1 round with the drafts over 32768 token ids, then over all (run 2026-12-05.9 timed them the same: 8.89 against 8.92 ms), kernels by family
 profile-mtp-27b-c1    where a 27B int4 MTP round goes at C = 1 (K = 3, all drafts accepted), kernels by family, top 40
 gates-in-decode-27b   the a/b gate projection inside the DeltaNet decode kernel (GPU tests) and the 27B int4 decode at C = 1 / 8 with it off (the default: its own cuBLAS GEMM, two launches a layer) then on (NINFER_GATES_IN_DECODE=1), and a step profile with it on
 frag-tiled-27b        the tiled tl.dot GEMM over fragment-laid weights (GPU tests), then 4 decodes beside a 32k prefill with the 128-token chunk graph (its graph keys tuned among the decodes and the tiled GEMM) and the profile of that step
@@ -514,20 +515,20 @@ stage() {
       gpu_tests 40 spec_rows_gpu
       gpu_tests 60 embedding_gpu
       gpu_tests 40 elementwise -k "mrope or cuda_graph"
-      gpu_tests 200 speculative_gpu
+      NINFER_AUTOTUNE=off gpu_tests 200 speculative_gpu -n 4  # tuning every candidate compiled for 160+ s
       ;;
-    prologue-27b)  # the one-launch attention prologue is off by default until measured (NINFER_FUSED_PROLOGUE)
+    prologue-27b)  # the one-launch attention prologue, on by default since run 2026-12-05.5 (NINFER_FUSED_PROLOGUE)
       gpu_tests 70 attention_prologue_gpu -n 4
       NINFER_FUSED_PROLOGUE=1 gpu_tests 120 model_gpu -k "triton_path or bf16_error or graphs_equal"
       part 330 python3 perf/bench_engine.py --shape 27b --recipe int4 --contexts 1024 --lanes 1 8 --steps 12 \
         --prefill --toggle NINFER_FUSED_PROLOGUE=1,0,1,0
       ;;
     mtp-quantized-head)
-      gpu_tests 100 speculative_gpu -k quantized_head
+      NINFER_AUTOTUNE=off gpu_tests 100 speculative_gpu -k quantized_head -n 4
       part 190 python3 perf/bench_spec.py --shape 27b --recipe int4 --lanes 1 8 --steps 12 --prefill 1024
       part 150 python3 perf/bench_spec.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --lanes 1 --steps 12 --prefill 1024
       ;;
-    moe-norm-35b)  # off by default until measured: 576 launches, 2.70 ms graph replay at batch 1 (run 2026-12-04.36)
+    moe-norm-35b)  # on by default since run 2026-12-05.6 (2.705 against 2.734 ms at batch 1)
       gpu_tests 60 moe -k "next_norm or shared_expert"
       NINFER_MOE_NORM=1 gpu_tests 120 model_gpu -k "graphs_equal"
       NINFER_MOE_NORM=1 gpu_tests 100 speculative_gpu -k "greedy_equals_plain"
@@ -546,6 +547,10 @@ stage() {
       part 170 python3 perf/bench_spec.py --shape 27b --recipe int4 --lanes 1 --steps 12 --draft-vocab 32768
       part 150 python3 perf/bench_spec.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --lanes 1 --steps 12 \
         --draft-vocab 32768
+      ;;
+    profile-draft-vocab-27b)
+      part 150 python3 perf/profile_step.py --shape 27b --recipe int4 --lanes 1 --draft-tokens 3 --draft-vocab 32768 --top 30
+      part 150 python3 perf/profile_step.py --shape 27b --recipe int4 --lanes 1 --draft-tokens 3 --top 30
       ;;
     profile-mtp-27b-c1)  # a C = 1 round cost 1.6x a plain step in run 2026-12-04.21: where the rest goes
       part 150 python3 perf/profile_step.py --shape 27b --recipe int4 --lanes 1 --draft-tokens 3 --top 40

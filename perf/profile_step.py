@@ -177,12 +177,12 @@ def run(args: argparse.Namespace) -> None:
         return
     model = random_model(args.shape, device=args.device, recipe=args.recipe)
     label = f"{args.shape} {args.recipe or 'bf16'} C={args.lanes} ctx={args.context}"
-    head = random_head(model) if args.draft_tokens else None
+    head = random_head(model, args.recipe) if args.draft_tokens else None  # quantized as bench_spec's head
     common = dict(max_concurrency=args.lanes, max_context=args.context + 4096,
                   kv_capacity=args.lanes * (args.context + 4096), prefix_cache=False)
-    spec = dict(draft_tokens=args.draft_tokens) if args.draft_tokens else {}
+    spec = dict(draft_tokens=args.draft_tokens, draft_vocab=args.draft_vocab) if args.draft_tokens else {}
     if args.draft_tokens:
-        label += f" K={args.draft_tokens} (round)"
+        label += f" K={args.draft_tokens}" + (f" draft-vocab={args.draft_vocab}" if args.draft_vocab else "") + " (round)"
     graphs = args.device == "cuda"
 
     def llm_with(cuda_graphs: bool) -> LLM:
@@ -235,6 +235,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--lanes", type=int, default=1)
     parser.add_argument("--context", type=int, default=1024)
     parser.add_argument("--draft-tokens", type=int, default=0, help="profile speculative rounds (all drafts accepted)")
+    parser.add_argument("--draft-vocab", type=int, default=None,
+                        help="with --draft-tokens: draft among the N lowest token ids only (the engine's draft_vocab)")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--prefill", type=int, default=0, help="profile one prompt of this many tokens instead")

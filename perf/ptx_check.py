@@ -207,15 +207,16 @@ def mma(fmt: str, m: int, arch: int, sms: int) -> None:
                 print(f"{head}: FAILED {type(err).__name__}: {str(err).splitlines()[0][:200]}", flush=True)
 
 
-def compile_frag(cfg, group: int, swiglu: bool, arch: int, bits: int = 4, fp4: bool = False):
-    """fragment_mma's kernel (bf16 activations, PTX decode) for one config, split-K with the fused reduction."""
+def compile_frag(cfg, group: int, swiglu: bool, arch: int, bits: int = 4, fp4: bool = False, norm_chunks: int = 0):
+    """fragment_mma's kernel (bf16 activations, PTX decode) for one config, split-K with the fused reduction; with
+    ``norm_chunks`` the norm after it in its last program (rows of up to ``norm_chunks`` x 1024 columns)."""
     sig = {"x_ptr": "*bf16", "q_ptr": "*u8" if bits == 4 else "*i8", "s_ptr": "*i32", "rs_ptr": "*fp32",
-           "res_ptr": "*bf16", "out_ptr": "*bf16",
-           "ws_ptr": "*fp32", "cnt_ptr": "*i32", **dict.fromkeys(("M", "N_OUT", "KC", "NG", "chunks_per_split",
-                                                                    "stride_xm", "stride_rm", "stride_om"), "i32")}
+           "res_ptr": "*bf16", "out_ptr": "*bf16", "ws_ptr": "*fp32", "cnt_ptr": "*i32", "nw_ptr": "*bf16",
+           "normed_ptr": "*bf16", **dict.fromkeys(("M", "N_OUT", "KC", "NG", "chunks_per_split", "stride_xm",
+                                                    "stride_rm", "stride_om", "stride_nm"), "i32"), "eps": "fp32"}
     split = cfg.split_k > 1
     pair = cfg.kind == fragment_mma.PAIR_KIND
-    consts = dict(CPG=max(1, group // 64), SWIGLU=swiglu, PAIR=pair, HAS_RES=False, SPLIT=split, FUSED_REDUCE=split,
+    consts = dict(CPG=max(1, group // 64), NORM=norm_chunks > 0, NORM_CHUNKS=max(1, norm_chunks), SWIGLU=swiglu, PAIR=pair, HAS_RES=False, SPLIT=split, FUSED_REDUCE=split,
                   SUM_ACROSS=split and split_sum_across(),
                   NB=cfg.block_m // 8, WARPS=cfg.num_warps, UNROLL=cfg.block_k // 64, PREFETCH=cfg.num_stages > 1,
                   TOKENS_FIRST=False, PDL=arch >= 90, ASM=True, BITS=bits, FP4=fp4,

@@ -61,27 +61,25 @@ def split_sum_across() -> bool:
 
 def fused_prologue() -> bool:
     """Whether attention layers take the one-launch prologue (q/k norm, RoPE and the K/V write,
-    ``attention.prologue``) with ``NINFER_FUSED_PROLOGUE=1`` (read per call). Off by default until its GPU test
-    and a step measurement have run (stages ``prologue-and-head-tests`` / ``prologue-27b``): the interpreter shows
-    it bit-equal to the two launches in fp32 / fp16, bf16 is checked on a GPU only."""
-    return os.environ.get("NINFER_FUSED_PROLOGUE", "0") == "1"
+    ``attention.prologue``): on unless ``NINFER_FUSED_PROLOGUE=0`` (read per call). Its GPU test and the whole-model
+    GPU tests passed with it (run 2026-12-05.5); the 27B step was the same with it and without (6.54-6.67 against
+    6.53-6.55 ms at batch 1, 8.08 against 8.12 ms at C = 8), with one launch fewer per attention layer."""
+    return os.environ.get("NINFER_FUSED_PROLOGUE", "1") != "0"
 
 
 def norm_in_moe_combine() -> bool:
     """Whether the MoE combine applies the norm that follows the block in its own launch
-    (``moe.moe_experts_then_norm``) with ``NINFER_MOE_NORM=1`` (read per call): one launch fewer per MoE layer (40
-    of the 35B-A3B step's). Off by default until its GPU test and the 35B-A3B step have run on and off (stage
-    ``moe-norm-35b``); the interpreter shows the new residual bit-equal to the unfused path's and the normed
-    output within fp32 / fp16 rounding."""
-    return os.environ.get("NINFER_MOE_NORM", "0") == "1"
+    (``moe.moe_experts_then_norm``): on unless ``NINFER_MOE_NORM=0`` (read per call), one launch fewer per MoE layer
+    (40 of the 35B-A3B step's). Run 2026-12-05.6: its GPU tests passed, and the 35B-A3B step took 2.705-2.708 against
+    2.734-2.738 ms at batch 1 and 5.08 against 5.11 ms at C = 8, on and off alternating."""
+    return os.environ.get("NINFER_MOE_NORM", "1") != "0"
 
 
 def norm_in_gemm() -> bool:
     """Whether a decode GEMM followed by an RMSNorm (a layer's output projections) applies it in its own launch
     (``quant_gemm.quant_matmul_then_norm``) with ``NINFER_NORM_IN_GEMM=1`` (read per call): two launches fewer per
-    decoder layer (128 of the 27B step's). Off by default until its GPU test and the 27B step have run on and off
-    (stage ``norm-in-gemm-27b``); the interpreter shows the new residual bit-equal to the unfused path's and the
-    normed output within fp32 / fp16 rounding."""
+    decoder layer (128 of the 27B step's). Off: the last program's pass over the rows cost more than the launches it
+    saved (run 2026-12-05.7, 27B int4: 6.93 against 6.61 ms at batch 1, 10.64 against 8.11 ms at C = 8)."""
     return os.environ.get("NINFER_NORM_IN_GEMM", "0") == "1"
 
 

@@ -33,7 +33,7 @@ def _frag(tokens: int, warps: int, unroll: int, split: int, stages: int = 1, kin
 def fused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NINFER_NORM_IN_GEMM", "1")
     monkeypatch.setattr(quant_dispatch, "use_triton", lambda x: True)
-
+    monkeypatch.setattr(quant_dispatch, "MAX_ROWS", 16)  # the kernel at every decode size, not just the default
 
 def _case(fmt: str, m: int, n: int, k: int, dtype: torch.dtype, residual: bool, seed: int) -> tuple:
     g = torch.Generator().manual_seed(seed)
@@ -79,7 +79,7 @@ def test_pairs_of_tiles_token_blocks_and_prefetch() -> None:
 
 @pytest.mark.usefixtures("fused")
 def test_the_norm_runs_on_its_own_where_the_gemm_cannot_apply_it() -> None:
-    """More tokens than MAX_ROWS, and a row-major weight (not read by the register decode): the GEMM, then the norm
+    """More tokens than MAX_ROWS (as the fixture sets it), and a row-major weight (not read by the register decode): the GEMM, then the norm
     kernel, bit for bit."""
     w, x, res, norm_w = _case("int4-g64", 20, 32, 256, torch.float32, True, seed=9)
     for weight, cfg, rows in ((fragment_laid(w), _frag(32, 1, 2, 1), 20), (w, GemmConfig(16, 32, 128, 1, 2, 1), 2)):
@@ -93,3 +93,16 @@ def test_off_by_default_and_off_cuda() -> None:
     got = quant_matmul_then_norm(x, fragment_laid(w), norm_w, 1e-6, res)
     want = rms_norm_reference(quant_matmul_reference(x, w), norm_w, 1e-6, res)
     assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+
+
+def test_the_default_bound_on_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Up to MAX_ROWS tokens (2 by default) the GEMM applies the norm; from one more the norm is its own launch."""
+    monkeypatch.setenv("NINFER_NORM_IN_GEMM", "1")
+    monkeypatch.setattr(quant_dispatch, "use_triton", lambda x: True)
+    launches = []
+    launch = quant_dispatch.launch_fragment_mma
+    monkeypatch.setattr(quant_dispatch, "launch_fragment_mma", lambda *a: launches.append(len(a) > 9) or launch(*a))
+    w, x, res, norm_w = _case("int4-g64", 3, 32, 256, torch.float16, True, seed=11)
+    for rows in (1, 2, 3):
+        quant_matmul_then_norm(x[:rows], fragment_laid(w), norm_w, 1e-6, res[:rows], config=_frag(8, 1, 2, 1))
+    assert launches == [True, True, False]

@@ -106,6 +106,7 @@ def test_output_projections_that_apply_the_norm_after_them(composite_ckpt, monke
 
     want = _run(fragment_laid_engine())
     monkeypatch.setenv("NINFER_NORM_IN_GEMM", "1")
+    monkeypatch.setattr(quant_dispatch, "MAX_ROWS", 3)  # every decode step, all three lanes in one batch
     fused = []
     launch = quant_dispatch.launch_fragment_mma
     monkeypatch.setattr(quant_dispatch, "launch_fragment_mma",

@@ -63,7 +63,7 @@ from ninfer.kernels.quant_gemm.gemv_steps import (
     sum_splits_at,
     sum_splits_of,
 )
-from ninfer.kernels.quant_gemm.norm_epilogue import MAX_ROWS, ThenNorm, norm_when_all_arrived
+from ninfer.kernels.quant_gemm.norm_epilogue import NORM_COLS, ThenNorm, norm_when_all_arrived
 from ninfer.kernels.quant_gemm.tune import PAIR_KIND, GemmConfig
 
 @triton.jit
@@ -96,7 +96,8 @@ def _position(i: tl.constexpr, tile_out, slots, g, t, tok0, M):
 def _fragment_mma_kernel(
     x_ptr, q_ptr, s_ptr, rs_ptr, res_ptr, out_ptr, ws_ptr, cnt_ptr, nw_ptr, normed_ptr,
     M, N_OUT, KC, NG, chunks_per_split, stride_xm, stride_rm, stride_om, stride_nm, eps,
-    CPG: tl.constexpr, NORM: tl.constexpr, SWIGLU: tl.constexpr, PAIR: tl.constexpr, HAS_RES: tl.constexpr,
+    CPG: tl.constexpr, NORM: tl.constexpr, NORM_CHUNKS: tl.constexpr, SWIGLU: tl.constexpr, PAIR: tl.constexpr,
+    HAS_RES: tl.constexpr,
     SPLIT: tl.constexpr,
     FUSED_REDUCE: tl.constexpr, SUM_ACROSS: tl.constexpr, NB: tl.constexpr, WARPS: tl.constexpr, UNROLL: tl.constexpr,
     PREFETCH: tl.constexpr,
@@ -203,14 +204,16 @@ def _fragment_mma_kernel(
                                 SWIGLU, PAIR, HAS_RES, NORM)
                 reset_counter(cnt_ptr)
                 if NORM:
-                    norm_when_all_arrived(cnt_ptr, out_ptr, stride_om, nw_ptr, normed_ptr, stride_nm, M, N_OUT, eps)
+                    norm_when_all_arrived(cnt_ptr, out_ptr, stride_om, nw_ptr, normed_ptr, stride_nm, M, N_OUT, eps,
+                                          NORM_CHUNKS)
     else:
         for i in tl.static_range(4 * NB):
             m_idx, n_idx, mask = _position(i, tile_out, slots, g, t, tok0, M)
             _finish(acc[i], acc_up[i], m_idx, n_idx, mask, n_stream, res_ptr, stride_rm, out_ptr, stride_om, SWIGLU,
                     PAIR, HAS_RES, NORM)
         if NORM:
-            norm_when_all_arrived(cnt_ptr, out_ptr, stride_om, nw_ptr, normed_ptr, stride_nm, M, N_OUT, eps)
+            norm_when_all_arrived(cnt_ptr, out_ptr, stride_om, nw_ptr, normed_ptr, stride_nm, M, N_OUT, eps,
+                                  NORM_CHUNKS)
 
 
 @triton.jit
@@ -253,7 +256,7 @@ def launch_fragment_mma(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, 
     rows = 2 * TILE_ROWS if pair else TILE_ROWS
     bad_group = (unroll % 2 or group != 16) if fp4 else (group % CHUNK_COLS or unroll % cpg)
     if (bad_group or k % cfg.block_k or n_out % rows or cfg.block_m not in (8, 16, 32, 64)
-            or (pair and swiglu) or (norm is not None and (swiglu or m > MAX_ROWS))):
+            or (pair and swiglu) or (norm is not None and swiglu)):
         raise ValueError(f"frag config {cfg} does not fit K = {k}, N = {n_out}, scale group {group}"
                          + (", SwiGLU" if swiglu else ""))
     asm = not INTERPRET and x.dtype in (torch.bfloat16, torch.float16)
@@ -277,7 +280,8 @@ def launch_fragment_mma(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, 
     _fragment_mma_kernel[grid](
         x, q if asm else words(q), words(scales), row_scale if fp4 else scales, res_arg, out, ws, counters, nw,
         normed, m, n_out, kc, k // group, per, x.stride(0), res_arg.stride(0), out.stride(0), normed.stride(0), eps,
-        CPG=cpg, NORM=norm is not None, SWIGLU=swiglu,
+        CPG=cpg, NORM=norm is not None, NORM_CHUNKS=triton.cdiv(n_out, NORM_COLS) if norm is not None else 1,
+        SWIGLU=swiglu,
         PAIR=pair, HAS_RES=res is not None, SPLIT=splits > 1, FUSED_REDUCE=counters is not None,
         SUM_ACROSS=counters is not None and split_sum_across(), NB=cfg.block_m // 8,
         WARPS=cfg.num_warps, UNROLL=unroll, PREFETCH=cfg.num_stages > 1, TOKENS_FIRST=tokens_first, PDL=pdl,

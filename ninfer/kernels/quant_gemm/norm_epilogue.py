@@ -8,6 +8,14 @@ writing their part of ``h``; the last to arrive sees all of it and normalizes ev
 one program, cheap only for a few rows (decode: the launcher takes this path up to ``MAX_ROWS``), and it reads
 ``h`` back from L2, which the other programs wrote during this launch. The sum over a row runs in a fixed order:
 results do not depend on which program arrives last.
+
+Measured (run 2026-12-05.7, 27B int4, a loop over 1024-column steps, twice per row): 6.93 against 6.61 ms a step at
+batch 1 and 10.64 against 8.11 ms at C = 8, so it is off (``NINFER_NORM_IN_GEMM``). The last program now loads a
+row's chunks together (one round trip to L2 per row) and applies it up to ``MAX_ROWS`` tokens only; holding the
+row costs registers in the whole kernel (168 against 52 for the 27B down projection's favourite config, sm_90,
+Triton 3.6). What would avoid the serial pass: each program storing ``h * (1 + w)`` and its share of each row's sum
+of squares, and the next GEMM scaling its accumulators by the row's ``rsqrt`` (every consumer kernel would take a
+per-token scale).
 """
 from __future__ import annotations
 
@@ -17,8 +25,11 @@ import torch
 import triton
 import triton.language as tl
 
-MAX_ROWS = 16  # tokens up to which a GEMM applies the norm itself (the last program's serial work grows with them)
-NORM_BLOCK = tl.constexpr(1024)  # columns per step of the last program's passes over a row
+# Tokens up to which a GEMM applies the norm itself: the last program's serial pass grows with them (~1 µs a row
+# after one round trip to L2, against ~2.5 µs for the norm's own launch and the gap before it).
+MAX_ROWS = 2
+NORM_COLS = 1024  # columns per chunk of a row in the last program's pass
+NORM_BLOCK = tl.constexpr(NORM_COLS)
 
 
 @dataclass(frozen=True)
@@ -33,28 +44,36 @@ class ThenNorm:
 
 
 @triton.jit
-def norm_when_all_arrived(cnt_ptr, h_ptr, stride_hm, w_ptr, normed_ptr, stride_nm, M, N, eps):
+def norm_when_all_arrived(cnt_ptr, h_ptr, stride_hm, w_ptr, normed_ptr, stride_nm, M, N, eps,
+                          CHUNKS: tl.constexpr):
     """Counts this program in at the counter after the output tiles' (grid axes 0 and 2 give the tiles, as in
     :func:`~ninfer.kernels.quant_gemm.gemv_steps.last_split_arrived`), after its stores of ``h`` (release). The last
     program to arrive (acquire) writes ``normed[m] = h[m] * rsqrt(mean(h[m]^2) + eps) * (1 + w)`` for rows ``m <
-    M`` of ``h [M, N]`` and resets the counter. Call it once per program that finished output tiles."""
+    M`` of ``h [M, N]`` (``N <= CHUNKS * NORM_BLOCK``) and resets the counter. Call it once per program that finished
+    output tiles. A row's chunks are loaded together, so each row costs one round trip to L2 (run 2026-12-05.7
+    looped over the chunks, twice per row: ~2.7 µs a row)."""
     slot = tl.num_programs(0) * tl.num_programs(2)
     tl.debug_barrier()
     arrived = tl.atomic_add(cnt_ptr + slot, 1, sem="acq_rel")
     if arrived == slot - 1:
         tl.debug_barrier()
         cols = tl.arange(0, NORM_BLOCK)
+        scales = ()
+        for c in tl.static_range(CHUNKS):
+            cc = c * NORM_BLOCK + cols
+            scales = scales + (1.0 + tl.load(w_ptr + cc, mask=cc < N, other=0.0).to(tl.float32),)
         for m in range(M):
             row = h_ptr + m * stride_hm  # at most MAX_ROWS rows: int32 offsets
-            squares = tl.zeros((NORM_BLOCK,), dtype=tl.float32)
-            for c0 in range(0, N, NORM_BLOCK):
-                h = tl.load(row + c0 + cols, mask=c0 + cols < N, other=0.0, cache_modifier=".cg").to(tl.float32)
-                squares += h * h
+            hs = ()
+            for c in tl.static_range(CHUNKS):
+                cc = c * NORM_BLOCK + cols
+                hs = hs + (tl.load(row + cc, mask=cc < N, other=0.0, cache_modifier=".cg").to(tl.float32),)
+            squares = hs[0] * hs[0]
+            for c in tl.static_range(1, CHUNKS):
+                squares += hs[c] * hs[c]
             rstd = tl.rsqrt(tl.sum(squares, axis=0) / N + eps)  # as the norm kernel (norms.py)
             out = normed_ptr + m * stride_nm
-            for c0 in range(0, N, NORM_BLOCK):
-                mask = c0 + cols < N
-                h = tl.load(row + c0 + cols, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
-                w = tl.load(w_ptr + c0 + cols, mask=mask, other=0.0).to(tl.float32)
-                tl.store(out + c0 + cols, (h * rstd * (1.0 + w)).to(normed_ptr.dtype.element_ty), mask=mask)
+            for c in tl.static_range(CHUNKS):
+                cc = c * NORM_BLOCK + cols
+                tl.store(out + cc, (hs[c] * rstd * scales[c]).to(normed_ptr.dtype.element_ty), mask=cc < N)
         tl.store(cnt_ptr + slot, 0)
