@@ -59,8 +59,8 @@ def _float_twin(model):
         return type(model)(model.config)
 
 
-def make_llm(model, head, shape: str, cfg: EngineConfig) -> LLM:
-    llm = random_llm(shape, cfg, model=model, mtp_head=head)
+def make_llm(model, head, shape: str, cfg: EngineConfig, full_vocab: bool = False) -> LLM:
+    llm = random_llm(shape, cfg, model=model, mtp_head=head, full_vocab=full_vocab)
     llm.stop_ids = frozenset()  # random weights: never stop early
     return llm
 
@@ -70,6 +70,8 @@ def run(args: argparse.Namespace) -> None:
     label = args.recipe or "bf16"
     head = random_head(model, args.recipe)
     k, ctx = args.draft_tokens, args.context
+    full = args.full_vocab or args.draft_vocab is not None  # a subset of the tiny tokenizer's 481 ids is no subset
+    label += " full-vocab" if full else ""
     vocab = f" draft-vocab={args.draft_vocab}" if args.draft_vocab else ""
     bw = copy_bandwidth_for(args.device)
     kv_tok, state = kv_bytes_per_token(model.config, "auto", model.dtype), state_bytes_per_slot(model.config, model.dtype)
@@ -77,7 +79,7 @@ def run(args: argparse.Namespace) -> None:
         max_context = max(ctx, args.prefill) + 4096
         common = dict(max_concurrency=lanes, max_context=max_context, kv_capacity=lanes * max_context,
                       cuda_graphs=args.device == "cuda", prefix_cache=False)
-        plain = make_llm(model, None, args.shape, EngineConfig(**common))
+        plain = make_llm(model, None, args.shape, EngineConfig(**common), full)
         base = steady_decode(plain, lanes, ctx, args.steps)
         # The plain engine's own numbers (issue 5): decode against the roofline of the bytes a step reads.
         floor = weight_bytes_per_step(model, lanes) + lanes * (ctx * kv_tok + 2 * state)
@@ -92,7 +94,9 @@ def run(args: argparse.Namespace) -> None:
         del plain
         record("spec_plain_decode", f"{args.shape} {label} C={lanes} ctx={ctx}", base * 1e3,
                achieved=lanes / base, limit=float("nan"), unit="tok/s")
-        llm = make_llm(model, head, args.shape, EngineConfig(**common, draft_tokens=k, draft_vocab=args.draft_vocab))
+        llm = make_llm(model, head, args.shape, EngineConfig(**common, draft_tokens=k, draft_vocab=args.draft_vocab), full)
+        if args.draft_vocab is not None and llm.engine.spec.draft_ids is None:
+            raise SystemExit(f"--draft-vocab {args.draft_vocab} covers the whole vocabulary ({llm.valid_vocab} ids)")
         rounds = {}
         for n in range(k + 1):
             force_acceptance(llm.engine.spec, n)
@@ -125,6 +129,9 @@ if __name__ == "__main__":
     parser.add_argument("--draft-tokens", type=int, default=3)
     parser.add_argument("--draft-vocab", type=int, default=None,
                         help="draft among the N lowest token ids only (the engine's draft_vocab)")
+    parser.add_argument("--full-vocab", action="store_true",
+                        help="sample and draft over the model's whole vocabulary, not the bundled tokenizer's 481 ids "
+                             "(implied by --draft-vocab: compare with a run that passes this)")
     parser.add_argument("--lanes", type=int, nargs="*", default=[1, 8])
     parser.add_argument("--context", type=int, default=1024)
     parser.add_argument("--steps", type=int, default=20)

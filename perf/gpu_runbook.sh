@@ -67,9 +67,9 @@ prologue-and-head-tests  the GPU tests of the one-launch attention prologue, the
 prologue-27b          the one-launch attention prologue (on by default): its GPU test, the whole-model GPU tests with it on, the 27B int4 engine with it on and off twice
 mtp-quantized-head    the MTP head quantized by the mtp rules of the recipes: its GPU tests, 27B int4 MTP at C = 1 / 8 with plain steps, 35B-A3B at C = 1
 moe-norm-35b          the norm after each MoE block inside its combine launch (on by default, NINFER_MOE_NORM=0 turns it off; 40 launches fewer a 35B-A3B step): its GPU test, the MoE model and speculative GPU tests with it on, the 35B-A3B engine on and off twice
-draft-vocab           the drafts LM head over the 32768 lowest token ids instead of all 248320 (draft_vocab): 27B int4 MTP at C = 1 without then with it, 35B-A3B at C = 1 with it (forced acceptance: timings only)
+draft-vocab           the drafts LM head over the 32768 lowest token ids instead of all 248320 (draft_vocab): 27B int4 MTP at C = 1 without then with it, both over the models whole vocabulary (--full-vocab), 35B-A3B at C = 1 with it (forced acceptance: timings only)
 norm-in-gemm-27b      the norm after each output projection inside its register decode launch (NINFER_NORM_IN_GEMM=1, 128 launches fewer a 27B step): whole-model and speculative GPU tests with it on, the 27B int4 engine on and off twice
-profile-draft-vocab-27b  a 27B int4 C = 1 round with the drafts over 32768 token ids, then over all (run 2026-12-05.9 timed them the same: 8.89 against 8.92 ms), kernels by family
+profile-draft-vocab-27b  a 27B int4 C = 1 round with the drafts over 32768 token ids, then over all (run 2026-12-05.9 never narrowed them: its tokenizer had 481 ids), kernels by family
 profile-mtp-27b-c1    where a 27B int4 MTP round goes at C = 1 (K = 3, all drafts accepted), kernels by family, top 40
 gates-in-decode-27b   the a/b gate projection inside the DeltaNet decode kernel (GPU tests) and the 27B int4 decode at C = 1 / 8 with it off (the default: its own cuBLAS GEMM, two launches a layer) then on (NINFER_GATES_IN_DECODE=1), and a step profile with it on
 frag-tiled-27b        the tiled tl.dot GEMM over fragment-laid weights (GPU tests), then 4 decodes beside a 32k prefill with the 128-token chunk graph (its graph keys tuned among the decodes and the tiled GEMM) and the profile of that step
@@ -543,14 +543,14 @@ stage() {
         --toggle NINFER_NORM_IN_GEMM=1,0,1,0
       ;;
     draft-vocab)  # the drafts int8 LM heads took ~1.2 ms of a 9.76 ms 27B C = 1 round (run 2026-12-05.4)
-      part 170 python3 perf/bench_spec.py --shape 27b --recipe int4 --lanes 1 --steps 12
+      part 170 python3 perf/bench_spec.py --shape 27b --recipe int4 --lanes 1 --steps 12 --full-vocab
       part 170 python3 perf/bench_spec.py --shape 27b --recipe int4 --lanes 1 --steps 12 --draft-vocab 32768
       part 150 python3 perf/bench_spec.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --lanes 1 --steps 12 \
         --draft-vocab 32768
       ;;
     profile-draft-vocab-27b)
       part 150 python3 perf/profile_step.py --shape 27b --recipe int4 --lanes 1 --draft-tokens 3 --draft-vocab 32768 --top 30
-      part 150 python3 perf/profile_step.py --shape 27b --recipe int4 --lanes 1 --draft-tokens 3 --top 30
+      part 150 python3 perf/profile_step.py --shape 27b --recipe int4 --lanes 1 --draft-tokens 3 --full-vocab --top 30
       ;;
     profile-mtp-27b-c1)  # a C = 1 round cost 1.6x a plain step in run 2026-12-04.21: where the rest goes
       part 150 python3 perf/profile_step.py --shape 27b --recipe int4 --lanes 1 --draft-tokens 3 --top 40

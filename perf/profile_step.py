@@ -182,11 +182,13 @@ def run(args: argparse.Namespace) -> None:
                   kv_capacity=args.lanes * (args.context + 4096), prefix_cache=False)
     spec = dict(draft_tokens=args.draft_tokens, draft_vocab=args.draft_vocab) if args.draft_tokens else {}
     if args.draft_tokens:
-        label += f" K={args.draft_tokens}" + (f" draft-vocab={args.draft_vocab}" if args.draft_vocab else "") + " (round)"
+        label += f" K={args.draft_tokens}" + (" full-vocab" if args.full_vocab or args.draft_vocab else "") \
+            + (f" draft-vocab={args.draft_vocab}" if args.draft_vocab else "") + " (round)"
     graphs = args.device == "cuda"
 
     def llm_with(cuda_graphs: bool) -> LLM:
-        llm = make_llm(model, head, args.shape, EngineConfig(**common, **spec, cuda_graphs=cuda_graphs))
+        llm = make_llm(model, head, args.shape, EngineConfig(**common, **spec, cuda_graphs=cuda_graphs),
+                       full_vocab=args.full_vocab or args.draft_vocab is not None)
         if args.draft_tokens:  # random weights accept nothing: profile the full round, every draft accepted
             force_acceptance(llm.engine.spec, args.draft_tokens)
         return llm
@@ -237,6 +239,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--draft-tokens", type=int, default=0, help="profile speculative rounds (all drafts accepted)")
     parser.add_argument("--draft-vocab", type=int, default=None,
                         help="with --draft-tokens: draft among the N lowest token ids only (the engine's draft_vocab)")
+    parser.add_argument("--full-vocab", action="store_true",
+                        help="with --draft-tokens: sample and draft over the model's whole vocabulary (implied by "
+                             "--draft-vocab), not the bundled tokenizer's 481 ids")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--prefill", type=int, default=0, help="profile one prompt of this many tokens instead")

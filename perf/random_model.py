@@ -154,9 +154,10 @@ def model_bytes(model: nn.Module) -> int:
 
 
 def random_llm(shape: str, engine: EngineConfig, *, model: Qwen3_5TextModel | None = None, mtp_head=None,
-               **kw) -> LLM:
+               full_vocab: bool = False, **kw) -> LLM:
     """An LLM over a random model (``model``, or a new one built with ``kw``), with the bundled tiny
-    tokenizer (only its ids are sampled); ``mtp_head`` lets the engine speculate."""
+    tokenizer (only its 481 ids are sampled, or with ``full_vocab`` all of the model's: the tokenizer decodes the
+    others to nothing); ``mtp_head`` lets the engine speculate."""
     from ninfer.default_model import build_tokenizer, write_generation_config
 
     model = model if model is not None else random_model(shape, **kw)
@@ -164,7 +165,10 @@ def random_llm(shape: str, engine: EngineConfig, *, model: Qwen3_5TextModel | No
     build_tokenizer(tmp)
     write_generation_config(tmp)
     (tmp / "config.json").write_text(json.dumps(SHAPES[shape]))
-    return LLM(model, Tokenizer(tmp), tmp, LoadReport(), engine, mtp_head=mtp_head)
+    tokenizer = Tokenizer(tmp)
+    if full_vocab:  # the engine's vocabulary limit (sampling, drafts, draft_vocab) is the smaller of the two
+        tokenizer.vocab_size = model.config.vocab_size
+    return LLM(model, tokenizer, tmp, LoadReport(), engine, mtp_head=mtp_head)
 
 
 @torch.no_grad()
