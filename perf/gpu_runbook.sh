@@ -93,7 +93,8 @@ dequant-nvfp4         the dequantization of fragment-laid nvfp4 for prefill size
 profile-nvfp4-chunks  why the 27B nvfp4 prefill in 1024-token chunks took 4.4k tok/s against 7.3k for int4 (run 2026-12-04.44): kernels by family and a host profile, nvfp4 then int4, 8k prompt in 1024-token chunks
 frag-nvfp4            the register decode of fragment-laid nvfp4: its GPU tests, then L2-cold at 1 / 8 tokens against the int4-g64 register decode and the nvfp4 row-major tuner pick on the 27B shapes
 deltanet-tail         the DeltaNet decode with the loads of its last program batched: its GPU tests, the kernel vs fla, the 27B int4 engine at ctx 1k, C = 1 / 8 and an 8k prompt in 1024-token chunks (also the first measure of the tuner candidate lists built once)
-split-sum             the fused split-K reduction of the register decodes split after split (NINFER_SPLIT_SUM=across) against the default: its GPU tests, L2-cold int4-g64 GEMMs at 1 / 8 tokens on the four 27B shapes, the 27B int4 engine at batch 1 / C = 8, off then on
+split-sum             the fused split-K reduction of the register decodes split after split (NINFER_SPLIT_SUM=across) and over whole tiles in one load (=tile) against the default: their GPU tests, L2-cold int4-g64 GEMMs at 1 / 8 tokens on the four 27B shapes (the best of every candidate under each)
+split-sum-engine      the 27B int4 engine at batch 1 / C = 8 under each split-K sum (each, across, tile), the shipped configs
 float-gemv            the one-launch float GEMV of the small bf16 projections (routers, a/b gates) against cuBLAS: its GPU tests, the bench at 1-16 tokens, the 35B-A3B engine C = 1 / 8 and its MTP rounds (the tuner picks per shape)
 float-expert-35b      float-gemv and expert-aligned in one call: both GPU tests, the float GEMV against cuBLAS, then 35B-A3B plain steps and MTP rounds at C = 1 / 8
 expert-aligned        the expert register decode over rows aligned in blocks of 16 (past 64 pairs: the 35B-A3B verification of several lanes): its GPU tests, then 35B-A3B MTP at C = 1 / 8 (the C = 8 round took the tl.dot grouped GEMM)
@@ -482,12 +483,15 @@ stage() {
       part 170 python3 perf/bench_spec.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --lanes 1 --steps 12 --prefill 1024
       ;;
     split-sum)
-      NINFER_SPLIT_SUM=across gpu_tests 120 quant_fragments_gpu -n 4 -k "int4_g64"
-      for mode in each across; do
+      NINFER_SPLIT_SUM=across gpu_tests 100 quant_fragments_gpu -n 4 -k "int4_g64"
+      NINFER_SPLIT_SUM=tile gpu_tests 100 quant_fragments_gpu -n 4 -k "int4_g64"
+      for mode in each across tile; do
         NINFER_SPLIT_SUM=$mode part 90 python3 perf/bench_quant_gemm.py --path frag --m 1,8 --formats int4-g64 \
           --l2 cold --shapes gate_up,down,in_proj_qkvz,o_proj --no-gemlite
       done
-      for mode in each across; do
+      ;;
+    split-sum-engine)  # the shipped table's configs (tuned with the default sum) under each sum
+      for mode in each across tile; do
         NINFER_SPLIT_SUM=$mode part 120 python3 perf/bench_engine.py --shape 27b --recipe int4 --contexts 1024 \
           --lanes 1 8 --steps 12 --label split-$mode
       done

@@ -43,7 +43,7 @@ from triton.compiler import ASTSource  # noqa: E402
 from ninfer.kernels.attention import prefill as attention_prefill  # noqa: E402
 from ninfer.kernels.moe import quant_gemv as moe_quant_gemv  # noqa: E402
 from ninfer.kernels.moe import quant_mma as moe_quant_mma  # noqa: E402
-from ninfer.kernels.dispatch import split_sum_across  # noqa: E402
+from ninfer.kernels.dispatch import split_sum_across, split_sum_mode  # noqa: E402
 from ninfer.kernels.quant_gemm.fragment_ptx import mma_asm, row_major_decode_asm  # noqa: E402
 from ninfer.kernels.quant_gemm import dequant as quant_dequant  # noqa: E402
 from ninfer.kernels.quant_gemm import fragment_mma  # noqa: E402
@@ -217,7 +217,9 @@ def compile_frag(cfg, group: int, swiglu: bool, arch: int, bits: int = 4, fp4: b
     split = cfg.split_k > 1
     pair = cfg.kind == fragment_mma.PAIR_KIND
     consts = dict(CPG=max(1, group // 64), NORM=norm_chunks > 0, NORM_CHUNKS=max(1, norm_chunks), SWIGLU=swiglu, PAIR=pair, HAS_RES=False, SPLIT=split, FUSED_REDUCE=split,
-                  SUM_ACROSS=split and split_sum_across(),
+                  SUM_ACROSS=split and split_sum_mode() == "across", SUM_TILE=split and split_sum_mode() == "tile",
+                  S_BLOCK=min(triton.next_power_of_2(cfg.split_k),
+                              max(1, 16 // ((cfg.block_m // 8) * (2 if swiglu or pair else 1)))),
                   NB=cfg.block_m // 8, WARPS=cfg.num_warps, UNROLL=cfg.block_k // 64, PREFETCH=cfg.num_stages > 1,
                   TOKENS_FIRST=False, PDL=arch >= 90, ASM=True, BITS=bits, FP4=fp4,
                   **fragment_mma.asm_constants(torch.bfloat16, bits, fp4))

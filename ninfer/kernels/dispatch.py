@@ -50,13 +50,27 @@ def pdl_enabled(device: torch.device) -> bool:
     return os.environ.get("NINFER_PDL", "0") == "1" and _capability(device) >= (9, 0)
 
 
+SPLIT_SUMS = ("each", "across", "tile")
+
+
+def split_sum_mode() -> str:
+    """``NINFER_SPLIT_SUM`` (read per launch): how the register decodes' fused split-K reductions read the partials,
+    ``each`` (the default), ``across`` (:func:`split_sum_across`) or ``tile`` (``fragment_mma`` only: the last split
+    loads up to 16 splits' partials of its whole tile at once, one round trip to L2 where the others take one per
+    four splits, so that more splits of fewer loop trips could pay; not yet measured on a GPU)."""
+    mode = os.environ.get("NINFER_SPLIT_SUM", "each")
+    if mode not in SPLIT_SUMS:
+        raise ValueError(f"NINFER_SPLIT_SUM={mode!r}: expected one of {', '.join(SPLIT_SUMS)}")
+    return mode
+
+
 def split_sum_across() -> bool:
     """Whether the register decodes' fused split-K reductions (``fragment_mma``, ``moe.quant_mma``) sum split after
     split for all of a program's accumulators at once (``NINFER_SPLIT_SUM=across``, read per launch) instead of
     accumulator after accumulator (the default). Offline the default's last split waits for a round of L2 loads per
     four splits and accumulator, ``across`` for one per four splits (``gemv_steps.sum_splits_of``); ``across`` also
     moved some configs' K loops by 1-3% SASS instructions per weight (either way), so it waits for a measurement."""
-    return os.environ.get("NINFER_SPLIT_SUM", "each") == "across"
+    return split_sum_mode() == "across"
 
 
 def fused_prologue() -> bool:

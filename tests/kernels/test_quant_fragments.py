@@ -346,3 +346,25 @@ def test_split_sums_across_accumulators_equal_the_default(swiglu: bool, monkeypa
         out = torch.full_like(res, float("nan"))
         outs.append(quant_matmul_triton(x, w, res, swiglu, out=out, config=cfg))
     assert torch.isfinite(outs[0]).all() and torch.equal(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("kind", ["frag", "frag-pair"])
+@pytest.mark.parametrize("swiglu", [False, True])
+def test_split_sums_of_whole_tiles(kind: str, swiglu: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``NINFER_SPLIT_SUM=tile``: the last split loads its whole tile's partials of several splits at once and sums
+    them in a tree (not split order), so results match the reference (and the default within rounding): splits of
+    unequal length, more splits than one load takes (S_BLOCK), several token blocks and programs, residual,
+    SwiGLU, pairs of tiles."""
+    if kind == "frag-pair" and swiglu:
+        return
+    monkeypatch.setenv("NINFER_SPLIT_SUM", "tile")
+    _check("int4-g64", 13, 64, 512, _frag(16, 1, 2, 3, kind=kind), swiglu=swiglu, residual=True, seed=41)
+    _check("int8-g64", 3, 96, 2048, _frag(8, 2 if kind == "frag" else 1, 1, 32, kind=kind),
+           swiglu=swiglu, residual=not swiglu, seed=42)  # 32 splits of one chunk: S_BLOCK 16 or 8, two or four loads
+    _check("int4-g128", 37, 64, 256, _frag(32, 2, 2, 2, kind=kind), swiglu=swiglu, seed=43)
+
+
+def test_an_unknown_split_sum_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NINFER_SPLIT_SUM", "tree")
+    with pytest.raises(ValueError, match="NINFER_SPLIT_SUM='tree'"):
+        _check("int4-g64", 2, 32, 256, _frag(8, 1, 1, 2))

@@ -30,7 +30,8 @@ streams the bytes 80-92%). Here the weights go from global memory straight into 
 * ``num_stages=2`` requests each next loop trip's codes before this trip's arithmetic.
 * Split-K over grid axis 1 with the deterministic epilogue of :mod:`.gemv_steps` (partials in an fp32 scratch,
   the last split to arrive sums them in split order, accumulator after accumulator, or with
-  ``NINFER_SPLIT_SUM=across`` split after split for all of them at once (``dispatch.split_sum_across``); SwiGLU
+  ``NINFER_SPLIT_SUM=across`` split after split for all of them at once, or with ``=tile`` the whole tile's partials
+  of up to 16 splits in one round trip (``dispatch.split_sum_mode``); SwiGLU
   and residual after the sum), tiles over axis 0 and
   token blocks over axis 2, or the other way round when there are several token blocks (prefill sizes, e.g. the
   LM head of a scored prompt, too large for the dequantization path): the blocks of one tile then run side by
@@ -48,7 +49,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ninfer.kernels.dispatch import INTERPRET, pdl_enabled, split_sum_across
+from ninfer.kernels.dispatch import INTERPRET, pdl_enabled, split_sum_mode
 from ninfer.kernels.quant_gemm.fragment_ptx import asm_constants
 from ninfer.kernels.quant_gemm.fragment_steps import load_trip, trip_step, trip_step_fp4
 from ninfer.kernels.quant_gemm.fragments import CHUNK_COLS, TILE_ROWS, code_bits, words
@@ -62,6 +63,7 @@ from ninfer.kernels.quant_gemm.gemv_steps import (
     store_partials_at,
     sum_splits_at,
     sum_splits_of,
+    sum_splits_tile,
 )
 from ninfer.kernels.quant_gemm.norm_epilogue import NORM_COLS, ThenNorm, norm_when_all_arrived
 from ninfer.kernels.quant_gemm.tune import PAIR_KIND, GemmConfig
@@ -99,7 +101,8 @@ def _fragment_mma_kernel(
     CPG: tl.constexpr, NORM: tl.constexpr, NORM_CHUNKS: tl.constexpr, SWIGLU: tl.constexpr, PAIR: tl.constexpr,
     HAS_RES: tl.constexpr,
     SPLIT: tl.constexpr,
-    FUSED_REDUCE: tl.constexpr, SUM_ACROSS: tl.constexpr, NB: tl.constexpr, WARPS: tl.constexpr, UNROLL: tl.constexpr,
+    FUSED_REDUCE: tl.constexpr, SUM_ACROSS: tl.constexpr, SUM_TILE: tl.constexpr, S_BLOCK: tl.constexpr,
+    NB: tl.constexpr, WARPS: tl.constexpr, UNROLL: tl.constexpr,
     PREFETCH: tl.constexpr,
     TOKENS_FIRST: tl.constexpr, PDL: tl.constexpr, BITS: tl.constexpr, FP4: tl.constexpr, LOAD0: tl.constexpr,
     LOAD1: tl.constexpr, LOAD2: tl.constexpr, LOAD3: tl.constexpr, DECODE_ASM: tl.constexpr,
@@ -185,7 +188,15 @@ def _fragment_mma_kernel(
             store_partials_at(ws_ptr, acc[i], acc_up[i], pid_s, M, m_idx, n_idx, mask, n_stream, TWO)
         if FUSED_REDUCE:
             if last_split_arrived(cnt_ptr):
-                if SUM_ACROSS:
+                if SUM_TILE:  # the program's whole tile: rows of its warps' tiles, its token block
+                    prog = tl.program_id(2) if TOKENS_FIRST else tl.program_id(0)
+                    m_t = (tok0 + tl.arange(0, 8 * NB))[:, None]
+                    n_t = (prog * 16 * WARPS + tl.arange(0, 16 * WARPS))[None, :]
+                    mask_t = (m_t < M) & (n_t < n_stream)
+                    y, y_up = sum_splits_tile(ws_ptr, m_t, n_t, mask_t, M, n_stream, tl.num_programs(1), TWO, S_BLOCK)
+                    _finish(y, y_up, m_t, n_t, mask_t, n_stream, res_ptr, stride_rm, out_ptr, stride_om, SWIGLU, PAIR,
+                            HAS_RES, NORM)
+                elif SUM_ACROSS:
                     m_idxs = ()
                     n_idxs = ()
                     masks = ()
@@ -272,6 +283,7 @@ def launch_fragment_mma(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, 
     tile_groups, token_blocks = triton.cdiv(n_out // rows, cfg.num_warps), triton.cdiv(m, cfg.block_m)
     tokens_first = token_blocks > 1 and tile_groups <= 65535  # grid axis 2 holds at most 65535
     grid = (token_blocks, splits, tile_groups) if tokens_first else (tile_groups, splits, token_blocks)
+    sum_mode = split_sum_mode()
     counters = tile_counters(x.device, grid[0] * grid[2] + (norm is not None)) \
         if splits > 1 or norm is not None else None
     if norm is not None and counters is None:
@@ -283,7 +295,9 @@ def launch_fragment_mma(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, 
         CPG=cpg, NORM=norm is not None, NORM_CHUNKS=triton.cdiv(n_out, NORM_COLS) if norm is not None else 1,
         SWIGLU=swiglu,
         PAIR=pair, HAS_RES=res is not None, SPLIT=splits > 1, FUSED_REDUCE=counters is not None,
-        SUM_ACROSS=counters is not None and split_sum_across(), NB=cfg.block_m // 8,
+        SUM_ACROSS=counters is not None and sum_mode == "across", SUM_TILE=counters is not None and sum_mode == "tile",
+        S_BLOCK=min(triton.next_power_of_2(splits), max(1, 16 // ((cfg.block_m // 8) * (2 if swiglu or pair else 1)))),
+        NB=cfg.block_m // 8,
         WARPS=cfg.num_warps, UNROLL=unroll, PREFETCH=cfg.num_stages > 1, TOKENS_FIRST=tokens_first, PDL=pdl,
         ASM=asm,
         BITS=bits, FP4=fp4, num_warps=cfg.num_warps, num_stages=1, **asm_constants(x.dtype, bits, fp4),

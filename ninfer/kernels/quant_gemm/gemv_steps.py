@@ -272,6 +272,28 @@ def sum_splits_of(ws_ptr, m_idxs, n_idxs, masks, M, N_OUT, splits, SWIGLU: tl.co
     return sums
 
 
+@triton.jit
+def sum_splits_tile(ws_ptr, m_idx, n_idx, mask, M, N_OUT, splits, SWIGLU: tl.constexpr, S_BLOCK: tl.constexpr):
+    """:func:`sum_splits_at` for a whole 2-D tile at once (``m_idx [T, 1]``, ``n_idx [1, R]``, ``mask [T, R]``): the
+    partials of ``S_BLOCK`` splits are loaded together, one round trip to L2 per ``S_BLOCK`` splits, and summed in a
+    fixed tree order (deterministic, though not the split order of :func:`sum_splits_at`)."""
+    n_cols = N_OUT * (1 + SWIGLU)
+    plane = M.to(tl.int64) * n_cols
+    ss = tl.arange(0, S_BLOCK)[:, None, None]
+    base = ws_ptr + (m_idx.to(tl.int64) * n_cols + n_idx)[None, :, :]
+    y = tl.zeros(mask.shape, dtype=tl.float32)
+    y_up = tl.zeros(mask.shape, dtype=tl.float32)
+    for s0 in range(0, splits, S_BLOCK):
+        ptrs = base + (s0 + ss) * plane
+        in_split = mask[None, :, :] & (s0 + ss < splits)
+        y += tl.sum(tl.load(ptrs, mask=in_split, other=0.0, cache_modifier=".cg"), axis=0)
+        if SWIGLU:
+            y_up += tl.sum(tl.load(ptrs + N_OUT, mask=in_split, other=0.0, cache_modifier=".cg"), axis=0)
+    if not SWIGLU:
+        y_up = y
+    return y, y_up
+
+
 @triton.jit(do_not_specialize=["M", "splits"])
 def gemv_reduce_kernel(ws_ptr, res_ptr, out_ptr, M, N_OUT, splits, stride_rm, stride_om,
                         SWIGLU: tl.constexpr, HAS_RES: tl.constexpr, BLOCK_M: tl.constexpr,
