@@ -368,3 +368,14 @@ def test_an_unknown_split_sum_is_an_error(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setenv("NINFER_SPLIT_SUM", "tree")
     with pytest.raises(ValueError, match="NINFER_SPLIT_SUM='tree'"):
         _check("int4-g64", 2, 32, 256, _frag(8, 1, 1, 2))
+
+
+def test_the_tile_sum_offers_more_splits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under ``NINFER_SPLIT_SUM=tile`` the candidates add 32 programs per SM (splits of one or two loop trips on the
+    27B o_proj at one token); the default's list is unchanged and a prefix of it."""
+    default = fragment_candidates("int4-g64", 1, 5120, 6144, 132)
+    monkeypatch.setenv("NINFER_SPLIT_SUM", "tile")
+    tile = fragment_candidates("int4-g64", 1, 5120, 6144, 132)
+    extra = [c for c in tile if c not in default]
+    assert set(default) <= set(tile) and tile[0] == default[0] and extra
+    assert max(c.split_k for c in extra) > max(c.split_k for c in default)

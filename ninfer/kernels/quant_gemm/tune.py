@@ -20,7 +20,7 @@ from functools import cache, lru_cache
 import torch
 import triton
 
-from ninfer.kernels.dispatch import autotune_configs
+from ninfer.kernels.dispatch import autotune_configs, split_sum_mode
 from ninfer.kernels.quant_gemm.common import FMT_CODES
 from ninfer.kernels.quant_gemm.fragments import FRAGMENTS
 from ninfer.kernels.quant_gemm.timing import time_candidates
@@ -325,10 +325,14 @@ def fragment_candidates(fmt: str, m: int, n_out: int, k: int, sms: int, *, swigl
     Without SwiGLU also pairs of tiles per warp (``kind="frag-pair"``: rows of both halves of the output): each
     activation load then feeds the MMAs of 32 rows, as SwiGLU's gate and up tiles share theirs. A warp's
     activations come from L1 once per tile and token block: at 32 tokens that is as many bytes through L1 as
-    the codes take from memory."""
+    the codes take from memory.
+
+    With ``NINFER_SPLIT_SUM=tile`` (the split-K sum in one load whatever the split count, read when a call shape's
+    list is first built) also 32 programs per SM: splits of one or two loop trips."""
     tokens = 8 if m <= 8 else 16 if m <= 16 else 32
+    per_sms = (8, 4, 16, 32) if split_sum_mode() == "tile" else (8, 4, 16)
     shapes = [(tokens, warps, unroll, per_sm, stages, "frag") for stages in (2, 1)
-              for warps, unroll in ((4, 2), (4, 4), (2, 4)) for per_sm in (8, 4, 16)]
+              for warps, unroll in ((4, 2), (4, 4), (2, 4)) for per_sm in per_sms]
     if m <= MMA_MAX_M:
         shapes += [(narrow, warps, unroll, 8, 2, "frag") for narrow in (16, 8) if narrow < tokens
                    for warps, unroll in ((4, 2), (2, 4))]
