@@ -297,13 +297,21 @@ def test_verification_sizes_also_offer_narrower_programs() -> None:
 
 @pytest.mark.usefixtures("poisoned_outputs")
 def test_fragment_weights_take_their_own_candidates() -> None:
-    """Decode sizes: the fragment decode only; prefill sizes: the dequantization path first (untuned keys), then
+    """Decode sizes: the fragment decode (from 17 tokens also the tiled GEMM's first two, int4 / int8: they compute
+    the same at 29 tokens); prefill sizes: the dequantization path first (untuned keys), then
     the decode's favourite up to 512 tokens and its 64-token program (not with SwiGLU), the dequantization alone
     above; a weight too large for the workspace: the decode's favourite and the tiled GEMM's first two; graphs
     capture the decode where the dequantization was chosen, and their own keys offer the tiled GEMM instead."""
-    for m in (1, 8, 32):
+    for m in (1, 8, 16, 32):
         cands = candidates("int4-g128", m, 5120, 17408, 132, layout=FRAGMENTS)
-        assert cands and all(c.kind in ("frag", "frag-pair") and c.block_m <= 32 for c in cands)
+        decodes = [c for c in cands if c.kind in ("frag", "frag-pair") and c.block_m <= 32]
+        assert decodes and cands[:len(decodes)] == decodes and cands[0] == decodes[0]
+        assert [c.kind for c in cands[len(decodes):]] == (["frag-tiled"] * 2 if m > 16 else []), m
+    assert all(c.kind == "frag" for c in candidates("nvfp4", 32, 17408, 5120, 132, swiglu=True, layout=FRAGMENTS))
+    w, x = fragment_laid(_weight(128, 256, "int8-g64", 13)), torch.randn(29, 256).half()
+    for cfg in candidates("int8-g64", 29, 128, 256, 4, layout=FRAGMENTS)[-2:]:
+        got, ref = quant_matmul_triton(x, w, config=cfg), quant_matmul_reference(x, w).float()
+        assert cfg.kind == "frag-tiled" and (got.float() - ref).norm() / ref.norm() < TOL[torch.float16], cfg
     cands = candidates("int4-g128", 512, 5120, 17408, 132, layout=FRAGMENTS)
     assert [(c.kind, c.block_m) for c in cands] == [("dequant", 128), ("frag", 32), ("frag", 64)]
     swiglu = candidates("int4-g128", 512, 17408, 5120, 132, swiglu=True, layout=FRAGMENTS)

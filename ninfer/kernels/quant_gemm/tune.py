@@ -128,7 +128,8 @@ def candidates(fmt: str, m: int, n_out: int, k: int, sms: int, *, swiglu: bool =
 
 def fragment_layout_candidates(fmt: str, m: int, n_out: int, k: int, sms: int, *,
                                swiglu: bool = False) -> list[GemmConfig]:
-    """Configs for weights in the fragment layout. Decode sizes (M <= 32): every register-decode config. Prefill
+    """Configs for weights in the fragment layout. Decode sizes (M <= 32): every register-decode config, from 17
+    tokens also the tiled GEMM's first two (int4 / int8). Prefill
     sizes: the dequantization path first, where its workspace takes the weight (the decode re-reads the weight
     per 32 tokens: 262 ms of a 1024-token 27B prefill in run 2026-12-03.4; one config: the layout's
     dequantization kernel has a fixed tile), then the decode's favourite up to ``FRAG_PREFILL_MAX_M`` tokens,
@@ -142,7 +143,10 @@ def fragment_layout_candidates(fmt: str, m: int, n_out: int, k: int, sms: int, *
     is what CUDA-graph capture runs instead of the dequantization path."""
     decode = fragment_candidates(fmt, m, n_out, k, sms, swiglu=swiglu)
     if m <= MMA_MAX_M:
-        return decode
+        # 17-32 tokens (a verification of 8 lanes x 4 tokens): the register decode is bound by its MMAs and
+        # decode there (32 rows took 2.2x the 8-row time in run 2026-12-04.5); the tiled GEMM decodes each code
+        # once per 64 tokens on tensor cores, so its first two configs are timed beside it.
+        return decode + (tiled_fragment_candidates(fmt, m, n_out, k, sms, swiglu=swiglu)[:2] if m > 16 else [])
     if n_out * (2 if swiglu else 1) * k > DEQUANT_MAX_ELEMENTS:
         return decode[:1] + tiled_fragment_candidates(fmt, m, n_out, k, sms, swiglu=swiglu)[:2]
     if m > FRAG_PREFILL_MAX_M:
