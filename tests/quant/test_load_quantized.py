@@ -71,9 +71,9 @@ def test_quantized_moe_experts(moe_ckpt: TinyCheckpoint, monkeypatch: pytest.Mon
     assert isinstance(experts.gate_up_proj, QuantWeight) and isinstance(experts.down_proj, QuantWeight)
     calls = []
 
-    def spy(x, gate_up, down, weights, ids, shared=None):
+    def spy(x, gate_up, down, weights, ids, shared=None, norm=None):  # norm: the next norm in the combine (default)
         calls.append((gate_up, down))
-        return moe_gemm.moe_experts_triton(x, gate_up, down, weights, ids, shared=shared)
+        return moe_gemm.moe_experts_triton(x, gate_up, down, weights, ids, shared=shared, norm=norm)
 
     monkeypatch.setattr(moe_ops, "use_triton", lambda x: True)  # CPU tensors through the interpreter
     monkeypatch.setattr(moe_ops, "moe_experts_triton", spy)
