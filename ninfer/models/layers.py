@@ -146,7 +146,8 @@ class GatedAttention(nn.Module):
         q, gate = q.view(n, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
         k = k.view(n, self.num_kv_heads, self.head_dim)
         v = v.view(n, self.num_kv_heads, self.head_dim)
-        # Per-head q/k norm, partial RoPE and the K/V write into the cache (one launch on CUDA unless NINFER_FUSED_PROLOGUE=0).
+        # Per-head q/k norm, partial RoPE and the K/V write into the cache (one launch on CUDA, two with
+        # NINFER_FUSED_PROLOGUE=0).
         kv = cache.kv[self.layer_idx]
         q = qk_norm_rope_write_kv(q, k, v, self.q_norm.weight, self.k_norm.weight, *rope, self.q_norm.eps, kv,
                                   batch.slot_mapping)

@@ -70,7 +70,8 @@ def moe_experts_then_norm(
     shared: SharedExpert | None, norm_weight: torch.Tensor, eps: float, residual: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``rms_norm(moe_experts(...), norm_weight, eps, residual)``: the block's output through the norm that follows
-    it, ``(normed, new_residual)``. On CUDA the combine applies the norm in its own launch (unless ``NINFER_MOE_NORM=0``)
+    it, ``(normed, new_residual)``. On CUDA the combine applies the norm in its own launch (unless
+    ``NINFER_MOE_NORM=0``)
     (one launch fewer per MoE layer: the next layer's input norm, or the model's final norm)."""
     fused = (norm_in_moe_combine() and use_triton(x) and x.dim() == 2 and _triton_reads(gate_up) and _triton_reads(down)
              and (residual is None or (residual.dtype == x.dtype and residual.shape == x.shape

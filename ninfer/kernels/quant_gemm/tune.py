@@ -128,24 +128,22 @@ def candidates(fmt: str, m: int, n_out: int, k: int, sms: int, *, swiglu: bool =
 
 def fragment_layout_candidates(fmt: str, m: int, n_out: int, k: int, sms: int, *,
                                swiglu: bool = False) -> list[GemmConfig]:
-    """Configs for weights in the fragment layout. Decode sizes (M <= 32): every register-decode config, from 17
-    tokens also the tiled GEMM's first two (int4 / int8). Prefill
-    sizes: the dequantization path first, where its workspace takes the weight (the decode re-reads the weight
-    per 32 tokens: 262 ms of a 1024-token 27B prefill in run 2026-12-03.4; one config: the layout's
-    dequantization kernel has a fixed tile), then the decode's favourite up to ``FRAG_PREFILL_MAX_M`` tokens,
-    where it can still win (a few token blocks, sharing the codes through L2), and beside it (no SwiGLU) the
-    decode with 64 tokens per program (:func:`wide_fragment_candidate`). Larger keys take the dequantization
-    alone: timing 18 decode configs on thousands of tokens (seconds each) was most of a cold start's tuning (run
-    2026-12-03.8: not ready after 750 s). The tiled GEMM (:func:`tiled_fragment_candidates`) is not offered
-    beside the dequantization: it lost to it on every 27B shape at 128 and 512 tokens (run 2026-12-04.8,
-    ``docs/performance.md``), and timing it would only lengthen a cold start. A weight too large for the
-    workspace (the LM head) takes the decode's favourite and the tiled GEMM's first two. :func:`graph_fallback`
-    is what CUDA-graph capture runs instead of the dequantization path."""
+    """Configs for weights in the fragment layout. Decode sizes (M <= 32): every register-decode config, from 17 tokens
+    (a C = 8 verification, where 32 rows took 2.2x the 8-row time in run 2026-12-04.5: MMA- and decode-bound) also
+    the tiled GEMM's first two (int4 / int8: each code decoded once per 64 tokens). Prefill sizes: the
+    dequantization path first, where its workspace takes the weight (the decode re-reads the weight per 32 tokens:
+    262 ms of a 1024-token 27B prefill in run 2026-12-03.4; one config: the layout's dequantization kernel has a
+    fixed tile), then the decode's favourite up to ``FRAG_PREFILL_MAX_M`` tokens, where it can still win (a few
+    token blocks, sharing the codes through L2), and beside it (no SwiGLU) the decode with 64 tokens per program
+    (:func:`wide_fragment_candidate`). Larger keys take the dequantization alone: timing 18 decode configs on
+    thousands of tokens (seconds each) was most of a cold start's tuning (run 2026-12-03.8: not ready after 750 s).
+    The tiled GEMM (:func:`tiled_fragment_candidates`) is not offered beside the dequantization: it lost to it on
+    every 27B shape at 128 and 512 tokens (run 2026-12-04.8, ``docs/performance.md``), and timing it would only
+    lengthen a cold start. A weight too large for the workspace (the LM head) takes the decode's favourite and the
+    tiled GEMM's first two. :func:`graph_fallback` is what CUDA-graph capture runs instead of the dequantization
+    path."""
     decode = fragment_candidates(fmt, m, n_out, k, sms, swiglu=swiglu)
     if m <= MMA_MAX_M:
-        # 17-32 tokens (a verification of 8 lanes x 4 tokens): the register decode is bound by its MMAs and
-        # decode there (32 rows took 2.2x the 8-row time in run 2026-12-04.5); the tiled GEMM decodes each code
-        # once per 64 tokens on tensor cores, so its first two configs are timed beside it.
         return decode + (tiled_fragment_candidates(fmt, m, n_out, k, sms, swiglu=swiglu)[:2] if m > 16 else [])
     if n_out * (2 if swiglu else 1) * k > DEQUANT_MAX_ELEMENTS:
         return decode[:1] + tiled_fragment_candidates(fmt, m, n_out, k, sms, swiglu=swiglu)[:2]
