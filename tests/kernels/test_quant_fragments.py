@@ -387,3 +387,6 @@ def test_the_tile_sum_offers_more_splits(monkeypatch: pytest.MonkeyPatch) -> Non
     extra = [c for c in tile if c not in default]
     assert set(default) <= set(tile) and tile[0] == default[0] and extra
     assert max(c.split_k for c in extra) > max(c.split_k for c in default)
+    eight = [c for c in extra if c.block_k == 512]
+    assert eight and all(c.num_stages == 1 for c in eight)
+    _check("int4-g128", 3, 64, 1024, eight[0].__class__(8, 32, 512, 2, 2, 1, "frag"), residual=True, seed=44)
