@@ -94,7 +94,7 @@ profile-nvfp4-chunks  why the 27B nvfp4 prefill in 1024-token chunks took 4.4k t
 frag-nvfp4            the register decode of fragment-laid nvfp4: its GPU tests, then L2-cold at 1 / 8 tokens against the int4-g64 register decode and the nvfp4 row-major tuner pick on the 27B shapes
 deltanet-tail         the DeltaNet decode with the loads of its last program batched: its GPU tests, the kernel vs fla, the 27B int4 engine at ctx 1k, C = 1 / 8 and an 8k prompt in 1024-token chunks (also the first measure of the tuner candidate lists built once)
 split-sum             the fused split-K reduction of the register decodes split after split (NINFER_SPLIT_SUM=across) and over whole tiles in one load (=tile) against the default: their GPU tests, L2-cold int4-g64 GEMMs at 1 / 8 tokens on the four 27B shapes (the best of every candidate under each)
-split-sum-engine      the 27B int4 engine at batch 1 / C = 8 under each split-K sum (each, across, tile), the shipped configs
+split-sum-engine      the 27B int4 engine at batch 1 / C = 8 under each split-K sum: each and across on the shipped configs, tile tuning its own keys at start (its choices exported to tuned-h200-tile.json)
 float-gemv            the one-launch float GEMV of the small bf16 projections (routers, a/b gates) against cuBLAS: its GPU tests, the bench at 1-16 tokens, the 35B-A3B engine C = 1 / 8 and its MTP rounds (the tuner picks per shape)
 float-expert-35b      float-gemv and expert-aligned in one call: both GPU tests, the float GEMV against cuBLAS, then 35B-A3B plain steps and MTP rounds at C = 1 / 8
 expert-aligned        the expert register decode over rows aligned in blocks of 16 (past 64 pairs: the 35B-A3B verification of several lanes): its GPU tests, then 35B-A3B MTP at C = 1 / 8 (the C = 8 round took the tl.dot grouped GEMM)
@@ -490,11 +490,13 @@ stage() {
           --l2 cold --shapes gate_up,down,in_proj_qkvz,o_proj --no-gemlite
       done
       ;;
-    split-sum-engine)  # the shipped table's configs (tuned with the default sum) under each sum
-      for mode in each across tile; do
-        NINFER_SPLIT_SUM=$mode part 120 python3 perf/bench_engine.py --shape 27b --recipe int4 --contexts 1024 \
+    split-sum-engine)  # each / across: the shipped table; tile tunes its own keys at start (more candidates)
+      for mode in each across; do
+        NINFER_SPLIT_SUM=$mode part 110 python3 perf/bench_engine.py --shape 27b --recipe int4 --contexts 1024 \
           --lanes 1 8 --steps 12 --label split-$mode
       done
+      NINFER_SPLIT_SUM=tile NINFER_EXPORT_TUNING=$OUT/tuned-h200-tile.json part 300 python3 perf/bench_engine.py \
+        --shape 27b --recipe int4 --contexts 1024 --lanes 1 8 --steps 12 --label split-tile
       ;;
     chunks-host-35b)
       part 200 python3 perf/bench_engine.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --contexts 1024 --lanes 1 \

@@ -57,7 +57,8 @@ def split_sum_mode() -> str:
     """``NINFER_SPLIT_SUM`` (read per launch): how the register decodes' fused split-K reductions read the partials,
     ``each`` (the default), ``across`` (:func:`split_sum_across`) or ``tile`` (``fragment_mma`` only: the last split
     loads up to 16 splits' partials of its whole tile at once, one round trip to L2 where the others take one per
-    four splits, so that more splits of fewer loop trips could pay; not yet measured on a GPU)."""
+    four splits, so that more splits of fewer loop trips could pay; its keys offer more candidates and are tuned
+    apart from the default's; not yet measured on a GPU)."""
     mode = os.environ.get("NINFER_SPLIT_SUM", "each")
     if mode not in SPLIT_SUMS:
         raise ValueError(f"NINFER_SPLIT_SUM={mode!r}: expected one of {', '.join(SPLIT_SUMS)}")

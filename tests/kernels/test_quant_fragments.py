@@ -390,3 +390,25 @@ def test_the_tile_sum_offers_more_splits(monkeypatch: pytest.MonkeyPatch) -> Non
     eight = [c for c in extra if c.block_k == 512]
     assert eight and all(c.num_stages == 1 for c in eight)
     _check("int4-g128", 3, 64, 1024, eight[0].__class__(8, 32, 512, 2, 2, 1, "frag"), residual=True, seed=44)
+
+
+def test_the_tile_sum_tunes_its_own_keys(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Choices made under the default sum are not reused under ``NINFER_SPLIT_SUM=tile`` (its candidates and
+    timings differ): fragment-laid keys carry a marker there; row-major keys do not."""
+    from ninfer.kernels.quant_gemm import tune
+    from ninfer.kernels.quant_gemm.weights import ROWS
+
+    keys = []
+
+    class Recorder:
+        def choose(self, table, key, cands, time_fn, device):  # noqa: ANN001, ANN201
+            keys.append(key)
+            return cands()[0]
+
+    monkeypatch.setattr(tune, "default_tuner", lambda: Recorder())
+    x = torch.zeros(1, 512, dtype=torch.float16)
+    for mode in ("each", "tile"):
+        monkeypatch.setenv("NINFER_SPLIT_SUM", mode)
+        for layout in (FRAGMENTS, ROWS):
+            tune.select_config("int4-g64", x, 64, 512, False, False, lambda cfg: None, layout)
+    assert [k[-1] == "split-tile" for k in keys] == [False, False, True, False]

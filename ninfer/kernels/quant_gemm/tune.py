@@ -387,6 +387,8 @@ def select_config(fmt: str, x: torch.Tensor, n_out: int, k: int, swiglu: bool, h
     pick = candidates
     if graph and m > MMA_MAX_M:  # the decode graphs (to 32 tokens) keep their eager keys
         key, pick = (*key, "graph"), graph_candidates
+    if layout == FRAGMENTS and split_sum_mode() == "tile":  # other candidates, other timings: tuned apart
+        key = (*key, "split-tile")
     dequant = dequant_in_graph if pick is graph_candidates else None
 
     def cands() -> list[GemmConfig]:
