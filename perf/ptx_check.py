@@ -219,7 +219,8 @@ def compile_frag(cfg, group: int, swiglu: bool, arch: int, bits: int = 4, fp4: b
     consts = dict(CPG=max(1, group // 64), NORM=norm_chunks > 0, NORM_CHUNKS=max(1, norm_chunks), SWIGLU=swiglu, PAIR=pair, HAS_RES=False, SPLIT=split, FUSED_REDUCE=split,
                   SUM_ACROSS=split and split_sum_mode() == "across", SUM_TILE=split and split_sum_mode() == "tile",
                   S_BLOCK=min(triton.next_power_of_2(cfg.split_k),
-                              max(1, 16 // ((cfg.block_m // 8) * (2 if swiglu or pair else 1)))),
+                              max(1, 16 // ((cfg.block_m // 8) * (2 if swiglu or pair else 1))))
+                  if split and split_sum_mode() == "tile" else 1,
                   NB=cfg.block_m // 8, WARPS=cfg.num_warps, UNROLL=cfg.block_k // 64, PREFETCH=cfg.num_stages > 1,
                   TOKENS_FIRST=False, PDL=arch >= 90, ASM=True, BITS=bits, FP4=fp4,
                   **fragment_mma.asm_constants(torch.bfloat16, bits, fp4))

@@ -48,8 +48,8 @@ class DecoderLayer(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Takes this layer's input already through its ``input_layernorm`` (with the residual stream), and returns
         the next one's the same way: its output through ``next_norm`` (the next layer's input norm, or the model's
-        final norm), which the MoE block applies inside its last launch. The residual adds are fused into the norms, and
-        the norms into the output projections' GEMMs where those can apply them (``NINFER_NORM_IN_GEMM=1``)."""
+        final norm), which the MoE block applies inside its last launch. The residual adds are fused into the norms,
+        and the norms into the output projections' GEMMs where those can apply them (``NINFER_NORM_IN_GEMM=1``)."""
         if self.is_attention:
             h, residual = self.self_attn.forward_then_norm(h, rope, batch, cache, self.post_attention_layernorm,
                                                            residual)

@@ -47,7 +47,7 @@ import torch.nn.functional as F
 import triton
 
 from ninfer.kernels.dispatch import capturing, norm_in_gemm, use_triton
-from ninfer.kernels.norms import rms_norm
+from ninfer.kernels.norms import NextNorm, rms_norm
 from ninfer.kernels.quant_gemm.common import FMT_CODES, kernel_tensors, split_finish_kernel
 from ninfer.kernels.quant_gemm.dequant import graph_workspace_fits, launch_dequant_gemm
 from ninfer.kernels.quant_gemm.fragment_mma import launch_fragment_mma
@@ -56,7 +56,7 @@ from ninfer.kernels.quant_gemm.fragments import FRAGMENTS
 from ninfer.kernels.quant_gemm.gemm import quant_gemm_kernel
 from ninfer.kernels.quant_gemm.gemv import launch_gemv, tile_counters
 from ninfer.kernels.quant_gemm.gemv_mma import launch_gemv_mma
-from ninfer.kernels.quant_gemm.norm_epilogue import MAX_ROWS, ThenNorm
+from ninfer.kernels.quant_gemm.norm_epilogue import MAX_ROWS
 from ninfer.kernels.quant_gemm.tune import PAIR_KIND, GemmConfig, graph_fallback, kernel_params, select_config, sm_count
 from ninfer.kernels.quant_gemm.weights import QuantizedTensor
 
@@ -141,9 +141,9 @@ def quant_matmul_then_norm(x: torch.Tensor, w: QuantizedTensor, norm_weight: tor
         if m and cfg.kind in ("frag", PAIR_KIND) and tile_counters(x.device, 1) is not None:
             normed = torch.empty_like(new_res)
             q, scales, row_scale = kernel_tensors(w)
-            launch_fragment_mma(x2, q, scales, res, new_res, False, kernel_params(w.format.name, cfg)["group"], cfg,
+            launch_fragment_mma(x2, q, scales, None, normed, False, kernel_params(w.format.name, cfg)["group"], cfg,
                                 row_scale if w.format.name == "nvfp4" else None,
-                                ThenNorm(norm_weight.contiguous(), eps, normed))
+                                NextNorm(norm_weight.contiguous(), eps, res, new_res))
             return normed, new_res
     y = quant_matmul_triton(x, w, config=config) if config is not None and use_triton(x) else quant_matmul(x, w)
     return rms_norm(y, norm_weight, eps, residual)

@@ -50,6 +50,7 @@ import triton
 import triton.language as tl
 
 from ninfer.kernels.dispatch import INTERPRET, pdl_enabled, split_sum_mode
+from ninfer.kernels.norms import NextNorm
 from ninfer.kernels.quant_gemm.fragment_ptx import asm_constants
 from ninfer.kernels.quant_gemm.fragment_steps import load_trip, trip_step, trip_step_fp4
 from ninfer.kernels.quant_gemm.fragments import CHUNK_COLS, TILE_ROWS, code_bits, words
@@ -65,7 +66,7 @@ from ninfer.kernels.quant_gemm.gemv_steps import (
     sum_splits_of,
     sum_splits_tile,
 )
-from ninfer.kernels.quant_gemm.norm_epilogue import NORM_COLS, ThenNorm, norm_when_all_arrived
+from ninfer.kernels.quant_gemm.norm_epilogue import NORM_COLS, norm_when_all_arrived
 from ninfer.kernels.quant_gemm.tune import PAIR_KIND, GemmConfig
 
 @triton.jit
@@ -250,14 +251,19 @@ def fragment_splits(kc: int, unroll: int, split: int) -> tuple[int, int]:
 
 def launch_fragment_mma(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, res: torch.Tensor | None,
                         out: torch.Tensor, swiglu: bool, group: int, cfg: GemmConfig,
-                        row_scale: torch.Tensor | None = None, norm: ThenNorm | None = None) -> None:
+                        row_scale: torch.Tensor | None = None, norm: NextNorm | None = None) -> None:
     """Launch the fragment decode (``cfg.kind``: ``"frag"``, or ``"frag-pair"``: two tiles per warp, one in each
     half of the output; ``block_m`` tokens per program (8, 16, 32 or 64), ``num_warps`` warps of 16 rows (a pair
     32) per program, ``block_k / 64`` chunks per loop trip, ``split_k``) on codes and scales in the fragment
     layout; ``x [M, K]`` with unit stride along K, ``out [M, N_OUT]`` contiguous. nvfp4 (``row_scale``: its
-    per-row global scales) has scale groups of 16 and an even number of chunks per trip. With ``norm`` the
-    launch also writes ``norm.normed``, the RMSNorm of ``out`` (``y + res``: the new residual stream), in its last
-    program (:mod:`.norm_epilogue`); it needs the device's arrival counters (``tile_counters``)."""
+    per-row global scales) has scale groups of 16 and an even number of chunks per trip. With ``norm`` (as the MoE
+    combine takes it) ``y + norm.residual`` goes to ``norm.new_residual`` and ``out`` receives its RMSNorm, written by
+    the launch's last program (:mod:`.norm_epilogue`; it needs the device's arrival counters, ``tile_counters``)."""
+    normed = out
+    if norm is not None:
+        if res is not None or swiglu:
+            raise ValueError("a GEMM that applies the norm after it takes its residual from the norm, and no SwiGLU")
+        res, out = norm.residual, norm.new_residual
     m, k = x.shape
     n_out = out.shape[1]
     unroll = cfg.block_k // CHUNK_COLS
@@ -267,7 +273,7 @@ def launch_fragment_mma(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, 
     rows = 2 * TILE_ROWS if pair else TILE_ROWS
     bad_group = (unroll % 2 or group != 16) if fp4 else (group % CHUNK_COLS or unroll % cpg)
     if (bad_group or k % cfg.block_k or n_out % rows or cfg.block_m not in (8, 16, 32, 64)
-            or (pair and swiglu) or (norm is not None and swiglu)):
+            or (pair and swiglu)):
         raise ValueError(f"frag config {cfg} does not fit K = {k}, N = {n_out}, scale group {group}"
                          + (", SwiGLU" if swiglu else ""))
     asm = not INTERPRET and x.dtype in (torch.bfloat16, torch.float16)
@@ -288,15 +294,17 @@ def launch_fragment_mma(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, 
         if splits > 1 or norm is not None else None
     if norm is not None and counters is None:
         raise ValueError("the norm after a GEMM needs arrival counters: none are free for this launch")
-    nw, normed, eps = (norm.weight, norm.normed, norm.eps) if norm is not None else (out, out, 0.0)
+    nw, eps = (norm.weight, norm.eps) if norm is not None else (out, 0.0)
+    tile_sum = splits > 1 and counters is not None and sum_mode == "tile"
     _fragment_mma_kernel[grid](
         x, q if asm else words(q), words(scales), row_scale if fp4 else scales, res_arg, out, ws, counters, nw,
         normed, m, n_out, kc, k // group, per, x.stride(0), res_arg.stride(0), out.stride(0), normed.stride(0), eps,
         CPG=cpg, NORM=norm is not None, NORM_CHUNKS=triton.cdiv(n_out, NORM_COLS) if norm is not None else 1,
         SWIGLU=swiglu,
         PAIR=pair, HAS_RES=res is not None, SPLIT=splits > 1, FUSED_REDUCE=counters is not None,
-        SUM_ACROSS=counters is not None and sum_mode == "across", SUM_TILE=counters is not None and sum_mode == "tile",
-        S_BLOCK=min(triton.next_power_of_2(splits), max(1, 16 // ((cfg.block_m // 8) * (2 if swiglu or pair else 1)))),
+        SUM_ACROSS=counters is not None and sum_mode == "across", SUM_TILE=tile_sum,  # S_BLOCK: one variant otherwise
+        S_BLOCK=min(triton.next_power_of_2(splits), max(1, 16 // ((cfg.block_m // 8) * (2 if swiglu or pair else 1))))
+        if tile_sum else 1,
         NB=cfg.block_m // 8,
         WARPS=cfg.num_warps, UNROLL=unroll, PREFETCH=cfg.num_stages > 1, TOKENS_FIRST=tokens_first, PDL=pdl,
         ASM=asm,

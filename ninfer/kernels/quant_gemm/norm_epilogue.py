@@ -5,7 +5,7 @@ each followed by a zero-centred RMSNorm over the new residual stream (``h = y + 
 its own, and a gap before it, twice per layer. The norm needs whole rows of ``h`` while a GEMM program owns 16
 outputs of it, so the programs count themselves in at one arrival counter (:mod:`ninfer.kernels.counters`) after
 writing their part of ``h``; the last to arrive sees all of it and normalizes every row. That is serial work for
-one program, cheap only for a few rows (decode: the launcher takes this path up to ``MAX_ROWS``), and it reads
+one program, cheap only for a few rows (the dispatcher takes this path up to ``MAX_ROWS`` tokens), and it reads
 ``h`` back from L2, which the other programs wrote during this launch. The sum over a row runs in a fixed order:
 results do not depend on which program arrives last.
 
@@ -19,28 +19,14 @@ per-token scale).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-import torch
 import triton
 import triton.language as tl
 
-# Tokens up to which a GEMM applies the norm itself: the last program's serial pass grows with them (~1 µs a row
-# after one round trip to L2, against ~2.5 µs for the norm's own launch and the gap before it).
+# Tokens up to which a GEMM applies the norm itself: the last program's serial pass grows with them (estimated at one
+# round trip to L2 a row, not yet measured; the norm's own launch and the gap before it measured ~2.5 µs).
 MAX_ROWS = 2
 NORM_COLS = 1024  # columns per chunk of a row in the last program's pass
 NORM_BLOCK = tl.constexpr(NORM_COLS)
-
-
-@dataclass(frozen=True)
-class ThenNorm:
-    """What a GEMM launch needs to apply the norm after it: the norm's ``weight`` (zero-centred: scales by
-    ``1 + weight``) and ``eps``, and ``normed``, the buffer its output goes to (the GEMM's own output is the new
-    residual stream)."""
-
-    weight: torch.Tensor
-    eps: float
-    normed: torch.Tensor
 
 
 @triton.jit

@@ -333,10 +333,11 @@ def fragment_candidates(fmt: str, m: int, n_out: int, k: int, sms: int, *, swigl
     list is first built) also 32 programs per SM (splits of one or two loop trips) and, up to 8 tokens, trips of 8
     chunks (twice the codes in flight per lane, without prefetching)."""
     tokens = 8 if m <= 8 else 16 if m <= 16 else 32
-    per_sms = (8, 4, 16, 32) if split_sum_mode() == "tile" else (8, 4, 16)
+    tile_sum = split_sum_mode() == "tile"
+    per_sms = (8, 4, 16, 32) if tile_sum else (8, 4, 16)
     shapes = [(tokens, warps, unroll, per_sm, stages, "frag") for stages in (2, 1)
               for warps, unroll in ((4, 2), (4, 4), (2, 4)) for per_sm in per_sms]
-    if len(per_sms) > 3 and m <= 8:
+    if tile_sum and m <= 8:
         shapes += [(tokens, warps, 8, per_sm, 1, "frag") for warps in (2, 4) for per_sm in (8, 16)]
     if m <= MMA_MAX_M:
         shapes += [(narrow, warps, unroll, 8, 2, "frag") for narrow in (16, 8) if narrow < tokens
