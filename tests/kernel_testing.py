@@ -133,3 +133,12 @@ def fragment_laid(w):
 
     q, s = to_fragments(w.tensors["qweight"], w.tensors["scales"])
     return QuantizedTensor(w.format, w.shape, {**w.tensors, "qweight": q, "scales": s}, layout=FRAGMENTS)
+
+
+def frag_config(tokens: int, warps: int, unroll: int, split: int, stages: int = 1, kind: str = "frag"):
+    """A register-decode ``GemmConfig``: ``tokens`` per program, ``warps`` warps of one 16-row tile (a pair: two),
+    ``unroll`` 64-column chunks per loop trip, ``split`` splits of K."""
+    from ninfer.kernels.quant_gemm.tune import GemmConfig
+
+    rows = 32 if kind == "frag-pair" else 16
+    return GemmConfig(tokens, rows * warps, 64 * unroll, split, warps, stages, kind)

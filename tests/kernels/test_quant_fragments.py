@@ -15,6 +15,7 @@ import pytest
 import torch
 from kernel_testing import QUANT_TOL as TOL
 from kernel_testing import fragment_laid, poisoned_outputs  # noqa: F401  (fixture)
+from kernel_testing import frag_config as _frag
 
 from ninfer.kernels.quant_gemm import QuantizedTensor, quant_matmul_reference, quant_matmul_triton
 from ninfer.kernels.quant_gemm.fragments import (
@@ -181,11 +182,6 @@ def test_dequantize_fragments_is_bit_exact(fmt: str, dtype: torch.dtype) -> None
     out = torch.full((32, 512), float("nan"), dtype=dtype)
     dequantize_fragments(f.tensors["qweight"], f.tensors["scales"], w.format.group_size, out)
     assert torch.equal(out, w.dequantize(dtype))
-
-
-def _frag(tokens: int, warps: int, unroll: int, split: int, stages: int = 1, kind: str = "frag") -> GemmConfig:
-    rows = 32 if kind == "frag-pair" else 16
-    return GemmConfig(tokens, rows * warps, 64 * unroll, split, warps, stages, kind)
 
 
 def _check(fmt: str, m: int, n: int, k: int, cfg: GemmConfig, *, swiglu: bool = False, residual: bool = False,

@@ -17,12 +17,13 @@ import pytest
 import torch
 from kernel_testing import QUANT_TOL as TOL
 from kernel_testing import fragment_laid, poisoned_outputs  # noqa: F401  (fixture)
+from kernel_testing import frag_config as _frag
 
 from ninfer.kernels.quant_gemm import QuantizedTensor, quant_matmul_reference, quant_matmul_triton
 from ninfer.kernels.quant_gemm.fragment_ptx import fp4_decode_asm, fp4_scale_asm
 from ninfer.kernels.quant_gemm.fragments import FRAGMENTS, fragments_fit, from_fragments
 from ninfer.kernels.quant_gemm.fragments_fp4 import FP4_PLACES, dequantize_fp4_fragments
-from ninfer.kernels.quant_gemm.tune import GemmConfig, candidates, tiled_fragment_candidates
+from ninfer.kernels.quant_gemm.tune import candidates, tiled_fragment_candidates
 from ninfer.quant.formats import quantize
 from ninfer.quant.linear import QuantLinear
 
@@ -218,11 +219,6 @@ def test_fit_and_candidates() -> None:
     assert not linear.use_fragment_layout_() and linear.layout != FRAGMENTS
     linear.scales.data.view(torch.uint8)[3, 1] &= 0x7F
     assert linear.use_fragment_layout_() and linear.layout == FRAGMENTS
-
-
-def _frag(tokens: int, warps: int, unroll: int, split: int, stages: int = 1, kind: str = "frag") -> GemmConfig:
-    rows = 32 if kind == "frag-pair" else 16
-    return GemmConfig(tokens, rows * warps, 64 * unroll, split, warps, stages, kind)
 
 
 @pytest.mark.usefixtures("poisoned_outputs")

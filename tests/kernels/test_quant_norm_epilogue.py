@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 from kernel_testing import fragment_laid, poisoned_outputs  # noqa: F401  (fixture)
+from kernel_testing import frag_config as _frag
 
 import ninfer.kernels.quant_gemm.dispatch as quant_dispatch
 from ninfer.kernels.counters import arrival_counters
@@ -22,11 +23,6 @@ pytestmark = [pytest.mark.skipif(not INTERPRET, reason="Triton launchers on CPU 
               pytest.mark.usefixtures("poisoned_outputs")]
 
 TOL = {torch.float32: 1e-5, torch.float16: 3e-3}
-
-
-def _frag(tokens: int, warps: int, unroll: int, split: int, stages: int = 1, kind: str = "frag") -> GemmConfig:
-    rows = 32 if kind == "frag-pair" else 16
-    return GemmConfig(tokens, rows * warps, 64 * unroll, split, warps, stages, kind)
 
 
 @pytest.fixture
@@ -79,8 +75,8 @@ def test_pairs_of_tiles_token_blocks_and_prefetch() -> None:
 
 @pytest.mark.usefixtures("fused")
 def test_the_norm_runs_on_its_own_where_the_gemm_cannot_apply_it() -> None:
-    """More tokens than MAX_ROWS (as the fixture sets it), and a row-major weight (not read by the register decode): the GEMM, then the norm
-    kernel, bit for bit."""
+    """More tokens than MAX_ROWS (as the fixture sets it), and a row-major weight (not read by the register decode):
+    the GEMM, then the norm kernel, bit for bit."""
     w, x, res, norm_w = _case("int4-g64", 20, 32, 256, torch.float32, True, seed=9)
     for weight, cfg, rows in ((fragment_laid(w), _frag(32, 1, 2, 1), 20), (w, GemmConfig(16, 32, 128, 1, 2, 1), 2)):
         got = quant_matmul_then_norm(x[:rows], weight, norm_w, 1e-6, res[:rows], config=cfg)
@@ -101,7 +97,8 @@ def test_the_default_bound_on_rows(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(quant_dispatch, "use_triton", lambda x: True)
     launches = []
     launch = quant_dispatch.launch_fragment_mma
-    monkeypatch.setattr(quant_dispatch, "launch_fragment_mma", lambda *a: launches.append(len(a) > 9) or launch(*a))
+    monkeypatch.setattr(quant_dispatch, "launch_fragment_mma",
+                        lambda *a, **k: launches.append(k.get("norm") is not None) or launch(*a, **k))
     w, x, res, norm_w = _case("int4-g64", 3, 32, 256, torch.float16, True, seed=11)
     for rows in (1, 2, 3):
         quant_matmul_then_norm(x[:rows], fragment_laid(w), norm_w, 1e-6, res[:rows], config=_frag(8, 1, 2, 1))

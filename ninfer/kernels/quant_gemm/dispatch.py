@@ -143,7 +143,7 @@ def quant_matmul_then_norm(x: torch.Tensor, w: QuantizedTensor, norm_weight: tor
             q, scales, row_scale = kernel_tensors(w)
             launch_fragment_mma(x2, q, scales, None, normed, False, kernel_params(w.format.name, cfg)["group"], cfg,
                                 row_scale if w.format.name == "nvfp4" else None,
-                                NextNorm(norm_weight.contiguous(), eps, res, new_res))
+                                norm=NextNorm(norm_weight.contiguous(), eps, res, new_res))
             return normed, new_res
     y = quant_matmul_triton(x, w, config=config) if config is not None and use_triton(x) else quant_matmul(x, w)
     return rms_norm(y, norm_weight, eps, residual)
