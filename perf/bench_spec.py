@@ -94,7 +94,8 @@ def run(args: argparse.Namespace) -> None:
         del plain
         record("spec_plain_decode", f"{args.shape} {label} C={lanes} ctx={ctx}", base * 1e3,
                achieved=lanes / base, limit=float("nan"), unit="tok/s")
-        llm = make_llm(model, head, args.shape, EngineConfig(**common, draft_tokens=k, draft_vocab=args.draft_vocab), full)
+        spec = EngineConfig(**common, draft_tokens=k, draft_vocab=args.draft_vocab)
+        llm = make_llm(model, head, args.shape, spec, full)
         if args.draft_vocab is not None and llm.engine.spec.draft_ids is None:
             raise SystemExit(f"--draft-vocab {args.draft_vocab} covers the whole vocabulary ({llm.valid_vocab} ids)")
         rounds = {}
