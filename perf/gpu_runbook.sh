@@ -68,6 +68,7 @@ prologue-27b          the one-launch attention prologue (on by default): its GPU
 mtp-quantized-head    the MTP head quantized by the mtp rules of the recipes: its GPU tests, 27B int4 MTP at C = 1 / 8 with plain steps, 35B-A3B at C = 1
 moe-norm-35b          the norm after each MoE block inside its combine launch (on by default, NINFER_MOE_NORM=0 turns it off; 40 launches fewer a 35B-A3B step): its GPU test, the MoE model and speculative GPU tests with it on, the 35B-A3B engine on and off twice
 draft-vocab           the drafts LM head over the 32768 lowest token ids instead of all 248320 (draft_vocab): 27B int4 MTP at C = 1 without then with it, both over the models whole vocabulary (--full-vocab), 35B-A3B at C = 1 with it (forced acceptance: timings only)
+deferred-norm-27b     the norm after each output projection left to the GEMMs that read its rows (NINFER_DEFERRED_NORM=1, 128 launches fewer a 27B step, nothing serial): its GPU tests, whole-model and speculative GPU tests with it on, the 27B int4 engine on and off twice
 norm-in-gemm-27b      the norm after each output projection inside its register decode launch (NINFER_NORM_IN_GEMM=1, 128 launches fewer a 27B step): whole-model and speculative GPU tests with it on, the 27B int4 engine on and off twice
 profile-draft-vocab-27b  a 27B int4 C = 1 round with the drafts over 32768 token ids, then over all (run 2026-12-05.9 never narrowed them: its tokenizer had 481 ids), kernels by family
 profile-mtp-27b-c1    where a 27B int4 MTP round goes at C = 1 (K = 3, all drafts accepted), kernels by family, top 40
@@ -540,6 +541,13 @@ stage() {
       NINFER_MOE_NORM=1 gpu_tests 100 speculative_gpu -k "greedy_equals_plain"
       part 300 python3 perf/bench_engine.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --contexts 1024 \
         --lanes 1 8 --steps 12 --prefill --toggle NINFER_MOE_NORM=1,0,1,0
+      ;;
+    deferred-norm-27b)  # off by default until measured
+      gpu_tests 150 deferred_norm_gpu -n 4
+      NINFER_DEFERRED_NORM=1 gpu_tests 120 model_gpu -k "triton_path or bf16_error or graphs_equal"
+      NINFER_DEFERRED_NORM=1 NINFER_AUTOTUNE=off gpu_tests 100 speculative_gpu -k "greedy_equals_plain"
+      part 300 python3 perf/bench_engine.py --shape 27b --recipe int4 --contexts 1024 --lanes 1 8 --steps 12 \
+        --toggle NINFER_DEFERRED_NORM=1,0,1,0
       ;;
     norm-in-gemm-27b)  # off by default until measured
       [ -f tests/gpu/test_norm_in_gemm_gpu.py ] && gpu_tests 90 norm_in_gemm_gpu

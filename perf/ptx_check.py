@@ -46,6 +46,7 @@ from ninfer.kernels.moe import quant_mma as moe_quant_mma  # noqa: E402
 from ninfer.kernels.dispatch import split_sum_across, split_sum_mode  # noqa: E402
 from ninfer.kernels.quant_gemm.fragment_ptx import mma_asm, row_major_decode_asm  # noqa: E402
 from ninfer.kernels.quant_gemm import dequant as quant_dequant  # noqa: E402
+from ninfer.kernels.quant_gemm import deferred_norm  # noqa: E402
 from ninfer.kernels.quant_gemm import fragment_mma  # noqa: E402
 from ninfer.kernels.quant_gemm import fragment_tiled  # noqa: E402
 from ninfer.kernels.quant_gemm import gemv as quant_gemv  # noqa: E402
@@ -207,16 +208,22 @@ def mma(fmt: str, m: int, arch: int, sms: int) -> None:
                 print(f"{head}: FAILED {type(err).__name__}: {str(err).splitlines()[0][:200]}", flush=True)
 
 
-def compile_frag(cfg, group: int, swiglu: bool, arch: int, bits: int = 4, fp4: bool = False, norm_chunks: int = 0):
+def compile_frag(cfg, group: int, swiglu: bool, arch: int, bits: int = 4, fp4: bool = False, norm_chunks: int = 0,
+                 defer: bool = False, row_norm_parts: int = 0):
     """fragment_mma's kernel (bf16 activations, PTX decode) for one config, split-K with the fused reduction; with
-    ``norm_chunks`` the norm after it in its last program (rows of up to ``norm_chunks`` x 1024 columns)."""
+    ``norm_chunks`` the norm after it in its last program (rows of up to ``norm_chunks`` x 1024 columns); ``defer``:
+    the norm left to the readers (``quant_gemm.deferred_norm``), ``row_norm_parts``: a reader of such rows."""
     sig = {"x_ptr": "*bf16", "q_ptr": "*u8" if bits == 4 else "*i8", "s_ptr": "*i32", "rs_ptr": "*fp32",
            "res_ptr": "*bf16", "out_ptr": "*bf16", "ws_ptr": "*fp32", "cnt_ptr": "*i32", "nw_ptr": "*bf16",
-           "normed_ptr": "*bf16", **dict.fromkeys(("M", "N_OUT", "KC", "NG", "chunks_per_split", "stride_xm",
-                                                    "stride_rm", "stride_om", "stride_nm"), "i32"), "eps": "fp32"}
+           "normed_ptr": "*bf16", "stats_in_ptr": "*fp32", "stats_out_ptr": "*fp32",
+           **dict.fromkeys(("M", "N_OUT", "KC", "NG", "chunks_per_split", "stride_xm", "stride_rm", "stride_om",
+                            "stride_nm"), "i32"), "eps": "fp32", "parts_in": "i32", "eps_in": "fp32"}
     split = cfg.split_k > 1
     pair = cfg.kind == fragment_mma.PAIR_KIND
-    consts = dict(CPG=max(1, group // 64), NORM=norm_chunks > 0, NORM_CHUNKS=max(1, norm_chunks), SWIGLU=swiglu, PAIR=pair, HAS_RES=False, SPLIT=split, FUSED_REDUCE=split,
+    consts = dict(CPG=max(1, group // 64), NORM=norm_chunks > 0, NORM_CHUNKS=max(1, norm_chunks), DEFER=defer,
+                  ROW_NORM=row_norm_parts > 0,
+                  PARTS_BLOCK=deferred_norm.parts_block(row_norm_parts, cfg.block_m) if row_norm_parts else 1,
+                  SWIGLU=swiglu, PAIR=pair, HAS_RES=defer, SPLIT=split, FUSED_REDUCE=split,
                   SUM_ACROSS=split and split_sum_mode() == "across", SUM_TILE=split and split_sum_mode() == "tile",
                   S_BLOCK=min(triton.next_power_of_2(cfg.split_k),
                               max(1, 16 // ((cfg.block_m // 8) * (2 if swiglu or pair else 1))))

@@ -122,3 +122,11 @@ def fp32_first_config(tensor_arg: str) -> dict:
         return configs[:1] if getattr(tensor, "dtype", None) == torch.float32 else configs
 
     return {"early_config_prune": prune}
+
+
+def deferred_norm() -> bool:
+    """Whether an output projection's register decode leaves the norm after it to the GEMMs that read its rows
+    (``quant_gemm.deferred_norm``, ``NINFER_DEFERRED_NORM=1``, read per call): the producer writes ``h * (1 + w)``
+    and its share of each row's sum of squares, the readers scale their sums by the row's ``rsqrt``; two launches
+    fewer per dense decoder layer, nothing serial. Off until measured on a GPU."""
+    return os.environ.get("NINFER_DEFERRED_NORM", "0") == "1"

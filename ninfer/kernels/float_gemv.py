@@ -21,6 +21,8 @@ import triton
 import triton.language as tl
 
 from ninfer.kernels.dispatch import autotune_configs, use_triton
+from ninfer.kernels.norms import NormedRows
+from ninfer.kernels.quant_gemm.deferred_norm import parts_block, rows_rstd
 from ninfer.kernels.quant_gemm.gemv import tile_counters
 from ninfer.kernels.quant_gemm.gemv_steps import gemv_epilogue, reduce_splits
 from ninfer.kernels.quant_gemm.timing import time_candidates
@@ -38,10 +40,13 @@ def float_linear_reference(x: torch.Tensor, weight: torch.Tensor) -> torch.Tenso
 
 
 @triton.jit(do_not_specialize=["M", "k_per_split"])
-def _float_gemv_kernel(x_ptr, w_ptr, out_ptr, ws_ptr, cnt_ptr, M, N_OUT, K, k_per_split, stride_xm, stride_wn,
-                       stride_om, SPLIT: tl.constexpr, FUSED_REDUCE: tl.constexpr, BLOCK_M: tl.constexpr,
+def _float_gemv_kernel(x_ptr, w_ptr, out_ptr, ws_ptr, cnt_ptr, stats_ptr, M, N_OUT, K, k_per_split, stride_xm,
+                       stride_wn, stride_om, n_parts, eps, SPLIT: tl.constexpr, FUSED_REDUCE: tl.constexpr,
+                       ROW_NORM: tl.constexpr, PARTS_BLOCK: tl.constexpr, BLOCK_M: tl.constexpr,
                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Program (row tile, K split, token tile): a ``[BLOCK_N, BLOCK_M]`` tile of ``y^T`` over its K range."""
+    """Program (row tile, K split, token tile): a ``[BLOCK_N, BLOCK_M]`` tile of ``y^T`` over its K range. ROW_NORM:
+    ``x`` holds rows whose norm was deferred (:mod:`~ninfer.kernels.quant_gemm.deferred_norm`): each token's sum is
+    scaled by its row's factor from ``stats [n_parts, M]``."""
     pid_s = tl.program_id(1)
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -56,6 +61,8 @@ def _float_gemv_kernel(x_ptr, w_ptr, out_ptr, ws_ptr, cnt_ptr, M, N_OUT, K, k_pe
         w = tl.load(w_ptr + rows[:, None] * stride_wn + offs_k[None, :], mask=in_k[None, :], other=0.0)
         x = tl.load(x_ptr + toks[None, :] * stride_xm + offs_k[:, None], mask=in_k[:, None], other=0.0)
         acc = tl.dot(w, x.to(w.dtype), acc)
+    if ROW_NORM:
+        acc *= rows_rstd(stats_ptr, n_parts, offs_m, M, K, eps, PARTS_BLOCK)[None, :]
     mask = (offs_n < N_OUT)[:, None] & (offs_m < M)[None, :]
     gemv_epilogue(acc, acc, pid_s, offs_m, offs_n, mask, M, N_OUT, ws_ptr, cnt_ptr, out_ptr, 0, out_ptr,
                   stride_om, SPLIT, FUSED_REDUCE, False, False, BLOCK_N, BLOCK_M)
@@ -76,11 +83,15 @@ def float_gemv_candidates(m: int, n_out: int, k: int, sms: int) -> list[GemmConf
     return out
 
 
-def launch_float_gemv(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, cfg: GemmConfig) -> None:
-    """``out [M, N] = x [M, K] @ weight [N, K]^T`` by config ``cfg`` (unit strides along K)."""
+def launch_float_gemv(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, cfg: GemmConfig,
+                      row_norm: NormedRows | None = None) -> None:
+    """``out [M, N] = x [M, K] @ weight [N, K]^T`` by config ``cfg`` (unit strides along K); with ``row_norm``, ``x``
+    is its scaled rows and each row's product is normalized (not by cuBLAS)."""
     m, k = x.shape
     n_out = weight.shape[0]
     if cfg.kind == CUBLAS.kind:
+        if row_norm is not None:
+            raise ValueError("cuBLAS does not normalize deferred rows: materialize them first")
         torch.matmul(x, weight.t(), out=out)
         return
     k_per_split = triton.cdiv(triton.cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
@@ -88,36 +99,49 @@ def launch_float_gemv(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, 
     grid = (triton.cdiv(n_out, cfg.block_n), splits, triton.cdiv(m, cfg.block_m))
     ws = torch.empty(splits, m, n_out, dtype=torch.float32, device=x.device) if splits > 1 else out
     counters = tile_counters(x.device, grid[0] * grid[2]) if splits > 1 else None
-    _float_gemv_kernel[grid](x, weight, out, ws, counters, m, n_out, k, k_per_split, x.stride(0), weight.stride(0),
-                             out.stride(0), SPLIT=splits > 1, FUSED_REDUCE=counters is not None,
+    stats = row_norm.stats if row_norm is not None else out
+    _float_gemv_kernel[grid](x, weight, out, ws, counters, stats, m, n_out, k, k_per_split, x.stride(0),
+                             weight.stride(0), out.stride(0), stats.shape[0] if row_norm is not None else 0,
+                             row_norm.eps if row_norm is not None else 0.0, SPLIT=splits > 1,
+                             FUSED_REDUCE=counters is not None, ROW_NORM=row_norm is not None,
+                             PARTS_BLOCK=parts_block(stats.shape[0], cfg.block_m) if row_norm is not None else 1,
                              BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps,
                              num_stages=cfg.num_stages)
     if splits > 1 and counters is None:
         reduce_splits(ws, out, out, m, splits, False, False)
 
 
-def float_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def float_linear(x: torch.Tensor | NormedRows, weight: torch.Tensor) -> torch.Tensor:
     """``F.linear(x, weight)``, through the tuned choice between cuBLAS and the one-launch kernel where both apply
-    (CUDA, bf16 / fp16, at most ``MAX_TOKENS`` tokens and ``MAX_ROWS`` rows)."""
+    (CUDA, bf16 / fp16, at most ``MAX_TOKENS`` tokens and ``MAX_ROWS`` rows). Rows whose norm was deferred
+    (:class:`~ninfer.kernels.norms.NormedRows`) take the one-launch kernel, which normalizes them, where it applies
+    (tuned apart, without cuBLAS), and are materialized elsewhere."""
+    row_norm = x if isinstance(x, NormedRows) else None
+    if row_norm is not None:
+        x = row_norm.scaled
     n_out, k = weight.shape
     rows = x.numel() // k if k else 0
     if (not use_triton(x) or x.dtype not in (torch.bfloat16, torch.float16) or weight.dtype != x.dtype
-            or not 0 < rows <= MAX_TOKENS or n_out > MAX_ROWS or weight.stride(1) != 1):
-        return F.linear(x, weight)
+            or not 0 < rows <= MAX_TOKENS or n_out > MAX_ROWS or weight.stride(1) != 1
+            or (row_norm is not None and x.dim() != 2)):
+        return F.linear(row_norm.materialize() if row_norm is not None else x, weight)
     x2 = x.reshape(rows, k)
     if x2.stride(1) != 1:
         x2 = x2.contiguous()
+    if row_norm is not None:
+        row_norm = NormedRows(x2, row_norm.stats, row_norm.eps)
     out = torch.empty(rows, n_out, dtype=x.dtype, device=x.device)
-    key = (x.dtype, m_bucket(rows), n_out, k, x.device)
+    key = (x.dtype, m_bucket(rows), n_out, k, x.device) + (("row-norm",) if row_norm is not None else ())
     sms = sm_count(x.device)
 
     def cands() -> list[GemmConfig]:
-        return autotune_configs(float_gemv_candidates(rows, n_out, k, sms))
+        found = float_gemv_candidates(rows, n_out, k, sms)
+        return autotune_configs(found if row_norm is None else [c for c in found if c != CUBLAS])
 
     def time_fn(cfgs: list[GemmConfig]) -> dict[GemmConfig, float]:
         trial = torch.empty_like(out)
-        return time_candidates(cfgs, lambda cfg: launch_float_gemv(x2, weight, trial, cfg), graphs=True)
+        return time_candidates(cfgs, lambda cfg: launch_float_gemv(x2, weight, trial, cfg, row_norm), graphs=True)
 
     cfg = default_tuner().choose(TABLE, key, cands, time_fn, x.device)
-    launch_float_gemv(x2, weight, out, cfg)
+    launch_float_gemv(x2, weight, out, cfg, row_norm)
     return out.view(*x.shape[:-1], n_out)

@@ -35,6 +35,60 @@ class NextNorm:
     new_residual: torch.Tensor
 
 
+@dataclass(frozen=True)
+class NormedRows:
+    """A zero-centred RMSNorm's output with its one per-row factor left to the kernels that read it (a deferred
+    norm): ``scaled = h * (1 + w)`` in the model dtype, and each row's sum of squares of ``h`` in parts, ``stats
+    [parts, N]`` (fp32), so that ``norm(h)[m] = scaled[m] * rsqrt(sum(stats[:, m]) / D + eps)``. A GEMM that reads
+    it multiplies its fp32 sums by the row's factor (it is linear in the row), so that the producer of ``h`` writes
+    both and the norm needs no launch of its own; :meth:`materialize` is the norm's output for every other reader.
+    ``shape`` / ``dtype`` / ``device`` / ``is_cuda`` are those of the normed rows."""
+
+    scaled: torch.Tensor
+    stats: torch.Tensor
+    eps: float
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.scaled.shape
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.scaled.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.scaled.device
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.scaled.is_cuda
+
+    def rstd(self) -> torch.Tensor:
+        """Each row's ``rsqrt(mean(h^2) + eps)``, fp32 ``[N]``."""
+        return torch.rsqrt(self.stats.sum(0) / self.scaled.shape[-1] + self.eps)
+
+    def materialize(self) -> torch.Tensor:
+        """The normed rows as :func:`rms_norm` returns them (up to the rounding of ``scaled``)."""
+        return (self.scaled.float() * self.rstd()[:, None]).to(self.scaled.dtype)
+
+
+def as_rows(x: torch.Tensor | NormedRows) -> torch.Tensor:
+    """``x``, or the normed rows it defers (:meth:`NormedRows.materialize`), for readers that take plain tensors."""
+    return x.materialize() if isinstance(x, NormedRows) else x
+
+
+def deferred_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None,
+                            parts: int) -> tuple[NormedRows, torch.Tensor]:
+    """:func:`rms_norm_reference` in the deferred form, its sums of squares over ``parts`` column ranges (as equal as
+    :func:`torch.tensor_split` makes them)."""
+    h = x if residual is None else x + residual
+    hf = h.float()
+    scaled = (hf * (1.0 + weight.float())).to(h.dtype)
+    stats = torch.stack([part.pow(2).sum(-1) for part in hf.tensor_split(parts, dim=-1)])
+    return NormedRows(scaled, stats, eps), h
+
+
 def rms_norm_reference(
     x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -20,9 +20,10 @@ from ninfer.kernels.attention import paged_attention, qk_norm_rope_write_kv
 from ninfer.kernels.conv import save_conv_windows
 from ninfer.kernels.deltanet import GateProjection, gated_deltanet
 from ninfer.kernels.float_gemv import float_linear
-from ninfer.kernels.norms import gated_rms_norm, rms_norm
+from ninfer.kernels.norms import NormedRows, as_rows, gated_rms_norm, rms_norm
 from ninfer.models.batch import ForwardBatch
 from ninfer.models.cache import ModelCache
+from ninfer.quant.linear import QuantLinear
 
 FusedRows = dict[str, tuple[tuple[str, int], ...]]  # fused attribute -> ((part attribute, rows), ...)
 
@@ -32,7 +33,7 @@ class Linear(nn.Linear):
     run at decode sizes as cuBLAS or one Triton launch, whichever the tuner timed faster
     (:func:`~ninfer.kernels.float_gemv.float_linear`); everything else is ``F.linear``."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor | NormedRows) -> torch.Tensor:
         return float_linear(x, self.weight)
 
 
@@ -48,8 +49,8 @@ class GateUpLinear(nn.Linear):
     def __init__(self, in_features: int, intermediate_size: int) -> None:
         super().__init__(in_features, 2 * intermediate_size, bias=False)
 
-    def forward(self, x: torch.Tensor, swiglu: bool = False) -> torch.Tensor:
-        y = F.linear(x, self.weight)
+    def forward(self, x: torch.Tensor | NormedRows, swiglu: bool = False) -> torch.Tensor:
+        y = F.linear(as_rows(x), self.weight)
         return swiglu_op(y) if swiglu else y
 
 
@@ -77,14 +78,21 @@ class GatedRMSNorm(nn.Module):
         return gated_rms_norm(x, z, self.weight, self.eps)
 
 
-def project_then_norm(proj: nn.Module, x: torch.Tensor, norm: RMSNorm,
-                      residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+def project_then_norm(proj: nn.Module, x: torch.Tensor, norm: RMSNorm, residual: torch.Tensor | None,
+                      defer: bool = False) -> tuple[torch.Tensor | NormedRows, torch.Tensor]:
     """``norm(proj(x), residual)``: a layer's output projection and the norm after it. A quantized projection
-    (``QuantLinear.forward_then_norm``) may apply the norm in its GEMM's launch."""
+    (``QuantLinear.forward_then_norm``) may apply the norm in its GEMM's launch or, with ``defer`` (every reader of
+    the normed rows takes :class:`~ninfer.kernels.norms.NormedRows`: :func:`reads_deferred_norm`), leave it to them."""
     then_norm = getattr(proj, "forward_then_norm", None)
     if then_norm is not None:
-        return then_norm(x, norm.weight, norm.eps, residual)
+        return then_norm(x, norm.weight, norm.eps, residual, defer=defer)
     return norm(proj(x), residual)
+
+
+def reads_deferred_norm(*projections: nn.Module) -> bool:
+    """Whether these projections of a norm's output all normalize :class:`~ninfer.kernels.norms.NormedRows`
+    themselves (a quantized GEMM or the float GEMV; anything else would materialize them: another launch)."""
+    return all(isinstance(p, (QuantLinear, Linear)) for p in projections)
 
 
 class MLP(nn.Module):
@@ -97,14 +105,18 @@ class MLP(nn.Module):
         self.fused_rows: FusedRows = {"gate_up_proj": (("gate_proj", intermediate_size),
                                                        ("up_proj", intermediate_size))}
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor | NormedRows) -> torch.Tensor:
         return self.down_proj(self.gate_up_proj(x, swiglu=True))
 
-    def forward_then_norm(self, x: torch.Tensor, norm: RMSNorm,
-                          residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward_then_norm(self, x: torch.Tensor | NormedRows, norm: RMSNorm, residual: torch.Tensor | None,
+                          defer: bool = False) -> tuple[torch.Tensor | NormedRows, torch.Tensor]:
         """``norm(self(x), residual)`` (the MoE block applies it in its combine's launch, a quantized down
-        projection may in its GEMM's)."""
-        return project_then_norm(self.down_proj, self.gate_up_proj(x, swiglu=True), norm, residual)
+        projection may in its GEMM's, or leave it to the readers: ``defer``)."""
+        return project_then_norm(self.down_proj, self.gate_up_proj(x, swiglu=True), norm, residual, defer)
+
+    @property
+    def reads_deferred_norm(self) -> bool:
+        return reads_deferred_norm(self.gate_up_proj)
 
 
 class GatedAttention(nn.Module):
@@ -131,14 +143,19 @@ class GatedAttention(nn.Module):
     ) -> torch.Tensor:
         return self.o_proj(self._attend(x, rope, batch, cache))
 
-    def forward_then_norm(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], batch: ForwardBatch,
-                          cache: ModelCache, norm: RMSNorm,
-                          residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward_then_norm(self, x: torch.Tensor | NormedRows, rope: tuple[torch.Tensor, torch.Tensor],
+                          batch: ForwardBatch, cache: ModelCache, norm: RMSNorm, residual: torch.Tensor | None,
+                          defer: bool = False) -> tuple[torch.Tensor | NormedRows, torch.Tensor]:
         """``norm(self(x), residual)``, through :func:`project_then_norm`."""
-        return project_then_norm(self.o_proj, self._attend(x, rope, batch, cache), norm, residual)
+        return project_then_norm(self.o_proj, self._attend(x, rope, batch, cache), norm, residual, defer)
+
+    @property
+    def reads_deferred_norm(self) -> bool:
+        return reads_deferred_norm(self.qkv_proj)
 
     def _attend(
-        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], batch: ForwardBatch, cache: ModelCache
+        self, x: torch.Tensor | NormedRows, rope: tuple[torch.Tensor, torch.Tensor], batch: ForwardBatch,
+        cache: ModelCache,
     ) -> torch.Tensor:
         """The gated attention output before ``o_proj``, ``[N, heads * head_dim]``."""
         n = x.shape[0]
@@ -185,12 +202,17 @@ class GatedDeltaNet(nn.Module):
     def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: ModelCache) -> torch.Tensor:
         return self.out_proj(self._mix(x, batch, cache))
 
-    def forward_then_norm(self, x: torch.Tensor, batch: ForwardBatch, cache: ModelCache, norm: RMSNorm,
-                          residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward_then_norm(self, x: torch.Tensor | NormedRows, batch: ForwardBatch, cache: ModelCache, norm: RMSNorm,
+                          residual: torch.Tensor | None,
+                          defer: bool = False) -> tuple[torch.Tensor | NormedRows, torch.Tensor]:
         """``norm(self(x), residual)``, through :func:`project_then_norm`."""
-        return project_then_norm(self.out_proj, self._mix(x, batch, cache), norm, residual)
+        return project_then_norm(self.out_proj, self._mix(x, batch, cache), norm, residual, defer)
 
-    def _mix(self, x: torch.Tensor, batch: ForwardBatch, cache: ModelCache) -> torch.Tensor:
+    @property
+    def reads_deferred_norm(self) -> bool:
+        return reads_deferred_norm(self.in_proj_qkvz, self.in_proj_ab)
+
+    def _mix(self, x: torch.Tensor | NormedRows, batch: ForwardBatch, cache: ModelCache) -> torch.Tensor:
         """The gated-norm output of the delta rule before ``out_proj``, ``[N, value_dim]``."""
         # a, b = in_proj_ab(x), started first: in a captured decode step its small GEMM runs on a second stream
         # beside the q/k/v/z projection (or the decode kernel applies the float weight itself: no GEMM launch)

@@ -49,10 +49,13 @@ class SparseMoeBlock(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return moe_experts(x, *self._routed(x))
 
-    def forward_then_norm(self, x: torch.Tensor, norm: RMSNorm,
-                          residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """``norm(self(x), residual)``, the norm applied by the combine in its own launch on CUDA."""
+    def forward_then_norm(self, x: torch.Tensor, norm: RMSNorm, residual: torch.Tensor | None,
+                          defer: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """``norm(self(x), residual)``, the norm applied by the combine in its own launch on CUDA (never deferred:
+        ``defer`` is the readers' offer, which this block declines)."""
         return moe_experts_then_norm(x, *self._routed(x), norm.weight, norm.eps, residual)
+
+    reads_deferred_norm = False  # the router, the top-k and the expert kernels take plain rows
 
     def _routed(self, x: torch.Tensor) -> tuple:
         """The experts' arguments after ``x``: stacks, routing weights and ids, the shared expert."""

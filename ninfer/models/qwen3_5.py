@@ -45,17 +45,26 @@ class DecoderLayer(nn.Module):
         batch: ForwardBatch,
         cache: ModelCache,
         next_norm: RMSNorm,
+        next_reads_deferred: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Takes this layer's input already through its ``input_layernorm`` (with the residual stream), and returns
         the next one's the same way: its output through ``next_norm`` (the next layer's input norm, or the model's
         final norm), which the MoE block applies inside its last launch. The residual adds are fused into the norms,
-        and the norms into the output projections' GEMMs where those can apply them (``NINFER_NORM_IN_GEMM=1``)."""
+        and the norms into the output projections' GEMMs where those can apply them (``NINFER_NORM_IN_GEMM=1``), or
+        left to the projections that read the normed rows where all of them can (``NINFER_DEFERRED_NORM=1``;
+        ``next_reads_deferred``: the next layer's do)."""
+        mixer = self.self_attn if self.is_attention else self.linear_attn
+        defer = self.mlp.reads_deferred_norm
         if self.is_attention:
-            h, residual = self.self_attn.forward_then_norm(h, rope, batch, cache, self.post_attention_layernorm,
-                                                           residual)
+            h, residual = mixer.forward_then_norm(h, rope, batch, cache, self.post_attention_layernorm, residual, defer)
         else:
-            h, residual = self.linear_attn.forward_then_norm(h, batch, cache, self.post_attention_layernorm, residual)
-        return self.mlp.forward_then_norm(h, next_norm, residual)
+            h, residual = mixer.forward_then_norm(h, batch, cache, self.post_attention_layernorm, residual, defer)
+        return self.mlp.forward_then_norm(h, next_norm, residual, next_reads_deferred)
+
+    @property
+    def reads_deferred_norm(self) -> bool:
+        """Whether the projections that read this layer's normed input normalize deferred rows themselves."""
+        return (self.self_attn if self.is_attention else self.linear_attn).reads_deferred_norm
 
 
 class Qwen3_5TextModel(nn.Module):
@@ -88,8 +97,10 @@ class Qwen3_5TextModel(nn.Module):
         rope = mrope_cos_sin(batch.positions, self.inv_freq, list(self.config.mrope_section), x.dtype)
         h, residual = self.layers[0].input_layernorm(x)
         norms_after = [layer.input_layernorm for layer in self.layers[1:]] + [self.norm]
-        for layer, next_norm in zip(self.layers, norms_after, strict=True):
-            h, residual = layer(h, residual, rope, batch, cache, next_norm)
+        # the final norm's rows go to the LM head, the MTP head and the sampler's row selection: never deferred
+        deferred_after = [layer.reads_deferred_norm for layer in self.layers[1:]] + [False]
+        for layer, next_norm, deferred in zip(self.layers, norms_after, deferred_after, strict=True):
+            h, residual = layer(h, residual, rope, batch, cache, next_norm, deferred)
         return h
 
     def lm_head_rows(self, ids: torch.Tensor) -> torch.Tensor:

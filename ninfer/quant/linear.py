@@ -28,6 +28,7 @@ from torch import nn
 
 from ninfer.checkpoint import RowSlice, fused_parts
 from ninfer.kernels.embedding import can_take, embedding_rows_triton
+from ninfer.kernels.norms import NormedRows
 from ninfer.kernels.quant_gemm import quant_matmul, quant_matmul_then_norm
 from ninfer.kernels.quant_gemm.fragments import FRAGMENTS, fragments_fit, to_fragments
 from ninfer.kernels.quant_gemm.fragments_fp4 import fp4_scales_fit
@@ -120,14 +121,16 @@ class QuantLinear(QuantWeight):
         super().__init__((out_features, in_features), fmt, device, dtype)
         self.in_features, self.out_features = in_features, out_features
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None, swiglu: bool = False) -> torch.Tensor:
+    def forward(self, x: torch.Tensor | NormedRows, residual: torch.Tensor | None = None,
+                swiglu: bool = False) -> torch.Tensor:
         return quant_matmul(x, self.packed(), residual, swiglu)
 
-    def forward_then_norm(self, x: torch.Tensor, norm_weight: torch.Tensor, eps: float,
-                          residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward_then_norm(self, x: torch.Tensor, norm_weight: torch.Tensor, eps: float, residual: torch.Tensor | None,
+                          defer: bool = False) -> tuple[torch.Tensor | NormedRows, torch.Tensor]:
         """``rms_norm(self(x), norm_weight, eps, residual)`` as ``(normed, new residual stream)``, the norm applied
-        by the GEMM's own launch where it can (:func:`~ninfer.kernels.quant_gemm.quant_matmul_then_norm`)."""
-        return quant_matmul_then_norm(x, self.packed(), norm_weight, eps, residual)
+        by the GEMM's own launch where it can (:func:`~ninfer.kernels.quant_gemm.quant_matmul_then_norm`); ``defer``:
+        the caller's readers take the normed rows deferred (:class:`~ninfer.kernels.norms.NormedRows`)."""
+        return quant_matmul_then_norm(x, self.packed(), norm_weight, eps, residual, defer=defer)
 
     @torch.no_grad()
     def use_fragment_layout_(self) -> bool:

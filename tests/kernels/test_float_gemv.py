@@ -64,3 +64,25 @@ def test_cpu_tensors_and_large_weights_take_f_linear() -> None:
     x, w = torch.randn(3, 64), torch.randn(MAX_ROWS + 1, 64)
     assert torch.equal(float_linear(x, w), F.linear(x, w))
     assert torch.equal(float_linear(x, w[:8]), F.linear(x, w[:8]))
+
+
+@interpreted
+@pytest.mark.usefixtures("poisoned_outputs")
+@pytest.mark.parametrize("cfg", [_cfg(16, 64, 1), _cfg(16, 32, 8)], ids=["whole-k", "split8"])
+def test_deferred_rows_are_normalized(cfg: GemmConfig) -> None:
+    """Rows whose norm was deferred (``NormedRows``): each token's product scaled by its row's factor, split or not,
+    against ``F.linear`` of the norm's output; on CPU tensors the materialized rows."""
+    from ninfer.kernels.norms import deferred_norm_reference, rms_norm_reference
+
+    g = torch.Generator().manual_seed(7)
+    h = (torch.randn(5, 208, generator=g) * 3).half()
+    norm_w = (torch.randn(208, generator=g) * 0.3).half()
+    w = (torch.randn(40, 208, generator=g) * 208 ** -0.5).half()
+    normed, _ = deferred_norm_reference(h, norm_w, 1e-6, None, 13)
+    out = torch.empty(5, 40, dtype=torch.float16)
+    launch_float_gemv(normed.scaled, w, out, cfg, normed)
+    want = F.linear(rms_norm_reference(h, norm_w, 1e-6)[0].float(), w.float())
+    assert_close(out.float(), want, 4e-3)
+    with pytest.raises(ValueError, match="cuBLAS"):
+        launch_float_gemv(normed.scaled, w, out, CUBLAS, normed)
+    assert torch.equal(float_linear(normed, w), F.linear(normed.materialize(), w))

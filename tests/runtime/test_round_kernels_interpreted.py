@@ -114,3 +114,29 @@ def test_output_projections_that_apply_the_norm_after_them(composite_ckpt, monke
     assert _run(fragment_laid_engine()) == want
     # the tiny model's K = 64 out_proj is too narrow for the fragment layout; its down_proj and o_proj take it
     assert laid_outputs and sum(fused) == 19 * len(laid_outputs)  # every decode step (one batch of all lanes)
+
+
+def test_output_projections_that_leave_the_norm_to_their_readers(composite_ckpt, monkeypatch) -> None:
+    """``NINFER_DEFERRED_NORM=1``: every o_proj / down_proj in the fragment layout leaves the norm after it to the
+    projections that read its rows, plain and speculative decode steps (all GEMMs interpreted); greedy output equals
+    the reference path's. The tiny model's readers (K = 64) are too narrow for the fragment layout and read the
+    materialized rows (the kernel tests cover the register decode and the float GEMV normalizing them). The last
+    layer's down_proj is followed by the final norm, which is never deferred."""
+    import ninfer.kernels.quant_gemm.dispatch as quant_dispatch
+    from ninfer.quant.linear import QuantLinear
+
+    kw = dict(device="cpu", progress=False, max_concurrency=3, max_context=512, quantize="int4")
+    want = _run(ninfer.load(composite_ckpt.path, **kw))
+    monkeypatch.setenv("NINFER_DEFERRED_NORM", "1")
+    monkeypatch.setattr(quant_dispatch, "use_triton", lambda x: True)
+    produced = []
+    launch = quant_dispatch.launch_fragment_mma
+    monkeypatch.setattr(quant_dispatch, "launch_fragment_mma",
+                        lambda *a, **k: produced.append(k.get("deferred") is not None) or launch(*a, **k))
+    for spec in ({}, {"spec": "mtp", "draft_tokens": 3}):
+        llm = ninfer.load(composite_ckpt.path, **kw, **spec)
+        for sub in llm.engine.runner.model.modules():  # what the engine does to such weights on CUDA
+            if isinstance(sub, QuantLinear):
+                sub.use_fragment_layout_()
+        assert _run(llm) == want
+    assert any(produced) and not all(produced)

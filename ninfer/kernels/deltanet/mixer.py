@@ -21,7 +21,7 @@ from ninfer.kernels.deltanet.decode import MAX_TOKENS, TL_DTYPE, gated_deltanet_
 from ninfer.kernels.deltanet.dispatch import RECURRENT_MAX_SEQLEN, gated_delta_rule
 from ninfer.kernels.deltanet.reference import gated_delta_rule_reference
 from ninfer.kernels.dispatch import use_triton
-from ninfer.kernels.norms import gated_rms_norm, gated_rms_norm_reference
+from ninfer.kernels.norms import NormedRows, gated_rms_norm, gated_rms_norm_reference
 from ninfer.kernels.overlap import Overlapped, overlapped, wait_for
 
 
@@ -31,7 +31,7 @@ class GateProjection:
     one-launch decode runs and ``weight`` (float ``[2 Hv, H]``, the projection's) is given, the kernel applies it
     itself: no GEMM launch for two columns per head. Every other path calls ``project``."""
 
-    x: torch.Tensor
+    x: torch.Tensor | NormedRows  # rows whose norm was deferred: the projection normalizes them
     project: Callable[[torch.Tensor], torch.Tensor]
     weight: torch.Tensor | None = None
 
@@ -111,7 +111,8 @@ def gates_in_kernel(gates: Gates) -> bool:
     """Whether the one-launch decode applies the gates' projection itself: a :class:`GateProjection` with a float
     weight, with ``NINFER_GATES_IN_DECODE=1`` (read per call). Off by default: on the H200 (27B ``int4``, run
     2026-12-04.4) it made batch 1 2.4% slower and C = 8 1.6% faster; the projection's own GEMM otherwise."""
-    return (isinstance(gates, GateProjection) and gates.weight is not None and gates.weight.dtype in TL_DTYPE
+    return (isinstance(gates, GateProjection) and isinstance(gates.x, torch.Tensor) and gates.weight is not None
+            and gates.weight.dtype in TL_DTYPE
             and os.environ.get("NINFER_GATES_IN_DECODE", "0") == "1")
 
 

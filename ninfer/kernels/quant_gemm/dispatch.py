@@ -46,16 +46,17 @@ import torch
 import torch.nn.functional as F
 import triton
 
-from ninfer.kernels.dispatch import capturing, norm_in_gemm, use_triton
-from ninfer.kernels.norms import NextNorm, rms_norm
+from ninfer.kernels.dispatch import capturing, deferred_norm, norm_in_gemm, use_triton
+from ninfer.kernels.norms import NextNorm, NormedRows, rms_norm
 from ninfer.kernels.quant_gemm.common import FMT_CODES, kernel_tensors, split_finish_kernel
 from ninfer.kernels.quant_gemm.dequant import graph_workspace_fits, launch_dequant_gemm
-from ninfer.kernels.quant_gemm.fragment_mma import launch_fragment_mma
+from ninfer.kernels.quant_gemm.fragment_mma import fragment_tile_groups, launch_fragment_mma
 from ninfer.kernels.quant_gemm.fragment_tiled import launch_fragment_tiled
 from ninfer.kernels.quant_gemm.fragments import FRAGMENTS
 from ninfer.kernels.quant_gemm.gemm import quant_gemm_kernel
 from ninfer.kernels.quant_gemm.gemv import launch_gemv, tile_counters
 from ninfer.kernels.quant_gemm.gemv_mma import launch_gemv_mma
+from ninfer.kernels.quant_gemm.deferred_norm import MAX_ROWS as DEFER_MAX_ROWS
 from ninfer.kernels.quant_gemm.norm_epilogue import MAX_ROWS
 from ninfer.kernels.quant_gemm.tune import PAIR_KIND, GemmConfig, graph_fallback, kernel_params, select_config, sm_count
 from ninfer.kernels.quant_gemm.weights import QuantizedTensor
@@ -73,9 +74,15 @@ def quant_matmul_reference(x: torch.Tensor, w: QuantizedTensor, residual: torch.
     return y.to(x.dtype)
 
 
-def quant_matmul(x: torch.Tensor, w: QuantizedTensor, residual: torch.Tensor | None = None,
+def quant_matmul(x: torch.Tensor | NormedRows, w: QuantizedTensor, residual: torch.Tensor | None = None,
                  swiglu: bool = False) -> torch.Tensor:
-    """The quantized linear layer: Triton on CUDA tensors, the reference elsewhere."""
+    """The quantized linear layer: Triton on CUDA tensors, the reference elsewhere. Rows whose norm was deferred
+    (:class:`~ninfer.kernels.norms.NormedRows`) go to the register decode, which normalizes them, where it runs,
+    and are materialized for every other path."""
+    if isinstance(x, NormedRows):
+        if use_triton(x.scaled) and w.layout == FRAGMENTS and x.scaled.dim() == 2:
+            return quant_matmul_triton(x.scaled, w, residual, swiglu, row_norm=x)
+        x = x.materialize()
     if w.format.name == "bf16":
         y = F.linear(x, w.tensors["weight"].to(x.dtype))
         if swiglu:
@@ -89,10 +96,12 @@ def quant_matmul(x: torch.Tensor, w: QuantizedTensor, residual: torch.Tensor | N
 
 def quant_matmul_triton(x: torch.Tensor, w: QuantizedTensor, residual: torch.Tensor | None = None,
                         swiglu: bool = False, *, out: torch.Tensor | None = None,
-                        config: GemmConfig | None = None) -> torch.Tensor:
+                        config: GemmConfig | None = None, row_norm: NormedRows | None = None) -> torch.Tensor:
     """Launch the fused dequant-GEMM. ``x [..., K]`` (fp32, fp16 or bf16), W 2-D ``[N, K]``; with
     ``swiglu`` the output has N / 2 columns. ``out`` (contiguous, x's dtype) receives the result if
-    given and may be the residual itself (in-place add); ``config`` overrides the tuned choice."""
+    given and may be the residual itself (in-place add); ``config`` overrides the tuned choice. ``row_norm``:
+    ``x`` is its ``scaled`` rows, normalized by the register decode (a config of another kind reads
+    ``row_norm.materialize()`` instead)."""
     if len(w.shape) != 2:
         raise ValueError(f"quant_matmul takes a 2-D weight, got shape {list(w.shape)}")
     n, k = w.shape
@@ -120,17 +129,26 @@ def quant_matmul_triton(x: torch.Tensor, w: QuantizedTensor, residual: torch.Ten
     if w.layout == FRAGMENTS and not (cfg.kind == "dequant" or cfg.kind.startswith("frag")):
         raise ValueError(f"a weight in the fragment layout takes frag, frag-tiled(-codes) or dequant configs, "
                          f"not {cfg.kind!r}")
-    _launch(x2, w, res, out, swiglu, cfg)
+    if row_norm is not None:
+        if cfg.kind in ("frag", PAIR_KIND):
+            row_norm = NormedRows(x2, row_norm.stats, row_norm.eps)  # the same rows in the same order
+        else:
+            x2, row_norm = row_norm.materialize().reshape(m, k), None
+    _launch(x2, w, res, out, swiglu, cfg, row_norm)
     return result
 
 
 def quant_matmul_then_norm(x: torch.Tensor, w: QuantizedTensor, norm_weight: torch.Tensor, eps: float,
-                           residual: torch.Tensor | None, *,
-                           config: GemmConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                           residual: torch.Tensor | None, *, config: GemmConfig | None = None,
+                           defer: bool = False) -> tuple[torch.Tensor | NormedRows, torch.Tensor]:
     """``rms_norm(quant_matmul(x, W), norm_weight, eps, residual)``: ``(normed, new residual stream)``. Up to
     ``MAX_ROWS`` tokens of a weight that the register decode reads (:mod:`.norm_epilogue`), with
-    ``NINFER_NORM_IN_GEMM=1``, the GEMM's launch applies the norm; otherwise the norm is its own launch.
+    ``NINFER_NORM_IN_GEMM=1``, the GEMM's launch applies the norm; otherwise the norm is its own launch. With
+    ``defer`` (the caller's readers take :class:`~ninfer.kernels.norms.NormedRows`) and ``NINFER_DEFERRED_NORM=1``,
+    a register decode of up to ``DEFER_MAX_ROWS`` tokens returns the normed rows deferred (:mod:`.deferred_norm`).
     ``config`` overrides the tuned choice."""
+    if defer and deferred_norm() and (got := _then_deferred_norm(x, w, norm_weight, eps, residual, config)):
+        return got
     if norm_in_gemm() and use_triton(x) and x.dim() == 2 and x.shape[0] <= MAX_ROWS and w.layout == FRAGMENTS:
         n, k = w.shape
         m = x.shape[0]
@@ -147,6 +165,29 @@ def quant_matmul_then_norm(x: torch.Tensor, w: QuantizedTensor, norm_weight: tor
             return normed, new_res
     y = quant_matmul_triton(x, w, config=config) if config is not None and use_triton(x) else quant_matmul(x, w)
     return rms_norm(y, norm_weight, eps, residual)
+
+
+def _then_deferred_norm(x: torch.Tensor, w: QuantizedTensor, norm_weight: torch.Tensor, eps: float,
+                        residual: torch.Tensor | None,
+                        config: GemmConfig | None) -> tuple[NormedRows, torch.Tensor] | None:
+    """:func:`quant_matmul_then_norm`'s deferred form through the register decode, or None where it does not run."""
+    if not (use_triton(x) and x.dim() == 2 and 0 < x.shape[0] <= DEFER_MAX_ROWS and w.layout == FRAGMENTS):
+        return None
+    n, k = w.shape
+    m = x.shape[0]
+    x2 = x if x.stride(-1) == 1 else x.contiguous()
+    res = residual if residual is None or residual.stride(-1) == 1 else residual.contiguous()
+    new_res = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    cfg = config or _tuned(x2, w, None, new_res, False)
+    if cfg.kind not in ("frag", PAIR_KIND):
+        return None
+    normed = NormedRows(torch.empty_like(new_res), torch.empty(fragment_tile_groups(n, cfg), m, dtype=torch.float32,
+                                                               device=x.device), eps)
+    q, scales, row_scale = kernel_tensors(w)
+    launch_fragment_mma(x2, q, scales, None, new_res, False, kernel_params(w.format.name, cfg)["group"], cfg,
+                        row_scale if w.format.name == "nvfp4" else None,
+                        norm=NextNorm(norm_weight.contiguous(), eps, res, new_res), deferred=normed)
+    return normed, new_res
 
 
 def _tuned(x: torch.Tensor, w: QuantizedTensor, res: torch.Tensor | None, out: torch.Tensor,
@@ -167,7 +208,7 @@ def _tuned(x: torch.Tensor, w: QuantizedTensor, res: torch.Tensor | None, out: t
 
 
 def _launch(x: torch.Tensor, w: QuantizedTensor, res: torch.Tensor | None, out: torch.Tensor, swiglu: bool,
-            cfg: GemmConfig) -> None:
+            cfg: GemmConfig, row_norm: NormedRows | None = None) -> None:
     m, k = x.shape
     n_out = out.shape[1]
     name = w.format.name
@@ -182,7 +223,8 @@ def _launch(x: torch.Tensor, w: QuantizedTensor, res: torch.Tensor | None, out: 
     p = kernel_params(name, cfg)
     q, scales, row_scale = kernel_tensors(w)
     if cfg.kind in ("frag", PAIR_KIND):  # int4 / int8 / nvfp4 in the fragment layout, from registers (fragment_mma)
-        launch_fragment_mma(x, q, scales, res, out, swiglu, p["group"], cfg, row_scale if name == "nvfp4" else None)
+        launch_fragment_mma(x, q, scales, res, out, swiglu, p["group"], cfg, row_scale if name == "nvfp4" else None,
+                            row_norm=row_norm)
         return
     if cfg.kind.startswith("frag-tiled"):  # the same layout at prefill sizes, on tensor cores by tl.dot (fragment_tiled)
         if name == "nvfp4":

@@ -50,7 +50,7 @@ import triton
 import triton.language as tl
 
 from ninfer.kernels.dispatch import INTERPRET, pdl_enabled, split_sum_mode
-from ninfer.kernels.norms import NextNorm
+from ninfer.kernels.norms import NextNorm, NormedRows
 from ninfer.kernels.quant_gemm.fragment_ptx import asm_constants
 from ninfer.kernels.quant_gemm.fragment_steps import load_trip, trip_step, trip_step_fp4
 from ninfer.kernels.quant_gemm.fragments import CHUNK_COLS, TILE_ROWS, code_bits, words
@@ -65,6 +65,14 @@ from ninfer.kernels.quant_gemm.gemv_steps import (
     sum_splits_at,
     sum_splits_of,
     sum_splits_tile,
+)
+from ninfer.kernels.quant_gemm.deferred_norm import (
+    add_lane_squares,
+    finish_deferred,
+    lane_factors,
+    parts_block,
+    rows_rstd,
+    store_row_stats,
 )
 from ninfer.kernels.quant_gemm.norm_epilogue import NORM_COLS, norm_when_all_arrived
 from ninfer.kernels.quant_gemm.tune import PAIR_KIND, GemmConfig
@@ -97,9 +105,10 @@ def _position(i: tl.constexpr, tile_out, slots, g, t, tok0, M):
 
 @triton.jit(do_not_specialize=["M", "chunks_per_split"])
 def _fragment_mma_kernel(
-    x_ptr, q_ptr, s_ptr, rs_ptr, res_ptr, out_ptr, ws_ptr, cnt_ptr, nw_ptr, normed_ptr,
-    M, N_OUT, KC, NG, chunks_per_split, stride_xm, stride_rm, stride_om, stride_nm, eps,
-    CPG: tl.constexpr, NORM: tl.constexpr, NORM_CHUNKS: tl.constexpr, SWIGLU: tl.constexpr, PAIR: tl.constexpr,
+    x_ptr, q_ptr, s_ptr, rs_ptr, res_ptr, out_ptr, ws_ptr, cnt_ptr, nw_ptr, normed_ptr, stats_in_ptr, stats_out_ptr,
+    M, N_OUT, KC, NG, chunks_per_split, stride_xm, stride_rm, stride_om, stride_nm, eps, parts_in, eps_in,
+    CPG: tl.constexpr, NORM: tl.constexpr, NORM_CHUNKS: tl.constexpr, DEFER: tl.constexpr, ROW_NORM: tl.constexpr,
+    PARTS_BLOCK: tl.constexpr, SWIGLU: tl.constexpr, PAIR: tl.constexpr,
     HAS_RES: tl.constexpr,
     SPLIT: tl.constexpr,
     FUSED_REDUCE: tl.constexpr, SUM_ACROSS: tl.constexpr, SUM_TILE: tl.constexpr, S_BLOCK: tl.constexpr,
@@ -158,6 +167,9 @@ def _fragment_mma_kernel(
         # finish before it reads what this one writes.
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
+    r = tl.zeros((8 * NB,), dtype=tl.float32)
+    if ROW_NORM:  # the rows' norm factors (x holds h * (1 + w): .deferred_norm), requested beside the first codes
+        r = rows_rstd(stats_in_ptr, parts_in, tok0 + tl.arange(0, 8 * NB), M, KC * 64, eps_in, PARTS_BLOCK)
     for c in range(c_first, c_last, UNROLL):
         if PREFETCH:  # the last trip requests its own codes again (cached), not past the split
             c_next = tl.minimum(c + UNROLL, c_last - UNROLL)
@@ -179,8 +191,18 @@ def _fragment_mma_kernel(
         if PREFETCH:
             codes = codes_next
             codes_up = codes_up_next
+    if ROW_NORM:  # linear in the row: before the split-K partials and before SwiGLU
+        scaled = ()
+        scaled_up = ()
+        for i in tl.static_range(4 * NB):
+            f = lane_factors(r, t, 8 * (i // 4) + i % 2, 8 * NB)  # the accumulator's row: 8 (i // 4) + 2 t + i % 2
+            scaled, scaled_up = scaled + (acc[i] * f,), scaled_up + (acc_up[i] * f,)
+        acc, acc_up = scaled, scaled_up
     pid_s = tl.program_id(1)
+    prog = tl.program_id(2) if TOKENS_FIRST else tl.program_id(0)  # the program's tile group
     n_stream = slots * 16  # output columns per stream; a pair's second stream writes the second half
+    sq_rows = tl.zeros((32 * WARPS, 8 * NB), dtype=tl.float32)  # DEFER: each lane's squares by row of the block
+    rows_t = tok0 + tl.arange(0, 8 * NB)
     if FP4:
         acc, acc_up = _row_scaled(acc, acc_up, rs_ptr, tile_out, slots, g, t, tok0, M, n_stream, NB, TWO)
     if SPLIT:  # partials [split, M, 2 * n_stream] for two streams: the second stream's at + n_stream
@@ -190,13 +212,14 @@ def _fragment_mma_kernel(
         if FUSED_REDUCE:
             if last_split_arrived(cnt_ptr):
                 if SUM_TILE:  # the program's whole tile: rows of its warps' tiles, its token block
-                    prog = tl.program_id(2) if TOKENS_FIRST else tl.program_id(0)
-                    m_t = (tok0 + tl.arange(0, 8 * NB))[:, None]
+                    m_t = rows_t[:, None]
                     n_t = (prog * 16 * WARPS + tl.arange(0, 16 * WARPS))[None, :]
                     mask_t = (m_t < M) & (n_t < n_stream)
                     y, y_up = sum_splits_tile(ws_ptr, m_t, n_t, mask_t, M, n_stream, tl.num_programs(1), TWO, S_BLOCK)
-                    _finish(y, y_up, m_t, n_t, mask_t, n_stream, res_ptr, stride_rm, out_ptr, stride_om, SWIGLU, PAIR,
-                            HAS_RES, NORM)
+                    sq = _finish(y, y_up, m_t, n_t, mask_t, n_stream, res_ptr, stride_rm, out_ptr, stride_om, nw_ptr,
+                                 normed_ptr, stride_nm, SWIGLU, PAIR, HAS_RES, NORM, DEFER)
+                    if DEFER:
+                        store_row_stats(stats_out_ptr, prog, rows_t, M, tl.sum(sq, axis=1))
                 elif SUM_ACROSS:
                     m_idxs = ()
                     n_idxs = ()
@@ -206,14 +229,23 @@ def _fragment_mma_kernel(
                         m_idxs, n_idxs, masks = m_idxs + (m_idx,), n_idxs + (n_idx,), masks + (mask,)
                     sums = sum_splits_of(ws_ptr, m_idxs, n_idxs, masks, M, n_stream, tl.num_programs(1), TWO)
                     for i in tl.static_range(4 * NB):
-                        _finish(sums[2 * i], sums[2 * i + 1], m_idxs[i], n_idxs[i], masks[i], n_stream, res_ptr,
-                                stride_rm, out_ptr, stride_om, SWIGLU, PAIR, HAS_RES, NORM)
+                        sq = _finish(sums[2 * i], sums[2 * i + 1], m_idxs[i], n_idxs[i], masks[i], n_stream, res_ptr,
+                                     stride_rm, out_ptr, stride_om, nw_ptr, normed_ptr, stride_nm, SWIGLU, PAIR,
+                                     HAS_RES, NORM, DEFER)
+                        if DEFER:
+                            sq_rows = add_lane_squares(sq_rows, sq, 8 * (i // 4) + 2 * t + i % 2, 8 * NB)
+                    if DEFER:
+                        store_row_stats(stats_out_ptr, prog, rows_t, M, tl.sum(sq_rows, axis=0))
                 else:
                     for i in tl.static_range(4 * NB):
                         m_idx, n_idx, mask = _position(i, tile_out, slots, g, t, tok0, M)
                         y, y_up = sum_splits_at(ws_ptr, m_idx, n_idx, mask, M, n_stream, tl.num_programs(1), TWO)
-                        _finish(y, y_up, m_idx, n_idx, mask, n_stream, res_ptr, stride_rm, out_ptr, stride_om,
-                                SWIGLU, PAIR, HAS_RES, NORM)
+                        sq = _finish(y, y_up, m_idx, n_idx, mask, n_stream, res_ptr, stride_rm, out_ptr, stride_om,
+                                     nw_ptr, normed_ptr, stride_nm, SWIGLU, PAIR, HAS_RES, NORM, DEFER)
+                        if DEFER:
+                            sq_rows = add_lane_squares(sq_rows, sq, 8 * (i // 4) + 2 * t + i % 2, 8 * NB)
+                    if DEFER:
+                        store_row_stats(stats_out_ptr, prog, rows_t, M, tl.sum(sq_rows, axis=0))
                 reset_counter(cnt_ptr)
                 if NORM:
                     norm_when_all_arrived(cnt_ptr, out_ptr, stride_om, nw_ptr, normed_ptr, stride_nm, M, N_OUT, eps,
@@ -221,25 +253,47 @@ def _fragment_mma_kernel(
     else:
         for i in tl.static_range(4 * NB):
             m_idx, n_idx, mask = _position(i, tile_out, slots, g, t, tok0, M)
-            _finish(acc[i], acc_up[i], m_idx, n_idx, mask, n_stream, res_ptr, stride_rm, out_ptr, stride_om, SWIGLU,
-                    PAIR, HAS_RES, NORM)
+            sq = _finish(acc[i], acc_up[i], m_idx, n_idx, mask, n_stream, res_ptr, stride_rm, out_ptr, stride_om,
+                         nw_ptr, normed_ptr, stride_nm, SWIGLU, PAIR, HAS_RES, NORM, DEFER)
+            if DEFER:
+                sq_rows = add_lane_squares(sq_rows, sq, 8 * (i // 4) + 2 * t + i % 2, 8 * NB)
+        if DEFER:
+            store_row_stats(stats_out_ptr, prog, rows_t, M, tl.sum(sq_rows, axis=0))
         if NORM:
             norm_when_all_arrived(cnt_ptr, out_ptr, stride_om, nw_ptr, normed_ptr, stride_nm, M, N_OUT, eps,
                                   NORM_CHUNKS)
 
 
 @triton.jit
-def _finish(y, y_up, m_idx, n_idx, mask, n_stream, res_ptr, stride_rm, out_ptr, stride_om, SWIGLU: tl.constexpr,
-            PAIR: tl.constexpr, HAS_RES: tl.constexpr, NORM: tl.constexpr):
+def _finish(y, y_up, m_idx, n_idx, mask, n_stream, res_ptr, stride_rm, out_ptr, stride_om, nw_ptr, scaled_ptr,
+            stride_sm, SWIGLU: tl.constexpr, PAIR: tl.constexpr, HAS_RES: tl.constexpr, NORM: tl.constexpr,
+            DEFER: tl.constexpr):
     """The epilogue of one output (SwiGLU combines the two streams) or, for a pair of tiles, of two. Before a norm
     (NORM) the product is rounded to the output dtype before the residual is added, as the unfused layer's GEMM
-    output and norm round it: the new residual stream is bit-equal to theirs."""
-    if NORM:
-        y = y.to(out_ptr.dtype.element_ty).to(tl.float32)
-        y_up = y_up.to(out_ptr.dtype.element_ty).to(tl.float32)
-    finish_at(y, y_up, m_idx, n_idx, mask, res_ptr, stride_rm, out_ptr, stride_om, SWIGLU, HAS_RES)
-    if PAIR:
-        finish_at(y_up, y_up, m_idx, n_idx + n_stream, mask, res_ptr, stride_rm, out_ptr, stride_om, False, HAS_RES)
+    output and norm round it: the new residual stream is bit-equal to theirs. DEFER (the norm left to the readers,
+    :mod:`.deferred_norm`) also writes the scaled rows; returns the squares of the new residual stream (0 unless
+    DEFER)."""
+    sq = tl.zeros(y.shape, dtype=tl.float32)
+    if DEFER:
+        sq = finish_deferred(y, m_idx, n_idx, mask, res_ptr, stride_rm, out_ptr, stride_om, nw_ptr, scaled_ptr,
+                             stride_sm, HAS_RES)
+        if PAIR:
+            sq += finish_deferred(y_up, m_idx, n_idx + n_stream, mask, res_ptr, stride_rm, out_ptr, stride_om, nw_ptr,
+                                  scaled_ptr, stride_sm, HAS_RES)
+    else:
+        if NORM:
+            y = y.to(out_ptr.dtype.element_ty).to(tl.float32)
+            y_up = y_up.to(out_ptr.dtype.element_ty).to(tl.float32)
+        finish_at(y, y_up, m_idx, n_idx, mask, res_ptr, stride_rm, out_ptr, stride_om, SWIGLU, HAS_RES)
+        if PAIR:
+            finish_at(y_up, y_up, m_idx, n_idx + n_stream, mask, res_ptr, stride_rm, out_ptr, stride_om, False,
+                      HAS_RES)
+    return sq
+
+
+def fragment_tile_groups(n_out: int, cfg: GemmConfig) -> int:
+    """Programs along the output of ``cfg`` over ``n_out`` outputs: the parts of a deferred norm's row sums."""
+    return triton.cdiv(n_out // (2 * TILE_ROWS if cfg.kind == PAIR_KIND else TILE_ROWS), cfg.num_warps)
 
 
 def fragment_splits(kc: int, unroll: int, split: int) -> tuple[int, int]:
@@ -251,19 +305,25 @@ def fragment_splits(kc: int, unroll: int, split: int) -> tuple[int, int]:
 
 def launch_fragment_mma(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, res: torch.Tensor | None,
                         out: torch.Tensor, swiglu: bool, group: int, cfg: GemmConfig,
-                        row_scale: torch.Tensor | None = None, norm: NextNorm | None = None) -> None:
+                        row_scale: torch.Tensor | None = None, norm: NextNorm | None = None,
+                        deferred: NormedRows | None = None, row_norm: NormedRows | None = None) -> None:
     """Launch the fragment decode (``cfg.kind``: ``"frag"``, or ``"frag-pair"``: two tiles per warp, one in each
     half of the output; ``block_m`` tokens per program (8, 16, 32 or 64), ``num_warps`` warps of 16 rows (a pair
     32) per program, ``block_k / 64`` chunks per loop trip, ``split_k``) on codes and scales in the fragment
     layout; ``x [M, K]`` with unit stride along K, ``out [M, N_OUT]`` contiguous. nvfp4 (``row_scale``: its
     per-row global scales) has scale groups of 16 and an even number of chunks per trip. With ``norm`` (as the MoE
     combine takes it) ``y + norm.residual`` goes to ``norm.new_residual`` and ``out`` receives its RMSNorm, written by
-    the launch's last program (:mod:`.norm_epilogue`; it needs the device's arrival counters, ``tile_counters``)."""
+    the launch's last program (:mod:`.norm_epilogue`; it needs the device's arrival counters, ``tile_counters``), or
+    with ``deferred`` too, ``deferred`` receives it in the deferred form (:mod:`.deferred_norm`: ``deferred.stats``
+    has :func:`fragment_tile_groups` parts). ``row_norm``: ``x`` is ``row_norm.scaled``, whose rows the kernel
+    normalizes by ``row_norm.stats``."""
     normed = out
     if norm is not None:
         if res is not None or swiglu:
             raise ValueError("a GEMM that applies the norm after it takes its residual from the norm, and no SwiGLU")
         res, out = norm.residual, norm.new_residual
+        if deferred is not None:
+            normed = deferred.scaled
     m, k = x.shape
     n_out = out.shape[1]
     unroll = cfg.block_k // CHUNK_COLS
@@ -290,16 +350,26 @@ def launch_fragment_mma(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, 
     tokens_first = token_blocks > 1 and tile_groups <= 65535  # grid axis 2 holds at most 65535
     grid = (token_blocks, splits, tile_groups) if tokens_first else (tile_groups, splits, token_blocks)
     sum_mode = split_sum_mode()
-    counters = tile_counters(x.device, grid[0] * grid[2] + (norm is not None)) \
-        if splits > 1 or norm is not None else None
-    if norm is not None and counters is None:
+    last_norm = norm is not None and deferred is None  # the last program normalizes (.norm_epilogue)
+    counters = tile_counters(x.device, grid[0] * grid[2] + last_norm) if splits > 1 or last_norm else None
+    if (last_norm or (deferred is not None and splits > 1)) and counters is None:
         raise ValueError("the norm after a GEMM needs arrival counters: none are free for this launch")
+    if deferred is not None and tuple(deferred.stats.shape) != (fragment_tile_groups(n_out, cfg), m):
+        raise ValueError(f"deferred norm stats of shape {tuple(deferred.stats.shape)} for {cfg} over {m} x {n_out}")
+    if row_norm is not None and (row_norm.scaled.shape != x.shape or row_norm.stats.shape[1] != m):
+        raise ValueError("row_norm must describe x (its scaled rows) and have one column of stats per row")
     nw, eps = (norm.weight, norm.eps) if norm is not None else (out, 0.0)
+    stats_in = row_norm.stats if row_norm is not None else out
+    stats_out = deferred.stats if deferred is not None else out
     tile_sum = splits > 1 and counters is not None and sum_mode == "tile"
     _fragment_mma_kernel[grid](
         x, q if asm else words(q), words(scales), row_scale if fp4 else scales, res_arg, out, ws, counters, nw,
-        normed, m, n_out, kc, k // group, per, x.stride(0), res_arg.stride(0), out.stride(0), normed.stride(0), eps,
-        CPG=cpg, NORM=norm is not None, NORM_CHUNKS=triton.cdiv(n_out, NORM_COLS) if norm is not None else 1,
+        normed, stats_in, stats_out, m, n_out, kc, k // group, per, x.stride(0), res_arg.stride(0), out.stride(0),
+        normed.stride(0), eps, stats_in.shape[0] if row_norm is not None else 0,
+        row_norm.eps if row_norm is not None else 0.0,
+        CPG=cpg, NORM=last_norm, NORM_CHUNKS=triton.cdiv(n_out, NORM_COLS) if last_norm else 1,
+        DEFER=deferred is not None, ROW_NORM=row_norm is not None,
+        PARTS_BLOCK=parts_block(row_norm.stats.shape[0], cfg.block_m) if row_norm is not None else 1,
         SWIGLU=swiglu,
         PAIR=pair, HAS_RES=res is not None, SPLIT=splits > 1, FUSED_REDUCE=counters is not None,
         SUM_ACROSS=counters is not None and sum_mode == "across", SUM_TILE=tile_sum,  # S_BLOCK: one variant otherwise
