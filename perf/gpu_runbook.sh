@@ -69,6 +69,7 @@ mtp-quantized-head    the MTP head quantized by the mtp rules of the recipes: it
 moe-norm-35b          the norm after each MoE block inside its combine launch (on by default, NINFER_MOE_NORM=0 turns it off; 40 launches fewer a 35B-A3B step): its GPU test, the MoE model and speculative GPU tests with it on, the 35B-A3B engine on and off twice
 draft-vocab           the drafts LM head over the 32768 lowest token ids instead of all 248320 (draft_vocab): 27B int4 MTP at C = 1 without then with it, both over the models whole vocabulary (--full-vocab), 35B-A3B at C = 1 with it (forced acceptance: timings only)
 deferred-norm-27b     the norm after each output projection left to the GEMMs that read its rows (NINFER_DEFERRED_NORM=1, 128 launches fewer a 27B step, nothing serial): its GPU tests, whole-model and speculative GPU tests with it on, the 27B int4 engine on and off twice
+deferred-norm-bench   the 27B int4 engine with the deferred norm on and off (timings only, before its GPU tests: a device call of little time)
 norm-in-gemm-27b      the norm after each output projection inside its register decode launch (NINFER_NORM_IN_GEMM=1, 128 launches fewer a 27B step): whole-model and speculative GPU tests with it on, the 27B int4 engine on and off twice
 profile-draft-vocab-27b  a 27B int4 C = 1 round with the drafts over 32768 token ids, then over all (run 2026-12-05.9 never narrowed them: its tokenizer had 481 ids), kernels by family
 profile-mtp-27b-c1    where a 27B int4 MTP round goes at C = 1 (K = 3, all drafts accepted), kernels by family, top 40
@@ -95,6 +96,7 @@ profile-nvfp4-chunks  why the 27B nvfp4 prefill in 1024-token chunks took 4.4k t
 frag-nvfp4            the register decode of fragment-laid nvfp4: its GPU tests, then L2-cold at 1 / 8 tokens against the int4-g64 register decode and the nvfp4 row-major tuner pick on the 27B shapes
 deltanet-tail         the DeltaNet decode with the loads of its last program batched: its GPU tests, the kernel vs fla, the 27B int4 engine at ctx 1k, C = 1 / 8 and an 8k prompt in 1024-token chunks (also the first measure of the tuner candidate lists built once)
 split-sum             the fused split-K reduction of the register decodes split after split (NINFER_SPLIT_SUM=across) and over whole tiles in one load (=tile) against the default: their GPU tests, L2-cold int4-g64 GEMMs at 1 / 8 tokens on the four 27B shapes (the best of every candidate under each)
+split-sum-bench       the L2-cold GEMMs of split-sum without its GPU tests (a device call of little time)
 split-sum-engine      the 27B int4 engine at batch 1 / C = 8 under each split-K sum: each and across on the shipped configs, tile tuning its own keys at start (its choices exported to tuned-h200-tile.json)
 float-gemv            the one-launch float GEMV of the small bf16 projections (routers, a/b gates) against cuBLAS: its GPU tests, the bench at 1-16 tokens, the 35B-A3B engine C = 1 / 8 and its MTP rounds (the tuner picks per shape)
 float-expert-35b      float-gemv and expert-aligned in one call: both GPU tests, the float GEMV against cuBLAS, then 35B-A3B plain steps and MTP rounds at C = 1 / 8
@@ -491,6 +493,12 @@ stage() {
           --l2 cold --shapes gate_up,down,in_proj_qkvz,o_proj --no-gemlite
       done
       ;;
+    split-sum-bench)
+      for mode in each across tile; do
+        NINFER_SPLIT_SUM=$mode part 90 python3 perf/bench_quant_gemm.py --path frag --m 1,8 --formats int4-g64 \
+          --l2 cold --shapes gate_up,down,in_proj_qkvz,o_proj --no-gemlite
+      done
+      ;;
     split-sum-engine)  # each / across: the shipped table; tile tunes its own keys at start (more candidates)
       for mode in each across; do
         NINFER_SPLIT_SUM=$mode part 110 python3 perf/bench_engine.py --shape 27b --recipe int4 --contexts 1024 \
@@ -547,6 +555,10 @@ stage() {
       NINFER_DEFERRED_NORM=1 gpu_tests 120 model_gpu -k "triton_path or bf16_error or graphs_equal"
       NINFER_DEFERRED_NORM=1 NINFER_AUTOTUNE=off gpu_tests 100 speculative_gpu -k "greedy_equals_plain"
       part 300 python3 perf/bench_engine.py --shape 27b --recipe int4 --contexts 1024 --lanes 1 8 --steps 12 \
+        --toggle NINFER_DEFERRED_NORM=1,0,1,0
+      ;;
+    deferred-norm-bench)
+      part 280 python3 perf/bench_engine.py --shape 27b --recipe int4 --contexts 1024 --lanes 1 8 --steps 12 \
         --toggle NINFER_DEFERRED_NORM=1,0,1,0
       ;;
     norm-in-gemm-27b)  # off by default until measured
