@@ -21,7 +21,10 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-MAX_ROWS = 32  # tokens up to which an output projection defers its norm: the register decode's decode sizes
+# Tokens up to which an output projection defers its norm: where its readers take the register decode and the float
+# GEMV (at 17-32 tokens the tuner may pick the tiled GEMM, and the float GEMV stops at 16; both would read the
+# rows materialized, a few launches more than the norm's own).
+MAX_ROWS = 16
 STATS_ELEMENTS = 1024  # shares x rows a consumer loads per step of its sum (8 registers a thread at 128 threads)
 
 
