@@ -553,6 +553,7 @@ stage() {
     deferred-norm-27b)  # off by default until measured
       gpu_tests 150 deferred_norm_gpu -n 4
       NINFER_DEFERRED_NORM=1 gpu_tests 120 model_gpu -k "triton_path or bf16_error or graphs_equal"
+      NINFER_DEFERRED_NORM=1 gpu_tests 120 fragments_model_gpu  # readers wide enough for the fragment layout
       NINFER_DEFERRED_NORM=1 NINFER_AUTOTUNE=off gpu_tests 100 speculative_gpu -k "greedy_equals_plain"
       part 300 python3 perf/bench_engine.py --shape 27b --recipe int4 --contexts 1024 --lanes 1 8 --steps 12 \
         --toggle NINFER_DEFERRED_NORM=1,0,1,0

@@ -91,3 +91,27 @@ def test_programmatic_dependent_launch_decodes_bit_equal(dense: TinyCheckpoint,
         assert a.token_ids == b.token_ids
         assert [{t: lp.logprob for t, lp in d.items()} for d in a.logprobs] == \
             [{t: lp.logprob for t, lp in d.items()} for d in b.logprobs]
+
+
+def test_the_deferred_norm_decodes_like_the_norm_kernels(dense: TinyCheckpoint,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """``NINFER_DEFERRED_NORM=1`` (the output projections leave the norms after them to the projections that read
+    the rows, all of them in the fragment layout here): the same greedy tokens, logprobs within bf16 rounding, from
+    the captured graphs; and the deferral did happen."""
+    import ninfer.kernels.quant_gemm.dispatch as quant_dispatch
+
+    kw = dict(device="cuda", dtype=torch.bfloat16, quantize="int4", progress=False, max_concurrency=2)
+    deferred = []
+    launch = quant_dispatch.launch_fragment_mma
+    monkeypatch.setattr(quant_dispatch, "launch_fragment_mma", lambda *a, **k: deferred.append(
+        (k.get("deferred") is not None, k.get("row_norm") is not None)) or launch(*a, **k))
+    outs = []
+    for on in ("0", "1"):
+        monkeypatch.setenv("NINFER_DEFERRED_NORM", on)
+        llm = ninfer.load(dense.path, **kw)
+        outs.append([llm.generate(_prompt(40, seed), max_new_tokens=24, greedy=True, logprobs=1, ignore_eos=True)
+                     for seed in (6, 7)])
+        del llm
+    assert any(d for d, _ in deferred) and any(r for _, r in deferred)
+    for a, b in zip(*outs):
+        assert_same_up_to_rounding(a, b, greedy=True)
