@@ -10,7 +10,8 @@ from torch import nn
 from ninfer.config import ModelConfig
 from ninfer.kernels.moe import moe_experts, moe_experts_then_norm, route_topk
 from ninfer.kernels.overlap import overlapped
-from ninfer.models.layers import MLP, FusedRows, RMSNorm, linear
+from ninfer.kernels.norms import NormedRows
+from ninfer.models.layers import MLP, FusedRows, RMSNorm, linear, reads_deferred_norm
 
 if TYPE_CHECKING:
     from ninfer.quant.formats import QuantizedTensor
@@ -49,13 +50,21 @@ class SparseMoeBlock(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return moe_experts(x, *self._routed(x))
 
-    def forward_then_norm(self, x: torch.Tensor, norm: RMSNorm, residual: torch.Tensor | None,
+    def forward_then_norm(self, x: torch.Tensor | NormedRows, norm: RMSNorm, residual: torch.Tensor | None,
                           defer: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """``norm(self(x), residual)``, the norm applied by the combine in its own launch on CUDA (never deferred:
-        ``defer`` is the readers' offer, which this block declines)."""
+        ``defer`` is the readers' offer, which this block declines). ``x`` may come with its norm deferred: the
+        router, the shared expert and the routed experts' gate/up normalize it."""
+        if isinstance(x, NormedRows) and not x.is_cuda:  # the CPU reference paths take plain rows
+            x = x.materialize()
         return moe_experts_then_norm(x, *self._routed(x), norm.weight, norm.eps, residual)
 
-    reads_deferred_norm = False  # the router, the top-k and the expert kernels take plain rows
+    @property
+    def reads_deferred_norm(self) -> bool:
+        """The router (the float GEMV or a quantized GEMM), the shared expert and quantized routed experts (their
+        GEMV and register decode) normalize deferred rows themselves."""
+        return (reads_deferred_norm(self.router) and self.shared_expert.reads_deferred_norm
+                and not isinstance(self.experts.gate_up_proj, torch.Tensor))
 
     def _routed(self, x: torch.Tensor) -> tuple:
         """The experts' arguments after ``x``: stacks, routing weights and ids, the shared expert."""

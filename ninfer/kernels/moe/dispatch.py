@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from ninfer.kernels.dispatch import norm_in_moe_combine, use_triton
 from ninfer.kernels.moe.gemm import SharedExpert, Weight, moe_experts_triton
 from ninfer.kernels.moe.quant_gemm import QUANT_FORMATS
-from ninfer.kernels.norms import NextNorm, rms_norm
+from ninfer.kernels.norms import NextNorm, NormedRows, as_rows, rms_norm
 from ninfer.kernels.overlap import wait_for
 from ninfer.kernels.quant_gemm.weights import QuantizedTensor
 
@@ -54,29 +54,35 @@ def _triton_reads(w: Weight) -> bool:
 
 
 def moe_experts(
-    x: torch.Tensor, gate_up: Weight, down: Weight, weights: torch.Tensor, ids: torch.Tensor,
+    x: torch.Tensor | NormedRows, gate_up: Weight, down: Weight, weights: torch.Tensor, ids: torch.Tensor,
     shared: SharedExpert | None = None,
 ) -> torch.Tensor:
     """Routed experts; ``gate_up`` and ``down`` are float stacks or quantized ones (any mix). ``shared``: a gated
     shared expert's ``(output, gate logit)``, added in the combine's launch on CUDA; its output may still be
-    computing on another stream (:class:`~ninfer.kernels.overlap.Overlapped`): the combine waits for it."""
-    if use_triton(x) and x.dim() == 2 and _triton_reads(gate_up) and _triton_reads(down):
+    computing on another stream (:class:`~ninfer.kernels.overlap.Overlapped`): the combine waits for it. ``x``
+    may come with its norm deferred (:class:`~ninfer.kernels.norms.NormedRows`)."""
+    if _triton_applies(x, gate_up, down):
         return moe_experts_triton(x, gate_up, down, weights, ids, shared=shared)
-    return moe_experts_reference(x, gate_up, down, weights, ids, shared)
+    return moe_experts_reference(as_rows(x), gate_up, down, weights, ids, shared)
+
+
+def _triton_applies(x: torch.Tensor | NormedRows, gate_up: Weight, down: Weight) -> bool:
+    rows = x.scaled if isinstance(x, NormedRows) else x
+    return use_triton(rows) and rows.dim() == 2 and _triton_reads(gate_up) and _triton_reads(down)
 
 
 def moe_experts_then_norm(
-    x: torch.Tensor, gate_up: Weight, down: Weight, weights: torch.Tensor, ids: torch.Tensor,
+    x: torch.Tensor | NormedRows, gate_up: Weight, down: Weight, weights: torch.Tensor, ids: torch.Tensor,
     shared: SharedExpert | None, norm_weight: torch.Tensor, eps: float, residual: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``rms_norm(moe_experts(...), norm_weight, eps, residual)``: the block's output through the norm that follows
     it, ``(normed, new_residual)``. On CUDA the combine applies the norm in its own launch (unless
     ``NINFER_MOE_NORM=0``)
     (one launch fewer per MoE layer: the next layer's input norm, or the model's final norm)."""
-    fused = (norm_in_moe_combine() and use_triton(x) and x.dim() == 2 and _triton_reads(gate_up) and _triton_reads(down)
+    fused = (norm_in_moe_combine() and _triton_applies(x, gate_up, down)
              and (residual is None or (residual.dtype == x.dtype and residual.shape == x.shape
                                        and residual.is_contiguous())))
     if not fused:
         return rms_norm(moe_experts(x, gate_up, down, weights, ids, shared), norm_weight, eps, residual)
-    norm = NextNorm(norm_weight.contiguous(), eps, residual, torch.empty_like(x))
+    norm = NextNorm(norm_weight.contiguous(), eps, residual, torch.empty(x.shape, dtype=x.dtype, device=x.device))
     return moe_experts_triton(x, gate_up, down, weights, ids, shared=shared, norm=norm), norm.new_residual

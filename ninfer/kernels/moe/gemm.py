@@ -48,7 +48,7 @@ from ninfer.kernels.moe.align import (
     pair_rows,
 )
 from ninfer.kernels.moe.quant_gemm import launch_quant_experts
-from ninfer.kernels.norms import NextNorm
+from ninfer.kernels.norms import NextNorm, NormedRows
 from ninfer.kernels.overlap import Overlapped, wait_for
 from ninfer.kernels.quant_gemm.tune import GemmConfig
 from ninfer.kernels.quant_gemm.weights import QuantizedTensor
@@ -225,7 +225,7 @@ def block_m_for(pairs: int, num_experts: int) -> int:
     return 16 if pairs <= SKINNY_ROWS * num_experts else 64
 
 
-def moe_experts_triton(x: torch.Tensor, gate_up: Weight, down: Weight, weights: torch.Tensor,
+def moe_experts_triton(x: torch.Tensor | NormedRows, gate_up: Weight, down: Weight, weights: torch.Tensor,
                        ids: torch.Tensor, *, path: str | GemmConfig | None = None,
                        shared: SharedExpert | None = None, norm: NextNorm | None = None) -> torch.Tensor:
     """Triton ``moe_experts_reference``: ``x [N, H]``, ``gate_up [E, 2I, H]`` (gate rows first),
@@ -238,7 +238,15 @@ def moe_experts_triton(x: torch.Tensor, gate_up: Weight, down: Weight, weights: 
     as ``sigmoid(logit) * output`` (:func:`ninfer.kernels.moe.dispatch.moe_experts_reference` defines it); the
     combine waits for an output still computing on another stream. ``norm``: the combine also applies the norm
     that follows the block (:func:`ninfer.kernels.moe.dispatch.moe_experts_then_norm`); its new residual stream
-    is written to ``norm.new_residual``, and the normed output is returned."""
+    is written to ``norm.new_residual``, and the normed output is returned. ``x`` may come with its norm deferred
+    (:class:`~ninfer.kernels.norms.NormedRows`): quantized gate/up stacks normalize it in their kernels, float ones
+    read it materialized."""
+    row_norm = None
+    if isinstance(x, NormedRows):
+        if isinstance(gate_up, QuantizedTensor) and gate_up.format.name != "bf16":
+            x, row_norm = x.scaled, x
+        else:
+            x = x.materialize()
     n, h = x.shape
     e, two_i, hk = gate_up.shape
     inter_size = two_i // 2
@@ -256,13 +264,15 @@ def moe_experts_triton(x: torch.Tensor, gate_up: Weight, down: Weight, weights: 
     if n == 0:
         wait_for(pending)
         return out
-    x = x if x.stride(-1) == 1 else x.contiguous()
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+        row_norm = NormedRows(x, row_norm.stats, row_norm.eps) if row_norm is not None else None
     rw = weights.reshape(-1).contiguous()
     nk = n * top_k
     rows = expert_rows(ids, e, DIRECT_MAX_PAIRS, block_m_for(nk, e))
     inter = torch.empty(nk, inter_size, dtype=x.dtype, device=x.device)
     y = torch.empty(nk, h, dtype=x.dtype, device=x.device)
-    _launch(rows, x, gate_up, inter, rw, a_div=top_k, swiglu=True, path=path)
+    _launch(rows, x, gate_up, inter, rw, a_div=top_k, swiglu=True, path=path, row_norm=row_norm)
     _launch(rows, inter, down, y, rw, a_div=1, swiglu=False, path=path)
     # With the norm, one program holds a whole row (the RMS needs it): 2048 for the 35B-A3B.
     block = triton.next_power_of_2(h) if norm is not None else min(1024, triton.next_power_of_2(h))
@@ -277,12 +287,13 @@ def moe_experts_triton(x: torch.Tensor, gate_up: Weight, down: Weight, weights: 
 
 
 def _launch(rows: ExpertRows, a: torch.Tensor, w: Weight, dst: torch.Tensor, rw: torch.Tensor, *, a_div: int,
-            swiglu: bool, path: str | GemmConfig | None = None) -> None:
-    """``dst[pair] = f(a[pair // a_div] @ w[expert]^T)``: SwiGLU for gate/up, the routing weight for down."""
+            swiglu: bool, path: str | GemmConfig | None = None, row_norm: NormedRows | None = None) -> None:
+    """``dst[pair] = f(a[pair // a_div] @ w[expert]^T)``: SwiGLU for gate/up, the routing weight for down.
+    ``row_norm`` (quantized stacks only): ``a`` is its scaled rows."""
     if isinstance(w, QuantizedTensor) and w.format.name == "bf16":
         w = w.tensors["weight"]
     if isinstance(w, QuantizedTensor):
-        launch_quant_experts(rows, a, w, dst, rw, a_div=a_div, swiglu=swiglu, path=path)
+        launch_quant_experts(rows, a, w, dst, rw, a_div=a_div, swiglu=swiglu, path=path, row_norm=row_norm)
         return
     w = w if w.stride(-1) == 1 else w.contiguous()
     n_out, k_dim = dst.shape[1], a.shape[1]

@@ -44,7 +44,7 @@ from ninfer.kernels.moe.quant_gemv import (
     expert_gemv_candidates,
     launch_expert_gemv,
 )
-
+from ninfer.kernels.norms import NormedRows
 from ninfer.kernels.quant_gemm.common import FMT_CODES, finish
 from ninfer.kernels.quant_gemm.gemm import k_loop
 from ninfer.kernels.quant_gemm.tune import GemmConfig, sm_count
@@ -185,7 +185,8 @@ def _bytes(t: torch.Tensor) -> torch.Tensor:
 
 
 def launch_quant_experts(rows: ExpertRows, a: torch.Tensor, w: QuantizedTensor, dst: torch.Tensor,
-                         rw: torch.Tensor, *, a_div: int, swiglu: bool, path: str | GemmConfig | None = None) -> None:
+                         rw: torch.Tensor, *, a_div: int, swiglu: bool, path: str | GemmConfig | None = None,
+                         row_norm: NormedRows | None = None) -> None:
     """``dst[pair] = f(a[pair // a_div] @ dequantize(w)[expert]^T)`` for every routed pair, ``w`` a
     quantized stack ``[E, N, K]``: SwiGLU over the two row halves (gate/up, ``dst`` has N / 2
     columns) or times the routing weight ``rw[pair]`` (down).
@@ -195,7 +196,8 @@ def launch_quant_experts(rows: ExpertRows, a: torch.Tensor, w: QuantizedTensor, 
     "dot" pins the ``tl.dot`` kernels, "gemv" the GEMV's first candidate wherever it applies
     (alignment-free decode rows; the dot elsewhere), "mma" the register decode's (:mod:`.quant_mma`: int4 stacks at
     decode rows or in blocks of 16 pairs; the dot elsewhere); a ``GemmConfig`` of either kind pins exactly that
-    (tests, benchmarks; a GEMV config raises on aligned rows)."""
+    (tests, benchmarks; a GEMV config raises on aligned rows). ``row_norm``: ``a`` is its scaled rows, whose norm the
+    GEMV and the register decode apply (tuned apart, without the dot), the dot reads them materialized."""
     name = w.format.name
     if name not in QUANT_FORMATS or len(w.shape) != 3:
         raise ValueError(f"no grouped expert GEMM for a {name} weight of shape {list(w.shape)}")
@@ -207,17 +209,18 @@ def launch_quant_experts(rows: ExpertRows, a: torch.Tensor, w: QuantizedTensor, 
 
     def launch(cfg: GemmConfig) -> None:
         if cfg.kind == "dot":
-            _launch_dot(rows, a, w, dst, rw, a_div=a_div, swiglu=swiglu)
+            _launch_dot(rows, a if row_norm is None else row_norm.materialize(), w, dst, rw, a_div=a_div,
+                        swiglu=swiglu)
         elif cfg.kind == EXPERT_MMA_KIND:
-            launch_expert_mma(rows, a, w, dst, rw, a_div=a_div, swiglu=swiglu, cfg=cfg)
+            launch_expert_mma(rows, a, w, dst, rw, a_div=a_div, swiglu=swiglu, cfg=cfg, row_norm=row_norm)
         else:
-            launch_expert_gemv(rows, a, w, dst, rw, a_div=a_div, swiglu=swiglu, cfg=cfg)
+            launch_expert_gemv(rows, a, w, dst, rw, a_div=a_div, swiglu=swiglu, cfg=cfg, row_norm=row_norm)
 
     path = default_path() if path is None else path
     if isinstance(path, GemmConfig):
         cfg = path
     elif path == "auto":
-        cfg = choose_config(name, a, rows, n_out, k_dim, swiglu, launch)
+        cfg = choose_config(name, a, rows, n_out, k_dim, swiglu, launch, normed=row_norm is not None)
     elif path == "dot":
         cfg = GROUPED_DOT
     elif path == "gemv":  # where it applies (alignment-free decode rows), else the dot

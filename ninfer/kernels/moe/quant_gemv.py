@@ -44,7 +44,9 @@ from ninfer.kernels.moe.align import ExpertRows, pair_group, pair_rows
 from ninfer.kernels.moe.quant_mma import ALIGNED_MAX_PAIRS, expert_mma_candidates, takes_rows
 from ninfer.kernels.moe.quant_mma import FORMATS as MMA_FORMATS
 from ninfer.kernels.quant_gemm import tune as quant_gemm_tune
+from ninfer.kernels.norms import NormedRows
 from ninfer.kernels.quant_gemm.common import FMT_CODES, finish, kernel_tensors
+from ninfer.kernels.quant_gemm.deferred_norm import parts_block, rows_rstd
 from ninfer.kernels.quant_gemm.tune import GemmConfig, kernel_params, sm_count
 from ninfer.kernels.quant_gemm.gemv_steps import (
     gemv_decode,
@@ -154,18 +156,20 @@ def _k_range(acc, acc_up, x_ptr, xrows, n_rows, q_ptr, s_ptr, rows, k_first, ste
     return acc, acc_up
 
 
-@triton.jit(do_not_specialize=["NK", "k_per_split"])  # pair counts and split lengths vary: no recompiles
+@triton.jit(do_not_specialize=["NK", "k_per_split", "M_TOK"])  # pair / token counts, split lengths vary
 def _moe_gemv_kernel(
-    x_ptr, q_ptr, s_ptr, rs_ptr, out_ptr, rw_ptr, ws_ptr, ids_ptr,
-    NK, N_OUT, K, a_div, k_per_split,
+    x_ptr, q_ptr, s_ptr, rs_ptr, out_ptr, rw_ptr, ws_ptr, ids_ptr, stats_ptr,
+    NK, N_OUT, K, a_div, k_per_split, M_TOK, n_parts, eps,
     stride_xm, stride_qe, stride_qn, stride_se, stride_sn, stride_re, stride_om,
-    FMT: tl.constexpr, GROUP: tl.constexpr, ROW_BLOCK: tl.constexpr, ROW_SCALE: tl.constexpr,
+    ROW_NORM: tl.constexpr, PARTS_BLOCK: tl.constexpr, FMT: tl.constexpr, GROUP: tl.constexpr, ROW_BLOCK: tl.constexpr, ROW_SCALE: tl.constexpr,
     SWIGLU: tl.constexpr, ROUTE_WEIGHT: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PAIRS_BLOCK: tl.constexpr,
     PREFETCH: tl.constexpr, WORDS: tl.constexpr,
 ):
     """``out[pair, n] = f(x[pair // a_div] . W[expert(pair), n])`` for BLOCK_N columns and one K range
-    of every pair whose expert is that of pair ``program_id(0)``, if that pair is the expert's first."""
+    of every pair whose expert is that of pair ``program_id(0)``, if that pair is the expert's first. ROW_NORM: ``x``
+    holds rows whose norm was deferred (:mod:`~ninfer.kernels.quant_gemm.deferred_norm`), each pair's sums are scaled
+    by its token row's factor from ``stats [n_parts, M_TOK]``."""
     expert, match, rank, count, earlier = pair_group(ids_ptr, tl.program_id(0), NK, PAIRS_BLOCK)
     if earlier > 0:
         return
@@ -190,6 +194,10 @@ def _moe_gemv_kernel(
         acc, acc_up = _k_range(acc, acc_up, x_ptr, xrows, count - t0, q_ptr, s_ptr, rows, k_first, steps, N_OUT,
                                K, stride_xm, stride_qn, stride_sn, FMT, GROUP, ROW_BLOCK, SWIGLU, BLOCK_N, BLOCK_M,
                                BLOCK_K, EVEN_K, PREFETCH, WORDS)
+        if ROW_NORM:  # before SwiGLU, for the gate and the up sums alike
+            factor = rows_rstd(stats_ptr, n_parts, xrows, M_TOK, K, eps, PARTS_BLOCK)[None, :]
+            acc *= factor
+            acc_up *= factor
         if ROW_SCALE:
             acc *= tl.load(rs_ptr + offs_n, mask=n_ok, other=0.0)[:, None]
             if SWIGLU:
@@ -204,10 +212,11 @@ def _moe_gemv_kernel(
 
 
 def launch_expert_gemv(rows: ExpertRows, a: torch.Tensor, w: QuantizedTensor, dst: torch.Tensor, rw: torch.Tensor,
-                       *, a_div: int, swiglu: bool, cfg: GemmConfig) -> None:
+                       *, a_div: int, swiglu: bool, cfg: GemmConfig, row_norm: NormedRows | None = None) -> None:
     """``dst[pair] = f(a[pair // a_div] @ dequantize(w)[expert]^T)`` as ``launch_quant_experts`` defines it,
     through the GEMV kernel with ``cfg`` (``kind`` "gemv", "gemv-prefetch" or, int4 only, "gemv-w32";
-    ``block_m``: pairs of one expert per pass over its rows). Needs the alignment-free rows (``rows.direct``)."""
+    ``block_m``: pairs of one expert per pass over its rows). Needs the alignment-free rows (``rows.direct``).
+    ``row_norm``: ``a`` is its scaled rows, normalized in the kernel."""
     if not rows.direct:
         raise ValueError(f"the expert GEMV needs alignment-free decode rows, got {rows.pairs} aligned pairs")
     if not cfg.kind.startswith("gemv"):
@@ -233,9 +242,13 @@ def launch_expert_gemv(rows: ExpertRows, a: torch.Tensor, w: QuantizedTensor, ds
         if splits > 1 else dst
     rs = row_scale if row_scale is not None else scales
     grid = (nk, triton.cdiv(n_out, cfg.block_n), splits)
+    stats = row_norm.stats if row_norm is not None else rs
     _moe_gemv_kernel[grid](
-        x_ptr=a, q_ptr=q, s_ptr=scales, rs_ptr=rs, out_ptr=dst, rw_ptr=rw, ws_ptr=ws, ids_ptr=rows.flat_ids, NK=nk,
-        N_OUT=n_out, K=k, a_div=a_div, k_per_split=per_split * cfg.block_k, stride_xm=a.stride(0),
+        x_ptr=a, q_ptr=q, s_ptr=scales, rs_ptr=rs, out_ptr=dst, rw_ptr=rw, ws_ptr=ws, ids_ptr=rows.flat_ids,
+        stats_ptr=stats, NK=nk, N_OUT=n_out, K=k, a_div=a_div, k_per_split=per_split * cfg.block_k,
+        M_TOK=a.shape[0], n_parts=stats.shape[0] if row_norm is not None else 0,
+        eps=row_norm.eps if row_norm is not None else 0.0, ROW_NORM=row_norm is not None,
+        PARTS_BLOCK=parts_block(stats.shape[0], cfg.block_m) if row_norm is not None else 1, stride_xm=a.stride(0),
         stride_qe=q.stride(0), stride_qn=q.stride(1), stride_se=scales.stride(0),
         stride_sn=scales.stride(1) if scales.dim() == 3 else 0, stride_re=rs.stride(0), stride_om=dst.stride(0),
         FMT=FMT_CODES[name], GROUP=p["group"], ROW_BLOCK=p["row_block"], ROW_SCALE=row_scale is not None,
@@ -276,25 +289,27 @@ TABLE = "moe_gemv"  # the tuner state's and the disk cache's table of these choi
 
 
 def choose_config(fmt: str, a: torch.Tensor, rows: ExpertRows, n_out: int, k: int, swiglu: bool,
-                  launch: Callable[[GemmConfig], None]) -> GemmConfig:
+                  launch: Callable[[GemmConfig], None], normed: bool = False) -> GemmConfig:
     """``GROUPED_DOT`` or a GEMV config for this call, by the process's tuner state
     (:func:`ninfer.kernels.tuning.default_tuner`, table ``"moe_gemv"``). Alignment-free calls of <= MAX_PAIRS
     pairs are tuned; their first tunable call per key takes the choice stored on disk if
     it is still a candidate, else times ``launch`` of each candidate (graph replays) and keeps (and stores)
     the fastest. Untuned keys (capture, interpreter, CPU, ``NINFER_QUANT_TUNE=0``): the dot. Aligned calls of up
     to ``ALIGNED_MAX_PAIRS`` pairs in blocks of 16 (a speculative verification of several lanes) choose between
-    the dot and the register decode (:mod:`.quant_mma`) the same way."""
+    the dot and the register decode (:mod:`.quant_mma`) the same way. ``normed``: the activations' norm was deferred
+    (``launch`` normalizes them): tuned apart, the dot (which would read them materialized) not among the candidates."""
     floats = a.dtype in (torch.bfloat16, torch.float16)
     aligned = not rows.direct and takes_rows(rows) and rows.pairs <= ALIGNED_MAX_PAIRS and floats and fmt in MMA_FORMATS
     if not aligned and (not rows.direct or rows.pairs > MAX_PAIRS):
         return GROUPED_DOT
-    key = (fmt, a.dtype, rows.tune_m, n_out, k, swiglu, a.device)
+    key = (fmt, a.dtype, rows.tune_m, n_out, k, swiglu, a.device) + (("row-norm",) if normed else ())
 
     def cands() -> list[GemmConfig]:
         sms = sm_count(a.device)
         register_decode = expert_mma_candidates(fmt, rows.pairs, n_out, k, sms) if floats else []
         gemv = [] if aligned else expert_gemv_candidates(fmt, rows.pairs, n_out, k, sms)
-        return [GROUPED_DOT, *gemv, *register_decode]
+        kernels = [*gemv, *register_decode]
+        return kernels if normed and kernels else [GROUPED_DOT, *kernels]
 
     def time_fn(cfgs: list[GemmConfig]) -> dict[GemmConfig, float]:
         return quant_gemm_tune.time_candidates(cfgs, launch, graphs=True)

@@ -31,7 +31,10 @@ import triton.language as tl
 
 from ninfer.kernels.dispatch import INTERPRET, split_sum_across
 from ninfer.kernels.moe.align import ExpertRows, pair_group, pair_rows
+from ninfer.kernels.norms import NormedRows
 from ninfer.kernels.quant_gemm.common import finish_at
+from ninfer.kernels.quant_gemm.deferred_norm import MAX_ROWS as MAX_NORMED_TOKENS
+from ninfer.kernels.quant_gemm.deferred_norm import parts_block, rows_rstd
 from ninfer.kernels.quant_gemm.fragment_mma import fragment_splits
 from ninfer.kernels.quant_gemm.fragment_steps import add_scaled, decode_codes, mma_block, x_words
 from ninfer.kernels.quant_gemm.fragment_ptx import (
@@ -145,9 +148,9 @@ def _slot_pair(slot, block_pairs):
 
 @triton.jit(do_not_specialize=["NK", "chunks_per_split"])
 def _expert_mma_kernel(
-    x_ptr, q_ptr, s_ptr, rw_ptr, out_ptr, ws_ptr, cnt_ptr, ids_ptr, sorted_ptr, block_experts_ptr,
+    x_ptr, q_ptr, s_ptr, rw_ptr, out_ptr, ws_ptr, cnt_ptr, ids_ptr, sorted_ptr, block_experts_ptr, stats_ptr,
     NK, N_OUT, a_div, chunks_per_split, KC, stride_xm, stride_qe, stride_qn, stride_se, stride_sn, stride_om,
-    CPG: tl.constexpr, SWIGLU: tl.constexpr, SPLIT: tl.constexpr, FUSED_REDUCE: tl.constexpr, SUM_ACROSS: tl.constexpr,
+    M_TOK, n_parts, eps, ROW_NORM: tl.constexpr, TOKENS: tl.constexpr, PARTS_BLOCK: tl.constexpr, CPG: tl.constexpr, SWIGLU: tl.constexpr, SPLIT: tl.constexpr, FUSED_REDUCE: tl.constexpr, SUM_ACROSS: tl.constexpr,
     WARPS: tl.constexpr, UNROLL: tl.constexpr, PREFETCH: tl.constexpr, PAIRS_BLOCK: tl.constexpr,
     ALIGNED: tl.constexpr, DECODE_ASM: tl.constexpr, DECODE_OPERANDS: tl.constexpr, MMA_ASM: tl.constexpr,
     ASM: tl.constexpr,
@@ -183,8 +186,10 @@ def _expert_mma_kernel(
     # the D fragment's pairs (N index 2t, 2t + 1): the portable body's activation rows, then the stores
     pair0 = _slot_pair(2 * t, block_pairs)
     pair1 = _slot_pair(2 * t + 1, block_pairs)
-    x_row0 = tl.where(pair0 < NK, pair0 // a_div, 0).to(tl.int64) * stride_xm
-    x_row1 = tl.where(pair1 < NK, pair1 // a_div, 0).to(tl.int64) * stride_xm
+    tok_0 = tl.where(pair0 < NK, pair0 // a_div, 0)
+    tok_1 = tl.where(pair1 < NK, pair1 // a_div, 0)
+    x_row0 = tok_0.to(tl.int64) * stride_xm
+    x_row1 = tok_1.to(tl.int64) * stride_xm
     row_g, row_h, row_g_up, row_h_up, x_lane = q_row, q_row, q_row, q_row, x_row_b
     if ASM:
         row_g = q_row.to(tl.int64) + t * 8
@@ -195,6 +200,9 @@ def _expert_mma_kernel(
     zero = tl.zeros((32 * WARPS,), dtype=tl.float32)
     acc = (zero, zero, zero, zero)
     acc_up = acc
+    r = tl.zeros((TOKENS,), dtype=tl.float32)
+    if ROW_NORM:  # the token rows' norm factors (x holds h * (1 + w): quant_gemm.deferred_norm), loaded early
+        r = rows_rstd(stats_ptr, n_parts, tl.arange(0, TOKENS), M_TOK, KC * 64, eps, PARTS_BLOCK)
     c_first = tl.program_id(1) * chunks_per_split
     c_last = tl.minimum(c_first + chunks_per_split, KC)
     codes = _trip_codes(row_g, row_h, c_first, UNROLL, ASM)
@@ -214,6 +222,12 @@ def _expert_mma_kernel(
             codes = codes_next
             codes_up = codes_up_next
     # accumulator i: row tile * 16 + g + 8 (i // 2), pair slot 2t + i % 2
+    if ROW_NORM:  # each pair's sums times its token row's factor, before SwiGLU
+        toks = tl.arange(0, TOKENS)[None, :]
+        f0 = tl.sum(tl.where(toks == tok_0[:, None], r[None, :], 0.0), axis=1)
+        f1 = tl.sum(tl.where(toks == tok_1[:, None], r[None, :], 0.0), axis=1)
+        acc = (acc[0] * f0, acc[1] * f1, acc[2] * f0, acc[3] * f1)
+        acc_up = (acc_up[0] * f0, acc_up[1] * f1, acc_up[2] * f0, acc_up[3] * f1)
     pid_s = tl.program_id(1)
     for i in tl.static_range(4):
         pair = pair0 if i % 2 == 0 else pair1
@@ -260,11 +274,12 @@ def expert_mma_fits(fmt: str, n_out: int, k: int, unroll: int = 2) -> bool:
 
 
 def launch_expert_mma(rows: ExpertRows, a: torch.Tensor, w, dst: torch.Tensor, rw: torch.Tensor, *, a_div: int,
-                      swiglu: bool, cfg: GemmConfig) -> None:
+                      swiglu: bool, cfg: GemmConfig, row_norm: NormedRows | None = None) -> None:
     """``dst[pair] = f(a[pair // a_div] @ dequantize(w)[expert]^T)`` (``launch_quant_experts``'s contract) for an
     int4 stack ``w`` (a ``QuantizedTensor [E, N, K]``, row-major) through this kernel: ``cfg.num_warps`` 16-row
     tiles per program, ``cfg.block_k / 64`` chunks per loop trip, ``cfg.split_k``, ``num_stages > 1``: prefetch.
-    Takes the alignment-free rows of decode (``rows.direct``) or rows aligned to blocks of 16."""
+    Takes the alignment-free rows of decode (``rows.direct``) or rows aligned to blocks of 16. ``row_norm``: ``a`` is
+    its scaled rows (at most ``MAX_NORMED_TOKENS``), normalized in the kernel."""
     name = w.format.name
     n_out, k = dst.shape[1], a.shape[1]
     unroll = cfg.block_k // 64
@@ -288,10 +303,17 @@ def launch_expert_mma(rows: ExpertRows, a: torch.Tensor, w, dst: torch.Tensor, r
     ty = "f16" if a.dtype == torch.float16 else "bf16"
     ids, sorted_pairs, block_experts = (rows.flat_ids, None, None) if rows.direct else \
         (None, rows.sorted_pairs, rows.block_experts)
+    if row_norm is not None and a.shape[0] > MAX_NORMED_TOKENS:
+        raise ValueError(f"the expert register decode normalizes at most {MAX_NORMED_TOKENS} token rows")
+    stats = row_norm.stats if row_norm is not None else rw
+    tokens = triton.next_power_of_2(a.shape[0]) if row_norm is not None else 1
     _expert_mma_kernel[grid](
-        a, q, scales, rw, dst, ws, counters, ids, sorted_pairs, block_experts, nk, n_out, a_div, per, kc, a.stride(0),
-        q.stride(0),
-        q.stride(1), scales.stride(0), scales.stride(1), dst.stride(0), CPG=FORMATS[name] // 64, SWIGLU=swiglu,
+        a, q, scales, rw, dst, ws, counters, ids, sorted_pairs, block_experts, stats, nk, n_out, a_div, per, kc,
+        a.stride(0), q.stride(0), q.stride(1), scales.stride(0), scales.stride(1), dst.stride(0), a.shape[0],
+        stats.shape[0] if row_norm is not None else 0, row_norm.eps if row_norm is not None else 0.0,
+        ROW_NORM=row_norm is not None, TOKENS=tokens,
+        PARTS_BLOCK=parts_block(stats.shape[0], tokens) if row_norm is not None else 1, CPG=FORMATS[name] // 64,
+        SWIGLU=swiglu,
         SPLIT=splits > 1, FUSED_REDUCE=counters is not None, SUM_ACROSS=counters is not None and split_sum_across(),
         WARPS=cfg.num_warps, UNROLL=unroll,
         PREFETCH=cfg.num_stages > 1, PAIRS_BLOCK=rows.pairs_block, ALIGNED=not rows.direct,
