@@ -79,15 +79,7 @@ def test_programmatic_dependent_launch_decodes_bit_equal(dense: TinyCheckpoint,
     changes when kernels start, never what they compute: the same tokens and logprobs from the captured graphs."""
     if torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("programmatic dependent launch needs compute capability 9.0")
-    kw = dict(device="cuda", dtype=torch.bfloat16, quantize="int4", progress=False, max_concurrency=2)
-    outs = []
-    for pdl in ("0", "1"):
-        monkeypatch.setenv("NINFER_PDL", pdl)
-        llm = ninfer.load(dense.path, **kw)
-        outs.append([llm.generate(_prompt(40, seed), max_new_tokens=24, greedy=True, logprobs=1, ignore_eos=True)
-                     for seed in (4, 5)])
-        del llm
-    for a, b in zip(*outs):
+    for a, b in zip(*_decoded_off_and_on(dense, monkeypatch, "NINFER_PDL", seeds=(4, 5))):
         assert a.token_ids == b.token_ids
         assert [{t: lp.logprob for t, lp in d.items()} for d in a.logprobs] == \
             [{t: lp.logprob for t, lp in d.items()} for d in b.logprobs]
@@ -100,18 +92,25 @@ def test_the_deferred_norm_decodes_like_the_norm_kernels(dense: TinyCheckpoint,
     the captured graphs; and the deferral did happen."""
     import ninfer.kernels.quant_gemm.dispatch as quant_dispatch
 
-    kw = dict(device="cuda", dtype=torch.bfloat16, quantize="int4", progress=False, max_concurrency=2)
     deferred = []
     launch = quant_dispatch.launch_fragment_mma
     monkeypatch.setattr(quant_dispatch, "launch_fragment_mma", lambda *a, **k: deferred.append(
         (k.get("deferred") is not None, k.get("row_norm") is not None)) or launch(*a, **k))
-    outs = []
-    for on in ("0", "1"):
-        monkeypatch.setenv("NINFER_DEFERRED_NORM", on)
-        llm = ninfer.load(dense.path, **kw)
-        outs.append([llm.generate(_prompt(40, seed), max_new_tokens=24, greedy=True, logprobs=1, ignore_eos=True)
-                     for seed in (6, 7)])
-        del llm
+    outs = _decoded_off_and_on(dense, monkeypatch, "NINFER_DEFERRED_NORM", seeds=(6, 7))
     assert any(d for d, _ in deferred) and any(r for _, r in deferred)
     for a, b in zip(*outs):
         assert_same_up_to_rounding(a, b, greedy=True)
+
+
+def _decoded_off_and_on(dense: TinyCheckpoint, monkeypatch: pytest.MonkeyPatch, env: str, seeds: tuple[int, ...]):
+    """Greedy 24-token continuations (logprobs too) of 40-token prompts from the int4 model's captured graphs, with
+    ``env`` set to 0, then to 1."""
+    kw = dict(device="cuda", dtype=torch.bfloat16, quantize="int4", progress=False, max_concurrency=2)
+    outs = []
+    for value in ("0", "1"):
+        monkeypatch.setenv(env, value)
+        llm = ninfer.load(dense.path, **kw)
+        outs.append([llm.generate(_prompt(40, seed), max_new_tokens=24, greedy=True, logprobs=1, ignore_eos=True)
+                     for seed in seeds])
+        del llm
+    return outs

@@ -147,31 +147,21 @@ def quant_matmul_then_norm(x: torch.Tensor, w: QuantizedTensor, norm_weight: tor
     ``defer`` (the caller's readers take :class:`~ninfer.kernels.norms.NormedRows`) and ``NINFER_DEFERRED_NORM=1``,
     a register decode of up to ``DEFER_MAX_ROWS`` tokens returns the normed rows deferred (:mod:`.deferred_norm`).
     ``config`` overrides the tuned choice."""
-    if defer and deferred_norm() and (got := _then_deferred_norm(x, w, norm_weight, eps, residual, config)):
+    deferred = defer and deferred_norm()
+    if (deferred or norm_in_gemm()) and (got := _norm_in_gemm(x, w, norm_weight, eps, residual, config, deferred)):
         return got
-    if norm_in_gemm() and use_triton(x) and x.dim() == 2 and x.shape[0] <= MAX_ROWS and w.layout == FRAGMENTS:
-        n, k = w.shape
-        m = x.shape[0]
-        x2 = x if x.stride(-1) == 1 else x.contiguous()
-        res = residual if residual is None or residual.stride(-1) == 1 else residual.contiguous()
-        new_res = torch.empty(m, n, dtype=x.dtype, device=x.device)
-        cfg = config or _tuned(x2, w, None, new_res, False)
-        if m and cfg.kind in ("frag", PAIR_KIND) and tile_counters(x.device, 1) is not None:
-            normed = torch.empty_like(new_res)
-            q, scales, row_scale = kernel_tensors(w)
-            launch_fragment_mma(x2, q, scales, None, normed, False, kernel_params(w.format.name, cfg)["group"], cfg,
-                                row_scale if w.format.name == "nvfp4" else None,
-                                norm=NextNorm(norm_weight.contiguous(), eps, res, new_res))
-            return normed, new_res
     y = quant_matmul_triton(x, w, config=config) if config is not None and use_triton(x) else quant_matmul(x, w)
     return rms_norm(y, norm_weight, eps, residual)
 
 
-def _then_deferred_norm(x: torch.Tensor, w: QuantizedTensor, norm_weight: torch.Tensor, eps: float,
-                        residual: torch.Tensor | None,
-                        config: GemmConfig | None) -> tuple[NormedRows, torch.Tensor] | None:
-    """:func:`quant_matmul_then_norm`'s deferred form through the register decode, or None where it does not run."""
-    if not (use_triton(x) and x.dim() == 2 and 0 < x.shape[0] <= DEFER_MAX_ROWS and w.layout == FRAGMENTS):
+def _norm_in_gemm(x: torch.Tensor, w: QuantizedTensor, norm_weight: torch.Tensor, eps: float,
+                  residual: torch.Tensor | None, config: GemmConfig | None,
+                  deferred: bool) -> tuple[torch.Tensor | NormedRows, torch.Tensor] | None:
+    """:func:`quant_matmul_then_norm` through the register decode: the norm applied by its last program
+    (:mod:`.norm_epilogue`) or, ``deferred``, left to the readers (:mod:`.deferred_norm`); None where it does not
+    run."""
+    rows = DEFER_MAX_ROWS if deferred else MAX_ROWS
+    if not (use_triton(x) and x.dim() == 2 and 0 < x.shape[0] <= rows and w.layout == FRAGMENTS):
         return None
     n, k = w.shape
     m = x.shape[0]
@@ -179,14 +169,19 @@ def _then_deferred_norm(x: torch.Tensor, w: QuantizedTensor, norm_weight: torch.
     res = residual if residual is None or residual.stride(-1) == 1 else residual.contiguous()
     new_res = torch.empty(m, n, dtype=x.dtype, device=x.device)
     cfg = config or _tuned(x2, w, None, new_res, False)
-    if cfg.kind not in ("frag", PAIR_KIND):
+    if cfg.kind not in ("frag", PAIR_KIND) or (not deferred and tile_counters(x.device, 1) is None):
         return None
-    normed = NormedRows(torch.empty_like(new_res), torch.empty(fragment_tile_groups(n, cfg), m, dtype=torch.float32,
-                                                               device=x.device), eps)
+    if deferred:
+        normed = NormedRows(torch.empty_like(new_res),
+                            torch.empty(fragment_tile_groups(n, cfg), m, dtype=torch.float32, device=x.device), eps)
+    else:
+        normed = torch.empty_like(new_res)
     q, scales, row_scale = kernel_tensors(w)
-    launch_fragment_mma(x2, q, scales, None, new_res, False, kernel_params(w.format.name, cfg)["group"], cfg,
+    group = kernel_params(w.format.name, cfg)["group"]
+    launch_fragment_mma(x2, q, scales, None, normed.scaled if deferred else normed, False, group, cfg,
                         row_scale if w.format.name == "nvfp4" else None,
-                        norm=NextNorm(norm_weight.contiguous(), eps, res, new_res), deferred=normed)
+                        norm=NextNorm(norm_weight.contiguous(), eps, res, new_res),
+                        deferred=normed if deferred else None)
     return normed, new_res
 
 
