@@ -70,6 +70,7 @@ moe-norm-35b          the norm after each MoE block inside its combine launch (o
 draft-vocab           the drafts LM head over the 32768 lowest token ids instead of all 248320 (draft_vocab): 27B int4 MTP at C = 1 without then with it, both over the models whole vocabulary (--full-vocab), 35B-A3B at C = 1 with it (forced acceptance: timings only)
 deferred-norm-27b     the norm after each output projection left to the GEMMs that read its rows (NINFER_DEFERRED_NORM=1, 128 launches fewer a 27B step, nothing serial): its GPU tests, whole-model and speculative GPU tests with it on, the 27B int4 engine on and off twice
 deferred-norm-35b     the deferred norm on the 35B-A3B (its post-attention norm, read by the router, the shared expert and the routed experts): the GPU tests of its readers, the engine on and off twice
+deferred-norm-quick   the 27B int4 engine at batch 1 with the deferred norm on, then off (one alternation: a device call of about four minutes)
 deferred-norm-bench   the 27B int4 engine with the deferred norm on and off (timings only, before its GPU tests: a device call of little time)
 norm-in-gemm-27b      the norm after each output projection inside its register decode launch (NINFER_NORM_IN_GEMM=1, 128 launches fewer a 27B step): whole-model and speculative GPU tests with it on, the 27B int4 engine on and off twice
 profile-draft-vocab-27b  a 27B int4 C = 1 round with the drafts over 32768 token ids, then over all (run 2026-12-05.9 never narrowed them: its tokenizer had 481 ids), kernels by family
@@ -563,6 +564,10 @@ stage() {
       gpu_tests 150 deferred_norm_gpu -k "routed or gate_projection"
       part 300 python3 perf/bench_engine.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --contexts 1024 \
         --lanes 1 8 --steps 12 --toggle NINFER_DEFERRED_NORM=1,0,1,0
+      ;;
+    deferred-norm-quick)
+      part 230 python3 perf/bench_engine.py --shape 27b --recipe int4 --contexts 1024 --lanes 1 --steps 12 \
+        --toggle NINFER_DEFERRED_NORM=1,0
       ;;
     deferred-norm-bench)
       part 280 python3 perf/bench_engine.py --shape 27b --recipe int4 --contexts 1024 --lanes 1 8 --steps 12 \
