@@ -98,6 +98,7 @@ profile-nvfp4-chunks  why the 27B nvfp4 prefill in 1024-token chunks took 4.4k t
 frag-nvfp4            the register decode of fragment-laid nvfp4: its GPU tests, then L2-cold at 1 / 8 tokens against the int4-g64 register decode and the nvfp4 row-major tuner pick on the 27B shapes
 deltanet-tail         the DeltaNet decode with the loads of its last program batched: its GPU tests, the kernel vs fla, the 27B int4 engine at ctx 1k, C = 1 / 8 and an 8k prompt in 1024-token chunks (also the first measure of the tuner candidate lists built once)
 split-sum             the fused split-K reduction of the register decodes split after split (NINFER_SPLIT_SUM=across) and over whole tiles in one load (=tile) against the default: their GPU tests, L2-cold int4-g64 GEMMs at 1 / 8 tokens on the four 27B shapes (the best of every candidate under each)
+split-sum-tests       the GPU tests of split-sum alone (tile sum, its 8-chunk trips included)
 split-sum-bench       the L2-cold GEMMs of split-sum without its GPU tests (a device call of little time)
 split-sum-engine      the 27B int4 engine at batch 1 / C = 8 under each split-K sum: each and across on the shipped configs, tile tuning its own keys at start (its choices exported to tuned-h200-tile.json)
 float-gemv            the one-launch float GEMV of the small bf16 projections (routers, a/b gates) against cuBLAS: its GPU tests, the bench at 1-16 tokens, the 35B-A3B engine C = 1 / 8 and its MTP rounds (the tuner picks per shape)
@@ -494,6 +495,9 @@ stage() {
         NINFER_SPLIT_SUM=$mode part 90 python3 perf/bench_quant_gemm.py --path frag --m 1,8 --formats int4-g64 \
           --l2 cold --shapes gate_up,down,in_proj_qkvz,o_proj --no-gemlite
       done
+      ;;
+    split-sum-tests)
+      NINFER_SPLIT_SUM=tile gpu_tests 150 quant_fragments_gpu -n 4 -k "int4_g64"
       ;;
     split-sum-bench)
       for mode in each across tile; do
