@@ -489,15 +489,15 @@ stage() {
       part 170 python3 perf/bench_spec.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --lanes 1 --steps 12 --prefill 1024
       ;;
     split-sum)
-      NINFER_SPLIT_SUM=across gpu_tests 100 quant_fragments_gpu -n 4 -k "int4_g64"
-      NINFER_SPLIT_SUM=tile gpu_tests 100 quant_fragments_gpu -n 4 -k "int4_g64"
+      NINFER_SPLIT_SUM=across gpu_tests 100 quant_fragments_gpu -n 4 -k "int4-g64"
+      NINFER_SPLIT_SUM=tile gpu_tests 100 quant_fragments_gpu -n 4 -k "int4-g64"
       for mode in each across tile; do
         NINFER_SPLIT_SUM=$mode part 90 python3 perf/bench_quant_gemm.py --path frag --m 1,8 --formats int4-g64 \
           --l2 cold --shapes gate_up,down,in_proj_qkvz,o_proj --no-gemlite
       done
       ;;
     split-sum-tests)
-      NINFER_SPLIT_SUM=tile gpu_tests 150 quant_fragments_gpu -n 4 -k "int4_g64"
+      NINFER_SPLIT_SUM=tile gpu_tests 150 quant_fragments_gpu -n 4 -k "int4-g64"
       ;;
     split-sum-bench)
       for mode in each across tile; do
