@@ -34,14 +34,16 @@ def load_codes(addr, LOAD: tl.constexpr, BITS: tl.constexpr):
 @triton.jit
 def x_words(addr, U: tl.constexpr, X0: tl.constexpr, X1: tl.constexpr, X2: tl.constexpr, X3: tl.constexpr,
             PURE: tl.constexpr):
-    """A lane's 8 activation words of chunk ``U`` (0..3) of the loop trip at ``addr``, by the load ``X<U>`` (its
-    inline PTX at that chunk's constant offset)."""
+    """A lane's 8 activation words of chunk ``U`` of the loop trip at ``addr``, by the load ``X<U % 4>`` (its inline
+    PTX at that chunk's constant offset) from ``addr`` moved on by 4 chunks (128 bytes each) per 4 chunks before."""
     cons: tl.constexpr = "=r,=r,=r,=r,=r,=r,=r,=r,l"
-    if U == 0:
+    if U >= 4:
+        addr = addr + (U // 4) * 512
+    if U % 4 == 0:
         x = tl.inline_asm_elementwise(X0, cons, [addr], dtype=(tl.int32,) * 8, is_pure=PURE, pack=1)
-    elif U == 1:
+    elif U % 4 == 1:
         x = tl.inline_asm_elementwise(X1, cons, [addr], dtype=(tl.int32,) * 8, is_pure=PURE, pack=1)
-    elif U == 2:
+    elif U % 4 == 2:
         x = tl.inline_asm_elementwise(X2, cons, [addr], dtype=(tl.int32,) * 8, is_pure=PURE, pack=1)
     else:
         x = tl.inline_asm_elementwise(X3, cons, [addr], dtype=(tl.int32,) * 8, is_pure=PURE, pack=1)
@@ -50,7 +52,7 @@ def x_words(addr, U: tl.constexpr, X0: tl.constexpr, X1: tl.constexpr, X2: tl.co
 
 @triton.jit
 def load_x(addr, U: tl.constexpr):
-    """A lane's 16 activations (8 words) of chunk ``U`` (0..3) of the loop trip at ``addr``. Not pure: the
+    """A lane's 16 activations (8 words) of chunk ``U`` of the loop trip at ``addr``. Not pure: the
     compiler must not move them above the wait for the kernel that wrote them (programmatic dependent launch)."""
     return x_words(addr, U, _X0, _X1, _X2, _X3, False)
 
@@ -123,14 +125,16 @@ def load_trip(code_lane, scale_lane, c, UNROLL: tl.constexpr, ASM: tl.constexpr,
     if ASM:
         trip_codes = code_lane + c * (128 * BITS)
         for u in tl.static_range(UNROLL):
-            if u == 0:
-                codes = codes + (load_codes(trip_codes, LOAD0, BITS),)
-            elif u == 1:
-                codes = codes + (load_codes(trip_codes, LOAD1, BITS),)
-            elif u == 2:
-                codes = codes + (load_codes(trip_codes, LOAD2, BITS),)
+            # LOAD<j> loads chunk j of four at its constant offset: chunks past the fourth move the address on
+            quad = trip_codes + (u // 4) * (4 * 128 * BITS)
+            if u % 4 == 0:
+                codes = codes + (load_codes(quad, LOAD0, BITS),)
+            elif u % 4 == 1:
+                codes = codes + (load_codes(quad, LOAD1, BITS),)
+            elif u % 4 == 2:
+                codes = codes + (load_codes(quad, LOAD2, BITS),)
             else:
-                codes = codes + (load_codes(trip_codes, LOAD3, BITS),)
+                codes = codes + (load_codes(quad, LOAD3, BITS),)
         if FP4:
             for p in tl.static_range(UNROLL // 2):
                 codes = codes + (tl.load(scale_lane + (c // 2 + p) * 32),)
