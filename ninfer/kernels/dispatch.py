@@ -128,6 +128,6 @@ def deferred_norm() -> bool:
     """Whether an output projection's register decode leaves the norm after it to the GEMMs that read its rows
     (``quant_gemm.deferred_norm``, ``NINFER_DEFERRED_NORM=1``, read per call): the producer writes ``h * (1 + w)``
     and its share of each row's sum of squares, the readers scale their sums by the row's ``rsqrt``; two launches
-    fewer per dense decoder layer (the post-attention norm of a MoE layer: one), nothing serial. Off until measured
-    on a GPU."""
+    fewer per dense decoder layer (the post-attention norm of a MoE layer: one), nothing serial. Off: on an H100 the
+    27B int4 step took 8.06-8.08 against 7.71-7.75 ms at batch 1 and the same at C = 8 (runs 2026-12-05.11 / .12)."""
     return os.environ.get("NINFER_DEFERRED_NORM", "0") == "1"
