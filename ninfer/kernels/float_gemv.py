@@ -22,7 +22,7 @@ import triton.language as tl
 
 from ninfer.kernels.dispatch import autotune_configs, use_triton
 from ninfer.kernels.norms import NormedRows
-from ninfer.kernels.quant_gemm.deferred_norm import parts_block, rows_rstd
+from ninfer.kernels.quant_gemm.deferred_norm import reader_args, rows_rstd
 from ninfer.kernels.quant_gemm.gemv import tile_counters
 from ninfer.kernels.quant_gemm.gemv_steps import gemv_epilogue, reduce_splits
 from ninfer.kernels.quant_gemm.timing import time_candidates
@@ -99,12 +99,11 @@ def launch_float_gemv(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, 
     grid = (triton.cdiv(n_out, cfg.block_n), splits, triton.cdiv(m, cfg.block_m))
     ws = torch.empty(splits, m, n_out, dtype=torch.float32, device=x.device) if splits > 1 else out
     counters = tile_counters(x.device, grid[0] * grid[2]) if splits > 1 else None
-    stats = row_norm.stats if row_norm is not None else out
-    _float_gemv_kernel[grid](x, weight, out, ws, counters, stats, m, n_out, k, k_per_split, x.stride(0),
-                             weight.stride(0), out.stride(0), stats.shape[0] if row_norm is not None else 0,
-                             row_norm.eps if row_norm is not None else 0.0, SPLIT=splits > 1,
+    reads = reader_args(row_norm, cfg.block_m, out)
+    _float_gemv_kernel[grid](x, weight, out, ws, counters, reads.stats, m, n_out, k, k_per_split, x.stride(0),
+                             weight.stride(0), out.stride(0), reads.parts, reads.eps, SPLIT=splits > 1,
                              FUSED_REDUCE=counters is not None, ROW_NORM=row_norm is not None,
-                             PARTS_BLOCK=parts_block(stats.shape[0], cfg.block_m) if row_norm is not None else 1,
+                             PARTS_BLOCK=reads.parts_block,
                              BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps,
                              num_stages=cfg.num_stages)
     if splits > 1 and counters is None:
@@ -129,7 +128,7 @@ def float_linear(x: torch.Tensor | NormedRows, weight: torch.Tensor) -> torch.Te
     if x2.stride(1) != 1:
         x2 = x2.contiguous()
     if row_norm is not None:
-        row_norm = NormedRows(x2, row_norm.stats, row_norm.eps)
+        row_norm = row_norm.over(x2)
     out = torch.empty(rows, n_out, dtype=x.dtype, device=x.device)
     key = (x.dtype, m_bucket(rows), n_out, k, x.device) + (("row-norm",) if row_norm is not None else ())
     sms = sm_count(x.device)

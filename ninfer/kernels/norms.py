@@ -12,7 +12,7 @@ so bf16 results match it to the last bit except for transcendental-function diff
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -63,6 +63,10 @@ class NormedRows:
     @property
     def is_cuda(self) -> bool:
         return self.scaled.is_cuda
+
+    def over(self, scaled: torch.Tensor) -> NormedRows:
+        """The same rows held in ``scaled`` (a copy or a reshaped view of ``self.scaled``, rows in the same order)."""
+        return replace(self, scaled=scaled)
 
     def rstd(self) -> torch.Tensor:
         """Each row's ``rsqrt(mean(h^2) + eps)``, fp32 ``[N]``."""

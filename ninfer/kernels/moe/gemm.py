@@ -266,7 +266,7 @@ def moe_experts_triton(x: torch.Tensor | NormedRows, gate_up: Weight, down: Weig
         return out
     if x.stride(-1) != 1:
         x = x.contiguous()
-        row_norm = NormedRows(x, row_norm.stats, row_norm.eps) if row_norm is not None else None
+        row_norm = row_norm.over(x) if row_norm is not None else None
     rw = weights.reshape(-1).contiguous()
     nk = n * top_k
     rows = expert_rows(ids, e, DIRECT_MAX_PAIRS, block_m_for(nk, e))

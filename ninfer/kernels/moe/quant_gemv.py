@@ -46,7 +46,7 @@ from ninfer.kernels.moe.quant_mma import FORMATS as MMA_FORMATS
 from ninfer.kernels.quant_gemm import tune as quant_gemm_tune
 from ninfer.kernels.norms import NormedRows
 from ninfer.kernels.quant_gemm.common import FMT_CODES, finish, kernel_tensors
-from ninfer.kernels.quant_gemm.deferred_norm import parts_block, rows_rstd
+from ninfer.kernels.quant_gemm.deferred_norm import reader_args, rows_rstd
 from ninfer.kernels.quant_gemm.tune import GemmConfig, kernel_params, sm_count
 from ninfer.kernels.quant_gemm.gemv_steps import (
     gemv_decode,
@@ -161,7 +161,8 @@ def _moe_gemv_kernel(
     x_ptr, q_ptr, s_ptr, rs_ptr, out_ptr, rw_ptr, ws_ptr, ids_ptr, stats_ptr,
     NK, N_OUT, K, a_div, k_per_split, M_TOK, n_parts, eps,
     stride_xm, stride_qe, stride_qn, stride_se, stride_sn, stride_re, stride_om,
-    ROW_NORM: tl.constexpr, PARTS_BLOCK: tl.constexpr, FMT: tl.constexpr, GROUP: tl.constexpr, ROW_BLOCK: tl.constexpr, ROW_SCALE: tl.constexpr,
+    ROW_NORM: tl.constexpr, PARTS_BLOCK: tl.constexpr,
+    FMT: tl.constexpr, GROUP: tl.constexpr, ROW_BLOCK: tl.constexpr, ROW_SCALE: tl.constexpr,
     SWIGLU: tl.constexpr, ROUTE_WEIGHT: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PAIRS_BLOCK: tl.constexpr,
     PREFETCH: tl.constexpr, WORDS: tl.constexpr,
@@ -242,13 +243,12 @@ def launch_expert_gemv(rows: ExpertRows, a: torch.Tensor, w: QuantizedTensor, ds
         if splits > 1 else dst
     rs = row_scale if row_scale is not None else scales
     grid = (nk, triton.cdiv(n_out, cfg.block_n), splits)
-    stats = row_norm.stats if row_norm is not None else rs
+    reads = reader_args(row_norm, cfg.block_m, rs)
     _moe_gemv_kernel[grid](
         x_ptr=a, q_ptr=q, s_ptr=scales, rs_ptr=rs, out_ptr=dst, rw_ptr=rw, ws_ptr=ws, ids_ptr=rows.flat_ids,
-        stats_ptr=stats, NK=nk, N_OUT=n_out, K=k, a_div=a_div, k_per_split=per_split * cfg.block_k,
-        M_TOK=a.shape[0], n_parts=stats.shape[0] if row_norm is not None else 0,
-        eps=row_norm.eps if row_norm is not None else 0.0, ROW_NORM=row_norm is not None,
-        PARTS_BLOCK=parts_block(stats.shape[0], cfg.block_m) if row_norm is not None else 1, stride_xm=a.stride(0),
+        stats_ptr=reads.stats, NK=nk, N_OUT=n_out, K=k, a_div=a_div, k_per_split=per_split * cfg.block_k,
+        M_TOK=a.shape[0], n_parts=reads.parts, eps=reads.eps, ROW_NORM=row_norm is not None,
+        PARTS_BLOCK=reads.parts_block, stride_xm=a.stride(0),
         stride_qe=q.stride(0), stride_qn=q.stride(1), stride_se=scales.stride(0),
         stride_sn=scales.stride(1) if scales.dim() == 3 else 0, stride_re=rs.stride(0), stride_om=dst.stride(0),
         FMT=FMT_CODES[name], GROUP=p["group"], ROW_BLOCK=p["row_block"], ROW_SCALE=row_scale is not None,

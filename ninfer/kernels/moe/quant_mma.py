@@ -34,7 +34,7 @@ from ninfer.kernels.moe.align import ExpertRows, pair_group, pair_rows
 from ninfer.kernels.norms import NormedRows
 from ninfer.kernels.quant_gemm.common import finish_at
 from ninfer.kernels.quant_gemm.deferred_norm import MAX_ROWS as MAX_NORMED_TOKENS
-from ninfer.kernels.quant_gemm.deferred_norm import parts_block, rows_rstd
+from ninfer.kernels.quant_gemm.deferred_norm import reader_args, rows_rstd
 from ninfer.kernels.quant_gemm.fragment_mma import fragment_splits
 from ninfer.kernels.quant_gemm.fragment_steps import add_scaled, decode_codes, mma_block, x_words
 from ninfer.kernels.quant_gemm.fragment_ptx import (
@@ -150,7 +150,8 @@ def _slot_pair(slot, block_pairs):
 def _expert_mma_kernel(
     x_ptr, q_ptr, s_ptr, rw_ptr, out_ptr, ws_ptr, cnt_ptr, ids_ptr, sorted_ptr, block_experts_ptr, stats_ptr,
     NK, N_OUT, a_div, chunks_per_split, KC, stride_xm, stride_qe, stride_qn, stride_se, stride_sn, stride_om,
-    M_TOK, n_parts, eps, ROW_NORM: tl.constexpr, TOKENS: tl.constexpr, PARTS_BLOCK: tl.constexpr, CPG: tl.constexpr, SWIGLU: tl.constexpr, SPLIT: tl.constexpr, FUSED_REDUCE: tl.constexpr, SUM_ACROSS: tl.constexpr,
+    M_TOK, n_parts, eps, ROW_NORM: tl.constexpr, TOKENS: tl.constexpr, PARTS_BLOCK: tl.constexpr, CPG: tl.constexpr,
+    SWIGLU: tl.constexpr, SPLIT: tl.constexpr, FUSED_REDUCE: tl.constexpr, SUM_ACROSS: tl.constexpr,
     WARPS: tl.constexpr, UNROLL: tl.constexpr, PREFETCH: tl.constexpr, PAIRS_BLOCK: tl.constexpr,
     ALIGNED: tl.constexpr, DECODE_ASM: tl.constexpr, DECODE_OPERANDS: tl.constexpr, MMA_ASM: tl.constexpr,
     ASM: tl.constexpr,
@@ -305,15 +306,13 @@ def launch_expert_mma(rows: ExpertRows, a: torch.Tensor, w, dst: torch.Tensor, r
         (None, rows.sorted_pairs, rows.block_experts)
     if row_norm is not None and a.shape[0] > MAX_NORMED_TOKENS:
         raise ValueError(f"the expert register decode normalizes at most {MAX_NORMED_TOKENS} token rows")
-    stats = row_norm.stats if row_norm is not None else rw
-    tokens = triton.next_power_of_2(a.shape[0]) if row_norm is not None else 1
+    tokens = triton.next_power_of_2(a.shape[0]) if row_norm is not None else 1  # its programs read every token's
+    reads = reader_args(row_norm, tokens, rw)
     _expert_mma_kernel[grid](
-        a, q, scales, rw, dst, ws, counters, ids, sorted_pairs, block_experts, stats, nk, n_out, a_div, per, kc,
+        a, q, scales, rw, dst, ws, counters, ids, sorted_pairs, block_experts, reads.stats, nk, n_out, a_div, per, kc,
         a.stride(0), q.stride(0), q.stride(1), scales.stride(0), scales.stride(1), dst.stride(0), a.shape[0],
-        stats.shape[0] if row_norm is not None else 0, row_norm.eps if row_norm is not None else 0.0,
-        ROW_NORM=row_norm is not None, TOKENS=tokens,
-        PARTS_BLOCK=parts_block(stats.shape[0], tokens) if row_norm is not None else 1, CPG=FORMATS[name] // 64,
-        SWIGLU=swiglu,
+        reads.parts, reads.eps, ROW_NORM=row_norm is not None, TOKENS=tokens, PARTS_BLOCK=reads.parts_block,
+        CPG=FORMATS[name] // 64, SWIGLU=swiglu,
         SPLIT=splits > 1, FUSED_REDUCE=counters is not None, SUM_ACROSS=counters is not None and split_sum_across(),
         WARPS=cfg.num_warps, UNROLL=unroll,
         PREFETCH=cfg.num_stages > 1, PAIRS_BLOCK=rows.pairs_block, ALIGNED=not rows.direct,

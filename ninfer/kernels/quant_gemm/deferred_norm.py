@@ -18,8 +18,13 @@ order (deterministic).
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
+import torch
 import triton
 import triton.language as tl
+
+from ninfer.kernels.norms import NormedRows
 
 # Tokens up to which an output projection defers its norm: where its readers take the register decode and the float
 # GEMV (at 17-32 tokens the tuner may pick the tiled GEMM, and the float GEMV stops at 16; both would read the
@@ -31,6 +36,25 @@ STATS_ELEMENTS = 1024  # shares x rows a consumer loads per step of its sum (8 r
 def parts_block(n_parts: int, rows: int) -> int:
     """The consumer's shares per load step for ``rows`` rows: all of them where they fit ``STATS_ELEMENTS``."""
     return max(1, min(triton.next_power_of_2(n_parts), STATS_ELEMENTS // triton.next_power_of_2(rows)))
+
+
+class ReaderArgs(NamedTuple):
+    """What a reading kernel takes for its ``ROW_NORM``: the shares (``stats [parts, M]``), their count, ``eps`` and
+    the shares per load step of :func:`rows_rstd`."""
+
+    stats: torch.Tensor
+    parts: int
+    eps: float
+    parts_block: int
+
+
+def reader_args(row_norm: NormedRows | None, rows: int, placeholder: torch.Tensor) -> ReaderArgs:
+    """:class:`ReaderArgs` of ``row_norm`` for programs of ``rows`` rows; without it, ``placeholder`` stands for the
+    pointer the kernel then never reads."""
+    if row_norm is None:
+        return ReaderArgs(placeholder, 0, 0.0, 1)
+    parts = row_norm.stats.shape[0]
+    return ReaderArgs(row_norm.stats, parts, row_norm.eps, parts_block(parts, rows))
 
 
 @triton.jit

@@ -49,6 +49,7 @@ import triton
 from ninfer.kernels.dispatch import capturing, deferred_norm, norm_in_gemm, use_triton
 from ninfer.kernels.norms import NextNorm, NormedRows, rms_norm
 from ninfer.kernels.quant_gemm.common import FMT_CODES, kernel_tensors, split_finish_kernel
+from ninfer.kernels.quant_gemm.deferred_norm import MAX_ROWS as DEFER_MAX_ROWS
 from ninfer.kernels.quant_gemm.dequant import graph_workspace_fits, launch_dequant_gemm
 from ninfer.kernels.quant_gemm.fragment_mma import fragment_tile_groups, launch_fragment_mma
 from ninfer.kernels.quant_gemm.fragment_tiled import launch_fragment_tiled
@@ -56,7 +57,6 @@ from ninfer.kernels.quant_gemm.fragments import FRAGMENTS
 from ninfer.kernels.quant_gemm.gemm import quant_gemm_kernel
 from ninfer.kernels.quant_gemm.gemv import launch_gemv, tile_counters
 from ninfer.kernels.quant_gemm.gemv_mma import launch_gemv_mma
-from ninfer.kernels.quant_gemm.deferred_norm import MAX_ROWS as DEFER_MAX_ROWS
 from ninfer.kernels.quant_gemm.norm_epilogue import MAX_ROWS
 from ninfer.kernels.quant_gemm.tune import PAIR_KIND, GemmConfig, graph_fallback, kernel_params, select_config, sm_count
 from ninfer.kernels.quant_gemm.weights import QuantizedTensor
@@ -131,7 +131,7 @@ def quant_matmul_triton(x: torch.Tensor, w: QuantizedTensor, residual: torch.Ten
                          f"not {cfg.kind!r}")
     if row_norm is not None:
         if cfg.kind in ("frag", PAIR_KIND):
-            row_norm = NormedRows(x2, row_norm.stats, row_norm.eps)  # the same rows in the same order
+            row_norm = row_norm.over(x2)
         else:
             x2, row_norm = row_norm.materialize().reshape(m, k), None
     _launch(x2, w, res, out, swiglu, cfg, row_norm)

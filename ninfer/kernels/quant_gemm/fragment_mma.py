@@ -51,6 +51,14 @@ import triton.language as tl
 
 from ninfer.kernels.dispatch import INTERPRET, pdl_enabled, split_sum_mode
 from ninfer.kernels.norms import NextNorm, NormedRows
+from ninfer.kernels.quant_gemm.deferred_norm import (
+    add_lane_squares,
+    finish_deferred,
+    lane_factors,
+    reader_args,
+    rows_rstd,
+    store_row_stats,
+)
 from ninfer.kernels.quant_gemm.fragment_ptx import asm_constants
 from ninfer.kernels.quant_gemm.fragment_steps import load_trip, trip_step, trip_step_fp4
 from ninfer.kernels.quant_gemm.fragments import CHUNK_COLS, TILE_ROWS, code_bits, words
@@ -65,14 +73,6 @@ from ninfer.kernels.quant_gemm.gemv_steps import (
     sum_splits_at,
     sum_splits_of,
     sum_splits_tile,
-)
-from ninfer.kernels.quant_gemm.deferred_norm import (
-    add_lane_squares,
-    finish_deferred,
-    lane_factors,
-    parts_block,
-    rows_rstd,
-    store_row_stats,
 )
 from ninfer.kernels.quant_gemm.norm_epilogue import NORM_COLS, norm_when_all_arrived
 from ninfer.kernels.quant_gemm.tune import PAIR_KIND, GemmConfig
@@ -359,17 +359,15 @@ def launch_fragment_mma(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, 
     if row_norm is not None and (row_norm.scaled.shape != x.shape or row_norm.stats.shape[1] != m):
         raise ValueError("row_norm must describe x (its scaled rows) and have one column of stats per row")
     nw, eps = (norm.weight, norm.eps) if norm is not None else (out, 0.0)
-    stats_in = row_norm.stats if row_norm is not None else out
+    reads = reader_args(row_norm, cfg.block_m, out)
     stats_out = deferred.stats if deferred is not None else out
     tile_sum = splits > 1 and counters is not None and sum_mode == "tile"
     _fragment_mma_kernel[grid](
         x, q if asm else words(q), words(scales), row_scale if fp4 else scales, res_arg, out, ws, counters, nw,
-        normed, stats_in, stats_out, m, n_out, kc, k // group, per, x.stride(0), res_arg.stride(0), out.stride(0),
-        normed.stride(0), eps, stats_in.shape[0] if row_norm is not None else 0,
-        row_norm.eps if row_norm is not None else 0.0,
+        normed, reads.stats, stats_out, m, n_out, kc, k // group, per, x.stride(0), res_arg.stride(0), out.stride(0),
+        normed.stride(0), eps, reads.parts, reads.eps,
         CPG=cpg, NORM=last_norm, NORM_CHUNKS=triton.cdiv(n_out, NORM_COLS) if last_norm else 1,
-        DEFER=deferred is not None, ROW_NORM=row_norm is not None,
-        PARTS_BLOCK=parts_block(row_norm.stats.shape[0], cfg.block_m) if row_norm is not None else 1,
+        DEFER=deferred is not None, ROW_NORM=row_norm is not None, PARTS_BLOCK=reads.parts_block,
         SWIGLU=swiglu,
         PAIR=pair, HAS_RES=res is not None, SPLIT=splits > 1, FUSED_REDUCE=counters is not None,
         SUM_ACROSS=counters is not None and sum_mode == "across", SUM_TILE=tile_sum,  # S_BLOCK: one variant otherwise
