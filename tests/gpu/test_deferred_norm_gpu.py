@@ -18,6 +18,7 @@ from ninfer.kernels.norms import NormedRows, deferred_norm_reference, rms_norm_r
 from ninfer.kernels.quant_gemm import quant_matmul_reference, quant_matmul_then_norm, quant_matmul_triton
 from ninfer.kernels.quant_gemm.tune import fragment_candidates, sm_count
 from ninfer.quant.formats import quantize
+from ninfer.runtime.graphs import capture
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -110,13 +111,7 @@ def test_producer_and_reader_in_a_cuda_graph() -> None:
         return quant_matmul_triton(normed.scaled, gate_up, None, True, row_norm=normed), new_res
 
     eager = step()
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        step()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out, new_res = step()
+    graph, (out, new_res) = capture(step)
     graph.replay()
     assert torch.equal(out, eager[0]) and torch.equal(new_res, eager[1])
     for _ in range(3):
