@@ -100,8 +100,8 @@ def test_the_gate_projection_reads_deferred_rows() -> None:
 
 def test_producer_and_reader_in_a_cuda_graph() -> None:
     g = torch.Generator(device="cuda").manual_seed(7)
-    w_down, down = _weights(5120, 17408, "int4-g64", g)
-    w_up, gate_up = _weights(34816, 5120, "int4-g64", g)
+    _, down = _weights(5120, 17408, "int4-g64", g)
+    _, gate_up = _weights(34816, 5120, "int4-g64", g)
     norm_w = (torch.randn(5120, generator=g, device="cuda") * 0.3).to(torch.bfloat16)
     x = torch.randn(1, 17408, generator=g, device="cuda").to(torch.bfloat16)
     res = (torch.randn(1, 5120, generator=g, device="cuda") * 4).to(torch.bfloat16)
