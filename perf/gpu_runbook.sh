@@ -72,6 +72,8 @@ deferred-norm-27b     the norm after each output projection left to the GEMMs th
 deferred-norm-35b     the deferred norm on the 35B-A3B (its post-attention norm, read by the router, the shared expert and the routed experts): the GPU tests of its readers, the engine on and off twice
 deferred-norm-quick   the 27B int4 engine at batch 1 with the deferred norm on, then off (one alternation: a device call of about four minutes)
 deferred-norm-bench   the 27B int4 engine with the deferred norm on and off (timings only, before its GPU tests: a device call of little time)
+profile-deferred-27b  where a 27B int4 C = 1 step goes with the deferred norm on, then off (kernels by family, top 30): what the readers and the producer add against the 128 norm launches they remove
+split-across-27b      the 27B int4 engine at batch 1 / C = 8 with the split-K sums split after split (NINFER_SPLIT_SUM=across, 0-9% faster L2-cold on three shapes in run 2026-12-05.13) and the shipped sum, alternating in one process
 norm-in-gemm-27b      the norm after each output projection inside its register decode launch (NINFER_NORM_IN_GEMM=1, 128 launches fewer a 27B step): whole-model and speculative GPU tests with it on, the 27B int4 engine on and off twice
 profile-draft-vocab-27b  a 27B int4 C = 1 round with the drafts over 32768 token ids, then over all (run 2026-12-05.9 never narrowed them: its tokenizer had 481 ids), kernels by family
 profile-mtp-27b-c1    where a 27B int4 MTP round goes at C = 1 (K = 3, all drafts accepted), kernels by family, top 40
@@ -576,6 +578,14 @@ stage() {
     deferred-norm-bench)
       part 280 python3 perf/bench_engine.py --shape 27b --recipe int4 --contexts 1024 --lanes 1 8 --steps 12 \
         --toggle NINFER_DEFERRED_NORM=1,0,1,0
+      ;;
+    profile-deferred-27b)
+      NINFER_DEFERRED_NORM=1 part 130 python3 perf/profile_step.py --shape 27b --recipe int4 --top 30 --label deferred
+      NINFER_DEFERRED_NORM=0 part 110 python3 perf/profile_step.py --shape 27b --recipe int4 --top 30 --label norms
+      ;;
+    split-across-27b)
+      part 300 python3 perf/bench_engine.py --shape 27b --recipe int4 --contexts 1024 --lanes 1 8 --steps 12 \
+        --toggle NINFER_SPLIT_SUM=across,each,across,each
       ;;
     norm-in-gemm-27b)  # off by default until measured
       [ -f tests/gpu/test_norm_in_gemm_gpu.py ] && gpu_tests 90 norm_in_gemm_gpu

@@ -184,6 +184,8 @@ def run(args: argparse.Namespace) -> None:
     if args.draft_tokens:
         label += f" K={args.draft_tokens}" + (" full-vocab" if args.full_vocab or args.draft_vocab else "") \
             + (f" draft-vocab={args.draft_vocab}" if args.draft_vocab else "") + " (round)"
+    if args.label:
+        label += f" {args.label}"
     graphs = args.device == "cuda"
 
     def llm_with(cuda_graphs: bool) -> LLM:
@@ -222,9 +224,11 @@ def _timeline(label: str, llm: LLM, args: argparse.Namespace) -> None:
         return found["span_ms"] / 1e3
 
     steady_decode(llm, args.lanes, args.context, args.steps, timer=timed)
-    streams = ", ".join(f"stream {k}: {v['kernels']:.0f} kernels, {v['ms']:.3f} ms" for k, v in found["streams"].items())
+    streams = ", ".join(f"stream {k}: {v['kernels']:.0f} kernels, {v['ms']:.3f} ms"
+                        for k, v in found["streams"].items())
     print(f"\n{label}: graph-replayed step, {found['kernels']:.0f} kernels; busy {found['busy_ms']:.3f} of "
-          f"{found['span_ms']:.3f} ms (idle between kernels {found['idle_ms']:.3f} ms, {found['long_gap_ms']:.3f} of it in gaps over {LONG_GAP_US:.0f} µs); kernels summed "
+          f"{found['span_ms']:.3f} ms (idle between kernels {found['idle_ms']:.3f} ms, "
+          f"{found['long_gap_ms']:.3f} of it in gaps over {LONG_GAP_US:.0f} µs); kernels summed "
           f"{found['kernel_ms']:.3f} ms, two or more at once {found['concurrent_ms']:.3f} ms; {streams}")
     record("profile_graph_timeline", label, found["span_ms"], achieved=found["busy_ms"], limit=found["span_ms"],
            unit="busy ms", **{k: v for k, v in found.items() if k != "span_ms"})
@@ -254,6 +258,8 @@ def main(argv: list[str] | None = None) -> None:
                              "with the host's time per op from torch.profiler)")
     parser.add_argument("--timeline", action="store_true",
                         help="also the graph-replayed steps' kernel timeline: busy, concurrent (two streams), idle")
+    parser.add_argument("--label", default="", help="decode: words added to the record's label (an A/B switch set in "
+                                                    "the environment, say)")
     parser.add_argument("--device", default="cuda", help="cpu: a smoke test with --shape tiny / tiny-moe")
     run(parser.parse_args(argv))
 

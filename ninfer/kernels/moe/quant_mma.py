@@ -34,7 +34,7 @@ from ninfer.kernels.moe.align import ExpertRows, pair_group, pair_rows
 from ninfer.kernels.norms import NormedRows
 from ninfer.kernels.quant_gemm.common import finish_at
 from ninfer.kernels.quant_gemm.deferred_norm import MAX_ROWS as MAX_NORMED_TOKENS
-from ninfer.kernels.quant_gemm.deferred_norm import reader_args, rows_rstd
+from ninfer.kernels.quant_gemm.deferred_norm import first_shares, reader_args, rstd_of_shares
 from ninfer.kernels.quant_gemm.fragment_mma import fragment_splits
 from ninfer.kernels.quant_gemm.fragment_steps import add_scaled, decode_codes, mma_block, x_words
 from ninfer.kernels.quant_gemm.fragment_ptx import (
@@ -201,9 +201,9 @@ def _expert_mma_kernel(
     zero = tl.zeros((32 * WARPS,), dtype=tl.float32)
     acc = (zero, zero, zero, zero)
     acc_up = acc
-    r = tl.zeros((TOKENS,), dtype=tl.float32)
-    if ROW_NORM:  # the token rows' norm factors (x holds h * (1 + w): quant_gemm.deferred_norm), loaded early
-        r = rows_rstd(stats_ptr, n_parts, tl.arange(0, TOKENS), M_TOK, KC * 64, eps, PARTS_BLOCK)
+    shares = tl.zeros((PARTS_BLOCK, TOKENS), dtype=tl.float32)
+    if ROW_NORM:  # the token rows' shares of their sums of squares (quant_gemm.deferred_norm), summed after the loop
+        shares = first_shares(stats_ptr, n_parts, tl.arange(0, TOKENS), M_TOK, PARTS_BLOCK)
     c_first = tl.program_id(1) * chunks_per_split
     c_last = tl.minimum(c_first + chunks_per_split, KC)
     codes = _trip_codes(row_g, row_h, c_first, UNROLL, ASM)
@@ -224,6 +224,7 @@ def _expert_mma_kernel(
             codes_up = codes_up_next
     # accumulator i: row tile * 16 + g + 8 (i // 2), pair slot 2t + i % 2
     if ROW_NORM:  # each pair's sums times its token row's factor, before SwiGLU
+        r = rstd_of_shares(shares, stats_ptr, n_parts, tl.arange(0, TOKENS), M_TOK, KC * 64, eps, PARTS_BLOCK)
         toks = tl.arange(0, TOKENS)[None, :]
         f0 = tl.sum(tl.where(toks == tok_0[:, None], r[None, :], 0.0), axis=1)
         f1 = tl.sum(tl.where(toks == tok_1[:, None], r[None, :], 0.0), axis=1)

@@ -58,16 +58,33 @@ def reader_args(row_norm: NormedRows | None, rows: int, placeholder: torch.Tenso
 
 
 @triton.jit
-def rows_rstd(stats_ptr, n_parts, rows, M, K, eps, PARTS_BLOCK: tl.constexpr):
-    """``rsqrt(sum(stats[:, rows]) / K + eps)`` for ``rows [R]`` of ``stats [n_parts, M]`` (rows past ``M``:
-    ``rsqrt(eps)``, read by nothing). Loads bypass L1: the producer wrote them in the launch before."""
+def first_shares(stats_ptr, n_parts, rows, M, PARTS_BLOCK: tl.constexpr):
+    """The first ``PARTS_BLOCK`` shares of ``rows [R]`` in ``stats [n_parts, M]`` (0 past either), as loaded: a reader
+    requests them before its loop and sums them after it (:func:`rstd_of_shares`), so no warp waits for them, or for
+    the others, before its first codes. Loads bypass L1: the producer wrote them in the launch before."""
     parts = tl.arange(0, PARTS_BLOCK)[:, None]
-    in_rows = (rows < M)[None, :]
-    ptrs = stats_ptr + parts * M + rows[None, :]
-    acc = tl.load(ptrs, mask=(parts < n_parts) & in_rows, other=0.0, cache_modifier=".cg")
+    mask = (parts < n_parts) & (rows < M)[None, :]
+    return tl.load(stats_ptr + parts * M + rows[None, :], mask=mask, other=0.0, cache_modifier=".cg")
+
+
+@triton.jit
+def rstd_of_shares(first, stats_ptr, n_parts, rows, M, K, eps, PARTS_BLOCK: tl.constexpr):
+    """``rsqrt(sum(stats[:, rows]) / K + eps)`` from the :func:`first_shares` of ``rows`` and the rest of them (rows
+    past ``M``: ``rsqrt(eps)``, read by nothing)."""
+    acc = first
     for p0 in range(PARTS_BLOCK, n_parts, PARTS_BLOCK):
-        acc += tl.load(ptrs + p0 * M, mask=(p0 + parts < n_parts) & in_rows, other=0.0, cache_modifier=".cg")
+        parts = p0 + tl.arange(0, PARTS_BLOCK)[:, None]  # built apart from first_shares' pointers: not kept alive
+        mask = (parts < n_parts) & (rows < M)[None, :]
+        acc += tl.load(stats_ptr + parts * M + rows[None, :], mask=mask, other=0.0, cache_modifier=".cg")
     return tl.rsqrt(tl.sum(acc, axis=0) / K + eps)
+
+
+@triton.jit
+def rows_rstd(stats_ptr, n_parts, rows, M, K, eps, PARTS_BLOCK: tl.constexpr):
+    """``rsqrt(sum(stats[:, rows]) / K + eps)`` for ``rows [R]`` of ``stats [n_parts, M]``, loaded and summed at once
+    (for a reader that needs it after its loop anyway)."""
+    first = first_shares(stats_ptr, n_parts, rows, M, PARTS_BLOCK)
+    return rstd_of_shares(first, stats_ptr, n_parts, rows, M, K, eps, PARTS_BLOCK)
 
 
 @triton.jit

@@ -54,9 +54,10 @@ from ninfer.kernels.norms import NextNorm, NormedRows
 from ninfer.kernels.quant_gemm.deferred_norm import (
     add_lane_squares,
     finish_deferred,
+    first_shares,
     lane_factors,
     reader_args,
-    rows_rstd,
+    rstd_of_shares,
     store_row_stats,
 )
 from ninfer.kernels.quant_gemm.fragment_ptx import asm_constants
@@ -167,9 +168,10 @@ def _fragment_mma_kernel(
         # finish before it reads what this one writes.
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
-    r = tl.zeros((8 * NB,), dtype=tl.float32)
-    if ROW_NORM:  # the rows' norm factors (x holds h * (1 + w): .deferred_norm), requested beside the first codes
-        r = rows_rstd(stats_in_ptr, parts_in, tok0 + tl.arange(0, 8 * NB), M, KC * 64, eps_in, PARTS_BLOCK)
+    rows_t = tok0 + tl.arange(0, 8 * NB)
+    shares = tl.zeros((PARTS_BLOCK, 8 * NB), dtype=tl.float32)
+    if ROW_NORM:  # their shares of the sums of squares (x holds h * (1 + w): .deferred_norm), summed after the loop
+        shares = first_shares(stats_in_ptr, parts_in, rows_t, M, PARTS_BLOCK)
     for c in range(c_first, c_last, UNROLL):
         if PREFETCH:  # the last trip requests its own codes again (cached), not past the split
             c_next = tl.minimum(c + UNROLL, c_last - UNROLL)
@@ -192,6 +194,7 @@ def _fragment_mma_kernel(
             codes = codes_next
             codes_up = codes_up_next
     if ROW_NORM:  # linear in the row: before the split-K partials and before SwiGLU
+        r = rstd_of_shares(shares, stats_in_ptr, parts_in, rows_t, M, KC * 64, eps_in, PARTS_BLOCK)
         scaled = ()
         scaled_up = ()
         for i in tl.static_range(4 * NB):
@@ -202,7 +205,6 @@ def _fragment_mma_kernel(
     prog = tl.program_id(2) if TOKENS_FIRST else tl.program_id(0)  # the program's tile group
     n_stream = slots * 16  # output columns per stream; a pair's second stream writes the second half
     sq_rows = tl.zeros((32 * WARPS, 8 * NB), dtype=tl.float32)  # DEFER: each lane's squares by row of the block
-    rows_t = tok0 + tl.arange(0, 8 * NB)
     if FP4:
         acc, acc_up = _row_scaled(acc, acc_up, rs_ptr, tile_out, slots, g, t, tok0, M, n_stream, NB, TWO)
     if SPLIT:  # partials [split, M, 2 * n_stream] for two streams: the second stream's at + n_stream
