@@ -48,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import bench_graph_ms, bench_ms, copy_bandwidth_tbps, matmul_peak_tflops, record
 
-from ninfer.kernels.dispatch import pdl_enabled, split_sum_mode
+from ninfer.kernels.dispatch import DEFAULT_SPLIT_SUM, pdl_enabled, split_sum_mode
 from ninfer.kernels.quant_gemm import tune as quant_gemm_tune
 from ninfer.kernels.quant_gemm.dequant import dequantize_triton, workspace
 from ninfer.kernels.quant_gemm.fragments import FRAGMENTS, fragments_fit, to_fragments
@@ -298,7 +298,7 @@ def main() -> None:
                         achieved, limit, unit = flops / ms_ours / 1e9, peak, "TFLOP/s"
                     label = f"{shape} N={n} K={k} M={m} {fmt}" + ("" if path == "default" else f" [{path}]") \
                         + (" l2-cold" if cold and decode else "") + (" pdl" if path == "frag" and pdl else "") \
-                        + (f" split-{split_sum_mode()}" if path == "frag" and split_sum_mode() != "each" else "")
+                        + (f" split-{split_sum_mode()}" if path == "frag" and split_sum_mode() != DEFAULT_SPLIT_SUM else "")
                     record("quant_gemm", label, ms_ours, achieved=achieved, limit=limit,
                            unit=unit, baseline="cublas_bf16", baseline_ms=cublas[m], format=fmt, m=m, n=n, k=k,
                            weight_bytes=weight_bytes, vs_cublas=round(ms_ours / cublas[m], 4),

@@ -20,8 +20,8 @@ shapes. ``--kinds attention-prefill`` compiles the paged prefill attention kerne
 27B geometry (24 : 4 heads, head dim 256, page 64, bf16 queries), unsplit and split-KV, for each
 ``--kv`` format. ``--kinds frag`` compiles the register decode of fragment-laid int4 / int8-g64 / nvfp4 weights
 (``fragment_mma``) for each of its candidates at the 27B gate/up (SwiGLU), down and qkvz shapes: registers,
-stack (spills) and SASS instructions per weight in its K loop (``NINFER_SPLIT_SUM=across``: with the fused split-K
-reduction that variable selects). Needs a Triton with the NVIDIA backend
+stack (spills) and SASS instructions per weight in its K loop (with the fused split-K reduction that
+``NINFER_SPLIT_SUM`` selects). Needs a Triton with the NVIDIA backend
 (compiling needs ptxas, not a driver).
 """
 from __future__ import annotations

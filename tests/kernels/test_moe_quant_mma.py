@@ -54,13 +54,13 @@ def test_expert_mma_matches_reference(fmt: str, h: int, i: int, dtype: torch.dty
 
 def test_ragged_tiles_one_chunk_trips_and_separate_reduction() -> None:
     """12 gate/up tiles over 4-warp programs (the last program's warps past the end), K = 192 (trips of one
-    chunk), split-K summed by the last program (accumulator after accumulator, and with ``NINFER_SPLIT_SUM=across``
-    split after split) and by the reduce kernel instead."""
+    chunk), split-K summed by the last program (split after split for all accumulators at once, the default, and
+    with ``NINFER_SPLIT_SUM=each`` accumulator after accumulator) and by the reduce kernel instead."""
     cfg = _cfg(4, 1, 3, True)
-    check_quant_experts("int4-g64", 256, 192, torch.float32, 6, cfg, seed=4)
-    with pytest.MonkeyPatch.context() as mp:  # the fused sum split after split for all accumulators at once
-        mp.setenv("NINFER_SPLIT_SUM", "across")
-        check_quant_experts("int4-g64", 256, 192, torch.float32, 6, cfg, seed=6)
+    for mode, seed in (("across", 4), ("each", 6)):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("NINFER_SPLIT_SUM", mode)
+            check_quant_experts("int4-g64", 256, 192, torch.float32, 6, cfg, seed=seed)
     with reduce_kernel_for_splits():
         check_quant_experts("int4-g64", 256, 192, torch.float32, 6, cfg, seed=5)
 

@@ -336,9 +336,9 @@ def test_fragment_weights_take_their_own_candidates() -> None:
 
 @pytest.mark.parametrize("swiglu", [False, True])
 def test_split_sums_across_accumulators_equal_the_default(swiglu: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``NINFER_SPLIT_SUM=across`` (the fused split-K reduction summing split after split for all of a program's
-    accumulators at once) gives the same bits as the default, which sums accumulator after accumulator: both add
-    each output's partials in split order. Three unequal splits, 16 tokens (two token blocks), a residual."""
+    """``NINFER_SPLIT_SUM=across`` (the default: the fused split-K reduction summing split after split for all of a
+    program's accumulators at once) gives the same bits as ``each``, which sums accumulator after accumulator: both
+    add each output's partials in split order. Three unequal splits, 16 tokens (two token blocks), a residual."""
     g = torch.Generator().manual_seed(40)
     w = fragment_laid(_weight(64, 512, "int4-g64", 40))
     x = torch.randn(13, 512, generator=g).to(torch.float16)

@@ -29,8 +29,8 @@ streams the bytes 80-92%). Here the weights go from global memory straight into 
   activations or writes.
 * ``num_stages=2`` requests each next loop trip's codes before this trip's arithmetic.
 * Split-K over grid axis 1 with the deterministic epilogue of :mod:`.gemv_steps` (partials in an fp32 scratch,
-  the last split to arrive sums them in split order, accumulator after accumulator, or with
-  ``NINFER_SPLIT_SUM=across`` split after split for all of them at once, or with ``=tile`` the whole tile's partials
+  the last split to arrive sums them in split order: split after split for all of its accumulators at once (the
+  default), with ``NINFER_SPLIT_SUM=each`` accumulator after accumulator, or with ``=tile`` the whole tile's partials
   of up to 16 splits in one round trip (``dispatch.split_sum_mode``); SwiGLU
   and residual after the sum), tiles over axis 0 and
   token blocks over axis 2, or the other way round when there are several token blocks (prefill sizes, e.g. the
