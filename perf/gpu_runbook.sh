@@ -74,6 +74,7 @@ deferred-norm-quick   the 27B int4 engine at batch 1 with the deferred norm on, 
 deferred-norm-bench   the 27B int4 engine with the deferred norm on and off (timings only, before its GPU tests: a device call of little time)
 profile-deferred-27b  where a 27B int4 C = 1 step goes with the deferred norm on, then off (kernels by family, top 30): what the readers and the producer add against the 128 norm launches they remove
 deferred-norm-gemms   where the deferred norm loses, GEMM by GEMM (perf/bench_deferred_norm.py: producers GEMM alone / GEMM then norm / deferred, readers of normed / deferred rows, L2-cold, 1 and 8 tokens), then its GPU tests (the readers sum their shares after the loop now)
+deferred-late         the deferred norm with the split that sums applying the rows factors (after the fused split-K sum): the GEMMs of perf/bench_deferred_norm.py at 1 / 8 tokens, then the 27B int4 engine at batch 1 on and off
 across-default-tests  the split-K sum split after split (now the default): the whole-model GPU tests (parity, graphs = eager) and the fragment-laid model tests
 split-across-27b      the 27B int4 engine at batch 1 / C = 8 with the split-K sums split after split (NINFER_SPLIT_SUM=across, 0-9% faster L2-cold on three shapes in run 2026-12-05.13) and the shipped sum, alternating in one process
 norm-in-gemm-27b      the norm after each output projection inside its register decode launch (NINFER_NORM_IN_GEMM=1, 128 launches fewer a 27B step): whole-model and speculative GPU tests with it on, the 27B int4 engine on and off twice
@@ -588,6 +589,11 @@ stage() {
     deferred-norm-gemms)
       part 200 python3 perf/bench_deferred_norm.py --m 1,8
       gpu_tests 150 deferred_norm_gpu -n 4
+      ;;
+    deferred-late)
+      part 100 python3 perf/bench_deferred_norm.py --m 1,8
+      part 220 python3 perf/bench_engine.py --shape 27b --recipe int4 --contexts 1024 --lanes 1 --steps 12 \
+        --toggle NINFER_DEFERRED_NORM=1,0
       ;;
     across-default-tests)
       gpu_tests 150 model_gpu -n 3 -k "triton_path or bf16_error or graphs_equal"

@@ -120,6 +120,16 @@ def test_the_consumer_over_token_blocks_and_many_parts() -> None:
     _consume("int4-g128", 16, 32, 512, _frag(16, 1, 2, 1), parts=320, seed=11)  # more parts than one load step
 
 
+@pytest.mark.parametrize("mode", ["each", "across", "tile"])
+def test_the_consumer_under_every_split_sum(mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the fused split-K sum the split that sums applies the rows' factors, after the sum: in each of its three
+    ways, over two token blocks and with SwiGLU after the factor."""
+    monkeypatch.setenv("NINFER_SPLIT_SUM", mode)
+    _consume("int4-g64", 11, 32, 256, _frag(8, 1, 1, 3), parts=7, seed=13)
+    _consume("int8-g64", 5, 48, 512, _frag(8, 2, 2, 2), swiglu=True, residual=True, parts=130, seed=14)
+    _consume("int4-g64", 3, 64, 256, _frag(8, 2, 1, 2, kind="frag-pair"), parts=3, seed=15)
+
+
 def test_other_configs_read_the_materialized_rows() -> None:
     g = torch.Generator().manual_seed(12)
     w = _weights("int4-g64", 32, 256, g)

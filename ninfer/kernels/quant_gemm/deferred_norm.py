@@ -98,6 +98,16 @@ def lane_factors(r, t, BASE: tl.constexpr, ROWS: tl.constexpr):
 
 
 @triton.jit
+def scaled_by_rows(acc, r, t, NB: tl.constexpr):
+    """A lane's ``4 NB`` register-decode accumulators (accumulator ``i``: row ``8 (i // 4) + 2 t + i % 2`` of the
+    token block) times their rows' factors ``r [8 NB]``."""
+    out = ()
+    for i in tl.static_range(4 * NB):
+        out = out + (acc[i] * lane_factors(r, t, 8 * (i // 4) + i % 2, 8 * NB),)
+    return out
+
+
+@triton.jit
 def finish_deferred(y, m_idx, n_idx, mask, res_ptr, stride_rm, out_ptr, stride_om, w_ptr, scaled_ptr, stride_sm,
                     HAS_RES: tl.constexpr):
     """The producer's epilogue of outputs ``(m_idx, n_idx)``: ``h = round(round(y) + residual)`` (the unfused GEMM's

@@ -58,6 +58,7 @@ from ninfer.kernels.quant_gemm.deferred_norm import (
     lane_factors,
     reader_args,
     rstd_of_shares,
+    scaled_by_rows,
     store_row_stats,
 )
 from ninfer.kernels.quant_gemm.fragment_ptx import asm_constants
@@ -168,9 +169,13 @@ def _fragment_mma_kernel(
         # finish before it reads what this one writes.
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
+    # ROW_NORM (x holds h * (1 + w): .deferred_norm): the rows' factors are linear in the sums, so with the fused
+    # split-K sum only the split that sums applies them (after the sum, before SwiGLU); otherwise every program
+    # does, its shares requested before the loop and summed after it.
+    LATE_NORM: tl.constexpr = ROW_NORM and SPLIT and FUSED_REDUCE
     rows_t = tok0 + tl.arange(0, 8 * NB)
     shares = tl.zeros((PARTS_BLOCK, 8 * NB), dtype=tl.float32)
-    if ROW_NORM:  # their shares of the sums of squares (x holds h * (1 + w): .deferred_norm), summed after the loop
+    if ROW_NORM and not LATE_NORM:
         shares = first_shares(stats_in_ptr, parts_in, rows_t, M, PARTS_BLOCK)
     for c in range(c_first, c_last, UNROLL):
         if PREFETCH:  # the last trip requests its own codes again (cached), not past the split
@@ -193,14 +198,9 @@ def _fragment_mma_kernel(
         if PREFETCH:
             codes = codes_next
             codes_up = codes_up_next
-    if ROW_NORM:  # linear in the row: before the split-K partials and before SwiGLU
+    if ROW_NORM and not LATE_NORM:
         r = rstd_of_shares(shares, stats_in_ptr, parts_in, rows_t, M, KC * 64, eps_in, PARTS_BLOCK)
-        scaled = ()
-        scaled_up = ()
-        for i in tl.static_range(4 * NB):
-            f = lane_factors(r, t, 8 * (i // 4) + i % 2, 8 * NB)  # the accumulator's row: 8 (i // 4) + 2 t + i % 2
-            scaled, scaled_up = scaled + (acc[i] * f,), scaled_up + (acc_up[i] * f,)
-        acc, acc_up = scaled, scaled_up
+        acc, acc_up = scaled_by_rows(acc, r, t, NB), scaled_by_rows(acc_up, r, t, NB)
     pid_s = tl.program_id(1)
     prog = tl.program_id(2) if TOKENS_FIRST else tl.program_id(0)  # the program's tile group
     n_stream = slots * 16  # output columns per stream; a pair's second stream writes the second half
@@ -213,11 +213,16 @@ def _fragment_mma_kernel(
             store_partials_at(ws_ptr, acc[i], acc_up[i], pid_s, M, m_idx, n_idx, mask, n_stream, TWO)
         if FUSED_REDUCE:
             if last_split_arrived(cnt_ptr):
+                if LATE_NORM:  # requested beside the partials
+                    shares = first_shares(stats_in_ptr, parts_in, rows_t, M, PARTS_BLOCK)
                 if SUM_TILE:  # the program's whole tile: rows of its warps' tiles, its token block
                     m_t = rows_t[:, None]
                     n_t = (prog * 16 * WARPS + tl.arange(0, 16 * WARPS))[None, :]
                     mask_t = (m_t < M) & (n_t < n_stream)
                     y, y_up = sum_splits_tile(ws_ptr, m_t, n_t, mask_t, M, n_stream, tl.num_programs(1), TWO, S_BLOCK)
+                    if LATE_NORM:
+                        r = rstd_of_shares(shares, stats_in_ptr, parts_in, rows_t, M, KC * 64, eps_in, PARTS_BLOCK)
+                        y, y_up = y * r[:, None], y_up * r[:, None]
                     sq = _finish(y, y_up, m_t, n_t, mask_t, n_stream, res_ptr, stride_rm, out_ptr, stride_om, nw_ptr,
                                  normed_ptr, stride_nm, SWIGLU, PAIR, HAS_RES, NORM, DEFER)
                     if DEFER:
@@ -230,18 +235,28 @@ def _fragment_mma_kernel(
                         m_idx, n_idx, mask = _position(i, tile_out, slots, g, t, tok0, M)
                         m_idxs, n_idxs, masks = m_idxs + (m_idx,), n_idxs + (n_idx,), masks + (mask,)
                     sums = sum_splits_of(ws_ptr, m_idxs, n_idxs, masks, M, n_stream, tl.num_programs(1), TWO)
+                    if LATE_NORM:
+                        r = rstd_of_shares(shares, stats_in_ptr, parts_in, rows_t, M, KC * 64, eps_in, PARTS_BLOCK)
                     for i in tl.static_range(4 * NB):
-                        sq = _finish(sums[2 * i], sums[2 * i + 1], m_idxs[i], n_idxs[i], masks[i], n_stream, res_ptr,
-                                     stride_rm, out_ptr, stride_om, nw_ptr, normed_ptr, stride_nm, SWIGLU, PAIR,
-                                     HAS_RES, NORM, DEFER)
+                        y, y_up = sums[2 * i], sums[2 * i + 1]
+                        if LATE_NORM:
+                            f = lane_factors(r, t, 8 * (i // 4) + i % 2, 8 * NB)
+                            y, y_up = y * f, y_up * f
+                        sq = _finish(y, y_up, m_idxs[i], n_idxs[i], masks[i], n_stream, res_ptr, stride_rm, out_ptr,
+                                     stride_om, nw_ptr, normed_ptr, stride_nm, SWIGLU, PAIR, HAS_RES, NORM, DEFER)
                         if DEFER:
                             sq_rows = add_lane_squares(sq_rows, sq, 8 * (i // 4) + 2 * t + i % 2, 8 * NB)
                     if DEFER:
                         store_row_stats(stats_out_ptr, prog, rows_t, M, tl.sum(sq_rows, axis=0))
                 else:
+                    if LATE_NORM:
+                        r = rstd_of_shares(shares, stats_in_ptr, parts_in, rows_t, M, KC * 64, eps_in, PARTS_BLOCK)
                     for i in tl.static_range(4 * NB):
                         m_idx, n_idx, mask = _position(i, tile_out, slots, g, t, tok0, M)
                         y, y_up = sum_splits_at(ws_ptr, m_idx, n_idx, mask, M, n_stream, tl.num_programs(1), TWO)
+                        if LATE_NORM:
+                            f = lane_factors(r, t, 8 * (i // 4) + i % 2, 8 * NB)
+                            y, y_up = y * f, y_up * f
                         sq = _finish(y, y_up, m_idx, n_idx, mask, n_stream, res_ptr, stride_rm, out_ptr, stride_om,
                                      nw_ptr, normed_ptr, stride_nm, SWIGLU, PAIR, HAS_RES, NORM, DEFER)
                         if DEFER:
