@@ -58,6 +58,8 @@ def topic(record: dict) -> str:
         return "moe-kernels"
     if bench == "float_gemv":
         return "float-gemv"
+    if bench == "deferred_norm":
+        return "deferred-norm"
     if bench == "sampling":
         return "sampling"
     if bench.startswith("host_"):
