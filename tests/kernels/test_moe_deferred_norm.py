@@ -55,6 +55,15 @@ def test_expert_kernels_normalize_deferred_rows(n: int, cfg: GemmConfig, dtype: 
     _check("int4-g64", dtype, n, cfg, seed=n)
 
 
+@pytest.mark.parametrize("mode", ["each", "across"])
+def test_the_split_that_sums_applies_the_factors(mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the fused split-K sum the expert register decode scales each pair's summed gate/up by its token row's
+    factor in the split that sums, under both ways of summing."""
+    monkeypatch.setenv("NINFER_SPLIT_SUM", mode)
+    _check("int4-g64", torch.float32, 13, _mma(4, 3), seed=21, parts=9)
+    _check("int4-g64", torch.float16, 5, _mma(2, 2), seed=22)
+
+
 def test_other_paths_read_the_rows_materialized() -> None:
     _check("int8-g64", torch.float32, 3, "dot", seed=3)  # the tl.dot kernels
     _check("int4-g64", torch.float32, 3, "auto", seed=4, parts=13)  # untuned: the first GEMV candidate

@@ -146,6 +146,22 @@ def _slot_pair(slot, block_pairs):
     return tl.sum(tl.where(slot[:, None] == tl.arange(0, 8)[None, :], block_pairs[None, :], 0), axis=1)
 
 
+@triton.jit
+def _pair_factors(r, tok_0, tok_1, TOKENS: tl.constexpr):
+    """The factors ``r [TOKENS]`` of the token rows ``tok_0`` / ``tok_1`` (a lane's two pairs)."""
+    toks = tl.arange(0, TOKENS)[None, :]
+    f0 = tl.sum(tl.where(toks == tok_0[:, None], r[None, :], 0.0), axis=1)
+    f1 = tl.sum(tl.where(toks == tok_1[:, None], r[None, :], 0.0), axis=1)
+    return f0, f1
+
+
+@triton.jit
+def _times_pair_factor(y, y_up, f0, f1, i: tl.constexpr):
+    """Accumulator ``i``'s two sums times its pair's factor (even ``i``: the lane's first pair)."""
+    f = f0 if i % 2 == 0 else f1
+    return y * f, y_up * f
+
+
 @triton.jit(do_not_specialize=["NK", "chunks_per_split"])
 def _expert_mma_kernel(
     x_ptr, q_ptr, s_ptr, rw_ptr, out_ptr, ws_ptr, cnt_ptr, ids_ptr, sorted_ptr, block_experts_ptr, stats_ptr,
@@ -201,8 +217,11 @@ def _expert_mma_kernel(
     zero = tl.zeros((32 * WARPS,), dtype=tl.float32)
     acc = (zero, zero, zero, zero)
     acc_up = acc
+    # ROW_NORM (quant_gemm.deferred_norm): with the fused split-K sum only the split that sums applies the token
+    # rows' factors (they are linear in the sums); otherwise every program does, its shares requested before the loop
+    LATE_NORM: tl.constexpr = ROW_NORM and SPLIT and FUSED_REDUCE
     shares = tl.zeros((PARTS_BLOCK, TOKENS), dtype=tl.float32)
-    if ROW_NORM:  # the token rows' shares of their sums of squares (quant_gemm.deferred_norm), summed after the loop
+    if ROW_NORM and not LATE_NORM:
         shares = first_shares(stats_ptr, n_parts, tl.arange(0, TOKENS), M_TOK, PARTS_BLOCK)
     c_first = tl.program_id(1) * chunks_per_split
     c_last = tl.minimum(c_first + chunks_per_split, KC)
@@ -223,11 +242,9 @@ def _expert_mma_kernel(
             codes = codes_next
             codes_up = codes_up_next
     # accumulator i: row tile * 16 + g + 8 (i // 2), pair slot 2t + i % 2
-    if ROW_NORM:  # each pair's sums times its token row's factor, before SwiGLU
+    if ROW_NORM and not LATE_NORM:  # each pair's sums times its token row's factor, before SwiGLU
         r = rstd_of_shares(shares, stats_ptr, n_parts, tl.arange(0, TOKENS), M_TOK, KC * 64, eps, PARTS_BLOCK)
-        toks = tl.arange(0, TOKENS)[None, :]
-        f0 = tl.sum(tl.where(toks == tok_0[:, None], r[None, :], 0.0), axis=1)
-        f1 = tl.sum(tl.where(toks == tok_1[:, None], r[None, :], 0.0), axis=1)
+        f0, f1 = _pair_factors(r, tok_0, tok_1, TOKENS)
         acc = (acc[0] * f0, acc[1] * f1, acc[2] * f0, acc[3] * f1)
         acc_up = (acc_up[0] * f0, acc_up[1] * f1, acc_up[2] * f0, acc_up[3] * f1)
     pid_s = tl.program_id(1)
@@ -244,6 +261,10 @@ def _expert_mma_kernel(
             finish_at(y, acc_up[i], pair, n_idx, mask, out_ptr, 0, out_ptr, stride_om, SWIGLU, False)
     if FUSED_REDUCE:
         if last_split_arrived(cnt_ptr):
+            if LATE_NORM:  # the factors after the sum, before SwiGLU; the shares requested beside the partials
+                shares = first_shares(stats_ptr, n_parts, tl.arange(0, TOKENS), M_TOK, PARTS_BLOCK)
+                r = rstd_of_shares(shares, stats_ptr, n_parts, tl.arange(0, TOKENS), M_TOK, KC * 64, eps, PARTS_BLOCK)
+                f0, f1 = _pair_factors(r, tok_0, tok_1, TOKENS)
             pairs = ()
             n_idxs = ()
             masks = ()
@@ -254,12 +275,16 @@ def _expert_mma_kernel(
             if SUM_ACROSS:  # split after split for all four accumulators (dispatch.split_sum_across)
                 sums = sum_splits_of(ws_ptr, pairs, n_idxs, masks, NK, N_OUT, tl.num_programs(1), SWIGLU)
                 for i in tl.static_range(4):
-                    finish_at(sums[2 * i], sums[2 * i + 1], pairs[i], n_idxs[i], masks[i], out_ptr, 0, out_ptr,
-                              stride_om, SWIGLU, False)
+                    y, y_up = sums[2 * i], sums[2 * i + 1]
+                    if LATE_NORM:
+                        y, y_up = _times_pair_factor(y, y_up, f0, f1, i)
+                    finish_at(y, y_up, pairs[i], n_idxs[i], masks[i], out_ptr, 0, out_ptr, stride_om, SWIGLU, False)
             else:
                 for i in tl.static_range(4):
                     y, y_up = sum_splits_at(ws_ptr, pairs[i], n_idxs[i], masks[i], NK, N_OUT, tl.num_programs(1),
                                             SWIGLU)
+                    if LATE_NORM:
+                        y, y_up = _times_pair_factor(y, y_up, f0, f1, i)
                     finish_at(y, y_up, pairs[i], n_idxs[i], masks[i], out_ptr, 0, out_ptr, stride_om, SWIGLU, False)
             reset_counter(cnt_ptr)
 
