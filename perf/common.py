@@ -144,6 +144,11 @@ def export_tuning(device: torch.device | str) -> None:
     if device.type != "cuda":
         print(f"tuning export to {path} skipped: {device} is not a CUDA device", flush=True)
         return
+    untimed = [f"{name}={os.environ[name]}" for name, off in (("NINFER_AUTOTUNE", "off"), ("NINFER_QUANT_TUNE", "0"))
+               if os.environ.get(name) == off]
+    if untimed:  # the first candidates were taken, not measured: nothing to ship
+        print(f"tuning export to {path} skipped: {', '.join(untimed)} (untimed choices)", flush=True)
+        return
     from ninfer.kernels import shipped, shipped_export
 
     doc = shipped_export.export(path, device, meta={"commit": environment()["commit"]})

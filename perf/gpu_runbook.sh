@@ -134,6 +134,12 @@ if [ -z "${RUNBOOK_SHARED:-}" ]; then  # perf/gpu_pair.sh prepares once for two 
   cache_restore >> "$LOG" 2>&1
 fi
 export PYTHONPATH=$PWD:$PWD/perf:${PYTHONPATH:-}
+# A GPU model without a shipped table (an H100 lent for an H200) tunes every key at each engine start: every
+# benchmark then exports what it measured to $OUT/tuned-unshipped.json, which perf/snapshot.sh merges into the
+# shipped tables (stages that export on purpose set NINFER_EXPORT_TUNING themselves).
+if [ -z "${NINFER_EXPORT_TUNING:-}" ] && python3 perf/unshipped_gpu.py >> "$LOG" 2>&1; then
+  export NINFER_EXPORT_TUNING=$OUT/tuned-unshipped.json
+fi
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)"
   echo "CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-all}"; } >> "$LOG" 2>&1

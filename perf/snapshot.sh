@@ -4,12 +4,15 @@
 # tuning choices) and .whl/ (wheels to install there). Run the call as
 #   cd .snap && OUT=$OUT BUDGET=540 bash perf/gpu_runbook.sh STAGE ...      with carry [".snap"]
 # usage: bash perf/snapshot.sh [FILES_AT]
-#   FILES_AT: a finished call's files: its cache.tar.* become .devcache/, its tuned-h200.json is merged into the
-#   shipped table (perf/ship_tuning.py).
+#   FILES_AT: a finished call's files: its cache.tar.* become .devcache/, its tuned-h200.json and
+#   tuned-unshipped.json (the choices measured on a GPU model with no shipped table) are merged into the shipped
+#   tables (perf/ship_tuning.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 from=${1:-}
-if [ -n "$from" ] && [ -f "$from/tuned-h200.json" ]; then python3 perf/ship_tuning.py "$from/tuned-h200.json"; fi
+for exported in tuned-h200.json tuned-unshipped.json; do  # not tuned-h200-tile.json: an off mode's own keys
+  if [ -n "$from" ] && [ -f "$from/$exported" ]; then python3 perf/ship_tuning.py "$from/$exported"; fi
+done
 mkdir -p .devcache
 if [ -n "$from" ] && compgen -G "$from/cache.tar.*" > /dev/null; then
   rm -f .devcache/cache.tar.*

@@ -365,3 +365,35 @@ def test_the_package_folder_is_found_and_packaged() -> None:
             assert shipped.validate(doc) == [], path
             assert path.stem == tune_cache.gpu_stem(doc["meta"]["gpu"], doc["meta"]["capability"])
     assert any(fnmatch("kernels/tuned/nvidia-h200-sm90.json", p) for p in patterns)
+
+
+@pytest.mark.parametrize("switch", ["NINFER_AUTOTUNE=off", "NINFER_QUANT_TUNE=0"])
+def test_untimed_choices_are_never_exported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, switch: str,
+                                            capsys: pytest.CaptureFixture) -> None:
+    """A benchmark that took the first candidates unmeasured exports nothing (the runbook may have set the export
+    for a whole call, its GPU tests and first-config stages included)."""
+    monkeypatch.syspath_prepend(str(ROOT / "perf"))
+    import common
+
+    out = tmp_path / "export.json"
+    monkeypatch.setenv("NINFER_EXPORT_TUNING", str(out))
+    monkeypatch.setenv(*switch.split("="))
+    monkeypatch.setattr(shipped_export, "export", lambda *a, **k: pytest.fail("untimed choices exported"))
+    common.export_tuning("cuda")
+    assert not out.exists() and f"{switch} (untimed choices)" in capsys.readouterr().out
+
+
+def test_the_runbook_asks_whether_this_gpu_has_a_table(h200: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``perf/unshipped_gpu.py``: 0 (export) for a GPU model without a shipped table, 1 for one with a table and
+    for a machine without CUDA."""
+    monkeypatch.syspath_prepend(str(ROOT / "perf"))
+    import unshipped_gpu
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert unshipped_gpu.main() == 1
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(shipped, "folder", lambda: h200)
+    (h200 / "nvidia-h200-sm90.json").write_text("{}")
+    for gpu, want in (("nvidia-h200-sm90", 1), ("nvidia-h100-80gb-hbm3-sm90", 0)):
+        monkeypatch.setattr(shipped, "table_stem", lambda device, gpu=gpu: gpu)
+        assert unshipped_gpu.main() == want, gpu
