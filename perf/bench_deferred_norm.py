@@ -7,7 +7,9 @@ the 128 norm launches it removed took 0.27 ms. This times each side apart, on th
 * a producer (``down``, ``o_proj``): the GEMM then :func:`rms_norm` (two launches), the GEMM alone, and the GEMM
   that writes the new residual, the scaled rows and the shares of their sums of squares (``deferred``);
 * a reader (``gate_up`` with SwiGLU, ``in_proj_qkvz``): the GEMM of normed rows, and the GEMM of the deferred rows
-  (``reader``: it sums the shares and scales its fp32 sums).
+  (``reader``: it sums the shares and scales its fp32 sums);
+* the DeltaNet a/b gates (``in_proj_ab``, bf16): the tuned float projection of normed rows (cuBLAS or the one-launch
+  GEMV) and the one-launch GEMV of the deferred rows (``reader``).
 
     python perf/bench_deferred_norm.py [--m 1,8]
 """
@@ -27,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench_quant_gemm import SHAPES, _copies, _cycle, _time  # noqa: E402
 from common import copy_bandwidth_tbps, record  # noqa: E402
 
+from ninfer.kernels.float_gemv import float_linear  # noqa: E402
 from ninfer.kernels.norms import NormedRows, rms_norm  # noqa: E402
 from ninfer.kernels.quant_gemm import quant_matmul, quant_matmul_triton  # noqa: E402
 from ninfer.kernels.quant_gemm.dispatch import quant_matmul_then_norm  # noqa: E402
@@ -90,6 +93,18 @@ def reader_cases(shape: str, m: int, fmt: str) -> dict:
     }, len(copies), nbytes
 
 
+def gate_cases(m: int, fmt: str) -> dict:
+    n, k = SHAPES["in_proj_ab"]
+    weights = _copies((torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02,), 2 * n * k, True)
+    weight = _cycle(weights)
+    rows = produced_rows(m, k, fmt)
+    normed = rows.materialize()
+    return {
+        "gemm": lambda: float_linear(normed, weight()[0]),
+        "reader": lambda: float_linear(rows, weight()[0]),
+    }, len(weights), 2 * n * k
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--m", default="1,8")
@@ -100,9 +115,12 @@ def main() -> None:
     print(f"copy bandwidth {bw:.2f} TB/s")
     torch.manual_seed(0)
     for m in (int(v) for v in args.m.split(",")):
-        for shape in PRODUCERS + READERS:
-            build = producer_cases if shape in PRODUCERS else reader_cases
-            cases, n_copies, nbytes = build(shape, m, args.format)
+        for shape in PRODUCERS + READERS + ("in_proj_ab",):
+            if shape == "in_proj_ab":
+                cases, n_copies, nbytes = gate_cases(m, args.format)
+            else:
+                build = producer_cases if shape in PRODUCERS else reader_cases
+                cases, n_copies, nbytes = build(shape, m, args.format)
             times = {name: _time(fn, True, n_copies) for name, fn in cases.items()}
             base = times["gemm"]
             for name, ms in times.items():
