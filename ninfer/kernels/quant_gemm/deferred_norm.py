@@ -8,9 +8,12 @@ Here nothing is serial. The norm is linear in the row up to its one factor ``rsq
 * the producer (an output projection's register decode, ``DEFER``) writes the new residual stream ``h``, the scaled
   rows ``h * (1 + w)`` and, from each program that finishes output tiles, its tile group's share of every row's sum of
   squares: one fp32 per (tile group, row), no atomics, no arrival counter, no zeroing between steps;
-* each consumer (the register decode of the next projections, ``ROW_NORM``, and the float GEMV of the DeltaNet gates)
-  loads all shares of its rows once, beside its first codes, and multiplies its fp32 sums by the row's factor before
-  its split-K partials or its epilogue (SwiGLU included: the factor applies to the gate and the up sums alike).
+* each consumer (the register decode of the next projections, ``ROW_NORM``, the float GEMV of the DeltaNet gates and
+  routers, the expert kernels) multiplies its fp32 sums by the row's factor before its epilogue (SwiGLU included: the
+  factor applies to the gate and the up sums alike). With the fused split-K sum only the split that sums does, after
+  the sum, its shares requested beside the partials: when every program summed the shares and picked its lanes'
+  factors, the readers of the 27B ran 22-37% slower than the plain GEMM (run 2026-12-05.16; some 250 instructions
+  beside a loop of about 1,400 in programs of about three loop trips). Without splits every program does.
 
 The one change in numerics: the GEMM reads ``h * (1 + w)`` rounded to the model dtype and scales the fp32 sum, where
 the composed path rounds ``h * rstd * (1 + w)``; the same bound, not the same bits. The shares add up in a fixed
