@@ -243,11 +243,13 @@ def launch_expert_gemv(rows: ExpertRows, a: torch.Tensor, w: QuantizedTensor, ds
         if splits > 1 else dst
     rs = row_scale if row_scale is not None else scales
     grid = (nk, triton.cdiv(n_out, cfg.block_n), splits)
-    reads = reader_args(row_norm, cfg.block_m, rs)
+    # With splits the reduce kernel normalizes each pair's sums once; without, every program does
+    in_kernel_norm = row_norm if splits == 1 else None
+    reads = reader_args(in_kernel_norm, cfg.block_m, rs)
     _moe_gemv_kernel[grid](
         x_ptr=a, q_ptr=q, s_ptr=scales, rs_ptr=rs, out_ptr=dst, rw_ptr=rw, ws_ptr=ws, ids_ptr=rows.flat_ids,
         stats_ptr=reads.stats, NK=nk, N_OUT=n_out, K=k, a_div=a_div, k_per_split=per_split * cfg.block_k,
-        M_TOK=a.shape[0], n_parts=reads.parts, eps=reads.eps, ROW_NORM=row_norm is not None,
+        M_TOK=a.shape[0], n_parts=reads.parts, eps=reads.eps, ROW_NORM=in_kernel_norm is not None,
         PARTS_BLOCK=reads.parts_block, stride_xm=a.stride(0),
         stride_qe=q.stride(0), stride_qn=q.stride(1), stride_se=scales.stride(0),
         stride_sn=scales.stride(1) if scales.dim() == 3 else 0, stride_re=rs.stride(0), stride_om=dst.stride(0),
@@ -257,7 +259,8 @@ def launch_expert_gemv(rows: ExpertRows, a: torch.Tensor, w: QuantizedTensor, ds
         PREFETCH=cfg.kind == "gemv-prefetch", WORDS=words, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if splits > 1:
-        reduce_splits(ws, dst, dst, nk, splits, swiglu, False, min(triton.next_power_of_2(nk), 8))
+        reduce_splits(ws, dst, dst, nk, splits, swiglu, False, min(triton.next_power_of_2(nk), 8), row_norm=row_norm,
+                      row_div=a_div)
 
 
 def expert_gemv_candidates(fmt: str, pairs: int, n_out: int, k: int, sms: int) -> list[GemmConfig]:

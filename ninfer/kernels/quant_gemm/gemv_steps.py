@@ -19,6 +19,8 @@ from ninfer.kernels.quant_gemm.common import (
     finish_at,
     group_scales,
 )
+from ninfer.kernels.norms import NormedRows
+from ninfer.kernels.quant_gemm.deferred_norm import reader_args, rows_rstd
 from ninfer.kernels.quant_gemm.e2m1 import e2m1_values
 
 
@@ -294,25 +296,38 @@ def sum_splits_tile(ws_ptr, m_idx, n_idx, mask, M, N_OUT, splits, SWIGLU: tl.con
     return y, y_up
 
 
-@triton.jit(do_not_specialize=["M", "splits"])
-def gemv_reduce_kernel(ws_ptr, res_ptr, out_ptr, M, N_OUT, splits, stride_rm, stride_om,
-                        SWIGLU: tl.constexpr, HAS_RES: tl.constexpr, BLOCK_M: tl.constexpr,
-                        BLOCK_N: tl.constexpr):
-    """Sums the split-K partials in split order (deterministic), then the epilogue."""
+@triton.jit(do_not_specialize=["M", "splits", "M_NORM"])
+def gemv_reduce_kernel(ws_ptr, res_ptr, out_ptr, stats_ptr, M, N_OUT, splits, stride_rm, stride_om, M_NORM, K, n_parts,
+                       eps, row_div, SWIGLU: tl.constexpr, HAS_RES: tl.constexpr, ROW_NORM: tl.constexpr,
+                       PARTS_BLOCK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Sums the split-K partials in split order (deterministic), then the epilogue. ROW_NORM: each row ``m``'s sums
+    times the factor of deferred row ``m // row_div`` (``stats [n_parts, M_NORM]``, rows of width ``K``), before
+    SwiGLU."""
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     mask = (offs_n < N_OUT)[:, None] & (offs_m < M)[None, :]
     acc, acc_up = sum_splits_at(ws_ptr, offs_m[None, :], offs_n[:, None], mask, M, N_OUT, splits, SWIGLU)
+    if ROW_NORM:
+        factor = rows_rstd(stats_ptr, n_parts, tl.where(offs_m < M, offs_m // row_div, 0), M_NORM, K, eps,
+                           PARTS_BLOCK)[None, :]
+        acc *= factor
+        acc_up *= factor
     finish(acc, acc_up, offs_m, offs_n, mask, res_ptr, stride_rm, out_ptr, stride_om, SWIGLU, HAS_RES)
 
 
 def reduce_splits(ws: torch.Tensor, res: torch.Tensor, out: torch.Tensor, m: int, splits: int, swiglu: bool,
-                  has_res: bool, block_m: int = 8) -> None:
+                  has_res: bool, block_m: int = 8, row_norm: NormedRows | None = None, row_div: int = 1) -> None:
     """Launch :func:`gemv_reduce_kernel`: the split-K partials ``ws [splits, m, N_OUT (x 2 with SwiGLU)]`` summed in
     split order into rows ``0..m`` of ``out [*, N_OUT]``, with the epilogue (``res``: the residual where
-    ``has_res``, else any tensor of ``out``'s row stride)."""
+    ``has_res``, else any tensor of ``out``'s row stride). ``row_norm``: the partials are sums over its scaled rows,
+    row ``i`` of them over row ``i // row_div``: the sum is normalized here, once, rather than in every split."""
     n_out = out.shape[1]
+    reads = reader_args(row_norm, block_m, ws)
     gemv_reduce_kernel[(triton.cdiv(n_out, 128), triton.cdiv(m, block_m))](
-        ws_ptr=ws, res_ptr=res, out_ptr=out, M=m, N_OUT=n_out, splits=splits, stride_rm=res.stride(0),
-        stride_om=out.stride(0), SWIGLU=swiglu, HAS_RES=has_res, BLOCK_M=block_m, BLOCK_N=128, num_warps=4,
+        ws_ptr=ws, res_ptr=res, out_ptr=out, stats_ptr=reads.stats, M=m, N_OUT=n_out, splits=splits,
+        stride_rm=res.stride(0), stride_om=out.stride(0),
+        M_NORM=row_norm.stats.shape[1] if row_norm is not None else 1,
+        K=row_norm.scaled.shape[-1] if row_norm is not None else 1, n_parts=reads.parts, eps=reads.eps,
+        row_div=row_div, SWIGLU=swiglu, HAS_RES=has_res, ROW_NORM=row_norm is not None, PARTS_BLOCK=reads.parts_block,
+        BLOCK_M=block_m, BLOCK_N=128, num_warps=4,
     )
