@@ -22,17 +22,9 @@ import triton.language as tl
 
 from ninfer.kernels.dispatch import autotune_configs, use_triton
 from ninfer.kernels.norms import NormedRows
-from ninfer.kernels.quant_gemm.common import finish_at
-from ninfer.kernels.quant_gemm.deferred_norm import first_shares, reader_args, rows_rstd, rstd_of_shares
+from ninfer.kernels.quant_gemm.deferred_norm import reader_args
 from ninfer.kernels.quant_gemm.gemv import tile_counters
-from ninfer.kernels.quant_gemm.gemv_steps import (
-    gemv_epilogue,
-    last_split_arrived,
-    reduce_splits,
-    reset_counter,
-    store_partials_at,
-    sum_splits_at,
-)
+from ninfer.kernels.quant_gemm.gemv_steps import gemv_epilogue, reduce_splits
 from ninfer.kernels.quant_gemm.timing import time_candidates
 from ninfer.kernels.quant_gemm.tune import GemmConfig, m_bucket, sm_count
 from ninfer.kernels.tuning import default_tuner
@@ -71,20 +63,9 @@ def _float_gemv_kernel(x_ptr, w_ptr, out_ptr, ws_ptr, cnt_ptr, stats_ptr, M, N_O
         x = tl.load(x_ptr + toks[None, :] * stride_xm + offs_k[:, None], mask=in_k[:, None], other=0.0)
         acc = tl.dot(w, x.to(w.dtype), acc)
     mask = (offs_n < N_OUT)[:, None] & (offs_m < M)[None, :]
-    if ROW_NORM and SPLIT and FUSED_REDUCE:  # the factors are linear in the sums: the split that sums applies them
-        m_idx, n_idx = offs_m[None, :], offs_n[:, None]
-        store_partials_at(ws_ptr, acc, acc, pid_s, M, m_idx, n_idx, mask, N_OUT, False)
-        if last_split_arrived(cnt_ptr):
-            shares = first_shares(stats_ptr, n_parts, offs_m, M, PARTS_BLOCK)  # beside the partials
-            y, _ = sum_splits_at(ws_ptr, m_idx, n_idx, mask, M, N_OUT, tl.num_programs(1), False)
-            y *= rstd_of_shares(shares, stats_ptr, n_parts, offs_m, M, K, eps, PARTS_BLOCK)[None, :]
-            finish_at(y, y, m_idx, n_idx, mask, out_ptr, 0, out_ptr, stride_om, False, False)
-            reset_counter(cnt_ptr)
-    else:
-        if ROW_NORM:
-            acc *= rows_rstd(stats_ptr, n_parts, offs_m, M, K, eps, PARTS_BLOCK)[None, :]
-        gemv_epilogue(acc, acc, pid_s, offs_m, offs_n, mask, M, N_OUT, ws_ptr, cnt_ptr, out_ptr, 0, out_ptr,
-                      stride_om, SPLIT, FUSED_REDUCE, False, False, BLOCK_N, BLOCK_M)
+    gemv_epilogue(acc, acc, pid_s, offs_m, offs_n, mask, M, N_OUT, ws_ptr, cnt_ptr, out_ptr, 0, out_ptr,
+                  stride_om, SPLIT, FUSED_REDUCE, False, False, BLOCK_N, BLOCK_M, stats_ptr, n_parts, K, eps,
+                  ROW_NORM, PARTS_BLOCK)
 
 
 def float_gemv_candidates(m: int, n_out: int, k: int, sms: int) -> list[GemmConfig]:

@@ -10,6 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ninfer.kernels.norms import NormedRows
 from ninfer.kernels.quant_gemm.common import (
     FMT_FP8,
     FMT_INT4,
@@ -19,8 +20,7 @@ from ninfer.kernels.quant_gemm.common import (
     finish_at,
     group_scales,
 )
-from ninfer.kernels.norms import NormedRows
-from ninfer.kernels.quant_gemm.deferred_norm import reader_args, rows_rstd
+from ninfer.kernels.quant_gemm.deferred_norm import first_shares, reader_args, rows_rstd, rstd_of_shares
 from ninfer.kernels.quant_gemm.e2m1 import e2m1_values
 
 
@@ -181,18 +181,30 @@ def gemv_dot(a, b, scale, xt, FMT: tl.constexpr, GROUP: tl.constexpr, BLOCK_N: t
 @triton.jit
 def gemv_epilogue(acc, acc_up, pid_s, offs_m, offs_n, mask, M, N_OUT, ws_ptr, cnt_ptr, res_ptr, stride_rm, out_ptr,
                    stride_om, SPLIT: tl.constexpr, FUSED_REDUCE: tl.constexpr, SWIGLU: tl.constexpr,
-                   HAS_RES: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
+                   HAS_RES: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, stats_ptr=None, n_parts=0,
+                   K=1, eps=0.0, ROW_NORM: tl.constexpr = False, PARTS_BLOCK: tl.constexpr = 1):
     """A ``[BLOCK_N, BLOCK_M]`` fp32 tile of ``y^T`` to its destination: without split-K the epilogue
     (:func:`ninfer.kernels.quant_gemm.finish`); with it the partials to the scratch and, with
     FUSED_REDUCE, the sum of all splits by the last one of this output tile to arrive (in split order:
     deterministic) and the epilogue, instead of a second launch; release/acquire through the tile's
-    counter, which that program resets, so the next launch (or graph replay) starts from zero."""
+    counter, which that program resets, so the next launch (or graph replay) starts from zero. ROW_NORM: the
+    tokens' rows were deferred norms (:mod:`.deferred_norm`, ``stats [n_parts, M]``, rows of width ``K``): their
+    factors are linear in the sums, so the split that sums applies them, else every program (before SwiGLU)."""
     m_idx, n_idx = offs_m[None, :], offs_n[:, None]
+    LATE_NORM: tl.constexpr = ROW_NORM and SPLIT and FUSED_REDUCE
+    if ROW_NORM and not LATE_NORM:
+        factor = rows_rstd(stats_ptr, n_parts, offs_m, M, K, eps, PARTS_BLOCK)[None, :]
+        acc, acc_up = acc * factor, acc_up * factor
     if SPLIT:
         store_partials_at(ws_ptr, acc, acc_up, pid_s, M, m_idx, n_idx, mask, N_OUT, SWIGLU)
         if FUSED_REDUCE:
             if last_split_arrived(cnt_ptr):
+                if LATE_NORM:  # requested beside the partials
+                    shares = first_shares(stats_ptr, n_parts, offs_m, M, PARTS_BLOCK)
                 acc, acc_up = sum_splits_at(ws_ptr, m_idx, n_idx, mask, M, N_OUT, tl.num_programs(1), SWIGLU)
+                if LATE_NORM:
+                    factor = rstd_of_shares(shares, stats_ptr, n_parts, offs_m, M, K, eps, PARTS_BLOCK)[None, :]
+                    acc, acc_up = acc * factor, acc_up * factor
                 finish_at(acc, acc_up, m_idx, n_idx, mask, res_ptr, stride_rm, out_ptr, stride_om, SWIGLU, HAS_RES)
                 reset_counter(cnt_ptr)
     else:
