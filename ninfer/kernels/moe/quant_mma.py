@@ -147,8 +147,11 @@ def _slot_pair(slot, block_pairs):
 
 
 @triton.jit
-def _pair_factors(r, tok_0, tok_1, TOKENS: tl.constexpr):
-    """The factors ``r [TOKENS]`` of the token rows ``tok_0`` / ``tok_1`` (a lane's two pairs)."""
+def _pair_factors(shares, stats_ptr, n_parts, M_TOK, K, eps, tok_0, tok_1, TOKENS: tl.constexpr,
+                  PARTS_BLOCK: tl.constexpr):
+    """The norm factors of the token rows ``tok_0`` / ``tok_1`` (a lane's two pairs) from the rows' shares
+    (``shares``: their :func:`~ninfer.kernels.quant_gemm.deferred_norm.first_shares`)."""
+    r = rstd_of_shares(shares, stats_ptr, n_parts, tl.arange(0, TOKENS), M_TOK, K, eps, PARTS_BLOCK)
     toks = tl.arange(0, TOKENS)[None, :]
     f0 = tl.sum(tl.where(toks == tok_0[:, None], r[None, :], 0.0), axis=1)
     f1 = tl.sum(tl.where(toks == tok_1[:, None], r[None, :], 0.0), axis=1)
@@ -243,8 +246,7 @@ def _expert_mma_kernel(
             codes_up = codes_up_next
     # accumulator i: row tile * 16 + g + 8 (i // 2), pair slot 2t + i % 2
     if ROW_NORM and not LATE_NORM:  # each pair's sums times its token row's factor, before SwiGLU
-        r = rstd_of_shares(shares, stats_ptr, n_parts, tl.arange(0, TOKENS), M_TOK, KC * 64, eps, PARTS_BLOCK)
-        f0, f1 = _pair_factors(r, tok_0, tok_1, TOKENS)
+        f0, f1 = _pair_factors(shares, stats_ptr, n_parts, M_TOK, KC * 64, eps, tok_0, tok_1, TOKENS, PARTS_BLOCK)
         acc = (acc[0] * f0, acc[1] * f1, acc[2] * f0, acc[3] * f1)
         acc_up = (acc_up[0] * f0, acc_up[1] * f1, acc_up[2] * f0, acc_up[3] * f1)
     pid_s = tl.program_id(1)
@@ -263,8 +265,6 @@ def _expert_mma_kernel(
         if last_split_arrived(cnt_ptr):
             if LATE_NORM:  # the factors after the sum, before SwiGLU; the shares requested beside the partials
                 shares = first_shares(stats_ptr, n_parts, tl.arange(0, TOKENS), M_TOK, PARTS_BLOCK)
-                r = rstd_of_shares(shares, stats_ptr, n_parts, tl.arange(0, TOKENS), M_TOK, KC * 64, eps, PARTS_BLOCK)
-                f0, f1 = _pair_factors(r, tok_0, tok_1, TOKENS)
             pairs = ()
             n_idxs = ()
             masks = ()
@@ -274,12 +274,18 @@ def _expert_mma_kernel(
                 masks = masks + ((tile_out < slots) & (pair < NK),)
             if SUM_ACROSS:  # split after split for all four accumulators (dispatch.split_sum_across)
                 sums = sum_splits_of(ws_ptr, pairs, n_idxs, masks, NK, N_OUT, tl.num_programs(1), SWIGLU)
+                if LATE_NORM:
+                    f0, f1 = _pair_factors(shares, stats_ptr, n_parts, M_TOK, KC * 64, eps, tok_0, tok_1, TOKENS,
+                                           PARTS_BLOCK)
                 for i in tl.static_range(4):
                     y, y_up = sums[2 * i], sums[2 * i + 1]
                     if LATE_NORM:
                         y, y_up = _times_pair_factor(y, y_up, f0, f1, i)
                     finish_at(y, y_up, pairs[i], n_idxs[i], masks[i], out_ptr, 0, out_ptr, stride_om, SWIGLU, False)
             else:
+                if LATE_NORM:
+                    f0, f1 = _pair_factors(shares, stats_ptr, n_parts, M_TOK, KC * 64, eps, tok_0, tok_1, TOKENS,
+                                           PARTS_BLOCK)
                 for i in tl.static_range(4):
                     y, y_up = sum_splits_at(ws_ptr, pairs[i], n_idxs[i], masks[i], NK, N_OUT, tl.num_programs(1),
                                             SWIGLU)
