@@ -142,15 +142,20 @@ def moe_gemv(fmt: str, arch: int, sms: int) -> None:
                     print(f"{head}: FAILED {type(err).__name__}: {str(err).splitlines()[0][:200]}", flush=True)
 
 
-def compile_expert_mma(fmt: str, cfg, swiglu: bool, arch: int, aligned: bool = False):
+def compile_expert_mma(fmt: str, cfg, swiglu: bool, arch: int, aligned: bool = False, row_norm_parts: int = 0):
     """moe_quant_mma's register decode of int4 expert stacks (bf16 activations), split-K fused where split;
-    ``aligned``: over rows aligned in blocks of 16 (a verification of several lanes)."""
+    ``aligned``: over rows aligned in blocks of 16 (a verification of several lanes); ``row_norm_parts``: a reader
+    of deferred rows (``quant_gemm.deferred_norm``) with that many shares, one token."""
     strides = ("stride_xm", "stride_qe", "stride_qn", "stride_se", "stride_sn", "stride_om")
     sig = {"x_ptr": "*bf16", "q_ptr": "*u8", "s_ptr": "*fp16", "rw_ptr": "*bf16", "out_ptr": "*bf16",
            "ws_ptr": "*fp32", "cnt_ptr": "*i32", "ids_ptr": "*i64", "sorted_ptr": "*i32", "block_experts_ptr": "*i32",
-           **dict.fromkeys(("NK", "N_OUT", "a_div", "chunks_per_split", "KC", *strides), "i32")}
+           "stats_ptr": "*fp32", **dict.fromkeys(("NK", "N_OUT", "a_div", "chunks_per_split", "KC", *strides), "i32"),
+           "M_TOK": "i32", "n_parts": "i32", "eps": "fp32"}
     split = cfg.split_k > 1
-    consts = dict(CPG=int(fmt.split("-g")[1]) // 64, SWIGLU=swiglu, SPLIT=split, FUSED_REDUCE=split,
+    tokens = 1
+    consts = dict(ROW_NORM=row_norm_parts > 0, TOKENS=tokens,
+                  PARTS_BLOCK=deferred_norm.parts_block(row_norm_parts, tokens) if row_norm_parts else 1,
+                  CPG=int(fmt.split("-g")[1]) // 64, SWIGLU=swiglu, SPLIT=split, FUSED_REDUCE=split,
                   SUM_ACROSS=split and split_sum_across(),
                   WARPS=cfg.num_warps, UNROLL=cfg.block_k // 64, PREFETCH=cfg.num_stages > 1, PAIRS_BLOCK=64,
                   ALIGNED=aligned, DECODE_ASM=row_major_decode_asm("bf16"), DECODE_OPERANDS="=r," * 16 + "r,r,r,r",
