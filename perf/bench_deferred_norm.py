@@ -83,7 +83,7 @@ def produced_rows(m: int, k: int, fmt: str) -> NormedRows:
 def reader_cases(shape: str, m: int, fmt: str) -> dict:
     copies, nbytes = fragment_weights(shape, fmt)
     weight = _cycle(copies)
-    n, k = SHAPES[shape]
+    k = SHAPES[shape][1]
     swiglu = shape == "gate_up"
     rows = produced_rows(m, k, fmt)
     normed = rows.materialize()

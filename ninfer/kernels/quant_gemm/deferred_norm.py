@@ -11,9 +11,10 @@ Here nothing is serial. The norm is linear in the row up to its one factor ``rsq
 * each consumer (the register decode of the next projections, ``ROW_NORM``, the float GEMV of the DeltaNet gates and
   routers, the expert kernels) multiplies its fp32 sums by the row's factor before its epilogue (SwiGLU included: the
   factor applies to the gate and the up sums alike). With the fused split-K sum only the split that sums does, after
-  the sum, its shares requested beside the partials (the expert GEMV's splits: the reduce kernel, once per sum): when every program summed the shares and picked its lanes'
-  factors, the readers of the 27B ran 22-37% slower than the plain GEMM (run 2026-12-05.16; some 250 instructions
-  beside a loop of about 1,400 in programs of about three loop trips). Without splits every program does.
+  the sum, its shares requested beside the partials (where a reduce kernel sums the splits, as for the expert GEMV:
+  that kernel, once per sum). When every program summed the shares and picked its lanes' factors, the readers of the
+  27B ran 22-37% slower than the plain GEMM (run 2026-12-05.16; some 250 instructions beside a loop of about 1,400,
+  in programs of about three loop trips). Without splits every program does.
 
 The one change in numerics: the GEMM reads ``h * (1 + w)`` rounded to the model dtype and scales the fp32 sum, where
 the composed path rounds ``h * rstd * (1 + w)``; the same bound, not the same bits. The shares add up in a fixed
