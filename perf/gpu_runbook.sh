@@ -73,6 +73,7 @@ deferred-norm-27b     the norm after each output projection left to the GEMMs th
 deferred-norm-35b     the deferred norm on the 35B-A3B (its post-attention norm, read by the router, the shared expert and the routed experts): the GPU tests of its readers, the engine on and off twice
 deferred-norm-quick   the 27B int4 engine at batch 1 with the deferred norm on, then off (one alternation: a device call of about four minutes)
 deferred-norm-bench   the 27B int4 engine with the deferred norm on and off (timings only, before its GPU tests: a device call of little time)
+profile-deferred-35b  the 35B-A3B step profiled with the deferred norm on and off (it lost 6% at batch 1 in run 2026-12-05.19): which reader pays
 profile-deferred-27b  where a 27B int4 C = 1 step goes with the deferred norm on, then off (kernels by family, top 30): what the readers and the producer add against the 128 norm launches they remove
 deferred-norm-gemms   where the deferred norm loses, GEMM by GEMM (perf/bench_deferred_norm.py: producers GEMM alone / GEMM then norm / deferred, readers of normed / deferred rows, L2-cold, 1 and 8 tokens), then its GPU tests (the readers sum their shares after the loop now)
 deferred-late         the deferred norm with the split that sums applying the rows factors (after the fused split-K sum): the GEMMs of perf/bench_deferred_norm.py at 1 / 8 tokens, then the 27B int4 engine at batch 1 on and off
@@ -590,6 +591,10 @@ stage() {
     deferred-norm-bench)
       part 280 python3 perf/bench_engine.py --shape 27b --recipe int4 --contexts 1024 --lanes 1 8 --steps 12 \
         --toggle NINFER_DEFERRED_NORM=1,0,1,0
+      ;;
+    profile-deferred-35b)
+      NINFER_DEFERRED_NORM=1 part 150 python3 perf/profile_step.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --top 30 --label deferred
+      NINFER_DEFERRED_NORM=0 part 120 python3 perf/profile_step.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --top 30 --label norms
       ;;
     profile-deferred-27b)
       NINFER_DEFERRED_NORM=1 part 130 python3 perf/profile_step.py --shape 27b --recipe int4 --top 30 --label deferred
