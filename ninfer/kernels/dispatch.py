@@ -127,8 +127,25 @@ def fp32_first_config(tensor_arg: str) -> dict:
 
 def deferred_norm() -> bool:
     """Whether an output projection's register decode leaves the norm after it to the GEMMs that read its rows
-    (``quant_gemm.deferred_norm``, ``NINFER_DEFERRED_NORM=1``, read per call): the producer writes ``h * (1 + w)``
-    and its share of each row's sum of squares, the readers scale their sums by the row's ``rsqrt``; two launches
-    fewer per dense decoder layer (the post-attention norm of a MoE layer: one), nothing serial. Off: on an H100 the
-    27B int4 step took 8.06-8.08 against 7.71-7.75 ms at batch 1 and the same at C = 8 (runs 2026-12-05.11 / .12)."""
-    return os.environ.get("NINFER_DEFERRED_NORM", "0") == "1"
+    (``quant_gemm.deferred_norm``; ``NINFER_DEFERRED_NORM=0`` turns it off, read per call): the producer writes
+    ``h * (1 + w)`` and its share of each row's sum of squares, the readers scale their sums by the row's ``rsqrt``;
+    two launches fewer per dense decoder layer, nothing serial. On an H100 the 27B int4 step took 7.49 against
+    7.69 ms at batch 1 (run 2026-12-05.17), 7.73-7.75 against 7.71-7.74 ms at batch 1 and 9.09-9.10 against
+    9.19-9.22 ms at C = 8 (run .18)."""
+    return _switch("NINFER_DEFERRED_NORM", "1")
+
+
+def deferred_norm_in_moe() -> bool:
+    """Whether a MoE block takes its input with the norm deferred (``NINFER_DEFERRED_NORM_MOE=1``, read per call;
+    off by default): its router then runs on the float GEMV instead of cuBLAS (5.8 against 3.3 µs) and its shared
+    expert's gate/up, a small GEMM, pays the factors in every program: the 35B-A3B int4 step took 3.02 against
+    2.85 ms at batch 1 on an H100 (run 2026-12-05.19)."""
+    return deferred_norm() and _switch("NINFER_DEFERRED_NORM_MOE", "0")
+
+
+def _switch(name: str, default: str) -> bool:
+    """An on/off environment switch, ``1`` or ``0``; anything else is an error naming the variable."""
+    value = os.environ.get(name, default)
+    if value not in ("0", "1"):
+        raise ValueError(f"{name}={value!r}: expected 1 (on) or 0 (off)")
+    return value == "1"

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ninfer.config import ModelConfig
+from ninfer.kernels.dispatch import deferred_norm_in_moe
 from ninfer.kernels.moe import moe_experts, moe_experts_then_norm, route_topk
 from ninfer.kernels.overlap import overlapped
 from ninfer.kernels.norms import NormedRows
@@ -62,8 +63,9 @@ class SparseMoeBlock(nn.Module):
     @property
     def reads_deferred_norm(self) -> bool:
         """The router (the float GEMV or a quantized GEMM), the shared expert and quantized routed experts (their
-        GEMV and register decode) normalize deferred rows themselves."""
-        return (reads_deferred_norm(self.router) and self.shared_expert.reads_deferred_norm
+        GEMV and register decode) can normalize deferred rows themselves; the block takes them only where
+        ``NINFER_DEFERRED_NORM_MOE=1`` asks (:func:`~ninfer.kernels.dispatch.deferred_norm_in_moe`: slower so far)."""
+        return (deferred_norm_in_moe() and reads_deferred_norm(self.router) and self.shared_expert.reads_deferred_norm
                 and not isinstance(self.experts.gate_up_proj, torch.Tensor))
 
     def _routed(self, x: torch.Tensor) -> tuple:

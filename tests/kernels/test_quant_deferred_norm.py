@@ -141,12 +141,24 @@ def test_other_configs_read_the_materialized_rows() -> None:
     assert torch.equal(quant_matmul(normed, w), quant_matmul_reference(normed.materialize(), w))  # the CPU path
 
 
-def test_off_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("setting", [None, "0"])
+def test_on_by_default_and_off_by_the_switch(monkeypatch: pytest.MonkeyPatch, setting: str | None) -> None:
+    """Unset, a producer whose readers take deferred rows defers; ``NINFER_DEFERRED_NORM=0`` applies the norm."""
     monkeypatch.setattr(quant_dispatch, "use_triton", lambda x: True)
+    if setting is None:
+        monkeypatch.delenv("NINFER_DEFERRED_NORM", raising=False)
+    else:
+        monkeypatch.setenv("NINFER_DEFERRED_NORM", setting)
     g = torch.Generator().manual_seed(13)
     w = fragment_laid(_weights("int4-g64", 32, 256, g))
     x, res, norm_w = torch.randn(2, 256, generator=g), torch.randn(2, 32, generator=g), torch.randn(32, generator=g)
     normed, new_res = quant_matmul_then_norm(x, w, norm_w, EPS, res, config=_frag(8, 1, 2, 1), defer=True)
+    if setting is None:
+        assert isinstance(normed, NormedRows)
+        want = rms_norm_reference(quant_matmul_triton(x, w, config=_frag(8, 1, 2, 1)), norm_w, EPS, res)
+        torch.testing.assert_close(normed.materialize(), want[0], rtol=1e-5, atol=1e-5)
+        assert torch.equal(new_res, want[1])
+        return
     assert isinstance(normed, torch.Tensor)
     want = rms_norm_reference(quant_matmul_triton(x, w, config=_frag(8, 1, 2, 1)), norm_w, EPS, res)
     assert torch.equal(normed, want[0]) and torch.equal(new_res, want[1])
