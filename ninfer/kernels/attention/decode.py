@@ -23,7 +23,7 @@ from ninfer.kernels.attention.common import LOG2E, kernel_args, kv_tile_rows, lo
 from ninfer.kernels.attention.paged import PagedKV
 from ninfer.kernels.attention.split_kv import MAX_SPLITS, merge_kernel, sm_count, split_range
 from ninfer.kernels.autotune import ninfer_autotune
-from ninfer.kernels.dispatch import autotune_configs, fp32_first_config
+from ninfer.kernels.dispatch import autotune_configs, fp32_first_config, pdl_enabled
 
 DECODE_MAX_TOKENS = 8
 
@@ -58,7 +58,10 @@ def _decode_kernel(
     cu_ptr, ctx_ptr, qk_scale, part_o_ptr, part_lse_ptr, num_splits,
     GROUP: tl.constexpr, PAGE_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, QUANT: tl.constexpr, NG: tl.constexpr,
     HAS_GATE: tl.constexpr, DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    PDL_TRIGGER: tl.constexpr = False,
 ):
+    if PDL_TRIGGER:  # the kernel after this (the merge, or unsplit the output projection) may launch now
+        tl.extra.cuda.gdc_launch_dependents()
     kvh = tl.program_id(0)
     b = tl.program_id(1)
     split = tl.program_id(2)
@@ -164,14 +167,15 @@ def paged_attention_decode_triton(
     block_m = max(16, triton.next_power_of_2(max_seqlen * consts["GROUP"]))
     chosen = measured_config(q, kv, kv_heads * batch * splits)
     kernel = _decode_kernel if chosen is None else _decode_kernel.fn  # .fn: the kernel without its autotuner
+    trigger = pdl_enabled(q.device)
     kernel[(kv_heads, batch, splits)](*args, cu_seqlens, context_lens, scale * LOG2E, part_o, part_lse, splits,
-                                      BLOCK_M=block_m, **consts, **(chosen or {}))
+                                      BLOCK_M=block_m, PDL_TRIGGER=trigger, **consts, **(chosen or {}))
     if splits > 1:
         g = out if gate is None else gate
         merge_kernel[(heads, max_seqlen, batch)](
             part_o_ptr=part_o, part_lse_ptr=part_lse, o_ptr=out, g_ptr=g, cu_ptr=cu_seqlens, ctx_ptr=context_lens,
             stride_on=out.stride(0), stride_oh=out.stride(1), stride_gn=g.stride(0), stride_gh=g.stride(1),
             num_splits=splits, HEADS=heads, HEAD_DIM=head_dim, SPLITS_POW2=triton.next_power_of_2(splits),
-            HAS_GATE=gate is not None, num_warps=8,
+            HAS_GATE=gate is not None, PDL_TRIGGER=trigger, num_warps=8,
         )
     return out

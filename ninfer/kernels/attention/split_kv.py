@@ -28,8 +28,12 @@ def merge_kernel(
     part_o_ptr, part_lse_ptr, o_ptr, g_ptr, cu_ptr, ctx_ptr,
     stride_on, stride_oh, stride_gn, stride_gh, num_splits,
     HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, SPLITS_POW2: tl.constexpr, HAS_GATE: tl.constexpr,
+    PDL_TRIGGER: tl.constexpr = False,
 ):
-    """One output row (token, head): the lse-weighted mean of its splits' partial outputs."""
+    """One output row (token, head): the lse-weighted mean of its splits' partial outputs. ``PDL_TRIGGER``: the
+    output projection after it may launch now and request its weights (programmatic dependent launch)."""
+    if PDL_TRIGGER:
+        tl.extra.cuda.gdc_launch_dependents()
     head = tl.program_id(0)
     t = tl.program_id(1)
     b = tl.program_id(2)

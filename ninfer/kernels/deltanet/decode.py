@@ -37,7 +37,7 @@ import triton.language as tl
 from ninfer.kernels.autotune import ninfer_autotune
 from ninfer.kernels.counters import SLOTS, arrival_counters
 from ninfer.kernels.deltanet.common import check_head_dims, decay_beta, l2_normalize
-from ninfer.kernels.dispatch import autotune_configs
+from ninfer.kernels.dispatch import autotune_configs, pdl_enabled
 
 MAX_TOKENS = 8  # per sequence and call: 1 + at most 7 draft tokens (the tokens are an unrolled loop)
 GATE_BLOCK = 2048  # columns of the gate projections' unrolled K blocks: 3 blocks of 16 values a thread at H = 5120
@@ -159,8 +159,10 @@ def _decode_kernel(
     stride_cs_s, stride_cs_c, stride_cs_k, stride_state_s, stride_out_slots_b, stride_gx_t, stride_gw_n, scale, eps,
     BATCH_LOG2, HV: tl.constexpr, GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, K: tl.constexpr,
     T_MAX: tl.constexpr, HAS_OUT_SLOTS: tl.constexpr, WDT: tl.constexpr, PROD_DTYPE: tl.constexpr,
-    GATES_FROM_X: tl.constexpr, H: tl.constexpr, BH: tl.constexpr, BV: tl.constexpr,
+    GATES_FROM_X: tl.constexpr, H: tl.constexpr, BH: tl.constexpr, BV: tl.constexpr, PDL_TRIGGER: tl.constexpr = False,
 ):
+    if PDL_TRIGGER:  # the output projection after this may launch now and request its weights (NINFER_PDL=1)
+        tl.extra.cuda.gdc_launch_dependents()
     BLOCK: tl.constexpr = BV if BV < DV else DV
     NV: tl.constexpr = DV // BLOCK
     seq, head, vb = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -349,5 +351,6 @@ def gated_deltanet_decode_triton(
         WDT=TL_DTYPE[conv_weight.dtype], PROD_DTYPE=TL_DTYPE[torch.promote_types(norm_weight.dtype, qkv.dtype)],
         GATES_FROM_X=gates_from_x, H=gate_x.shape[1] if gates_from_x else 1,
         BH=min(GATE_BLOCK, triton.next_power_of_2(gate_x.shape[1])) if gates_from_x else 1,
+        PDL_TRIGGER=pdl_enabled(qkv.device),
     )
     return y
