@@ -389,11 +389,11 @@ stage() {
       ;;
     pdl-triggers)  # PDL was in the noise with norm kernels between the GEMMs (runs 2026-12-04.13 / .14 / .34)
       gpu_tests 90 fragments_model_gpu -k programmatic
-      NINFER_PDL=1 gpu_tests 90 model_gpu -n 2 -k graphs_equal
-      part 170 python3 perf/bench_engine.py --shape 27b --recipe int4 --contexts 1024 --lanes 1 8 --steps 12 \
+      part 150 python3 perf/bench_engine.py --shape 27b --recipe int4 --contexts 1024 --lanes 1 8 --steps 12 \
         --toggle NINFER_PDL=1,0,1,0
-      part 170 python3 perf/bench_engine.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --contexts 1024 \
+      part 150 python3 perf/bench_engine.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --contexts 1024 \
         --lanes 1 8 --steps 12 --toggle NINFER_PDL=1,0,1,0
+      NINFER_PDL=1 gpu_tests 90 model_gpu -n 2 -k graphs_equal  # the MoE combine's trigger
       ;;
     norm-in-gemm-35b)  # the 35B-A3B post-attention norm: a launch of its own since its MoE blocks decline deferred rows
       gpu_tests 90 norm_in_gemm_gpu -k "int8 or graph"
