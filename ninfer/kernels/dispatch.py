@@ -42,12 +42,15 @@ def capturing(x: torch.Tensor) -> bool:
 
 
 def pdl_enabled(device: torch.device) -> bool:
-    """Whether launches on ``device`` use programmatic dependent launch (kernels that support it start while
-    the previous kernel finishes, and wait for its results with ``griddepcontrol.wait``): with ``NINFER_PDL=1``
-    (read per call) on compute capability 9.0 and up. Off by default: the 27B int4 decode step took 8.27 ms
-    with it and 8.08 ms without (H200, run 2026-12-03.2 / .3), and with the GEMMs and norms letting the next
-    kernel launch early 7.25 against 7.23-7.31 ms (run 2026-12-04.14): inside the noise, so it stays off."""
-    return os.environ.get("NINFER_PDL", "0") == "1" and _capability(device) >= (9, 0)
+    """Whether launches on ``device`` use programmatic dependent launch (the register decode starts while the
+    kernel before it finishes, requests its weights, and waits for that kernel's results with
+    ``griddepcontrol.wait``; the norms, the GEMMs, the DeltaNet and attention decode, the attention merge and the MoE
+    combine let the next kernel launch early): on compute capability 9.0 and up unless ``NINFER_PDL=0`` (read per
+    call). With the deferred norm, where a GEMM follows a GEMM or a decode kernel at every layer, the 27B int4 step
+    took 7.42 / 7.37 against 7.57 / 7.57 ms at batch 1 and 8.79 against 8.93 ms at C = 8, the 35B-A3B the same with
+    and without (H100, run 2026-12-05.21); before it, with norm kernels between the GEMMs, it was inside the noise
+    (H200, runs 2026-12-04.13 / .14)."""
+    return _switch("NINFER_PDL", "1") and _capability(device) >= (9, 0)
 
 
 SPLIT_SUMS = ("each", "across", "tile")

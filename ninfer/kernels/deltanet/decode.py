@@ -161,7 +161,7 @@ def _decode_kernel(
     T_MAX: tl.constexpr, HAS_OUT_SLOTS: tl.constexpr, WDT: tl.constexpr, PROD_DTYPE: tl.constexpr,
     GATES_FROM_X: tl.constexpr, H: tl.constexpr, BH: tl.constexpr, BV: tl.constexpr, PDL_TRIGGER: tl.constexpr = False,
 ):
-    if PDL_TRIGGER:  # the output projection after this may launch now and request its weights (NINFER_PDL=1)
+    if PDL_TRIGGER:  # the output projection after this may launch now and request its weights (dispatch.pdl_enabled)
         tl.extra.cuda.gdc_launch_dependents()
     BLOCK: tl.constexpr = BV if BV < DV else DV
     NV: tl.constexpr = DV // BLOCK

@@ -23,7 +23,7 @@ streams the bytes 80-92%). Here the weights go from global memory straight into 
 * Fewer instructions did not make it faster: a decode without the ``fma`` (the codes' offset subtracted per
   group through MMAs of ones: 1.66 instead of 1.96 SASS instructions per int4 weight) ran 7-12% slower on the H200
   (run 2026-12-03.1, ``docs/performance.md``).
-* Programmatic dependent launch (``NINFER_PDL=1``, compute capability 9.0+; off by default): the kernel may start
+* Programmatic dependent launch (compute capability 9.0+; ``NINFER_PDL=0`` turns it off): the kernel may start
   while the previous one finishes; it requests its first codes (static weights), lets the next kernel launch
   (``griddepcontrol.launch_dependents``), then waits (``griddepcontrol.wait``) before anything reads the
   activations or writes.
