@@ -50,7 +50,7 @@ def pdl_enabled(device: torch.device) -> bool:
     took 7.42 / 7.37 against 7.57 / 7.57 ms at batch 1 and 8.79 against 8.93 ms at C = 8, the 35B-A3B the same with
     and without (H100, run 2026-12-05.21); before it, with norm kernels between the GEMMs, it was inside the noise
     (H200, runs 2026-12-04.13 / .14)."""
-    return _switch("NINFER_PDL", "1") and _capability(device) >= (9, 0)
+    return env_switch("NINFER_PDL", True) and _capability(device) >= (9, 0)
 
 
 SPLIT_SUMS = ("each", "across", "tile")
@@ -83,7 +83,7 @@ def fused_prologue() -> bool:
     ``attention.prologue``): on unless ``NINFER_FUSED_PROLOGUE=0`` (read per call). Its GPU test and the whole-model
     GPU tests passed with it (run 2026-12-05.5); the 27B step was the same with it and without (6.54-6.67 against
     6.53-6.55 ms at batch 1, 8.08 against 8.12 ms at C = 8), with one launch fewer per attention layer."""
-    return os.environ.get("NINFER_FUSED_PROLOGUE", "1") != "0"
+    return env_switch("NINFER_FUSED_PROLOGUE", True)
 
 
 def norm_in_moe_combine() -> bool:
@@ -91,7 +91,7 @@ def norm_in_moe_combine() -> bool:
     (``moe.moe_experts_then_norm``): on unless ``NINFER_MOE_NORM=0`` (read per call), one launch fewer per MoE layer
     (40 of the 35B-A3B step's). Run 2026-12-05.6: its GPU tests passed, and the 35B-A3B step took 2.705-2.708 against
     2.734-2.738 ms at batch 1 and 5.08 against 5.11 ms at C = 8, on and off alternating."""
-    return os.environ.get("NINFER_MOE_NORM", "1") != "0"
+    return env_switch("NINFER_MOE_NORM", True)
 
 
 def norm_in_gemm() -> bool:
@@ -99,7 +99,7 @@ def norm_in_gemm() -> bool:
     (``quant_gemm.quant_matmul_then_norm``) with ``NINFER_NORM_IN_GEMM=1`` (read per call): two launches fewer per
     decoder layer (128 of the 27B step's). Off: the last program's pass over the rows cost more than the launches it
     saved (run 2026-12-05.7, 27B int4: 6.93 against 6.61 ms at batch 1, 10.64 against 8.11 ms at C = 8)."""
-    return os.environ.get("NINFER_NORM_IN_GEMM", "0") == "1"
+    return env_switch("NINFER_NORM_IN_GEMM", False)
 
 
 @cache
@@ -135,7 +135,7 @@ def deferred_norm() -> bool:
     two launches fewer per dense decoder layer, nothing serial. On an H100 the 27B int4 step took 7.49 against
     7.69 ms at batch 1 (run 2026-12-05.17), 7.73-7.75 against 7.71-7.74 ms at batch 1 and 9.09-9.10 against
     9.19-9.22 ms at C = 8 (run .18)."""
-    return _switch("NINFER_DEFERRED_NORM", "1")
+    return env_switch("NINFER_DEFERRED_NORM", True)
 
 
 def deferred_norm_in_moe() -> bool:
@@ -143,12 +143,20 @@ def deferred_norm_in_moe() -> bool:
     off by default): its router then runs on the float GEMV instead of cuBLAS (5.8 against 3.3 µs) and its shared
     expert's gate/up, a small GEMM, pays the factors in every program: the 35B-A3B int4 step took 3.02 against
     2.85 ms at batch 1 on an H100 (run 2026-12-05.19)."""
-    return deferred_norm() and _switch("NINFER_DEFERRED_NORM_MOE", "0")
+    return deferred_norm() and env_switch("NINFER_DEFERRED_NORM_MOE", False)
 
 
-def _switch(name: str, default: str) -> bool:
-    """An on/off environment switch, ``1`` or ``0``; anything else is an error naming the variable."""
-    value = os.environ.get(name, default)
-    if value not in ("0", "1"):
-        raise ValueError(f"{name}={value!r}: expected 1 (on) or 0 (off)")
-    return value == "1"
+ON_VALUES = ("1", "on", "true", "yes")
+OFF_VALUES = ("0", "off", "false", "no")
+
+
+def env_switch(name: str, default: bool) -> bool:
+    """An on/off environment switch (read now): ``1`` / ``on`` / ``true`` / ``yes`` or ``0`` / ``off`` / ``false`` /
+    ``no`` (any case), ``default`` when unset or empty; anything else is an error naming the variable, so that a typo
+    never silently picks a path."""
+    value = os.environ.get(name, "").strip().lower()
+    if not value:
+        return default
+    if value in ON_VALUES or value in OFF_VALUES:
+        return value in ON_VALUES
+    raise ValueError(f"{name}={os.environ[name]!r}: expected 1 / on / true / yes or 0 / off / false / no")

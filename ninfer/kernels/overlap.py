@@ -19,7 +19,6 @@ call) runs everything in place.
 """
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Generic, TypeVar
@@ -27,7 +26,7 @@ from typing import Generic, TypeVar
 import torch
 
 from ninfer.kernels.counters import counter_bank
-from ninfer.kernels.dispatch import capturing
+from ninfer.kernels.dispatch import capturing, env_switch
 from ninfer.kernels.quant_gemm.tune import SKINNY_MAX_M
 from ninfer.kernels.scoped import scoped
 
@@ -68,7 +67,7 @@ def wait_for(value: T | Overlapped[T]) -> T:
 def overlap_enabled(like: torch.Tensor) -> bool:
     """Whether :func:`overlapped` forks for a batch like ``like`` (rows along dim 0): captured launches on CUDA,
     at most ``MAX_ROWS`` rows, ``NINFER_OVERLAP`` not ``0``, not already inside a side branch."""
-    return (os.environ.get("NINFER_OVERLAP", "1") != "0" and capturing(like) and like.shape[0] <= MAX_ROWS
+    return (env_switch("NINFER_OVERLAP", True) and capturing(like) and like.shape[0] <= MAX_ROWS
             and not _on_side.get())
 
 

@@ -55,7 +55,7 @@ import torch
 import triton
 
 from ninfer.kernels import compile_watch
-from ninfer.kernels.dispatch import INTERPRET
+from ninfer.kernels.dispatch import INTERPRET, env_switch
 from ninfer.kernels.tuning import (
     Config,
     TunerState,
@@ -101,7 +101,7 @@ class Precompiled:
 
 def disabled_reason() -> str | None:
     """Why :func:`precompile` would do nothing now (None: it runs). The switch is read per call."""
-    if os.environ.get(ENV, "1").strip().lower() in ("0", "off", "false", "no"):
+    if not env_switch(ENV, True):
         return f"{ENV}={os.environ[ENV]}"
     if INTERPRET:
         return "the Triton interpreter compiles nothing"

@@ -26,7 +26,6 @@ malformed one is no table either, with one warning: a shipped table must never s
 from __future__ import annotations
 
 import json
-import os
 import warnings
 from functools import cache
 from importlib import resources
@@ -36,6 +35,7 @@ from typing import Any
 import torch
 
 from ninfer.kernels import tune_cache
+from ninfer.kernels.dispatch import env_switch
 
 ENV = "NINFER_SHIPPED_TUNING"
 TABLES = ("quant_gemm", "moe_gemv", "float_gemv")  # the runtime tuners' tables (kernels/tuning.py)
@@ -49,7 +49,7 @@ _warned: set[str] = set()
 
 def enabled() -> bool:
     """Whether the shipped tables are consulted (``NINFER_SHIPPED_TUNING``, read per call; ``0`` / ``off``: no)."""
-    return os.environ.get(ENV, "1").strip().lower() not in ("0", "off", "false", "no")
+    return env_switch(ENV, True)
 
 
 def folder() -> Traversable:

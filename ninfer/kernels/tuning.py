@@ -20,7 +20,6 @@ kept per key so that later untunable calls skip building the candidate list.
 """
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
@@ -29,7 +28,7 @@ from typing import Any, TypeVar
 import torch
 
 from ninfer.kernels import compile_watch, shipped, tune_cache
-from ninfer.kernels.dispatch import INTERPRET
+from ninfer.kernels.dispatch import INTERPRET, env_switch
 
 Config = TypeVar("Config")  # a tuner's launch configuration: a frozen (hashable) dataclass
 TUNE_ENV = "NINFER_QUANT_TUNE"
@@ -55,7 +54,7 @@ class TunerState:
     def tuning_on(self) -> bool:
         if self.enabled is not None:
             return self.enabled
-        return os.environ.get(TUNE_ENV, "1") != "0"
+        return env_switch(TUNE_ENV, True)
 
     def tunable(self, device: torch.device) -> bool:
         """Whether a call on ``device`` may benchmark now: tuning on, a real GPU, no graph being captured."""

@@ -20,13 +20,13 @@ each part's global scale, stored per row). ``bf16`` entries leave the module as 
 """
 from __future__ import annotations
 
-import os
 from typing import ClassVar
 
 import torch
 from torch import nn
 
 from ninfer.checkpoint import RowSlice, fused_parts
+from ninfer.kernels.dispatch import env_switch
 from ninfer.kernels.embedding import can_take, embedding_rows_triton
 from ninfer.kernels.norms import NormedRows
 from ninfer.kernels.quant_gemm import quant_matmul, quant_matmul_then_norm
@@ -201,7 +201,7 @@ def use_kernel_layouts_(*modules: nn.Module | None) -> int:
     """Re-lay the int4, int8 and nvfp4 linear weights of ``modules`` (on CUDA) for the register decode
     (:meth:`QuantLinear.use_fragment_layout_`), unless ``NINFER_FRAGMENTS=0`` (read now): the row-major
     kernels then serve them. Returns how many weights are in the fragment layout."""
-    if os.environ.get("NINFER_FRAGMENTS", "1") == "0":
+    if not env_switch("NINFER_FRAGMENTS", True):
         return 0
     count = 0
     for module in modules:

@@ -9,7 +9,6 @@ CPU) the three ops run one after another, each through its own dispatcher.
 """
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -20,7 +19,7 @@ from ninfer.kernels.deltanet.common import check_head_dims
 from ninfer.kernels.deltanet.decode import MAX_TOKENS, TL_DTYPE, gated_deltanet_decode_triton
 from ninfer.kernels.deltanet.dispatch import RECURRENT_MAX_SEQLEN, gated_delta_rule
 from ninfer.kernels.deltanet.reference import gated_delta_rule_reference
-from ninfer.kernels.dispatch import use_triton
+from ninfer.kernels.dispatch import env_switch, use_triton
 from ninfer.kernels.norms import NormedRows, gated_rms_norm, gated_rms_norm_reference
 from ninfer.kernels.overlap import Overlapped, overlapped, wait_for
 
@@ -104,7 +103,7 @@ def fused_decode_enabled() -> bool:
     """On unless ``NINFER_FUSED_DELTANET_DECODE=0``: the one-launch kernel rounds where the composed path does
     (conv sum and SiLU output, the rule's output, the normed value and its product with the weight), so the two
     agree to the bit in the fp16 interpreter tests; the switch keeps the composed path at hand for comparisons."""
-    return os.environ.get("NINFER_FUSED_DELTANET_DECODE", "1") != "0"
+    return env_switch("NINFER_FUSED_DELTANET_DECODE", True)
 
 
 def gates_in_kernel(gates: Gates) -> bool:
@@ -113,7 +112,7 @@ def gates_in_kernel(gates: Gates) -> bool:
     2026-12-04.4) it made batch 1 2.4% slower and C = 8 1.6% faster; the projection's own GEMM otherwise."""
     return (isinstance(gates, GateProjection) and isinstance(gates.x, torch.Tensor) and gates.weight is not None
             and gates.weight.dtype in TL_DTYPE
-            and os.environ.get("NINFER_GATES_IN_DECODE", "0") == "1")
+            and env_switch("NINFER_GATES_IN_DECODE", False))
 
 
 def fused_decode_applies(qkv: torch.Tensor, state: torch.Tensor, max_seqlen: int | None,
