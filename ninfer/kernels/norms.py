@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from ninfer.kernels.dispatch import pdl_enabled, use_triton
+from ninfer.kernels.pdl import pdl_enter, small_kernel_pdl
 from ninfer.kernels.rowwise import TL_DTYPE, as_rows_3d, row_block_config
 
 
@@ -133,13 +134,13 @@ def _rms_norm_kernel(
     n_rows, rows_b, D, eps,
     sx_a, sx_b, sr_a, sr_b,
     HAS_RESIDUAL: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, NUM_CHUNKS: tl.constexpr,
-    PDL_TRIGGER: tl.constexpr = False,
+    PDL_WAIT: tl.constexpr = False, PDL_TRIGGER: tl.constexpr = False,
 ):
     """``BLOCK_R`` rows of ``NUM_CHUNKS * BLOCK_D`` channels, held in registers as a tuple of chunks.
     ``PDL_TRIGGER``: let the next kernel launch now (programmatic dependent launch: a GEMM that requests its
-    weights while this runs, and waits for this kernel's outputs before it reads them)."""
-    if PDL_TRIGGER:
-        tl.extra.cuda.gdc_launch_dependents()
+    weights while this runs, and waits for this kernel's outputs before it reads them); ``PDL_WAIT``: this one was
+    launched so (:mod:`ninfer.kernels.pdl`)."""
+    pdl_enter(PDL_WAIT, PDL_TRIGGER)
     pid = tl.program_id(0)
     x_off, rows, row_mask = _row_offsets(pid, n_rows, rows_b, sx_a, sx_b, BLOCK_R)
     r_off, _, _ = _row_offsets(pid, n_rows, rows_b, sr_a, sr_b, BLOCK_R)
@@ -215,11 +216,12 @@ def rms_norm_triton(
     r3 = as_rows_3d(residual) if residual is not None else x3
     n_rows, rows_b, d = x3.shape[0] * x3.shape[1], x3.shape[1], x3.shape[2]
     block_r, block_d, num_chunks, num_warps = row_block_config(d, n_rows)
+    pdl = small_kernel_pdl(x.device)
     _rms_norm_kernel[(triton.cdiv(n_rows, block_r),)](
         x3, r3, weight, out, new_res, n_rows, rows_b, d, eps,
         x3.stride(0), x3.stride(1), r3.stride(0), r3.stride(1),
         HAS_RESIDUAL=residual is not None, BLOCK_R=block_r, BLOCK_D=block_d, NUM_CHUNKS=num_chunks,
-        PDL_TRIGGER=pdl_enabled(x.device), num_warps=num_warps,
+        **pdl.constexprs(), **pdl.options(), num_warps=num_warps,
     )
     return out, new_res
 

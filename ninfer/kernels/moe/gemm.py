@@ -39,7 +39,7 @@ import triton
 import triton.language as tl
 
 from ninfer.kernels.autotune import ninfer_autotune
-from ninfer.kernels.dispatch import autotune_configs, pdl_enabled
+from ninfer.kernels.dispatch import autotune_configs
 from ninfer.kernels.moe.align import (
     ExpertRows,
     aligned_tile,
@@ -50,6 +50,7 @@ from ninfer.kernels.moe.align import (
 from ninfer.kernels.moe.quant_gemm import launch_quant_experts
 from ninfer.kernels.norms import NextNorm, NormedRows
 from ninfer.kernels.overlap import Overlapped, wait_for
+from ninfer.kernels.pdl import pdl_enter, small_kernel_pdl
 from ninfer.kernels.quant_gemm.tune import GemmConfig
 from ninfer.kernels.quant_gemm.weights import QuantizedTensor
 
@@ -186,16 +187,16 @@ _gemm_direct = ninfer_autotune(configs=autotune_configs(_SKINNY), key=_KEY, name
 @triton.jit
 def _combine_kernel(y_ptr, out_ptr, shared_ptr, logit_ptr, res_ptr, norm_w_ptr, new_res_ptr, H, stride_sm, stride_lm,
                     eps, TOPK: tl.constexpr, K_BLOCK: tl.constexpr, BLOCK: tl.constexpr, SHARED: tl.constexpr,
-                    NORM: tl.constexpr, RESIDUAL: tl.constexpr, PDL_TRIGGER: tl.constexpr = False):
+                    NORM: tl.constexpr, RESIDUAL: tl.constexpr, PDL_WAIT: tl.constexpr = False,
+                    PDL_TRIGGER: tl.constexpr = False):
     """``out[t, cols] = sum_j y[t * TOPK + j, cols]``; with ``SHARED``, plus ``sigmoid(logit[t]) * shared[t, cols]``;
     in fp32, rounded once (the three torch ops it replaces rounded after each: within a rounding step of them).
 
     ``NORM`` (``BLOCK`` covers the row): the next norm's work in the same launch, as ``rms_norm`` would do it on the
     rounded sum: ``new_res = sum + res`` (``RESIDUAL``; rounded to the stream's dtype), then the zero-centred RMSNorm
     of that into ``out``. ``PDL_TRIGGER``: the next layer's first projection may launch now and request its
-    weights (programmatic dependent launch)."""
-    if PDL_TRIGGER:
-        tl.extra.cuda.gdc_launch_dependents()
+    weights; ``PDL_WAIT``: launched so itself (programmatic dependent launch, :mod:`ninfer.kernels.pdl`)."""
+    pdl_enter(PDL_WAIT, PDL_TRIGGER)
     t = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     in_row = cols < H
@@ -281,11 +282,12 @@ def moe_experts_triton(x: torch.Tensor | NormedRows, gate_up: Weight, down: Weig
     block = triton.next_power_of_2(h) if norm is not None else min(1024, triton.next_power_of_2(h))
     wait_for(pending)  # the shared expert may be computing on another stream until here
     res = out if norm is None or norm.residual is None else norm.residual
+    pdl = small_kernel_pdl(out.device)
     _combine_kernel[(n, triton.cdiv(h, block))](
         y, out, s_out, logit, res, out if norm is None else norm.weight, out if norm is None else norm.new_residual,
         h, s_out.stride(0), logit.stride(0), 0.0 if norm is None else norm.eps, TOPK=top_k,
         K_BLOCK=triton.next_power_of_2(top_k), BLOCK=block, SHARED=shared is not None, NORM=norm is not None,
-        RESIDUAL=norm is not None and norm.residual is not None, PDL_TRIGGER=pdl_enabled(out.device),
+        RESIDUAL=norm is not None and norm.residual is not None, **pdl.constexprs(), **pdl.options(),
         num_warps=8 if block > 1024 else 4)
     return out
 

@@ -45,6 +45,7 @@ from ninfer.kernels.moe.quant_mma import ALIGNED_MAX_PAIRS, expert_mma_candidate
 from ninfer.kernels.moe.quant_mma import FORMATS as MMA_FORMATS
 from ninfer.kernels.quant_gemm import tune as quant_gemm_tune
 from ninfer.kernels.norms import NormedRows
+from ninfer.kernels.pdl import pdl_enter, small_kernel_pdl
 from ninfer.kernels.quant_gemm.common import FMT_CODES, finish, kernel_tensors
 from ninfer.kernels.quant_gemm.deferred_norm import reader_args, rows_rstd
 from ninfer.kernels.quant_gemm.tune import GemmConfig, kernel_params, sm_count
@@ -165,12 +166,14 @@ def _moe_gemv_kernel(
     FMT: tl.constexpr, GROUP: tl.constexpr, ROW_BLOCK: tl.constexpr, ROW_SCALE: tl.constexpr,
     SWIGLU: tl.constexpr, ROUTE_WEIGHT: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PAIRS_BLOCK: tl.constexpr,
-    PREFETCH: tl.constexpr, WORDS: tl.constexpr,
+    PREFETCH: tl.constexpr, WORDS: tl.constexpr, PDL_WAIT: tl.constexpr = False, PDL_TRIGGER: tl.constexpr = False,
 ):
     """``out[pair, n] = f(x[pair // a_div] . W[expert(pair), n])`` for BLOCK_N columns and one K range
     of every pair whose expert is that of pair ``program_id(0)``, if that pair is the expert's first. ROW_NORM: ``x``
     holds rows whose norm was deferred (:mod:`~ninfer.kernels.quant_gemm.deferred_norm`), each pair's sums are scaled
-    by its token row's factor from ``stats [n_parts, M_TOK]``."""
+    by its token row's factor from ``stats [n_parts, M_TOK]``. ``PDL_WAIT`` / ``PDL_TRIGGER``: :mod:`ninfer.kernels.pdl`
+    (the expert ids come from the kernel before: nothing can be requested before the wait)."""
+    pdl_enter(PDL_WAIT, PDL_TRIGGER)
     expert, match, rank, count, earlier = pair_group(ids_ptr, tl.program_id(0), NK, PAIRS_BLOCK)
     if earlier > 0:
         return
@@ -246,6 +249,7 @@ def launch_expert_gemv(rows: ExpertRows, a: torch.Tensor, w: QuantizedTensor, ds
     # With splits the reduce kernel normalizes each pair's sums once; without, every program does
     in_kernel_norm = row_norm if splits == 1 else None
     reads = reader_args(in_kernel_norm, cfg.block_m, rs)
+    pdl = small_kernel_pdl(a.device)
     _moe_gemv_kernel[grid](
         x_ptr=a, q_ptr=q, s_ptr=scales, rs_ptr=rs, out_ptr=dst, rw_ptr=rw, ws_ptr=ws, ids_ptr=rows.flat_ids,
         stats_ptr=reads.stats, NK=nk, N_OUT=n_out, K=k, a_div=a_div, k_per_split=per_split * cfg.block_k,
@@ -256,7 +260,8 @@ def launch_expert_gemv(rows: ExpertRows, a: torch.Tensor, w: QuantizedTensor, ds
         FMT=FMT_CODES[name], GROUP=p["group"], ROW_BLOCK=p["row_block"], ROW_SCALE=row_scale is not None,
         SWIGLU=swiglu, ROUTE_WEIGHT=not swiglu, SPLIT=splits > 1, EVEN_K=k % cfg.block_k == 0, BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, PAIRS_BLOCK=rows.pairs_block,
-        PREFETCH=cfg.kind == "gemv-prefetch", WORDS=words, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        PREFETCH=cfg.kind == "gemv-prefetch", WORDS=words, **pdl.constexprs(), **pdl.options(),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if splits > 1:
         reduce_splits(ws, dst, dst, nk, splits, swiglu, False, min(triton.next_power_of_2(nk), 8), row_norm=row_norm,

@@ -11,6 +11,7 @@ import triton
 import triton.language as tl
 
 from ninfer.kernels.dispatch import use_triton
+from ninfer.kernels.pdl import pdl_enter, small_kernel_pdl
 
 
 def route_topk_reference(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -23,7 +24,8 @@ def route_topk_reference(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor
 
 @triton.jit
 def _route_kernel(logits_ptr, w_ptr, ids_ptr, E, stride_l, TOP_K: tl.constexpr, K_BLOCK: tl.constexpr,
-                  E_BLOCK: tl.constexpr):
+                  E_BLOCK: tl.constexpr, PDL_WAIT: tl.constexpr = False, PDL_TRIGGER: tl.constexpr = False):
+    pdl_enter(PDL_WAIT, PDL_TRIGGER)  # ninfer.kernels.pdl: the expert GEMM after it may launch now
     t = tl.program_id(0).to(tl.int64)
     experts = tl.arange(0, E_BLOCK)
     logit = tl.load(logits_ptr + t * stride_l + experts, mask=experts < E, other=float("-inf")).to(tl.float32)
@@ -56,8 +58,9 @@ def route_topk_triton(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, t
         return weights, ids
     x = logits if logits.stride(-1) == 1 else logits.contiguous()
     e_block = triton.next_power_of_2(e)
+    pdl = small_kernel_pdl(logits.device)
     _route_kernel[(n,)](x, weights, ids, e, x.stride(0), TOP_K=top_k, K_BLOCK=triton.next_power_of_2(top_k),
-                        E_BLOCK=e_block,
+                        E_BLOCK=e_block, **pdl.constexprs(), **pdl.options(),
                         num_warps=max(1, min(8, e_block // 256)))
     return weights, ids
 
