@@ -397,7 +397,7 @@ stage() {
       NINFER_PDL=1 gpu_tests 90 model_gpu -n 2 -k graphs_equal  # the MoE combine's trigger
       ;;
     pdl-waits)  # off until measured: the 35B-A3B step did not move with PDL on the GEMMs alone (run 2026-12-05.21)
-      gpu_tests 120 pdl_waits_gpu
+      gpu_tests 120 model_gpu -k small_kernels_waiting
       part 170 python3 perf/bench_engine.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --contexts 1024 \
         --lanes 1 8 --steps 12 --toggle NINFER_PDL_WAITS=1,0,1,0
       part 150 python3 perf/bench_engine.py --shape 27b --recipe int4 --contexts 1024 --lanes 1 8 --steps 12 \

@@ -96,3 +96,34 @@ def test_prefix_checkpoints_inside_the_forward_resume_exactly(dense: TinyCheckpo
         want = plain._run([plain._request(p, 8, plain.sampling_params(greedy=True))])[0]
         assert got.token_ids == want.token_ids
     assert llm.engine.prefix.stats.hit_tokens == 149
+
+
+def test_the_moe_model_decodes_bit_equal_with_the_small_kernels_waiting(moe: TinyCheckpoint, monkeypatch) -> None:
+    """``NINFER_PDL_WAITS=1`` (:mod:`ninfer.kernels.pdl`): the norms, the MoE routing, the expert GEMV and the combine
+    launched with programmatic dependent launch, waiting at their start, change when kernels start, never what they
+    compute: the same tokens and logprobs from the captured graphs; and each of those kernels was launched so."""
+    import ninfer.kernels.pdl as pdl
+
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("programmatic dependent launch needs compute capability 9.0")
+    monkeypatch.setenv("NINFER_PDL", "1")
+    waited = []
+    real = pdl.small_kernel_pdl
+    outs = []
+    for waits in ("0", "1"):
+        monkeypatch.setenv("NINFER_PDL_WAITS", waits)
+        for module in ("ninfer.kernels.norms", "ninfer.kernels.moe.routing", "ninfer.kernels.moe.gemm",
+                       "ninfer.kernels.moe.quant_gemv"):
+            monkeypatch.setattr(f"{module}.small_kernel_pdl", lambda device: waited.append(real(device)) or waited[-1])
+        llm = ninfer.load(moe.path, device="cuda", dtype=torch.bfloat16, quantize="int4", progress=False,
+                          max_concurrency=2)
+        outs.append([llm.generate(_prompt(40, seed), max_new_tokens=24, greedy=True, logprobs=1, ignore_eos=True)
+                     for seed in (8, 9)])
+        del llm
+        assert waited and all(p.wait == (waits == "1") and p.trigger for p in waited)
+        assert all(p.options() == ({"launch_pdl": True} if p.wait else {}) for p in waited)
+        waited.clear()
+    for a, b in zip(*outs):
+        assert a.token_ids == b.token_ids
+        assert [{t: lp.logprob for t, lp in d.items()} for d in a.logprobs] == \
+            [{t: lp.logprob for t, lp in d.items()} for d in b.logprobs]
