@@ -19,7 +19,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from ninfer.kernels.dispatch import pdl_enabled, use_triton
+from ninfer.kernels.dispatch import use_triton
 from ninfer.kernels.pdl import pdl_enter, small_kernel_pdl
 from ninfer.kernels.rowwise import TL_DTYPE, as_rows_3d, row_block_config
 
@@ -181,10 +181,10 @@ def _gated_rms_norm_kernel(
     x_ptr, z_ptr, w_ptr, out_ptr,
     n_rows, rows_b, D, eps,
     sx_a, sx_b, sz_a, sz_b,
-    PROD_DTYPE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, PDL_TRIGGER: tl.constexpr = False,
+    PROD_DTYPE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, PDL_WAIT: tl.constexpr = False,
+    PDL_TRIGGER: tl.constexpr = False,
 ):
-    if PDL_TRIGGER:  # as in _rms_norm_kernel
-        tl.extra.cuda.gdc_launch_dependents()
+    pdl_enter(PDL_WAIT, PDL_TRIGGER)  # as in _rms_norm_kernel
     pid = tl.program_id(0)
     x_off, rows, row_mask = _row_offsets(pid, n_rows, rows_b, sx_a, sx_b, BLOCK_R)
     z_off, _, _ = _row_offsets(pid, n_rows, rows_b, sz_a, sz_b, BLOCK_R)
@@ -235,11 +235,12 @@ def gated_rms_norm_triton(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor
     n_rows, rows_b, d = x3.shape[0] * x3.shape[1], x3.shape[1], x3.shape[2]
     block_r, block_d, num_chunks, num_warps = row_block_config(d, n_rows, elements=max(2048, triton.next_power_of_2(d)))
     assert num_chunks == 1, "gated_rms_norm keeps whole rows in registers"
+    pdl = small_kernel_pdl(x.device)
     _gated_rms_norm_kernel[(triton.cdiv(n_rows, block_r),)](
         x3, z3, weight, out, n_rows, rows_b, d, eps,
         x3.stride(0), x3.stride(1), z3.stride(0), z3.stride(1),
         PROD_DTYPE=TL_DTYPE[torch.promote_types(weight.dtype, x.dtype)],
-        BLOCK_R=block_r, BLOCK_D=block_d, PDL_TRIGGER=pdl_enabled(x.device), num_warps=num_warps,
+        BLOCK_R=block_r, BLOCK_D=block_d, **pdl.constexprs(), **pdl.options(), num_warps=num_warps,
     )
     return out
 

@@ -1,12 +1,14 @@
-"""Programmatic dependent launch (compute capability 9.0+) for the small kernels between the register decodes.
+"""Programmatic dependent launch (compute capability 9.0+) for the kernels between the register decodes.
 
 Two roles. A kernel that *triggers* (``griddepcontrol.launch_dependents``) lets the kernel after it start before it
 finishes, if that one is launched with PDL. A kernel *launched with PDL* must wait (``griddepcontrol.wait``: the
 kernel before it has finished and its writes are visible) before it reads what that kernel writes, or writes
 anything. The register decode is launched with PDL by default (:func:`~ninfer.kernels.dispatch.pdl_enabled`): it
-requests its weights, then waits. The norms, the MoE routing, the expert GEMV and the MoE combine trigger at their
-start; with ``NINFER_PDL_WAITS=1`` (off by default, not measured yet; read per call) they are launched with PDL too,
-wait at their start and trigger after it, so only their launch overlaps the kernel before them.
+requests its weights, then waits. Every kernel between them triggers at its start (:func:`pdl_enter`): the norms,
+the MoE routing, the expert GEMV, the MoE combine, the DeltaNet and attention decode and the attention merge. With
+``NINFER_PDL_WAITS=1`` (off by default, not measured yet; read per call) the small ones among them (the norms, the
+routing, the expert GEMV, the combine: :func:`small_kernel_pdl`) are launched with PDL too, wait at their start and
+trigger after it, so only their launch overlaps the kernel before them.
 """
 from __future__ import annotations
 
@@ -44,7 +46,8 @@ def small_kernel_pdl(device: torch.device) -> Pdl:
 
 @triton.jit
 def pdl_enter(WAIT: tl.constexpr, TRIGGER: tl.constexpr):
-    """A small kernel's first step: wait for the kernel before it (launched with PDL), then let the next launch."""
+    """A kernel's first step: wait for the kernel before it (``WAIT``: launched with PDL), then let the next one
+    launch (``TRIGGER``)."""
     if WAIT:
         tl.extra.cuda.gdc_wait()
     if TRIGGER:

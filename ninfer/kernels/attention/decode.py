@@ -24,6 +24,7 @@ from ninfer.kernels.attention.paged import PagedKV
 from ninfer.kernels.attention.split_kv import MAX_SPLITS, merge_kernel, sm_count, split_range
 from ninfer.kernels.autotune import ninfer_autotune
 from ninfer.kernels.dispatch import autotune_configs, fp32_first_config, pdl_enabled
+from ninfer.kernels.pdl import pdl_enter
 
 DECODE_MAX_TOKENS = 8
 
@@ -60,8 +61,7 @@ def _decode_kernel(
     HAS_GATE: tl.constexpr, DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     PDL_TRIGGER: tl.constexpr = False,
 ):
-    if PDL_TRIGGER:  # the kernel after this (the merge, or unsplit the output projection) may launch now
-        tl.extra.cuda.gdc_launch_dependents()
+    pdl_enter(False, PDL_TRIGGER)  # the kernel after this (the merge, or unsplit the output projection) may launch
     kvh = tl.program_id(0)
     b = tl.program_id(1)
     split = tl.program_id(2)

@@ -9,6 +9,7 @@ import triton
 import triton.language as tl
 
 from ninfer.kernels.attention.common import store_output
+from ninfer.kernels.pdl import pdl_enter
 
 
 SPLIT_ALIGN = tl.constexpr(64)
@@ -32,8 +33,7 @@ def merge_kernel(
 ):
     """One output row (token, head): the lse-weighted mean of its splits' partial outputs. ``PDL_TRIGGER``: the
     output projection after it may launch now and request its weights (programmatic dependent launch)."""
-    if PDL_TRIGGER:
-        tl.extra.cuda.gdc_launch_dependents()
+    pdl_enter(False, PDL_TRIGGER)
     head = tl.program_id(0)
     t = tl.program_id(1)
     b = tl.program_id(2)

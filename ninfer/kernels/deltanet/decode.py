@@ -38,6 +38,7 @@ from ninfer.kernels.autotune import ninfer_autotune
 from ninfer.kernels.counters import SLOTS, arrival_counters
 from ninfer.kernels.deltanet.common import check_head_dims, decay_beta, l2_normalize
 from ninfer.kernels.dispatch import autotune_configs, pdl_enabled
+from ninfer.kernels.pdl import pdl_enter
 
 MAX_TOKENS = 8  # per sequence and call: 1 + at most 7 draft tokens (the tokens are an unrolled loop)
 GATE_BLOCK = 2048  # columns of the gate projections' unrolled K blocks: 3 blocks of 16 values a thread at H = 5120
@@ -161,8 +162,7 @@ def _decode_kernel(
     T_MAX: tl.constexpr, HAS_OUT_SLOTS: tl.constexpr, WDT: tl.constexpr, PROD_DTYPE: tl.constexpr,
     GATES_FROM_X: tl.constexpr, H: tl.constexpr, BH: tl.constexpr, BV: tl.constexpr, PDL_TRIGGER: tl.constexpr = False,
 ):
-    if PDL_TRIGGER:  # the output projection after this may launch now and request its weights (dispatch.pdl_enabled)
-        tl.extra.cuda.gdc_launch_dependents()
+    pdl_enter(False, PDL_TRIGGER)  # the output projection after this may launch now and request its weights
     BLOCK: tl.constexpr = BV if BV < DV else DV
     NV: tl.constexpr = DV // BLOCK
     seq, head, vb = tl.program_id(0), tl.program_id(1), tl.program_id(2)
