@@ -161,13 +161,14 @@ def _down_combine_kernel(
 def down_combine_candidates(fmt: str, inter_size: int) -> list[GemmConfig]:
     """``(columns, K per step, warps)``: narrow tiles for many programs at batch 1, the whole intermediate row in
     one or two steps; int4 stacks also as 32-bit words. The first candidate holds 32 KB of codes per program at
-    the 35B-A3B shape (no shared memory: any GPU)."""
+    the 35B-A3B shape in 126 registers a thread (sm_90, ``perf/ptx_down_combine.py``; 32-column tiles take eight
+    warps: at four they spilled), no shared memory beyond the reductions' 4 KB: any GPU."""
     group = GROUPS.get(fmt, 1)
     whole = max(group, min(triton.next_power_of_2(inter_size), 512))
     half = max(group, whole // 2)
-    shapes = [(KIND, 16, whole, 4), (KIND, 8, whole, 2), (KIND, 32, half, 4), (KIND, 16, half, 4)]
+    shapes = [(KIND, 16, whole, 4), (KIND, 8, whole, 2), (KIND, 32, half, 8), (KIND, 16, half, 4)]
     if fmt.startswith("int4"):
-        shapes += [(WORDS_KIND, 16, whole, 4), (WORDS_KIND, 32, half, 4)]
+        shapes += [(WORDS_KIND, 16, whole, 4), (WORDS_KIND, 32, half, 8)]
     out: list[GemmConfig] = []
     for kind, bn, bk, warps in shapes:
         cfg = GemmConfig(1, bn, bk, 1, warps, 1, kind)
