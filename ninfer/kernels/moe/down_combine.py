@@ -39,7 +39,7 @@ from ninfer.kernels.quant_gemm.gemv_steps import (
     w32_values,
 )
 from ninfer.kernels.quant_gemm.timing import time_candidates
-from ninfer.kernels.quant_gemm.tune import GROUPS, GemmConfig, kernel_params
+from ninfer.kernels.quant_gemm.tune import GROUPS, GemmConfig, kernel_params, m_bucket
 from ninfer.kernels.quant_gemm.weights import ROWS, QuantizedTensor
 from ninfer.kernels.tuning import default_tuner
 
@@ -222,11 +222,12 @@ def launch_down_combine(inter: torch.Tensor, down: QuantizedTensor, rw: torch.Te
 
 def down_combine(inter: torch.Tensor, down: QuantizedTensor, rw: torch.Tensor, ids: torch.Tensor,
                  shared: tuple[torch.Tensor, torch.Tensor] | None, norm: NextNorm | None, out: torch.Tensor) -> bool:
-    """:func:`launch_down_combine` with the config the tuner keeps for this shape (graph-timed on the first tunable
-    call; untunable calls take the shipped or first candidate). False where nothing was launched."""
+    """:func:`launch_down_combine` with the config the tuner keeps for this shape and token bucket (1, 2, 4, 8;
+    graph-timed on the first tunable call; untunable calls take the shipped or first candidate). False where nothing
+    was launched."""
     name = down.format.name
     t = ids.shape[0]
-    key = (name, inter.dtype, t, down.shape[1], down.shape[2], ids.shape[1], inter.device)
+    key = (name, inter.dtype, m_bucket(t), down.shape[1], down.shape[2], ids.shape[1], inter.device)
     cands = lambda: autotune_configs(down_combine_candidates(name, down.shape[2]))  # noqa: E731
 
     def time_fn(cfgs: list[GemmConfig]) -> dict[GemmConfig, float]:
