@@ -20,7 +20,8 @@ With a recipe the issue targets (#5 27B, #6 35B-A3B) are printed next to the mea
 
 ``--toggle NAME=V1,V2,...`` measures one engine per value of an environment switch that is read when an engine is
 built (its graphs capture the path), all over the one random model: an A/B comparison in one process, alternating,
-without building and quantizing the model again for each side.
+without building and quantizing the model again for each side. ``--settings base A=1 B=1+C=0 base ...`` does the same
+for several switches at once (one engine per setting; ``base``: the environment as given).
 """
 from __future__ import annotations
 
@@ -137,14 +138,29 @@ def prefill(llm, tokens: int) -> tuple[float, float]:
     return ttft, ttft
 
 
-def toggles(spec: str | None) -> list[tuple[str, str] | None]:
-    """``NAME=V1,V2,...`` -> ``[(NAME, V1), (NAME, V2), ...]``; None -> one run as the environment stands."""
+def toggles(spec: str | None, settings: list[str] | None = None) -> list[dict[str, str] | None]:
+    """``NAME=V1,V2,...`` -> ``[{NAME: V1}, {NAME: V2}, ...]``; ``settings`` (each ``base`` or
+    ``NAME=V[+NAME=V...]``) -> one dict each (``base``: empty, the environment as it stands); neither -> ``[None]``."""
+    if spec and settings:
+        raise SystemExit("--toggle and --settings are two ways to list the engines: give one")
+    if settings:
+        out = []
+        for text in settings:
+            pairs = [] if text == "base" else [p.partition("=") for p in text.split("+")]
+            if any(not name or not sep or not value for name, sep, value in pairs):
+                raise SystemExit(f"--settings takes base or NAME=V[+NAME=V...] per engine, got {text!r}")
+            out.append({name: value for name, _, value in pairs})
+        return out
     if not spec:
         return [None]
     name, _, values = spec.partition("=")
     if not name or not values:
         raise SystemExit(f"--toggle takes NAME=V1,V2,... (an environment variable and its values), got {spec!r}")
-    return [(name, value) for value in values.split(",")]
+    return [{name: value} for value in values.split(",")]
+
+
+def _setting_label(setting: dict[str, str]) -> str:
+    return "+".join(f"{name}={value}" for name, value in setting.items()) or "base"
 
 
 def run(args: argparse.Namespace) -> None:
@@ -166,16 +182,23 @@ def run(args: argparse.Namespace) -> None:
     print(f"model ready in {time.perf_counter() - start:.1f} s", flush=True)
     # An A/B switch read when an engine is built (its graphs capture the path): one engine per value, over the one
     # model, in the order given, so the switch costs no second random model.
-    for switch in toggles(args.toggle):
-        if switch is not None:
-            os.environ[switch[0]] = switch[1]
+    engines = toggles(args.toggle, args.settings)
+    touched = {name for setting in engines if setting for name in setting}
+    before = {name: os.environ.get(name) for name in touched}
+    for setting in engines:
+        for name, value in before.items():  # each engine: the environment as given, then its own setting
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        os.environ.update(setting or {})
         start = time.perf_counter()
         llm = random_llm(args.shape, cfg, model=model)
         llm.stop_ids = frozenset()  # random weights: never stop early
-        setting = "" if switch is None else f" with {switch[0]}={switch[1]}"
-        print(f"engine ready in {time.perf_counter() - start:.1f} s{setting}; {llm.engine.plan.describe(cfg.page_size)}",
+        words = "" if setting is None else f" with {_setting_label(setting)}"
+        print(f"engine ready in {time.perf_counter() - start:.1f} s{words}; {llm.engine.plan.describe(cfg.page_size)}",
               flush=True)
-        measure(llm, args, cfg, bw, label if switch is None else f"{label} {switch[0]}={switch[1]}")
+        measure(llm, args, cfg, bw, label if setting is None else f"{label} {_setting_label(setting)}")
         del llm
         gc.collect()
         if device.type == "cuda":
@@ -366,6 +389,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--toggle", metavar="NAME=V1,V2,...", default=None,
                         help="one engine per value of this environment variable, over one random model, in this "
                              "order (an A/B switch read when the engine is built: NINFER_FUSED_PROLOGUE=1,0,1,0)")
+    parser.add_argument("--settings", nargs="+", metavar="SETTING", default=None,
+                        help="one engine per setting, in this order: base (the environment as it stands) or "
+                             "NAME=V[+NAME=V...] (e.g. base NINFER_MOE_DOWN_COMBINE=1 NINFER_PDL_WAITS=1 base ...)")
     parser.add_argument("--label", default="", help="words added to the records' labels (e.g. an A/B switch set in "
                                                     "the environment)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")

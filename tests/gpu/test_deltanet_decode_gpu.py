@@ -20,7 +20,7 @@ from ninfer.kernels.deltanet.mixer import (
     gated_deltanet_reference,
 )
 from ninfer.kernels.deltanet.recurrent import gated_delta_rule_recurrent_triton
-from ninfer.kernels.norms import gated_rms_norm_triton
+from ninfer.kernels.norms import NormedRows, gated_rms_norm_triton
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
               pytest.mark.usefixtures("poisoned_outputs")]
@@ -197,15 +197,18 @@ def test_dispatcher_keeps_prefill_and_checkpoints_on_the_composed_path() -> None
 HIDDEN = {"27B": 5120, "35B-A3B": 2048, "tiny-64": 64}
 
 
+@pytest.mark.parametrize("deferred", [False, True], ids=["rows", "deferred-rows"])
 @pytest.mark.parametrize("per_token", [False, True], ids=["in-place", "per-token-slots"])
 @pytest.mark.parametrize("tokens", [1, 4])
 @pytest.mark.parametrize("batch", [1, 8])
 @pytest.mark.parametrize("shape", list(HIDDEN))
-def test_gates_projected_in_the_kernel(shape: str, batch: int, tokens: int, per_token: bool,
+def test_gates_projected_in_the_kernel(shape: str, batch: int, tokens: int, per_token: bool, deferred: bool,
                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """The model's path: a GateProjection with the bf16 in_proj_ab weight, applied by the decode kernel's programs,
     against the same kernel fed cuBLAS's a and b (only the projections' summation order differs: a flipped bf16
-    rounding of a gate now and then, well inside the fused kernel's bound against the composed path)."""
+    rounding of a gate now and then, well inside the fused kernel's bound against the composed path). Deferred rows
+    (``NormedRows``, 80 shares a row as the 27B's output projection leaves them): cuBLAS's sums times each row's
+    factor."""
     if per_token and tokens == 1:
         pytest.skip("per-token slots are for verification rows (K + 1 > 1 tokens)")
     monkeypatch.setenv("NINFER_GATES_IN_DECODE", "1")
@@ -221,10 +224,16 @@ def test_gates_projected_in_the_kernel(shape: str, batch: int, tokens: int, per_
         project = lambda t: torch.nn.functional.linear(t, weight)  # noqa: E731
         params = (layer["A_log"], layer["dt_bias"], layer["norm_weight"], EPS)
         calls = []
-        gates = GateProjection(x, lambda t: calls.append(t) or project(t), weight)
+        gate_x, factor = x, torch.ones(batch * tokens, 1, device="cuda")
+        if deferred:
+            stats = torch.rand(80, batch * tokens, generator=gen, device="cuda") * hidden / 40
+            gate_x = NormedRows(x, stats, 1e-6)
+            factor = gate_x.rstd()[:, None]
+        gates = GateProjection(gate_x, lambda t: calls.append(t) or project(t), weight)
         out = gated_deltanet(qkv, z, gates, layer["conv_weight"], layer["conv_state"],
                              *params, layer["state"], cu, slot_ids, tokens, out_slots)
-        given = gated_deltanet(qkv, z, project(x).split(hv, dim=-1), layer["conv_weight"], ab_conv, *params, ab_state,
+        ab = (project(x).float() * factor).bfloat16()
+        given = gated_deltanet(qkv, z, ab.split(hv, dim=-1), layer["conv_weight"], ab_conv, *params, ab_state,
                                cu, slot_ids, tokens, out_slots)
         assert not calls and torch.isfinite(out).all()  # the kernel projected the gates
         assert _rel(out, given) < FUSED_OUT_TOL and _rel(layer["state"], ab_state) < FUSED_STATE_TOL

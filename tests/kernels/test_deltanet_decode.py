@@ -12,7 +12,7 @@ from ninfer.kernels.deltanet.decode import gated_deltanet_decode_triton
 from ninfer.kernels.deltanet.mixer import GateProjection, gated_deltanet, gated_deltanet_reference
 from ninfer.kernels.deltanet.recurrent import gated_delta_rule_recurrent_triton
 from ninfer.kernels.dispatch import INTERPRET
-from ninfer.kernels.norms import gated_rms_norm_triton
+from ninfer.kernels.norms import NormedRows, gated_rms_norm_triton
 
 pytestmark = [pytest.mark.skipif(not INTERPRET, reason="Triton launchers on CPU need TRITON_INTERPRET=1"),
               pytest.mark.usefixtures("poisoned_outputs")]
@@ -196,10 +196,13 @@ def _gate_inputs(n: int, hidden: int, hv: int, dtype: torch.dtype, seed: int) ->
 
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.float16, 2e-3)])
 @pytest.mark.parametrize("per_token", [False, True], ids=["in-place", "per-token"])
-def test_gates_projected_in_the_kernel(dtype: torch.dtype, tol: float, per_token: bool,
+@pytest.mark.parametrize("deferred", [False, True], ids=["rows", "deferred-rows"])
+def test_gates_projected_in_the_kernel(dtype: torch.dtype, tol: float, per_token: bool, deferred: bool,
                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """The a/b projection applied by each program (x and the float weight instead of a and b): the result of the
-    kernel fed ``F.linear``'s gates; several unrolled K blocks, the last one partial."""
+    kernel fed ``F.linear``'s gates; several unrolled K blocks, the last one partial. Deferred rows
+    (:class:`NormedRows`, five shares per row): each token's sums times its row's factor, as the float GEMV applies
+    it."""
     from ninfer.kernels.deltanet import decode
 
     monkeypatch.setattr(decode, "GATE_BLOCK", 32)
@@ -211,9 +214,14 @@ def test_gates_projected_in_the_kernel(dtype: torch.dtype, tol: float, per_token
     for step in range(2):
         qkv, z, _, _ = _tokens(sum(lens), hv, dv, 2 * hk * dk + hv * dv, dtype, 80 + step)
         x, w = _gate_inputs(sum(lens), hidden, hv, dtype, 90 + step)
-        a, b = torch.nn.functional.linear(x.float(), w.float()).to(dtype).split(hv, dim=-1)
+        gate_x, factor = x, torch.ones(sum(lens), 1)
+        if deferred:
+            stats = torch.rand(5, sum(lens), generator=torch.Generator().manual_seed(step)) * hidden * 0.6
+            gate_x = NormedRows(x, stats, 1e-6)
+            factor = gate_x.rstd()[:, None]
+        a, b = (torch.nn.functional.linear(x.float(), w.float()) * factor).to(dtype).split(hv, dim=-1)
         fused = gated_deltanet_decode_triton(qkv, z, None, None, layer["conv_weight"], layer["conv_state"], *params,
-                                             layer["state"], cu, slot_ids, max(lens), out_slots, gate_x=x,
+                                             layer["state"], cu, slot_ids, max(lens), out_slots, gate_x=gate_x,
                                              gate_weight=w)
         given = gated_deltanet_decode_triton(qkv, z, a, b, layer["conv_weight"], ab_conv, *params, ab_state, cu,
                                              slot_ids, max(lens), out_slots)

@@ -38,6 +38,7 @@ from ninfer.kernels.autotune import ninfer_autotune
 from ninfer.kernels.counters import SLOTS, arrival_counters
 from ninfer.kernels.deltanet.common import check_head_dims, decay_beta, l2_normalize
 from ninfer.kernels.dispatch import autotune_configs, pdl_enabled
+from ninfer.kernels.norms import NormedRows
 from ninfer.kernels.pdl import pdl_enter
 
 MAX_TOKENS = 8  # per sequence and call: 1 + at most 7 draft tokens (the tokens are an unrolled loop)
@@ -127,9 +128,10 @@ def _windows_write(targets, values, oks, ss_k, K: tl.constexpr):
 
 
 @triton.jit
-def _gate_projections(x_row, w_a_row, w_b_row, H: tl.constexpr, BH: tl.constexpr):
-    """``(x . w_a, x . w_b)`` of one token and value head: fp32 sums, rounded to x's dtype as the projection's
-    GEMM output is. The K blocks are unrolled so that all their loads are in flight at once."""
+def _gate_projections(x_row, w_a_row, w_b_row, r, H: tl.constexpr, BH: tl.constexpr):
+    """``(x . w_a, x . w_b) * r`` of one token and value head: fp32 sums, rounded to x's dtype as the projection's
+    GEMM output is (``r``: the row's deferred-norm factor, or 1). The K blocks are unrolled so that all their loads
+    are in flight at once."""
     acc_a = tl.zeros((BH,), dtype=tl.float32)
     acc_b = tl.zeros((BH,), dtype=tl.float32)
     for h0 in tl.static_range(0, H, BH):
@@ -139,7 +141,16 @@ def _gate_projections(x_row, w_a_row, w_b_row, H: tl.constexpr, BH: tl.constexpr
         acc_a += xs * tl.load(w_a_row + offs, mask=ok, other=0.0).to(tl.float32)
         acc_b += xs * tl.load(w_b_row + offs, mask=ok, other=0.0).to(tl.float32)
     xdt = x_row.dtype.element_ty
-    return tl.sum(acc_a, axis=0).to(xdt), tl.sum(acc_b, axis=0).to(xdt)
+    return (tl.sum(acc_a, axis=0) * r).to(xdt), (tl.sum(acc_b, axis=0) * r).to(xdt)
+
+
+@triton.jit
+def _row_factor(stats, tok, stride_p, n_parts, eps, H: tl.constexpr, PARTS: tl.constexpr):
+    """``rsqrt(sum(stats[:, tok]) / H + eps)``: the deferred norm's factor of row ``tok`` from its shares
+    (``ninfer.kernels.quant_gemm.deferred_norm``), summed in part order; they bypass L1 (written the launch before)."""
+    parts = tl.arange(0, PARTS)
+    shares = tl.load(stats + parts * stride_p + tok, mask=parts < n_parts, other=0.0, cache_modifier=".cg")
+    return tl.rsqrt(tl.sum(shares, axis=0) / H + eps)
 
 
 # (value columns per program, warps): narrow blocks spread a batch-1 step over many SMs; the state block
@@ -156,11 +167,13 @@ _CONFIGS = [(32, 4), (16, 2), (64, 8), (128, 8)]
 @triton.jit
 def _decode_kernel(
     qkv, z, a, b, conv_w, conv_state, A_log, dt_bias, norm_w, state, y, sumsq, counters, cu_seqlens, slot_ids,
-    out_slots, gate_x, gate_w, stride_qkv_t, stride_z_t, stride_a_t, stride_b_t, stride_w_c, stride_w_k,
-    stride_cs_s, stride_cs_c, stride_cs_k, stride_state_s, stride_out_slots_b, stride_gx_t, stride_gw_n, scale, eps,
-    BATCH_LOG2, HV: tl.constexpr, GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, K: tl.constexpr,
+    out_slots, gate_x, gate_w, gate_stats, stride_qkv_t, stride_z_t, stride_a_t, stride_b_t, stride_w_c, stride_w_k,
+    stride_cs_s, stride_cs_c, stride_cs_k, stride_state_s, stride_out_slots_b, stride_gx_t, stride_gw_n, stride_gs_p,
+    gate_parts, gate_eps, scale, eps, BATCH_LOG2,
+    HV: tl.constexpr, GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, K: tl.constexpr,
     T_MAX: tl.constexpr, HAS_OUT_SLOTS: tl.constexpr, WDT: tl.constexpr, PROD_DTYPE: tl.constexpr,
-    GATES_FROM_X: tl.constexpr, H: tl.constexpr, BH: tl.constexpr, BV: tl.constexpr, PDL_TRIGGER: tl.constexpr = False,
+    GATES_FROM_X: tl.constexpr, H: tl.constexpr, BH: tl.constexpr, BV: tl.constexpr, GATE_NORM: tl.constexpr = False,
+    GATE_PARTS: tl.constexpr = 1, PDL_TRIGGER: tl.constexpr = False,
 ):
     pdl_enter(False, PDL_TRIGGER)  # the output projection after this may launch now and request its weights
     BLOCK: tl.constexpr = BV if BV < DV else DV
@@ -197,8 +210,11 @@ def _decode_kernel(
             q_t = l2_normalize(q_t, scale, 0)[:, None]
             k_t = l2_normalize(k_t, 1.0, 0)[:, None]
             if GATES_FROM_X:
+                r = 1.0
+                if GATE_NORM:  # x holds rows whose norm was deferred: the sums take the row's factor
+                    r = _row_factor(gate_stats, tok, stride_gs_p, gate_parts, gate_eps, H, GATE_PARTS)
                 a_t, b_t = _gate_projections(gate_x + tok * stride_gx_t, gate_w + head * stride_gw_n,
-                                             gate_w + (HV + head) * stride_gw_n, H, BH)
+                                             gate_w + (HV + head) * stride_gw_n, r, H, BH)
             else:
                 a_t = tl.load(a + tok * stride_a_t + head)
                 b_t = tl.load(b + tok * stride_b_t + head)
@@ -309,14 +325,15 @@ def gated_deltanet_decode_triton(
     slot_ids: torch.Tensor,
     max_seqlen: int,
     state_out_slots: torch.Tensor | None = None,
-    gate_x: torch.Tensor | None = None,
+    gate_x: torch.Tensor | NormedRows | None = None,
     gate_weight: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Triton :func:`ninfer.kernels.deltanet.mixer.gated_deltanet_reference` for at most ``MAX_TOKENS``
     tokens per sequence (``max_seqlen`` bounds them: a host int, no sync). Updates ``conv_state`` and
     ``state`` in place (or writes per-token slots with ``state_out_slots [B, >= max_seqlen]``). With ``gate_x
     [N, H]`` and ``gate_weight [2 Hv, H]`` (a rows, then b; float) instead of ``a`` and ``b``, the kernel projects
-    the gates itself: ``a, b = (gate_x @ gate_weight.T).split(Hv, -1)``."""
+    the gates itself: ``a, b = (gate_x @ gate_weight.T).split(Hv, -1)``; ``gate_x`` may be rows whose norm was
+    deferred (:class:`~ninfer.kernels.norms.NormedRows`: each token's sums take its row's factor)."""
     n = qkv.shape[0]
     hv, dk, dv = state.shape[1:]
     taps = conv_weight.shape[1]
@@ -324,6 +341,10 @@ def gated_deltanet_decode_triton(
     batch = slot_ids.shape[0]
     assert 1 <= max_seqlen <= MAX_TOKENS and hv % hk == 0 and check_head_dims(dk, dv)
     gates_from_x = gate_weight is not None
+    gate_norm = gate_x if isinstance(gate_x, NormedRows) else None
+    if gate_norm is not None:
+        gate_x = gate_norm.scaled
+        assert gate_norm.stats.shape[1] == n and gate_norm.stats.stride(1) == 1
     if gates_from_x:
         assert gate_x is not None and gate_x.shape == (n, gate_weight.shape[1]) and gate_weight.shape[0] == 2 * hv
         assert gate_x.stride(1) == 1 and gate_weight.stride(1) == 1 and gate_weight.dtype in TL_DTYPE
@@ -343,14 +364,19 @@ def gated_deltanet_decode_triton(
     sumsq = torch.empty((n, hv, dv // min(bv for bv, _ in _CONFIGS)), dtype=torch.float32, device=qkv.device)
     _decode_kernel[lambda meta: (batch, hv, blocks(meta))](
         qkv, z, a, b, conv_weight, conv_state, A_log, dt_bias, norm_weight, state, y, sumsq,
-        _counters(qkv.device, batch * hk), cu_seqlens, slot_ids, out_slots, gate_x, gate_weight, qkv.stride(0),
+        _counters(qkv.device, batch * hk), cu_seqlens, slot_ids, out_slots, gate_x, gate_weight,
+        gate_norm.stats if gate_norm is not None else gate_x, qkv.stride(0),
         z.stride(0), a.stride(0), b.stride(0), conv_weight.stride(0), conv_weight.stride(1), conv_state.stride(0),
         conv_state.stride(1), conv_state.stride(2), state.stride(0), out_slots.stride(0) if has_out else 0,
-        gate_x.stride(0), gate_weight.stride(0), dk ** -0.5, eps, batch.bit_length(), HV=hv, GROUP=hv // hk, DK=dk,
+        gate_x.stride(0), gate_weight.stride(0), gate_norm.stats.stride(0) if gate_norm is not None else 0,
+        gate_norm.stats.shape[0] if gate_norm is not None else 0, gate_norm.eps if gate_norm is not None else 0.0,
+        dk ** -0.5, eps, batch.bit_length(), HV=hv, GROUP=hv // hk, DK=dk,
         DV=dv, K=taps, T_MAX=triton.next_power_of_2(max_seqlen), HAS_OUT_SLOTS=has_out,
         WDT=TL_DTYPE[conv_weight.dtype], PROD_DTYPE=TL_DTYPE[torch.promote_types(norm_weight.dtype, qkv.dtype)],
         GATES_FROM_X=gates_from_x, H=gate_x.shape[1] if gates_from_x else 1,
         BH=min(GATE_BLOCK, triton.next_power_of_2(gate_x.shape[1])) if gates_from_x else 1,
+        GATE_NORM=gate_norm is not None,
+        GATE_PARTS=triton.next_power_of_2(gate_norm.stats.shape[0]) if gate_norm is not None else 1,
         PDL_TRIGGER=pdl_enabled(qkv.device),
     )
     return y
