@@ -135,27 +135,41 @@ def _down_combine_kernel(
     if SHARED:
         gate = tl.sigmoid(tl.load(logit_ptr + t * stride_lm).to(tl.float32))
         y += gate * tl.load(shared_ptr + t * stride_sm + offs_n, mask=n_ok, other=0.0).to(tl.float32)
+    finish_token_tile(y, t, offs_n, n_ok, res_ptr, norm_w_ptr, out_ptr, new_res_ptr, cnt_ptr + t, tl.num_programs(0), H,
+                      eps, NORM, RESIDUAL, NORM, BLOCK_H)
+
+
+@triton.jit
+def finish_token_tile(y, t, offs_n, n_ok, res_ptr, norm_w_ptr, out_ptr, new_res_ptr, arrive_ptr, tiles, H, eps,
+                      NORM: tl.constexpr, RESIDUAL: tl.constexpr, COUNT: tl.constexpr, BLOCK_H: tl.constexpr):
+    """The combine's epilogue of token ``t``'s columns ``offs_n`` (``y`` fp32): ``out`` (contiguous ``[T, H]``)
+    receives ``y``, or with ``NORM`` ``new_res`` receives ``y + residual`` and the token's last program of ``tiles`` to
+    arrive at its counter (``COUNT``: always with ``NORM``; release / acquire) reads the row back from L2 and writes its
+    RMSNorm to ``out``. Returns whether this program arrived last (it then resets the counter; False without COUNT)."""
+    dtype = out_ptr.dtype.element_ty
     row = t.to(tl.int64) * H
     if NORM:
         h = y.to(dtype).to(tl.float32)
         if RESIDUAL:
             h += tl.load(res_ptr + row + offs_n, mask=n_ok, other=0.0).to(tl.float32)
         tl.store(new_res_ptr + row + offs_n, h.to(dtype), mask=n_ok)
-        # The token's last program to arrive sees its whole row (release / acquire at the counter) and normalizes
-        # it; it resets the counter for the next launch or graph replay.
-        tl.debug_barrier()
-        arrived = tl.atomic_add(cnt_ptr + t, 1, sem="acq_rel")
-        if arrived == tl.num_programs(0) - 1:
-            tl.debug_barrier()
-            cols = tl.arange(0, BLOCK_H)
-            in_row = cols < H
-            s = tl.load(new_res_ptr + row + cols, mask=in_row, other=0.0, cache_modifier=".cg").to(tl.float32)
-            rstd = tl.rsqrt(tl.sum(s * s, axis=0) / H + eps)
-            w = tl.load(norm_w_ptr + cols, mask=in_row, other=0.0).to(tl.float32)
-            tl.store(out_ptr + row + cols, (s * rstd * (1.0 + w)).to(dtype), mask=in_row)
-            tl.store(cnt_ptr + t, 0)
     else:
         tl.store(out_ptr + row + offs_n, y.to(dtype), mask=n_ok)
+    last = False
+    if COUNT:
+        tl.debug_barrier()
+        last = tl.atomic_add(arrive_ptr, 1, sem="acq_rel") == tiles - 1
+        if last:
+            tl.debug_barrier()
+            if NORM:  # the whole row is in new_res now
+                cols = tl.arange(0, BLOCK_H)
+                in_row = cols < H
+                s = tl.load(new_res_ptr + row + cols, mask=in_row, other=0.0, cache_modifier=".cg").to(tl.float32)
+                rstd = tl.rsqrt(tl.sum(s * s, axis=0) / H + eps)
+                w = tl.load(norm_w_ptr + cols, mask=in_row, other=0.0).to(tl.float32)
+                tl.store(out_ptr + row + cols, (s * rstd * (1.0 + w)).to(dtype), mask=in_row)
+            tl.store(arrive_ptr, 0)  # for the next launch or graph replay
+    return last
 
 
 def down_combine_candidates(fmt: str, inter_size: int) -> list[GemmConfig]:

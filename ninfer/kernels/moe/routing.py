@@ -23,10 +23,9 @@ def route_topk_reference(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor
 
 
 @triton.jit
-def _route_kernel(logits_ptr, w_ptr, ids_ptr, E, stride_l, TOP_K: tl.constexpr, K_BLOCK: tl.constexpr,
-                  E_BLOCK: tl.constexpr, PDL_WAIT: tl.constexpr = False, PDL_TRIGGER: tl.constexpr = False):
-    pdl_enter(PDL_WAIT, PDL_TRIGGER)  # ninfer.kernels.pdl: the expert GEMM after it may launch now
-    t = tl.program_id(0).to(tl.int64)
+def top_k_of_row(logits_ptr, t, E, stride_l, TOP_K: tl.constexpr, K_BLOCK: tl.constexpr, E_BLOCK: tl.constexpr):
+    """Row ``t``'s routing: ``(weights, ids)`` ``[K_BLOCK]`` (slots past TOP_K: 0), the weights renormalised in fp32
+    (not yet rounded to the logits' dtype)."""
     experts = tl.arange(0, E_BLOCK)
     logit = tl.load(logits_ptr + t * stride_l + experts, mask=experts < E, other=float("-inf")).to(tl.float32)
     e = tl.exp(logit - tl.max(logit, axis=0))
@@ -41,8 +40,18 @@ def _route_kernel(logits_ptr, w_ptr, ids_ptr, E, stride_l, TOP_K: tl.constexpr, 
         top = tl.where(slots == j, best, top)
         top_ids = tl.where(slots == j, pick, top_ids)
         probs = tl.where(experts == pick, -1.0, probs)  # probabilities are >= 0: never picked again
+    return top / tl.sum(top, axis=0), top_ids
+
+
+@triton.jit
+def _route_kernel(logits_ptr, w_ptr, ids_ptr, E, stride_l, TOP_K: tl.constexpr, K_BLOCK: tl.constexpr,
+                  E_BLOCK: tl.constexpr, PDL_WAIT: tl.constexpr = False, PDL_TRIGGER: tl.constexpr = False):
+    pdl_enter(PDL_WAIT, PDL_TRIGGER)  # ninfer.kernels.pdl: the expert GEMM after it may launch now
+    t = tl.program_id(0).to(tl.int64)
+    weights, top_ids = top_k_of_row(logits_ptr, t, E, stride_l, TOP_K, K_BLOCK, E_BLOCK)
+    slots = tl.arange(0, K_BLOCK)
     keep = slots < TOP_K
-    tl.store(w_ptr + t * TOP_K + slots, (top / tl.sum(top, axis=0)).to(w_ptr.dtype.element_ty), mask=keep)
+    tl.store(w_ptr + t * TOP_K + slots, weights.to(w_ptr.dtype.element_ty), mask=keep)
     tl.store(ids_ptr + t * TOP_K + slots, top_ids.to(ids_ptr.dtype.element_ty), mask=keep)
 
 
