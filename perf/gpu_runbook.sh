@@ -98,10 +98,11 @@ decode-ahead          decode steps left in flight (the host works while the GPU 
 ahead-checks          the paths beside the decode left in flight on the GPU: speculative (MTP greedy = plain greedy), structured output and min_tokens tests, then the 35B-A3B MTP speculation at C = 1 / 8 (never run ahead) against its plain engine
 pdl-triggers          programmatic dependent launch with the DeltaNet / attention decode, the attention merge and the MoE combine letting the next GEMM launch early as well (the deferred norm left a GEMM behind them at every layer): the whole-model tests with it on, then the 27B int4 and 35B-A3B engines on and off twice in one process each
 profile-pdl-35b       the 35B-A3B graph-replayed step timeline (--timeline) with programmatic dependent launch on and off: PDL moved nothing there in run 2026-12-05.21 (the 27B: 1.6-2.2%): do its kernels start before the one before them ends
-launch-diet-tests     the GPU tests of the launch-diet switches not yet measured: the MoE down projection + combine (all its tests), the a/b gates from deferred rows in the DeltaNet decode, the whole MoE model with PDL waits and with the fused down projection
-launch-diet-35b       the 35B-A3B engine at C = 1 / 8 under each launch-diet switch alone, twice, one process (bench_engine --settings): base, NINFER_MOE_DOWN_COMBINE=1, NINFER_GATES_IN_DECODE=1, NINFER_PDL_WAITS=1, NINFER_NORM_IN_GEMM=1
+launch-diet-tests     the GPU tests of the launch-diet switches not yet measured: the MoE down projection + combine, the a/b gates from deferred rows in the DeltaNet decode, the MoE block in one launch after its router, then the whole MoE model with PDL waits, with the fused down projection and with the fused block
+launch-diet-35b       the 35B-A3B engine at C = 1 / 8 under each launch-diet switch alone, twice, one process (bench_engine --settings): base, NINFER_MOE_FUSED_DECODE=1, NINFER_MOE_DOWN_COMBINE=1, NINFER_GATES_IN_DECODE=1, NINFER_PDL_WAITS=1, NINFER_NORM_IN_GEMM=1
 launch-diet-27b       the 27B int4 engine at C = 1 / 8 the same way: base, NINFER_GATES_IN_DECODE=1, NINFER_PDL_WAITS=1, twice
 gates-deferred        the DeltaNet a/b gates projected inside the decode kernel from rows whose norm was deferred (NINFER_GATES_IN_DECODE=1 declined those rows before: 48 launches fewer a 27B step, 30 a 35B-A3B step): its GPU tests, then both engines on and off twice
+fused-moe-35b         the MoE block after its router in one launch (NINFER_MOE_FUSED_DECODE=1, off until measured; its B items wait at a counter for their token A items): its GPU tests, the 35B-A3B engine on and off twice at C = 1 / 8, then the int4 MoE model with it
 down-combine-35b      the MoE down projection and combine in one launch (NINFER_MOE_DOWN_COMBINE=1, off until measured): its GPU tests, the 35B-A3B engine on and off twice at C = 1 / 8, then the int4 MoE model with it (graphs = eager, logprobs close to without)
 pdl-waits             NINFER_PDL_WAITS=1: the norms, the MoE routing, the expert GEMV and the MoE combine launched with programmatic dependent launch too, waiting at their start (only their launch overlaps the kernel before): its GPU test (the MoE model bit-equal with and without), then the 35B-A3B and 27B int4 engines on and off twice
 norm-in-gemm-35b      the norm after the 35B-A3B output projections (read by the MoE blocks, which decline deferred rows) in their GEMMs last program (NINFER_NORM_IN_GEMM=1, 2048-wide rows): its GPU tests, then the engine on and off twice
@@ -409,13 +410,14 @@ stage() {
     launch-diet-tests)
       gpu_tests 150 moe_down_combine_gpu
       gpu_tests 120 deltanet_decode_gpu -k gates_projected
-      gpu_tests 150 model_gpu -k "small_kernels_waiting or down_projection_and_combine"
+      gpu_tests 150 moe_fused_decode_gpu
+      gpu_tests 200 model_gpu -k "small_kernels_waiting or fewer_moe_launches"
       ;;
     launch-diet-35b)  # one process: every switch against the same model and the base twice (drift shows)
-      part 330 python3 perf/bench_engine.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --contexts 1024 \
-        --lanes 1 8 --steps 12 --settings base NINFER_MOE_DOWN_COMBINE=1 NINFER_GATES_IN_DECODE=1 NINFER_PDL_WAITS=1 \
-        NINFER_NORM_IN_GEMM=1 base NINFER_MOE_DOWN_COMBINE=1 NINFER_GATES_IN_DECODE=1 NINFER_PDL_WAITS=1 \
-        NINFER_NORM_IN_GEMM=1
+      part 400 python3 perf/bench_engine.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --contexts 1024 \
+        --lanes 1 8 --steps 12 --settings base NINFER_MOE_FUSED_DECODE=1 NINFER_MOE_DOWN_COMBINE=1 \
+        NINFER_GATES_IN_DECODE=1 NINFER_PDL_WAITS=1 NINFER_NORM_IN_GEMM=1 base NINFER_MOE_FUSED_DECODE=1 \
+        NINFER_MOE_DOWN_COMBINE=1 NINFER_GATES_IN_DECODE=1 NINFER_PDL_WAITS=1 NINFER_NORM_IN_GEMM=1
       ;;
     launch-diet-27b)
       part 300 python3 perf/bench_engine.py --shape 27b --recipe int4 --contexts 1024 --lanes 1 8 --steps 12 \
@@ -428,11 +430,17 @@ stage() {
       part 150 python3 perf/bench_engine.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --contexts 1024 \
         --lanes 1 8 --steps 12 --toggle NINFER_GATES_IN_DECODE=1,0,1,0
       ;;
+    fused-moe-35b)  # a 35B-A3B MoE block was ~27 us of launches after its norm at batch 1 against ~4 us of bytes (run 2026-12-05.20)
+      gpu_tests 150 moe_fused_decode_gpu
+      part 170 python3 perf/bench_engine.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --contexts 1024 \
+        --lanes 1 8 --steps 12 --toggle NINFER_MOE_FUSED_DECODE=1,0,1,0
+      gpu_tests 120 model_gpu -k "fewer_moe_launches and fused_block"
+      ;;
     down-combine-35b)  # the down GEMV and the combine were ~12 us of each 35B-A3B layer at batch 1 (run 2026-12-05.20)
       gpu_tests 150 moe_down_combine_gpu
       part 170 python3 perf/bench_engine.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --contexts 1024 \
         --lanes 1 8 --steps 12 --toggle NINFER_MOE_DOWN_COMBINE=1,0,1,0
-      gpu_tests 120 model_gpu -k "down_projection_and_combine"
+      gpu_tests 120 model_gpu -k "fewer_moe_launches and down_projection_and_combine"
       ;;
     pdl-waits)  # off until measured: the 35B-A3B step did not move with PDL on the GEMMs alone (run 2026-12-05.21)
       gpu_tests 120 model_gpu -k small_kernels_waiting

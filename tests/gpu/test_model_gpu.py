@@ -129,17 +129,24 @@ def test_the_moe_model_decodes_bit_equal_with_the_small_kernels_waiting(moe: Tin
             [{t: lp.logprob for t, lp in d.items()} for d in b.logprobs]
 
 
-def test_the_moe_model_with_the_down_projection_and_combine_in_one_launch(moe: TinyCheckpoint, monkeypatch) -> None:
-    """``NINFER_MOE_DOWN_COMBINE=1`` (:mod:`ninfer.kernels.moe.down_combine`) on the int4 MoE model in bf16: the fused
-    launch runs, captured graphs decode what eager steps decode, and the logprobs of the tokens stay close to the
-    two-launch path's (the pairs are summed in another order: not bit-equal)."""
-    import ninfer.kernels.moe.gemm as moe_gemm
+@pytest.mark.parametrize("switch, spied", [
+    ("NINFER_MOE_DOWN_COMBINE", "ninfer.kernels.moe.gemm.down_combine"),
+    ("NINFER_MOE_FUSED_DECODE", "ninfer.models.moe.moe_block_fused_then_norm"),
+], ids=["down_projection_and_combine", "fused_block"])
+def test_the_moe_model_with_fewer_moe_launches(moe: TinyCheckpoint, monkeypatch, switch: str, spied: str) -> None:
+    """``NINFER_MOE_DOWN_COMBINE=1`` (:mod:`ninfer.kernels.moe.down_combine`) and ``NINFER_MOE_FUSED_DECODE=1``
+    (:mod:`ninfer.kernels.moe.fused_decode`) on the int4 MoE model in bf16: the fused launch runs, captured graphs
+    decode what eager steps decode, and the logprobs of the tokens stay close to the default path's (the pairs are
+    summed in another order: not bit-equal)."""
+    import importlib
 
-    real, fused = moe_gemm.down_combine, []
-    monkeypatch.setattr(moe_gemm, "down_combine", lambda *a, **k: fused.append(1) or real(*a, **k))
+    module_name, _, name = spied.rpartition(".")
+    module = importlib.import_module(module_name)
+    real, fused = getattr(module, name), []
+    monkeypatch.setattr(module, name, lambda *a, **k: fused.append(1) or real(*a, **k))
     runs = {}
     for on, graphs in (("0", True), ("1", False), ("1", True)):
-        monkeypatch.setenv("NINFER_MOE_DOWN_COMBINE", on)
+        monkeypatch.setenv(switch, on)
         fused.clear()
         llm = ninfer.load(moe.path, device="cuda", dtype=torch.bfloat16, quantize="int4", progress=False,
                           max_concurrency=2, cuda_graphs=graphs)

@@ -85,11 +85,11 @@ def _slabs(q_ptr, s_ptr, rows, K, stride_qn, stride_sn, FMT: tl.constexpr, GROUP
 @triton.jit
 def _pair_sum(raws, scales, x_ptr, pair, K, stride_xm, FMT: tl.constexpr, GROUP: tl.constexpr,
               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STEPS: tl.constexpr, EVEN_K: tl.constexpr,
-              WORDS: tl.constexpr):
-    """``W . x[pair]`` over all K steps, fp32 ``[BLOCK_N]``."""
+              WORDS: tl.constexpr, L2_ONLY: tl.constexpr = False):
+    """``W . x[pair]`` over all K steps, fp32 ``[BLOCK_N]`` (``L2_ONLY``: x written in this launch)."""
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
     for s in tl.static_range(STEPS):
-        xt = gemv_x(x_ptr, pair, s * BLOCK_K, K, stride_xm, BLOCK_K, EVEN_K)
+        xt = gemv_x(x_ptr, pair, s * BLOCK_K, K, stride_xm, BLOCK_K, EVEN_K, L2_ONLY)
         if WORDS:
             acc += w32_dot(w32_values(raws[s]), scales[s], xt, GROUP, BLOCK_N, BLOCK_K)
         else:
