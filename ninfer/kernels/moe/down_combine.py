@@ -175,7 +175,7 @@ def finish_token_tile(y, t, offs_n, n_ok, res_ptr, norm_w_ptr, out_ptr, new_res_
 def down_combine_candidates(fmt: str, inter_size: int) -> list[GemmConfig]:
     """``(columns, K per step, warps)``: narrow tiles for many programs at batch 1, the whole intermediate row in
     one or two steps; int4 stacks also as 32-bit words. The first candidate holds 32 KB of codes per program at
-    the 35B-A3B shape in 126 registers a thread (sm_90, ``perf/ptx_down_combine.py``; 32-column tiles take eight
+    the 35B-A3B shape in 126 registers a thread (sm_90, ``perf/ptx_moe_decode.py``; 32-column tiles take eight
     warps: at four they spilled), no shared memory beyond the reductions' 4 KB: any GPU."""
     group = GROUPS.get(fmt, 1)
     whole = max(group, min(triton.next_power_of_2(inter_size), 512))
