@@ -73,7 +73,7 @@ def compile_fused(fmt: str, cfg, arch: int, pdl: bool = False):
     consts = dict(H=H, I=I, IS=I, TOPK=TOPK, K_BLOCK=TOPK, E_BLOCK=E, FMT=FMT_CODES[fmt], GROUP=kp["group"],
                   ROW_BLOCK=kp["row_block"], ROW_SCALE=fmt == "nvfp4", SFMT=FMT_CODES[SHARED_FMT],
                   SGROUP=skp["group"], SROW_BLOCK=skp["row_block"], SROW_SCALE=False, NORM=True, RESIDUAL=True,
-                  BN_A=cfg.bn_a, BN_B=cfg.bn_b, BK_A=cfg.bk_a, BK_B=cfg.bk_b, BLOCK_H=H, WORDS=cfg.words,
+                  BN_A=cfg.bn_a, BN_S=cfg.bn_s, BN_B=cfg.bn_b, BK_A=cfg.bk_a, BK_B=cfg.bk_b, BLOCK_H=H, WORDS=cfg.words,
                   PDL_WAIT=pdl, PDL_TRIGGER=pdl)
     sig.update(dict.fromkeys(consts, "constexpr"))
     names = list(sig)
@@ -92,7 +92,7 @@ def main(args: argparse.Namespace) -> None:
                       lambda cfg=cfg: compile_down_combine(fmt, cfg, args.arch, pdl=args.arch >= 90))
                      for cfg in dc.down_combine_candidates(fmt, I)]
         if "fused" in kinds and fmt in fd.GROUPS:
-            jobs += [(f"fused a={cfg.bn_a}x{cfg.bk_a} b={cfg.bn_b}x{cfg.bk_b} w={cfg.num_warps}"
+            jobs += [(f"fused a={cfg.bn_a}x{cfg.bk_a} s={cfg.bn_s} b={cfg.bn_b}x{cfg.bk_b} w={cfg.num_warps}"
                       f"{' words' if cfg.words else ''}",
                       lambda cfg=cfg: compile_fused(fmt, cfg, args.arch, pdl=args.arch >= 90))
                      for cfg in fd.fused_candidates(fmt, SHARED_FMT, I, I)]

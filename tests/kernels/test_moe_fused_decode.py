@@ -38,7 +38,8 @@ def _block(fmt: str, shared_fmt: str, n: int, dtype: torch.dtype, seed: int) -> 
     logits = torch.randn(n, E + 1, generator=g).to(dtype)  # the router's rows, the shared expert's gate last
     return dict(x=torch.randn(n, h, generator=g).to(dtype), router_logits=logits[:, :E], shared_logit=logits[:, E:],
                 gate_up=gate_up, down=down, shared_gate_up=shared_gate_up, shared_down=shared_down,
-                residual=(torch.randn(n, h, generator=g) * 3).to(dtype), w=(torch.randn(h, generator=g) * 0.3).to(dtype))
+                residual=(torch.randn(n, h, generator=g) * 3).to(dtype),
+                w=(torch.randn(h, generator=g) * 0.3).to(dtype))
 
 
 def _reference(b: dict, with_residual: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -102,5 +103,5 @@ def test_candidates() -> None:
         cands = fd.fused_candidates(fmt, "int8-g64", 512, 512)
         assert cands and len(set(cands)) == len(cands) and all(c.num_warps <= 8 for c in cands)
         assert any(c.words for c in cands) == fmt.startswith("int4")
-    assert fd.fused_candidates("int4-g64", "int8-g64", 512, 512)[0] == fd.FusedConfig(16, 16, 1024, 512, 4)
+    assert fd.fused_candidates("int4-g64", "int8-g64", 512, 512)[0] == fd.FusedConfig(16, 8, 16, 1024, 512, 4)
     assert fd.fused_candidates("int4-g64", "int8-g64", 36, 512) == []  # no 8- or 16-column gate/up tiles fit

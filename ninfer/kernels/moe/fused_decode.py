@@ -147,13 +147,14 @@ def _moe_fused_kernel(
     H: tl.constexpr, I: tl.constexpr, IS: tl.constexpr, TOPK: tl.constexpr, K_BLOCK: tl.constexpr,
     E_BLOCK: tl.constexpr, FMT: tl.constexpr, GROUP: tl.constexpr, ROW_BLOCK: tl.constexpr, ROW_SCALE: tl.constexpr,
     SFMT: tl.constexpr, SGROUP: tl.constexpr, SROW_BLOCK: tl.constexpr, SROW_SCALE: tl.constexpr,
-    NORM: tl.constexpr, RESIDUAL: tl.constexpr, BN_A: tl.constexpr, BN_B: tl.constexpr, BK_A: tl.constexpr,
+    NORM: tl.constexpr, RESIDUAL: tl.constexpr, BN_A: tl.constexpr, BN_S: tl.constexpr, BN_B: tl.constexpr,
+    BK_A: tl.constexpr,
     BK_B: tl.constexpr, BLOCK_H: tl.constexpr, WORDS: tl.constexpr,
     PDL_WAIT: tl.constexpr = False, PDL_TRIGGER: tl.constexpr = False,
 ):
     pdl_enter(PDL_WAIT, PDL_TRIGGER)
     TILES_A: tl.constexpr = I // BN_A
-    TILES_S: tl.constexpr = IS // BN_A
+    TILES_S: tl.constexpr = IS // BN_S
     TILES_B: tl.constexpr = (H + BN_B - 1) // BN_B
     A_PER_TOKEN: tl.constexpr = TOPK * TILES_A + TILES_S
     item = tl.atomic_add(cnt_ptr + _TICKET, 1, sem="relaxed")
@@ -174,9 +175,9 @@ def _moe_fused_kernel(
         tl.atomic_add(done + t, 1, sem="release")
     elif item < routed_items + T * TILES_S:  # A: a shared expert's gate/up tile
         t = (item - routed_items) // TILES_S
-        rows_s = ((item - routed_items) % TILES_S) * BN_A + tl.arange(0, BN_A)
+        rows_s = ((item - routed_items) % TILES_S) * BN_S + tl.arange(0, BN_S)
         y_s = _swiglu_tile(sgq, sgs, sgrs, x_ptr, t, rows_s, IS, stride_xm, sg_qn, sg_sn, H, SFMT, SGROUP, SROW_BLOCK,
-                         SROW_SCALE, BN_A, BK_A, False)
+                         SROW_SCALE, BN_S, BK_A, False)
         tl.store(sinter_ptr + t * IS + rows_s, y_s.to(dtype))
         tl.debug_barrier()
         tl.atomic_add(done + t, 1, sem="release")
@@ -226,10 +227,11 @@ def _moe_fused_kernel(
 
 @dataclass(frozen=True)
 class FusedConfig:
-    """Columns per A item (gate/up rows of each half) and per B item (output columns), K per step of each, warps,
-    and the int4 routed stacks' 32-bit-word decode."""
+    """Columns per routed and per shared A item (gate/up rows of each half) and per B item (output columns), K per
+    step of the gate/up and of the down projections, warps, and the int4 routed stacks' 32-bit-word decode."""
 
     bn_a: int
+    bn_s: int
     bn_b: int
     bk_a: int
     bk_b: int
@@ -238,18 +240,25 @@ class FusedConfig:
 
 
 def fused_candidates(fmt: str, shared_fmt: str, inter: int, shared_inter: int) -> list[FusedConfig]:
-    """16-column items by default (the 35B-A3B's 128 routed gate/up items, 32 shared ones and 128 output tiles a
-    token), the down projection's whole K in one step; narrower gate/up items, wider output tiles and the word decode
-    after. Compiled for sm_90 / sm_120 at the 35B-A3B shape (``perf/ptx_moe_decode.py``): 128-168 registers a thread,
-    no spills; 1024-column gate/up steps, since 256 spilled and 512 took 241 registers at four warps."""
+    """16-column items by default (the 35B-A3B's 128 routed gate/up items of 16 KB, 128 output tiles a token), shared
+    items as many bytes as routed ones where the shared expert has twice the bits (int8 beside int4: 8 columns, 64
+    items), the down projection's whole K in one step; narrower gate/up items, wider output tiles and the word decode
+    after. Compiled for sm_90 / sm_120 at the 35B-A3B shape (``perf/ptx_moe_decode.py``): 128-168 registers a thread
+    for the int4 stacks, no spills; 1024-column gate/up steps, since 256 spilled and 512 took 241 registers at four
+    warps."""
     group = max(GROUPS.get(fmt, 1), GROUPS.get(shared_fmt, 1))
     bk_a = max(group, 1024)
     bk_b = max(group, min(triton.next_power_of_2(min(inter, shared_inter)), 512))
-    out = [FusedConfig(16, 16, bk_a, bk_b, 4), FusedConfig(16, 16, max(group, 512), bk_b, 8),
-           FusedConfig(8, 16, max(group, 512), bk_b, 4), FusedConfig(16, 32, max(group, 512), bk_b, 8)]
+    bn_s = 8 if _bits(shared_fmt) > _bits(fmt) else 16
+    out = [FusedConfig(16, bn_s, 16, bk_a, bk_b, 4), FusedConfig(16, 16, 16, max(group, 512), bk_b, 8),
+           FusedConfig(8, 8, 16, max(group, 512), bk_b, 4), FusedConfig(16, bn_s, 32, max(group, 512), bk_b, 8)]
     if fmt.startswith("int4"):
-        out.append(FusedConfig(16, 16, bk_a, bk_b, 4, words=True))
-    return [c for c in out if inter % c.bn_a == 0 and shared_inter % c.bn_a == 0]
+        out.append(FusedConfig(16, bn_s, 16, bk_a, bk_b, 4, words=True))
+    return [c for c in out if inter % c.bn_a == 0 and shared_inter % c.bn_s == 0]
+
+
+def _bits(fmt: str) -> int:
+    return 4 if fmt.startswith("int4") or fmt == "nvfp4" else 8
 
 
 def launch_fused(x: torch.Tensor, router_logits: torch.Tensor, shared_logit: torch.Tensor, gate_up: QuantizedTensor,
@@ -263,7 +272,7 @@ def launch_fused(x: torch.Tensor, router_logits: torch.Tensor, shared_logit: tor
     t, h = x.shape
     e, two_i, _ = gate_up.shape
     inter, shared_inter = two_i // 2, shared_gate_up.shape[0] // 2
-    if inter % cfg.bn_a or shared_inter % cfg.bn_a or (cfg.words and not gate_up.format.name.startswith("int4")):
+    if inter % cfg.bn_a or shared_inter % cfg.bn_s or (cfg.words and not gate_up.format.name.startswith("int4")):
         raise ValueError(f"{cfg} does not fit I = {inter}, shared I = {shared_inter}, {gate_up.format.name}")
     if router_logits.stride(1) != 1 or tuple(router_logits.shape) != (t, e) or tuple(shared_logit.shape) != (t, 1):
         raise ValueError(f"router logits {list(router_logits.shape)} / shared logit {list(shared_logit.shape)} "
@@ -275,7 +284,7 @@ def launch_fused(x: torch.Tensor, router_logits: torch.Tensor, shared_logit: tor
     sg, sd = _Weight.of(shared_gate_up, False), _Weight.of(shared_down, False)
     inter_rows = torch.empty(t * top_k, inter, dtype=x.dtype, device=x.device)
     shared_rows = torch.empty(t, shared_inter, dtype=x.dtype, device=x.device)
-    items = t * top_k * (inter // cfg.bn_a) + t * (shared_inter // cfg.bn_a) + t * triton.cdiv(h, cfg.bn_b)
+    items = t * top_k * (inter // cfg.bn_a) + t * (shared_inter // cfg.bn_s) + t * triton.cdiv(h, cfg.bn_b)
     res = norm.residual if norm is not None and norm.residual is not None else out
     pdl = small_kernel_pdl(x.device)
     _moe_fused_kernel[(items,)](
@@ -286,7 +295,8 @@ def launch_fused(x: torch.Tensor, router_logits: torch.Tensor, shared_logit: tor
         sd.strides()[3], norm.eps if norm is not None else 0.0,
         H=h, I=inter, IS=shared_inter, TOPK=top_k, K_BLOCK=triton.next_power_of_2(top_k),
         E_BLOCK=triton.next_power_of_2(e), **g.constexprs("", cfg.bk_a), **sg.constexprs("S", cfg.bk_a),
-        NORM=norm is not None, RESIDUAL=norm is not None and norm.residual is not None, BN_A=cfg.bn_a, BN_B=cfg.bn_b,
+        NORM=norm is not None, RESIDUAL=norm is not None and norm.residual is not None, BN_A=cfg.bn_a, BN_S=cfg.bn_s,
+        BN_B=cfg.bn_b,
         BK_A=cfg.bk_a, BK_B=cfg.bk_b, BLOCK_H=triton.next_power_of_2(h), WORDS=cfg.words, **pdl.constexprs(),
         **pdl.options(), num_warps=cfg.num_warps, num_stages=1,
     )
