@@ -102,7 +102,7 @@ launch-diet-tests     the GPU tests of the launch-diet switches not yet measured
 launch-diet-35b       the 35B-A3B engine at C = 1 / 8 under each launch-diet switch alone, twice, one process (bench_engine --settings): base, NINFER_MOE_FUSED_DECODE=1, NINFER_MOE_DOWN_COMBINE=1, NINFER_GATES_IN_DECODE=1, NINFER_PDL_WAITS=1, NINFER_NORM_IN_GEMM=1
 launch-diet-27b       the 27B int4 engine at C = 1 / 8 the same way: base, NINFER_GATES_IN_DECODE=1, NINFER_PDL_WAITS=1, twice
 gates-deferred        the DeltaNet a/b gates projected inside the decode kernel from rows whose norm was deferred (NINFER_GATES_IN_DECODE=1 declined those rows before: 48 launches fewer a 27B step, 30 a 35B-A3B step): its GPU tests, then both engines on and off twice
-fused-moe-35b         the MoE block after its router in one launch (NINFER_MOE_FUSED_DECODE=1, off until measured; its B items wait at a counter for their token A items): its GPU tests, the 35B-A3B engine on and off twice at C = 1 / 8, then the int4 MoE model with it
+fused-moe-35b         the MoE block after its router in one launch (NINFER_MOE_FUSED_DECODE=1, off until measured; its B items wait at a counter for their token A items): its GPU tests, one 35B-A3B block under each MoE path (perf/bench_moe_block.py), the 35B-A3B engine on and off twice at C = 1 / 8, then the int4 MoE model with it
 down-combine-35b      the MoE down projection and combine in one launch (NINFER_MOE_DOWN_COMBINE=1, off until measured): its GPU tests, the 35B-A3B engine on and off twice at C = 1 / 8, then the int4 MoE model with it (graphs = eager, logprobs close to without)
 pdl-waits             NINFER_PDL_WAITS=1: the norms, the MoE routing, the expert GEMV and the MoE combine launched with programmatic dependent launch too, waiting at their start (only their launch overlaps the kernel before): its GPU test (the MoE model bit-equal with and without), then the 35B-A3B and 27B int4 engines on and off twice
 norm-in-gemm-35b      the norm after the 35B-A3B output projections (read by the MoE blocks, which decline deferred rows) in their GEMMs last program (NINFER_NORM_IN_GEMM=1, 2048-wide rows): its GPU tests, then the engine on and off twice
@@ -408,6 +408,7 @@ stage() {
       NINFER_PDL=0 part 120 python3 perf/profile_step.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --timeline --top 20 --label no-pdl
       ;;
     launch-diet-tests)
+      part 120 python3 perf/bench_moe_block.py --tokens 1 2 8 --paths base down-combine fused
       gpu_tests 150 moe_down_combine_gpu
       gpu_tests 120 deltanet_decode_gpu -k gates_projected
       gpu_tests 150 moe_fused_decode_gpu
@@ -432,6 +433,7 @@ stage() {
       ;;
     fused-moe-35b)  # a 35B-A3B MoE block was ~27 us of launches after its norm at batch 1 against ~4 us of bytes (run 2026-12-05.20)
       gpu_tests 150 moe_fused_decode_gpu
+      part 120 python3 perf/bench_moe_block.py --tokens 1 2 8 --paths base down-combine fused
       part 170 python3 perf/bench_engine.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --contexts 1024 \
         --lanes 1 8 --steps 12 --toggle NINFER_MOE_FUSED_DECODE=1,0,1,0
       gpu_tests 120 model_gpu -k "fewer_moe_launches and fused_block"
