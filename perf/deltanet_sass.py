@@ -42,8 +42,9 @@ def compile_decode(case: tuple[int, ...], cfg: triton.Config, arch: int = 90):
     ints = {"cu_seqlens": "i32", "slot_ids": "i64", "out_slots": "i64", "counters": "i32"}
     values = dict(HV=hv, GROUP=hv // hk, DK=dk, DV=dv, K=4, T_MAX=triton.next_power_of_2(tokens),
                   HAS_OUT_SLOTS=bool(per_token), WDT=tl.bfloat16, PROD_DTYPE=tl.bfloat16, GATES_FROM_X=hidden > 0,
-                  H=max(hidden, 1), BH=min(decode.GATE_BLOCK, triton.next_power_of_2(max(hidden, 1))), **cfg.kwargs)
-    pointers = set(fn.arg_names[:fn.arg_names.index("gate_w") + 1])
+                  H=max(hidden, 1), BH=min(decode.GATE_BLOCK, triton.next_power_of_2(max(hidden, 1))), GATE_NORM=False,
+                  GATE_PARTS=1, **cfg.kwargs)
+    pointers = set(fn.arg_names[:fn.arg_names.index("gate_stats") + 1])
     signature, constexprs, attrs = {}, {}, {}
     for i, name in enumerate(fn.arg_names):
         if name in pointers:
@@ -52,7 +53,7 @@ def compile_decode(case: tuple[int, ...], cfg: triton.Config, arch: int = 90):
         elif name in values:
             signature[name], constexprs[(i,)] = "constexpr", values[name]
         else:
-            signature[name] = "fp32" if name in ("scale", "eps") else "i32"
+            signature[name] = "fp32" if name in ("scale", "eps", "gate_eps") else "i32"
     return triton.compile(ASTSource(fn, signature, constexprs=constexprs, attrs=attrs),
                           target=GPUTarget("cuda", arch, 32), options=dict(num_warps=cfg.num_warps))
 

@@ -11,13 +11,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 from kernel_testing import assert_graph_replays_eager, poisoned_outputs  # noqa: F401  (a fixture)
 
 from ninfer.kernels.counters import arrival_counters
 from ninfer.kernels.moe import fused_decode as fd
-from ninfer.kernels.moe import moe_experts_reference, route_topk_reference
-from ninfer.kernels.norms import NextNorm, rms_norm_reference
+from ninfer.kernels.norms import NextNorm
 from ninfer.kernels.tuning import TunerState, use_tuner
 from ninfer.quant.formats import quantize
 
@@ -60,13 +58,8 @@ def _inputs(n: int, seed: int) -> dict:
 
 
 def _reference(w: dict, b: dict) -> tuple[torch.Tensor, torch.Tensor]:
-    x = b["x"].float()
-    weights, ids = route_topk_reference(b["router_logits"], TOP_K)
-    routed = moe_experts_reference(x, w["gate_up"].dequantize(), w["down"].dequantize(), weights.float(), ids)
-    gate, up = F.linear(x, w["shared_gate_up"].dequantize()).chunk(2, dim=-1)
-    shared = F.linear(F.silu(gate) * up, w["shared_down"].dequantize())
-    block = routed + torch.sigmoid(b["shared_logit"].float()) * shared
-    return rms_norm_reference(block, b["w"].float(), 1e-6, b["residual"].float())
+    return fd.moe_block_reference(b["x"], b["router_logits"], b["shared_logit"], w["gate_up"], w["down"],
+                                  w["shared_gate_up"], w["shared_down"], TOP_K, b["w"], 1e-6, b["residual"])
 
 
 def _rel(got: torch.Tensor, ref: torch.Tensor) -> float:

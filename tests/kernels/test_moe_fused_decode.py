@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 from kernel_testing import expert_routing, expert_stacks, poisoned_outputs  # noqa: F401  (a fixture)
 
 from ninfer.kernels.counters import arrival_counters
 from ninfer.kernels.dispatch import INTERPRET
 from ninfer.kernels.moe import fused_decode as fd
-from ninfer.kernels.moe import moe_experts_reference, route_topk_reference
-from ninfer.kernels.norms import NextNorm, rms_norm_reference
+from ninfer.kernels.norms import NextNorm
 from ninfer.quant.formats import quantize
 
 pytestmark = [pytest.mark.skipif(not INTERPRET, reason="Triton launchers on CPU need TRITON_INTERPRET=1"),
@@ -43,13 +41,9 @@ def _block(fmt: str, shared_fmt: str, n: int, dtype: torch.dtype, seed: int) -> 
 
 
 def _reference(b: dict, with_residual: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    x = b["x"].float()
-    weights, ids = route_topk_reference(b["router_logits"], K)
-    routed = moe_experts_reference(x, b["gate_up"].dequantize(), b["down"].dequantize(), weights.float(), ids)
-    gate, up = F.linear(x, b["shared_gate_up"].dequantize()).chunk(2, dim=-1)
-    shared = F.linear(F.silu(gate) * up, b["shared_down"].dequantize())
-    block = routed + torch.sigmoid(b["shared_logit"].float()) * shared
-    return rms_norm_reference(block, b["w"].float(), 1e-6, b["residual"].float() if with_residual else None)
+    return fd.moe_block_reference(b["x"], b["router_logits"], b["shared_logit"], b["gate_up"], b["down"],
+                                  b["shared_gate_up"], b["shared_down"], K, b["w"], 1e-6,
+                                  b["residual"] if with_residual else None)
 
 
 def _close(got: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, label: object) -> None:

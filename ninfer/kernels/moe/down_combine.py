@@ -65,9 +65,9 @@ def down_combine_applies(down: object, tokens: int, dtype: torch.dtype) -> bool:
 
 
 @triton.jit
-def _slabs(q_ptr, s_ptr, rows, K, stride_qn, stride_sn, FMT: tl.constexpr, GROUP: tl.constexpr,
-           ROW_BLOCK: tl.constexpr, BLOCK_K: tl.constexpr, STEPS: tl.constexpr, EVEN_K: tl.constexpr,
-           WORDS: tl.constexpr):
+def request_slabs(q_ptr, s_ptr, rows, K, stride_qn, stride_sn, FMT: tl.constexpr, GROUP: tl.constexpr,
+                  ROW_BLOCK: tl.constexpr, BLOCK_K: tl.constexpr, STEPS: tl.constexpr, EVEN_K: tl.constexpr,
+                  WORDS: tl.constexpr):
     """Every K step's packed codes and group scales of one expert's rows, requested together."""
     raws = ()
     scales = ()
@@ -83,9 +83,9 @@ def _slabs(q_ptr, s_ptr, rows, K, stride_qn, stride_sn, FMT: tl.constexpr, GROUP
 
 
 @triton.jit
-def _pair_sum(raws, scales, x_ptr, pair, K, stride_xm, FMT: tl.constexpr, GROUP: tl.constexpr,
-              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STEPS: tl.constexpr, EVEN_K: tl.constexpr,
-              WORDS: tl.constexpr, L2_ONLY: tl.constexpr = False):
+def slabs_dot_row(raws, scales, x_ptr, pair, K, stride_xm, FMT: tl.constexpr, GROUP: tl.constexpr,
+                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STEPS: tl.constexpr, EVEN_K: tl.constexpr,
+                  WORDS: tl.constexpr, L2_ONLY: tl.constexpr = False):
     """``W . x[pair]`` over all K steps, fp32 ``[BLOCK_N]`` (``L2_ONLY``: x written in this launch)."""
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
     for s in tl.static_range(STEPS):
@@ -119,14 +119,14 @@ def _down_combine_kernel(
     slabs = ()
     for j in tl.static_range(TOPK):  # every pair's bytes in flight before the first product
         e64 = tl.load(ids_ptr + t * TOPK + j).to(tl.int64)
-        slabs = slabs + (_slabs(q_ptr + e64 * stride_qe, s_ptr + e64 * stride_se, rows, K, stride_qn, stride_sn,
-                                FMT, GROUP, ROW_BLOCK, BLOCK_K, STEPS, EVEN_K, WORDS),)
+        slabs = slabs + (request_slabs(q_ptr + e64 * stride_qe, s_ptr + e64 * stride_se, rows, K, stride_qn,
+                                       stride_sn, FMT, GROUP, ROW_BLOCK, BLOCK_K, STEPS, EVEN_K, WORDS),)
     dtype = out_ptr.dtype.element_ty
     y = tl.zeros((BLOCK_N,), dtype=tl.float32)
     for j in tl.static_range(TOPK):
         pair = t * TOPK + j
-        part = _pair_sum(slabs[j][0], slabs[j][1], x_ptr, pair, K, stride_xm, FMT, GROUP, BLOCK_N, BLOCK_K, STEPS,
-                         EVEN_K, WORDS)
+        part = slabs_dot_row(slabs[j][0], slabs[j][1], x_ptr, pair, K, stride_xm, FMT, GROUP, BLOCK_N, BLOCK_K,
+                             STEPS, EVEN_K, WORDS)
         if ROW_SCALE:
             e64 = tl.load(ids_ptr + pair).to(tl.int64)
             part *= tl.load(rs_ptr + e64 * stride_re + rows)

@@ -31,13 +31,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 
 from ninfer.kernels.dispatch import autotune_configs, env_switch, use_triton
-from ninfer.kernels.moe.down_combine import _pair_sum, _slabs, finish_token_tile
-from ninfer.kernels.moe.routing import top_k_of_row
-from ninfer.kernels.norms import NextNorm
+from ninfer.kernels.moe.down_combine import finish_token_tile, request_slabs, slabs_dot_row
+from ninfer.kernels.moe.dispatch import moe_experts_reference
+from ninfer.kernels.moe.routing import route_topk_reference, top_k_of_row
+from ninfer.kernels.norms import NextNorm, rms_norm_reference
 from ninfer.kernels.pdl import pdl_enter, small_kernel_pdl
 from ninfer.kernels.quant_gemm.common import FMT_CODES, kernel_tensors
 from ninfer.kernels.quant_gemm.gemv import tile_counters
@@ -47,7 +49,6 @@ from ninfer.kernels.quant_gemm.weights import ROWS, QuantizedTensor
 from ninfer.kernels.tuning import default_tuner
 
 TABLE = "moe_fused_decode"
-KIND = "moe-fused"
 MAX_TOKENS = 8
 # Counters the launch uses (int32, one bank of ninfer.kernels.counters): the ticket, the programs finished, then one
 # A-item counter per token and one B-item counter per token.
@@ -77,6 +78,22 @@ def fused_decode_applies(x: object, gate_up: object, down: object, shared_gate_u
     return (use_triton(x) and 0 < x.shape[0] <= MAX_TOKENS and x.dtype in (torch.float32, torch.float16, torch.bfloat16)
             and x.stride(1) == 1 and _grouped(gate_up, True) and _grouped(down, True)
             and _grouped(shared_gate_up, False) and _grouped(shared_down, False))
+
+
+def moe_block_reference(x: torch.Tensor, router_logits: torch.Tensor, shared_logit: torch.Tensor,
+                        gate_up: QuantizedTensor, down: QuantizedTensor, shared_gate_up: QuantizedTensor,
+                        shared_down: QuantizedTensor, top_k: int, norm_weight: torch.Tensor, eps: float,
+                        residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """What :func:`moe_block_fused_then_norm` computes, in fp32 from the dequantized weights: the top-k routing, the
+    routed experts, ``sigmoid(shared_logit)`` times the shared SwiGLU MLP, then the norm after the block
+    ``(normed, new_residual)``."""
+    xf = x.float()
+    weights, ids = route_topk_reference(router_logits, top_k)
+    routed = moe_experts_reference(xf, gate_up.dequantize(), down.dequantize(), weights.float(), ids)
+    gate, up = F.linear(xf, shared_gate_up.dequantize()).chunk(2, dim=-1)
+    shared = F.linear(F.silu(gate) * up, shared_down.dequantize())
+    block = routed + torch.sigmoid(shared_logit.float()) * shared
+    return rms_norm_reference(block, norm_weight.float(), eps, residual.float() if residual is not None else None)
 
 
 @dataclass(frozen=True)
@@ -122,11 +139,12 @@ def _swiglu_tile(q_ptr, s_ptr, rs_ptr, x_ptr, t, rows, up, stride_xm, stride_qn,
     """``silu(W[rows] . x[t]) * (W[rows + up] . x[t])`` in fp32, every step's codes requested first."""
     STEPS: tl.constexpr = (K + BK - 1) // BK
     EVEN_K: tl.constexpr = K % BK == 0
-    gate_slabs = _slabs(q_ptr, s_ptr, rows, K, stride_qn, stride_sn, FMT, GROUP, ROW_BLOCK, BK, STEPS, EVEN_K, WORDS)
-    up_slabs = _slabs(q_ptr, s_ptr, rows + up, K, stride_qn, stride_sn, FMT, GROUP, ROW_BLOCK, BK, STEPS, EVEN_K,
-                      WORDS)
-    g = _pair_sum(gate_slabs[0], gate_slabs[1], x_ptr, t, K, stride_xm, FMT, GROUP, BN, BK, STEPS, EVEN_K, WORDS)
-    u = _pair_sum(up_slabs[0], up_slabs[1], x_ptr, t, K, stride_xm, FMT, GROUP, BN, BK, STEPS, EVEN_K, WORDS)
+    gate_slabs = request_slabs(q_ptr, s_ptr, rows, K, stride_qn, stride_sn, FMT, GROUP, ROW_BLOCK, BK, STEPS, EVEN_K,
+                               WORDS)
+    up_slabs = request_slabs(q_ptr, s_ptr, rows + up, K, stride_qn, stride_sn, FMT, GROUP, ROW_BLOCK, BK, STEPS,
+                             EVEN_K, WORDS)
+    g = slabs_dot_row(gate_slabs[0], gate_slabs[1], x_ptr, t, K, stride_xm, FMT, GROUP, BN, BK, STEPS, EVEN_K, WORDS)
+    u = slabs_dot_row(up_slabs[0], up_slabs[1], x_ptr, t, K, stride_xm, FMT, GROUP, BN, BK, STEPS, EVEN_K, WORDS)
     g = _scaled_rows(g, rs_ptr, rows, ROW_SCALE)
     u = _scaled_rows(u, rs_ptr, rows + up, ROW_SCALE)
     return g / (1.0 + tl.exp(-g)) * u
@@ -148,8 +166,7 @@ def _moe_fused_kernel(
     E_BLOCK: tl.constexpr, FMT: tl.constexpr, GROUP: tl.constexpr, ROW_BLOCK: tl.constexpr, ROW_SCALE: tl.constexpr,
     SFMT: tl.constexpr, SGROUP: tl.constexpr, SROW_BLOCK: tl.constexpr, SROW_SCALE: tl.constexpr,
     NORM: tl.constexpr, RESIDUAL: tl.constexpr, BN_A: tl.constexpr, BN_S: tl.constexpr, BN_B: tl.constexpr,
-    BK_A: tl.constexpr,
-    BK_B: tl.constexpr, BLOCK_H: tl.constexpr, WORDS: tl.constexpr,
+    BK_A: tl.constexpr, BK_B: tl.constexpr, BLOCK_H: tl.constexpr, WORDS: tl.constexpr,
     PDL_WAIT: tl.constexpr = False, PDL_TRIGGER: tl.constexpr = False,
 ):
     pdl_enter(PDL_WAIT, PDL_TRIGGER)
@@ -169,7 +186,7 @@ def _moe_fused_kernel(
         _, ids = top_k_of_row(logits_ptr, t, E, stride_l, TOPK, K_BLOCK, E_BLOCK)
         e64 = _pick(ids, slots, j).to(tl.int64)
         y_a = _swiglu_tile(gq + e64 * g_qe, gs + e64 * g_se, grs + e64 * g_re, x_ptr, t, rows_a, I, stride_xm, g_qn,
-                         g_sn, H, FMT, GROUP, ROW_BLOCK, ROW_SCALE, BN_A, BK_A, WORDS)
+                           g_sn, H, FMT, GROUP, ROW_BLOCK, ROW_SCALE, BN_A, BK_A, WORDS)
         tl.store(inter_ptr + (t * TOPK + j) * I + rows_a, y_a.to(dtype))
         tl.debug_barrier()
         tl.atomic_add(done + t, 1, sem="release")
@@ -177,7 +194,7 @@ def _moe_fused_kernel(
         t = (item - routed_items) // TILES_S
         rows_s = ((item - routed_items) % TILES_S) * BN_S + tl.arange(0, BN_S)
         y_s = _swiglu_tile(sgq, sgs, sgrs, x_ptr, t, rows_s, IS, stride_xm, sg_qn, sg_sn, H, SFMT, SGROUP, SROW_BLOCK,
-                         SROW_SCALE, BN_S, BK_A, False)
+                           SROW_SCALE, BN_S, BK_A, False)
         tl.store(sinter_ptr + t * IS + rows_s, y_s.to(dtype))
         tl.debug_barrier()
         tl.atomic_add(done + t, 1, sem="release")
@@ -193,10 +210,10 @@ def _moe_fused_kernel(
         slabs = ()
         for j in tl.static_range(TOPK):  # every down slab requested before the wait
             e64 = _pick(ids, slots, j).to(tl.int64)
-            slabs = slabs + (_slabs(dq + e64 * d_qe, ds + e64 * d_se, rows_b, I, d_qn, d_sn, FMT, GROUP, ROW_BLOCK,
-                                    BK_B, STEPS, I % BK_B == 0, WORDS),)
-        shared_slab = _slabs(sdq, sds, rows_b, IS, sd_qn, sd_sn, SFMT, SGROUP, SROW_BLOCK, BK_B, SSTEPS, IS % BK_B == 0,
-                             False)
+            slabs = slabs + (request_slabs(dq + e64 * d_qe, ds + e64 * d_se, rows_b, I, d_qn, d_sn, FMT, GROUP,
+                                           ROW_BLOCK, BK_B, STEPS, I % BK_B == 0, WORDS),)
+        shared_slab = request_slabs(sdq, sds, rows_b, IS, sd_qn, sd_sn, SFMT, SGROUP, SROW_BLOCK, BK_B, SSTEPS,
+                                    IS % BK_B == 0, False)
         # Triton lowers an atomic add of 0 whose value is used to an acquire load (ld.global.gpu.acquire, not an
         # atomic; an unused one it drops): each poll reads L2, and the last one orders the reads of the A items' rows
         # (released at the counter) after their stores.
@@ -206,13 +223,13 @@ def _moe_fused_kernel(
         tl.debug_barrier()
         y = tl.zeros((BN_B,), dtype=tl.float32)
         for j in tl.static_range(TOPK):
-            part = _pair_sum(slabs[j][0], slabs[j][1], inter_ptr, t * TOPK + j, I, I, FMT, GROUP, BN_B, BK_B, STEPS,
-                             I % BK_B == 0, WORDS, True)
+            part = slabs_dot_row(slabs[j][0], slabs[j][1], inter_ptr, t * TOPK + j, I, I, FMT, GROUP, BN_B, BK_B,
+                                 STEPS, I % BK_B == 0, WORDS, True)
             part = _scaled_rows(part, drs + _pick(ids, slots, j).to(tl.int64) * d_re, rows_b, ROW_SCALE)
             w = _pick(weights, slots, j).to(logits_ptr.dtype.element_ty).to(tl.float32)  # as the router stores it
             y += (part * w).to(dtype).to(tl.float32)
-        shared = _pair_sum(shared_slab[0], shared_slab[1], sinter_ptr, t, IS, IS, SFMT, SGROUP, BN_B, BK_B, SSTEPS,
-                           IS % BK_B == 0, False, True)
+        shared = slabs_dot_row(shared_slab[0], shared_slab[1], sinter_ptr, t, IS, IS, SFMT, SGROUP, BN_B, BK_B,
+                               SSTEPS, IS % BK_B == 0, False, True)
         shared = _scaled_rows(shared, sdrs, rows_b, SROW_SCALE).to(dtype).to(tl.float32)  # the MLP's output
         y += tl.sigmoid(tl.load(slogit_ptr + t * stride_sl).to(tl.float32)) * shared
         last = finish_token_tile(y, t, offs_n, n_ok, res_ptr, norm_w_ptr, out_ptr, new_res_ptr, done + T + t, TILES_B,
