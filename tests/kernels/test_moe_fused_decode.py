@@ -60,8 +60,8 @@ def test_every_candidate_matches_the_reference_block(fmt: str, dtype: torch.dtyp
         _, i, si = SHAPES[fmt]
         cands = fd.fused_candidates(fmt, shared_fmt, i, si)
         assert cands
-        for cfg in cands if n == 3 else cands[:1]:
-            for with_residual in (True, False):
+        for cfg in cands if n == 3 and dtype == torch.float32 else cands[:1]:  # every config once, in fp32
+            for with_residual in (True, False) if cfg == cands[0] else (True,):
                 norm = NextNorm(b["w"], 1e-6, b["residual"] if with_residual else None, torch.empty_like(b["x"]))
                 out = torch.empty_like(b["x"])
                 assert fd.launch_fused(b["x"], b["router_logits"], b["shared_logit"], b["gate_up"], b["down"],
