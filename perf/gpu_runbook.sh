@@ -99,8 +99,8 @@ ahead-checks          the paths beside the decode left in flight on the GPU: spe
 pdl-triggers          programmatic dependent launch with the DeltaNet / attention decode, the attention merge and the MoE combine letting the next GEMM launch early as well (the deferred norm left a GEMM behind them at every layer): the whole-model tests with it on, then the 27B int4 and 35B-A3B engines on and off twice in one process each
 profile-pdl-35b       the 35B-A3B graph-replayed step timeline (--timeline) with programmatic dependent launch on and off: PDL moved nothing there in run 2026-12-05.21 (the 27B: 1.6-2.2%): do its kernels start before the one before them ends
 launch-diet-tests     the GPU tests of the launch-diet switches not yet measured: the MoE down projection + combine, the a/b gates from deferred rows in the DeltaNet decode, the MoE block in one launch after its router, then the whole MoE model with PDL waits, with the fused down projection and with the fused block
-launch-diet-35b       the 35B-A3B engine at C = 1 / 8 under each launch-diet switch alone, twice, one process (bench_engine --settings): base, NINFER_MOE_FUSED_DECODE=1, NINFER_MOE_DOWN_COMBINE=1, NINFER_GATES_IN_DECODE=1, NINFER_PDL_WAITS=1, NINFER_NORM_IN_GEMM=1
-launch-diet-27b       the 27B int4 engine at C = 1 / 8 the same way: base, NINFER_GATES_IN_DECODE=1, NINFER_PDL_WAITS=1, twice
+launch-diet-35b       the 35B-A3B engine at C = 1 / 8 under each launch-diet switch alone and all but the down-combine together (bench_engine --settings, one process): base, NINFER_MOE_FUSED_DECODE=1, NINFER_MOE_DOWN_COMBINE=1, NINFER_GATES_IN_DECODE=1, NINFER_PDL_WAITS=1, NINFER_NORM_IN_GEMM=1, all; then base, fused and all again
+launch-diet-27b       the 27B int4 engine at C = 1 / 8 the same way: base, NINFER_GATES_IN_DECODE=1, NINFER_PDL_WAITS=1, both; then base and each again
 gates-deferred        the DeltaNet a/b gates projected inside the decode kernel from rows whose norm was deferred (NINFER_GATES_IN_DECODE=1 declined those rows before: 48 launches fewer a 27B step, 30 a 35B-A3B step): its GPU tests, then both engines on and off twice
 fused-moe-35b         the MoE block after its router in one launch (NINFER_MOE_FUSED_DECODE=1, off until measured; its B items wait at a counter for their token A items): its GPU tests, one 35B-A3B block under each MoE path (perf/bench_moe_block.py), the 35B-A3B engine on and off twice at C = 1 / 8, then the int4 MoE model with it
 down-combine-35b      the MoE down projection and combine in one launch (NINFER_MOE_DOWN_COMBINE=1, off until measured): its GPU tests, the 35B-A3B engine on and off twice at C = 1 / 8, then the int4 MoE model with it (graphs = eager, logprobs close to without)
@@ -415,14 +415,16 @@ stage() {
       gpu_tests 200 model_gpu -k "small_kernels_waiting or fewer_moe_launches"
       ;;
     launch-diet-35b)  # one process: every switch against the same model and the base twice (drift shows)
+      ALL_35B=NINFER_MOE_FUSED_DECODE=1+NINFER_GATES_IN_DECODE=1+NINFER_PDL_WAITS=1+NINFER_NORM_IN_GEMM=1
       part 400 python3 perf/bench_engine.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --contexts 1024 \
         --lanes 1 8 --steps 12 --settings base NINFER_MOE_FUSED_DECODE=1 NINFER_MOE_DOWN_COMBINE=1 \
-        NINFER_GATES_IN_DECODE=1 NINFER_PDL_WAITS=1 NINFER_NORM_IN_GEMM=1 base NINFER_MOE_FUSED_DECODE=1 \
-        NINFER_MOE_DOWN_COMBINE=1 NINFER_GATES_IN_DECODE=1 NINFER_PDL_WAITS=1 NINFER_NORM_IN_GEMM=1
+        NINFER_GATES_IN_DECODE=1 NINFER_PDL_WAITS=1 NINFER_NORM_IN_GEMM=1 "$ALL_35B" base NINFER_MOE_FUSED_DECODE=1 \
+        "$ALL_35B"
       ;;
     launch-diet-27b)
       part 300 python3 perf/bench_engine.py --shape 27b --recipe int4 --contexts 1024 --lanes 1 8 --steps 12 \
-        --settings base NINFER_GATES_IN_DECODE=1 NINFER_PDL_WAITS=1 base NINFER_GATES_IN_DECODE=1 NINFER_PDL_WAITS=1
+        --settings base NINFER_GATES_IN_DECODE=1 NINFER_PDL_WAITS=1 NINFER_GATES_IN_DECODE=1+NINFER_PDL_WAITS=1 base \
+        NINFER_GATES_IN_DECODE=1 NINFER_PDL_WAITS=1
       ;;
     gates-deferred)  # the a/b gates GEMV: 48 launches of a 27B step on the second stream (run 2026-12-05.14)
       gpu_tests 150 deltanet_decode_gpu -k gates_projected
