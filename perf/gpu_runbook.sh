@@ -407,12 +407,12 @@ stage() {
       NINFER_PDL=1 part 140 python3 perf/profile_step.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --timeline --top 20 --label pdl
       NINFER_PDL=0 part 120 python3 perf/profile_step.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --timeline --top 20 --label no-pdl
       ;;
-    launch-diet-tests)
-      part 120 python3 perf/bench_moe_block.py --tokens 1 2 8 --paths base down-combine fused
-      gpu_tests 150 moe_down_combine_gpu
-      gpu_tests 120 deltanet_decode_gpu -k gates_projected
+    launch-diet-tests)  # by importance: a 600-s call reaches the first four
       gpu_tests 150 moe_fused_decode_gpu
+      part 120 python3 perf/bench_moe_block.py --tokens 1 2 8 --paths base down-combine fused
       gpu_tests 200 model_gpu -k "small_kernels_waiting or fewer_moe_launches"
+      gpu_tests 120 deltanet_decode_gpu -k gates_projected
+      gpu_tests 150 moe_down_combine_gpu
       ;;
     launch-diet-35b)  # one process: every switch against the same model and the base twice (drift shows)
       ALL_35B=NINFER_MOE_FUSED_DECODE=1+NINFER_GATES_IN_DECODE=1+NINFER_PDL_WAITS=1+NINFER_NORM_IN_GEMM=1
