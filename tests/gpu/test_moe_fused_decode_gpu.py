@@ -100,7 +100,7 @@ def test_the_block_in_a_cuda_graph(float_weights: dict, monkeypatch: pytest.Monk
     with use_tuner(tuner):
         for n in (1, 8):
             b = _inputs(n, seed=10 + n)
-            assert fd.fused_decode_applies(b["x"], *args)
+            assert fd.fused_decode_applies(b["x"], *args[:2]) and fd.shared_expert_fits(*args[2:])
 
             def step() -> torch.Tensor:
                 out, new_res = fd.moe_block_fused_then_norm(b["x"], b["router_logits"], b["shared_logit"], *args, TOP_K,

@@ -76,14 +76,15 @@ def test_the_block_api_takes_it_where_switched_on(monkeypatch: pytest.MonkeyPatc
     b = _block("int4-g64", "int8-g64", 2, torch.float16, seed=5)
     args = [b[k] for k in ("gate_up", "down", "shared_gate_up", "shared_down")]
     monkeypatch.delenv("NINFER_MOE_FUSED_DECODE", raising=False)
-    assert not fd.fused_decode_applies(b["x"], *args)
+    assert not fd.fused_decode_applies(b["x"], *args[:2])
     monkeypatch.setenv("NINFER_MOE_FUSED_DECODE", "1")
-    assert not fd.fused_decode_applies(b["x"], *args)  # CPU tensors: the model takes the reference path
+    assert not fd.fused_decode_applies(b["x"], *args[:2])  # CPU tensors: the model takes the reference path
     monkeypatch.setattr(fd, "use_triton", lambda x: True)  # as on a GPU
-    assert fd.fused_decode_applies(b["x"], *args)
-    assert not fd.fused_decode_applies(b["x"].repeat(5, 1), *args)  # 10 tokens
+    assert fd.fused_decode_applies(b["x"], *args[:2]) and fd.shared_expert_fits(*args[2:])
+    assert not fd.fused_decode_applies(b["x"].repeat(5, 1), *args[:2])  # 10 tokens
     fp8 = expert_stacks("fp8", E, 192, 64)
-    assert not fd.fused_decode_applies(b["x"], *fp8, *args[2:])  # per-row scales
+    assert not fd.fused_decode_applies(b["x"], *fp8)  # per-row scales
+    assert not fd.shared_expert_fits(*(w.select(0) for w in fp8))
     got = fd.moe_block_fused_then_norm(b["x"], b["router_logits"], b["shared_logit"], *args, K, b["w"], 1e-6,
                                        b["residual"])
     assert got is not None

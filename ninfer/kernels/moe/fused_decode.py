@@ -67,17 +67,21 @@ def _grouped(w: object, stack: bool) -> bool:
             and w.layout == ROWS)
 
 
-def fused_decode_applies(x: object, gate_up: object, down: object, shared_gate_up: object, shared_down: object
-                         ) -> bool:
-    """Whether :func:`moe_block_fused_then_norm` takes a call: the switch on, plain float rows of at most
-    ``MAX_TOKENS`` tokens on a Triton device, routed stacks and shared weights quantized in a grouped format of the GEMV
-    helpers, the stacks row-major (the shared expert's weights: row-major copies, :meth:`QuantizedTensor.row_major`,
-    which the caller keeps)."""
+def fused_decode_applies(x: object, gate_up: object, down: object) -> bool:
+    """Whether :func:`moe_block_fused_then_norm` takes a call's rows and routed stacks: the switch on, plain float rows
+    of at most ``MAX_TOKENS`` tokens on a Triton device, row-major stacks quantized in a grouped format of the GEMV
+    helpers (the shared expert: :func:`shared_expert_fits`)."""
     if not fused_decode_enabled() or not isinstance(x, torch.Tensor) or x.dim() != 2:
         return False
     return (use_triton(x) and 0 < x.shape[0] <= MAX_TOKENS and x.dtype in (torch.float32, torch.float16, torch.bfloat16)
-            and x.stride(1) == 1 and _grouped(gate_up, True) and _grouped(down, True)
-            and _grouped(shared_gate_up, False) and _grouped(shared_down, False))
+            and x.stride(1) == 1 and _grouped(gate_up, True) and _grouped(down, True))
+
+
+def shared_expert_fits(gate_up: QuantizedTensor, down: QuantizedTensor) -> bool:
+    """Whether the kernel reads these shared-expert weights (2-D, a grouped format) once they are row-major
+    (:meth:`QuantizedTensor.row_major`, which the caller makes and keeps)."""
+    return all(isinstance(w, QuantizedTensor) and w.format.name in GROUPS and len(w.shape) == 2
+               for w in (gate_up, down))
 
 
 def moe_block_reference(x: torch.Tensor, router_logits: torch.Tensor, shared_logit: torch.Tensor,
@@ -325,9 +329,10 @@ def moe_block_fused_then_norm(x: torch.Tensor, router_logits: torch.Tensor, shar
                               shared_down: QuantizedTensor, top_k: int, norm_weight: torch.Tensor, eps: float,
                               residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor] | None:
     """The MoE block through the norm after it, ``(normed, new_residual)``, in one launch after the router (where
-    :func:`fused_decode_applies`), by the config the tuner keeps for the shape and token bucket; None where nothing
-    was launched (the caller takes the composed path)."""
-    if residual is not None and (residual.shape != x.shape or not residual.is_contiguous()):
+    :func:`fused_decode_applies`; the shared expert's weights row-major), by the config the tuner keeps for the shape
+    and token bucket; None where nothing was launched (the caller takes the composed path)."""
+    if (residual is not None and (residual.shape != x.shape or not residual.is_contiguous())) or not (
+            _grouped(shared_gate_up, False) and _grouped(shared_down, False)):
         return None
     norm = NextNorm(norm_weight.contiguous(), eps, residual, torch.empty(x.shape, dtype=x.dtype, device=x.device))
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
