@@ -99,6 +99,7 @@ ahead-checks          the paths beside the decode left in flight on the GPU: spe
 pdl-triggers          programmatic dependent launch with the DeltaNet / attention decode, the attention merge and the MoE combine letting the next GEMM launch early as well (the deferred norm left a GEMM behind them at every layer): the whole-model tests with it on, then the 27B int4 and 35B-A3B engines on and off twice in one process each
 profile-pdl-35b       the 35B-A3B graph-replayed step timeline (--timeline) with programmatic dependent launch on and off: PDL moved nothing there in run 2026-12-05.21 (the 27B: 1.6-2.2%): do its kernels start before the one before them ends
 launch-diet-tests     the GPU tests of the launch-diet switches not yet measured: the MoE down projection + combine, the a/b gates from deferred rows in the DeltaNet decode, the MoE block in one launch after its router, then the whole MoE model with PDL waits, with the fused down projection and with the fused block
+fused-first           the MoE block after its router in one launch, first look in one call: its GPU tests (4 workers), one 35B-A3B block under each MoE path, then the 35B-A3B engine at C = 1 / 8: base, NINFER_MOE_FUSED_DECODE=1, all launch-diet switches but the down-combine, base again
 launch-diet-35b       the 35B-A3B engine at C = 1 / 8 under each launch-diet switch alone and all but the down-combine together (bench_engine --settings, one process): base, NINFER_MOE_FUSED_DECODE=1, NINFER_MOE_DOWN_COMBINE=1, NINFER_GATES_IN_DECODE=1, NINFER_PDL_WAITS=1, NINFER_NORM_IN_GEMM=1, all; then base, fused and all again
 launch-diet-27b       the 27B int4 engine at C = 1 / 8 the same way: base, NINFER_GATES_IN_DECODE=1, NINFER_PDL_WAITS=1, both; then base and each again
 gates-deferred        the DeltaNet a/b gates projected inside the decode kernel from rows whose norm was deferred (NINFER_GATES_IN_DECODE=1 declined those rows before: 48 launches fewer a 27B step, 30 a 35B-A3B step): its GPU tests, then both engines on and off twice
@@ -413,6 +414,13 @@ stage() {
       gpu_tests 200 model_gpu -k "small_kernels_waiting or fewer_moe_launches"
       gpu_tests 120 deltanet_decode_gpu -k gates_projected
       gpu_tests 150 moe_down_combine_gpu
+      ;;
+    fused-first)  # a device call may be the session's only one: the fused block's correctness, its block time, its engine time
+      gpu_tests 170 moe_fused_decode_gpu -n 4
+      part 100 python3 perf/bench_moe_block.py --tokens 1 2 8 --paths base down-combine fused
+      part 270 python3 perf/bench_engine.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --contexts 1024 \
+        --lanes 1 8 --steps 12 --settings base NINFER_MOE_FUSED_DECODE=1 \
+        NINFER_MOE_FUSED_DECODE=1+NINFER_GATES_IN_DECODE=1+NINFER_PDL_WAITS=1+NINFER_NORM_IN_GEMM=1 base
       ;;
     launch-diet-35b)  # one process: every switch against the same model and the base twice (drift shows)
       ALL_35B=NINFER_MOE_FUSED_DECODE=1+NINFER_GATES_IN_DECODE=1+NINFER_PDL_WAITS=1+NINFER_NORM_IN_GEMM=1
