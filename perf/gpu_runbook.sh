@@ -103,8 +103,8 @@ fused-first           the MoE block after its router in one launch, first look i
 launch-diet-35b       the 35B-A3B engine at C = 1 / 8 under each launch-diet switch alone and all but the down-combine together (bench_engine --settings, one process): base, NINFER_MOE_FUSED_DECODE=1, NINFER_MOE_DOWN_COMBINE=1, NINFER_GATES_IN_DECODE=1, NINFER_PDL_WAITS=1, NINFER_NORM_IN_GEMM=1, all; then base, fused and all again
 launch-diet-27b       the 27B int4 engine at C = 1 / 8 the same way: base, NINFER_GATES_IN_DECODE=1, NINFER_PDL_WAITS=1, both; then base and each again
 gates-deferred        the DeltaNet a/b gates projected inside the decode kernel from rows whose norm was deferred (NINFER_GATES_IN_DECODE=1 declined those rows before: 48 launches fewer a 27B step, 30 a 35B-A3B step): its GPU tests, then both engines on and off twice
-fused-moe-35b         the MoE block after its router in one launch (NINFER_MOE_FUSED_DECODE=1, off until measured; its B items wait at a counter for their token A items): its GPU tests, one 35B-A3B block under each MoE path (perf/bench_moe_block.py), the 35B-A3B engine on and off twice at C = 1 / 8, then the int4 MoE model with it
-down-combine-35b      the MoE down projection and combine in one launch (NINFER_MOE_DOWN_COMBINE=1, off until measured): its GPU tests, the 35B-A3B engine on and off twice at C = 1 / 8, then the int4 MoE model with it (graphs = eager, logprobs close to without)
+fused-moe-35b         the MoE block after its router in one launch (NINFER_MOE_FUSED_DECODE=1, off: slower in run 2026-12-06.1; its B items wait at a counter for their token A items): its GPU tests, one 35B-A3B block under each MoE path (perf/bench_moe_block.py), the 35B-A3B engine on and off twice at C = 1 / 8, then the int4 MoE model with it
+down-combine-35b      the MoE down projection and combine in one launch (NINFER_MOE_DOWN_COMBINE=1, off: its block 3-7% slower in run 2026-12-06.1): its GPU tests, the 35B-A3B engine on and off twice at C = 1 / 8, then the int4 MoE model with it (graphs = eager, logprobs close to without)
 pdl-waits             NINFER_PDL_WAITS=1: the norms, the MoE routing, the expert GEMV and the MoE combine launched with programmatic dependent launch too, waiting at their start (only their launch overlaps the kernel before): its GPU test (the MoE model bit-equal with and without), then the 35B-A3B and 27B int4 engines on and off twice
 norm-in-gemm-35b      the norm after the 35B-A3B output projections (read by the MoE blocks, which decline deferred rows) in their GEMMs last program (NINFER_NORM_IN_GEMM=1, 2048-wide rows): its GPU tests, then the engine on and off twice
 pdl-35b               programmatic dependent launch on the 35B-A3B decode (NINFER_PDL=1: the register decodes and norms let the next kernel launch early), on and off in turn, C = 1 / 8, then the whole-model MoE test with it on
@@ -454,7 +454,7 @@ stage() {
         --lanes 1 8 --steps 12 --toggle NINFER_MOE_DOWN_COMBINE=1,0,1,0
       gpu_tests 120 model_gpu -k "fewer_moe_launches and down_projection_and_combine"
       ;;
-    pdl-waits)  # off until measured: the 35B-A3B step did not move with PDL on the GEMMs alone (run 2026-12-05.21)
+    pdl-waits)  # off: the 27B in the noise (run 2026-12-06.2); the 35B-A3B step did not move with PDL on the GEMMs alone (run 2026-12-05.21)
       gpu_tests 120 model_gpu -k small_kernels_waiting
       part 170 python3 perf/bench_engine.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --contexts 1024 \
         --lanes 1 8 --steps 12 --toggle NINFER_PDL_WAITS=1,0,1,0

@@ -109,9 +109,9 @@ def fused_decode_enabled() -> bool:
 def gates_in_kernel(gates: Gates) -> bool:
     """Whether the one-launch decode applies the gates' projection itself: a :class:`GateProjection` with a float
     weight (its input plain rows, or rows whose norm was deferred: the kernel applies their factors), with
-    ``NINFER_GATES_IN_DECODE=1`` (read per call). Off by default: on the H200 (27B ``int4``, run 2026-12-04.4, before
-    the deferred norm) it made batch 1 2.4% slower and C = 8 1.6% faster; the projection's own GEMM otherwise (48
-    launches a 27B step, on the second stream)."""
+    ``NINFER_GATES_IN_DECODE=1`` (read per call); the projection's own GEMM otherwise (48 launches a 27B step, on the
+    second stream). Off by default: 2.5% faster at batch 1 on an H100 with deferred rows, but 2.4% slower on the H200
+    before the deferred norm, and its GPU tests at deferred rows have not run (docs/performance.md)."""
     return (isinstance(gates, GateProjection) and isinstance(gates.x, (torch.Tensor, NormedRows))
             and gates.weight is not None and gates.weight.dtype in TL_DTYPE
             and env_switch("NINFER_GATES_IN_DECODE", False))

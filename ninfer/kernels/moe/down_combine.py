@@ -13,8 +13,9 @@ arrival counter, :mod:`ninfer.kernels.counters`) reads the token's row back from
 Every pair's rows are read once per token that chose the expert: at batch 1 that is the two-launch path's bytes; at
 eight tokens an expert two tokens share is read twice (the second time mostly from L2).
 
-``NINFER_MOE_DOWN_COMBINE=1`` takes this path (off by default until measured on a GPU); the configs are tuned per
-shape as the expert GEMV's (:mod:`ninfer.kernels.tuning`, table ``"moe_down_combine"``, CUDA-graph replays).
+``NINFER_MOE_DOWN_COMBINE=1`` takes this path; the configs are tuned per shape as the expert GEMV's
+(:mod:`ninfer.kernels.tuning`, table ``"moe_down_combine"``, CUDA-graph replays). Off by default: a 35B-A3B block took
+3-7% longer with it at 1-8 tokens (docs/performance.md, "The launch diet's switches measured").
 """
 from __future__ import annotations
 

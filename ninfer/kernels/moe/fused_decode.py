@@ -23,8 +23,10 @@ every A ticket comes before every B ticket, so an A item a B item waits for belo
 another: the A items are all done before the first B item starts.
 
 The shared expert's weights are read in their row-major layout (:meth:`QuantizedTensor.row_major`; the caller keeps
-the copy). ``NINFER_MOE_FUSED_DECODE=1`` takes this path (off until measured on a GPU); configs are timed per shape
-and token bucket (table ``"moe_fused_decode"``).
+the copy). ``NINFER_MOE_FUSED_DECODE=1`` takes this path; configs are timed per shape and token bucket (table
+``"moe_fused_decode"``). Off by default because it is slower: the block's time at batch 1 is its chain of dependent
+memory latencies, which one launch walks as slowly as five, and at 8 tokens it reads an expert per (token, slot)
+(docs/performance.md, "The launch diet's switches measured").
 """
 from __future__ import annotations
 
