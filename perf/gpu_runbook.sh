@@ -102,7 +102,7 @@ launch-diet-tests     the GPU tests of the launch-diet switches not yet measured
 fused-first           the MoE block after its router in one launch, first look in one call: its GPU tests (4 workers), one 35B-A3B block under each MoE path, then the 35B-A3B engine at C = 1 / 8: base, NINFER_MOE_FUSED_DECODE=1, all launch-diet switches but the down-combine, base again
 launch-diet-35b       the 35B-A3B engine at C = 1 / 8 under each launch-diet switch alone and all but the down-combine together (bench_engine --settings, one process): base, NINFER_MOE_FUSED_DECODE=1, NINFER_MOE_DOWN_COMBINE=1, NINFER_GATES_IN_DECODE=1, NINFER_PDL_WAITS=1, NINFER_NORM_IN_GEMM=1, all; then base, fused and all again
 launch-diet-27b       the 27B int4 engine at C = 1 / 8 the same way: base, NINFER_GATES_IN_DECODE=1, NINFER_PDL_WAITS=1, both; then base and each again
-gates-deferred        the DeltaNet a/b gates projected inside the decode kernel from rows whose norm was deferred (NINFER_GATES_IN_DECODE=1 declined those rows before: 48 launches fewer a 27B step, 30 a 35B-A3B step): its GPU tests, then both engines on and off twice
+gates-deferred        the DeltaNet a/b gates projected inside the decode kernel from rows whose norm was deferred (NINFER_GATES_IN_DECODE=1 declined those rows before: 48 launches fewer a 27B step, 30 a 35B-A3B step): its GPU tests (the kernel, then the whole-model parity and graph tests with it on), then both engines on and off twice; first in the next call: 2.5% faster at 27B batch 1 on an H100 (run 2026-12-06.2), default once these pass
 fused-moe-35b         the MoE block after its router in one launch (NINFER_MOE_FUSED_DECODE=1, off: slower in run 2026-12-06.1; its B items wait at a counter for their token A items): its GPU tests, one 35B-A3B block under each MoE path (perf/bench_moe_block.py), the 35B-A3B engine on and off twice at C = 1 / 8, then the int4 MoE model with it
 down-combine-35b      the MoE down projection and combine in one launch (NINFER_MOE_DOWN_COMBINE=1, off: its block 3-7% slower in run 2026-12-06.1): its GPU tests, the 35B-A3B engine on and off twice at C = 1 / 8, then the int4 MoE model with it (graphs = eager, logprobs close to without)
 pdl-waits             NINFER_PDL_WAITS=1: the norms, the MoE routing, the expert GEMV and the MoE combine launched with programmatic dependent launch too, waiting at their start (only their launch overlaps the kernel before): its GPU test (the MoE model bit-equal with and without), then the 35B-A3B and 27B int4 engines on and off twice
@@ -412,7 +412,7 @@ stage() {
       gpu_tests 150 moe_fused_decode_gpu
       part 120 python3 perf/bench_moe_block.py --tokens 1 2 8 --paths base down-combine fused
       gpu_tests 200 model_gpu -k "small_kernels_waiting or fewer_moe_launches"
-      gpu_tests 120 deltanet_decode_gpu -k gates_projected
+      gpu_tests 120 deltanet_decode_gpu -n 4 -k gates_projected
       gpu_tests 150 moe_down_combine_gpu
       ;;
     fused-first)  # a device call may be the session's only one: the fused block's correctness, its block time, its engine time
@@ -435,7 +435,8 @@ stage() {
         NINFER_GATES_IN_DECODE=1 NINFER_PDL_WAITS=1
       ;;
     gates-deferred)  # the a/b gates GEMV: 48 launches of a 27B step on the second stream (run 2026-12-05.14)
-      gpu_tests 150 deltanet_decode_gpu -k gates_projected
+      gpu_tests 150 deltanet_decode_gpu -n 4 -k gates_projected
+      NINFER_GATES_IN_DECODE=1 gpu_tests 150 model_gpu -n 3 -k "fp32 or bf16_error or graphs_equal"
       part 150 python3 perf/bench_engine.py --shape 27b --recipe int4 --contexts 1024 --lanes 1 8 --steps 12 \
         --toggle NINFER_GATES_IN_DECODE=1,0,1,0
       part 150 python3 perf/bench_engine.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --contexts 1024 \
