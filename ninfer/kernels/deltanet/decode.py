@@ -342,8 +342,10 @@ def gated_deltanet_decode_triton(
     assert 1 <= max_seqlen <= MAX_TOKENS and hv % hk == 0 and check_head_dims(dk, dv)
     gates_from_x = gate_weight is not None
     gate_norm = gate_x if isinstance(gate_x, NormedRows) else None
+    stride_gs, parts, gate_eps = 0, 0, 0.0  # the deferred norm's shares: part stride, parts, eps (with GATE_NORM)
     if gate_norm is not None:
         gate_x = gate_norm.scaled
+        stride_gs, parts, gate_eps = gate_norm.stats.stride(0), gate_norm.stats.shape[0], gate_norm.eps
         assert gate_norm.stats.shape[1] == n and gate_norm.stats.stride(1) == 1
     if gates_from_x:
         assert gate_x is not None and gate_x.shape == (n, gate_weight.shape[1]) and gate_weight.shape[0] == 2 * hv
@@ -368,15 +370,12 @@ def gated_deltanet_decode_triton(
         gate_norm.stats if gate_norm is not None else gate_x, qkv.stride(0),
         z.stride(0), a.stride(0), b.stride(0), conv_weight.stride(0), conv_weight.stride(1), conv_state.stride(0),
         conv_state.stride(1), conv_state.stride(2), state.stride(0), out_slots.stride(0) if has_out else 0,
-        gate_x.stride(0), gate_weight.stride(0), gate_norm.stats.stride(0) if gate_norm is not None else 0,
-        gate_norm.stats.shape[0] if gate_norm is not None else 0, gate_norm.eps if gate_norm is not None else 0.0,
-        dk ** -0.5, eps, batch.bit_length(), HV=hv, GROUP=hv // hk, DK=dk,
-        DV=dv, K=taps, T_MAX=triton.next_power_of_2(max_seqlen), HAS_OUT_SLOTS=has_out,
+        gate_x.stride(0), gate_weight.stride(0), stride_gs, parts, gate_eps, dk ** -0.5, eps, batch.bit_length(),
+        HV=hv, GROUP=hv // hk, DK=dk, DV=dv, K=taps, T_MAX=triton.next_power_of_2(max_seqlen), HAS_OUT_SLOTS=has_out,
         WDT=TL_DTYPE[conv_weight.dtype], PROD_DTYPE=TL_DTYPE[torch.promote_types(norm_weight.dtype, qkv.dtype)],
         GATES_FROM_X=gates_from_x, H=gate_x.shape[1] if gates_from_x else 1,
         BH=min(GATE_BLOCK, triton.next_power_of_2(gate_x.shape[1])) if gates_from_x else 1,
-        GATE_NORM=gate_norm is not None,
-        GATE_PARTS=triton.next_power_of_2(gate_norm.stats.shape[0]) if gate_norm is not None else 1,
+        GATE_NORM=gate_norm is not None, GATE_PARTS=triton.next_power_of_2(max(parts, 1)),
         PDL_TRIGGER=pdl_enabled(qkv.device),
     )
     return y
