@@ -21,7 +21,8 @@ candidate's tuner time), ``dot`` (the ``tl.dot`` grouped GEMMs pinned) and ``gem
 of :mod:`ninfer.kernels.moe.quant_gemv`, each GEMM's first candidate; the 64-token point is past
 the GEMV's pair limit and runs the dot) and ``mma`` (the register decode of :mod:`ninfer.kernels.moe.quant_mma`,
 each GEMM's first candidate; int4 stacks only, the dot elsewhere). Labels of pinned paths end in ``[dot]`` /
-``[gemv]`` / ``[mma]``.
+``[gemv]`` / ``[mma]``; those of the auto path in ``tuned-l2-cold`` where the tuner timed L2-cold
+(``NINFER_TUNE_L2_COLD=1``).
 
 Run: ``python perf/bench_moe.py [--formats int4-g64,nvfp4] [--no-bf16] [--path auto,dot,gemv,mma]``
 (``--formats ''``: bf16 only).
@@ -55,6 +56,7 @@ from ninfer.kernels.moe import (
     route_topk_triton,
 )
 from ninfer.kernels.moe.gemm import Weight, moe_experts_triton
+from ninfer.kernels.quant_gemm.timing import l2_cold
 from ninfer.kernels.quant_gemm.tune import GemmConfig
 from ninfer.kernels.tuning import default_tuner
 from ninfer.quant.formats import QuantizedTensor, quantize
@@ -135,7 +137,8 @@ def decode(n: int, gate_up: Weight, down: Weight, bw: float, bf16: tuple[torch.T
         extra: dict[str, Any] = {}
         if fmt != "bf16":
             extra = {"format": fmt, "path": path, **(_tuner_record(fmt, n) if path == "auto" else {})}
-        shape = f"N={n} E={E} k={TOP_K} H={H} I={I} {fmt}" + ("" if path == "auto" else f" [{path}]")
+        shape = f"N={n} E={E} k={TOP_K} H={H} I={I} {fmt}" + ("" if path == "auto" else f" [{path}]") \
+            + (" tuned-l2-cold" if path == "auto" and fmt != "bf16" and l2_cold() else "")
         record("moe_decode", shape, ms, achieved=nbytes / ms / 1e9, limit=bw, unit="TB/s", baseline=baseline,
                baseline_ms=base_ms, unique_experts=unique, bytes_moved=int(nbytes), **extra)
         if extra.get("expert_configs"):

@@ -1,14 +1,29 @@
 """How the quantized GEMM's tuner times its candidates: decode sizes from CUDA-graph replays (as the engine runs
-them), prefill sizes eagerly; nothing in a parallel-compile dry pass (:mod:`ninfer.kernels.precompile`)."""
+them), prefill sizes eagerly; nothing in a parallel-compile dry pass (:mod:`ninfer.kernels.precompile`).
+
+``NINFER_TUNE_L2_COLD=1`` times each replayed launch after a read of twice the L2's size, so that it finds its
+weight in DRAM as it does in a model's step (each layer's weights were evicted since their last use): 20 launches
+of one candidate back to back otherwise read weights of up to ~50 MB from L2 (every 35B-A3B projection, the 27B's
+o_proj), which favours configs with fewer bytes in flight. The sweep's own time, measured alongside, is subtracted.
+"""
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import cache
 from typing import Any
 
 import torch
 import triton
 
+from ninfer.kernels.dispatch import env_switch
 from ninfer.kernels.precompile import dry_pass_active
+
+L2_COLD_ENV = "NINFER_TUNE_L2_COLD"
+
+
+def l2_cold() -> bool:
+    """Whether decode candidates are timed with their weights evicted from L2 (``NINFER_TUNE_L2_COLD``, read now)."""
+    return env_switch(L2_COLD_ENV, False)
 
 
 def time_candidates(cands: list[Any], launch: Callable[[Any], None], graphs: bool) -> dict[Any, float]:
@@ -33,12 +48,31 @@ def time_candidates(cands: list[Any], launch: Callable[[Any], None], graphs: boo
     return timings
 
 
-def graph_ms(fn: Callable[[], None], launches: int = 20, replays: int = 5) -> float:
+def graph_ms(fn: Callable[[], None], launches: int = 20, replays: int = 5, cold: bool | None = None) -> float:
     """Median time per call of ``fn`` over replays of a graph of ``launches`` back-to-back calls (0.0 in a
-    parallel-compile dry pass, whose launches run nothing: one call requests the kernel, as its ``do_bench``)."""
+    parallel-compile dry pass, whose launches run nothing: one call requests the kernel, as its ``do_bench``).
+    ``cold`` (default :func:`l2_cold`): each call after an L2-evicting read, whose own time is subtracted."""
     fn()  # compile and allocate outside the capture
     if dry_pass_active():
         return 0.0
+    if cold if cold is not None else l2_cold():
+        evict = _l2_evict(torch.cuda.current_device())
+        return max(_replayed_ms(lambda: (evict(), fn()), launches, replays) - _replayed_ms(evict, launches, replays),
+                   0.0)
+    return _replayed_ms(fn, launches, replays)
+
+
+@cache
+def _l2_evict(device: int) -> Callable[[], Any]:
+    """A call that reads twice the L2's size of other bytes (read, not written: no dirty lines to write back
+    while the timed launch runs), so nothing read before it is still in L2."""
+    size = 2 * max(torch.cuda.get_device_properties(device).L2_cache_size, 32 << 20)
+    sweep = torch.ones(size // 4, dtype=torch.float32, device=f"cuda:{device}")
+    return lambda: torch.amax(sweep)
+
+
+def _replayed_ms(fn: Callable[[], Any], launches: int, replays: int) -> float:
+    """Median time per call of ``fn`` over ``replays`` replays of a graph of ``launches`` calls."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     graph = torch.cuda.CUDAGraph()
