@@ -60,8 +60,12 @@ def _pick(x: torch.Tensor, qt, swiglu: bool, cold: bool) -> tuple[quant_gemm_tun
     try:
         with use_tuner(TunerState(enabled=True)) as tuner:
             quant_matmul_triton(x, qt, swiglu=swiglu)
-            (key, cfg), = tuner.chosen(quant_gemm_tune.TABLE).items()
-            return cfg, tuner.timings(quant_gemm_tune.TABLE).get(key, {})
+            timings = tuner.timings(quant_gemm_tune.TABLE)
+            chosen = [(key, cfg) for key, cfg in tuner.chosen(quant_gemm_tune.TABLE).items() if timings.get(key)]
+            if len(chosen) != 1:
+                raise RuntimeError(f"expected one timed key, the tuner chose {chosen}")
+            key, cfg = chosen[0]
+            return cfg, timings[key]
     finally:
         os.environ.pop(L2_COLD_ENV)
 
