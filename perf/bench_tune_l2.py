@@ -118,7 +118,10 @@ def main() -> None:
     torch.manual_seed(0)
     for name in shapes:
         for m in (int(v) for v in args.m.split(",")):
-            point(name, m, bw)
+            try:
+                point(name, m, bw)
+            except Exception as err:  # noqa: BLE001  (one failed point must not cost the others their call)
+                print(f"{name} M={m}: failed ({type(err).__name__}: {err})", flush=True)
         torch.cuda.empty_cache()
 
 
