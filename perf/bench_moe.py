@@ -21,8 +21,8 @@ candidate's tuner time), ``dot`` (the ``tl.dot`` grouped GEMMs pinned) and ``gem
 of :mod:`ninfer.kernels.moe.quant_gemv`, each GEMM's first candidate; the 64-token point is past
 the GEMV's pair limit and runs the dot) and ``mma`` (the register decode of :mod:`ninfer.kernels.moe.quant_mma`,
 each GEMM's first candidate; int4 stacks only, the dot elsewhere). Labels of pinned paths end in ``[dot]`` /
-``[gemv]`` / ``[mma]``; those of the auto path in ``tuned-l2-cold`` where the tuner timed L2-cold
-(``NINFER_TUNE_L2_COLD=1``).
+``[gemv]`` / ``[mma]``; those of the auto path in ``tuned-l2-warm`` where the tuner timed L2-warm
+(``NINFER_TUNE_L2_COLD=none``; records of 2026-12-06.3 and before: the default then).
 
 Run: ``python perf/bench_moe.py [--formats int4-g64,nvfp4] [--no-bf16] [--path auto,dot,gemv,mma]``
 (``--formats ''``: bf16 only).
@@ -138,7 +138,7 @@ def decode(n: int, gate_up: Weight, down: Weight, bw: float, bf16: tuple[torch.T
         if fmt != "bf16":
             extra = {"format": fmt, "path": path, **(_tuner_record(fmt, n) if path == "auto" else {})}
         shape = f"N={n} E={E} k={TOP_K} H={H} I={I} {fmt}" + ("" if path == "auto" else f" [{path}]") \
-            + (" tuned-l2-cold" if path == "auto" and fmt != "bf16" and l2_cold() else "")
+            + (" tuned-l2-warm" if path == "auto" and fmt != "bf16" and not l2_cold(experts=True) else "")
         record("moe_decode", shape, ms, achieved=nbytes / ms / 1e9, limit=bw, unit="TB/s", baseline=baseline,
                baseline_ms=base_ms, unique_experts=unique, bytes_moved=int(nbytes), **extra)
         if extra.get("expert_configs"):

@@ -1,12 +1,12 @@
-"""Whether the decode tuner picks better configs when it times them L2-cold (``NINFER_TUNE_L2_COLD=1``).
+"""Whether the decode tuner picks better configs when it times them L2-cold (``NINFER_TUNE_L2_COLD=all``).
 
 The tuner times a decode candidate from 20 replayed launches on one weight, which then sits in the 50 MB L2 for
 every weight up to that size: all of the 35B-A3B's projections and the 27B's o_proj. In a model's step each layer
 finds its weights in DRAM. Per decode GEMM shape (fragment-laid, as the engine holds them) and token count this
 prints and records (``tune_l2``):
 
-* the pick of a fresh tuner timing warm (the default) and of one timing cold (each launch after an L2-evicting
-  read), neither with a shipped table nor a disk cache;
+* the pick of a fresh tuner timing warm (the dense tuner's default) and of one timing cold (each launch after an
+  L2-evicting read), neither with a shipped table nor a disk cache;
 * every candidate timed L2-cold over weight copies (>= 256 MB cycled in one graph, as ``bench_quant_gemm.py --l2
   cold``): each pick's time there, and the best candidate's.
 
@@ -56,7 +56,7 @@ DEFAULT_SHAPES = "a3b_qkvz,a3b_qkv,a3b_out,a3b_shared_gate_up,a3b_shared_down,o_
 
 def _pick(x: torch.Tensor, qt, swiglu: bool, cold: bool) -> tuple[quant_gemm_tune.GemmConfig, dict]:
     """A fresh tuner's choice for this call and its timings of every candidate, timing warm or cold."""
-    os.environ[L2_COLD_ENV] = "1" if cold else "0"
+    os.environ[L2_COLD_ENV] = "all" if cold else "none"
     try:
         with use_tuner(TunerState(enabled=True)) as tuner:
             quant_matmul_triton(x, qt, swiglu=swiglu)

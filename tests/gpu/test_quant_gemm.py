@@ -207,7 +207,7 @@ def test_decode_tuning_times_graphs_and_keeps_a_working_config(monkeypatch: pyte
     monkeypatch.setattr(quant_gemm_tune, "autotune_configs", lambda configs: configs)
     used = []
     real = quant_gemm_timing.graph_ms
-    monkeypatch.setattr(quant_gemm_timing, "graph_ms", lambda fn: used.append(1) or real(fn))
+    monkeypatch.setattr(quant_gemm_timing, "graph_ms", lambda fn, cold=None: used.append(1) or real(fn, cold=cold))
     w = quantize(_weight(5120, 6144, 11), "int4-g64")
     x = torch.randn(1, 6144, device="cuda", dtype=torch.bfloat16)
     res = torch.randn(1, 5120, device="cuda", dtype=torch.bfloat16)

@@ -193,8 +193,8 @@ def test_selection_keeps_the_faster_path_per_key(monkeypatch: pytest.MonkeyPatch
     fast_gemv: dict[str, GemmConfig | None] = {"cfg": None}  # the GEMV candidate made faster than the dot
     launched: list[GemmConfig] = []
 
-    def graph_ms(fn) -> float:
-        assert not capturing[0]
+    def graph_ms(fn, cold: bool | None = None) -> float:
+        assert not capturing[0] and cold  # the expert tuner times its candidates L2-cold (NINFER_TUNE_L2_COLD)
         fn()
         cfg = launched[-1]
         if cfg == GROUPED_DOT:
@@ -244,7 +244,8 @@ def test_aligned_verification_rows_choose_between_the_dot_and_the_register_decod
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     launched: list[GemmConfig] = []
     mma = expert_mma_candidates("int4-g64", 80, 32, 256, quant_gemm_tune.sm_count(torch.device("cpu")))
-    monkeypatch.setattr(quant_gemm_timing, "graph_ms", lambda fn: (fn(), 0.5 if launched[-1] == mma[1] else 1.0)[1])
+    monkeypatch.setattr(quant_gemm_timing, "graph_ms",
+                        lambda fn, cold=None: (fn(), 0.5 if launched[-1] == mma[1] else 1.0)[1])
     a = torch.zeros(1, 256, dtype=torch.float16)
 
     def choose(rows: ExpertRows, dtype: torch.dtype = torch.float16) -> GemmConfig:
@@ -275,7 +276,7 @@ def test_auto_path_runs_the_chosen_kernel(monkeypatch: pytest.MonkeyPatch, tuner
         ran.append((cfg, k["swiglu"]))
         gemv(*a, cfg=cfg, **k)
 
-    def graph_ms(fn) -> float:
+    def graph_ms(fn, cold: bool | None = None) -> float:
         fn()
         cfg, swiglu = ran[-1]
         return 1.0 if cfg == GROUPED_DOT else 0.5 if swiglu and cfg.kind == "gemv-prefetch" else 3.0

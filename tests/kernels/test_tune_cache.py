@@ -202,7 +202,8 @@ def new_process() -> None:
 
 
 def fake_timing(monkeypatch: pytest.MonkeyPatch, timed: list[list], fastest: GemmConfig | None) -> None:
-    def time_candidates(cands: list[GemmConfig], launch, graphs: bool) -> dict[GemmConfig, float]:
+    def time_candidates(cands: list[GemmConfig], launch, graphs: bool, cold: bool | None = None
+                        ) -> dict[GemmConfig, float]:
         timed.append(list(cands))
         return {c: 0.5 if c == fastest else 1.0 + i for i, c in enumerate(cands)}
 

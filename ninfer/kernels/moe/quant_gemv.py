@@ -26,11 +26,12 @@ measured 10-24 % of copy bandwidth at 1-8 tokens on an H200, where the dense GEM
 Selection (:func:`choose_config`): never blind. The first call of a key ``(format, dtype,
 pair-count bucket, N, K, swiglu)`` on CUDA, outside graph capture and the interpreter, times the
 ``tl.dot`` path (``GROUPED_DOT``), the GEMV candidates and, for int4 stacks under 16-bit activations, the
-register decode of :mod:`ninfer.kernels.moe.quant_mma` from CUDA-graph replays (the dense
-tuner's ``time_candidates``) and keeps the fastest in the process's tuner state (:mod:`ninfer.kernels.tuning`),
-also on disk (:mod:`ninfer.kernels.tune_cache`):
-a later process takes the stored choice while it is still a candidate. During capture, or with tuning
-off, a key takes what was chosen for it, else the ``tl.dot`` path: warm decode shapes before capturing.
+register decode of :mod:`ninfer.kernels.moe.quant_mma` from CUDA-graph replays, each launch after the L2 was
+evicted (the dense tuner's ``time_candidates``, L2-cold: a token's experts would sit in L2 through a warm timing,
+as they never do in a model's step; ``NINFER_TUNE_L2_COLD``) and keeps the fastest in the process's tuner state
+(:mod:`ninfer.kernels.tuning`), also on disk (:mod:`ninfer.kernels.tune_cache`): a later process takes the stored
+choice while it is still a candidate. During capture, or with tuning off, a key takes what was chosen for it, else
+the ``tl.dot`` path: warm decode shapes before capturing.
 """
 from __future__ import annotations
 
@@ -48,6 +49,7 @@ from ninfer.kernels.norms import NormedRows
 from ninfer.kernels.pdl import pdl_enter, small_kernel_pdl
 from ninfer.kernels.quant_gemm.common import FMT_CODES, finish, kernel_tensors
 from ninfer.kernels.quant_gemm.deferred_norm import reader_args, rows_rstd
+from ninfer.kernels.quant_gemm.timing import l2_cold
 from ninfer.kernels.quant_gemm.tune import GemmConfig, kernel_params, sm_count
 from ninfer.kernels.quant_gemm.gemv_steps import (
     gemv_decode,
@@ -320,6 +322,6 @@ def choose_config(fmt: str, a: torch.Tensor, rows: ExpertRows, n_out: int, k: in
         return kernels if normed and kernels else [GROUPED_DOT, *kernels]
 
     def time_fn(cfgs: list[GemmConfig]) -> dict[GemmConfig, float]:
-        return quant_gemm_tune.time_candidates(cfgs, launch, graphs=True)
+        return quant_gemm_tune.time_candidates(cfgs, launch, graphs=True, cold=l2_cold(experts=True))
 
     return default_tuner().choose(TABLE, key, cands, time_fn, a.device)
