@@ -22,7 +22,7 @@ of :mod:`ninfer.kernels.moe.quant_gemv`, each GEMM's first candidate; the 64-tok
 the GEMV's pair limit and runs the dot) and ``mma`` (the register decode of :mod:`ninfer.kernels.moe.quant_mma`,
 each GEMM's first candidate; int4 stacks only, the dot elsewhere). Labels of pinned paths end in ``[dot]`` /
 ``[gemv]`` / ``[mma]``; those of the auto path in ``tuned-l2-warm`` where the tuner timed L2-warm
-(``NINFER_TUNE_L2_COLD=none``; records of 2026-12-06.3 and before: the default then).
+(``NINFER_TUNE_L2_COLD=none``; the default in records before run 2026-12-06.4).
 
 Run: ``python perf/bench_moe.py [--formats int4-g64,nvfp4] [--no-bf16] [--path auto,dot,gemv,mma]``
 (``--formats ''``: bf16 only).

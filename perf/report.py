@@ -54,6 +54,8 @@ def topic(record: dict) -> str:
         return "attention"
     if bench == "quant_gemm":
         return "quant-gemm-decode" if record["m"] <= 32 else "quant-gemm-prefill"
+    if bench == "tune_l2":  # perf/bench_tune_l2.py: decode GEMMs under the tuner's warm and L2-cold picks
+        return "quant-gemm-decode"
     if bench.startswith("moe"):
         return "moe-kernels"
     if bench == "float_gemv":

@@ -6,7 +6,7 @@ its weights in DRAM as in a model's step (each layer's weights were evicted sinc
 time, measured alongside, subtracted. 20 launches of one candidate back to back otherwise read weights of up to
 ~50 MB from L2. ``experts`` (the default) times the MoE expert GEMMs so: one token's eight experts (8 MB of int4
 gate/up) are L2-resident in a warm timing, and the L2-cold choice made a 35B-A3B block (router and experts) 13%
-faster at one token on an H100 (23.8 -> 20.7 us, run 2026-12-06.3, the same at 2-8 tokens). ``all`` times every
+faster at one token on an H100 (23.8 -> 20.7 us, run 2026-12-06.4, the same at 2-8 tokens). ``all`` times every
 decode tuner so; the dense projections did not gain (the subtracted sweep is noisier than a kernel of 5-10 us: it
 chose 9-14% slower configs for the 35B-A3B out_proj, 7-16% faster ones for its qkv at 8 tokens). ``none``: warm.
 """
