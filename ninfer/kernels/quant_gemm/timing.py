@@ -67,19 +67,19 @@ def graph_ms(fn: Callable[[], None], launches: int = 20, replays: int = 5, cold:
     if dry_pass_active():
         return 0.0
     if cold if cold is not None else l2_cold():
-        evict = _l2_evict(torch.cuda.current_device())
+        # Twice the L2's size of other bytes, read (not written: no dirty lines to write back while the timed
+        # launch runs), so nothing read before is still in L2. Allocated per call, not kept: a start tunes after
+        # the KV pool took all but a headroom of the GPU's memory.
+        sweep = torch.empty(2 * _l2_bytes(torch.cuda.current_device()) // 4, dtype=torch.float32, device="cuda")
+        evict = lambda: torch.amax(sweep)  # noqa: E731
         return max(_replayed_ms(lambda: (evict(), fn()), launches, replays) - _replayed_ms(evict, launches, replays),
                    0.0)
     return _replayed_ms(fn, launches, replays)
 
 
 @cache
-def _l2_evict(device: int) -> Callable[[], Any]:
-    """A call that reads twice the L2's size of other bytes (read, not written: no dirty lines to write back
-    while the timed launch runs), so nothing read before it is still in L2."""
-    size = 2 * max(torch.cuda.get_device_properties(device).L2_cache_size, 32 << 20)
-    sweep = torch.ones(size // 4, dtype=torch.float32, device=f"cuda:{device}")
-    return lambda: torch.amax(sweep)
+def _l2_bytes(device: int) -> int:
+    return max(torch.cuda.get_device_properties(device).L2_cache_size, 32 << 20)
 
 
 def _replayed_ms(fn: Callable[[], Any], launches: int, replays: int) -> float:
