@@ -111,7 +111,8 @@ def gates_in_kernel(gates: Gates) -> bool:
     weight (its input plain rows, or rows whose norm was deferred: the kernel applies their factors), with
     ``NINFER_GATES_IN_DECODE=1`` (read per call); the projection's own GEMM otherwise (48 launches a 27B step, on the
     second stream). Off by default: 2.5% faster at batch 1 on an H100 with deferred rows, but 2.4% slower on the H200
-    before the deferred norm, and its GPU tests at deferred rows have not run (docs/performance.md)."""
+    before the deferred norm, and its kernel test at deferred rows has not passed on a GPU yet (its reference rounded
+    twice; fixed, not re-run: docs/performance.md)."""
     return (isinstance(gates, GateProjection) and isinstance(gates.x, (torch.Tensor, NormedRows))
             and gates.weight is not None and gates.weight.dtype in TL_DTYPE
             and env_switch("NINFER_GATES_IN_DECODE", False))
