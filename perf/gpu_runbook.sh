@@ -103,6 +103,7 @@ fused-first           the MoE block after its router in one launch, first look i
 launch-diet-35b       the 35B-A3B engine at C = 1 / 8 under each launch-diet switch alone and all but the down-combine together (bench_engine --settings, one process): base, NINFER_MOE_FUSED_DECODE=1, NINFER_MOE_DOWN_COMBINE=1, NINFER_GATES_IN_DECODE=1, NINFER_PDL_WAITS=1, NINFER_NORM_IN_GEMM=1, all; then base, fused and all again
 launch-diet-27b       the 27B int4 engine at C = 1 / 8 the same way: base, NINFER_GATES_IN_DECODE=1, NINFER_PDL_WAITS=1, both; then base and each again
 tune-l2               the decode tuners timing their candidates L2-cold (NINFER_TUNE_L2_COLD=all; experts, the default since run 2026-12-06.4: the MoE expert GEMMs only) against warm (20 launches on one weight, L2-resident up to 50 MB): the picks of each, timed over weight copies with every candidate (perf/bench_tune_l2.py), then the 35B-A3B expert GEMMs tuned each way (perf/bench_moe.py, one process each)
+defaults-check        the defaults since run 2026-12-06.10 (the a/b gates in the DeltaNet decode, the norm in the 35B-A3B output projections GEMMs) on the GPU that comes: the 27B int4 and 35B-A3B engines at C = 1 / 8, the gates on then off (no prefill)
 gates-export-35b      first in the next call: the gates kernel test against its fixed reference (deferred rows), then the 35B-A3B engine with every tuning key measured (NINFER_SHIPPED_TUNING=0: the expert keys L2-cold, the default since run 2026-12-06.4) and its choices exported for the shipped table (merge: perf/snapshot.sh FILES_AT)
 gates-deferred        the DeltaNet a/b gates projected inside the decode kernel from rows whose norm was deferred (NINFER_GATES_IN_DECODE=1 declined those rows before: 48 launches fewer a 27B step, 30 a 35B-A3B step): its GPU tests (the kernel, then the whole-model parity and graph tests with it on), then both engines on and off twice; first in the next call: 2.5% faster at 27B batch 1 on an H100 (run 2026-12-06.2); run 2026-12-06.3 passed the whole-model tests and failed the deferred-row kernel tests on their double-rounded reference (fixed since), default once these pass
 fused-moe-35b         the MoE block after its router in one launch (NINFER_MOE_FUSED_DECODE=1, off: slower in run 2026-12-06.1; its B items wait at a counter for their token A items): its GPU tests, one 35B-A3B block under each MoE path (perf/bench_moe_block.py), the 35B-A3B engine on and off twice at C = 1 / 8, then the int4 MoE model with it
@@ -442,6 +443,12 @@ stage() {
         --no-bf16 --formats int4-g64 --path auto
       NINFER_SHIPPED_TUNING=0 NINFER_TUNE_CACHE=off NINFER_TUNE_L2_COLD=experts part 120 python3 perf/bench_moe.py \
         --no-bf16 --formats int4-g64 --path auto
+      ;;
+    defaults-check)  # an H200 had not run the gates in the decode from deferred rows (2.4% slower there before them)
+      part 140 python3 perf/bench_engine.py --shape 27b --recipe int4 --contexts 1024 --lanes 1 8 --steps 12 --prefill \
+        --toggle NINFER_GATES_IN_DECODE=1,0
+      part 120 python3 perf/bench_engine.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --contexts 1024 --lanes 1 8 \
+        --steps 12 --prefill --toggle NINFER_GATES_IN_DECODE=1,0
       ;;
     gates-export-35b)
       gpu_tests 150 deltanet_decode_gpu -n 4 -k gates_projected

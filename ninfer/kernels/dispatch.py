@@ -95,11 +95,13 @@ def norm_in_moe_combine() -> bool:
 
 
 def norm_in_gemm() -> bool:
-    """Whether a decode GEMM followed by an RMSNorm (a layer's output projections) applies it in its own launch
-    (``quant_gemm.quant_matmul_then_norm``) with ``NINFER_NORM_IN_GEMM=1`` (read per call): two launches fewer per
-    decoder layer (128 of the 27B step's). Off: the last program's pass over the rows cost more than the launches it
-    saved (run 2026-12-05.7, 27B int4: 6.93 against 6.61 ms at batch 1, 10.64 against 8.11 ms at C = 8)."""
-    return env_switch("NINFER_NORM_IN_GEMM", False)
+    """Whether a decode GEMM followed by an RMSNorm whose rows are not deferred (the 35B-A3B output projections,
+    read by MoE blocks) applies it in its own launch (``quant_gemm.quant_matmul_then_norm``), unless
+    ``NINFER_NORM_IN_GEMM=0`` (read per call): a launch fewer per such projection. Run 2026-12-06.8 (H100, 35B-A3B
+    int4, on and off alternating): 2.52 against 2.56 ms at batch 1, C = 8 equal (past ``MAX_ROWS`` tokens the norm
+    keeps its launch); the 27B, whose norms are deferred, is unchanged (7.30 ms, run 2026-12-06.9). Before deferred
+    rows it applied to every 27B projection and cost more than it saved (run 2026-12-05.7)."""
+    return env_switch("NINFER_NORM_IN_GEMM", True)
 
 
 @cache

@@ -50,9 +50,9 @@ class DecoderLayer(nn.Module):
         """Takes this layer's input already through its ``input_layernorm`` (with the residual stream), and returns
         the next one's the same way: its output through ``next_norm`` (the next layer's input norm, or the model's
         final norm), which the MoE block applies inside its last launch. The residual adds are fused into the norms,
-        and the norms into the output projections' GEMMs where those can apply them (``NINFER_NORM_IN_GEMM=1``), or
-        left to the projections that read the normed rows where all of them can (the default; ``NINFER_DEFERRED_NORM=0``
-        turns it off; ``next_reads_deferred``: the next layer's do)."""
+        and the norms left to the projections that read the normed rows where all of them can (``NINFER_DEFERRED_NORM``;
+        ``next_reads_deferred``: the next layer's do), or else applied by the output projections' GEMMs at a few
+        tokens (``NINFER_NORM_IN_GEMM``)."""
         mixer = self.self_attn if self.is_attention else self.linear_attn
         defer = self.mlp.reads_deferred_norm
         if self.is_attention:

@@ -17,7 +17,7 @@ SWITCHES = [  # (variable, reader, default)
     ("NINFER_DEFERRED_NORM_MOE", dispatch.deferred_norm_in_moe, False),
     ("NINFER_FUSED_PROLOGUE", dispatch.fused_prologue, True),
     ("NINFER_MOE_NORM", dispatch.norm_in_moe_combine, True),
-    ("NINFER_NORM_IN_GEMM", dispatch.norm_in_gemm, False),
+    ("NINFER_NORM_IN_GEMM", dispatch.norm_in_gemm, True),
     ("NINFER_FUSED_DELTANET_DECODE", fused_decode_enabled, True),
     ("NINFER_SHIPPED_TUNING", shipped.enabled, True),
 ]

@@ -108,14 +108,14 @@ def fused_decode_enabled() -> bool:
 
 def gates_in_kernel(gates: Gates) -> bool:
     """Whether the one-launch decode applies the gates' projection itself: a :class:`GateProjection` with a float
-    weight (its input plain rows, or rows whose norm was deferred: the kernel applies their factors), with
-    ``NINFER_GATES_IN_DECODE=1`` (read per call); the projection's own GEMM otherwise (48 launches a 27B step, on the
-    second stream). Off by default: 2.5% faster at batch 1 on an H100 with deferred rows, but 2.4% slower on the H200
-    before the deferred norm, and its kernel test at deferred rows has not passed on a GPU yet (its reference rounded
-    twice; fixed, not re-run: docs/performance.md)."""
+    weight (its input plain rows, or rows whose norm was deferred: the kernel applies their factors), unless
+    ``NINFER_GATES_IN_DECODE=0`` (read per call); the projection's own GEMM otherwise (48 launches a 27B step, on the
+    second stream). Run 2026-12-06.7 (H100, on and off alternating): 27B int4 7.28 against 7.51 ms at batch 1,
+    35B-A3B 2.56 against 2.67 ms; C = 8 equal; its kernel and whole-model GPU tests passed (runs 2026-12-06.7/.8).
+    Not yet measured on an H200 with deferred rows (before them it was 2.4% slower there)."""
     return (isinstance(gates, GateProjection) and isinstance(gates.x, (torch.Tensor, NormedRows))
             and gates.weight is not None and gates.weight.dtype in TL_DTYPE
-            and env_switch("NINFER_GATES_IN_DECODE", False))
+            and env_switch("NINFER_GATES_IN_DECODE", True))
 
 
 def fused_decode_applies(qkv: torch.Tensor, state: torch.Tensor, max_seqlen: int | None,

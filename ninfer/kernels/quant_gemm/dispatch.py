@@ -142,8 +142,8 @@ def quant_matmul_then_norm(x: torch.Tensor, w: QuantizedTensor, norm_weight: tor
                            residual: torch.Tensor | None, *, config: GemmConfig | None = None,
                            defer: bool = False) -> tuple[torch.Tensor | NormedRows, torch.Tensor]:
     """``rms_norm(quant_matmul(x, W), norm_weight, eps, residual)``: ``(normed, new residual stream)``. Up to
-    ``MAX_ROWS`` tokens of a weight that the register decode reads (:mod:`.norm_epilogue`), with
-    ``NINFER_NORM_IN_GEMM=1``, the GEMM's launch applies the norm; otherwise the norm is its own launch. With
+    ``MAX_ROWS`` tokens of a weight that the register decode reads (:mod:`.norm_epilogue`), unless
+    ``NINFER_NORM_IN_GEMM=0``, the GEMM's launch applies the norm; otherwise the norm is its own launch. With
     ``defer`` (the caller's readers take :class:`~ninfer.kernels.norms.NormedRows`) unless ``NINFER_DEFERRED_NORM=0``,
     a register decode of up to ``DEFER_MAX_ROWS`` tokens returns the normed rows deferred (:mod:`.deferred_norm`).
     ``config`` overrides the tuned choice."""

@@ -9,13 +9,13 @@ one program, cheap only for a few rows (the dispatcher takes this path up to ``M
 ``h`` back from L2, which the other programs wrote during this launch. The sum over a row runs in a fixed order:
 results do not depend on which program arrives last.
 
-Measured (run 2026-12-05.7, 27B int4, a loop over 1024-column steps, twice per row): 6.93 against 6.61 ms a step at
-batch 1 and 10.64 against 8.11 ms at C = 8, so it is off (``NINFER_NORM_IN_GEMM``). The last program now loads a
-row's chunks together (one round trip to L2 per row) and applies it up to ``MAX_ROWS`` tokens only; holding the
-row costs registers in the whole kernel (168 against 52 for the 27B down projection's favourite config, sm_90,
-Triton 3.6). What would avoid the serial pass: each program storing ``h * (1 + w)`` and its share of each row's sum
-of squares, and the next GEMM scaling its accumulators by the row's ``rsqrt`` (every consumer kernel would take a
-per-token scale).
+Measured: applied to every 27B output projection (run 2026-12-05.7, a loop over 1024-column steps, twice per row)
+it cost more than the launches it saved (6.93 against 6.61 ms a step at batch 1, 10.64 against 8.11 at C = 8). The
+last program now loads a row's chunks together (one round trip to L2 per row) and applies it up to ``MAX_ROWS``
+tokens only; holding the row costs registers in the whole kernel (168 against 52 for the 27B down projection's
+favourite config, sm_90, Triton 3.6). The 27B's norms are now deferred to the GEMMs that read them
+(:mod:`.deferred_norm`); this path is the default (``NINFER_NORM_IN_GEMM``) where the readers decline deferred rows,
+the 35B-A3B's MoE blocks: 2.52 against 2.56 ms a step at batch 1 on an H100 (run 2026-12-06.8).
 """
 from __future__ import annotations
 
