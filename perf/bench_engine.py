@@ -391,7 +391,7 @@ def main(argv: list[str] | None = None) -> None:
                              "order (an A/B switch read when the engine is built: NINFER_FUSED_PROLOGUE=1,0,1,0)")
     parser.add_argument("--settings", nargs="+", metavar="SETTING", default=None,
                         help="one engine per setting, in this order: base (the environment as it stands) or "
-                             "NAME=V[+NAME=V...] (e.g. base NINFER_MOE_DOWN_COMBINE=1 NINFER_PDL_WAITS=1 base ...)")
+                             "NAME=V[+NAME=V...] (e.g. base NINFER_PDL_WAITS=1 NINFER_NORM_IN_GEMM=0 base ...)")
     parser.add_argument("--label", default="", help="words added to the records' labels (e.g. an A/B switch set in "
                                                     "the environment)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")

@@ -1,22 +1,19 @@
 """One Qwen3.5-35B-A3B MoE block at decode as the model runs it: router, top-k, the routed experts (int4-g64), the
 shared expert (int8-g64, re-laid for the register decode) on the captured step's second stream, the combine and the
-norm after the block (``SparseMoeBlock.forward_then_norm``), under each way of launching it:
-
-* ``base``: the default (router, top-k, gate/up, down, combine + norm; the shared expert's two GEMMs beside them);
-* ``down-combine``: ``NINFER_MOE_DOWN_COMBINE=1`` (the down projection and the combine in one launch);
-* ``fused``: ``NINFER_MOE_FUSED_DECODE=1`` (everything after the router in one launch).
+norm after the block (``SparseMoeBlock.forward_then_norm``), the default path: the only one since the down projection
+with the combine and the whole block after the router, each in one launch, were measured slower (run 2026-12-06.1)
+and removed (commit 076d72c still has them).
 
 Each point replays a CUDA graph of 2 x 8 blocks over 8 inputs (so consecutive blocks route to other experts) and
 reports milliseconds per block against the bytes it must read (router, the distinct selected experts, the shared
-expert, activations) over the copy bandwidth, the first path named as the baseline, and each path's difference from
-the first one's output (relative, Frobenius).
+expert, activations) over the copy bandwidth. The records keep the label ``... T=<n> base`` of the runs that
+compared paths.
 
-    python perf/bench_moe_block.py [--tokens 1 2 8] [--paths base down-combine fused]
+    python perf/bench_moe_block.py [--tokens 1 2 8]
 """
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -35,8 +32,6 @@ from ninfer.quant.linear import QuantLinear, quantize_model_  # noqa: E402
 
 E, TOP_K, H, I, SHARED_I = 256, 8, 2048, 512, 512
 ROUTINGS = 8
-PATHS = {"base": {}, "down-combine": {"NINFER_MOE_DOWN_COMBINE": "1"}, "fused": {"NINFER_MOE_FUSED_DECODE": "1"}}
-SWITCHES = ("NINFER_MOE_DOWN_COMBINE", "NINFER_MOE_FUSED_DECODE")
 
 
 def build_block(device: torch.device) -> tuple[SparseMoeBlock, RMSNorm]:
@@ -88,32 +83,15 @@ def run(args: argparse.Namespace) -> None:
             calls[0] += 1
             return block.forward_then_norm(xs[r], norm, residuals[r])
 
-        base_ms, base_out = None, None
-        for path in args.paths:
-            for name in SWITCHES:
-                os.environ.pop(name, None)
-            os.environ.update(PATHS[path])
-            with torch.no_grad():
-                calls[0] = 0
-                out = torch.cat(step())  # eager: tunes this path's keys, and its result for the comparison
-                ms = bench_graph_ms(step, inner=2 * ROUTINGS)
-            if base_out is None:
-                base_ms, base_out = ms, out
-            diff = ((out.float() - base_out.float()).norm() / base_out.float().norm()).item()
-            first = path == args.paths[0]
-            record("moe_block", f"35b-a3b int4-g64 + int8-g64 shared T={n} {path}", ms, achieved=nbytes / ms / 1e9,
-                   limit=bw, unit="TB/s", baseline=None if first else args.paths[0],
-                   baseline_ms=None if first else base_ms, path=path, bytes_moved=int(nbytes),
-                   rel_diff_vs_first=round(diff, 6))
-    for name in SWITCHES:
-        os.environ.pop(name, None)
+        with torch.no_grad():
+            ms = bench_graph_ms(step, inner=2 * ROUTINGS)  # its first, eager call tunes the keys
+        record("moe_block", f"35b-a3b int4-g64 + int8-g64 shared T={n} base", ms, achieved=nbytes / ms / 1e9,
+               limit=bw, unit="TB/s", path="base", bytes_moved=int(nbytes))
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", type=int, nargs="+", default=[1, 2, 8])
-    parser.add_argument("--paths", nargs="+", choices=sorted(PATHS), default=["base", "down-combine", "fused"],
-                        help="the first is the baseline of the others")
     run(parser.parse_args(argv))
 
 

@@ -98,16 +98,13 @@ decode-ahead          decode steps left in flight (the host works while the GPU 
 ahead-checks          the paths beside the decode left in flight on the GPU: speculative (MTP greedy = plain greedy), structured output and min_tokens tests, then the 35B-A3B MTP speculation at C = 1 / 8 (never run ahead) against its plain engine
 pdl-triggers          programmatic dependent launch with the DeltaNet / attention decode, the attention merge and the MoE combine letting the next GEMM launch early as well (the deferred norm left a GEMM behind them at every layer): the whole-model tests with it on, then the 27B int4 and 35B-A3B engines on and off twice in one process each
 profile-pdl-35b       the 35B-A3B graph-replayed step timeline (--timeline) with programmatic dependent launch on and off: PDL moved nothing there in run 2026-12-05.21 (the 27B: 1.6-2.2%): do its kernels start before the one before them ends
-launch-diet-tests     the GPU tests of the launch-diet switches not yet measured: the MoE down projection + combine, the a/b gates from deferred rows in the DeltaNet decode, the MoE block in one launch after its router, then the whole MoE model with PDL waits, with the fused down projection and with the fused block
-fused-first           the MoE block after its router in one launch, first look in one call: its GPU tests (4 workers), one 35B-A3B block under each MoE path, then the 35B-A3B engine at C = 1 / 8: base, NINFER_MOE_FUSED_DECODE=1, all launch-diet switches but the down-combine, base again
-launch-diet-35b       the 35B-A3B engine at C = 1 / 8 under each launch-diet switch alone and all but the down-combine together (bench_engine --settings, one process): base, NINFER_MOE_FUSED_DECODE=1, NINFER_MOE_DOWN_COMBINE=1, NINFER_GATES_IN_DECODE=1, NINFER_PDL_WAITS=1, NINFER_NORM_IN_GEMM=1, all; then base, fused and all again
+launch-diet-tests     the GPU tests of the launch-diet switches not yet measured: the a/b gates from deferred rows in the DeltaNet decode, then the whole MoE model with PDL waits
+launch-diet-35b       the 35B-A3B engine at C = 1 / 8 under each launch-diet switch alone and all together (bench_engine --settings, one process): base, NINFER_GATES_IN_DECODE=1, NINFER_PDL_WAITS=1, NINFER_NORM_IN_GEMM=1, all; then base and all again
 launch-diet-27b       the 27B int4 engine at C = 1 / 8 the same way: base, NINFER_GATES_IN_DECODE=1, NINFER_PDL_WAITS=1, both; then base and each again
 tune-l2               the decode tuners timing their candidates L2-cold (NINFER_TUNE_L2_COLD=all; experts, the default since run 2026-12-06.4: the MoE expert GEMMs only) against warm (20 launches on one weight, L2-resident up to 50 MB): the picks of each, timed over weight copies with every candidate (perf/bench_tune_l2.py), then the 35B-A3B expert GEMMs tuned each way (perf/bench_moe.py, one process each)
 defaults-check        the defaults since run 2026-12-06.10 (the a/b gates in the DeltaNet decode, the norm in the 35B-A3B output projections GEMMs) on the GPU that comes: the 27B int4 and 35B-A3B engines at C = 1 / 8, the gates on then off (no prefill)
 gates-export-35b      first in the next call: the gates kernel test against its fixed reference (deferred rows), then the 35B-A3B engine with every tuning key measured (NINFER_SHIPPED_TUNING=0: the expert keys L2-cold, the default since run 2026-12-06.4) and its choices exported for the shipped table (merge: perf/snapshot.sh FILES_AT)
 gates-deferred        the DeltaNet a/b gates projected inside the decode kernel from rows whose norm was deferred (NINFER_GATES_IN_DECODE=1 declined those rows before: 48 launches fewer a 27B step, 30 a 35B-A3B step): its GPU tests (the kernel, then the whole-model parity and graph tests with it on), then both engines on and off twice; first in the next call: 2.5% faster at 27B batch 1 on an H100 (run 2026-12-06.2); run 2026-12-06.3 passed the whole-model tests and failed the deferred-row kernel tests on their double-rounded reference (fixed since), default once these pass
-fused-moe-35b         the MoE block after its router in one launch (NINFER_MOE_FUSED_DECODE=1, off: slower in run 2026-12-06.1; its B items wait at a counter for their token A items): its GPU tests, one 35B-A3B block under each MoE path (perf/bench_moe_block.py), the 35B-A3B engine on and off twice at C = 1 / 8, then the int4 MoE model with it
-down-combine-35b      the MoE down projection and combine in one launch (NINFER_MOE_DOWN_COMBINE=1, off: its block 3-7% slower in run 2026-12-06.1): its GPU tests, the 35B-A3B engine on and off twice at C = 1 / 8, then the int4 MoE model with it (graphs = eager, logprobs close to without)
 pdl-waits             NINFER_PDL_WAITS=1: the norms, the MoE routing, the expert GEMV and the MoE combine launched with programmatic dependent launch too, waiting at their start (only their launch overlaps the kernel before): its GPU test (the MoE model bit-equal with and without), then the 35B-A3B and 27B int4 engines on and off twice
 norm-in-gemm-35b      the norm after the 35B-A3B output projections (read by the MoE blocks, which decline deferred rows) in their GEMMs last program (NINFER_NORM_IN_GEMM=1, 2048-wide rows): its GPU tests, then the engine on and off twice
 pdl-35b               programmatic dependent launch on the 35B-A3B decode (NINFER_PDL=1: the register decodes and norms let the next kernel launch early), on and off in turn, C = 1 / 8, then the whole-model MoE test with it on
@@ -411,26 +408,15 @@ stage() {
       NINFER_PDL=1 part 140 python3 perf/profile_step.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --timeline --top 20 --label pdl
       NINFER_PDL=0 part 120 python3 perf/profile_step.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --timeline --top 20 --label no-pdl
       ;;
-    launch-diet-tests)  # by importance: a 600-s call reaches the first four
-      gpu_tests 150 moe_fused_decode_gpu
-      part 120 python3 perf/bench_moe_block.py --tokens 1 2 8 --paths base down-combine fused
-      gpu_tests 200 model_gpu -k "small_kernels_waiting or fewer_moe_launches"
+    launch-diet-tests)
+      gpu_tests 200 model_gpu -k small_kernels_waiting
       gpu_tests 120 deltanet_decode_gpu -n 4 -k gates_projected
-      gpu_tests 150 moe_down_combine_gpu
-      ;;
-    fused-first)  # a device call may be the session's only one: the fused block's correctness, its block time, its engine time
-      gpu_tests 170 moe_fused_decode_gpu -n 4
-      part 100 python3 perf/bench_moe_block.py --tokens 1 2 8 --paths base down-combine fused
-      part 270 python3 perf/bench_engine.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --contexts 1024 \
-        --lanes 1 8 --steps 12 --settings base NINFER_MOE_FUSED_DECODE=1 \
-        NINFER_MOE_FUSED_DECODE=1+NINFER_GATES_IN_DECODE=1+NINFER_PDL_WAITS=1+NINFER_NORM_IN_GEMM=1 base
       ;;
     launch-diet-35b)  # one process: every switch against the same model and the base twice (drift shows)
-      ALL_35B=NINFER_MOE_FUSED_DECODE=1+NINFER_GATES_IN_DECODE=1+NINFER_PDL_WAITS=1+NINFER_NORM_IN_GEMM=1
-      part 400 python3 perf/bench_engine.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --contexts 1024 \
-        --lanes 1 8 --steps 12 --settings base NINFER_MOE_FUSED_DECODE=1 NINFER_MOE_DOWN_COMBINE=1 \
-        NINFER_GATES_IN_DECODE=1 NINFER_PDL_WAITS=1 NINFER_NORM_IN_GEMM=1 "$ALL_35B" base NINFER_MOE_FUSED_DECODE=1 \
-        "$ALL_35B"
+      ALL_35B=NINFER_GATES_IN_DECODE=1+NINFER_PDL_WAITS=1+NINFER_NORM_IN_GEMM=1
+      part 300 python3 perf/bench_engine.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --contexts 1024 \
+        --lanes 1 8 --steps 12 --settings base NINFER_GATES_IN_DECODE=1 NINFER_PDL_WAITS=1 NINFER_NORM_IN_GEMM=1 \
+        "$ALL_35B" base "$ALL_35B"
       ;;
     launch-diet-27b)
       part 300 python3 perf/bench_engine.py --shape 27b --recipe int4 --contexts 1024 --lanes 1 8 --steps 12 \
@@ -463,19 +449,6 @@ stage() {
         --toggle NINFER_GATES_IN_DECODE=1,0,1,0
       part 150 python3 perf/bench_engine.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --contexts 1024 \
         --lanes 1 8 --steps 12 --toggle NINFER_GATES_IN_DECODE=1,0,1,0
-      ;;
-    fused-moe-35b)  # a 35B-A3B MoE block was ~27 us of launches after its norm at batch 1 against ~4 us of bytes (run 2026-12-05.20)
-      gpu_tests 150 moe_fused_decode_gpu
-      part 120 python3 perf/bench_moe_block.py --tokens 1 2 8 --paths base down-combine fused
-      part 170 python3 perf/bench_engine.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --contexts 1024 \
-        --lanes 1 8 --steps 12 --toggle NINFER_MOE_FUSED_DECODE=1,0,1,0
-      gpu_tests 120 model_gpu -k "fewer_moe_launches and fused_block"
-      ;;
-    down-combine-35b)  # the down GEMV and the combine were ~12 us of each 35B-A3B layer at batch 1 (run 2026-12-05.20)
-      gpu_tests 150 moe_down_combine_gpu
-      part 170 python3 perf/bench_engine.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --contexts 1024 \
-        --lanes 1 8 --steps 12 --toggle NINFER_MOE_DOWN_COMBINE=1,0,1,0
-      gpu_tests 120 model_gpu -k "fewer_moe_launches and down_projection_and_combine"
       ;;
     pdl-waits)  # off: the 27B in the noise (run 2026-12-06.2); the 35B-A3B step did not move with PDL on the GEMMs alone (run 2026-12-05.21)
       gpu_tests 120 model_gpu -k small_kernels_waiting

@@ -39,7 +39,7 @@ from ninfer.kernels.dispatch import env_switch
 
 ENV = "NINFER_SHIPPED_TUNING"
 # the runtime tuners' tables (kernels/tuning.py)
-TABLES = ("quant_gemm", "moe_gemv", "float_gemv", "moe_down_combine", "moe_fused_decode")
+TABLES = ("quant_gemm", "moe_gemv", "float_gemv")
 # A triton.Config as JSON: what decides which kernel compiles (a pre_hook cannot be stored; no config of
 # ninfer's has one). The defaults are Config's, for entries written without the optional fields.
 CONFIG_DEFAULTS: dict[str, Any] = {"num_ctas": 1, "maxnreg": None}

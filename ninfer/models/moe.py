@@ -10,14 +10,13 @@ from torch import nn
 from ninfer.config import ModelConfig
 from ninfer.kernels.dispatch import deferred_norm_in_moe
 from ninfer.kernels.moe import moe_experts, moe_experts_then_norm, route_topk
-from ninfer.kernels.moe.fused_decode import fused_decode_applies, moe_block_fused_then_norm, shared_expert_fits
 from ninfer.kernels.overlap import overlapped
 from ninfer.kernels.norms import NormedRows
 from ninfer.models.layers import MLP, FusedRows, RMSNorm, linear, reads_deferred_norm
-from ninfer.quant.linear import QuantWeight
 
 if TYPE_CHECKING:
     from ninfer.quant.formats import QuantizedTensor
+    from ninfer.quant.linear import QuantWeight
 
 
 def _stack(w: torch.Tensor | QuantWeight) -> torch.Tensor | QuantizedTensor:
@@ -56,41 +55,10 @@ class SparseMoeBlock(nn.Module):
                           defer: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """``norm(self(x), residual)``, the norm applied by the combine in its own launch on CUDA (never deferred:
         ``defer`` is the readers' offer, which this block declines). ``x`` may come with its norm deferred: the
-        router, the shared expert and the routed experts' gate/up normalize it. At decode, with
-        ``NINFER_MOE_FUSED_DECODE=1``, all after the router is one launch (:mod:`ninfer.kernels.moe.fused_decode`)."""
+        router, the shared expert and the routed experts' gate/up normalize it."""
         if isinstance(x, NormedRows) and not x.is_cuda:  # the CPU reference paths take plain rows
             x = x.materialize()
-        fused = self._fused_then_norm(x, norm, residual)
-        if fused is not None:
-            return fused
         return moe_experts_then_norm(x, *self._routed(x), norm.weight, norm.eps, residual)
-
-    def _fused_then_norm(self, x: torch.Tensor | NormedRows, norm: RMSNorm, residual: torch.Tensor | None
-                         ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """The block through its norm in the fused decode launch after the router, where it applies; else None."""
-        gate_up, down = _stack(self.experts.gate_up_proj), _stack(self.experts.down_proj)
-        if not fused_decode_applies(x, gate_up, down):
-            return None
-        shared = self._shared_row_major()
-        if shared is None:
-            return None
-        router_logits, shared_logit = self._router_logits(x)
-        return moe_block_fused_then_norm(x, router_logits, shared_logit, gate_up, down, *shared, self.top_k,
-                                         norm.weight, norm.eps, residual)
-
-    def _shared_row_major(self) -> tuple[QuantizedTensor, QuantizedTensor] | None:
-        """The shared expert's quantized gate/up and down weights in row-major layout, as the fused decode reads them:
-        converted once from the register decode's fragment layout, outside graph capture, and kept (a few MB a
-        layer); None where the shared expert is not quantized in a format the fused decode reads."""
-        kept = self.__dict__.get("_shared_rows")  # a plain attribute: no parameter, no state-dict entry
-        if kept is None:
-            gate_up, down = self.shared_expert.gate_up_proj, self.shared_expert.down_proj
-            capturing = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
-            if (not (isinstance(gate_up, QuantWeight) and isinstance(down, QuantWeight)) or capturing
-                    or not shared_expert_fits(gate_up.packed(), down.packed())):
-                return None
-            kept = self.__dict__["_shared_rows"] = (gate_up.packed().row_major(), down.packed().row_major())
-        return kept
 
     @property
     def reads_deferred_norm(self) -> bool:

@@ -47,7 +47,6 @@ from ninfer.kernels.moe.align import (
     pair_group,
     pair_rows,
 )
-from ninfer.kernels.moe.down_combine import down_combine, down_combine_applies
 from ninfer.kernels.moe.quant_gemm import launch_quant_experts
 from ninfer.kernels.norms import NextNorm, NormedRows
 from ninfer.kernels.overlap import Overlapped, wait_for
@@ -277,11 +276,6 @@ def moe_experts_triton(x: torch.Tensor | NormedRows, gate_up: Weight, down: Weig
     rows = expert_rows(ids, e, DIRECT_MAX_PAIRS, block_m_for(nk, e))
     inter = torch.empty(nk, inter_size, dtype=x.dtype, device=x.device)
     _launch(rows, x, gate_up, inter, rw, a_div=top_k, swiglu=True, path=path, row_norm=row_norm)
-    if path is None and rows.direct and down_combine_applies(down, n, x.dtype):
-        wait_for(pending)  # the shared expert may be computing on another stream until here
-        if down_combine(inter, down, rw, ids.contiguous(), (s_out, logit) if shared is not None else None, norm,
-                        out):
-            return out
     y = torch.empty(nk, h, dtype=x.dtype, device=x.device)
     _launch(rows, inter, down, y, rw, a_div=1, swiglu=False, path=path)
     # With the norm, one program holds a whole row (the RMS needs it): 2048 for the 35B-A3B.
