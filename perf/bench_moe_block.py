@@ -9,7 +9,7 @@ reports milliseconds per block against the bytes it must read (router, the disti
 expert, activations) over the copy bandwidth. The records keep the label ``... T=<n> base`` of the runs that
 compared paths.
 
-    python perf/bench_moe_block.py [--tokens 1 2 8]
+    python perf/bench_moe_block.py [--tokens 1 2 8] [--label WORDS]
 """
 from __future__ import annotations
 
@@ -85,13 +85,16 @@ def run(args: argparse.Namespace) -> None:
 
         with torch.no_grad():
             ms = bench_graph_ms(step, inner=2 * ROUTINGS)  # its first, eager call tunes the keys
-        record("moe_block", f"35b-a3b int4-g64 + int8-g64 shared T={n} base", ms, achieved=nbytes / ms / 1e9,
-               limit=bw, unit="TB/s", path="base", bytes_moved=int(nbytes))
+        label = f"35b-a3b int4-g64 + int8-g64 shared T={n} base" + (f" {args.label}" if args.label else "")
+        record("moe_block", label, ms, achieved=nbytes / ms / 1e9, limit=bw, unit="TB/s", path="base",
+               bytes_moved=int(nbytes))
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", type=int, nargs="+", default=[1, 2, 8])
+    parser.add_argument("--label", default="", help="words added to the records' labels (a switch set in the "
+                        "environment, e.g. NINFER_MOE_DOWN_EARLY=1)")
     run(parser.parse_args(argv))
 
 

@@ -9,6 +9,11 @@ the MoE routing, the expert GEMV, the MoE combine, the DeltaNet and attention de
 ``NINFER_PDL_WAITS=1`` (off by default, not measured yet; read per call) the small ones among them (the norms, the
 routing, the expert GEMV, the combine: :func:`small_kernel_pdl`) are launched with PDL too, wait at their start and
 trigger after it, so only their launch overlaps the kernel before them.
+
+A kernel whose inputs other than its activations were written before the kernel before it started (the MoE down
+projection: its expert ids come from the routing, two launches back) can request its weights while that kernel
+runs: :func:`early_pdl` launches it with PDL, and it reads the ids and asks the L2 for its weight lines
+(:func:`l2_prefetch_rows`) before it waits (``NINFER_MOE_DOWN_EARLY=1``, off until measured).
 """
 from __future__ import annotations
 
@@ -52,3 +57,23 @@ def pdl_enter(WAIT: tl.constexpr, TRIGGER: tl.constexpr):
         tl.extra.cuda.gdc_wait()
     if TRIGGER:
         tl.extra.cuda.gdc_launch_dependents()
+
+
+def early_pdl(device: torch.device) -> Pdl:
+    """The part of a kernel that requests what it can before it waits (module doc): launched with PDL, waiting
+    after those requests, and letting the next kernel launch once it has; nothing where PDL is off."""
+    on = pdl_enabled(device)
+    return Pdl(wait=on, trigger=on)
+
+
+@triton.jit
+def l2_prefetch_rows(row_addr, first, last, LINES: tl.constexpr):
+    """Ask the L2 for bytes ``[first, last)`` of each row that starts at address ``row_addr`` (int64 ``[R]``): a
+    ``prefetch.global.L2::evict_last`` per 128-byte line (no registers, no data into the SM), up to ``LINES`` lines
+    a row (the caller sizes it; lines past ``last`` are clamped to its last byte). A hint that nothing reads, so
+    the caller skips it in the interpreter (no inline PTX there)."""
+    off = tl.minimum(first + tl.arange(0, LINES) * 128, last - 1)
+    addr = row_addr[:, None] + off[None, :]
+    # not pure: a side effect, so the unused result does not remove it
+    tl.inline_asm_elementwise("prefetch.global.L2::evict_last [$1];\n\tmov.u32 $0, 0;", "=r,l", [addr],
+                              dtype=tl.int32, is_pure=False, pack=1)

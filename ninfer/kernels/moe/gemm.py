@@ -39,7 +39,7 @@ import triton
 import triton.language as tl
 
 from ninfer.kernels.autotune import ninfer_autotune
-from ninfer.kernels.dispatch import autotune_configs
+from ninfer.kernels.dispatch import autotune_configs, moe_down_early
 from ninfer.kernels.moe.align import (
     ExpertRows,
     aligned_tile,
@@ -277,7 +277,9 @@ def moe_experts_triton(x: torch.Tensor | NormedRows, gate_up: Weight, down: Weig
     inter = torch.empty(nk, inter_size, dtype=x.dtype, device=x.device)
     _launch(rows, x, gate_up, inter, rw, a_div=top_k, swiglu=True, path=path, row_norm=row_norm)
     y = torch.empty(nk, h, dtype=x.dtype, device=x.device)
-    _launch(rows, inter, down, y, rw, a_div=1, swiglu=False, path=path)
+    # The down projection's ids (the routing's) and weights were written before the gate/up started: with
+    # NINFER_MOE_DOWN_EARLY=1 it requests them while the gate/up runs (ninfer.kernels.pdl.early_pdl)
+    _launch(rows, inter, down, y, rw, a_div=1, swiglu=False, path=path, early=moe_down_early())
     # With the norm, one program holds a whole row (the RMS needs it): 2048 for the 35B-A3B.
     block = triton.next_power_of_2(h) if norm is not None else min(1024, triton.next_power_of_2(h))
     wait_for(pending)  # the shared expert may be computing on another stream until here
@@ -293,13 +295,16 @@ def moe_experts_triton(x: torch.Tensor | NormedRows, gate_up: Weight, down: Weig
 
 
 def _launch(rows: ExpertRows, a: torch.Tensor, w: Weight, dst: torch.Tensor, rw: torch.Tensor, *, a_div: int,
-            swiglu: bool, path: str | GemmConfig | None = None, row_norm: NormedRows | None = None) -> None:
+            swiglu: bool, path: str | GemmConfig | None = None, row_norm: NormedRows | None = None,
+            early: bool = False) -> None:
     """``dst[pair] = f(a[pair // a_div] @ w[expert]^T)``: SwiGLU for gate/up, the routing weight for down.
-    ``row_norm`` (quantized stacks only): ``a`` is its scaled rows."""
+    ``row_norm`` (quantized stacks only): ``a`` is its scaled rows. ``early`` (quantized stacks only): see
+    :func:`~ninfer.kernels.moe.quant_gemm.launch_quant_experts`."""
     if isinstance(w, QuantizedTensor) and w.format.name == "bf16":
         w = w.tensors["weight"]
     if isinstance(w, QuantizedTensor):
-        launch_quant_experts(rows, a, w, dst, rw, a_div=a_div, swiglu=swiglu, path=path, row_norm=row_norm)
+        launch_quant_experts(rows, a, w, dst, rw, a_div=a_div, swiglu=swiglu, path=path, row_norm=row_norm,
+                             early=early)
         return
     w = w if w.stride(-1) == 1 else w.contiguous()
     n_out, k_dim = dst.shape[1], a.shape[1]

@@ -186,7 +186,7 @@ def _bytes(t: torch.Tensor) -> torch.Tensor:
 
 def launch_quant_experts(rows: ExpertRows, a: torch.Tensor, w: QuantizedTensor, dst: torch.Tensor,
                          rw: torch.Tensor, *, a_div: int, swiglu: bool, path: str | GemmConfig | None = None,
-                         row_norm: NormedRows | None = None) -> None:
+                         row_norm: NormedRows | None = None, early: bool = False) -> None:
     """``dst[pair] = f(a[pair // a_div] @ dequantize(w)[expert]^T)`` for every routed pair, ``w`` a
     quantized stack ``[E, N, K]``: SwiGLU over the two row halves (gate/up, ``dst`` has N / 2
     columns) or times the routing weight ``rw[pair]`` (down).
@@ -197,7 +197,10 @@ def launch_quant_experts(rows: ExpertRows, a: torch.Tensor, w: QuantizedTensor, 
     (alignment-free decode rows; the dot elsewhere), "mma" the register decode's (:mod:`.quant_mma`: int4 stacks at
     decode rows or in blocks of 16 pairs; the dot elsewhere); a ``GemmConfig`` of either kind pins exactly that
     (tests, benchmarks; a GEMV config raises on aligned rows). ``row_norm``: ``a`` is its scaled rows, whose norm the
-    GEMV and the register decode apply (tuned apart, without the dot), the dot reads them materialized."""
+    GEMV and the register decode apply (tuned apart, without the dot), the dot reads them materialized. ``early``:
+    ``rows``' ids and the weights were written before the kernel before this one started, so the GEMV and the
+    register decode request what they can before they wait for it (:func:`ninfer.kernels.pdl.early_pdl`; the
+    tuner's timed launches never do: each would overlap the one before it)."""
     name = w.format.name
     if name not in QUANT_FORMATS or len(w.shape) != 3:
         raise ValueError(f"no grouped expert GEMM for a {name} weight of shape {list(w.shape)}")
@@ -207,14 +210,16 @@ def launch_quant_experts(rows: ExpertRows, a: torch.Tensor, w: QuantizedTensor, 
     if w.tensors["qweight"].stride(-1) != 1 or w.tensors["scales"].stride(-1) != 1:
         raise ValueError("packed expert tensors must be contiguous along K")
 
-    def launch(cfg: GemmConfig) -> None:
+    def launch(cfg: GemmConfig, early: bool = False) -> None:
         if cfg.kind == "dot":
             _launch_dot(rows, a if row_norm is None else row_norm.materialize(), w, dst, rw, a_div=a_div,
                         swiglu=swiglu)
         elif cfg.kind == EXPERT_MMA_KIND:
-            launch_expert_mma(rows, a, w, dst, rw, a_div=a_div, swiglu=swiglu, cfg=cfg, row_norm=row_norm)
+            launch_expert_mma(rows, a, w, dst, rw, a_div=a_div, swiglu=swiglu, cfg=cfg, row_norm=row_norm,
+                              early=early)
         else:
-            launch_expert_gemv(rows, a, w, dst, rw, a_div=a_div, swiglu=swiglu, cfg=cfg, row_norm=row_norm)
+            launch_expert_gemv(rows, a, w, dst, rw, a_div=a_div, swiglu=swiglu, cfg=cfg, row_norm=row_norm,
+                               early=early)
 
     path = default_path() if path is None else path
     if isinstance(path, GemmConfig):
@@ -232,7 +237,7 @@ def launch_quant_experts(rows: ExpertRows, a: torch.Tensor, w: QuantizedTensor, 
         cfg = mma[0] if mma else GROUPED_DOT
     else:
         raise ValueError(f"expert GEMM path must be auto, dot, gemv, mma or a GemmConfig, got {path!r}")
-    launch(cfg)
+    launch(cfg, early)
 
 
 def _launch_dot(rows: ExpertRows, a: torch.Tensor, w: QuantizedTensor, dst: torch.Tensor, rw: torch.Tensor, *,

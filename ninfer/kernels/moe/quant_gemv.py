@@ -46,7 +46,8 @@ from ninfer.kernels.moe.quant_mma import ALIGNED_MAX_PAIRS, expert_mma_candidate
 from ninfer.kernels.moe.quant_mma import FORMATS as MMA_FORMATS
 from ninfer.kernels.quant_gemm import tune as quant_gemm_tune
 from ninfer.kernels.norms import NormedRows
-from ninfer.kernels.pdl import pdl_enter, small_kernel_pdl
+from ninfer.kernels.dispatch import INTERPRET
+from ninfer.kernels.pdl import early_pdl, l2_prefetch_rows, pdl_enter, small_kernel_pdl
 from ninfer.kernels.quant_gemm.common import FMT_CODES, finish, kernel_tensors
 from ninfer.kernels.quant_gemm.deferred_norm import reader_args, rows_rstd
 from ninfer.kernels.quant_gemm.timing import l2_cold
@@ -162,20 +163,25 @@ def _k_range(acc, acc_up, x_ptr, xrows, n_rows, q_ptr, s_ptr, rows, k_first, ste
 @triton.jit(do_not_specialize=["NK", "k_per_split", "M_TOK"])  # pair / token counts, split lengths vary
 def _moe_gemv_kernel(
     x_ptr, q_ptr, s_ptr, rs_ptr, out_ptr, rw_ptr, ws_ptr, ids_ptr, stats_ptr,
-    NK, N_OUT, K, a_div, k_per_split, M_TOK, n_parts, eps,
+    NK, N_OUT, K, a_div, k_per_split, M_TOK, n_parts, eps, q_row_bytes, s_row_bytes,
     stride_xm, stride_qe, stride_qn, stride_se, stride_sn, stride_re, stride_om,
     ROW_NORM: tl.constexpr, PARTS_BLOCK: tl.constexpr,
     FMT: tl.constexpr, GROUP: tl.constexpr, ROW_BLOCK: tl.constexpr, ROW_SCALE: tl.constexpr,
     SWIGLU: tl.constexpr, ROUTE_WEIGHT: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PAIRS_BLOCK: tl.constexpr,
     PREFETCH: tl.constexpr, WORDS: tl.constexpr, PDL_WAIT: tl.constexpr = False, PDL_TRIGGER: tl.constexpr = False,
+    EARLY: tl.constexpr = False, Q_LINES: tl.constexpr = 0, S_LINES: tl.constexpr = 0,
 ):
     """``out[pair, n] = f(x[pair // a_div] . W[expert(pair), n])`` for BLOCK_N columns and one K range
     of every pair whose expert is that of pair ``program_id(0)``, if that pair is the expert's first. ROW_NORM: ``x``
     holds rows whose norm was deferred (:mod:`~ninfer.kernels.quant_gemm.deferred_norm`), each pair's sums are scaled
-    by its token row's factor from ``stats [n_parts, M_TOK]``. ``PDL_WAIT`` / ``PDL_TRIGGER``: :mod:`ninfer.kernels.pdl`
-    (the expert ids come from the kernel before: nothing can be requested before the wait)."""
-    pdl_enter(PDL_WAIT, PDL_TRIGGER)
+    by its token row's factor from ``stats [n_parts, M_TOK]``. ``PDL_WAIT`` / ``PDL_TRIGGER``:
+    :mod:`ninfer.kernels.pdl`; the gate/up's expert ids come from the kernel before, so it waits first. ``EARLY``
+    (the down projection, whose ids were written before the kernel before it started): the ids are read and, with
+    ``Q_LINES`` / ``S_LINES``, the program's code and scale lines asked of the L2 (``q_row_bytes`` /
+    ``s_row_bytes``: bytes of a whole row) before the wait."""
+    if not EARLY:
+        pdl_enter(PDL_WAIT, PDL_TRIGGER)
     expert, match, rank, count, earlier = pair_group(ids_ptr, tl.program_id(0), NK, PAIRS_BLOCK)
     if earlier > 0:
         return
@@ -191,6 +197,15 @@ def _moe_gemv_kernel(
     # which keeps the packed loads 16-byte vectors (as in quant_gemm.gemv).
     k_first = pid_s * (k_per_split // BLOCK_K) * BLOCK_K
     steps = tl.cdiv(tl.minimum(k_per_split, K - k_first), BLOCK_K)
+    if EARLY:
+        k_end = tl.minimum(k_first + k_per_split, K)
+        if Q_LINES > 0:
+            l2_prefetch_rows((q_ptr + rows * stride_qn).to(tl.int64), k_first * q_row_bytes // K,
+                             tl.cdiv(k_end * q_row_bytes, K), Q_LINES)
+        if S_LINES > 0:
+            l2_prefetch_rows((s_ptr + rows * stride_sn).to(tl.int64), k_first * s_row_bytes // K,
+                             tl.cdiv(k_end * s_row_bytes, K), S_LINES)
+        pdl_enter(PDL_WAIT, PDL_TRIGGER)
     for t0 in range(0, count, BLOCK_M):  # one trip unless the expert has more than BLOCK_M pairs
         pairs = pair_rows(match, rank, count, t0, NK, BLOCK_M, PAIRS_BLOCK)
         row_ok = pairs < NK
@@ -218,11 +233,13 @@ def _moe_gemv_kernel(
 
 
 def launch_expert_gemv(rows: ExpertRows, a: torch.Tensor, w: QuantizedTensor, dst: torch.Tensor, rw: torch.Tensor,
-                       *, a_div: int, swiglu: bool, cfg: GemmConfig, row_norm: NormedRows | None = None) -> None:
+                       *, a_div: int, swiglu: bool, cfg: GemmConfig, row_norm: NormedRows | None = None,
+                       early: bool = False) -> None:
     """``dst[pair] = f(a[pair // a_div] @ dequantize(w)[expert]^T)`` as ``launch_quant_experts`` defines it,
     through the GEMV kernel with ``cfg`` (``kind`` "gemv", "gemv-prefetch" or, int4 only, "gemv-w32";
     ``block_m``: pairs of one expert per pass over its rows). Needs the alignment-free rows (``rows.direct``).
-    ``row_norm``: ``a`` is its scaled rows, normalized in the kernel."""
+    ``row_norm``: ``a`` is its scaled rows, normalized in the kernel. ``early``: ``rows``' ids and the weights were
+    written before the kernel before this one started (:func:`ninfer.kernels.pdl.early_pdl`)."""
     if not rows.direct:
         raise ValueError(f"the expert GEMV needs alignment-free decode rows, got {rows.pairs} aligned pairs")
     if not cfg.kind.startswith("gemv"):
@@ -251,11 +268,19 @@ def launch_expert_gemv(rows: ExpertRows, a: torch.Tensor, w: QuantizedTensor, ds
     # With splits the reduce kernel normalizes each pair's sums once; without, every program does
     in_kernel_norm = row_norm if splits == 1 else None
     reads = reader_args(in_kernel_norm, cfg.block_m, rs)
-    pdl = small_kernel_pdl(a.device)
+    pdl = early_pdl(a.device) if early else small_kernel_pdl(a.device)
+    # the L2 hints only where the launch overlaps the kernel before (inline PTX: not in the interpreter)
+    prefetch = early and pdl.wait and not INTERPRET and a.is_cuda
+    q_row_bytes = q.shape[-1] * q.element_size()
+    s_row_bytes = scales.shape[-1] * scales.element_size() if scales.dim() == 3 else 0
+    span = per_split * cfg.block_k  # columns a program reads; its bytes may straddle one more line
+    q_lines = triton.next_power_of_2(triton.cdiv(span * q_row_bytes, k * 128) + 1) if prefetch else 0
+    s_lines = triton.next_power_of_2(triton.cdiv(span * s_row_bytes, k * 128) + 1) if prefetch and s_row_bytes else 0
     _moe_gemv_kernel[grid](
         x_ptr=a, q_ptr=q, s_ptr=scales, rs_ptr=rs, out_ptr=dst, rw_ptr=rw, ws_ptr=ws, ids_ptr=rows.flat_ids,
         stats_ptr=reads.stats, NK=nk, N_OUT=n_out, K=k, a_div=a_div, k_per_split=per_split * cfg.block_k,
-        M_TOK=a.shape[0], n_parts=reads.parts, eps=reads.eps, ROW_NORM=in_kernel_norm is not None,
+        M_TOK=a.shape[0], n_parts=reads.parts, eps=reads.eps, q_row_bytes=q_row_bytes, s_row_bytes=s_row_bytes,
+        EARLY=early, Q_LINES=q_lines, S_LINES=s_lines, ROW_NORM=in_kernel_norm is not None,
         PARTS_BLOCK=reads.parts_block, stride_xm=a.stride(0),
         stride_qe=q.stride(0), stride_qn=q.stride(1), stride_se=scales.stride(0),
         stride_sn=scales.stride(1) if scales.dim() == 3 else 0, stride_re=rs.stride(0), stride_om=dst.stride(0),

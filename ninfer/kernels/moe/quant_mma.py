@@ -29,9 +29,10 @@ import torch
 import triton
 import triton.language as tl
 
-from ninfer.kernels.dispatch import INTERPRET, split_sum_across
+from ninfer.kernels.dispatch import INTERPRET, pdl_enabled, split_sum_across
 from ninfer.kernels.moe.align import ExpertRows, pair_group, pair_rows
 from ninfer.kernels.norms import NormedRows
+from ninfer.kernels.pdl import Pdl, early_pdl, pdl_enter
 from ninfer.kernels.quant_gemm.common import finish_at
 from ninfer.kernels.quant_gemm.deferred_norm import MAX_ROWS as MAX_NORMED_TOKENS
 from ninfer.kernels.quant_gemm.deferred_norm import first_shares, reader_args, rstd_of_shares
@@ -173,8 +174,14 @@ def _expert_mma_kernel(
     SWIGLU: tl.constexpr, SPLIT: tl.constexpr, FUSED_REDUCE: tl.constexpr, SUM_ACROSS: tl.constexpr,
     WARPS: tl.constexpr, UNROLL: tl.constexpr, PREFETCH: tl.constexpr, PAIRS_BLOCK: tl.constexpr,
     ALIGNED: tl.constexpr, DECODE_ASM: tl.constexpr, DECODE_OPERANDS: tl.constexpr, MMA_ASM: tl.constexpr,
-    ASM: tl.constexpr,
+    ASM: tl.constexpr, PDL_WAIT: tl.constexpr = False, PDL_TRIGGER: tl.constexpr = False,
 ):
+    """:func:`launch_expert_mma`'s kernel. ``PDL_TRIGGER`` alone: the next kernel may launch at once (a down
+    projection launched early requests its weights meanwhile); with ``PDL_WAIT`` (launched early: the down
+    projection, whose ids were written before the kernel before it started) it reads the ids and its first trip's
+    codes, then waits for that kernel (:mod:`ninfer.kernels.pdl`)."""
+    if PDL_TRIGGER and not PDL_WAIT:
+        tl.extra.cuda.gdc_launch_dependents()
     if ALIGNED:  # half (program_id(2) % 2) of a block of 16 aligned pairs (sentinel NK in its padding)
         block = tl.program_id(2) // 2
         expert = tl.load(block_experts_ptr + block).to(tl.int64)
@@ -230,6 +237,8 @@ def _expert_mma_kernel(
     c_last = tl.minimum(c_first + chunks_per_split, KC)
     codes = _trip_codes(row_g, row_h, c_first, UNROLL, ASM)
     codes_up = _trip_codes(row_g_up, row_h_up, c_first, UNROLL, ASM and SWIGLU)
+    if PDL_WAIT:
+        pdl_enter(PDL_WAIT, PDL_TRIGGER)
     for c in range(c_first, c_last, UNROLL):
         if PREFETCH:  # the last trip requests its own codes again (cached), not past the split
             c_next = tl.minimum(c + UNROLL, c_last - UNROLL)
@@ -307,12 +316,14 @@ def expert_mma_fits(fmt: str, n_out: int, k: int, unroll: int = 2) -> bool:
 
 
 def launch_expert_mma(rows: ExpertRows, a: torch.Tensor, w, dst: torch.Tensor, rw: torch.Tensor, *, a_div: int,
-                      swiglu: bool, cfg: GemmConfig, row_norm: NormedRows | None = None) -> None:
+                      swiglu: bool, cfg: GemmConfig, row_norm: NormedRows | None = None, early: bool = False) -> None:
     """``dst[pair] = f(a[pair // a_div] @ dequantize(w)[expert]^T)`` (``launch_quant_experts``'s contract) for an
     int4 stack ``w`` (a ``QuantizedTensor [E, N, K]``, row-major) through this kernel: ``cfg.num_warps`` 16-row
     tiles per program, ``cfg.block_k / 64`` chunks per loop trip, ``cfg.split_k``, ``num_stages > 1``: prefetch.
     Takes the alignment-free rows of decode (``rows.direct``) or rows aligned to blocks of 16. ``row_norm``: ``a`` is
-    its scaled rows (at most ``MAX_NORMED_TOKENS``), normalized in the kernel."""
+    its scaled rows (at most ``MAX_NORMED_TOKENS``), normalized in the kernel. ``early``: ``rows``' ids were written
+    before the kernel before this one started (:func:`ninfer.kernels.pdl.early_pdl`); otherwise the kernel only lets
+    the next one launch early."""
     name = w.format.name
     n_out, k = dst.shape[1], a.shape[1]
     unroll = cfg.block_k // 64
@@ -336,10 +347,13 @@ def launch_expert_mma(rows: ExpertRows, a: torch.Tensor, w, dst: torch.Tensor, r
     ty = "f16" if a.dtype == torch.float16 else "bf16"
     ids, sorted_pairs, block_experts = (rows.flat_ids, None, None) if rows.direct else \
         (None, rows.sorted_pairs, rows.block_experts)
+    if early and row_norm is not None:
+        raise ValueError("an early launch reads its activations' norm statistics after its wait: pass plain rows")
     if row_norm is not None and a.shape[0] > MAX_NORMED_TOKENS:
         raise ValueError(f"the expert register decode normalizes at most {MAX_NORMED_TOKENS} token rows")
     tokens = triton.next_power_of_2(a.shape[0]) if row_norm is not None else 1  # its programs read every token's
     reads = reader_args(row_norm, tokens, rw)
+    pdl = early_pdl(a.device) if early else Pdl(trigger=pdl_enabled(a.device))
     _expert_mma_kernel[grid](
         a, q, scales, rw, dst, ws, counters, ids, sorted_pairs, block_experts, reads.stats, nk, n_out, a_div, per, kc,
         a.stride(0), q.stride(0), q.stride(1), scales.stride(0), scales.stride(1), dst.stride(0), a.shape[0],
@@ -349,7 +363,8 @@ def launch_expert_mma(rows: ExpertRows, a: torch.Tensor, w, dst: torch.Tensor, r
         WARPS=cfg.num_warps, UNROLL=unroll,
         PREFETCH=cfg.num_stages > 1, PAIRS_BLOCK=rows.pairs_block, ALIGNED=not rows.direct,
         DECODE_ASM=row_major_decode_asm(ty),
-        DECODE_OPERANDS="=r," * 16 + "r,r,r,r", MMA_ASM=mma_asm(ty), ASM=asm, num_warps=cfg.num_warps, num_stages=1,
+        DECODE_OPERANDS="=r," * 16 + "r,r,r,r", MMA_ASM=mma_asm(ty), ASM=asm, **pdl.constexprs(), **pdl.options(),
+        num_warps=cfg.num_warps, num_stages=1,
     )
     if splits > 1 and counters is None:
         reduce_splits(ws, dst, dst, nk, splits, swiglu, False, min(triton.next_power_of_2(nk), 8))
