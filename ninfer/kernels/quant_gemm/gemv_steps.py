@@ -149,16 +149,11 @@ def gemv_scales(s_ptr, rows, k0, K, stride_sn, FMT: tl.constexpr, GROUP: tl.cons
 
 
 @triton.jit
-def gemv_x(x_ptr, xrow, k0, K, stride_xm, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, L2_ONLY: tl.constexpr = False):
-    """Columns ``[k0, k0 + BLOCK_K)`` of activation row ``xrow`` in fp32; ``L2_ONLY``: not through L1 (rows that other
-    programs of the same launch wrote)."""
+def gemv_x(x_ptr, xrow, k0, K, stride_xm, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+    """Columns ``[k0, k0 + BLOCK_K)`` of activation row ``xrow`` in fp32."""
     offs_k = k0 + tl.arange(0, BLOCK_K)
     xp = x_ptr + xrow.to(tl.int64) * stride_xm + offs_k
-    if L2_ONLY:
-        x = tl.load(xp, cache_modifier=".cg") if EVEN_K else tl.load(xp, mask=offs_k < K, other=0.0,
-                                                                       cache_modifier=".cg")
-    else:
-        x = tl.load(xp) if EVEN_K else tl.load(xp, mask=offs_k < K, other=0.0)
+    x = tl.load(xp) if EVEN_K else tl.load(xp, mask=offs_k < K, other=0.0)
     return x.to(tl.float32)
 
 
