@@ -432,7 +432,7 @@ stage() {
         --no-bf16 --formats int4-g64 --path auto
       ;;
     moe-down-early)  # the 35B-A3B down GEMV took 5.4 us for 4.2 MB at batch 1 (26% of copy bandwidth, run 2026-12-06.8)
-      gpu_tests 150 moe_down_early_gpu -n 3
+      gpu_tests 200 moe_down_early_gpu -n 4
       for early in 1 0; do
         NINFER_MOE_DOWN_EARLY=$early part 60 python3 perf/bench_moe_block.py --tokens 1 2 8 --label "down-early=$early"
       done
