@@ -112,6 +112,15 @@ def moe_down_early() -> bool:
     return env_switch("NINFER_MOE_DOWN_EARLY", False)
 
 
+def deltanet_early() -> bool:
+    """Whether the Gated DeltaNet decode kernel is launched with programmatic dependent launch and loads its
+    recurrent state (written by the previous step) before it waits for the q/k/v/z projection
+    (:func:`ninfer.kernels.pdl.early_pdl`), with ``NINFER_DELTANET_EARLY=1`` (read per call). Off until measured on
+    a GPU: the state is 2 MB a layer for the 35B-A3B and 3 MB for the 27B at batch 1, read after the projection
+    today."""
+    return env_switch("NINFER_DELTANET_EARLY", False)
+
+
 @cache
 def _capability(device: torch.device) -> tuple[int, int]:
     return torch.cuda.get_device_capability(device) if device.type == "cuda" else (0, 0)

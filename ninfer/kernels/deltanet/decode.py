@@ -37,9 +37,9 @@ import triton.language as tl
 from ninfer.kernels.autotune import ninfer_autotune
 from ninfer.kernels.counters import SLOTS, arrival_counters
 from ninfer.kernels.deltanet.common import check_head_dims, decay_beta, l2_normalize
-from ninfer.kernels.dispatch import autotune_configs, pdl_enabled
+from ninfer.kernels.dispatch import autotune_configs, deltanet_early, pdl_enabled
 from ninfer.kernels.norms import NormedRows
-from ninfer.kernels.pdl import pdl_enter
+from ninfer.kernels.pdl import Pdl, early_pdl, pdl_enter
 
 MAX_TOKENS = 8  # per sequence and call: 1 + at most 7 draft tokens (the tokens are an unrolled loop)
 GATE_BLOCK = 2048  # columns of the gate projections' unrolled K blocks: 3 blocks of 16 values a thread at H = 5120
@@ -173,9 +173,13 @@ def _decode_kernel(
     HV: tl.constexpr, GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, K: tl.constexpr,
     T_MAX: tl.constexpr, HAS_OUT_SLOTS: tl.constexpr, WDT: tl.constexpr, PROD_DTYPE: tl.constexpr,
     GATES_FROM_X: tl.constexpr, H: tl.constexpr, BH: tl.constexpr, BV: tl.constexpr, GATE_NORM: tl.constexpr = False,
-    GATE_PARTS: tl.constexpr = 1, PDL_TRIGGER: tl.constexpr = False,
+    GATE_PARTS: tl.constexpr = 1, PDL_TRIGGER: tl.constexpr = False, PDL_WAIT: tl.constexpr = False,
 ):
-    pdl_enter(False, PDL_TRIGGER)  # the output projection after this may launch now and request its weights
+    """One program per (sequence, value head, block of value columns). ``PDL_TRIGGER``: the output projection after
+    this may launch now and request its weights; ``PDL_WAIT`` (launched early: :func:`~ninfer.kernels.pdl.early_pdl`):
+    the sequence bounds, slots, recurrent state and decay parameters, none written by the projection before it, are
+    loaded first, then the kernel waits for that projection."""
+    pdl_enter(False, PDL_TRIGGER)
     BLOCK: tl.constexpr = BV if BV < DV else DV
     NV: tl.constexpr = DV // BLOCK
     seq, head, vb = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -198,6 +202,8 @@ def _decode_kernel(
     s = tl.load(state + slot * stride_state_s + head_block)
     neg_A = -tl.exp(tl.load(A_log + head).to(tl.float32))
     bias = tl.load(dt_bias + head).to(tl.float32)
+    if PDL_WAIT:
+        tl.extra.cuda.gdc_wait()
     for t in tl.static_range(T_MAX):
         if t < length:
             tok = bos + t
@@ -364,6 +370,7 @@ def gated_deltanet_decode_triton(
     out_slots = state_out_slots if has_out else slot_ids
     blocks = lambda meta: dv // min(meta["BV"], dv)  # noqa: E731
     sumsq = torch.empty((n, hv, dv // min(bv for bv, _ in _CONFIGS)), dtype=torch.float32, device=qkv.device)
+    pdl = early_pdl(qkv.device) if deltanet_early() else Pdl(trigger=pdl_enabled(qkv.device))
     _decode_kernel[lambda meta: (batch, hv, blocks(meta))](
         qkv, z, a, b, conv_weight, conv_state, A_log, dt_bias, norm_weight, state, y, sumsq,
         _counters(qkv.device, batch * hk), cu_seqlens, slot_ids, out_slots, gate_x, gate_weight,
@@ -376,6 +383,6 @@ def gated_deltanet_decode_triton(
         GATES_FROM_X=gates_from_x, H=gate_x.shape[1] if gates_from_x else 1,
         BH=min(GATE_BLOCK, triton.next_power_of_2(gate_x.shape[1])) if gates_from_x else 1,
         GATE_NORM=gate_norm is not None, GATE_PARTS=triton.next_power_of_2(max(parts, 1)),
-        PDL_TRIGGER=pdl_enabled(qkv.device),
+        PDL_TRIGGER=pdl.trigger, PDL_WAIT=pdl.wait, **pdl.options(),
     )
     return y
