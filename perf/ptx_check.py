@@ -105,8 +105,9 @@ def compile_dequant(fmt: str, cfg, arch: int):
                           options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
 
 
-def compile_moe_gemv(fmt: str, cfg, swiglu: bool, arch: int):
-    """moe_quant_gemv's kernel, bf16 activations, K a multiple of BLOCK_K (the 35B shapes)."""
+def compile_moe_gemv(fmt: str, cfg, swiglu: bool, arch: int, early: bool = False):
+    """moe_quant_gemv's kernel, bf16 activations, K a multiple of BLOCK_K (the 35B shapes); ``early``: the down
+    projection's early start (its ids read and its lines asked of the L2 before the PDL wait)."""
     q_type, s_type = TYPES[fmt]
     words = cfg.kind == "gemv-w32"
     if words:  # int4 codes read as 32-bit words
@@ -114,19 +115,20 @@ def compile_moe_gemv(fmt: str, cfg, swiglu: bool, arch: int):
     row_scale = fmt in ("fp8", "nvfp4")
     kp = kernel_params(fmt, cfg)
     strides = ("stride_xm", "stride_qe", "stride_qn", "stride_se", "stride_sn", "stride_re", "stride_om")
-    sig = {"x_ptr": "*bf16", "q_ptr": q_type, "s_ptr": s_type, "rs_ptr": "*fp32" if row_scale else s_type,
-           "out_ptr": "*bf16", "rw_ptr": "*bf16", "ws_ptr": "*fp32", "ids_ptr": "*i64", "NK": "i32", "N_OUT": "i32",
-           "K": "i32", "a_div": "i32", "k_per_split": "i32", **dict.fromkeys(strides, "i32")}
-    consts = dict(FMT=FMT_CODES[fmt], GROUP=kp["group"], ROW_BLOCK=kp["row_block"], ROW_SCALE=row_scale,
-                  SWIGLU=swiglu, ROUTE_WEIGHT=not swiglu, SPLIT=cfg.split_k > 1, EVEN_K=True, BLOCK_M=cfg.block_m,
-                  BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, PAIRS_BLOCK=64, PREFETCH=cfg.kind == "gemv-prefetch",
-                  WORDS=words)
-    sig.update(dict.fromkeys(consts, "constexpr"))
+    types = {"x_ptr": "*bf16", "q_ptr": q_type, "s_ptr": s_type, "rs_ptr": "*fp32" if row_scale else s_type,
+             "out_ptr": "*bf16", "rw_ptr": "*bf16", "ws_ptr": "*fp32", "ids_ptr": "*i64", "stats_ptr": "*fp32",
+             "eps": "fp32"}
+    consts = dict(ROW_NORM=False, PARTS_BLOCK=1, FMT=FMT_CODES[fmt], GROUP=kp["group"], ROW_BLOCK=kp["row_block"],
+                  ROW_SCALE=row_scale, SWIGLU=swiglu, ROUTE_WEIGHT=not swiglu, SPLIT=cfg.split_k > 1, EVEN_K=True,
+                  BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, PAIRS_BLOCK=64,
+                  PREFETCH=cfg.kind == "gemv-prefetch", WORDS=words, PDL_WAIT=early, PDL_TRIGGER=True, EARLY=early,
+                  Q_LINES=4 if early else 0, S_LINES=2 if early else 0)
+    fn = moe_quant_gemv._moe_gemv_kernel
+    sig = {n: "constexpr" if n in consts else types.get(n, "i32") for n in fn.arg_names}  # the kernel's order
     names = list(sig)
     aligned = ("x_ptr", "q_ptr", "s_ptr", "rs_ptr", "out_ptr", "rw_ptr", "ws_ptr", "ids_ptr", "N_OUT", "K", *strides)
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned}
-    return triton.compile(ASTSource(moe_quant_gemv._moe_gemv_kernel, sig, consts, attrs),
-                          target=GPUTarget("cuda", arch, 32),
+    return triton.compile(ASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", arch, 32),
                           options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
 
 
@@ -136,10 +138,12 @@ def moe_gemv(fmt: str, arch: int, sms: int) -> None:
             for cfg in moe_quant_gemv.expert_gemv_candidates(fmt, pairs, n_out, k, sms):
                 head = (f"{fmt:9s} moe-{name:7s} {cfg.kind:13s} pairs={pairs:<2d} m={cfg.block_m} n={cfg.block_n:<3d} "
                         f"k={cfg.block_k:<4d} split={cfg.split_k:<2d} w={cfg.num_warps} s={cfg.num_stages}")
-                try:
-                    print(f"{head} | {describe(compile_moe_gemv(fmt, cfg, swiglu, arch))}", flush=True)
-                except Exception as err:  # noqa: BLE001
-                    print(f"{head}: FAILED {type(err).__name__}: {str(err).splitlines()[0][:200]}", flush=True)
+                for early in (False, True) if not swiglu else (False,):  # the down projection's early start too
+                    line = head + (" early" if early else "")
+                    try:
+                        print(f"{line} | {describe(compile_moe_gemv(fmt, cfg, swiglu, arch, early))}", flush=True)
+                    except Exception as err:  # noqa: BLE001
+                        print(f"{line}: FAILED {type(err).__name__}: {str(err).splitlines()[0][:200]}", flush=True)
 
 
 def compile_expert_mma(fmt: str, cfg, swiglu: bool, arch: int, aligned: bool = False, row_norm_parts: int = 0):
