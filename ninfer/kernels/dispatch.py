@@ -121,6 +121,16 @@ def deltanet_early() -> bool:
     return env_switch("NINFER_DELTANET_EARLY", False)
 
 
+def float_gemv_early() -> bool:
+    """Whether the small float projections at decode (the MoE routers; the DeltaNet a/b gates where the decode
+    kernel does not project them) take the one-launch float GEMV launched with programmatic dependent launch, its
+    weights asked of the L2 before it waits for the kernel before (:func:`ninfer.kernels.pdl.early_pdl`), instead of
+    the tuned choice between cuBLAS and that kernel, with ``NINFER_FLOAT_GEMV_EARLY=1`` (read per call). Off until
+    measured on a GPU: the 35B-A3B's routers take 3.2 µs each for 1 MB through cuBLAS at batch 1 (run
+    2026-12-06.8)."""
+    return env_switch("NINFER_FLOAT_GEMV_EARLY", False)
+
+
 @cache
 def _capability(device: torch.device) -> tuple[int, int]:
     return torch.cuda.get_device_capability(device) if device.type == "cuda" else (0, 0)

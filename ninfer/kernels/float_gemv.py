@@ -20,8 +20,9 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from ninfer.kernels.dispatch import autotune_configs, use_triton
+from ninfer.kernels.dispatch import INTERPRET, autotune_configs, float_gemv_early, pdl_enabled, use_triton
 from ninfer.kernels.norms import NormedRows
+from ninfer.kernels.pdl import Pdl, early_pdl, l2_prefetch_rows, pdl_enter
 from ninfer.kernels.quant_gemm.deferred_norm import reader_args
 from ninfer.kernels.quant_gemm.gemv import tile_counters
 from ninfer.kernels.quant_gemm.gemv_steps import gemv_epilogue, reduce_splits
@@ -43,11 +44,14 @@ def float_linear_reference(x: torch.Tensor, weight: torch.Tensor) -> torch.Tenso
 def _float_gemv_kernel(x_ptr, w_ptr, out_ptr, ws_ptr, cnt_ptr, stats_ptr, M, N_OUT, K, k_per_split, stride_xm,
                        stride_wn, stride_om, n_parts, eps, SPLIT: tl.constexpr, FUSED_REDUCE: tl.constexpr,
                        ROW_NORM: tl.constexpr, PARTS_BLOCK: tl.constexpr, BLOCK_M: tl.constexpr,
-                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL_WAIT: tl.constexpr = False,
+                       PDL_TRIGGER: tl.constexpr = False, W_LINES: tl.constexpr = 0):
     """Program (row tile, K split, token tile): a ``[BLOCK_N, BLOCK_M]`` tile of ``y^T`` over its K range. ROW_NORM:
     ``x`` holds rows whose norm was deferred (:mod:`~ninfer.kernels.quant_gemm.deferred_norm`): each token's sum is
     scaled by its row's factor from ``stats [n_parts, M]``, by the split that sums the tile where the splits are
-    summed in this launch, else by every program."""
+    summed in this launch, else by every program. ``W_LINES``: the program's weight lines are asked of the L2 before
+    the wait of a launch with ``PDL_WAIT`` (:func:`~ninfer.kernels.pdl.early_pdl`: the weights never depend on the
+    kernel before)."""
     pid_s = tl.program_id(1)
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -55,6 +59,9 @@ def _float_gemv_kernel(x_ptr, w_ptr, out_ptr, ws_ptr, cnt_ptr, stats_ptr, M, N_O
     toks = tl.minimum(offs_m, M - 1).to(tl.int64)
     k_first = pid_s * k_per_split
     k_last = tl.minimum(k_first + k_per_split, K)
+    if W_LINES > 0:
+        l2_prefetch_rows((w_ptr + rows * stride_wn).to(tl.int64), k_first * 2, k_last * 2, W_LINES)  # 16-bit weights
+    pdl_enter(PDL_WAIT, PDL_TRIGGER)
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for k0 in range(k_first, k_last, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
@@ -84,9 +91,11 @@ def float_gemv_candidates(m: int, n_out: int, k: int, sms: int) -> list[GemmConf
 
 
 def launch_float_gemv(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, cfg: GemmConfig,
-                      row_norm: NormedRows | None = None) -> None:
+                      row_norm: NormedRows | None = None, early: bool = False) -> None:
     """``out [M, N] = x [M, K] @ weight [N, K]^T`` by config ``cfg`` (unit strides along K); with ``row_norm``, ``x``
-    is its scaled rows and each row's product is normalized (not by cuBLAS)."""
+    is its scaled rows and each row's product is normalized (not by cuBLAS). ``early`` (the kernel, not cuBLAS):
+    launched with programmatic dependent launch, it asks the L2 for its weights before it waits for the kernel
+    before (:func:`~ninfer.kernels.pdl.early_pdl`)."""
     m, k = x.shape
     n_out = weight.shape[0]
     if cfg.kind == CUBLAS.kind:
@@ -100,12 +109,15 @@ def launch_float_gemv(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, 
     ws = torch.empty(splits, m, n_out, dtype=torch.float32, device=x.device) if splits > 1 else out
     counters = tile_counters(x.device, grid[0] * grid[2]) if splits > 1 else None
     reads = reader_args(row_norm, cfg.block_m, out)
+    pdl = early_pdl(x.device) if early else Pdl()
+    prefetch = pdl.wait and not INTERPRET and x.is_cuda  # inline PTX: not in the interpreter
+    w_lines = triton.next_power_of_2(triton.cdiv(k_per_split * weight.element_size(), 128) + 1) if prefetch else 0
     _float_gemv_kernel[grid](x, weight, out, ws, counters, reads.stats, m, n_out, k, k_per_split, x.stride(0),
                              weight.stride(0), out.stride(0), reads.parts, reads.eps, SPLIT=splits > 1,
                              FUSED_REDUCE=counters is not None, ROW_NORM=row_norm is not None,
                              PARTS_BLOCK=reads.parts_block,
-                             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps,
-                             num_stages=cfg.num_stages)
+                             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, W_LINES=w_lines,
+                             **pdl.constexprs(), **pdl.options(), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if splits > 1 and counters is None:
         reduce_splits(ws, out, out, m, splits, False, False)
 
@@ -114,7 +126,9 @@ def float_linear(x: torch.Tensor | NormedRows, weight: torch.Tensor) -> torch.Te
     """``F.linear(x, weight)``, through the tuned choice between cuBLAS and the one-launch kernel where both apply
     (CUDA, bf16 / fp16, at most ``MAX_TOKENS`` tokens and ``MAX_ROWS`` rows). Rows whose norm was deferred
     (:class:`~ninfer.kernels.norms.NormedRows`) take the one-launch kernel, which normalizes them, where it applies
-    (tuned apart, without cuBLAS), and are materialized elsewhere."""
+    (tuned apart, without cuBLAS), and are materialized elsewhere. With ``NINFER_FLOAT_GEMV_EARLY=1`` (where
+    programmatic dependent launch is on) the kernel is tuned without cuBLAS and launched early, its weights asked of
+    the L2 while the kernel before runs (:func:`launch_float_gemv`)."""
     row_norm = x if isinstance(x, NormedRows) else None
     if row_norm is not None:
         x = row_norm.scaled
@@ -130,17 +144,21 @@ def float_linear(x: torch.Tensor | NormedRows, weight: torch.Tensor) -> torch.Te
     if row_norm is not None:
         row_norm = row_norm.over(x2)
     out = torch.empty(rows, n_out, dtype=x.dtype, device=x.device)
-    key = (x.dtype, m_bucket(rows), n_out, k, x.device) + (("row-norm",) if row_norm is not None else ())
+    early = float_gemv_early() and pdl_enabled(x.device)
+    key = (x.dtype, m_bucket(rows), n_out, k, x.device) + (("row-norm",) if row_norm is not None else ()) \
+        + (("early",) if early else ())
     sms = sm_count(x.device)
 
     def cands() -> list[GemmConfig]:
         found = float_gemv_candidates(rows, n_out, k, sms)
-        return autotune_configs(found if row_norm is None else [c for c in found if c != CUBLAS])
+        return autotune_configs(found if row_norm is None and not early else [c for c in found if c != CUBLAS])
 
     def time_fn(cfgs: list[GemmConfig]) -> dict[GemmConfig, float]:
         trial = torch.empty_like(out)
         return time_candidates(cfgs, lambda cfg: launch_float_gemv(x2, weight, trial, cfg, row_norm), graphs=True)
 
     cfg = default_tuner().choose(TABLE, key, cands, time_fn, x.device)
-    launch_float_gemv(x2, weight, out, cfg, row_norm)
+    if early and cfg == CUBLAS:  # an untuned key (capture, tuning off) takes the favourite: the kernel's first config
+        cfg = float_gemv_candidates(rows, n_out, k, sms)[1]
+    launch_float_gemv(x2, weight, out, cfg, row_norm, early=early)
     return out.view(*x.shape[:-1], n_out)

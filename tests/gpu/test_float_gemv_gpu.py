@@ -98,3 +98,30 @@ def test_a_moe_model_decodes_alike_with_the_float_gemv_pinned(tmp_path: Path, mo
     for prompt, ref in zip(prompts, expected):
         assert_same_up_to_rounding(pinned.generate(prompt, **gen), ref, greedy=True)
     assert kinds and set(kinds) == {"float-gemv"}
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("m", [1, 4])
+def test_early_launches_equal_plain_ones(shape: str, m: int) -> None:
+    """``early`` (``NINFER_FLOAT_GEMV_EARLY``: launched with PDL, the weights asked of the L2 before the wait): every
+    kernel candidate equal to its plain launch to the bit, eagerly and replayed in a CUDA graph after a kernel that
+    writes the input (the wait must hold the reads of x back)."""
+    n_out, k = SHAPES[shape]
+    x, w = _inputs(m, n_out, k, seed=20 + m)
+    src = torch.randn_like(x)
+    for cfg in float_gemv_candidates(m, n_out, k, sm_count(CUDA))[1:]:
+        plain = torch.full((m, n_out), float("nan"), dtype=torch.bfloat16, device="cuda")
+        early = plain.clone()
+        launch_float_gemv(x, w, plain, cfg)
+        launch_float_gemv(x, w, early, cfg, early=True)
+        assert torch.equal(plain, early), cfg
+
+        def step(cfg=cfg) -> torch.Tensor:
+            x.copy_(src * 2)  # the kernel before, writing what the early launch reads after its wait
+            launch_float_gemv(x, w, early, cfg, early=True)
+            return early.clone()
+
+        step()
+        assert_graph_replays_eager(step, [src], (shape, m, cfg))
+        launch_float_gemv(x, w, plain, cfg)
+        assert torch.equal(plain, early), cfg

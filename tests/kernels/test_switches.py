@@ -20,6 +20,7 @@ SWITCHES = [  # (variable, reader, default)
     ("NINFER_NORM_IN_GEMM", dispatch.norm_in_gemm, True),
     ("NINFER_MOE_DOWN_EARLY", dispatch.moe_down_early, False),
     ("NINFER_DELTANET_EARLY", dispatch.deltanet_early, False),
+    ("NINFER_FLOAT_GEMV_EARLY", dispatch.float_gemv_early, False),
     ("NINFER_FUSED_DELTANET_DECODE", fused_decode_enabled, True),
     ("NINFER_SHIPPED_TUNING", shipped.enabled, True),
 ]
