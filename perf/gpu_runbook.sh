@@ -105,6 +105,7 @@ tune-l2               the decode tuners timing their candidates L2-cold (NINFER_
 deltanet-early        the Gated DeltaNet decode launched early (NINFER_DELTANET_EARLY=1: its recurrent state loaded while the q/k/v/z projection runs, under programmatic dependent launch): its kernel GPU tests with it on, then the 27B int4 and 35B-A3B engines on and off twice at C = 1 / 8
 early-model-tests     the whole-model GPU tests (parity, graphs = eager, dense and MoE) and the MTP tests (greedy = plain greedy) with NINFER_DELTANET_EARLY=1 and NINFER_MOE_DOWN_EARLY=1 both on
 float-gemv-early      the routers through the one-launch float GEMV launched early (NINFER_FLOAT_GEMV_EARLY=1: its weights asked of the L2 while the kernel before runs, cuBLAS not a candidate): its GPU tests, then the 35B-A3B engine on and off twice at C = 1 / 8
+early-all             the three early starts (MoE down, DeltaNet decode, float GEMV) together against none, 35B-A3B then 27B int4 at C = 1 / 8 (bench_engine --settings, one process each: base, all, base, all)
 moe-down-early        the MoE down projection launched early (NINFER_MOE_DOWN_EARLY=1: its expert ids read and its weights asked of the L2 while the gate/up runs, under programmatic dependent launch): its GPU tests, one 35B-A3B MoE block with and without (perf/bench_moe_block.py), the 35B-A3B engine on and off twice at C = 1 / 8
 defaults-check        the defaults since run 2026-12-06.10 (the a/b gates in the DeltaNet decode, the norm in the 35B-A3B output projections GEMMs) on the GPU that comes: the 27B int4 and 35B-A3B engines at C = 1 / 8, the gates on then off (no prefill)
 gates-export-35b      first in the next call: the gates kernel test against its fixed reference (deferred rows), then the 35B-A3B engine with every tuning key measured (NINFER_SHIPPED_TUNING=0: the expert keys L2-cold, the default since run 2026-12-06.4) and its choices exported for the shipped table (merge: perf/snapshot.sh FILES_AT)
@@ -449,6 +450,13 @@ stage() {
       gpu_tests 120 float_gemv_gpu -n 2 -k "early or every_candidate"
       part 170 python3 perf/bench_engine.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --contexts 1024 --lanes 1 8 \
         --steps 12 --prefill --toggle NINFER_FLOAT_GEMV_EARLY=1,0,1,0
+      ;;
+    early-all)
+      all=NINFER_MOE_DOWN_EARLY=1+NINFER_DELTANET_EARLY=1+NINFER_FLOAT_GEMV_EARLY=1
+      part 200 python3 perf/bench_engine.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --contexts 1024 --lanes 1 8 \
+        --steps 12 --prefill --settings base $all base $all
+      part 200 python3 perf/bench_engine.py --shape 27b --recipe int4 --contexts 1024 --lanes 1 8 --steps 12 --prefill \
+        --settings base $all base $all
       ;;
     moe-down-early)  # the 35B-A3B down GEMV took 5.4 us for 4.2 MB at batch 1 (26% of copy bandwidth, run 2026-12-06.8)
       gpu_tests 200 moe_down_early_gpu -n 4
