@@ -60,7 +60,8 @@ def _float_gemv_kernel(x_ptr, w_ptr, out_ptr, ws_ptr, cnt_ptr, stats_ptr, M, N_O
     k_first = pid_s * k_per_split
     k_last = tl.minimum(k_first + k_per_split, K)
     if W_LINES > 0:
-        l2_prefetch_rows((w_ptr + rows * stride_wn).to(tl.int64), k_first * 2, k_last * 2, W_LINES)  # 16-bit weights
+        size: tl.constexpr = w_ptr.dtype.element_ty.primitive_bitwidth // 8
+        l2_prefetch_rows((w_ptr + rows * stride_wn).to(tl.int64), k_first * size, k_last * size, W_LINES)
     pdl_enter(PDL_WAIT, PDL_TRIGGER)
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for k0 in range(k_first, k_last, BLOCK_K):
@@ -158,7 +159,5 @@ def float_linear(x: torch.Tensor | NormedRows, weight: torch.Tensor) -> torch.Te
         return time_candidates(cfgs, lambda cfg: launch_float_gemv(x2, weight, trial, cfg, row_norm), graphs=True)
 
     cfg = default_tuner().choose(TABLE, key, cands, time_fn, x.device)
-    if early and cfg == CUBLAS:  # an untuned key (capture, tuning off) takes the favourite: the kernel's first config
-        cfg = float_gemv_candidates(rows, n_out, k, sms)[1]
     launch_float_gemv(x2, weight, out, cfg, row_norm, early=early)
     return out.view(*x.shape[:-1], n_out)

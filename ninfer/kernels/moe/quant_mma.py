@@ -176,12 +176,11 @@ def _expert_mma_kernel(
     ALIGNED: tl.constexpr, DECODE_ASM: tl.constexpr, DECODE_OPERANDS: tl.constexpr, MMA_ASM: tl.constexpr,
     ASM: tl.constexpr, PDL_WAIT: tl.constexpr = False, PDL_TRIGGER: tl.constexpr = False,
 ):
-    """:func:`launch_expert_mma`'s kernel. ``PDL_TRIGGER`` alone: the next kernel may launch at once (a down
-    projection launched early requests its weights meanwhile); with ``PDL_WAIT`` (launched early: the down
-    projection, whose ids were written before the kernel before it started) it reads the ids and its first trip's
-    codes, then waits for that kernel (:mod:`ninfer.kernels.pdl`)."""
-    if PDL_TRIGGER and not PDL_WAIT:
-        tl.extra.cuda.gdc_launch_dependents()
+    """:func:`launch_expert_mma`'s kernel. ``PDL_TRIGGER``: the next kernel may launch at once (a down projection
+    launched early requests its weights meanwhile); ``PDL_WAIT`` (launched early: the down projection, whose ids
+    were written before the kernel before it started): it reads the ids and its first trip's codes, then waits for
+    that kernel (:mod:`ninfer.kernels.pdl`)."""
+    pdl_enter(False, PDL_TRIGGER)
     if ALIGNED:  # half (program_id(2) % 2) of a block of 16 aligned pairs (sentinel NK in its padding)
         block = tl.program_id(2) // 2
         expert = tl.load(block_experts_ptr + block).to(tl.int64)
@@ -237,8 +236,7 @@ def _expert_mma_kernel(
     c_last = tl.minimum(c_first + chunks_per_split, KC)
     codes = _trip_codes(row_g, row_h, c_first, UNROLL, ASM)
     codes_up = _trip_codes(row_g_up, row_h_up, c_first, UNROLL, ASM and SWIGLU)
-    if PDL_WAIT:
-        pdl_enter(PDL_WAIT, PDL_TRIGGER)
+    pdl_enter(PDL_WAIT, False)
     for c in range(c_first, c_last, UNROLL):
         if PREFETCH:  # the last trip requests its own codes again (cached), not past the split
             c_next = tl.minimum(c + UNROLL, c_last - UNROLL)
