@@ -107,7 +107,7 @@ early-model-tests     the whole-model GPU tests (parity, graphs = eager, dense a
 float-gemv-early      the routers through the one-launch float GEMV launched early (NINFER_FLOAT_GEMV_EARLY=1: its weights asked of the L2 while the kernel before runs, cuBLAS not a candidate): its GPU tests, then the 35B-A3B engine on and off twice at C = 1 / 8
 early-all             the three early starts (MoE down, DeltaNet decode, float GEMV) together against none, 35B-A3B then 27B int4 at C = 1 / 8 (bench_engine --settings, one process each: base, all, base, all)
 moe-down-early        the MoE down projection launched early (NINFER_MOE_DOWN_EARLY=1: its expert ids read and its weights asked of the L2 while the gate/up runs, under programmatic dependent launch): its GPU tests, one 35B-A3B MoE block with and without (perf/bench_moe_block.py), the 35B-A3B engine on and off twice at C = 1 / 8
-defaults-check        the defaults since run 2026-12-06.10 (the a/b gates in the DeltaNet decode, the norm in the 35B-A3B output projections GEMMs) on the GPU that comes: the 27B int4 and 35B-A3B engines at C = 1 / 8, the gates on then off (no prefill)
+defaults-check        the defaults since run 2026-12-06.10 on the GPU that comes: the 27B int4 and 35B-A3B engines at C = 1 / 8 with the a/b gates in the DeltaNet decode on then off, then the early starts (MoE down, DeltaNet decode, float GEMV from 8 tokens; on by default since run 2026-12-06.12) against all three off, twice each
 gates-export-35b      the gates kernel test against its fixed reference (deferred rows), then the 35B-A3B engine with every tuning key measured (NINFER_SHIPPED_TUNING=0: the expert keys L2-cold, the default since run 2026-12-06.4) and its choices exported for the shipped table (merge: perf/snapshot.sh FILES_AT); run 2026-12-06.6: the H100 table
 gates-deferred        the DeltaNet a/b gates projected inside the decode kernel from rows whose norm was deferred (NINFER_GATES_IN_DECODE=1 declined those rows before: 48 launches fewer a 27B step, 30 a 35B-A3B step): its GPU tests (the kernel, then the whole-model parity and graph tests with it on), then both engines on and off twice (run 2026-12-06.7: all passed, 3.1% / 3.7% faster at 27B / 35B-A3B batch 1 on an H100; the default since)
 pdl-waits             NINFER_PDL_WAITS=1: the norms, the MoE routing, the expert GEMV and the MoE combine launched with programmatic dependent launch too, waiting at their start (only their launch overlaps the kernel before): its GPU test (the MoE model bit-equal with and without), then the 35B-A3B and 27B int4 engines on and off twice
@@ -471,6 +471,11 @@ stage() {
         --toggle NINFER_GATES_IN_DECODE=1,0
       part 120 python3 perf/bench_engine.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --contexts 1024 --lanes 1 8 \
         --steps 12 --prefill --toggle NINFER_GATES_IN_DECODE=1,0
+      none=NINFER_MOE_DOWN_EARLY=0+NINFER_DELTANET_EARLY=0+NINFER_FLOAT_GEMV_EARLY=0
+      for shape in "35b-a3b --recipe qwen3_5_35b_a3b_int4" "27b --recipe int4"; do
+        part 160 python3 perf/bench_engine.py --shape $shape --contexts 1024 --lanes 1 8 --steps 12 \
+          --settings base $none base $none
+      done
       ;;
     gates-export-35b)
       gpu_tests 150 deltanet_decode_gpu -n 4 -k gates_projected

@@ -106,28 +106,35 @@ def norm_in_gemm() -> bool:
 
 def moe_down_early() -> bool:
     """Whether the MoE down projection at decode is launched with programmatic dependent launch and requests its
-    expert ids and weights before it waits for the gate/up GEMM (:func:`ninfer.kernels.pdl.early_pdl`), with
-    ``NINFER_MOE_DOWN_EARLY=1`` (read per call). Off until measured on a GPU: at batch 1 the 35B-A3B's down GEMV
-    took 5.4 µs for 4.2 MB (26% of copy bandwidth, run 2026-12-06.8), most of it the wait for its first bytes."""
-    return env_switch("NINFER_MOE_DOWN_EARLY", False)
+    expert ids and weights before it waits for the gate/up GEMM (:func:`ninfer.kernels.pdl.early_pdl`), unless
+    ``NINFER_MOE_DOWN_EARLY=0`` (read per call). Run 2026-12-06.12 (H100, 35B-A3B int4, on and off twice in turn):
+    2.45 against 2.53 ms at batch 1, 4.98 against 5.10 ms at C = 8; one MoE block at one token 24.4 against 26.6 µs."""
+    return env_switch("NINFER_MOE_DOWN_EARLY", True)
 
 
 def deltanet_early() -> bool:
     """Whether the Gated DeltaNet decode kernel is launched with programmatic dependent launch and loads its
     recurrent state (written by the previous step) before it waits for the q/k/v/z projection
-    (:func:`ninfer.kernels.pdl.early_pdl`), with ``NINFER_DELTANET_EARLY=1`` (read per call). Off until measured on
-    a GPU: the state is 2 MB a layer for the 35B-A3B and 3 MB for the 27B at batch 1, read after the projection
-    today."""
-    return env_switch("NINFER_DELTANET_EARLY", False)
+    (:func:`ninfer.kernels.pdl.early_pdl`), unless ``NINFER_DELTANET_EARLY=0`` (read per call). Run 2026-12-06.11
+    (H100, 27B int4, where it is the only one of the three early starts that runs, against none, twice each): 7.12
+    against 7.19 ms at batch 1, 8.66 against 8.77 ms at C = 8; inside the noise on the 35B-A3B."""
+    return env_switch("NINFER_DELTANET_EARLY", True)
 
 
-def float_gemv_early() -> bool:
+FLOAT_GEMV_EARLY_MIN_ROWS = 8
+
+
+def float_gemv_early(rows: int) -> bool:
     """Whether the small float projections at decode (the MoE routers; the DeltaNet a/b gates where the decode
-    kernel does not project them) take the one-launch float GEMV launched with programmatic dependent launch, its
-    weights asked of the L2 before it waits for the kernel before (:func:`ninfer.kernels.pdl.early_pdl`), instead of
-    the tuned choice between cuBLAS and that kernel, with ``NINFER_FLOAT_GEMV_EARLY=1`` (read per call). Off until
-    measured on a GPU: the 35B-A3B's routers take 3.2 µs each for 1 MB through cuBLAS at batch 1 (run
-    2026-12-06.8)."""
+    kernel does not project them) over ``rows`` tokens take the one-launch float GEMV launched with programmatic
+    dependent launch, its weights asked of the L2 before it waits for the kernel before
+    (:func:`ninfer.kernels.pdl.early_pdl`), instead of the tuned choice between cuBLAS and that kernel.
+    ``NINFER_FLOAT_GEMV_EARLY=1`` at every token count, ``0`` never (read per call); unset, from
+    ``FLOAT_GEMV_EARLY_MIN_ROWS`` tokens on. Run 2026-12-06.12 (H100, 35B-A3B int4, on and off twice in turn): at
+    C = 8 4.96 against 5.12 ms, at batch 1 2.67 against 2.54 ms (cuBLAS's 3.2 µs router stays the faster there)."""
+    value = os.environ.get("NINFER_FLOAT_GEMV_EARLY", "").strip()
+    if not value:
+        return rows >= FLOAT_GEMV_EARLY_MIN_ROWS
     return env_switch("NINFER_FLOAT_GEMV_EARLY", False)
 
 

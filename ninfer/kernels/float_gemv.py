@@ -127,9 +127,10 @@ def float_linear(x: torch.Tensor | NormedRows, weight: torch.Tensor) -> torch.Te
     """``F.linear(x, weight)``, through the tuned choice between cuBLAS and the one-launch kernel where both apply
     (CUDA, bf16 / fp16, at most ``MAX_TOKENS`` tokens and ``MAX_ROWS`` rows). Rows whose norm was deferred
     (:class:`~ninfer.kernels.norms.NormedRows`) take the one-launch kernel, which normalizes them, where it applies
-    (tuned apart, without cuBLAS), and are materialized elsewhere. With ``NINFER_FLOAT_GEMV_EARLY=1`` (where
-    programmatic dependent launch is on) the kernel is tuned without cuBLAS and launched early, its weights asked of
-    the L2 while the kernel before runs (:func:`launch_float_gemv`)."""
+    (tuned apart, without cuBLAS), and are materialized elsewhere. Where the early start applies
+    (:func:`~ninfer.kernels.dispatch.float_gemv_early`: from 8 tokens on unless ``NINFER_FLOAT_GEMV_EARLY`` says,
+    with programmatic dependent launch on) the kernel is tuned without cuBLAS and launched early, its weights asked
+    of the L2 while the kernel before runs (:func:`launch_float_gemv`)."""
     row_norm = x if isinstance(x, NormedRows) else None
     if row_norm is not None:
         x = row_norm.scaled
@@ -145,7 +146,7 @@ def float_linear(x: torch.Tensor | NormedRows, weight: torch.Tensor) -> torch.Te
     if row_norm is not None:
         row_norm = row_norm.over(x2)
     out = torch.empty(rows, n_out, dtype=x.dtype, device=x.device)
-    early = float_gemv_early() and pdl_enabled(x.device)
+    early = float_gemv_early(rows) and pdl_enabled(x.device)
     key = (x.dtype, m_bucket(rows), n_out, k, x.device) + (("row-norm",) if row_norm is not None else ()) \
         + (("early",) if early else ())
     sms = sm_count(x.device)

@@ -13,9 +13,9 @@ trigger after it, so only their launch overlaps the kernel before them.
 A kernel whose inputs other than its activations were written before the kernel before it started (the MoE down
 projection: its expert ids come from the routing, two launches back) can request its weights while that kernel
 runs: :func:`early_pdl` launches it with PDL, and it reads the ids and asks the L2 for its weight lines
-(:func:`l2_prefetch_rows`) before it waits (``NINFER_MOE_DOWN_EARLY=1``, off until measured). So can the Gated
-DeltaNet decode: its recurrent state was written by the previous step (``NINFER_DELTANET_EARLY=1``, off until
-measured). Reading early is safe for anything written before the kernel before it started: that kernel, launched
+(:func:`l2_prefetch_rows`) before it waits (on unless ``NINFER_MOE_DOWN_EARLY=0``). So can the Gated
+DeltaNet decode: its recurrent state was written by the previous step (on unless
+``NINFER_DELTANET_EARLY=0``). Reading early is safe for anything written before the kernel before it started: that kernel, launched
 normally or waiting before it triggers, or triggering at its start after a kernel launched normally, cannot have
 let this one start before those writes were done.
 """

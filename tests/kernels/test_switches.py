@@ -18,9 +18,9 @@ SWITCHES = [  # (variable, reader, default)
     ("NINFER_FUSED_PROLOGUE", dispatch.fused_prologue, True),
     ("NINFER_MOE_NORM", dispatch.norm_in_moe_combine, True),
     ("NINFER_NORM_IN_GEMM", dispatch.norm_in_gemm, True),
-    ("NINFER_MOE_DOWN_EARLY", dispatch.moe_down_early, False),
-    ("NINFER_DELTANET_EARLY", dispatch.deltanet_early, False),
-    ("NINFER_FLOAT_GEMV_EARLY", dispatch.float_gemv_early, False),
+    ("NINFER_MOE_DOWN_EARLY", dispatch.moe_down_early, True),
+    ("NINFER_DELTANET_EARLY", dispatch.deltanet_early, True),
+    ("NINFER_FLOAT_GEMV_EARLY", lambda: dispatch.float_gemv_early(1), False),  # at batch 1; by rows below
     ("NINFER_FUSED_DELTANET_DECODE", fused_decode_enabled, True),
     ("NINFER_SHIPPED_TUNING", shipped.enabled, True),
 ]
@@ -40,6 +40,15 @@ def test_defaults_spellings_and_errors(monkeypatch: pytest.MonkeyPatch, name: st
     monkeypatch.setenv(name, "2")
     with pytest.raises(ValueError, match=f"{name}='2'"):
         read()
+
+
+def test_the_float_gemv_starts_early_from_eight_tokens_unless_told(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("NINFER_FLOAT_GEMV_EARLY", raising=False)
+    assert [dispatch.float_gemv_early(rows) for rows in (1, 4, 7, 8, 16)] == [False, False, False, True, True]
+    monkeypatch.setenv("NINFER_FLOAT_GEMV_EARLY", "1")
+    assert dispatch.float_gemv_early(1)
+    monkeypatch.setenv("NINFER_FLOAT_GEMV_EARLY", "0")
+    assert not dispatch.float_gemv_early(16)
 
 
 def test_pdl_needs_compute_capability_9(monkeypatch: pytest.MonkeyPatch) -> None:
