@@ -23,7 +23,8 @@ tensor-core decode of ``quant_gemv_mma``), ``dequant`` (M > 16, weights the tune
 offers it for: every ``quant_dequant`` candidate timed, whole-weight dequantization + cuBLAS, the
 fastest recorded with the dequant kernel's own time and bandwidth as ``dequant_ms`` /
 ``dequant_tbps``), ``frag`` (int4 / int8-g64 / nvfp4, M <= 32: the weight re-laid into the fragment layout, every candidate of
-the register decode ``fragment_mma`` timed, the fastest recorded), ``frag-tiled`` (likewise, M > 32: the tiled
+the register decode ``fragment_mma`` timed, the fastest recorded), ``frag-async`` (likewise, its configs whose
+codes come through the loop's ``cp.async`` pipeline, ``num_stages >= 3``), ``frag-tiled`` (likewise, M > 32: the tiled
 ``tl.dot`` GEMM of ``fragment_tiled``), ``tuned`` (the runtime tuner over all
 candidates, whichever path wins). Records carry ``path`` and ``config``. ``--l2 cold`` (decode sizes)
 times ours, cuBLAS and int4pack over enough copies of the weight (>= 256 MB in all, cycled inside the
@@ -51,6 +52,7 @@ from common import bench_graph_ms, bench_ms, copy_bandwidth_tbps, matmul_peak_tf
 from ninfer.kernels.dispatch import DEFAULT_SPLIT_SUM, pdl_enabled, split_sum_mode
 from ninfer.kernels.quant_gemm import tune as quant_gemm_tune
 from ninfer.kernels.quant_gemm.dequant import dequantize_triton, workspace
+from ninfer.kernels.quant_gemm.fragment_mma import ASYNC_MIN_STAGES
 from ninfer.kernels.quant_gemm.fragments import FRAGMENTS, fragments_fit, to_fragments
 from ninfer.kernels.tuning import default_tuner
 from ninfer.kernels.quant_gemm import quant_matmul_reference, quant_matmul_triton
@@ -60,9 +62,10 @@ H, I_FF, V = 5120, 17408, 248320
 SHAPES = {  # name: (N, K) of W [N, K]
     "gate_up": (2 * I_FF, H), "down": (H, I_FF), "q_proj": (12288, H), "kv_proj": (1024, H), "o_proj": (H, 6144),
     "in_proj_qkv": (10240, H), "in_proj_z": (6144, H), "in_proj_qkvz": (16384, H), "in_proj_ab": (96, H), "lm_head": (V, H),
+    "35b_in_proj_qkvz": (12288, 2048), "35b_out_proj": (2048, 4096),  # the 35B-A3B's DeltaNet projections
 }
 MS = (1, 2, 4, 8, 16, 64, 512, 4096)
-PATHS = ("default", "dot", "gemv", "mma", "regs", "frag", "frag-tiled", "dequant", "tuned")
+PATHS = ("default", "dot", "gemv", "mma", "regs", "frag", "frag-async", "frag-tiled", "dequant", "tuned")
 COLD_BYTES = 256 << 20  # weight copies cycled per graph for an L2-cold timing (the H200's L2 is 50 MB)
 GEMLITE_BUDGET_S = 40.0
 
@@ -144,7 +147,7 @@ def _run_path(path: str, fmt: str, x: torch.Tensor, qt, tune: bool, cold: bool =
     n = qt.shape[0]
     graph = m <= quant_gemm_tune.MMA_MAX_M
     scratch = torch.empty(m, n, device=x.device, dtype=x.dtype)
-    if path in ("frag", "frag-tiled"):
+    if path in ("frag", "frag-async", "frag-tiled"):
         if not fragments_fit(fmt, tuple(qt.shape)) or (m > quant_gemm_tune.MMA_MAX_M) != (path == "frag-tiled"):
             return None
         q, sc = to_fragments(qt.tensors["qweight"], qt.tensors["scales"])
@@ -159,8 +162,11 @@ def _run_path(path: str, fmt: str, x: torch.Tensor, qt, tune: bool, cold: bool =
         return _time(lambda: quant_matmul_triton(x, weight(), out=scratch, config=cfg), graph, len(copies))
 
     sms = quant_gemm_tune.sm_count(x.device)
-    if path == "frag":
-        return _best("frag", quant_gemm_tune.fragment_candidates(fmt, m, n, k, sms), time_cfg)
+    if path == "frag":  # the register decode's own loads (num_stages 1 / 2)
+        return _best("frag", [c for c in quant_gemm_tune.fragment_candidates(fmt, m, n, k, sms)
+                              if c.num_stages < ASYNC_MIN_STAGES], time_cfg)
+    if path == "frag-async":  # its codes through the loop's cp.async pipeline
+        return _best("frag-async", quant_gemm_tune.fragment_async_candidates(fmt, m, n, k, sms), time_cfg)
     if path == "frag-tiled":
         return _best("frag-tiled", quant_gemm_tune.tiled_fragment_candidates(fmt, m, n, k, sms), time_cfg)
     if path == "dot":
@@ -297,7 +303,7 @@ def main() -> None:
                     else:
                         achieved, limit, unit = flops / ms_ours / 1e9, peak, "TFLOP/s"
                     label = f"{shape} N={n} K={k} M={m} {fmt}" + ("" if path == "default" else f" [{path}]") \
-                        + (" l2-cold" if cold and decode else "") + (" pdl" if path == "frag" and pdl else "") \
+                        + (" l2-cold" if cold and decode else "") + (" pdl" if path.startswith("frag") and pdl else "") \
                         + (f" split-{split_sum_mode()}" if path == "frag" and split_sum_mode() != DEFAULT_SPLIT_SUM else "")
                     record("quant_gemm", label, ms_ours, achieved=achieved, limit=limit,
                            unit=unit, baseline="cublas_bf16", baseline_ms=cublas[m], format=fmt, m=m, n=n, k=k,

@@ -105,6 +105,7 @@ tune-l2               the decode tuners timing their candidates L2-cold (NINFER_
 deltanet-early        the Gated DeltaNet decode launched early (NINFER_DELTANET_EARLY=1: its recurrent state loaded while the q/k/v/z projection runs, under programmatic dependent launch): its kernel GPU tests with it on, then the 27B int4 and 35B-A3B engines on and off twice at C = 1 / 8
 early-model-tests     the whole-model GPU tests (parity, graphs = eager, dense and MoE) and the MTP tests (greedy = plain greedy) with NINFER_DELTANET_EARLY=1 and NINFER_MOE_DOWN_EARLY=1 both on
 float-gemv-early      the routers through the one-launch float GEMV launched early (NINFER_FLOAT_GEMV_EARLY=1: its weights asked of the L2 while the kernel before runs, cuBLAS not a candidate): its GPU tests, then the 35B-A3B engine on and off twice at C = 1 / 8
+frag-async            the register decode with its codes copied into shared memory by the loops cp.async pipeline (NINFER_FRAG_ASYNC=1 adds 3- and 5-stage configs): its GPU tests, then L2-cold against the register decodes own loads at 1 / 4 / 8 tokens, int4-g64 and nvfp4, the 27B and 35B-A3B projections
 early-all             the three early starts (MoE down, DeltaNet decode, float GEMV) together against none, 35B-A3B then 27B int4 at C = 1 / 8 (bench_engine --settings, one process each: base, all, base, all)
 moe-down-early        the MoE down projection launched early (NINFER_MOE_DOWN_EARLY=1: its expert ids read and its weights asked of the L2 while the gate/up runs, under programmatic dependent launch): its GPU tests, one 35B-A3B MoE block with and without (perf/bench_moe_block.py), the 35B-A3B engine on and off twice at C = 1 / 8
 defaults-check        the defaults since run 2026-12-06.10 on the GPU that comes: the 27B int4 and 35B-A3B engines at C = 1 / 8 with the a/b gates in the DeltaNet decode on then off, then the early starts (MoE down, DeltaNet decode, float GEMV from 8 tokens; on by default since run 2026-12-06.12) against all three off, twice each
@@ -450,6 +451,11 @@ stage() {
       gpu_tests 120 float_gemv_gpu -n 2 -k "early or every_candidate"
       part 170 python3 perf/bench_engine.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --contexts 1024 --lanes 1 8 \
         --steps 12 --prefill --toggle NINFER_FLOAT_GEMV_EARLY=1,0,1,0
+      ;;
+    frag-async)  # the register decode waited on its loads with registers capping its warps per SM (Nsight Compute)
+      gpu_tests 240 fragment_async_gpu -n 4
+      part 300 python3 perf/bench_quant_gemm.py --path frag,frag-async --m 1,4,8 --formats int4-g64,nvfp4 --l2 cold \
+        --shapes gate_up,down,in_proj_qkvz,o_proj,35b_in_proj_qkvz,35b_out_proj --no-gemlite
       ;;
     early-all)
       all=NINFER_MOE_DOWN_EARLY=1+NINFER_DELTANET_EARLY=1+NINFER_FLOAT_GEMV_EARLY=1

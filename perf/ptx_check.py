@@ -161,7 +161,7 @@ def compile_expert_mma(fmt: str, cfg, swiglu: bool, arch: int, aligned: bool = F
                   PARTS_BLOCK=deferred_norm.parts_block(row_norm_parts, tokens) if row_norm_parts else 1,
                   CPG=int(fmt.split("-g")[1]) // 64, SWIGLU=swiglu, SPLIT=split, FUSED_REDUCE=split,
                   SUM_ACROSS=split and split_sum_across(),
-                  WARPS=cfg.num_warps, UNROLL=cfg.block_k // 64, PREFETCH=cfg.num_stages > 1, PAIRS_BLOCK=64,
+                  WARPS=cfg.num_warps, UNROLL=cfg.block_k // 64, PREFETCH=cfg.num_stages == 2, STAGES=stages, PAIRS_BLOCK=64,
                   ALIGNED=aligned, DECODE_ASM=row_major_decode_asm("bf16"), DECODE_OPERANDS="=r," * 16 + "r,r,r,r",
                   MMA_ASM=mma_asm("bf16"), ASM=True)
     sig.update(dict.fromkeys(consts, "constexpr"))
@@ -222,7 +222,9 @@ def compile_frag(cfg, group: int, swiglu: bool, arch: int, bits: int = 4, fp4: b
     """fragment_mma's kernel (bf16 activations, PTX decode) for one config, split-K with the fused reduction; with
     ``norm_chunks`` the norm after it in its last program (rows of up to ``norm_chunks`` x 1024 columns); ``defer``:
     the norm left to the readers (``quant_gemm.deferred_norm``), ``row_norm_parts``: a reader of such rows."""
-    sig = {"x_ptr": "*bf16", "q_ptr": "*u8" if bits == 4 else "*i8", "s_ptr": "*i32", "rs_ptr": "*fp32",
+    stages = cfg.num_stages if cfg.num_stages >= fragment_mma.ASYNC_MIN_STAGES else 1  # cp.async: int32 codes
+    code_type = "*i32" if stages > 1 else "*u8" if bits == 4 else "*i8"
+    sig = {"x_ptr": "*bf16", "q_ptr": code_type, "s_ptr": "*i32", "rs_ptr": "*fp32",
            "res_ptr": "*bf16", "out_ptr": "*bf16", "ws_ptr": "*fp32", "cnt_ptr": "*i32", "nw_ptr": "*bf16",
            "normed_ptr": "*bf16", "stats_in_ptr": "*fp32", "stats_out_ptr": "*fp32",
            **dict.fromkeys(("M", "N_OUT", "KC", "NG", "chunks_per_split", "stride_xm", "stride_rm", "stride_om",
@@ -237,7 +239,7 @@ def compile_frag(cfg, group: int, swiglu: bool, arch: int, bits: int = 4, fp4: b
                   S_BLOCK=min(triton.next_power_of_2(cfg.split_k),
                               max(1, 16 // ((cfg.block_m // 8) * (2 if swiglu or pair else 1))))
                   if split and split_sum_mode() == "tile" else 1,
-                  NB=cfg.block_m // 8, WARPS=cfg.num_warps, UNROLL=cfg.block_k // 64, PREFETCH=cfg.num_stages > 1,
+                  NB=cfg.block_m // 8, WARPS=cfg.num_warps, UNROLL=cfg.block_k // 64, PREFETCH=cfg.num_stages == 2, STAGES=stages,
                   TOKENS_FIRST=False, PDL=arch >= 90, ASM=True, BITS=bits, FP4=fp4,
                   **fragment_mma.asm_constants(torch.bfloat16, bits, fp4))
     sig.update(dict.fromkeys(consts, "constexpr"))

@@ -138,6 +138,15 @@ def float_gemv_early(rows: int) -> bool:
     return env_switch("NINFER_FLOAT_GEMV_EARLY", False)
 
 
+def frag_async() -> bool:
+    """Whether the register decode's tuner also times its configs whose codes reach the registers through
+    ``cp.async`` copies into shared memory, several loop trips ahead (``num_stages >= 3``:
+    :mod:`ninfer.kernels.quant_gemm.fragment_mma`), with ``NINFER_FRAG_ASYNC=1`` (read when a call shape's
+    candidate list is first built). Off until measured on a GPU: Nsight Compute found the register decode waiting on
+    its loads with registers capping the warps per SM (``docs/performance.md``), the limit these configs lift."""
+    return env_switch("NINFER_FRAG_ASYNC", False)
+
+
 @cache
 def _capability(device: torch.device) -> tuple[int, int]:
     return torch.cuda.get_device_capability(device) if device.type == "cuda" else (0, 0)

@@ -27,7 +27,11 @@ streams the bytes 80-92%). Here the weights go from global memory straight into 
   while the previous one finishes; it requests its first codes (static weights), lets the next kernel launch
   (``griddepcontrol.launch_dependents``), then waits (``griddepcontrol.wait``) before anything reads the
   activations or writes.
-* ``num_stages=2`` requests each next loop trip's codes before this trip's arithmetic.
+* ``num_stages=2`` requests each next loop trip's codes before this trip's arithmetic. ``num_stages >= 3`` loads
+  them with plain loads in a ``tl.range`` loop of that many stages instead, which the compiler's software pipeline
+  turns into ``cp.async`` copies into shared memory ``num_stages - 1`` trips ahead (:func:`.load_trip_async`): the
+  codes in flight per SM are then bounded by shared memory, not registers (Nsight Compute found the register decode
+  waiting on its loads with a quarter to a half of the SM's warp slots filled: ``docs/performance.md``).
 * Split-K over grid axis 1 with the deterministic epilogue of :mod:`.gemv_steps` (partials in an fp32 scratch,
   the last split to arrive sums them in split order: split after split for all of its accumulators at once (the
   default), with ``NINFER_SPLIT_SUM=each`` accumulator after accumulator, or with ``=tile`` the whole tile's partials
@@ -53,7 +57,6 @@ from ninfer.kernels.dispatch import INTERPRET, pdl_enabled, split_sum_mode
 from ninfer.kernels.norms import NextNorm, NormedRows
 from ninfer.kernels.quant_gemm.deferred_norm import (
     add_lane_squares,
-    finish_deferred,
     first_shares,
     lane_factors,
     reader_args,
@@ -61,13 +64,18 @@ from ninfer.kernels.quant_gemm.deferred_norm import (
     scaled_by_rows,
     store_row_stats,
 )
+from ninfer.kernels.quant_gemm.fragment_epilogue import finish_outputs, lane_position, row_scaled
 from ninfer.kernels.quant_gemm.fragment_ptx import asm_constants
-from ninfer.kernels.quant_gemm.fragment_steps import load_trip, trip_step, trip_step_fp4
+from ninfer.kernels.quant_gemm.fragment_steps import (
+    l2_prefetch_first_trips,
+    load_trip,
+    load_trip_async,
+    trip_step,
+    trip_step_fp4,
+)
 from ninfer.kernels.quant_gemm.fragments import CHUNK_COLS, TILE_ROWS, code_bits, words
-from ninfer.kernels.quant_gemm.fragments_fp4 import FP4_OUT_SCALE
 from ninfer.kernels.quant_gemm.gemv import tile_counters
 from ninfer.kernels.quant_gemm.gemv_steps import (
-    finish_at,
     last_split_arrived,
     reduce_splits,
     reset_counter,
@@ -79,32 +87,6 @@ from ninfer.kernels.quant_gemm.gemv_steps import (
 from ninfer.kernels.quant_gemm.norm_epilogue import NORM_COLS, norm_when_all_arrived
 from ninfer.kernels.quant_gemm.tune import PAIR_KIND, GemmConfig
 
-@triton.jit
-def _row_scaled(acc, acc_up, rs_ptr, tile_out, slots, g, t, tok0, M, n_stream, NB: tl.constexpr, TWO: tl.constexpr):
-    """nvfp4: the sums times each output row's global scale (and the ``2^8`` the decode left out); the second
-    stream's rows (SwiGLU's up rows, a pair's second half) are ``n_stream`` further on."""
-    out = ()
-    out_up = ()
-    for i in tl.static_range(4 * NB):
-        _, n_idx, _ = _position(i, tile_out, slots, g, t, tok0, M)
-        row = tl.minimum(n_idx, n_stream - 1)
-        out = out + (acc[i] * (tl.load(rs_ptr + row) * FP4_OUT_SCALE),)
-        if TWO:
-            out_up = out_up + (acc_up[i] * (tl.load(rs_ptr + n_stream + row) * FP4_OUT_SCALE),)
-    if not TWO:
-        out_up = out
-    return out, out_up
-
-
-@triton.jit
-def _position(i: tl.constexpr, tile_out, slots, g, t, tok0, M):
-    """(token, row, valid) of a lane's accumulator ``i``: in 8-token block ``i // 4``, rows ``g`` / ``g + 8`` for
-    ``i % 4`` in 0..1 / 2..3, tokens ``2t`` / ``2t + 1`` for even / odd ``i`` (the MMA's D fragment)."""
-    n_idx = tile_out * 16 + g + 8 * ((i % 4) // 2)
-    m_idx = tok0 + 8 * (i // 4) + 2 * t + i % 2
-    return m_idx, n_idx, (tile_out < slots) & (m_idx < M)
-
-
 @triton.jit(do_not_specialize=["M", "chunks_per_split"])
 def _fragment_mma_kernel(
     x_ptr, q_ptr, s_ptr, rs_ptr, res_ptr, out_ptr, ws_ptr, cnt_ptr, nw_ptr, normed_ptr, stats_in_ptr, stats_out_ptr,
@@ -115,12 +97,13 @@ def _fragment_mma_kernel(
     SPLIT: tl.constexpr,
     FUSED_REDUCE: tl.constexpr, SUM_ACROSS: tl.constexpr, SUM_TILE: tl.constexpr, S_BLOCK: tl.constexpr,
     NB: tl.constexpr, WARPS: tl.constexpr, UNROLL: tl.constexpr,
-    PREFETCH: tl.constexpr,
+    PREFETCH: tl.constexpr, STAGES: tl.constexpr,
     TOKENS_FIRST: tl.constexpr, PDL: tl.constexpr, BITS: tl.constexpr, FP4: tl.constexpr, LOAD0: tl.constexpr,
     LOAD1: tl.constexpr, LOAD2: tl.constexpr, LOAD3: tl.constexpr, DECODE_ASM: tl.constexpr,
     DECODE_OPERANDS: tl.constexpr, MMA_ASM: tl.constexpr, SCALE_ASM: tl.constexpr, ASM: tl.constexpr,
 ):
     TWO: tl.constexpr = SWIGLU or PAIR
+    ASYNC: tl.constexpr = STAGES >= 3
     e = tl.arange(0, 32 * WARPS)  # one element per thread: element i is thread i (lane i % 32 of warp i // 32)
     lane = e % 32
     g = lane // 4
@@ -143,6 +126,9 @@ def _fragment_mma_kernel(
     if ASM:
         code_lane = q_ptr.to(tl.int64) + tile.to(tl.int64) * KC * (128 * BITS) + lane * 16
         code_lane_up = code_lane + slots.to(tl.int64) * KC * (128 * BITS)
+        if ASYNC:  # q_ptr: the codes as int32 words
+            code_words = q_ptr + tile.to(tl.int64) * KC * (32 * BITS) + lane * 4
+            code_words_up = code_words + slots.to(tl.int64) * KC * (32 * BITS)
         for b in tl.static_range(NB):
             row = tl.minimum(tok0 + 8 * b + g, M - 1).to(tl.int64)
             x_lane = x_lane + (x_ptr.to(tl.int64) + (row * stride_xm + t * 16) * 2,)
@@ -159,10 +145,19 @@ def _fragment_mma_kernel(
     c_first = tl.program_id(1) * chunks_per_split
     c_last = tl.minimum(c_first + chunks_per_split, KC)
     # The weights do not depend on the previous kernel: the first trip's codes are requested before waiting
-    # for it (programmatic dependent launch), and with PREFETCH each trip requests the next one's.
-    codes = load_trip(code_lane, s_lane, c_first, UNROLL, ASM, BITS, FP4, LOAD0, LOAD1, LOAD2, LOAD3)
-    codes_up = load_trip(code_lane_up, s_lane_up, c_first, UNROLL, ASM and TWO, BITS, FP4, LOAD0, LOAD1, LOAD2,
-                         LOAD3)
+    # for it (programmatic dependent launch), and with PREFETCH each trip requests the next one's. With STAGES the
+    # loop's software pipeline copies codes STAGES - 1 trips ahead into shared memory; before the wait, the L2 is
+    # asked for the lines of those first trips.
+    if ASYNC:
+        if PDL:
+            LINES: tl.constexpr = ((STAGES - 1) * UNROLL * BITS + 31) // 32
+            l2_prefetch_first_trips(code_lane - lane * 16, lane, c_first, c_last, LINES, BITS)
+            if TWO:
+                l2_prefetch_first_trips(code_lane_up - lane * 16, lane, c_first, c_last, LINES, BITS)
+    else:
+        codes = load_trip(code_lane, s_lane, c_first, UNROLL, ASM, BITS, FP4, LOAD0, LOAD1, LOAD2, LOAD3)
+        codes_up = load_trip(code_lane_up, s_lane_up, c_first, UNROLL, ASM and TWO, BITS, FP4, LOAD0, LOAD1, LOAD2,
+                             LOAD3)
     if PDL:
         # The next kernel may launch once every program of this one has got here, so its programs fill the SMs
         # this one's last programs leave, and request their own codes meanwhile; it waits for this one to
@@ -177,8 +172,16 @@ def _fragment_mma_kernel(
     shares = tl.zeros((PARTS_BLOCK, 8 * NB), dtype=tl.float32)
     if ROW_NORM and not LATE_NORM:
         shares = first_shares(stats_in_ptr, parts_in, rows_t, M, PARTS_BLOCK)
-    for c in range(c_first, c_last, UNROLL):
-        if PREFETCH:  # the last trip requests its own codes again (cached), not past the split
+    for c in tl.range(c_first, c_last, UNROLL, num_stages=STAGES):
+        if ASYNC:
+            if ASM:
+                codes = load_trip_async(code_words, s_lane, c, UNROLL, BITS, FP4)
+                codes_up = codes
+                if TWO:
+                    codes_up = load_trip_async(code_words_up, s_lane_up, c, UNROLL, BITS, FP4)
+            else:  # the interpreter's body gathers its own
+                codes, codes_up = c, c
+        elif PREFETCH:  # the last trip requests its own codes again (cached), not past the split
             c_next = tl.minimum(c + UNROLL, c_last - UNROLL)
             codes_next = load_trip(code_lane, s_lane, c_next, UNROLL, ASM, BITS, FP4, LOAD0, LOAD1, LOAD2, LOAD3)
             codes_up_next = load_trip(code_lane_up, s_lane_up, c_next, UNROLL, ASM and TWO, BITS, FP4, LOAD0, LOAD1,
@@ -206,10 +209,10 @@ def _fragment_mma_kernel(
     n_stream = slots * 16  # output columns per stream; a pair's second stream writes the second half
     sq_rows = tl.zeros((32 * WARPS, 8 * NB), dtype=tl.float32)  # DEFER: each lane's squares by row of the block
     if FP4:
-        acc, acc_up = _row_scaled(acc, acc_up, rs_ptr, tile_out, slots, g, t, tok0, M, n_stream, NB, TWO)
+        acc, acc_up = row_scaled(acc, acc_up, rs_ptr, tile_out, slots, g, t, tok0, M, n_stream, NB, TWO)
     if SPLIT:  # partials [split, M, 2 * n_stream] for two streams: the second stream's at + n_stream
         for i in tl.static_range(4 * NB):
-            m_idx, n_idx, mask = _position(i, tile_out, slots, g, t, tok0, M)
+            m_idx, n_idx, mask = lane_position(i, tile_out, slots, g, t, tok0, M)
             store_partials_at(ws_ptr, acc[i], acc_up[i], pid_s, M, m_idx, n_idx, mask, n_stream, TWO)
         if FUSED_REDUCE:
             if last_split_arrived(cnt_ptr):
@@ -223,8 +226,8 @@ def _fragment_mma_kernel(
                     if LATE_NORM:
                         r = rstd_of_shares(shares, stats_in_ptr, parts_in, rows_t, M, KC * 64, eps_in, PARTS_BLOCK)
                         y, y_up = y * r[:, None], y_up * r[:, None]
-                    sq = _finish(y, y_up, m_t, n_t, mask_t, n_stream, res_ptr, stride_rm, out_ptr, stride_om, nw_ptr,
-                                 normed_ptr, stride_nm, SWIGLU, PAIR, HAS_RES, NORM, DEFER)
+                    sq = finish_outputs(y, y_up, m_t, n_t, mask_t, n_stream, res_ptr, stride_rm, out_ptr, stride_om,
+                                        nw_ptr, normed_ptr, stride_nm, SWIGLU, PAIR, HAS_RES, NORM, DEFER)
                     if DEFER:
                         store_row_stats(stats_out_ptr, prog, rows_t, M, tl.sum(sq, axis=1))
                 elif SUM_ACROSS:
@@ -232,7 +235,7 @@ def _fragment_mma_kernel(
                     n_idxs = ()
                     masks = ()
                     for i in tl.static_range(4 * NB):
-                        m_idx, n_idx, mask = _position(i, tile_out, slots, g, t, tok0, M)
+                        m_idx, n_idx, mask = lane_position(i, tile_out, slots, g, t, tok0, M)
                         m_idxs, n_idxs, masks = m_idxs + (m_idx,), n_idxs + (n_idx,), masks + (mask,)
                     sums = sum_splits_of(ws_ptr, m_idxs, n_idxs, masks, M, n_stream, tl.num_programs(1), TWO)
                     if LATE_NORM:
@@ -242,8 +245,9 @@ def _fragment_mma_kernel(
                         if LATE_NORM:
                             f = lane_factors(r, t, 8 * (i // 4) + i % 2, 8 * NB)
                             y, y_up = y * f, y_up * f
-                        sq = _finish(y, y_up, m_idxs[i], n_idxs[i], masks[i], n_stream, res_ptr, stride_rm, out_ptr,
-                                     stride_om, nw_ptr, normed_ptr, stride_nm, SWIGLU, PAIR, HAS_RES, NORM, DEFER)
+                        sq = finish_outputs(y, y_up, m_idxs[i], n_idxs[i], masks[i], n_stream, res_ptr, stride_rm,
+                                            out_ptr, stride_om, nw_ptr, normed_ptr, stride_nm, SWIGLU, PAIR, HAS_RES,
+                                            NORM, DEFER)
                         if DEFER:
                             sq_rows = add_lane_squares(sq_rows, sq, 8 * (i // 4) + 2 * t + i % 2, 8 * NB)
                     if DEFER:
@@ -252,13 +256,14 @@ def _fragment_mma_kernel(
                     if LATE_NORM:
                         r = rstd_of_shares(shares, stats_in_ptr, parts_in, rows_t, M, KC * 64, eps_in, PARTS_BLOCK)
                     for i in tl.static_range(4 * NB):
-                        m_idx, n_idx, mask = _position(i, tile_out, slots, g, t, tok0, M)
+                        m_idx, n_idx, mask = lane_position(i, tile_out, slots, g, t, tok0, M)
                         y, y_up = sum_splits_at(ws_ptr, m_idx, n_idx, mask, M, n_stream, tl.num_programs(1), TWO)
                         if LATE_NORM:
                             f = lane_factors(r, t, 8 * (i // 4) + i % 2, 8 * NB)
                             y, y_up = y * f, y_up * f
-                        sq = _finish(y, y_up, m_idx, n_idx, mask, n_stream, res_ptr, stride_rm, out_ptr, stride_om,
-                                     nw_ptr, normed_ptr, stride_nm, SWIGLU, PAIR, HAS_RES, NORM, DEFER)
+                        sq = finish_outputs(y, y_up, m_idx, n_idx, mask, n_stream, res_ptr, stride_rm, out_ptr,
+                                            stride_om, nw_ptr, normed_ptr, stride_nm, SWIGLU, PAIR, HAS_RES, NORM,
+                                            DEFER)
                         if DEFER:
                             sq_rows = add_lane_squares(sq_rows, sq, 8 * (i // 4) + 2 * t + i % 2, 8 * NB)
                     if DEFER:
@@ -269,8 +274,8 @@ def _fragment_mma_kernel(
                                           NORM_CHUNKS)
     else:
         for i in tl.static_range(4 * NB):
-            m_idx, n_idx, mask = _position(i, tile_out, slots, g, t, tok0, M)
-            sq = _finish(acc[i], acc_up[i], m_idx, n_idx, mask, n_stream, res_ptr, stride_rm, out_ptr, stride_om,
+            m_idx, n_idx, mask = lane_position(i, tile_out, slots, g, t, tok0, M)
+            sq = finish_outputs(acc[i], acc_up[i], m_idx, n_idx, mask, n_stream, res_ptr, stride_rm, out_ptr, stride_om,
                          nw_ptr, normed_ptr, stride_nm, SWIGLU, PAIR, HAS_RES, NORM, DEFER)
             if DEFER:
                 sq_rows = add_lane_squares(sq_rows, sq, 8 * (i // 4) + 2 * t + i % 2, 8 * NB)
@@ -281,31 +286,7 @@ def _fragment_mma_kernel(
                                   NORM_CHUNKS)
 
 
-@triton.jit
-def _finish(y, y_up, m_idx, n_idx, mask, n_stream, res_ptr, stride_rm, out_ptr, stride_om, nw_ptr, scaled_ptr,
-            stride_sm, SWIGLU: tl.constexpr, PAIR: tl.constexpr, HAS_RES: tl.constexpr, NORM: tl.constexpr,
-            DEFER: tl.constexpr):
-    """The epilogue of one output (SwiGLU combines the two streams) or, for a pair of tiles, of two. Before a norm
-    (NORM) the product is rounded to the output dtype before the residual is added, as the unfused layer's GEMM
-    output and norm round it: the new residual stream is bit-equal to theirs. DEFER (the norm left to the readers,
-    :mod:`.deferred_norm`) also writes the scaled rows; returns the squares of the new residual stream (0 unless
-    DEFER)."""
-    sq = tl.zeros(y.shape, dtype=tl.float32)
-    if DEFER:
-        sq = finish_deferred(y, m_idx, n_idx, mask, res_ptr, stride_rm, out_ptr, stride_om, nw_ptr, scaled_ptr,
-                             stride_sm, HAS_RES)
-        if PAIR:
-            sq += finish_deferred(y_up, m_idx, n_idx + n_stream, mask, res_ptr, stride_rm, out_ptr, stride_om, nw_ptr,
-                                  scaled_ptr, stride_sm, HAS_RES)
-    else:
-        if NORM:
-            y = y.to(out_ptr.dtype.element_ty).to(tl.float32)
-            y_up = y_up.to(out_ptr.dtype.element_ty).to(tl.float32)
-        finish_at(y, y_up, m_idx, n_idx, mask, res_ptr, stride_rm, out_ptr, stride_om, SWIGLU, HAS_RES)
-        if PAIR:
-            finish_at(y_up, y_up, m_idx, n_idx + n_stream, mask, res_ptr, stride_rm, out_ptr, stride_om, False,
-                      HAS_RES)
-    return sq
+ASYNC_MIN_STAGES = 3  # a config's num_stages: 1 codes loaded in the trip, 2 a trip ahead in registers, 3+ cp.async
 
 
 def fragment_tile_groups(n_out: int, cfg: GemmConfig) -> int:
@@ -379,10 +360,11 @@ def launch_fragment_mma(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, 
     reads = reader_args(row_norm, cfg.block_m, out)
     stats_out = deferred.stats if deferred is not None else out
     tile_sum = splits > 1 and counters is not None and sum_mode == "tile"
+    stages = cfg.num_stages if cfg.num_stages >= ASYNC_MIN_STAGES else 1  # the loop's software pipeline
     _fragment_mma_kernel[grid](
-        x, q if asm else words(q), words(scales), row_scale if fp4 else scales, res_arg, out, ws, counters, nw,
-        normed, reads.stats, stats_out, m, n_out, kc, k // group, per, x.stride(0), res_arg.stride(0), out.stride(0),
-        normed.stride(0), eps, reads.parts, reads.eps,
+        x, q if asm and stages == 1 else words(q), words(scales), row_scale if fp4 else scales, res_arg, out, ws,
+        counters, nw, normed, reads.stats, stats_out, m, n_out, kc, k // group, per, x.stride(0), res_arg.stride(0),
+        out.stride(0), normed.stride(0), eps, reads.parts, reads.eps,
         CPG=cpg, NORM=last_norm, NORM_CHUNKS=triton.cdiv(n_out, NORM_COLS) if last_norm else 1,
         DEFER=deferred is not None, ROW_NORM=row_norm is not None, PARTS_BLOCK=reads.parts_block,
         SWIGLU=swiglu,
@@ -391,7 +373,8 @@ def launch_fragment_mma(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, 
         S_BLOCK=min(triton.next_power_of_2(splits), max(1, 16 // ((cfg.block_m // 8) * (2 if swiglu or pair else 1))))
         if tile_sum else 1,
         NB=cfg.block_m // 8,
-        WARPS=cfg.num_warps, UNROLL=unroll, PREFETCH=cfg.num_stages > 1, TOKENS_FIRST=tokens_first, PDL=pdl,
+        WARPS=cfg.num_warps, UNROLL=unroll, PREFETCH=cfg.num_stages == 2, STAGES=stages,
+        TOKENS_FIRST=tokens_first, PDL=pdl,
         ASM=asm,
         BITS=bits, FP4=fp4, num_warps=cfg.num_warps, num_stages=1, **asm_constants(x.dtype, bits, fp4),
         **({"maxnreg": cfg.max_registers} if cfg.max_registers else {}), **({"launch_pdl": True} if pdl else {}),

@@ -141,6 +141,49 @@ def load_trip(code_lane, scale_lane, c, UNROLL: tl.constexpr, ASM: tl.constexpr,
     return codes
 
 
+
+@triton.jit
+def _four_words(block):
+    """A lane's 16-byte row ``[N, 4]`` of int32 as its four words ``[N]`` each (the tuple :func:`load_codes` gives)."""
+    evens, odds = tl.split(tl.reshape(block, (block.shape[0], 2, 2)))  # words 0, 2 and words 1, 3
+    w0, w2 = tl.split(evens)
+    w1, w3 = tl.split(odds)
+    return w0, w1, w2, w3
+
+
+@triton.jit
+def load_trip_async(code_words, scale_lane, c, UNROLL: tl.constexpr, BITS: tl.constexpr, FP4: tl.constexpr):
+    """:func:`load_trip` through plain loads (``code_words``: the lane's first code word of chunk 0, an int32
+    pointer ``[N]``), which the compiler's software pipeline of a ``tl.range(..., num_stages=S)`` loop turns into
+    16-byte ``cp.async`` copies into shared memory, ``S - 1`` loop trips ahead: the bytes in flight are then bounded
+    by shared memory, not by registers. int8 chunks are two 16-byte rows, 512 bytes apart."""
+    quad = tl.arange(0, 4)[None, :]
+    codes = ()
+    for u in tl.static_range(UNROLL):
+        row = code_words + (c + u) * (32 * BITS)
+        w = _four_words(tl.load(row[:, None] + quad, cache_modifier=".cg"))
+        if BITS == 8:
+            w = w + _four_words(tl.load(row[:, None] + 128 + quad, cache_modifier=".cg"))
+        codes = codes + (w,)
+    if FP4:
+        for p in tl.static_range(UNROLL // 2):
+            codes = codes + (tl.load(scale_lane + (c // 2 + p) * 32),)
+    return codes
+
+
+@triton.jit
+def l2_prefetch_first_trips(tile_codes, lane, c_first, c_last, LINES: tl.constexpr, BITS: tl.constexpr):
+    """Ask the L2 for the first ``32 * LINES`` 128-byte lines of a split's codes (``tile_codes``: the address of
+    the lane's tile's chunk 0; chunks ``[c_first, c_last)``), one line per lane and step, clamped to the split:
+    issued before a programmatic-dependent-launch wait, so the pipeline's first copies after it hit the L2."""
+    first = tile_codes + c_first * (128 * BITS)
+    last = tile_codes + c_last * (128 * BITS) - 1
+    for j in tl.static_range(LINES):
+        addr = tl.minimum(first + (lane + 32 * j) * 128, last)
+        # not pure: a side effect, so the unused result does not remove it
+        tl.inline_asm_elementwise("prefetch.global.L2::evict_last [$1];\n\tmov.u32 $0, 0;", "=r,l", [addr],
+                                  dtype=tl.int32, is_pure=False, pack=1)
+
 @triton.jit
 def chunk_mmas(a, a_up, trip_x, U: tl.constexpr, d, d_up, NB: tl.constexpr, TWO: tl.constexpr,
                MMA_ASM: tl.constexpr):

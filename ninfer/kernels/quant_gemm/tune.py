@@ -20,7 +20,7 @@ from functools import cache, lru_cache
 import torch
 import triton
 
-from ninfer.kernels.dispatch import autotune_configs, split_sum_mode
+from ninfer.kernels.dispatch import autotune_configs, frag_async, split_sum_mode
 from ninfer.kernels.quant_gemm.common import FMT_CODES
 from ninfer.kernels.quant_gemm.fragments import FRAGMENTS
 from ninfer.kernels.quant_gemm.timing import time_candidates
@@ -331,7 +331,9 @@ def fragment_candidates(fmt: str, m: int, n_out: int, k: int, sms: int, *, swigl
 
     With ``NINFER_SPLIT_SUM=tile`` (the split-K sum in one load whatever the split count, read when a call shape's
     list is first built) also 32 programs per SM (splits of one or two loop trips) and, up to 8 tokens, trips of 8
-    chunks (twice the codes in flight per lane, without prefetching)."""
+    chunks (twice the codes in flight per lane, without prefetching).
+
+    With ``NINFER_FRAG_ASYNC=1`` also the configs of :func:`fragment_async_candidates`."""
     tokens = 8 if m <= 8 else 16 if m <= 16 else 32
     tile_sum = split_sum_mode() == "tile"
     per_sms = (8, 4, 16, 32) if tile_sum else (8, 4, 16)
@@ -345,6 +347,29 @@ def fragment_candidates(fmt: str, m: int, n_out: int, k: int, sms: int, *, swigl
     if not swiglu and n_out % 32 == 0:
         shapes += [(tokens, warps, unroll, per_sm, 2, PAIR_KIND) for warps, unroll in ((4, 2), (2, 4))
                    for per_sm in (8, 4)]
+    out = _fragment_configs(fmt, m, n_out, k, sms, shapes)
+    return out + fragment_async_candidates(fmt, m, n_out, k, sms) if frag_async() else out
+
+
+ASYNC_STAGES = (3, 5)
+
+
+def fragment_async_candidates(fmt: str, m: int, n_out: int, k: int, sms: int) -> list[GemmConfig]:
+    """Register decode configs whose codes come through ``cp.async`` copies into shared memory ``num_stages - 1``
+    loop trips ahead (``num_stages`` in ``ASYNC_STAGES``), 8 and 16 programs per SM (the codes no longer hold
+    registers while in flight, so more programs may fit). Shared memory per program: ``(num_stages - 1) x`` a
+    trip's codes, at most 72 KB (int8 SwiGLU at 5 stages, `perf/ptx_check.py`): inside the RTX 5090's
+    99 KB."""
+    tokens = 8 if m <= 8 else 16 if m <= 16 else 32
+    shapes = [(tokens, warps, unroll, per_sm, stages, "frag") for stages in ASYNC_STAGES
+              for warps, unroll in ((4, 2), (2, 4)) for per_sm in (8, 16)]
+    return _fragment_configs(fmt, m, n_out, k, sms, shapes)
+
+
+def _fragment_configs(fmt: str, m: int, n_out: int, k: int, sms: int,
+                      shapes: list[tuple[int, int, int, int, int, str]]) -> list[GemmConfig]:
+    """``(tokens, warps, chunks per trip, programs per SM, stages, kind)`` -> the configs that fit K and its scale
+    groups, split-K sized for that many programs per SM."""
     out: list[GemmConfig] = []
     for block_m, warps, unroll, per_sm, stages, kind in shapes:
         bk = 64 * unroll
