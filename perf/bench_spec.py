@@ -72,6 +72,7 @@ def run(args: argparse.Namespace) -> None:
     k, ctx = args.draft_tokens, args.context
     full = args.full_vocab or args.draft_vocab is not None  # a subset of the tiny tokenizer's 481 ids is no subset
     label += " full-vocab" if full else ""
+    label += f" {args.label}" if args.label else ""
     vocab = f" draft-vocab={args.draft_vocab}" if args.draft_vocab else ""
     bw = copy_bandwidth_for(args.device)
     kv_tok, state = kv_bytes_per_token(model.config, "auto", model.dtype), state_bytes_per_slot(model.config, model.dtype)
@@ -133,6 +134,7 @@ if __name__ == "__main__":
     parser.add_argument("--full-vocab", action="store_true",
                         help="sample and draft over the model's whole vocabulary, not the bundled tokenizer's 481 ids "
                              "(implied by --draft-vocab: compare with a run that passes this)")
+    parser.add_argument("--label", default="", help="words added to every record's label (a setting being compared)")
     parser.add_argument("--lanes", type=int, nargs="*", default=[1, 8])
     parser.add_argument("--context", type=int, default=1024)
     parser.add_argument("--steps", type=int, default=20)

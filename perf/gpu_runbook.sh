@@ -106,6 +106,7 @@ deltanet-early        the Gated DeltaNet decode launched early (NINFER_DELTANET_
 early-model-tests     the whole-model GPU tests (parity, graphs = eager, dense and MoE) and the MTP tests (greedy = plain greedy) with NINFER_DELTANET_EARLY=1 and NINFER_MOE_DOWN_EARLY=1 both on
 float-gemv-early      the routers through the one-launch float GEMV launched early (NINFER_FLOAT_GEMV_EARLY=1: its weights asked of the L2 while the kernel before runs, cuBLAS not a candidate): its GPU tests, then the 35B-A3B engine on and off twice at C = 1 / 8
 frag-async            the register decode with its codes copied into shared memory by the loops cp.async pipeline (NINFER_FRAG_ASYNC=1 adds 3- and 5-stage configs): its GPU tests, then L2-cold against the register decodes own loads at 1 / 4 / 8 tokens, int4-g64 and nvfp4, the 27B and 35B-A3B projections
+route-prefetch        the MoE routing asking the L2 for its chosen experts gate/up bytes (NINFER_ROUTE_PREFETCH=1, up to 4 tokens): its GPU test, one 35B-A3B MoE block with and without (perf/bench_moe_block.py), the 35B-A3B engine on and off twice at C = 1 / 8, then its MTP round at C = 1 on and off
 early-all             the three early starts (MoE down, DeltaNet decode, float GEMV) together against none, 35B-A3B then 27B int4 at C = 1 / 8 (bench_engine --settings, one process each: base, all, base, all)
 moe-down-early        the MoE down projection launched early (NINFER_MOE_DOWN_EARLY=1: its expert ids read and its weights asked of the L2 while the gate/up runs, under programmatic dependent launch): its GPU tests, one 35B-A3B MoE block with and without (perf/bench_moe_block.py), the 35B-A3B engine on and off twice at C = 1 / 8
 defaults-check        the defaults since run 2026-12-06.10 on the GPU that comes: the 27B int4 and 35B-A3B engines at C = 1 / 8 with the a/b gates in the DeltaNet decode on then off, then the early starts (MoE down, DeltaNet decode, float GEMV from 8 tokens; on by default since run 2026-12-06.12) against all three off, twice each
@@ -456,6 +457,18 @@ stage() {
       gpu_tests 240 fragment_async_gpu -n 4
       part 300 python3 perf/bench_quant_gemm.py --path frag,frag-async --m 1,4,8 --formats int4-g64,nvfp4 --l2 cold \
         --shapes gate_up,down,in_proj_qkvz,o_proj,35b_in_proj_qkvz,35b_out_proj --no-gemlite
+      ;;
+    route-prefetch)  # the 35B-A3B expert gate/up took 9.7 us for 8.4 MB at batch 1, its codes read after its ids (run 2026-12-06.8)
+      gpu_tests 120 route_prefetch_gpu
+      for on in 1 0; do
+        NINFER_ROUTE_PREFETCH=$on part 60 python3 perf/bench_moe_block.py --tokens 1 2 4 8 --label "route-prefetch=$on"
+      done
+      part 170 python3 perf/bench_engine.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --contexts 1024 --lanes 1 8 \
+        --steps 12 --toggle NINFER_ROUTE_PREFETCH=1,0,1,0
+      for on in 1 0; do
+        NINFER_ROUTE_PREFETCH=$on part 150 python3 perf/bench_spec.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 \
+          --lanes 1 --steps 12 --draft-vocab 32768 --label "route-prefetch=$on"
+      done
       ;;
     early-all)
       all=NINFER_MOE_DOWN_EARLY=1+NINFER_DELTANET_EARLY=1+NINFER_FLOAT_GEMV_EARLY=1

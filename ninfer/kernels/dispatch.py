@@ -138,6 +138,14 @@ def float_gemv_early(rows: int) -> bool:
     return env_switch("NINFER_FLOAT_GEMV_EARLY", False)
 
 
+def route_prefetch() -> bool:
+    """Whether the MoE routing at decode sizes asks the L2 for the chosen experts' gate/up bytes as it picks them
+    (:mod:`ninfer.kernels.moe.routing`), with ``NINFER_ROUTE_PREFETCH=1`` (read per call). Off until measured on a
+    GPU: the 35B-A3B's expert gate/up took 9.7 µs a launch at batch 1 for 8.4 MB (run 2026-12-06.8), its first
+    code loads waiting for ids the routing wrote just before it."""
+    return env_switch("NINFER_ROUTE_PREFETCH", False)
+
+
 def frag_async() -> bool:
     """Whether the register decode's tuner also times its configs whose codes reach the registers through
     ``cp.async`` copies into shared memory, several loop trips ahead (``num_stages >= 3``:

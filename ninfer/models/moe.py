@@ -74,9 +74,10 @@ class SparseMoeBlock(nn.Module):
         # beside the router, the top-k and the routed experts, until the combine waits for it.
         shared_out = overlapped(lambda: self.shared_expert(x), x)
         router_logits, shared_logit = self._router_logits(x)
-        weights, ids = route_topk(router_logits, self.top_k)
+        gate_up = _stack(self.experts.gate_up_proj)
+        weights, ids = route_topk(router_logits, self.top_k, experts=gate_up)  # the stack its pairs read first
         shared = (shared_out, shared_logit)  # routed + sigmoid(logit) * shared, summed by the combine
-        return _stack(self.experts.gate_up_proj), _stack(self.experts.down_proj), weights, ids, shared
+        return gate_up, _stack(self.experts.down_proj), weights, ids, shared
 
     def _router_logits(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Router logits ``[T, E]`` and the shared expert's gate logit ``[T, 1]``: on CUDA one GEMM over
