@@ -107,6 +107,7 @@ early-model-tests     the whole-model GPU tests (parity, graphs = eager, dense a
 float-gemv-early      the routers through the one-launch float GEMV launched early (NINFER_FLOAT_GEMV_EARLY=1: its weights asked of the L2 while the kernel before runs, cuBLAS not a candidate): its GPU tests, then the 35B-A3B engine on and off twice at C = 1 / 8
 frag-async            the register decode with its codes copied into shared memory by the loops cp.async pipeline (NINFER_FRAG_ASYNC=1 adds 3- and 5-stage configs): its GPU tests, then L2-cold against the register decodes own loads at 1 / 4 / 8 tokens, int4-g64 and nvfp4, the 27B and 35B-A3B projections
 route-prefetch        the MoE routing asking the L2 for its chosen experts gate/up bytes (NINFER_ROUTE_PREFETCH=1, up to 4 tokens): its GPU test, one 35B-A3B MoE block with and without (perf/bench_moe_block.py), the 35B-A3B engine on and off twice at C = 1 / 8, then its MTP round at C = 1 on and off
+ncu-small-gemm        Nsight Compute of the register decode on the 35B-A3B out_proj (2048 x 4096, 4.2 MB: 5.4 us a launch where its bytes take 1.3) and qkvz at 1 token, the fastest register config and the fastest cp.async one: how much of a small GEMM is inside the kernel, and where it waits
 early-all             the three early starts (MoE down, DeltaNet decode, float GEMV) together against none, 35B-A3B then 27B int4 at C = 1 / 8 (bench_engine --settings, one process each: base, all, base, all)
 moe-down-early        the MoE down projection launched early (NINFER_MOE_DOWN_EARLY=1: its expert ids read and its weights asked of the L2 while the gate/up runs, under programmatic dependent launch): its GPU tests, one 35B-A3B MoE block with and without (perf/bench_moe_block.py), the 35B-A3B engine on and off twice at C = 1 / 8
 defaults-check        the defaults since run 2026-12-06.10 on the GPU that comes: the 27B int4 and 35B-A3B engines at C = 1 / 8 with the a/b gates in the DeltaNet decode on then off, then the early starts (MoE down, DeltaNet decode, float GEMV from 8 tokens; on by default since run 2026-12-06.12) against all three off, twice each
@@ -468,6 +469,17 @@ stage() {
       for on in 1 0; do
         NINFER_ROUTE_PREFETCH=$on part 150 python3 perf/bench_spec.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 \
           --lanes 1 --steps 12 --draft-vocab 32768 --label "route-prefetch=$on"
+      done
+      ;;
+    ncu-small-gemm)  # the small GEMMs floor: launch, ramp, split-K epilogue (docs/performance.md, the 35B-A3B known limit)
+      for shape in 35b_out_proj 35b_qkvz; do
+        for path in frag frag-async; do
+          i=$(timeout 90 python3 perf/ncu_gemm.py --shape $shape --format int4-g64 --m 1 --path $path --best 2>> "$LOG")
+          part 100 ncu --clock-control none -k regex:_fragment_mma_kernel --launch-skip 2 --launch-count 1 \
+            --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis --section Occupancy \
+            --section LaunchStats python3 perf/ncu_gemm.py --shape $shape --format int4-g64 --m 1 --path $path \
+            --pick "${i:-0}"
+        done
       done
       ;;
     early-all)

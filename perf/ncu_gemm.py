@@ -10,7 +10,8 @@ the copy bandwidth; this answers *why* on the GPU (stall reasons, issue slots, m
 
 ``--best`` times every candidate of the path (``gemv``: the GEMV configs, ``mma``: the tensor-core int4
 decode (kernel ``_quant_gemv_mma_kernel``), ``frag``: the register decode of fragment-laid weights (kernel
-``_fragment_mma_kernel``, what the engines run for int4 / int8-g64), ``dot``: the ``tl.dot``
+``_fragment_mma_kernel``, what the engines run for int4 / int8-g64; ``frag-async``: its configs whose codes come
+through the loop's ``cp.async`` pipeline), ``dot``: the ``tl.dot``
 configs, ``dequant``: dequantization + cuBLAS, M > 16) from CUDA-graph replays and prints the index
 of the fastest (its config and time on stderr); ``--pick I`` then only launches candidate I, once to
 compile and ``--launches`` times more, so that the profiled launch is not a timing run.
@@ -31,6 +32,7 @@ from ninfer.kernels.quant_gemm.fragments import FRAGMENTS, to_fragments  # noqa:
 from ninfer.kernels.quant_gemm.timing import graph_ms as _graph_ms  # noqa: E402
 from ninfer.kernels.quant_gemm.tune import (  # noqa: E402
     candidates,
+    fragment_async_candidates,
     fragment_candidates,
     gemv_candidates,
     mma_candidates,
@@ -39,7 +41,8 @@ from ninfer.kernels.quant_gemm.tune import (  # noqa: E402
 from ninfer.quant.formats import quantize  # noqa: E402
 
 SHAPES = {"gate_up": (34816, 5120, True), "down": (5120, 17408, False), "q_proj": (12288, 5120, False),
-          "in_proj_qkv": (10240, 5120, False), "o_proj": (5120, 6144, False)}
+          "in_proj_qkv": (10240, 5120, False), "o_proj": (5120, 6144, False),
+          "35b_qkvz": (12288, 2048, False), "35b_out_proj": (2048, 4096, False)}  # the 35B-A3B's DeltaNet projections
 
 
 def main() -> None:
@@ -47,7 +50,7 @@ def main() -> None:
     parser.add_argument("--shape", choices=sorted(SHAPES), default="gate_up")
     parser.add_argument("--format", default="int4-g64")
     parser.add_argument("--m", type=int, default=1)
-    parser.add_argument("--path", choices=["gemv", "mma", "frag", "dot", "dequant"], default="gemv")
+    parser.add_argument("--path", choices=["gemv", "mma", "frag", "frag-async", "dot", "dequant"], default="gemv")
     parser.add_argument("--launches", type=int, default=8)
     parser.add_argument("--best", action="store_true", help="time the candidates, print the fastest's index")
     parser.add_argument("--pick", type=int, default=0, help="launch this candidate only")
@@ -61,10 +64,11 @@ def main() -> None:
         cands = gemv_candidates(args.format, args.m, n_out, k, sms)
     elif args.path == "mma":  # the tensor-core int4 decode (quant_gemv_mma)
         cands = mma_candidates(args.format, args.m, n_out, k, sms, swiglu=swiglu)
-    elif args.path == "frag":  # the register decode reads the weights re-laid as the engines hold them
+    elif args.path in ("frag", "frag-async"):  # the register decode reads the weights re-laid as engines hold them
         q, scales = to_fragments(w.tensors["qweight"], w.tensors["scales"])
         w = replace(w, tensors={"qweight": q, "scales": scales}, layout=FRAGMENTS)
-        cands = fragment_candidates(args.format, args.m, n_out, k, sms, swiglu=swiglu)
+        cands = fragment_async_candidates(args.format, args.m, n_out, k, sms) if args.path == "frag-async" else \
+            [c for c in fragment_candidates(args.format, args.m, n_out, k, sms, swiglu=swiglu) if c.num_stages < 3]
     else:
         cands = [c for c in candidates(args.format, args.m, n_out, k, sms, swiglu=swiglu) if c.kind == args.path]
     if not cands:
