@@ -24,7 +24,8 @@ offers it for: every ``quant_dequant`` candidate timed, whole-weight dequantizat
 fastest recorded with the dequant kernel's own time and bandwidth as ``dequant_ms`` /
 ``dequant_tbps``), ``frag`` (int4 / int8-g64 / nvfp4, M <= 32: the weight re-laid into the fragment layout, every candidate of
 the register decode ``fragment_mma`` timed, the fastest recorded), ``frag-async`` (likewise, its configs whose
-codes come through the loop's ``cp.async`` pipeline, ``num_stages >= 3``), ``frag-tiled`` (likewise, M > 32: the tiled
+codes come through the loop's ``cp.async`` pipeline, ``num_stages >= 3``), ``frag-ksplit`` (likewise, K split over a
+program's warps), ``frag-tiled`` (likewise, M > 32: the tiled
 ``tl.dot`` GEMM of ``fragment_tiled``), ``tuned`` (the runtime tuner over all
 candidates, whichever path wins). Records carry ``path`` and ``config``. ``--l2 cold`` (decode sizes)
 times ours, cuBLAS and int4pack over enough copies of the weight (>= 256 MB in all, cycled inside the
@@ -65,7 +66,8 @@ SHAPES = {  # name: (N, K) of W [N, K]
     "35b_in_proj_qkvz": (12288, 2048), "35b_out_proj": (2048, 4096),  # the 35B-A3B's DeltaNet projections
 }
 MS = (1, 2, 4, 8, 16, 64, 512, 4096)
-PATHS = ("default", "dot", "gemv", "mma", "regs", "frag", "frag-async", "frag-tiled", "dequant", "tuned")
+PATHS = ("default", "dot", "gemv", "mma", "regs", "frag", "frag-async", "frag-ksplit", "frag-tiled", "dequant",
+         "tuned")
 COLD_BYTES = 256 << 20  # weight copies cycled per graph for an L2-cold timing (the H200's L2 is 50 MB)
 GEMLITE_BUDGET_S = 40.0
 
@@ -147,7 +149,7 @@ def _run_path(path: str, fmt: str, x: torch.Tensor, qt, tune: bool, cold: bool =
     n = qt.shape[0]
     graph = m <= quant_gemm_tune.MMA_MAX_M
     scratch = torch.empty(m, n, device=x.device, dtype=x.dtype)
-    if path in ("frag", "frag-async", "frag-tiled"):
+    if path in ("frag", "frag-async", "frag-ksplit", "frag-tiled"):
         if not fragments_fit(fmt, tuple(qt.shape)) or (m > quant_gemm_tune.MMA_MAX_M) != (path == "frag-tiled"):
             return None
         q, sc = to_fragments(qt.tensors["qweight"], qt.tensors["scales"])
@@ -167,6 +169,8 @@ def _run_path(path: str, fmt: str, x: torch.Tensor, qt, tune: bool, cold: bool =
                               if c.num_stages < ASYNC_MIN_STAGES], time_cfg)
     if path == "frag-async":  # its codes through the loop's cp.async pipeline
         return _best("frag-async", quant_gemm_tune.fragment_async_candidates(fmt, m, n, k, sms), time_cfg)
+    if path == "frag-ksplit":  # K split over a program's warps, no partial sums through global memory
+        return _best("frag-ksplit", quant_gemm_tune.fragment_ksplit_candidates(fmt, m, n, k), time_cfg)
     if path == "frag-tiled":
         return _best("frag-tiled", quant_gemm_tune.tiled_fragment_candidates(fmt, m, n, k, sms), time_cfg)
     if path == "dot":

@@ -105,9 +105,9 @@ tune-l2               the decode tuners timing their candidates L2-cold (NINFER_
 deltanet-early        the Gated DeltaNet decode launched early (NINFER_DELTANET_EARLY=1: its recurrent state loaded while the q/k/v/z projection runs, under programmatic dependent launch): its kernel GPU tests with it on, then the 27B int4 and 35B-A3B engines on and off twice at C = 1 / 8
 early-model-tests     the whole-model GPU tests (parity, graphs = eager, dense and MoE) and the MTP tests (greedy = plain greedy) with NINFER_DELTANET_EARLY=1 and NINFER_MOE_DOWN_EARLY=1 both on
 float-gemv-early      the routers through the one-launch float GEMV launched early (NINFER_FLOAT_GEMV_EARLY=1: its weights asked of the L2 while the kernel before runs, cuBLAS not a candidate): its GPU tests, then the 35B-A3B engine on and off twice at C = 1 / 8
-frag-async            the register decode with its codes copied into shared memory by the loops cp.async pipeline (NINFER_FRAG_ASYNC=1 adds 3- and 5-stage configs): its GPU tests, then L2-cold against the register decodes own loads at 1 / 4 / 8 tokens, int4-g64 and nvfp4, the 27B and 35B-A3B projections
+frag-async            two variants of the register decode, its codes copied into shared memory by the loops cp.async pipeline (NINFER_FRAG_ASYNC=1 adds 3- and 5-stage configs) and K split over a programs warps (NINFER_FRAG_KSPLIT=1): their GPU tests, then each L2-cold against the register decodes own configs at 1 / 4 / 8 tokens, int4-g64 and nvfp4, the 27B and 35B-A3B projections
 route-prefetch        the MoE routing asking the L2 for its chosen experts gate/up bytes (NINFER_ROUTE_PREFETCH=1, up to 4 tokens): its GPU test, one 35B-A3B MoE block with and without (perf/bench_moe_block.py), the 35B-A3B engine on and off twice at C = 1 / 8, then its MTP round at C = 1 on and off
-ncu-small-gemm        Nsight Compute of the register decode on the 35B-A3B out_proj (2048 x 4096, 4.2 MB: 5.4 us a launch where its bytes take 1.3) and qkvz at 1 token, the fastest register config and the fastest cp.async one: how much of a small GEMM is inside the kernel, and where it waits
+ncu-small-gemm        Nsight Compute of the register decode on the 35B-A3B out_proj (2048 x 4096, 4.2 MB: 5.4 us a launch where its bytes take 1.3) and qkvz at 1 token, the fastest config of its own, of the cp.async ones and of the K-split ones: how much of a small GEMM is inside the kernel, and where it waits
 early-all             the three early starts (MoE down, DeltaNet decode, float GEMV) together against none, 35B-A3B then 27B int4 at C = 1 / 8 (bench_engine --settings, one process each: base, all, base, all)
 moe-down-early        the MoE down projection launched early (NINFER_MOE_DOWN_EARLY=1: its expert ids read and its weights asked of the L2 while the gate/up runs, under programmatic dependent launch): its GPU tests, one 35B-A3B MoE block with and without (perf/bench_moe_block.py), the 35B-A3B engine on and off twice at C = 1 / 8
 defaults-check        the defaults since run 2026-12-06.10 on the GPU that comes: the 27B int4 and 35B-A3B engines at C = 1 / 8 with the a/b gates in the DeltaNet decode on then off, then the early starts (MoE down, DeltaNet decode, float GEMV from 8 tokens; on by default since run 2026-12-06.12) against all three off, twice each
@@ -455,8 +455,8 @@ stage() {
         --steps 12 --prefill --toggle NINFER_FLOAT_GEMV_EARLY=1,0,1,0
       ;;
     frag-async)  # the register decode waited on its loads with registers capping its warps per SM (Nsight Compute)
-      gpu_tests 240 fragment_async_gpu -n 4
-      part 300 python3 perf/bench_quant_gemm.py --path frag,frag-async --m 1,4,8 --formats int4-g64,nvfp4 --l2 cold \
+      gpu_tests 300 fragment_variants_gpu -n 4
+      part 300 python3 perf/bench_quant_gemm.py --path frag,frag-async,frag-ksplit --m 1,4,8 --formats int4-g64,nvfp4 --l2 cold \
         --shapes gate_up,down,in_proj_qkvz,o_proj,35b_in_proj_qkvz,35b_out_proj --no-gemlite
       ;;
     route-prefetch)  # the 35B-A3B expert gate/up took 9.7 us for 8.4 MB at batch 1, its codes read after its ids (run 2026-12-06.8)
@@ -473,7 +473,7 @@ stage() {
       ;;
     ncu-small-gemm)  # the small GEMMs floor: launch, ramp, split-K epilogue (docs/performance.md, the 35B-A3B known limit)
       for shape in 35b_out_proj 35b_qkvz; do
-        for path in frag frag-async; do
+        for path in frag frag-async frag-ksplit; do
           i=$(timeout 90 python3 perf/ncu_gemm.py --shape $shape --format int4-g64 --m 1 --path $path --best 2>> "$LOG")
           part 100 ncu --clock-control none -k regex:_fragment_mma_kernel --launch-skip 2 --launch-count 1 \
             --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis --section Occupancy \

@@ -11,7 +11,7 @@ the copy bandwidth; this answers *why* on the GPU (stall reasons, issue slots, m
 ``--best`` times every candidate of the path (``gemv``: the GEMV configs, ``mma``: the tensor-core int4
 decode (kernel ``_quant_gemv_mma_kernel``), ``frag``: the register decode of fragment-laid weights (kernel
 ``_fragment_mma_kernel``, what the engines run for int4 / int8-g64; ``frag-async``: its configs whose codes come
-through the loop's ``cp.async`` pipeline), ``dot``: the ``tl.dot``
+through the loop's ``cp.async`` pipeline; ``frag-ksplit``: K split over a program's warps), ``dot``: the ``tl.dot``
 configs, ``dequant``: dequantization + cuBLAS, M > 16) from CUDA-graph replays and prints the index
 of the fastest (its config and time on stderr); ``--pick I`` then only launches candidate I, once to
 compile and ``--launches`` times more, so that the profiled launch is not a timing run.
@@ -34,6 +34,7 @@ from ninfer.kernels.quant_gemm.tune import (  # noqa: E402
     candidates,
     fragment_async_candidates,
     fragment_candidates,
+    fragment_ksplit_candidates,
     gemv_candidates,
     mma_candidates,
     sm_count,
@@ -50,7 +51,8 @@ def main() -> None:
     parser.add_argument("--shape", choices=sorted(SHAPES), default="gate_up")
     parser.add_argument("--format", default="int4-g64")
     parser.add_argument("--m", type=int, default=1)
-    parser.add_argument("--path", choices=["gemv", "mma", "frag", "frag-async", "dot", "dequant"], default="gemv")
+    parser.add_argument("--path", choices=["gemv", "mma", "frag", "frag-async", "frag-ksplit", "dot", "dequant"],
+                        default="gemv")
     parser.add_argument("--launches", type=int, default=8)
     parser.add_argument("--best", action="store_true", help="time the candidates, print the fastest's index")
     parser.add_argument("--pick", type=int, default=0, help="launch this candidate only")
@@ -64,11 +66,13 @@ def main() -> None:
         cands = gemv_candidates(args.format, args.m, n_out, k, sms)
     elif args.path == "mma":  # the tensor-core int4 decode (quant_gemv_mma)
         cands = mma_candidates(args.format, args.m, n_out, k, sms, swiglu=swiglu)
-    elif args.path in ("frag", "frag-async"):  # the register decode reads the weights re-laid as engines hold them
+    elif args.path.startswith("frag"):  # the register decode reads the weights re-laid as engines hold them
         q, scales = to_fragments(w.tensors["qweight"], w.tensors["scales"])
         w = replace(w, tensors={"qweight": q, "scales": scales}, layout=FRAGMENTS)
-        cands = fragment_async_candidates(args.format, args.m, n_out, k, sms) if args.path == "frag-async" else \
-            [c for c in fragment_candidates(args.format, args.m, n_out, k, sms, swiglu=swiglu) if c.num_stages < 3]
+        cands = {"frag-async": lambda: fragment_async_candidates(args.format, args.m, n_out, k, sms),
+                 "frag-ksplit": lambda: fragment_ksplit_candidates(args.format, args.m, n_out, k)}.get(
+            args.path, lambda: [c for c in fragment_candidates(args.format, args.m, n_out, k, sms, swiglu=swiglu)
+                                if c.num_stages < 3 and c.kind != "frag-ksplit"])()
     else:
         cands = [c for c in candidates(args.format, args.m, n_out, k, sms, swiglu=swiglu) if c.kind == args.path]
     if not cands:

@@ -161,7 +161,8 @@ def compile_expert_mma(fmt: str, cfg, swiglu: bool, arch: int, aligned: bool = F
                   PARTS_BLOCK=deferred_norm.parts_block(row_norm_parts, tokens) if row_norm_parts else 1,
                   CPG=int(fmt.split("-g")[1]) // 64, SWIGLU=swiglu, SPLIT=split, FUSED_REDUCE=split,
                   SUM_ACROSS=split and split_sum_across(),
-                  WARPS=cfg.num_warps, UNROLL=cfg.block_k // 64, PREFETCH=cfg.num_stages == 2, STAGES=stages, PAIRS_BLOCK=64,
+                  WARPS=cfg.num_warps, UNROLL=cfg.block_k // 64, PREFETCH=cfg.num_stages == 2, STAGES=stages,
+                  KSPLIT=cfg.kind == fragment_mma.KSPLIT_KIND, PAIRS_BLOCK=64,
                   ALIGNED=aligned, DECODE_ASM=row_major_decode_asm("bf16"), DECODE_OPERANDS="=r," * 16 + "r,r,r,r",
                   MMA_ASM=mma_asm("bf16"), ASM=True)
     sig.update(dict.fromkeys(consts, "constexpr"))
@@ -240,6 +241,7 @@ def compile_frag(cfg, group: int, swiglu: bool, arch: int, bits: int = 4, fp4: b
                               max(1, 16 // ((cfg.block_m // 8) * (2 if swiglu or pair else 1))))
                   if split and split_sum_mode() == "tile" else 1,
                   NB=cfg.block_m // 8, WARPS=cfg.num_warps, UNROLL=cfg.block_k // 64, PREFETCH=cfg.num_stages == 2, STAGES=stages,
+                  KSPLIT=cfg.kind == fragment_mma.KSPLIT_KIND,
                   TOKENS_FIRST=False, PDL=arch >= 90, ASM=True, BITS=bits, FP4=fp4,
                   **fragment_mma.asm_constants(torch.bfloat16, bits, fp4))
     sig.update(dict.fromkeys(consts, "constexpr"))

@@ -141,4 +141,25 @@ def frag_config(tokens: int, warps: int, unroll: int, split: int, stages: int = 
     from ninfer.kernels.quant_gemm.tune import GemmConfig
 
     rows = 32 if kind == "frag-pair" else 16
-    return GemmConfig(tokens, rows * warps, 64 * unroll, split, warps, stages, kind)
+    tiles = 1 if kind == "frag-ksplit" else warps  # warps splitting K share one tile
+    return GemmConfig(tokens, rows * tiles, 64 * unroll, split, warps, stages, kind)
+
+
+def check_fragment_decode(fmt: str, m: int, n: int, k: int, cfg, *, swiglu: bool = False, residual: bool = False,
+                          seed: int = 0) -> None:
+    """The register decode of a fragment-laid random weight with ``cfg`` (fp16 activations, NaN-poisoned output)
+    within ``QUANT_TOL`` of the reference GEMM of the row-major weight."""
+    from ninfer.kernels.quant_gemm import quant_matmul_reference, quant_matmul_triton
+    from ninfer.quant.formats import quantize
+
+    g = torch.Generator().manual_seed(seed)
+    w = quantize(torch.randn(n, k, generator=g), fmt)
+    x = torch.randn(m, k, generator=g).half()
+    n_out = n // 2 if swiglu else n
+    res = torch.randn(m, n_out, generator=g).half() if residual else None
+    out = torch.full((m, n_out), float("nan"), dtype=torch.float16)
+    got = quant_matmul_triton(x, fragment_laid(w), res, swiglu, out=out, config=cfg)
+    assert torch.isfinite(got).all(), f"{fmt} {cfg}: unwritten or non-finite outputs"
+    ref = quant_matmul_reference(x, w, res, swiglu).float()
+    err = (got.float() - ref).norm() / ref.norm()
+    assert err < QUANT_TOL[torch.float16], f"{fmt} m={m} {cfg}: relative error {err:.2e}"

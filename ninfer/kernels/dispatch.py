@@ -146,6 +146,16 @@ def route_prefetch() -> bool:
     return env_switch("NINFER_ROUTE_PREFETCH", False)
 
 
+def frag_ksplit() -> bool:
+    """Whether the register decode's tuner also times its configs that split K over a program's warps (one tile a
+    program, the warps' sums added through shared memory: ``kind="frag-ksplit"``,
+    :mod:`ninfer.kernels.quant_gemm.fragment_mma`) with ``NINFER_FRAG_KSPLIT=1`` (read when a call shape's candidate
+    list is first built). Off until measured on a GPU: a decode GEMM costs about 5 µs beyond its bytes
+    (``docs/performance.md``), part of it the split-K partials' round trip through global memory and an arrival
+    counter, which these configs do without."""
+    return env_switch("NINFER_FRAG_KSPLIT", False)
+
+
 def frag_async() -> bool:
     """Whether the register decode's tuner also times its configs whose codes reach the registers through
     ``cp.async`` copies into shared memory, several loop trips ahead (``num_stages >= 3``:

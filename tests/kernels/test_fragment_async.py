@@ -10,28 +10,13 @@ import pytest
 import torch
 import triton
 import triton.language as tl
-from kernel_testing import QUANT_TOL, fragment_laid, frag_config
+from kernel_testing import check_fragment_decode as _check
+from kernel_testing import frag_config
 
-from ninfer.kernels.quant_gemm import quant_matmul_reference, quant_matmul_triton
 from ninfer.kernels.quant_gemm.fragment_steps import load_trip_async
 from ninfer.kernels.quant_gemm.fragments import to_fragments, words
 from ninfer.kernels.quant_gemm.tune import ASYNC_STAGES, fragment_async_candidates, fragment_candidates
 from ninfer.quant.formats import quantize
-
-
-def _check(fmt: str, m: int, n: int, k: int, cfg, *, swiglu: bool = False, residual: bool = False,
-           seed: int = 0) -> None:
-    g = torch.Generator().manual_seed(seed)
-    w = quantize(torch.randn(n, k, generator=g), fmt)
-    x = torch.randn(m, k, generator=g).half()
-    n_out = n // 2 if swiglu else n
-    res = torch.randn(m, n_out, generator=g).half() if residual else None
-    out = torch.full((m, n_out), float("nan"), dtype=torch.float16)
-    got = quant_matmul_triton(x, fragment_laid(w), res, swiglu, out=out, config=cfg)
-    assert torch.isfinite(got).all(), f"{fmt} {cfg}: unwritten or non-finite outputs"
-    ref = quant_matmul_reference(x, w, res, swiglu).float()
-    err = (got.float() - ref).norm() / ref.norm()
-    assert err < QUANT_TOL[torch.float16], f"{fmt} m={m} {cfg}: relative error {err:.2e}"
 
 
 @pytest.mark.parametrize("stages", ASYNC_STAGES)

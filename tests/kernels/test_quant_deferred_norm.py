@@ -71,6 +71,15 @@ def test_the_producer_writes_the_deferred_norm(fmt: str, dtype: torch.dtype) -> 
 
 
 @pytest.mark.usefixtures("deferred")
+def test_warps_splitting_k_produce_and_consume() -> None:
+    """``frag-ksplit`` (one tile a program: as many row-sum parts as tiles), unsplit and with the fused sum."""
+    _produce("int4-g64", 2, 48, 512, _frag(8, 2, 2, 1, 2, kind="frag-ksplit"), seed=16)
+    _produce("int8-g64", 5, 32, 512, _frag(8, 2, 2, 2, 3, kind="frag-ksplit"), seed=17)
+    _consume("int4-g128", 3, 32, 512, _frag(8, 2, 2, 2, kind="frag-ksplit"), parts=5, seed=18)
+    _consume("int4-g64", 6, 64, 512, _frag(8, 4, 2, 1, 3, kind="frag-ksplit"), swiglu=True, parts=3, seed=19)
+
+
+@pytest.mark.usefixtures("deferred")
 @pytest.mark.parametrize("mode", ["each", "across", "tile"])
 def test_the_producer_under_every_split_sum(mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NINFER_SPLIT_SUM", mode)
@@ -84,7 +93,7 @@ def _part_sums(h: torch.Tensor, cfg: GemmConfig) -> torch.Tensor:
     ``16 warps`` wide from column ``16 warps p`` (a pair: the same in each half of the output)."""
     n = h.shape[1]
     half = n // 2 if cfg.kind == "frag-pair" else n
-    group = 16 * cfg.num_warps
+    group = 16 if cfg.kind == "frag-ksplit" else 16 * cfg.num_warps
     col = torch.arange(n) % half
     sq = h.float().pow(2)
     return torch.stack([sq[:, col // group == p].sum(1) for p in range(fragment_tile_groups(n, cfg))])

@@ -103,3 +103,11 @@ def test_the_default_bound_on_rows(monkeypatch: pytest.MonkeyPatch) -> None:
     for rows in (1, 2, 3):
         quant_matmul_then_norm(x[:rows], fragment_laid(w), norm_w, 1e-6, res[:rows], config=_frag(8, 1, 2, 1))
     assert launches == [True, True, False]
+
+
+@pytest.mark.usefixtures("fused")
+def test_warps_splitting_k() -> None:
+    """``frag-ksplit``: one tile a program, warps 1.. masked at the stores; the last program normalizes."""
+    _check("int4-g64", 1, 48, 512, _frag(8, 2, 2, 1, 2, kind="frag-ksplit"), seed=9)
+    _check("int8-g64", 5, 32, 512, _frag(8, 2, 2, 2, 3, kind="frag-ksplit"), seed=10)
+

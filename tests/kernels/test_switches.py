@@ -21,6 +21,9 @@ SWITCHES = [  # (variable, reader, default)
     ("NINFER_MOE_DOWN_EARLY", dispatch.moe_down_early, True),
     ("NINFER_DELTANET_EARLY", dispatch.deltanet_early, True),
     ("NINFER_FLOAT_GEMV_EARLY", lambda: dispatch.float_gemv_early(1), False),  # at batch 1; by rows below
+    ("NINFER_ROUTE_PREFETCH", dispatch.route_prefetch, False),
+    ("NINFER_FRAG_ASYNC", dispatch.frag_async, False),
+    ("NINFER_FRAG_KSPLIT", dispatch.frag_ksplit, False),
     ("NINFER_FUSED_DELTANET_DECODE", fused_decode_enabled, True),
     ("NINFER_SHIPPED_TUNING", shipped.enabled, True),
 ]

@@ -58,7 +58,14 @@ from ninfer.kernels.quant_gemm.gemm import quant_gemm_kernel
 from ninfer.kernels.quant_gemm.gemv import launch_gemv, tile_counters
 from ninfer.kernels.quant_gemm.gemv_mma import launch_gemv_mma
 from ninfer.kernels.quant_gemm.norm_epilogue import MAX_ROWS
-from ninfer.kernels.quant_gemm.tune import PAIR_KIND, GemmConfig, graph_fallback, kernel_params, select_config, sm_count
+from ninfer.kernels.quant_gemm.tune import (
+    REGISTER_KINDS,
+    GemmConfig,
+    graph_fallback,
+    kernel_params,
+    select_config,
+    sm_count,
+)
 from ninfer.kernels.quant_gemm.weights import QuantizedTensor
 
 def quant_matmul_reference(x: torch.Tensor, w: QuantizedTensor, residual: torch.Tensor | None = None,
@@ -130,7 +137,7 @@ def quant_matmul_triton(x: torch.Tensor, w: QuantizedTensor, residual: torch.Ten
         raise ValueError(f"a weight in the fragment layout takes frag, frag-tiled(-codes) or dequant configs, "
                          f"not {cfg.kind!r}")
     if row_norm is not None:
-        if cfg.kind in ("frag", PAIR_KIND):
+        if cfg.kind in REGISTER_KINDS:
             row_norm = row_norm.over(x2)
         else:
             x2, row_norm = row_norm.materialize().reshape(m, k), None
@@ -169,7 +176,7 @@ def _norm_in_gemm(x: torch.Tensor, w: QuantizedTensor, norm_weight: torch.Tensor
     res = residual if residual is None or residual.stride(-1) == 1 else residual.contiguous()
     new_res = torch.empty(m, n, dtype=x.dtype, device=x.device)
     cfg = config or _tuned(x2, w, None, new_res, False)
-    if cfg.kind not in ("frag", PAIR_KIND) or (not deferred and tile_counters(x.device, 1) is None):
+    if cfg.kind not in REGISTER_KINDS or (not deferred and tile_counters(x.device, 1) is None):
         return None
     if deferred:
         normed = NormedRows(torch.empty_like(new_res),
@@ -217,7 +224,7 @@ def _launch(x: torch.Tensor, w: QuantizedTensor, res: torch.Tensor | None, out: 
         cfg = graph_fallback(name, m, n_out, k, sm_count(x.device), w.layout)
     p = kernel_params(name, cfg)
     q, scales, row_scale = kernel_tensors(w)
-    if cfg.kind in ("frag", PAIR_KIND):  # int4 / int8 / nvfp4 in the fragment layout, from registers (fragment_mma)
+    if cfg.kind in REGISTER_KINDS:  # int4 / int8 / nvfp4 in the fragment layout, from registers (fragment_mma)
         launch_fragment_mma(x, q, scales, res, out, swiglu, p["group"], cfg, row_scale if name == "nvfp4" else None,
                             row_norm=row_norm)
         return

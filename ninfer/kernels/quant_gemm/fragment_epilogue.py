@@ -62,3 +62,25 @@ def finish_outputs(y, y_up, m_idx, n_idx, mask, n_stream, res_ptr, stride_rm, ou
             finish_at(y_up, y_up, m_idx, n_idx + n_stream, mask, res_ptr, stride_rm, out_ptr, stride_om, False,
                       HAS_RES)
     return sq
+
+
+@triton.jit
+def _warp_sum(x, WARPS: tl.constexpr):
+    """``x [32 * WARPS, 2, 2]`` summed over the warps lane by lane, the sums held by every warp again."""
+    parts = tl.reshape(x, (WARPS, 32, 2, 2))
+    return tl.reshape(tl.broadcast_to(tl.sum(parts, axis=0)[None, :, :, :], (WARPS, 32, 2, 2)), (32 * WARPS, 2, 2))
+
+
+@triton.jit
+def warp_sums(acc, N: tl.constexpr, WARPS: tl.constexpr):
+    """Each of the ``N`` accumulators ``[32 * WARPS]`` summed over the warps, lane by lane (warps that each ran a
+    share of K on the same tile), the sums held by every warp. Four at a time in one exchange through shared
+    memory (one pass and two barriers instead of four of each)."""
+    out = ()
+    for q in tl.static_range(N // 4):
+        quad = tl.join(tl.join(acc[4 * q], acc[4 * q + 1]), tl.join(acc[4 * q + 2], acc[4 * q + 3]))
+        first, second = tl.split(_warp_sum(quad, WARPS))
+        a0, a1 = tl.split(first)
+        a2, a3 = tl.split(second)
+        out = out + (a0, a1, a2, a3)
+    return out

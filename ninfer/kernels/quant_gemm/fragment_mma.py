@@ -64,7 +64,7 @@ from ninfer.kernels.quant_gemm.deferred_norm import (
     scaled_by_rows,
     store_row_stats,
 )
-from ninfer.kernels.quant_gemm.fragment_epilogue import finish_outputs, lane_position, row_scaled
+from ninfer.kernels.quant_gemm.fragment_epilogue import finish_outputs, lane_position, row_scaled, warp_sums
 from ninfer.kernels.quant_gemm.fragment_ptx import asm_constants
 from ninfer.kernels.quant_gemm.fragment_steps import (
     l2_prefetch_first_trips,
@@ -85,7 +85,7 @@ from ninfer.kernels.quant_gemm.gemv_steps import (
     sum_splits_tile,
 )
 from ninfer.kernels.quant_gemm.norm_epilogue import NORM_COLS, norm_when_all_arrived
-from ninfer.kernels.quant_gemm.tune import PAIR_KIND, GemmConfig
+from ninfer.kernels.quant_gemm.tune import KSPLIT_KIND, PAIR_KIND, GemmConfig, fragment_splits
 
 @triton.jit(do_not_specialize=["M", "chunks_per_split"])
 def _fragment_mma_kernel(
@@ -97,7 +97,7 @@ def _fragment_mma_kernel(
     SPLIT: tl.constexpr,
     FUSED_REDUCE: tl.constexpr, SUM_ACROSS: tl.constexpr, SUM_TILE: tl.constexpr, S_BLOCK: tl.constexpr,
     NB: tl.constexpr, WARPS: tl.constexpr, UNROLL: tl.constexpr,
-    PREFETCH: tl.constexpr, STAGES: tl.constexpr,
+    PREFETCH: tl.constexpr, STAGES: tl.constexpr, KSPLIT: tl.constexpr,
     TOKENS_FIRST: tl.constexpr, PDL: tl.constexpr, BITS: tl.constexpr, FP4: tl.constexpr, LOAD0: tl.constexpr,
     LOAD1: tl.constexpr, LOAD2: tl.constexpr, LOAD3: tl.constexpr, DECODE_ASM: tl.constexpr,
     DECODE_OPERANDS: tl.constexpr, MMA_ASM: tl.constexpr, SCALE_ASM: tl.constexpr, ASM: tl.constexpr,
@@ -118,25 +118,31 @@ def _fragment_mma_kernel(
         tile_out = tl.program_id(0) * WARPS + e // 32
         tok0 = tl.program_id(2) * 8 * NB
     tile = tl.minimum(tile_out, slots - 1)  # a clamped tile loads valid memory; its stores are masked
+    k_off = 0  # the warp's first chunk after its split's
+    if KSPLIT:  # every warp on the program's one tile, over its share of the split's chunks; warp 0 stores the sums
+        prog_tile = tl.program_id(2) if TOKENS_FIRST else tl.program_id(0)
+        tile = tl.minimum(prog_tile + 0 * e, slots - 1)
+        tile_out = prog_tile + tl.where(e // 32 == 0, 0, slots)  # past the last tile for warps 1..: stores masked
+        k_off = (e // 32) * (chunks_per_split // WARPS)
     # lane (g, t)'s codes of chunk 0, its activations of token block b (row tok0 + 8b + g, clamped; columns
     # 64 c + 16 t .. + 15 of chunk c) and its scale pair of group 0
     x_lane = ()
     code_lane = tile  # placeholders: the interpreter's body gathers from q_ptr itself
     code_lane_up = tile
     if ASM:
-        code_lane = q_ptr.to(tl.int64) + tile.to(tl.int64) * KC * (128 * BITS) + lane * 16
+        code_lane = q_ptr.to(tl.int64) + (tile.to(tl.int64) * KC + k_off) * (128 * BITS) + lane * 16
         code_lane_up = code_lane + slots.to(tl.int64) * KC * (128 * BITS)
         if ASYNC:  # q_ptr: the codes as int32 words
-            code_words = q_ptr + tile.to(tl.int64) * KC * (32 * BITS) + lane * 4
+            code_words = q_ptr + (tile.to(tl.int64) * KC + k_off) * (32 * BITS) + lane * 4
             code_words_up = code_words + slots.to(tl.int64) * KC * (32 * BITS)
         for b in tl.static_range(NB):
             row = tl.minimum(tok0 + 8 * b + g, M - 1).to(tl.int64)
-            x_lane = x_lane + (x_ptr.to(tl.int64) + (row * stride_xm + t * 16) * 2,)
+            x_lane = x_lane + (x_ptr.to(tl.int64) + (row * stride_xm + k_off * 64 + t * 16) * 2,)
     if FP4:  # the lane's scale word of chunks 0 and 1 (a tile's scales: KC * 16 words)
-        s_lane = s_ptr + tile.to(tl.int64) * KC * 16 + lane
+        s_lane = s_ptr + tile.to(tl.int64) * KC * 16 + (k_off // 2) * 32 + lane
         s_lane_up = s_lane + slots.to(tl.int64) * KC * 16
     else:
-        s_lane = s_ptr + tile.to(tl.int64) * NG * 8 + g
+        s_lane = s_ptr + tile.to(tl.int64) * NG * 8 + (k_off // CPG) * 8 + g
         s_lane_up = s_lane + slots.to(tl.int64) * NG * 8
     acc = ()
     for i in tl.static_range(4 * NB):
@@ -144,6 +150,8 @@ def _fragment_mma_kernel(
     acc_up = acc
     c_first = tl.program_id(1) * chunks_per_split
     c_last = tl.minimum(c_first + chunks_per_split, KC)
+    if KSPLIT:  # the warps' loop over their shares (the launcher splits K into whole, equal shares)
+        c_last = c_first + chunks_per_split // WARPS
     # The weights do not depend on the previous kernel: the first trip's codes are requested before waiting
     # for it (programmatic dependent launch), and with PREFETCH each trip requests the next one's. With STAGES the
     # loop's software pipeline copies codes STAGES - 1 trips ahead into shared memory; before the wait, the L2 is
@@ -192,15 +200,18 @@ def _fragment_mma_kernel(
                                  LOAD3)
         if FP4:
             acc, acc_up = trip_step_fp4(acc, acc_up, codes, codes_up, q_ptr, s_ptr, x_ptr, x_lane, tile, tile + slots,
-                                        c, g, t, tok0, M, KC, stride_xm, UNROLL, NB, TWO, DECODE_ASM, DECODE_OPERANDS,
-                                        MMA_ASM, SCALE_ASM, ASM)
+                                        c, k_off, g, t, tok0, M, KC, stride_xm, UNROLL, NB, TWO, DECODE_ASM,
+                                        DECODE_OPERANDS, MMA_ASM, SCALE_ASM, ASM)
         else:
             acc, acc_up = trip_step(acc, acc_up, codes, codes_up, q_ptr, s_lane, s_lane_up, x_ptr, x_lane, tile,
-                                    tile + slots, c, g, t, tok0, M, KC, stride_xm, CPG, UNROLL, NB, BITS, TWO,
+                                    tile + slots, c, k_off, g, t, tok0, M, KC, stride_xm, CPG, UNROLL, NB, BITS, TWO,
                                     DECODE_ASM, DECODE_OPERANDS, MMA_ASM, ASM)
         if PREFETCH:
             codes = codes_next
             codes_up = codes_up_next
+    if KSPLIT:  # the warps' shares summed (through shared memory), every warp holding the tile's sums
+        acc = warp_sums(acc, 4 * NB, WARPS)
+        acc_up = warp_sums(acc_up, 4 * NB, WARPS) if TWO else acc
     if ROW_NORM and not LATE_NORM:
         r = rstd_of_shares(shares, stats_in_ptr, parts_in, rows_t, M, KC * 64, eps_in, PARTS_BLOCK)
         acc, acc_up = scaled_by_rows(acc, r, t, NB), scaled_by_rows(acc_up, r, t, NB)
@@ -291,23 +302,20 @@ ASYNC_MIN_STAGES = 3  # a config's num_stages: 1 codes loaded in the trip, 2 a t
 
 def fragment_tile_groups(n_out: int, cfg: GemmConfig) -> int:
     """Programs along the output of ``cfg`` over ``n_out`` outputs: the parts of a deferred norm's row sums."""
+    if cfg.kind == KSPLIT_KIND:  # one tile a program
+        return n_out // TILE_ROWS
     return triton.cdiv(n_out // (2 * TILE_ROWS if cfg.kind == PAIR_KIND else TILE_ROWS), cfg.num_warps)
-
-
-def fragment_splits(kc: int, unroll: int, split: int) -> tuple[int, int]:
-    """``(chunks per split, splits)`` for ``split`` requested: whole loop trips per split, no empty split."""
-    trips = kc // unroll
-    per = -(-trips // max(1, min(split, trips))) * unroll
-    return per, -(-kc // per)
 
 
 def launch_fragment_mma(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, res: torch.Tensor | None,
                         out: torch.Tensor, swiglu: bool, group: int, cfg: GemmConfig,
                         row_scale: torch.Tensor | None = None, norm: NextNorm | None = None,
                         deferred: NormedRows | None = None, row_norm: NormedRows | None = None) -> None:
-    """Launch the fragment decode (``cfg.kind``: ``"frag"``, or ``"frag-pair"``: two tiles per warp, one in each
-    half of the output; ``block_m`` tokens per program (8, 16, 32 or 64), ``num_warps`` warps of 16 rows (a pair
-    32) per program, ``block_k / 64`` chunks per loop trip, ``split_k``) on codes and scales in the fragment
+    """Launch the fragment decode (``cfg.kind``: ``"frag"``, ``"frag-pair"``: two tiles per warp, one in each
+    half of the output, or ``"frag-ksplit"``: the program's warps on one tile, each over an equal share of its
+    split's chunks, summed through shared memory, which needs K in whole, equal shares; ``block_m`` tokens per
+    program (8, 16, 32 or 64), ``num_warps`` warps of 16 rows (a pair 32) per program, ``block_k / 64`` chunks per
+    loop trip, ``split_k``) on codes and scales in the fragment
     layout; ``x [M, K]`` with unit stride along K, ``out [M, N_OUT]`` contiguous. nvfp4 (``row_scale``: its
     per-row global scales) has scale groups of 16 and an even number of chunks per trip. With ``norm`` (as the MoE
     combine takes it) ``y + norm.residual`` goes to ``norm.new_residual`` and ``out`` receives its RMSNorm, written by
@@ -328,6 +336,7 @@ def launch_fragment_mma(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, 
     fp4 = row_scale is not None
     cpg = 1 if fp4 else group // CHUNK_COLS
     pair = cfg.kind == PAIR_KIND
+    ksplit = cfg.kind == KSPLIT_KIND
     rows = 2 * TILE_ROWS if pair else TILE_ROWS
     bad_group = (unroll % 2 or group != 16) if fp4 else (group % CHUNK_COLS or unroll % cpg)
     if (bad_group or k % cfg.block_k or n_out % rows or cfg.block_m not in (8, 16, 32, 64)
@@ -341,10 +350,13 @@ def launch_fragment_mma(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, 
         x = torch.empty_like(x, memory_format=torch.contiguous_format).copy_(x)
     kc = k // CHUNK_COLS
     per, splits = fragment_splits(kc, unroll, cfg.split_k)
+    if ksplit and (kc % per or per % (cfg.num_warps * unroll)):
+        raise ValueError(f"frag-ksplit config {cfg} does not split K = {k} into whole, equal shares of its warps")
     ws = torch.empty(splits, m, n_out * (2 if swiglu else 1), dtype=torch.float32, device=x.device) \
         if splits > 1 else out
     res_arg = res if res is not None else out
-    tile_groups, token_blocks = triton.cdiv(n_out // rows, cfg.num_warps), triton.cdiv(m, cfg.block_m)
+    tile_groups = n_out // rows if ksplit else triton.cdiv(n_out // rows, cfg.num_warps)
+    token_blocks = triton.cdiv(m, cfg.block_m)
     tokens_first = token_blocks > 1 and tile_groups <= 65535  # grid axis 2 holds at most 65535
     grid = (token_blocks, splits, tile_groups) if tokens_first else (tile_groups, splits, token_blocks)
     sum_mode = split_sum_mode()
@@ -359,7 +371,7 @@ def launch_fragment_mma(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, 
     nw, eps = (norm.weight, norm.eps) if norm is not None else (out, 0.0)
     reads = reader_args(row_norm, cfg.block_m, out)
     stats_out = deferred.stats if deferred is not None else out
-    tile_sum = splits > 1 and counters is not None and sum_mode == "tile"
+    tile_sum = splits > 1 and counters is not None and sum_mode == "tile" and not ksplit  # its sum: split after split
     stages = cfg.num_stages if cfg.num_stages >= ASYNC_MIN_STAGES else 1  # the loop's software pipeline
     _fragment_mma_kernel[grid](
         x, q if asm and stages == 1 else words(q), words(scales), row_scale if fp4 else scales, res_arg, out, ws,
@@ -369,11 +381,12 @@ def launch_fragment_mma(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, 
         DEFER=deferred is not None, ROW_NORM=row_norm is not None, PARTS_BLOCK=reads.parts_block,
         SWIGLU=swiglu,
         PAIR=pair, HAS_RES=res is not None, SPLIT=splits > 1, FUSED_REDUCE=counters is not None,
-        SUM_ACROSS=counters is not None and sum_mode == "across", SUM_TILE=tile_sum,  # S_BLOCK: one variant otherwise
+        SUM_ACROSS=counters is not None and (sum_mode == "across" or (ksplit and sum_mode == "tile")),
+        SUM_TILE=tile_sum,  # S_BLOCK: one variant otherwise
         S_BLOCK=min(triton.next_power_of_2(splits), max(1, 16 // ((cfg.block_m // 8) * (2 if swiglu or pair else 1))))
         if tile_sum else 1,
         NB=cfg.block_m // 8,
-        WARPS=cfg.num_warps, UNROLL=unroll, PREFETCH=cfg.num_stages == 2, STAGES=stages,
+        WARPS=cfg.num_warps, UNROLL=unroll, PREFETCH=cfg.num_stages == 2, STAGES=stages, KSPLIT=ksplit,
         TOKENS_FIRST=tokens_first, PDL=pdl,
         ASM=asm,
         BITS=bits, FP4=fp4, num_warps=cfg.num_warps, num_stages=1, **asm_constants(x.dtype, bits, fp4),

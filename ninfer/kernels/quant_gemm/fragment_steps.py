@@ -93,9 +93,10 @@ def chunk_portable(d, q_ptr, s_ptr, x_ptr, tile, c, g, t, tok0, M, KC, stride_xm
                    BITS: tl.constexpr, FP4: tl.constexpr):
     """What the PTX of one chunk adds to ``d`` (4 per token block: rows g / g + 8 x tokens 2t / 2t + 1), from
     Triton gathers of the same layout (interpreter, fp32 activations); nvfp4's weights scaled as its PTX scales
-    them (``e2m1 * scale * 2^-8``)."""
+    them (``e2m1 * scale * 2^-8``). ``c``: the chunk, one for the program or (warps splitting K) one per lane."""
+    c = (c + tl.zeros_like(tile))[:, None]
     cols = tl.arange(0, 64)[None, :]
-    chunk_word = ((tile.to(tl.int64) * KC + c) * (32 * BITS))[:, None]
+    chunk_word = (tile.to(tl.int64)[:, None] * KC + c) * (32 * BITS)
     if FP4:
         s_lo = fp4_fragment_scales(s_ptr, tile[:, None], KC, c, g[:, None], 0, cols // 16) / FP4_OUT_SCALE
         s_hi = fp4_fragment_scales(s_ptr, tile[:, None], KC, c, g[:, None], 1, cols // 16) / FP4_OUT_SCALE
@@ -203,8 +204,8 @@ def chunk_mmas(a, a_up, trip_x, U: tl.constexpr, d, d_up, NB: tl.constexpr, TWO:
 
 
 @triton.jit
-def trip_step(acc, acc_up, codes, codes_up, q_ptr, s_lane, s_lane_up, x_ptr, x_lane, tile, tile_up, c, g, t, tok0, M,
-              KC, stride_xm, CPG: tl.constexpr, UNROLL: tl.constexpr, NB: tl.constexpr, BITS: tl.constexpr,
+def trip_step(acc, acc_up, codes, codes_up, q_ptr, s_lane, s_lane_up, x_ptr, x_lane, tile, tile_up, c, k_off, g, t,
+              tok0, M, KC, stride_xm, CPG: tl.constexpr, UNROLL: tl.constexpr, NB: tl.constexpr, BITS: tl.constexpr,
               TWO: tl.constexpr, DECODE_ASM: tl.constexpr, DECODE_OPERANDS: tl.constexpr, MMA_ASM: tl.constexpr,
               ASM: tl.constexpr):
     """``UNROLL`` chunks from chunk ``c`` of a warp's weight stream (its tile; ``codes`` from :func:`load_trip`)
@@ -212,7 +213,8 @@ def trip_step(acc, acc_up, codes, codes_up, q_ptr, s_lane, s_lane_up, x_ptr, x_l
     SwiGLU, or a second tile of rows) into ``acc_up``: both streams' MMAs take the same activation registers,
     loaded once. Per scale group (``CPG`` chunks) the unscaled products accumulate from zero and are scaled
     once. ``x_lane`` (one per token block) and ``s_lane`` / ``s_lane_up``: the lane's addresses of chunk 0 and of
-    scale group 0."""
+    scale group 0 (for warps splitting K, of its warp's first chunk ``k_off``, which the interpreter's gathers add to
+    ``c``)."""
     if ASM:
         trip_x = ()
         for b in tl.static_range(NB):
@@ -237,10 +239,11 @@ def trip_step(acc, acc_up, codes, codes_up, q_ptr, s_lane, s_lane_up, x_ptr, x_l
                     a_up = decode_codes(codes_up[grp * CPG + ci], DECODE_ASM, DECODE_OPERANDS, BITS)
                 d, d_up = chunk_mmas(a, a_up, trip_x, grp * CPG + ci, d, d_up, NB, TWO, MMA_ASM)
             else:
-                d = chunk_portable(d, q_ptr, q_ptr, x_ptr, tile, cc, g, t, tok0, M, KC, stride_xm, NB, BITS, False)
+                d = chunk_portable(d, q_ptr, q_ptr, x_ptr, tile, cc + k_off, g, t, tok0, M, KC, stride_xm, NB, BITS,
+                                   False)
                 if TWO:
-                    d_up = chunk_portable(d_up, q_ptr, q_ptr, x_ptr, tile_up, cc, g, t, tok0, M, KC, stride_xm, NB,
-                                          BITS, False)
+                    d_up = chunk_portable(d_up, q_ptr, q_ptr, x_ptr, tile_up, cc + k_off, g, t, tok0, M, KC, stride_xm,
+                                          NB, BITS, False)
         acc = add_scaled(acc, d, s_lo, s_hi, NB)
         if TWO:
             acc_up = add_scaled(acc_up, d_up, s_lo_up, s_hi_up, NB)
@@ -248,8 +251,8 @@ def trip_step(acc, acc_up, codes, codes_up, q_ptr, s_lane, s_lane_up, x_ptr, x_l
 
 
 @triton.jit
-def trip_step_fp4(acc, acc_up, codes, codes_up, q_ptr, s_ptr, x_ptr, x_lane, tile, tile_up, c, g, t, tok0, M, KC,
-                  stride_xm, UNROLL: tl.constexpr, NB: tl.constexpr, TWO: tl.constexpr, DECODE_ASM: tl.constexpr,
+def trip_step_fp4(acc, acc_up, codes, codes_up, q_ptr, s_ptr, x_ptr, x_lane, tile, tile_up, c, k_off, g, t, tok0, M,
+                  KC, stride_xm, UNROLL: tl.constexpr, NB: tl.constexpr, TWO: tl.constexpr, DECODE_ASM: tl.constexpr,
                   DECODE_OPERANDS: tl.constexpr, MMA_ASM: tl.constexpr, SCALE_ASM: tl.constexpr, ASM: tl.constexpr):
     """:func:`trip_step` for nvfp4: the block scales are in the A registers (:func:`decode_fp4`), so every chunk's MMAs
     accumulate straight into ``acc`` (``acc_up``). ``codes``: the chunks' code words, then each pair's scale word."""
@@ -271,10 +274,11 @@ def trip_step_fp4(acc, acc_up, codes, codes_up, q_ptr, s_ptr, x_ptr, x_lane, til
                 a_up = decode_fp4(codes_up[u], pairs_up[2 * u], pairs_up[2 * u + 1], DECODE_ASM, DECODE_OPERANDS)
             acc, acc_up = chunk_mmas(a, a_up, trip_x, u, acc, acc_up, NB, TWO, MMA_ASM)
         else:
-            acc = chunk_portable(acc, q_ptr, s_ptr, x_ptr, tile, c + u, g, t, tok0, M, KC, stride_xm, NB, 4, True)
+            acc = chunk_portable(acc, q_ptr, s_ptr, x_ptr, tile, c + u + k_off, g, t, tok0, M, KC, stride_xm, NB, 4,
+                                 True)
             if TWO:
-                acc_up = chunk_portable(acc_up, q_ptr, s_ptr, x_ptr, tile_up, c + u, g, t, tok0, M, KC, stride_xm,
-                                        NB, 4, True)
+                acc_up = chunk_portable(acc_up, q_ptr, s_ptr, x_ptr, tile_up, c + u + k_off, g, t, tok0, M, KC,
+                                        stride_xm, NB, 4, True)
     return acc, acc_up
 
 

@@ -20,7 +20,7 @@ from functools import cache, lru_cache
 import torch
 import triton
 
-from ninfer.kernels.dispatch import autotune_configs, frag_async, split_sum_mode
+from ninfer.kernels.dispatch import autotune_configs, frag_async, frag_ksplit, split_sum_mode
 from ninfer.kernels.quant_gemm.common import FMT_CODES
 from ninfer.kernels.quant_gemm.fragments import FRAGMENTS
 from ninfer.kernels.quant_gemm.timing import time_candidates
@@ -38,6 +38,8 @@ WIDE_FRAG_TOKENS = 64  # tokens per program of the register decode's prefill-siz
 DEQUANT_MAX_ELEMENTS = 256 << 20
 TABLE = "quant_gemm"  # the tuner state's and the disk cache's table of these choices
 PAIR_KIND = "frag-pair"  # the register decode with two 16-row tiles per warp (fragment_candidates)
+KSPLIT_KIND = "frag-ksplit"  # the register decode with a program's warps on one tile, K split between them
+REGISTER_KINDS = ("frag", PAIR_KIND, KSPLIT_KIND)  # the kinds fragment_mma's kernel runs
 
 
 @dataclass(frozen=True)
@@ -348,7 +350,38 @@ def fragment_candidates(fmt: str, m: int, n_out: int, k: int, sms: int, *, swigl
         shapes += [(tokens, warps, unroll, per_sm, 2, PAIR_KIND) for warps, unroll in ((4, 2), (2, 4))
                    for per_sm in (8, 4)]
     out = _fragment_configs(fmt, m, n_out, k, sms, shapes)
-    return out + fragment_async_candidates(fmt, m, n_out, k, sms) if frag_async() else out
+    if frag_async():
+        out += fragment_async_candidates(fmt, m, n_out, k, sms)
+    if frag_ksplit():
+        out += fragment_ksplit_candidates(fmt, m, n_out, k)
+    return out
+
+
+def fragment_splits(kc: int, unroll: int, split: int) -> tuple[int, int]:
+    """``(chunks per split, splits)`` for ``split`` requested: whole loop trips per split, no empty split."""
+    trips = kc // unroll
+    per = -(-trips // max(1, min(split, trips))) * unroll
+    return per, -(-kc // per)
+
+
+def fragment_ksplit_candidates(fmt: str, m: int, n_out: int, k: int) -> list[GemmConfig]:
+    """Register decode configs whose program holds one 16-row tile with 4 or 8 warps, each over an equal share of
+    K (``kind="frag-ksplit"``), summed through shared memory: K split over a program's warps instead of over
+    programs, whose partial sums take a round trip through global memory and an arrival counter. One program per
+    tile (and split: 1 or 2, where K falls into whole, equal shares), 2 chunks a trip, the next trip's codes
+    requested during this one or (3 stages) copied ahead by ``cp.async``."""
+    tokens = 8 if m <= 8 else 16 if m <= 16 else 32
+    kc, out = k // 64, []
+    for warps in (4, 8):
+        for split in (1, 2):
+            per, _ = fragment_splits(kc, 2, split)
+            if k % 128 or 128 % GROUPS[fmt] or kc % per or per % (2 * warps):
+                continue
+            for stages in (2, 3):
+                cfg = GemmConfig(tokens, 16, 128, split, warps, stages, KSPLIT_KIND)
+                if cfg not in out:
+                    out.append(cfg)
+    return out
 
 
 ASYNC_STAGES = (3, 5)
