@@ -105,7 +105,7 @@ tune-l2               the decode tuners timing their candidates L2-cold (NINFER_
 deltanet-early        the Gated DeltaNet decode launched early (NINFER_DELTANET_EARLY=1: its recurrent state loaded while the q/k/v/z projection runs, under programmatic dependent launch): its kernel GPU tests with it on, then the 27B int4 and 35B-A3B engines on and off twice at C = 1 / 8
 early-model-tests     the whole-model GPU tests (parity, graphs = eager, dense and MoE) and the MTP tests (greedy = plain greedy) with NINFER_DELTANET_EARLY=1 and NINFER_MOE_DOWN_EARLY=1 both on
 float-gemv-early      the routers through the one-launch float GEMV launched early (NINFER_FLOAT_GEMV_EARLY=1: its weights asked of the L2 while the kernel before runs, cuBLAS not a candidate): its GPU tests, then the 35B-A3B engine on and off twice at C = 1 / 8
-frag-async            two variants of the register decode, its codes copied into shared memory by the loops cp.async pipeline (NINFER_FRAG_ASYNC=1 adds 3- and 5-stage configs) and K split over a programs warps (NINFER_FRAG_KSPLIT=1): their GPU tests, then each L2-cold against the register decodes own configs at 1 / 4 / 8 tokens, int4-g64 and nvfp4, the 27B and 35B-A3B projections
+frag-variants         two variants of the register decodes, codes copied into shared memory by the loops cp.async pipeline (NINFER_FRAG_ASYNC=1 adds 3- and 5-stage configs) and K split over a programs warps (NINFER_FRAG_KSPLIT=1, the expert register decode too): their GPU tests, then each L2-cold against the register decodes own configs at 1 / 4 / 8 tokens, int4-g64 and nvfp4, the 27B and 35B-A3B projections, then the 35B-A3B expert GEMMs tuned without and with the K-split configs
 route-prefetch        the MoE routing asking the L2 for its chosen experts gate/up bytes (NINFER_ROUTE_PREFETCH=1, up to 4 tokens): its GPU test, one 35B-A3B MoE block with and without (perf/bench_moe_block.py), the 35B-A3B engine on and off twice at C = 1 / 8, then its MTP round at C = 1 on and off
 ncu-small-gemm        Nsight Compute of the register decode on the 35B-A3B out_proj (2048 x 4096, 4.2 MB: 5.4 us a launch where its bytes take 1.3) and qkvz at 1 token, the fastest config of its own, of the cp.async ones and of the K-split ones: how much of a small GEMM is inside the kernel, and where it waits
 early-all             the three early starts (MoE down, DeltaNet decode, float GEMV) together against none, 35B-A3B then 27B int4 at C = 1 / 8 (bench_engine --settings, one process each: base, all, base, all)
@@ -454,10 +454,15 @@ stage() {
       part 170 python3 perf/bench_engine.py --shape 35b-a3b --recipe qwen3_5_35b_a3b_int4 --contexts 1024 --lanes 1 8 \
         --steps 12 --prefill --toggle NINFER_FLOAT_GEMV_EARLY=1,0,1,0
       ;;
-    frag-async)  # the register decode waited on its loads with registers capping its warps per SM (Nsight Compute)
+    frag-variants)  # a decode GEMM costs ~5 us beyond its bytes; its loads wait with registers capping its warps
       gpu_tests 300 fragment_variants_gpu -n 4
-      part 300 python3 perf/bench_quant_gemm.py --path frag,frag-async,frag-ksplit --m 1,4,8 --formats int4-g64,nvfp4 --l2 cold \
-        --shapes gate_up,down,in_proj_qkvz,o_proj,35b_in_proj_qkvz,35b_out_proj --no-gemlite
+      NINFER_FRAG_KSPLIT=1 gpu_tests 200 moe_quant_mma -n 4
+      part 300 python3 perf/bench_quant_gemm.py --path frag,frag-async,frag-ksplit --m 1,4,8 --formats int4-g64,nvfp4 \
+        --l2 cold --shapes gate_up,down,in_proj_qkvz,o_proj,35b_in_proj_qkvz,35b_out_proj --no-gemlite
+      for ks in 0 1; do  # the expert keys tuned from nothing (L2-cold, as the engine tunes them), their picks recorded
+        NINFER_FRAG_KSPLIT=$ks NINFER_SHIPPED_TUNING=0 NINFER_TUNE_CACHE=off part 120 python3 perf/bench_moe.py \
+          --no-bf16 --formats int4-g64 --path auto
+      done
       ;;
     route-prefetch)  # the 35B-A3B expert gate/up took 9.7 us for 8.4 MB at batch 1, its codes read after its ids (run 2026-12-06.8)
       gpu_tests 120 route_prefetch_gpu

@@ -42,6 +42,7 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from ninfer.kernels.attention import prefill as attention_prefill  # noqa: E402
 from ninfer.kernels.moe import quant_gemv as moe_quant_gemv  # noqa: E402
+from ninfer.kernels.moe import mma_configs as moe_mma_configs  # noqa: E402
 from ninfer.kernels.moe import quant_mma as moe_quant_mma  # noqa: E402
 from ninfer.kernels.dispatch import split_sum_across, split_sum_mode  # noqa: E402
 from ninfer.kernels.quant_gemm.fragment_ptx import mma_asm, row_major_decode_asm  # noqa: E402
@@ -161,10 +162,10 @@ def compile_expert_mma(fmt: str, cfg, swiglu: bool, arch: int, aligned: bool = F
                   PARTS_BLOCK=deferred_norm.parts_block(row_norm_parts, tokens) if row_norm_parts else 1,
                   CPG=int(fmt.split("-g")[1]) // 64, SWIGLU=swiglu, SPLIT=split, FUSED_REDUCE=split,
                   SUM_ACROSS=split and split_sum_across(),
-                  WARPS=cfg.num_warps, UNROLL=cfg.block_k // 64, PREFETCH=cfg.num_stages == 2, STAGES=stages,
-                  KSPLIT=cfg.kind == fragment_mma.KSPLIT_KIND, PAIRS_BLOCK=64,
+                  WARPS=cfg.num_warps, UNROLL=cfg.block_k // 64, PREFETCH=cfg.num_stages > 1,
+                  KSPLIT=cfg.kind == moe_mma_configs.EXPERT_KSPLIT_KIND, PAIRS_BLOCK=64,
                   ALIGNED=aligned, DECODE_ASM=row_major_decode_asm("bf16"), DECODE_OPERANDS="=r," * 16 + "r,r,r,r",
-                  MMA_ASM=mma_asm("bf16"), ASM=True)
+                  MMA_ASM=mma_asm("bf16"), ASM=True, PDL_WAIT=False, PDL_TRIGGER=arch >= 90)
     sig.update(dict.fromkeys(consts, "constexpr"))
     names = list(sig)
     aligned = [n for n in names if n.endswith("_ptr") or n in ("N_OUT", "KC", *strides)]
@@ -176,7 +177,7 @@ def compile_expert_mma(fmt: str, cfg, swiglu: bool, arch: int, aligned: bool = F
 def expert_mma(fmt: str, arch: int, sms: int) -> None:
     for name, n_out, k, swiglu in (("gate_up", 512, 2048, True), ("down", 2048, 512, False)):
         for pairs, aligned in ((8, False), (256, True)):  # batch 1; eight lanes verifying four tokens
-            for cfg in moe_quant_mma.expert_mma_candidates(fmt, pairs, n_out, k, sms):
+            for cfg in moe_mma_configs.expert_mma_candidates(fmt, pairs, n_out, k, sms):
                 head = (f"{fmt:9s} expert-mma-{name:7s}{' aligned' if aligned else ''} warps={cfg.num_warps} "
                         f"chunks/trip={cfg.block_k // 64} split={cfg.split_k:<3d} stages={cfg.num_stages}")
                 register_decode_line(head, lambda: compile_expert_mma(fmt, cfg, swiglu, arch, aligned),
@@ -240,8 +241,8 @@ def compile_frag(cfg, group: int, swiglu: bool, arch: int, bits: int = 4, fp4: b
                   S_BLOCK=min(triton.next_power_of_2(cfg.split_k),
                               max(1, 16 // ((cfg.block_m // 8) * (2 if swiglu or pair else 1))))
                   if split and split_sum_mode() == "tile" else 1,
-                  NB=cfg.block_m // 8, WARPS=cfg.num_warps, UNROLL=cfg.block_k // 64, PREFETCH=cfg.num_stages == 2, STAGES=stages,
-                  KSPLIT=cfg.kind == fragment_mma.KSPLIT_KIND,
+                  NB=cfg.block_m // 8, WARPS=cfg.num_warps, UNROLL=cfg.block_k // 64, PREFETCH=cfg.num_stages == 2,
+                  STAGES=stages, KSPLIT=cfg.kind == fragment_mma.KSPLIT_KIND,
                   TOKENS_FIRST=False, PDL=arch >= 90, ASM=True, BITS=bits, FP4=fp4,
                   **fragment_mma.asm_constants(torch.bfloat16, bits, fp4))
     sig.update(dict.fromkeys(consts, "constexpr"))
@@ -361,7 +362,7 @@ def main(args: argparse.Namespace) -> None:
     for fmt in args.formats.split(","):
         if "moe-gemv" in kinds:
             moe_gemv(fmt, args.arch, args.sms)
-        if "expert-mma" in kinds and fmt in moe_quant_mma.FORMATS:
+        if "expert-mma" in kinds and fmt in moe_mma_configs.FORMATS:
             expert_mma(fmt, args.arch, args.sms)
         if "gemv-mma" in kinds and fmt.startswith("int4"):
             mma(fmt, args.m, args.arch, args.sms)

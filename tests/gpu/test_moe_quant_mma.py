@@ -15,7 +15,7 @@ from kernel_testing import assert_graph_replays_eager, nan_experts
 from ninfer.kernels.moe import moe_experts_reference, route_topk, route_topk_reference
 from ninfer.kernels.moe import quant_gemm as moe_quant_gemm
 from ninfer.kernels.moe.gemm import moe_experts_triton
-from ninfer.kernels.moe.quant_mma import expert_mma_candidates
+from ninfer.kernels.moe.mma_configs import expert_mma_candidates
 from ninfer.quant.formats import QuantizedTensor, quantize
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]

@@ -13,7 +13,7 @@ from kernel_testing import EXPERT_TOL, expert_routing, expert_stacks, poisoned_o
 from ninfer.kernels.dispatch import INTERPRET
 from ninfer.kernels.moe import moe_experts_reference
 from ninfer.kernels.moe.gemm import moe_experts_triton
-from ninfer.kernels.moe.quant_mma import EXPERT_MMA_KIND
+from ninfer.kernels.moe.mma_configs import EXPERT_KSPLIT_KIND, EXPERT_MMA_KIND
 from ninfer.kernels.norms import deferred_norm_reference, rms_norm_reference
 from ninfer.kernels.quant_gemm.tune import GemmConfig
 
@@ -50,7 +50,8 @@ def _mma(warps: int, split: int) -> GemmConfig:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("n,cfg", [(1, _gemv(1, 1)), (5, _gemv(2, 2)), (1, _mma(4, 1)), (5, _mma(2, 2)),
-                                   (13, _mma(4, 2))], ids=["gemv1", "gemv5-split", "mma1", "mma5-split", "mma13"])
+                                   (13, _mma(4, 2)), (5, GemmConfig(8, 16, 64, 1, 2, 1, EXPERT_KSPLIT_KIND))],
+                         ids=["gemv1", "gemv5-split", "mma1", "mma5-split", "mma13", "ksplit5"])
 def test_expert_kernels_normalize_deferred_rows(n: int, cfg: GemmConfig, dtype: torch.dtype) -> None:
     _check("int4-g64", dtype, n, cfg, seed=n)
 

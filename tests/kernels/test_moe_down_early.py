@@ -16,7 +16,7 @@ from kernel_testing import expert_routing, expert_stacks, poisoned_outputs  # no
 from ninfer.kernels.dispatch import INTERPRET
 from ninfer.kernels.moe import quant_gemm as moe_quant_gemm
 from ninfer.kernels.moe.gemm import moe_experts_triton
-from ninfer.kernels.moe.quant_mma import EXPERT_MMA_KIND
+from ninfer.kernels.moe.mma_configs import EXPERT_MMA_KIND
 from ninfer.kernels.quant_gemm import timing as quant_gemm_timing
 from ninfer.kernels.quant_gemm.tune import GemmConfig
 from ninfer.kernels.tuning import TunerState, use_tuner

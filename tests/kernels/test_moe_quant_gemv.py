@@ -238,7 +238,8 @@ def test_aligned_verification_rows_choose_between_the_dot_and_the_register_decod
     """Aligned rows in blocks of 16 of up to ALIGNED_MAX_PAIRS pairs (a verification of several lanes), bf16 / fp16:
     the dot and the register decode's candidates are timed (no GEMV: it needs decode rows); beyond that, in blocks
     of 64, or with fp32 activations, the dot without timing."""
-    from ninfer.kernels.moe.quant_mma import ALIGNED_MAX_PAIRS, expert_mma_candidates
+    from ninfer.kernels.moe.mma_configs import expert_mma_candidates
+    from ninfer.kernels.moe.quant_mma import ALIGNED_MAX_PAIRS
 
     monkeypatch.setattr(tuning, "on_gpu", lambda device: True)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)

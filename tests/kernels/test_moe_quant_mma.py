@@ -25,12 +25,14 @@ from ninfer.kernels.moe import moe_experts_reference
 from ninfer.kernels.moe import quant_gemm as moe_quant_gemm
 from ninfer.kernels.moe.align import expert_rows
 from ninfer.kernels.moe.gemm import moe_experts_triton
-from ninfer.kernels.moe.quant_mma import (
+from ninfer.kernels.moe.mma_configs import (
+    EXPERT_KSPLIT_KIND,
     EXPERT_MMA_KIND,
+    expert_ksplit_candidates,
     expert_mma_candidates,
     expert_mma_fits,
-    launch_expert_mma,
 )
+from ninfer.kernels.moe.quant_mma import launch_expert_mma
 from ninfer.kernels.quant_gemm.gemv import reduce_kernel_for_splits
 from ninfer.kernels.quant_gemm.tune import GemmConfig
 
@@ -50,6 +52,26 @@ def test_expert_mma_matches_reference(fmt: str, h: int, i: int, dtype: torch.dty
     """1 token (two pairs), 5 tokens, 13 tokens (expert 3 holds more than eight pairs: two blocks)."""
     for n, cfg in [(1, _cfg(4, 2, 1, False)), (5, _cfg(2, 2, 2, True)), (13, _cfg(4, 2, 2, False))]:
         check_quant_experts(fmt, h, i, dtype, n, cfg, seed=n)
+
+
+def _ksplit(warps: int, unroll: int, prefetch: bool) -> GemmConfig:
+    return GemmConfig(8, 16, 64 * unroll, 1, warps, 2 if prefetch else 1, EXPERT_KSPLIT_KIND)
+
+
+@pytest.mark.parametrize("fmt,h,i,unroll", [("int4-g64", 256, 128, 1), ("int4-g128", 1024, 512, 2)])
+def test_warps_splitting_k(fmt: str, h: int, i: int, unroll: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One tile a program, K split between its warps (their sums exchanged, warp 0 storing): 1, 5 and 13 tokens
+    (two blocks of one expert), the next trip's codes requested or not; the configs ``NINFER_FRAG_KSPLIT=1`` adds
+    and a K without equal shares refused."""
+    for n, cfg in [(1, _ksplit(2, unroll, False)), (5, _ksplit(2, unroll, True)), (13, _ksplit(2, unroll, True))]:
+        check_quant_experts(fmt, h, i, torch.float16, n, cfg, seed=30 + n)
+    if unroll == 2:
+        check_quant_experts(fmt, h, i, torch.float16, 5, _ksplit(4, 2, True), seed=40)
+    monkeypatch.setenv("NINFER_FRAG_KSPLIT", "1")
+    ksplit = expert_ksplit_candidates("int4-g64", 512, 2048)
+    assert ksplit and ksplit == expert_mma_candidates("int4-g64", 8, 512, 2048, sms=132)[-len(ksplit):]
+    with pytest.raises(ValueError, match="equal shares"):
+        check_quant_experts("int4-g64", 256, 128, torch.float16, 1, _ksplit(4, 2, False))
 
 
 def test_ragged_tiles_one_chunk_trips_and_separate_reduction() -> None:

@@ -277,8 +277,8 @@ def moe_experts_triton(x: torch.Tensor | NormedRows, gate_up: Weight, down: Weig
     inter = torch.empty(nk, inter_size, dtype=x.dtype, device=x.device)
     _launch(rows, x, gate_up, inter, rw, a_div=top_k, swiglu=True, path=path, row_norm=row_norm)
     y = torch.empty(nk, h, dtype=x.dtype, device=x.device)
-    # The down projection's ids (the routing's) and weights were written before the gate/up started: with
-    # the early start (on unless NINFER_MOE_DOWN_EARLY=0) it requests them while the gate/up runs (ninfer.kernels.pdl.early_pdl)
+    # The down projection's ids (the routing's) and weights were written before the gate/up started: with the
+    # early start (on unless NINFER_MOE_DOWN_EARLY=0) it requests them while the gate/up runs (pdl.early_pdl)
     _launch(rows, inter, down, y, rw, a_div=1, swiglu=False, path=path, early=moe_down_early())
     # With the norm, one program holds a whole row (the RMS needs it): 2048 for the 35B-A3B.
     block = triton.next_power_of_2(h) if norm is not None else min(1024, triton.next_power_of_2(h))

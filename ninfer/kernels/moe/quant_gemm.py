@@ -37,13 +37,14 @@ import triton.language as tl
 from ninfer.kernels.autotune import ninfer_autotune
 from ninfer.kernels.dispatch import autotune_configs
 from ninfer.kernels.moe.align import ExpertRows, aligned_tile, pair_group, pair_rows
-from ninfer.kernels.moe.quant_mma import EXPERT_MMA_KIND, expert_mma_candidates, launch_expert_mma, takes_rows
+from ninfer.kernels.moe.mma_configs import EXPERT_KINDS, expert_mma_candidates
 from ninfer.kernels.moe.quant_gemv import (
     GROUPED_DOT,
     choose_config,
     expert_gemv_candidates,
     launch_expert_gemv,
 )
+from ninfer.kernels.moe.quant_mma import launch_expert_mma, takes_rows
 from ninfer.kernels.norms import NormedRows
 from ninfer.kernels.quant_gemm.common import FMT_CODES, finish
 from ninfer.kernels.quant_gemm.gemm import k_loop
@@ -214,7 +215,7 @@ def launch_quant_experts(rows: ExpertRows, a: torch.Tensor, w: QuantizedTensor, 
         if cfg.kind == "dot":
             _launch_dot(rows, a if row_norm is None else row_norm.materialize(), w, dst, rw, a_div=a_div,
                         swiglu=swiglu)
-        elif cfg.kind == EXPERT_MMA_KIND:
+        elif cfg.kind in EXPERT_KINDS:
             launch_expert_mma(rows, a, w, dst, rw, a_div=a_div, swiglu=swiglu, cfg=cfg, row_norm=row_norm,
                               early=early)
         else:

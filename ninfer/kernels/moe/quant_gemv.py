@@ -41,17 +41,16 @@ import torch
 import triton
 import triton.language as tl
 
-from ninfer.kernels.moe.align import ExpertRows, pair_group, pair_rows
-from ninfer.kernels.moe.quant_mma import ALIGNED_MAX_PAIRS, expert_mma_candidates, takes_rows
-from ninfer.kernels.moe.quant_mma import FORMATS as MMA_FORMATS
-from ninfer.kernels.quant_gemm import tune as quant_gemm_tune
-from ninfer.kernels.norms import NormedRows
 from ninfer.kernels.dispatch import INTERPRET
+from ninfer.kernels.moe.align import ExpertRows, pair_group, pair_rows
+from ninfer.kernels.moe.mma_configs import FORMATS as MMA_FORMATS
+from ninfer.kernels.moe.mma_configs import expert_mma_candidates
+from ninfer.kernels.moe.quant_mma import ALIGNED_MAX_PAIRS, takes_rows
+from ninfer.kernels.norms import NormedRows
 from ninfer.kernels.pdl import early_pdl, l2_prefetch_rows, pdl_enter, small_kernel_pdl
+from ninfer.kernels.quant_gemm import tune as quant_gemm_tune
 from ninfer.kernels.quant_gemm.common import FMT_CODES, finish, kernel_tensors
 from ninfer.kernels.quant_gemm.deferred_norm import reader_args, rows_rstd
-from ninfer.kernels.quant_gemm.timing import l2_cold
-from ninfer.kernels.quant_gemm.tune import GemmConfig, kernel_params, sm_count
 from ninfer.kernels.quant_gemm.gemv_steps import (
     gemv_decode,
     gemv_dot,
@@ -65,6 +64,8 @@ from ninfer.kernels.quant_gemm.gemv_steps import (
     w32_scales,
     w32_values,
 )
+from ninfer.kernels.quant_gemm.timing import l2_cold
+from ninfer.kernels.quant_gemm.tune import GemmConfig, kernel_params, sm_count
 from ninfer.kernels.quant_gemm.weights import QuantizedTensor
 from ninfer.kernels.tuning import default_tuner
 

@@ -31,18 +31,34 @@ import triton.language as tl
 
 from ninfer.kernels.dispatch import INTERPRET, pdl_enabled, split_sum_across
 from ninfer.kernels.moe.align import ExpertRows, pair_group, pair_rows
+from ninfer.kernels.moe.mma_configs import (
+    EXPERT_KINDS,
+    EXPERT_KSPLIT_KIND,
+    FORMATS,
+    expert_mma_fits,
+)
 from ninfer.kernels.norms import NormedRows
 from ninfer.kernels.pdl import Pdl, early_pdl, pdl_enter
 from ninfer.kernels.quant_gemm.common import finish_at
 from ninfer.kernels.quant_gemm.deferred_norm import MAX_ROWS as MAX_NORMED_TOKENS
-from ninfer.kernels.quant_gemm.deferred_norm import first_shares, reader_args, rstd_of_shares
+from ninfer.kernels.quant_gemm.deferred_norm import (
+    first_shares,
+    reader_args,
+    rstd_of_shares,
+)
+from ninfer.kernels.quant_gemm.fragment_epilogue import warp_sums
 from ninfer.kernels.quant_gemm.fragment_mma import fragment_splits
-from ninfer.kernels.quant_gemm.fragment_steps import add_scaled, decode_codes, mma_block, x_words
 from ninfer.kernels.quant_gemm.fragment_ptx import (
     mma_asm,
     paired_x_load_asm,
     row_major_decode_asm,
     row_major_load_asm,
+)
+from ninfer.kernels.quant_gemm.fragment_steps import (
+    add_scaled,
+    decode_codes,
+    mma_block,
+    x_words,
 )
 from ninfer.kernels.quant_gemm.gemv import tile_counters
 from ninfer.kernels.quant_gemm.gemv_steps import (
@@ -55,10 +71,8 @@ from ninfer.kernels.quant_gemm.gemv_steps import (
 )
 from ninfer.kernels.quant_gemm.tune import GemmConfig
 
-EXPERT_MMA_KIND = "expert-mma"  # GemmConfig.kind of this kernel (block_n = 16 * num_warps, block_k = a trip)
 ALIGNED_BLOCK = 16  # pairs per aligned row block it takes (two programs of eight)
 ALIGNED_MAX_PAIRS = 256  # aligned calls up to which it is a candidate: 32 tokens of top-8 (8 lanes x 4 verified)
-FORMATS = {"int4-g64": 64, "int4-g128": 128}  # the formats it reads, by scale group
 # a chunk's loads at its constant offset from the loop trip's address (one inline-PTX string per chunk of a trip)
 _L0, _L1, _L2, _L3 = (tl.constexpr(row_major_load_asm(u)) for u in range(4))
 _X0, _X1, _X2, _X3 = (tl.constexpr(paired_x_load_asm(u)) for u in range(4))
@@ -98,8 +112,9 @@ def _trip_codes(row_g, row_h, c, UNROLL: tl.constexpr, ASM: tl.constexpr):
 @triton.jit
 def _portable_chunk(d, q_row, x_ptr, x_row0, x_row1, c, stride_qn):
     """What the PTX of one chunk adds to ``d`` (rows g / g + 8 x the lane's pairs 2t / 2t + 1), from gathers of
-    the row-major codes (``q_row``: the lane's row g; interpreter, fp32 activations)."""
-    cols = c * 64 + tl.arange(0, 64)[None, :]
+    the row-major codes (``q_row``: the lane's row g; interpreter, fp32 activations). ``c``: the chunk, one for the
+    program or (warps splitting K) one per lane."""
+    cols = (c + tl.zeros_like(x_row0))[:, None] * 64 + tl.arange(0, 64)[None, :]
     byte_g = tl.load(q_row[:, None] + cols // 2).to(tl.int32)
     byte_h = tl.load(q_row[:, None] + 8 * stride_qn + cols // 2).to(tl.int32)
     lo = (((byte_g >> (4 * (cols % 2))) & 0xF) - 8).to(tl.float32)
@@ -112,11 +127,11 @@ def _portable_chunk(d, q_row, x_ptr, x_row0, x_row1, c, stride_qn):
 
 @triton.jit
 def _trip(acc, acc_up, codes, codes_up, q_row, q_row_up, s_row, s_row_up, x_lane, x_row0, x_row1, x_ptr, c,
-          stride_qn, stride_sn, CPG: tl.constexpr, UNROLL: tl.constexpr, SWIGLU: tl.constexpr,
+          k_off, stride_qn, stride_sn, CPG: tl.constexpr, UNROLL: tl.constexpr, SWIGLU: tl.constexpr,
           DECODE_ASM: tl.constexpr, DECODE_OPERANDS: tl.constexpr, MMA_ASM: tl.constexpr, ASM: tl.constexpr):
     """``UNROLL`` chunks from chunk ``c`` into ``acc`` (and the up tile's into ``acc_up``): per scale group the
     unscaled products from zero, then scaled once (``s_row``: the lane's row g scales; row g + 8's are 8 rows
-    on)."""
+    on). Warps splitting K: the addresses start at the warp's first chunk ``k_off``, which the gathers add to ``c``."""
     for grp in tl.static_range(UNROLL // CPG):
         gi = c // CPG + grp
         d = (tl.zeros_like(acc[0]), tl.zeros_like(acc[0]), tl.zeros_like(acc[0]), tl.zeros_like(acc[0]))
@@ -130,9 +145,9 @@ def _trip(acc, acc_up, codes, codes_up, q_row, q_row_up, s_row, s_row_up, x_lane
                     a_up = decode_codes(codes_up[u], DECODE_ASM, DECODE_OPERANDS, 4)
                     d_up = mma_block(a_up, xw, d_up[0], d_up[1], d_up[2], d_up[3], MMA_ASM)
             else:
-                d = _portable_chunk(d, q_row, x_ptr, x_row0, x_row1, c + u, stride_qn)
+                d = _portable_chunk(d, q_row, x_ptr, x_row0, x_row1, c + u + k_off, stride_qn)
                 if SWIGLU:
-                    d_up = _portable_chunk(d_up, q_row_up, x_ptr, x_row0, x_row1, c + u, stride_qn)
+                    d_up = _portable_chunk(d_up, q_row_up, x_ptr, x_row0, x_row1, c + u + k_off, stride_qn)
         acc = add_scaled(acc, d, tl.load(s_row + gi).to(tl.float32), tl.load(s_row + 8 * stride_sn + gi).to(tl.float32),
                       1)
         if SWIGLU:
@@ -172,7 +187,7 @@ def _expert_mma_kernel(
     NK, N_OUT, a_div, chunks_per_split, KC, stride_xm, stride_qe, stride_qn, stride_se, stride_sn, stride_om,
     M_TOK, n_parts, eps, ROW_NORM: tl.constexpr, TOKENS: tl.constexpr, PARTS_BLOCK: tl.constexpr, CPG: tl.constexpr,
     SWIGLU: tl.constexpr, SPLIT: tl.constexpr, FUSED_REDUCE: tl.constexpr, SUM_ACROSS: tl.constexpr,
-    WARPS: tl.constexpr, UNROLL: tl.constexpr, PREFETCH: tl.constexpr, PAIRS_BLOCK: tl.constexpr,
+    WARPS: tl.constexpr, UNROLL: tl.constexpr, PREFETCH: tl.constexpr, KSPLIT: tl.constexpr, PAIRS_BLOCK: tl.constexpr,
     ALIGNED: tl.constexpr, DECODE_ASM: tl.constexpr, DECODE_OPERANDS: tl.constexpr, MMA_ASM: tl.constexpr,
     ASM: tl.constexpr, PDL_WAIT: tl.constexpr = False, PDL_TRIGGER: tl.constexpr = False,
 ):
@@ -202,12 +217,17 @@ def _expert_mma_kernel(
     slots = N_OUT // 16
     tile_out = tl.program_id(0) * WARPS + e // 32
     tile = tl.minimum(tile_out, slots - 1)  # a clamped tile loads valid memory; its stores are masked
+    k_off = 0  # the warp's first chunk after its split's
+    if KSPLIT:  # every warp on the program's one tile, over its share of the split's chunks; warp 0 stores the sums
+        tile = tl.minimum(tl.program_id(0) + 0 * e, slots - 1)
+        tile_out = tl.program_id(0) + tl.where(e // 32 == 0, 0, slots)  # past the last tile for warps 1..: masked
+        k_off = (e // 32) * (chunks_per_split // WARPS)
     pair_b = _slot_pair(g, block_pairs)  # the B operand's pair (N index g)
     x_row_b = tl.where(pair_b < NK, pair_b // a_div, 0).to(tl.int64) * stride_xm
     row = tile.to(tl.int64) * 16 + g
     q_row = q_ptr + expert * stride_qe + row * stride_qn
     q_row_up = q_row + N_OUT.to(tl.int64) * stride_qn
-    s_row = s_ptr + expert * stride_se + row * stride_sn
+    s_row = s_ptr + expert * stride_se + row * stride_sn + k_off // CPG
     s_row_up = s_row + N_OUT.to(tl.int64) * stride_sn
     # the D fragment's pairs (N index 2t, 2t + 1): the portable body's activation rows, then the stores
     pair0 = _slot_pair(2 * t, block_pairs)
@@ -218,11 +238,11 @@ def _expert_mma_kernel(
     x_row1 = tok_1.to(tl.int64) * stride_xm
     row_g, row_h, row_g_up, row_h_up, x_lane = q_row, q_row, q_row, q_row, x_row_b
     if ASM:
-        row_g = q_row.to(tl.int64) + t * 8
+        row_g = q_row.to(tl.int64) + k_off * 32 + t * 8
         row_h = row_g + 8 * stride_qn
-        row_g_up = q_row_up.to(tl.int64) + t * 8
+        row_g_up = q_row_up.to(tl.int64) + k_off * 32 + t * 8
         row_h_up = row_g_up + 8 * stride_qn
-        x_lane = x_ptr.to(tl.int64) + (x_row_b + t * 16) * 2
+        x_lane = x_ptr.to(tl.int64) + (x_row_b + k_off * 64 + t * 16) * 2
     zero = tl.zeros((32 * WARPS,), dtype=tl.float32)
     acc = (zero, zero, zero, zero)
     acc_up = acc
@@ -234,6 +254,8 @@ def _expert_mma_kernel(
         shares = first_shares(stats_ptr, n_parts, tl.arange(0, TOKENS), M_TOK, PARTS_BLOCK)
     c_first = tl.program_id(1) * chunks_per_split
     c_last = tl.minimum(c_first + chunks_per_split, KC)
+    if KSPLIT:  # the warps' loop over their shares (the launcher splits K into whole, equal shares)
+        c_last = c_first + chunks_per_split // WARPS
     codes = _trip_codes(row_g, row_h, c_first, UNROLL, ASM)
     codes_up = _trip_codes(row_g_up, row_h_up, c_first, UNROLL, ASM and SWIGLU)
     pdl_enter(PDL_WAIT, False)
@@ -246,11 +268,14 @@ def _expert_mma_kernel(
             codes = _trip_codes(row_g, row_h, c, UNROLL, ASM)
             codes_up = _trip_codes(row_g_up, row_h_up, c, UNROLL, ASM and SWIGLU)
         acc, acc_up = _trip(acc, acc_up, codes, codes_up, q_row, q_row_up, s_row, s_row_up, x_lane, x_row0, x_row1,
-                            x_ptr, c, stride_qn, stride_sn, CPG, UNROLL, SWIGLU, DECODE_ASM, DECODE_OPERANDS,
+                            x_ptr, c, k_off, stride_qn, stride_sn, CPG, UNROLL, SWIGLU, DECODE_ASM, DECODE_OPERANDS,
                             MMA_ASM, ASM)
         if PREFETCH:
             codes = codes_next
             codes_up = codes_up_next
+    if KSPLIT:  # the warps' shares summed (through shared memory), every warp holding the tile's sums
+        acc = warp_sums(acc, 4, WARPS)
+        acc_up = warp_sums(acc_up, 4, WARPS) if SWIGLU else acc
     # accumulator i: row tile * 16 + g + 8 (i // 2), pair slot 2t + i % 2
     if ROW_NORM and not LATE_NORM:  # each pair's sums times its token row's factor, before SwiGLU
         f0, f1 = _pair_factors(shares, stats_ptr, n_parts, M_TOK, KC * 64, eps, tok_0, tok_1, TOKENS, PARTS_BLOCK)
@@ -307,19 +332,14 @@ def takes_rows(rows: ExpertRows) -> bool:
     return rows.direct or rows.block_m == ALIGNED_BLOCK
 
 
-def expert_mma_fits(fmt: str, n_out: int, k: int, unroll: int = 2) -> bool:
-    """Whether this kernel serves an expert GEMM of ``n_out`` outputs (per SwiGLU half) over ``k`` columns."""
-    group = FORMATS.get(fmt)
-    return group is not None and n_out % 16 == 0 and k % (unroll * 64) == 0 and unroll * 64 >= group
-
-
 def launch_expert_mma(rows: ExpertRows, a: torch.Tensor, w, dst: torch.Tensor, rw: torch.Tensor, *, a_div: int,
                       swiglu: bool, cfg: GemmConfig, row_norm: NormedRows | None = None, early: bool = False) -> None:
     """``dst[pair] = f(a[pair // a_div] @ dequantize(w)[expert]^T)`` (``launch_quant_experts``'s contract) for an
     int4 stack ``w`` (a ``QuantizedTensor [E, N, K]``, row-major) through this kernel: ``cfg.num_warps`` 16-row
-    tiles per program, ``cfg.block_k / 64`` chunks per loop trip, ``cfg.split_k``, ``num_stages > 1``: prefetch.
-    Takes the alignment-free rows of decode (``rows.direct``) or rows aligned to blocks of 16. ``row_norm``: ``a`` is
-    its scaled rows (at most ``MAX_NORMED_TOKENS``), normalized in the kernel. ``early``: ``rows``' ids were written
+    tiles per program (``EXPERT_KSPLIT_KIND``: one tile, K split between the warps in whole, equal shares),
+    ``cfg.block_k / 64`` chunks per loop trip, ``cfg.split_k``, ``num_stages > 1``: prefetch. Takes the
+    alignment-free rows of decode (``rows.direct``) or rows aligned to blocks of 16. ``row_norm``: ``a`` is its scaled
+    rows (at most ``MAX_NORMED_TOKENS``), normalized in the kernel. ``early``: ``rows``' ids were written
     before the kernel before this one started (:func:`ninfer.kernels.pdl.early_pdl`); otherwise the kernel only lets
     the next one launch early."""
     name = w.format.name
@@ -328,7 +348,8 @@ def launch_expert_mma(rows: ExpertRows, a: torch.Tensor, w, dst: torch.Tensor, r
     if not takes_rows(rows):
         raise ValueError(f"the expert register decode needs alignment-free rows or blocks of {ALIGNED_BLOCK}, got "
                          f"blocks of {rows.block_m}")
-    if (cfg.kind != EXPERT_MMA_KIND or unroll not in (1, 2, 4) or cfg.block_k % 64
+    ksplit = cfg.kind == EXPERT_KSPLIT_KIND
+    if (cfg.kind not in EXPERT_KINDS or unroll not in (1, 2, 4) or cfg.block_k % 64
             or not expert_mma_fits(name, n_out, k, unroll) or cfg.block_k % FORMATS[name]):
         raise ValueError(f"expert register decode config {cfg} does not fit {name} N = {n_out}, K = {k}")
     q, scales = w.tensors["qweight"], w.tensors["scales"]
@@ -337,10 +358,13 @@ def launch_expert_mma(rows: ExpertRows, a: torch.Tensor, w, dst: torch.Tensor, r
         a = torch.empty_like(a, memory_format=torch.contiguous_format).copy_(a)
     kc = k // 64
     per, splits = fragment_splits(kc, unroll, cfg.split_k)
+    if ksplit and (kc % per or per % (cfg.num_warps * unroll)):
+        raise ValueError(f"expert config {cfg} does not split K = {k} into whole, equal shares of its warps")
     nk = rows.pairs
     ws = torch.empty(splits, nk, n_out * (2 if swiglu else 1), dtype=torch.float32, device=a.device) \
         if splits > 1 else dst
-    grid = (triton.cdiv(n_out // 16, cfg.num_warps), splits, nk if rows.direct else 2 * rows.blocks)
+    tile_groups = n_out // 16 if ksplit else triton.cdiv(n_out // 16, cfg.num_warps)
+    grid = (tile_groups, splits, nk if rows.direct else 2 * rows.blocks)
     counters = tile_counters(a.device, grid[0] * grid[2]) if splits > 1 else None
     ty = "f16" if a.dtype == torch.float16 else "bf16"
     ids, sorted_pairs, block_experts = (rows.flat_ids, None, None) if rows.direct else \
@@ -359,29 +383,10 @@ def launch_expert_mma(rows: ExpertRows, a: torch.Tensor, w, dst: torch.Tensor, r
         CPG=FORMATS[name] // 64, SWIGLU=swiglu,
         SPLIT=splits > 1, FUSED_REDUCE=counters is not None, SUM_ACROSS=counters is not None and split_sum_across(),
         WARPS=cfg.num_warps, UNROLL=unroll,
-        PREFETCH=cfg.num_stages > 1, PAIRS_BLOCK=rows.pairs_block, ALIGNED=not rows.direct,
+        PREFETCH=cfg.num_stages > 1, KSPLIT=ksplit, PAIRS_BLOCK=rows.pairs_block, ALIGNED=not rows.direct,
         DECODE_ASM=row_major_decode_asm(ty),
         DECODE_OPERANDS="=r," * 16 + "r,r,r,r", MMA_ASM=mma_asm(ty), ASM=asm, **pdl.constexprs(), **pdl.options(),
         num_warps=cfg.num_warps, num_stages=1,
     )
     if splits > 1 and counters is None:
         reduce_splits(ws, dst, dst, nk, splits, swiglu, False, min(triton.next_power_of_2(nk), 8))
-
-
-def expert_mma_candidates(fmt: str, pairs: int, n_out: int, k: int, sms: int) -> list[GemmConfig]:
-    """Configs for ``pairs`` routed pairs (each its own expert, as one token's are): 2 and 4 warps, 2 and 4
-    chunks a trip, with and without prefetch, each split so the grid comes near eight programs per SM (two
-    also near two and one: fewer, longer programs won at 4-8 tokens on the H200, run 2026-12-04.26). No shared
-    memory: every config fits any GPU's."""
-    out = []
-    for warps, unroll, stages, fill in ((4, 2, 2, 8), (4, 4, 1, 8), (2, 2, 2, 8), (2, 4, 1, 8), (4, 2, 1, 8),
-                                        (2, 2, 1, 8), (4, 2, 2, 2), (4, 4, 1, 2), (4, 2, 2, 1), (4, 4, 1, 1)):
-        if not expert_mma_fits(fmt, n_out, k, unroll):
-            continue
-        # decode rows: about one program per token's pair (distinct experts); aligned rows: up to one per pair
-        programs = triton.cdiv(n_out // 16, warps) * (max(1, min(pairs, 8)) if pairs <= 64 else pairs)
-        split = max(1, min(triton.cdiv(fill * sms, programs), k // (64 * unroll), 32))
-        cfg = GemmConfig(8, 16 * warps, 64 * unroll, split, warps, stages, EXPERT_MMA_KIND)
-        if cfg not in out:
-            out.append(cfg)
-    return out
