@@ -108,6 +108,8 @@ float-gemv-early      the routers through the one-launch float GEMV launched ear
 frag-variants         two variants of the register decodes, codes copied into shared memory by the loops cp.async pipeline (NINFER_FRAG_ASYNC=1 adds 3- and 5-stage configs) and K split over a programs warps (NINFER_FRAG_KSPLIT=1, the expert register decode too): their GPU tests, then each L2-cold against the register decodes own configs at 1 / 4 / 8 tokens, int4-g64 and nvfp4, the 27B and 35B-A3B projections, then the 35B-A3B expert GEMMs tuned without and with the K-split configs
 route-prefetch        the MoE routing asking the L2 for its chosen experts gate/up bytes (NINFER_ROUTE_PREFETCH=1, up to 4 tokens): its GPU test, one 35B-A3B MoE block with and without (perf/bench_moe_block.py), the 35B-A3B engine on and off twice at C = 1 / 8, then its MTP round at C = 1 on and off
 ncu-small-gemm        Nsight Compute of the register decode on the 35B-A3B out_proj (2048 x 4096, 4.2 MB: 5.4 us a launch where its bytes take 1.3) and qkvz at 1 token, the fastest config of its own, of the cp.async ones and of the K-split ones: how much of a small GEMM is inside the kernel, and where it waits
+frag-variants-35b     the 35B-A3B int4 engine with every key tuned at start (NINFER_SHIPPED_TUNING=0) with the register decode variants among the candidates (NINFER_FRAG_ASYNC=1, NINFER_FRAG_KSPLIT=1), its choices exported to tuned-variants.json, then the shipped table alone in a second process (C = 1 / 8): run after frag-variants shows a family winning
+frag-variants-27b     the same for the 27B int4 engine
 early-all             the three early starts (MoE down, DeltaNet decode, float GEMV) together against none, 35B-A3B then 27B int4 at C = 1 / 8 (bench_engine --settings, one process each: base, all, base, all)
 moe-down-early        the MoE down projection launched early (NINFER_MOE_DOWN_EARLY=1: its expert ids read and its weights asked of the L2 while the gate/up runs, under programmatic dependent launch): its GPU tests, one 35B-A3B MoE block with and without (perf/bench_moe_block.py), the 35B-A3B engine on and off twice at C = 1 / 8
 defaults-check        the defaults since run 2026-12-06.10 on the GPU that comes: the 27B int4 and 35B-A3B engines at C = 1 / 8 with the a/b gates in the DeltaNet decode on then off, then the early starts (MoE down, DeltaNet decode, float GEMV from 8 tokens; on by default since run 2026-12-06.12) against all three off, twice each
@@ -486,6 +488,12 @@ stage() {
             --pick "${i:-0}"
         done
       done
+      ;;
+    frag-variants-35b | frag-variants-27b)  # after frag-variants: do the winners win inside the step?
+      if [ "$1" = frag-variants-35b ]; then model="35b-a3b --recipe qwen3_5_35b_a3b_int4"; else model="27b --recipe int4"; fi
+      NINFER_FRAG_ASYNC=1 NINFER_FRAG_KSPLIT=1 NINFER_SHIPPED_TUNING=0 NINFER_EXPORT_TUNING=$OUT/tuned-variants.json \
+        part 360 python3 perf/bench_engine.py --shape $model --contexts 1024 --lanes 1 8 --steps 12 --label variants
+      part 120 python3 perf/bench_engine.py --shape $model --contexts 1024 --lanes 1 8 --steps 12 --label shipped
       ;;
     early-all)
       all=NINFER_MOE_DOWN_EARLY=1+NINFER_DELTANET_EARLY=1+NINFER_FLOAT_GEMV_EARLY=1
