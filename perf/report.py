@@ -64,6 +64,8 @@ def topic(record: dict) -> str:
         return "deferred-norm"
     if bench == "sampling":
         return "sampling"
+    if bench == "launch_floor":  # perf/bench_launch_floor.py: what a dependent kernel costs whatever it computes
+        return "launch-floor"
     if bench.startswith("host_"):
         return "host-copies"
     if bench.startswith("transformers"):
