@@ -28,7 +28,7 @@ import triton.language as tl
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import bench_ms, record  # noqa: E402
+from common import bench_graph_ms, record  # noqa: E402
 
 from ninfer.kernels.pdl import pdl_enter  # noqa: E402
 
@@ -68,16 +68,7 @@ def _chain_us(kind: str, programs: int, pdl: bool, chain: int) -> float:
             _link_kernel[(programs,)](src, dst, cnt, ROW_WORDS=words, SUM=kind == "sum", PDL=pdl,
                                       **({"launch_pdl": True} if pdl else {}))
 
-    step()
-    torch.cuda.synchronize()
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        step()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-    return bench_ms(graph.replay) * 1e3 / chain
+    return bench_graph_ms(step, inner=1) * 1e3 / chain  # the whole chain in one graph
 
 
 def main() -> None:
