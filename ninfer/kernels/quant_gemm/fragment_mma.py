@@ -32,6 +32,9 @@ streams the bytes 80-92%). Here the weights go from global memory straight into 
   turns into ``cp.async`` copies into shared memory ``num_stages - 1`` trips ahead (:func:`.load_trip_async`): the
   codes in flight per SM are then bounded by shared memory, not registers (Nsight Compute found the register decode
   waiting on its loads with a quarter to a half of the SM's warp slots filled: ``docs/performance.md``).
+* ``kind="frag-ksplit"``: a program's warps share one tile, each over an equal share of its split's chunks, and sum
+  their accumulators through shared memory after the loop (four at a time, :func:`.warp_sums`); warp 0 stores. An
+  unsplit GEMM then writes its outputs without the partial sums' round trip through global memory below.
 * Split-K over grid axis 1 with the deterministic epilogue of :mod:`.gemv_steps` (partials in an fp32 scratch,
   the last split to arrive sums them in split order: split after split for all of its accumulators at once (the
   default), with ``NINFER_SPLIT_SUM=each`` accumulator after accumulator, or with ``=tile`` the whole tile's partials
