@@ -103,7 +103,7 @@ launch-diet-35b       the 35B-A3B engine at C = 1 / 8 under each launch-diet swi
 launch-diet-27b       the 27B int4 engine at C = 1 / 8 the same way: base, NINFER_GATES_IN_DECODE=1, NINFER_PDL_WAITS=1, both; then base and each again
 tune-l2               the decode tuners timing their candidates L2-cold (NINFER_TUNE_L2_COLD=all; experts, the default since run 2026-12-06.4: the MoE expert GEMMs only) against warm (20 launches on one weight, L2-resident up to 50 MB): the picks of each, timed over weight copies with every candidate (perf/bench_tune_l2.py), then the 35B-A3B expert GEMMs tuned each way (perf/bench_moe.py, one process each)
 deltanet-early        the Gated DeltaNet decode launched early (NINFER_DELTANET_EARLY=1: its recurrent state loaded while the q/k/v/z projection runs, under programmatic dependent launch): its kernel GPU tests with it on, then the 27B int4 and 35B-A3B engines on and off twice at C = 1 / 8
-early-model-tests     the whole-model GPU tests (parity, graphs = eager, dense and MoE) and the MTP tests (greedy = plain greedy) with NINFER_DELTANET_EARLY=1 and NINFER_MOE_DOWN_EARLY=1 both on
+early-model-tests     the early starts (on by default since run 2026-12-06.12) under the whole-model GPU tests (parity, graphs = eager, dense and MoE), the MTP tests (greedy = plain greedy), the DeltaNet decode kernel tests and the float GEMV early launches at 1..16 rows (the MTP and DeltaNet ones did not finish in the call after that run)
 float-gemv-early      the routers through the one-launch float GEMV launched early (NINFER_FLOAT_GEMV_EARLY=1: its weights asked of the L2 while the kernel before runs, cuBLAS not a candidate): its GPU tests, then the 35B-A3B engine on and off twice at C = 1 / 8
 frag-variants         two variants of the register decodes, codes copied into shared memory by the loops cp.async pipeline (NINFER_FRAG_ASYNC=1 adds 3- and 5-stage configs) and K split over a programs warps (NINFER_FRAG_KSPLIT=1, the expert register decode too): their GPU tests, then each L2-cold against the register decodes own configs at 1 / 4 / 8 tokens, int4-g64 and nvfp4, the 27B and 35B-A3B projections, then the 35B-A3B expert GEMMs tuned without and with the K-split configs
 route-prefetch        the MoE routing asking the L2 for its chosen experts gate/up bytes (NINFER_ROUTE_PREFETCH=1, up to 4 tokens): its GPU test, one 35B-A3B MoE block with and without (perf/bench_moe_block.py), the 35B-A3B engine on and off twice at C = 1 / 8, then its MTP round at C = 1 on and off
@@ -449,8 +449,10 @@ stage() {
         --steps 12 --prefill --toggle NINFER_DELTANET_EARLY=1,0,1,0
       ;;
     early-model-tests)  # early reads are safe only for what no kernel of the chain before them writes: MTP rounds too
-      NINFER_DELTANET_EARLY=1 NINFER_MOE_DOWN_EARLY=1 gpu_tests 300 model_gpu -n 3
-      NINFER_DELTANET_EARLY=1 NINFER_MOE_DOWN_EARLY=1 gpu_tests 200 speculative_gpu
+      gpu_tests 300 speculative_gpu -n 4
+      gpu_tests 150 deltanet_decode_gpu -n 4
+      gpu_tests 90 float_gemv_gpu -n 2 -k early
+      gpu_tests 300 model_gpu -n 3
       ;;
     float-gemv-early)  # a 35B-A3B router took 3.2 us for 1 MB through cuBLAS at batch 1 (run 2026-12-06.8)
       gpu_tests 120 float_gemv_gpu -n 2 -k "early or every_candidate"

@@ -101,7 +101,7 @@ def test_a_moe_model_decodes_alike_with_the_float_gemv_pinned(tmp_path: Path, mo
 
 
 @pytest.mark.parametrize("shape", list(SHAPES))
-@pytest.mark.parametrize("m", [1, 4])
+@pytest.mark.parametrize("m", [1, 4, 8, 16])  # 8+: where the early start applies by default
 def test_early_launches_equal_plain_ones(shape: str, m: int) -> None:
     """``early`` (``NINFER_FLOAT_GEMV_EARLY``: launched with PDL, the weights asked of the L2 before the wait): every
     kernel candidate equal to its plain launch to the bit, eagerly and replayed in a CUDA graph after a kernel that
