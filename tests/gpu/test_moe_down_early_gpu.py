@@ -15,8 +15,8 @@ import torch
 from ninfer.kernels.moe import route_topk
 from ninfer.kernels.moe.gemm import moe_experts_triton
 from ninfer.kernels.moe.quant_gemv import expert_gemv_candidates
-from ninfer.kernels.moe.quant_mma import FORMATS as MMA_FORMATS
-from ninfer.kernels.moe.quant_mma import expert_mma_candidates
+from ninfer.kernels.moe.mma_configs import FORMATS as MMA_FORMATS
+from ninfer.kernels.moe.mma_configs import expert_mma_candidates
 from ninfer.quant.formats import QuantizedTensor, quantize
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
