@@ -460,8 +460,8 @@ stage() {
         --steps 12 --prefill --toggle NINFER_FLOAT_GEMV_EARLY=1,0,1,0
       ;;
     frag-variants)  # a decode GEMM costs ~5 us beyond its bytes; its loads wait with registers capping its warps
-      gpu_tests 300 fragment_variants_gpu -n 4
-      NINFER_FRAG_KSPLIT=1 gpu_tests 200 moe_quant_mma -n 4
+      gpu_tests 300 fragment_variants_gpu -n 8  # compiling is most of it on a cold cache: 8 of the 16 cores
+      NINFER_FRAG_KSPLIT=1 gpu_tests 200 moe_quant_mma -n 8
       part 300 python3 perf/bench_quant_gemm.py --path frag,frag-async,frag-ksplit --m 1,4,8 --formats int4-g64,nvfp4 \
         --l2 cold --shapes gate_up,down,in_proj_qkvz,o_proj,35b_in_proj_qkvz,35b_out_proj --no-gemlite
       for ks in 0 1; do  # the expert keys tuned from nothing (L2-cold, as the engine tunes them), their picks recorded
@@ -470,7 +470,7 @@ stage() {
       done
       ;;
     route-prefetch)  # the 35B-A3B expert gate/up took 9.7 us for 8.4 MB at batch 1, its codes read after its ids (run 2026-12-06.8)
-      gpu_tests 120 route_prefetch_gpu
+      gpu_tests 120 route_prefetch_gpu -n 4
       for on in 1 0; do
         NINFER_ROUTE_PREFETCH=$on part 60 python3 perf/bench_moe_block.py --tokens 1 2 4 8 --label "route-prefetch=$on"
       done
