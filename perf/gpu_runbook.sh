@@ -111,6 +111,7 @@ ncu-small-gemm        Nsight Compute of the register decode on the 35B-A3B out_p
 frag-variants-35b     the 35B-A3B int4 engine with every key tuned at start (NINFER_SHIPPED_TUNING=0) with the register decode variants among the candidates (NINFER_FRAG_ASYNC=1, NINFER_FRAG_KSPLIT=1), its choices exported to tuned-variants.json, then the shipped table alone in a second process (C = 1 / 8): run after frag-variants shows a family winning
 frag-variants-27b     the same for the 27B int4 engine
 launch-floor          the fixed cost of one dependent kernel in a captured step whatever it computes (perf/bench_launch_floor.py: chains of tiny kernels reading a word, a 16 KB row, or a row plus a split-K style arrival counter, at 1 / SMs / 8 x SMs programs, plain and with PDL)
+variants-model-tests  the whole-model GPU tests (parity, graphs = eager, dense and MoE) and the MTP tests with the register decode variants among every key candidates (NINFER_FRAG_ASYNC=1, NINFER_FRAG_KSPLIT=1, tuned from nothing) and the routing prefetch on: before any of them becomes a default
 early-all             the three early starts (MoE down, DeltaNet decode, float GEMV) together against none, 35B-A3B then 27B int4 at C = 1 / 8 (bench_engine --settings, one process each: base, all, base, all)
 moe-down-early        the MoE down projection launched early (NINFER_MOE_DOWN_EARLY=1: its expert ids read and its weights asked of the L2 while the gate/up runs, under programmatic dependent launch): its GPU tests, one 35B-A3B MoE block with and without (perf/bench_moe_block.py), the 35B-A3B engine on and off twice at C = 1 / 8
 defaults-check        the defaults since run 2026-12-06.10 on the GPU that comes: the 27B int4 and 35B-A3B engines at C = 1 / 8 with the a/b gates in the DeltaNet decode on then off, then the early starts (MoE down, DeltaNet decode, float GEMV from 8 tokens; on by default since run 2026-12-06.12) against all three off, twice each
@@ -500,6 +501,11 @@ stage() {
       ;;
     launch-floor)  # ~440 dependent kernels in a 2.45 ms 35B-A3B step: how much of it is their floor
       part 120 python3 perf/bench_launch_floor.py --chain 64
+      ;;
+    variants-model-tests)  # the tuner may pick a variant for any key here, so the models run through them
+      export NINFER_FRAG_ASYNC=1 NINFER_FRAG_KSPLIT=1 NINFER_ROUTE_PREFETCH=1 NINFER_SHIPPED_TUNING=0
+      gpu_tests 300 model_gpu -n 3
+      gpu_tests 200 speculative_gpu -n 4
       ;;
     early-all)
       all=NINFER_MOE_DOWN_EARLY=1+NINFER_DELTANET_EARLY=1+NINFER_FLOAT_GEMV_EARLY=1
