@@ -13,11 +13,11 @@ trigger after it, so only their launch overlaps the kernel before them.
 A kernel whose inputs other than its activations were written before the kernel before it started (the MoE down
 projection: its expert ids come from the routing, two launches back) can request its weights while that kernel
 runs: :func:`early_pdl` launches it with PDL, and it reads the ids and asks the L2 for its weight lines
-(:func:`l2_prefetch_rows`) before it waits (on unless ``NINFER_MOE_DOWN_EARLY=0``). So can the Gated
-DeltaNet decode: its recurrent state was written by the previous step (on unless
-``NINFER_DELTANET_EARLY=0``). Reading early is safe for anything written before the kernel before it started: that kernel, launched
-normally or waiting before it triggers, or triggering at its start after a kernel launched normally, cannot have
-let this one start before those writes were done.
+(:func:`l2_prefetch_rows`) before it waits (on unless ``NINFER_MOE_DOWN_EARLY=0``). So can the Gated DeltaNet
+decode: its recurrent state was written by the previous step (on unless ``NINFER_DELTANET_EARLY=0``). Reading early is
+safe for anything written before the kernel before it started: that kernel, launched normally or waiting before it
+triggers, or triggering at its start after a kernel launched normally, cannot have let this one start before those
+writes were done.
 """
 from __future__ import annotations
 
@@ -77,7 +77,13 @@ def l2_prefetch_rows(row_addr, first, last, LINES: tl.constexpr):
     a row (the caller sizes it; lines past ``last`` are clamped to its last byte). A hint that nothing reads, so
     the caller skips it in the interpreter (no inline PTX there)."""
     off = tl.minimum(first + tl.arange(0, LINES) * 128, last - 1)
-    addr = row_addr[:, None] + off[None, :]
+    l2_prefetch(row_addr[:, None] + off[None, :])
+
+
+@triton.jit
+def l2_prefetch(addr):
+    """Ask the L2 for the 128-byte line at each address of ``addr`` (int64, any shape): ``prefetch.global.L2`` kept
+    with ``evict_last``, no registers, no data into the SM. Inline PTX: not in the interpreter."""
     # not pure: a side effect, so the unused result does not remove it
     tl.inline_asm_elementwise("prefetch.global.L2::evict_last [$1];\n\tmov.u32 $0, 0;", "=r,l", [addr],
                               dtype=tl.int32, is_pure=False, pack=1)

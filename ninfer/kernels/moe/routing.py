@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from ninfer.kernels.dispatch import INTERPRET, route_prefetch, use_triton
-from ninfer.kernels.pdl import pdl_enter, small_kernel_pdl
+from ninfer.kernels.pdl import l2_prefetch, pdl_enter, small_kernel_pdl
 from ninfer.kernels.quant_gemm.weights import QuantizedTensor
 
 PREFETCH_MAX_TOKENS = 4  # 4 x 8 experts' gate/up (8.4 MB each token for the 35B-A3B) stay well inside a 50 MB L2
@@ -66,10 +66,7 @@ def _prefetch_experts(base_ptr, stride_e, nbytes, top_ids, LINES: tl.constexpr, 
         slot = tl.minimum(line // per_expert, TOP_K - 1)  # past the last line: the last expert's, again
         expert = tl.sum(tl.where(slots[None, :] == slot[:, None], top_ids[None, :], 0), axis=1).to(tl.int64)
         offset = tl.minimum((line - slot * per_expert) * 128, nbytes - 1)
-        addr = base_ptr.to(tl.int64) + expert * stride_e + offset
-        # not pure: a side effect, so the unused result does not remove it
-        tl.inline_asm_elementwise("prefetch.global.L2::evict_last [$1];\n\tmov.u32 $0, 0;", "=r,l", [addr],
-                                  dtype=tl.int32, is_pure=False, pack=1)
+        l2_prefetch(base_ptr.to(tl.int64) + expert * stride_e + offset)
 
 
 @triton.jit

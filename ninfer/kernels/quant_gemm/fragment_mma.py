@@ -90,6 +90,7 @@ from ninfer.kernels.quant_gemm.gemv_steps import (
 from ninfer.kernels.quant_gemm.norm_epilogue import NORM_COLS, norm_when_all_arrived
 from ninfer.kernels.quant_gemm.tune import KSPLIT_KIND, PAIR_KIND, GemmConfig, fragment_splits
 
+
 @triton.jit(do_not_specialize=["M", "chunks_per_split"])
 def _fragment_mma_kernel(
     x_ptr, q_ptr, s_ptr, rs_ptr, res_ptr, out_ptr, ws_ptr, cnt_ptr, nw_ptr, normed_ptr, stats_in_ptr, stats_out_ptr,
@@ -289,8 +290,8 @@ def _fragment_mma_kernel(
     else:
         for i in tl.static_range(4 * NB):
             m_idx, n_idx, mask = lane_position(i, tile_out, slots, g, t, tok0, M)
-            sq = finish_outputs(acc[i], acc_up[i], m_idx, n_idx, mask, n_stream, res_ptr, stride_rm, out_ptr, stride_om,
-                         nw_ptr, normed_ptr, stride_nm, SWIGLU, PAIR, HAS_RES, NORM, DEFER)
+            sq = finish_outputs(acc[i], acc_up[i], m_idx, n_idx, mask, n_stream, res_ptr, stride_rm, out_ptr,
+                                stride_om, nw_ptr, normed_ptr, stride_nm, SWIGLU, PAIR, HAS_RES, NORM, DEFER)
             if DEFER:
                 sq_rows = add_lane_squares(sq_rows, sq, 8 * (i // 4) + 2 * t + i % 2, 8 * NB)
         if DEFER:

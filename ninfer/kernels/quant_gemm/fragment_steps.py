@@ -10,6 +10,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ninfer.kernels.pdl import l2_prefetch
 from ninfer.kernels.quant_gemm.fragment_ptx import x_load_asm
 from ninfer.kernels.quant_gemm.fragments import fragment_values, scale_pair
 from ninfer.kernels.quant_gemm.fragments_fp4 import FP4_OUT_SCALE, fp4_fragment_scales, fp4_fragment_values
@@ -142,7 +143,6 @@ def load_trip(code_lane, scale_lane, c, UNROLL: tl.constexpr, ASM: tl.constexpr,
     return codes
 
 
-
 @triton.jit
 def _four_words(block):
     """A lane's 16-byte row ``[N, 4]`` of int32 as its four words ``[N]`` each (the tuple :func:`load_codes` gives)."""
@@ -180,10 +180,8 @@ def l2_prefetch_first_trips(tile_codes, lane, c_first, c_last, LINES: tl.constex
     first = tile_codes + c_first * (128 * BITS)
     last = tile_codes + c_last * (128 * BITS) - 1
     for j in tl.static_range(LINES):
-        addr = tl.minimum(first + (lane + 32 * j) * 128, last)
-        # not pure: a side effect, so the unused result does not remove it
-        tl.inline_asm_elementwise("prefetch.global.L2::evict_last [$1];\n\tmov.u32 $0, 0;", "=r,l", [addr],
-                                  dtype=tl.int32, is_pure=False, pack=1)
+        l2_prefetch(tl.minimum(first + (lane + 32 * j) * 128, last))
+
 
 @triton.jit
 def chunk_mmas(a, a_up, trip_x, U: tl.constexpr, d, d_up, NB: tl.constexpr, TWO: tl.constexpr,
