@@ -48,15 +48,25 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import bench_graph_ms, bench_ms, copy_bandwidth_tbps, matmul_peak_tflops, record
+from common import (
+    bench_graph_ms,
+    bench_ms,
+    copy_bandwidth_tbps,
+    matmul_peak_tflops,
+    record,
+)
 
 from ninfer.kernels.dispatch import DEFAULT_SPLIT_SUM, pdl_enabled, split_sum_mode
+from ninfer.kernels.quant_gemm import (
+    fragment_configs,
+    quant_matmul_reference,
+    quant_matmul_triton,
+)
 from ninfer.kernels.quant_gemm import tune as quant_gemm_tune
 from ninfer.kernels.quant_gemm.dequant import dequantize_triton, workspace
-from ninfer.kernels.quant_gemm.fragment_mma import ASYNC_MIN_STAGES
+from ninfer.kernels.quant_gemm.fragment_configs import ASYNC_MIN_STAGES
 from ninfer.kernels.quant_gemm.fragments import FRAGMENTS, fragments_fit, to_fragments
 from ninfer.kernels.tuning import default_tuner
-from ninfer.kernels.quant_gemm import quant_matmul_reference, quant_matmul_triton
 from ninfer.quant.formats import FORMATS, quantize, unpack_nibbles
 
 H, I_FF, V = 5120, 17408, 248320
@@ -168,9 +178,9 @@ def _run_path(path: str, fmt: str, x: torch.Tensor, qt, tune: bool, cold: bool =
         return _best("frag", [c for c in quant_gemm_tune.fragment_candidates(fmt, m, n, k, sms)
                               if c.num_stages < ASYNC_MIN_STAGES], time_cfg)
     if path == "frag-async":  # its codes through the loop's cp.async pipeline
-        return _best("frag-async", quant_gemm_tune.fragment_async_candidates(fmt, m, n, k, sms), time_cfg)
+        return _best("frag-async", fragment_configs.fragment_async_candidates(fmt, m, n, k, sms), time_cfg)
     if path == "frag-ksplit":  # K split over a program's warps, no partial sums through global memory
-        return _best("frag-ksplit", quant_gemm_tune.fragment_ksplit_candidates(fmt, m, n, k), time_cfg)
+        return _best("frag-ksplit", fragment_configs.fragment_ksplit_candidates(fmt, m, n, k), time_cfg)
     if path == "frag-tiled":
         return _best("frag-tiled", quant_gemm_tune.tiled_fragment_candidates(fmt, m, n, k, sms), time_cfg)
     if path == "dot":

@@ -28,13 +28,15 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ninfer.kernels.quant_gemm import quant_matmul_triton  # noqa: E402
+from ninfer.kernels.quant_gemm.fragment_configs import (  # noqa: E402
+    fragment_async_candidates,
+    fragment_ksplit_candidates,
+)
 from ninfer.kernels.quant_gemm.fragments import FRAGMENTS, to_fragments  # noqa: E402
 from ninfer.kernels.quant_gemm.timing import graph_ms as _graph_ms  # noqa: E402
 from ninfer.kernels.quant_gemm.tune import (  # noqa: E402
     candidates,
-    fragment_async_candidates,
     fragment_candidates,
-    fragment_ksplit_candidates,
     gemv_candidates,
     mma_candidates,
     sm_count,

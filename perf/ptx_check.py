@@ -48,6 +48,8 @@ from ninfer.kernels.dispatch import split_sum_across, split_sum_mode  # noqa: E4
 from ninfer.kernels.quant_gemm.fragment_ptx import mma_asm, row_major_decode_asm  # noqa: E402
 from ninfer.kernels.quant_gemm import dequant as quant_dequant  # noqa: E402
 from ninfer.kernels.quant_gemm import deferred_norm  # noqa: E402
+from ninfer.kernels.quant_gemm import configs as quant_configs  # noqa: E402
+from ninfer.kernels.quant_gemm import fragment_configs  # noqa: E402
 from ninfer.kernels.quant_gemm import fragment_mma  # noqa: E402
 from ninfer.kernels.quant_gemm import fragment_tiled  # noqa: E402
 from ninfer.kernels.quant_gemm import gemv as quant_gemv  # noqa: E402
@@ -224,7 +226,7 @@ def compile_frag(cfg, group: int, swiglu: bool, arch: int, bits: int = 4, fp4: b
     """fragment_mma's kernel (bf16 activations, PTX decode) for one config, split-K with the fused reduction; with
     ``norm_chunks`` the norm after it in its last program (rows of up to ``norm_chunks`` x 1024 columns); ``defer``:
     the norm left to the readers (``quant_gemm.deferred_norm``), ``row_norm_parts``: a reader of such rows."""
-    stages = cfg.num_stages if cfg.num_stages >= fragment_mma.ASYNC_MIN_STAGES else 1  # cp.async: int32 codes
+    stages = cfg.num_stages if cfg.num_stages >= fragment_configs.ASYNC_MIN_STAGES else 1  # cp.async: int32 codes
     code_type = "*i32" if stages > 1 else "*u8" if bits == 4 else "*i8"
     sig = {"x_ptr": "*bf16", "q_ptr": code_type, "s_ptr": "*i32", "rs_ptr": "*fp32",
            "res_ptr": "*bf16", "out_ptr": "*bf16", "ws_ptr": "*fp32", "cnt_ptr": "*i32", "nw_ptr": "*bf16",
@@ -232,7 +234,7 @@ def compile_frag(cfg, group: int, swiglu: bool, arch: int, bits: int = 4, fp4: b
            **dict.fromkeys(("M", "N_OUT", "KC", "NG", "chunks_per_split", "stride_xm", "stride_rm", "stride_om",
                             "stride_nm"), "i32"), "eps": "fp32", "parts_in": "i32", "eps_in": "fp32"}
     split = cfg.split_k > 1
-    pair = cfg.kind == fragment_mma.PAIR_KIND
+    pair = cfg.kind == quant_configs.PAIR_KIND
     consts = dict(CPG=max(1, group // 64), NORM=norm_chunks > 0, NORM_CHUNKS=max(1, norm_chunks), DEFER=defer,
                   ROW_NORM=row_norm_parts > 0,
                   PARTS_BLOCK=deferred_norm.parts_block(row_norm_parts, cfg.block_m) if row_norm_parts else 1,
@@ -242,7 +244,7 @@ def compile_frag(cfg, group: int, swiglu: bool, arch: int, bits: int = 4, fp4: b
                               max(1, 16 // ((cfg.block_m // 8) * (2 if swiglu or pair else 1))))
                   if split and split_sum_mode() == "tile" else 1,
                   NB=cfg.block_m // 8, WARPS=cfg.num_warps, UNROLL=cfg.block_k // 64, PREFETCH=cfg.num_stages == 2,
-                  STAGES=stages, KSPLIT=cfg.kind == fragment_mma.KSPLIT_KIND,
+                  STAGES=stages, KSPLIT=cfg.kind == quant_configs.KSPLIT_KIND,
                   TOKENS_FIRST=False, PDL=arch >= 90, ASM=True, BITS=bits, FP4=fp4,
                   **fragment_mma.asm_constants(torch.bfloat16, bits, fp4))
     sig.update(dict.fromkeys(consts, "constexpr"))
@@ -279,7 +281,7 @@ def frag(fmt: str, m: int, arch: int, sms: int) -> None:
         for cfg in fragment_candidates(fmt, m, n_out, k, sms, swiglu=swiglu) + ([wide] if wide else []):
             head = (f"{fmt:9s} {cfg.kind}-{name:7s} tokens={cfg.block_m:<2d} warps={cfg.num_warps} "
                     f"chunks/trip={cfg.block_k // 64} split={cfg.split_k:<3d} stages={cfg.num_stages}")
-            streams = 2 if swiglu or cfg.kind == fragment_mma.PAIR_KIND else 1
+            streams = 2 if swiglu or cfg.kind == quant_configs.PAIR_KIND else 1
             register_decode_line(head, lambda: compile_frag(cfg, group, swiglu, arch, bits, fmt == "nvfp4"),
                                  16 * cfg.block_k * streams / 32, arch)
 

@@ -1,6 +1,6 @@
 """Two variants of the register decode on the GPU: its codes copied into shared memory by the loop's ``cp.async``
-pipeline (``num_stages >= 3``: :func:`~ninfer.kernels.quant_gemm.tune.fragment_async_candidates`), and K split over
-a program's warps (``kind="frag-ksplit"``: :func:`~ninfer.kernels.quant_gemm.tune.fragment_ksplit_candidates`), at
+pipeline (``num_stages >= 3``: :func:`~ninfer.kernels.quant_gemm.fragment_configs.fragment_async_candidates`), and K
+split over a program's warps (``kind="frag-ksplit"``: :func:`.fragment_configs.fragment_ksplit_candidates`), at
 the 27B and 35B-A3B shapes, against the fp32 dequantize-then-matmul reference of the row-major weight: fresh random
 inputs, NaN-poisoned outputs, every config of each at 1, 4, 8 and 29 tokens, int4 (g64 / g128), int8-g64 and nvfp4,
 bf16, plain / residual / SwiGLU; a captured graph replayed bit-equal to eager, and right after new inputs are copied
@@ -12,7 +12,8 @@ import torch
 from kernel_testing import fragment_laid, graph_replay_matches
 
 from ninfer.kernels.quant_gemm import quant_matmul_reference, quant_matmul_triton
-from ninfer.kernels.quant_gemm.tune import fragment_async_candidates, fragment_ksplit_candidates, sm_count
+from ninfer.kernels.quant_gemm.fragment_configs import fragment_async_candidates, fragment_ksplit_candidates
+from ninfer.kernels.quant_gemm.tune import sm_count
 from ninfer.quant.formats import quantize
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]

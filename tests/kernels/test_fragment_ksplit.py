@@ -12,7 +12,8 @@ from kernel_testing import check_fragment_decode as _check
 from kernel_testing import fragment_laid, frag_config
 
 from ninfer.kernels.quant_gemm import quant_matmul_triton
-from ninfer.kernels.quant_gemm.tune import KSPLIT_KIND, fragment_candidates, fragment_ksplit_candidates
+from ninfer.kernels.quant_gemm.configs import KSPLIT_KIND
+from ninfer.kernels.quant_gemm.fragment_configs import fragment_candidates, fragment_ksplit_candidates
 from ninfer.quant.formats import quantize
 
 

@@ -46,8 +46,8 @@ from ninfer.kernels.quant_gemm.deferred_norm import (
     reader_args,
     rstd_of_shares,
 )
+from ninfer.kernels.quant_gemm.fragment_configs import fragment_splits
 from ninfer.kernels.quant_gemm.fragment_epilogue import warp_sums
-from ninfer.kernels.quant_gemm.fragment_mma import fragment_splits
 from ninfer.kernels.quant_gemm.fragment_ptx import (
     mma_asm,
     paired_x_load_asm,

@@ -48,10 +48,18 @@ import triton
 
 from ninfer.kernels.dispatch import capturing, deferred_norm, norm_in_gemm, use_triton
 from ninfer.kernels.norms import NextNorm, NormedRows, rms_norm
-from ninfer.kernels.quant_gemm.common import FMT_CODES, kernel_tensors, split_finish_kernel
+from ninfer.kernels.quant_gemm.common import (
+    FMT_CODES,
+    kernel_tensors,
+    split_finish_kernel,
+)
+from ninfer.kernels.quant_gemm.configs import REGISTER_KINDS
 from ninfer.kernels.quant_gemm.deferred_norm import MAX_ROWS as DEFER_MAX_ROWS
 from ninfer.kernels.quant_gemm.dequant import graph_workspace_fits, launch_dequant_gemm
-from ninfer.kernels.quant_gemm.fragment_mma import fragment_tile_groups, launch_fragment_mma
+from ninfer.kernels.quant_gemm.fragment_mma import (
+    fragment_tile_groups,
+    launch_fragment_mma,
+)
 from ninfer.kernels.quant_gemm.fragment_tiled import launch_fragment_tiled
 from ninfer.kernels.quant_gemm.fragments import FRAGMENTS
 from ninfer.kernels.quant_gemm.gemm import quant_gemm_kernel
@@ -59,7 +67,6 @@ from ninfer.kernels.quant_gemm.gemv import launch_gemv, tile_counters
 from ninfer.kernels.quant_gemm.gemv_mma import launch_gemv_mma
 from ninfer.kernels.quant_gemm.norm_epilogue import MAX_ROWS
 from ninfer.kernels.quant_gemm.tune import (
-    REGISTER_KINDS,
     GemmConfig,
     graph_fallback,
     kernel_params,
@@ -67,6 +74,7 @@ from ninfer.kernels.quant_gemm.tune import (
     sm_count,
 )
 from ninfer.kernels.quant_gemm.weights import QuantizedTensor
+
 
 def quant_matmul_reference(x: torch.Tensor, w: QuantizedTensor, residual: torch.Tensor | None = None,
                            swiglu: bool = False) -> torch.Tensor:

@@ -58,6 +58,7 @@ import triton.language as tl
 
 from ninfer.kernels.dispatch import INTERPRET, pdl_enabled, split_sum_mode
 from ninfer.kernels.norms import NextNorm, NormedRows
+from ninfer.kernels.quant_gemm.configs import KSPLIT_KIND, PAIR_KIND, GemmConfig
 from ninfer.kernels.quant_gemm.deferred_norm import (
     add_lane_squares,
     first_shares,
@@ -67,7 +68,13 @@ from ninfer.kernels.quant_gemm.deferred_norm import (
     scaled_by_rows,
     store_row_stats,
 )
-from ninfer.kernels.quant_gemm.fragment_epilogue import finish_outputs, lane_position, row_scaled, warp_sums
+from ninfer.kernels.quant_gemm.fragment_configs import ASYNC_MIN_STAGES, fragment_splits
+from ninfer.kernels.quant_gemm.fragment_epilogue import (
+    finish_outputs,
+    lane_position,
+    row_scaled,
+    warp_sums,
+)
 from ninfer.kernels.quant_gemm.fragment_ptx import asm_constants
 from ninfer.kernels.quant_gemm.fragment_steps import (
     l2_prefetch_first_trips,
@@ -88,7 +95,6 @@ from ninfer.kernels.quant_gemm.gemv_steps import (
     sum_splits_tile,
 )
 from ninfer.kernels.quant_gemm.norm_epilogue import NORM_COLS, norm_when_all_arrived
-from ninfer.kernels.quant_gemm.tune import KSPLIT_KIND, PAIR_KIND, GemmConfig, fragment_splits
 
 
 @triton.jit(do_not_specialize=["M", "chunks_per_split"])
@@ -299,9 +305,6 @@ def _fragment_mma_kernel(
         if NORM:
             norm_when_all_arrived(cnt_ptr, out_ptr, stride_om, nw_ptr, normed_ptr, stride_nm, M, N_OUT, eps,
                                   NORM_CHUNKS)
-
-
-ASYNC_MIN_STAGES = 3  # a config's num_stages: 1 codes loaded in the trip, 2 a trip ahead in registers, 3+ cp.async
 
 
 def fragment_tile_groups(n_out: int, cfg: GemmConfig) -> int:

@@ -36,8 +36,8 @@ import triton
 import triton.language as tl
 
 from ninfer.kernels.quant_gemm.common import dot, finish_at, grouped_tile, int4_values
+from ninfer.kernels.quant_gemm.fragment_configs import fragment_splits
 from ninfer.kernels.quant_gemm.fragments import CHUNK_COLS, TILE_ROWS, code_bits, words
-from ninfer.kernels.quant_gemm.fragment_mma import fragment_splits
 from ninfer.kernels.quant_gemm.gemv_steps import reduce_splits, store_partials_at
 from ninfer.kernels.quant_gemm.tune import GemmConfig
 
