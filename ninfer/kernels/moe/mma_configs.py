@@ -6,7 +6,7 @@ from __future__ import annotations
 import triton
 
 from ninfer.kernels.dispatch import frag_ksplit
-from ninfer.kernels.quant_gemm.tune import GemmConfig
+from ninfer.kernels.quant_gemm.configs import GemmConfig
 
 EXPERT_MMA_KIND = "expert-mma"  # GemmConfig.kind of this kernel (block_n = 16 * num_warps, block_k = a trip)
 EXPERT_KSPLIT_KIND = "expert-mma-ksplit"  # the same with a program's warps on one tile, K split between them

@@ -47,7 +47,7 @@ from ninfer.kernels.quant_gemm.deferred_norm import (
     rstd_of_shares,
 )
 from ninfer.kernels.quant_gemm.fragment_configs import fragment_splits
-from ninfer.kernels.quant_gemm.fragment_epilogue import warp_sums
+from ninfer.kernels.quant_gemm.fragment_epilogue import warp_share, warp_sums
 from ninfer.kernels.quant_gemm.fragment_ptx import (
     mma_asm,
     paired_x_load_asm,
@@ -219,9 +219,7 @@ def _expert_mma_kernel(
     tile = tl.minimum(tile_out, slots - 1)  # a clamped tile loads valid memory; its stores are masked
     k_off = 0  # the warp's first chunk after its split's
     if KSPLIT:  # every warp on the program's one tile, over its share of the split's chunks; warp 0 stores the sums
-        tile = tl.minimum(tl.program_id(0) + 0 * e, slots - 1)
-        tile_out = tl.program_id(0) + tl.where(e // 32 == 0, 0, slots)  # past the last tile for warps 1..: masked
-        k_off = (e // 32) * (chunks_per_split // WARPS)
+        tile, tile_out, k_off = warp_share(tl.program_id(0), e, slots, chunks_per_split, WARPS)
     pair_b = _slot_pair(g, block_pairs)  # the B operand's pair (N index g)
     x_row_b = tl.where(pair_b < NK, pair_b // a_div, 0).to(tl.int64) * stride_xm
     row = tile.to(tl.int64) * 16 + g

@@ -65,6 +65,16 @@ def finish_outputs(y, y_up, m_idx, n_idx, mask, n_stream, res_ptr, stride_rm, ou
 
 
 @triton.jit
+def warp_share(prog_tile, e, slots, chunks_per_split, WARPS: tl.constexpr):
+    """Warps splitting K on the program's one tile ``prog_tile`` (of ``slots``): each lane's ``(tile, tile_out,
+    k_off)``: the tile every warp loads (clamped), the tile only warp 0 stores (past the last for the others, whose
+    stores are masked), and the warp's first chunk after its split's (equal shares)."""
+    tile = tl.minimum(prog_tile + 0 * e, slots - 1)
+    tile_out = prog_tile + tl.where(e // 32 == 0, 0, slots)
+    return tile, tile_out, (e // 32) * (chunks_per_split // WARPS)
+
+
+@triton.jit
 def _warp_sum(x, WARPS: tl.constexpr):
     """``x [32 * WARPS, 2, 2]`` summed over the warps lane by lane, the sums held by every warp again."""
     parts = tl.reshape(x, (WARPS, 32, 2, 2))

@@ -73,6 +73,7 @@ from ninfer.kernels.quant_gemm.fragment_epilogue import (
     finish_outputs,
     lane_position,
     row_scaled,
+    warp_share,
     warp_sums,
 )
 from ninfer.kernels.quant_gemm.fragment_ptx import asm_constants
@@ -131,9 +132,7 @@ def _fragment_mma_kernel(
     k_off = 0  # the warp's first chunk after its split's
     if KSPLIT:  # every warp on the program's one tile, over its share of the split's chunks; warp 0 stores the sums
         prog_tile = tl.program_id(2) if TOKENS_FIRST else tl.program_id(0)
-        tile = tl.minimum(prog_tile + 0 * e, slots - 1)
-        tile_out = prog_tile + tl.where(e // 32 == 0, 0, slots)  # past the last tile for warps 1..: stores masked
-        k_off = (e // 32) * (chunks_per_split // WARPS)
+        tile, tile_out, k_off = warp_share(prog_tile, e, slots, chunks_per_split, WARPS)
     # lane (g, t)'s codes of chunk 0, its activations of token block b (row tok0 + 8b + g, clamped; columns
     # 64 c + 16 t .. + 15 of chunk c) and its scale pair of group 0
     x_lane = ()
