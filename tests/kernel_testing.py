@@ -146,20 +146,31 @@ def frag_config(tokens: int, warps: int, unroll: int, split: int, stages: int = 
 
 
 def check_fragment_decode(fmt: str, m: int, n: int, k: int, cfg, *, swiglu: bool = False, residual: bool = False,
-                          seed: int = 0) -> None:
-    """The register decode of a fragment-laid random weight with ``cfg`` (fp16 activations, NaN-poisoned output)
-    within ``QUANT_TOL`` of the reference GEMM of the row-major weight."""
+                          dtype: torch.dtype = torch.float16, seed: int = 0) -> None:
+    """The register decode of a fragment-laid random weight with ``cfg`` (NaN-poisoned output) within ``QUANT_TOL``
+    of the reference GEMM of the row-major weight."""
     from ninfer.kernels.quant_gemm import quant_matmul_reference, quant_matmul_triton
     from ninfer.quant.formats import quantize
 
+    w = quantize(torch.randn(n, k, generator=torch.Generator().manual_seed(seed)) * 0.05, fmt)
     g = torch.Generator().manual_seed(seed)
-    w = quantize(torch.randn(n, k, generator=g), fmt)
-    x = torch.randn(m, k, generator=g).half()
+    x = torch.randn(m, k, generator=g).to(dtype)
     n_out = n // 2 if swiglu else n
-    res = torch.randn(m, n_out, generator=g).half() if residual else None
-    out = torch.full((m, n_out), float("nan"), dtype=torch.float16)
+    res = torch.randn(m, n_out, generator=g).to(dtype) if residual else None
+    out = torch.full((m, n_out), float("nan"), dtype=dtype)
     got = quant_matmul_triton(x, fragment_laid(w), res, swiglu, out=out, config=cfg)
     assert torch.isfinite(got).all(), f"{fmt} {cfg}: unwritten or non-finite outputs"
     ref = quant_matmul_reference(x, w, res, swiglu).float()
     err = (got.float() - ref).norm() / ref.norm()
-    assert err < QUANT_TOL[torch.float16], f"{fmt} m={m} {cfg}: relative error {err:.2e}"
+    assert err < QUANT_TOL[dtype], f"{fmt} m={m} n={n} k={k} {cfg}: relative error {err:.2e}"
+
+
+def repeated_expert_stack(e: int, rows: int, k: int, device: str = "cpu"):
+    """An int4-g64 expert stack ``[E, rows, K]`` (codes ``[E, rows, K / 2]`` uint8, scales ``[E, rows, K / 64]``) of
+    one random expert repeated: for tests where only the stack's addresses and sizes matter."""
+    from ninfer.kernels.quant_gemm import QuantizedTensor
+    from ninfer.quant.formats import quantize
+
+    w = quantize(torch.randn(rows, k, device=device) * 0.02, "int4-g64")
+    tensors = {name: t.unsqueeze(0).expand(e, *t.shape).contiguous() for name, t in w.tensors.items()}
+    return QuantizedTensor(w.format, (e, rows, k), tensors, layout=w.layout)

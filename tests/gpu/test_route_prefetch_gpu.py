@@ -6,26 +6,18 @@ from __future__ import annotations
 
 import pytest
 import torch
+from kernel_testing import repeated_expert_stack
 
 from ninfer.kernels.moe.routing import route_topk_reference, route_topk_triton
-from ninfer.kernels.quant_gemm import QuantizedTensor
-from ninfer.quant.formats import quantize
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 E, TOP_K, TWO_I, H = 256, 8, 1024, 2048
 
 
-def _stack() -> QuantizedTensor:
-    """A ``[E, 2I, H]`` int4-g64 stack (one random expert repeated: only the addresses matter here)."""
-    w = quantize(torch.randn(TWO_I, H, device="cuda") * 0.02, "int4-g64")
-    tensors = {name: t.unsqueeze(0).expand(E, *t.shape).contiguous() for name, t in w.tensors.items()}
-    return QuantizedTensor(w.format, (E, TWO_I, H), tensors, layout=w.layout)
-
-
 @pytest.mark.parametrize("n", [1, 2, 4, 8])
 def test_prefetching_routes_as_the_plain_launch(n: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    stack = _stack()
+    stack = repeated_expert_stack(E, TWO_I, H, "cuda")
     logits = torch.randn(n, E, device="cuda", dtype=torch.bfloat16)
     monkeypatch.setenv("NINFER_ROUTE_PREFETCH", "0")
     plain = route_topk_triton(logits, TOP_K, stack)

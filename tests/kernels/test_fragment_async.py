@@ -13,9 +13,13 @@ import triton.language as tl
 from kernel_testing import check_fragment_decode as _check
 from kernel_testing import frag_config
 
+from ninfer.kernels.quant_gemm.fragment_configs import (
+    ASYNC_STAGES,
+    fragment_async_candidates,
+    fragment_candidates,
+)
 from ninfer.kernels.quant_gemm.fragment_steps import load_trip_async
 from ninfer.kernels.quant_gemm.fragments import to_fragments, words
-from ninfer.kernels.quant_gemm.fragment_configs import ASYNC_STAGES, fragment_async_candidates, fragment_candidates
 from ninfer.quant.formats import quantize
 
 

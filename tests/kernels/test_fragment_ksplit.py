@@ -9,11 +9,14 @@ from __future__ import annotations
 import pytest
 import torch
 from kernel_testing import check_fragment_decode as _check
-from kernel_testing import fragment_laid, frag_config
+from kernel_testing import frag_config, fragment_laid
 
 from ninfer.kernels.quant_gemm import quant_matmul_triton
 from ninfer.kernels.quant_gemm.configs import KSPLIT_KIND
-from ninfer.kernels.quant_gemm.fragment_configs import fragment_candidates, fragment_ksplit_candidates
+from ninfer.kernels.quant_gemm.fragment_configs import (
+    fragment_candidates,
+    fragment_ksplit_candidates,
+)
 from ninfer.quant.formats import quantize
 
 

@@ -14,10 +14,15 @@ from __future__ import annotations
 import pytest
 import torch
 from kernel_testing import QUANT_TOL as TOL
-from kernel_testing import fragment_laid, poisoned_outputs  # noqa: F401  (fixture)
+from kernel_testing import check_fragment_decode as _check
 from kernel_testing import frag_config as _frag
+from kernel_testing import fragment_laid, poisoned_outputs  # noqa: F401  (fixture)
 
-from ninfer.kernels.quant_gemm import QuantizedTensor, quant_matmul_reference, quant_matmul_triton
+from ninfer.kernels.quant_gemm import (
+    QuantizedTensor,
+    quant_matmul_reference,
+    quant_matmul_triton,
+)
 from ninfer.kernels.quant_gemm.fragments import (
     FRAGMENTS,
     dequantize_fragments,
@@ -182,21 +187,6 @@ def test_dequantize_fragments_is_bit_exact(fmt: str, dtype: torch.dtype) -> None
     out = torch.full((32, 512), float("nan"), dtype=dtype)
     dequantize_fragments(f.tensors["qweight"], f.tensors["scales"], w.format.group_size, out)
     assert torch.equal(out, w.dequantize(dtype))
-
-
-def _check(fmt: str, m: int, n: int, k: int, cfg: GemmConfig, *, swiglu: bool = False, residual: bool = False,
-           dtype: torch.dtype = torch.float16, seed: int = 0) -> None:
-    g = torch.Generator().manual_seed(seed)
-    w = _weight(n, k, fmt, seed)
-    x = torch.randn(m, k, generator=g).to(dtype)
-    n_out = n // 2 if swiglu else n
-    res = torch.randn(m, n_out, generator=g).to(dtype) if residual else None
-    out = torch.full((m, n_out), float("nan"), dtype=dtype)
-    got = quant_matmul_triton(x, fragment_laid(w), res, swiglu, out=out, config=cfg)
-    assert torch.isfinite(got).all(), f"{fmt} {cfg}: unwritten or non-finite outputs"
-    ref = quant_matmul_reference(x, w, res, swiglu).float()
-    err = (got.float() - ref).norm() / ref.norm()
-    assert err < TOL[dtype], f"{fmt} m={m} n={n} k={k} {cfg}: relative error {err:.2e}"
 
 
 @pytest.mark.parametrize("fmt", ["int4-g64", "int4-g128", "int8-g64"])

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from kernel_testing import repeated_expert_stack
 
 from ninfer.kernels.moe import routing
 from ninfer.kernels.moe.routing import (
@@ -14,22 +15,12 @@ from ninfer.kernels.moe.routing import (
     route_topk_reference,
     route_topk_triton,
 )
-from ninfer.quant.formats import quantize
-
-
-def _quantized_stack(e: int, rows: int, k: int):
-    """An int4-g64 stack ``[E, rows, K]``: codes ``[E, rows, K / 2]`` uint8, scales ``[E, rows, K / 64]``."""
-    from ninfer.kernels.quant_gemm import QuantizedTensor
-
-    w = quantize(torch.randn(rows, k), "int4-g64")
-    tensors = {name: t.unsqueeze(0).expand(e, *t.shape).contiguous() for name, t in w.tensors.items()}
-    return QuantizedTensor(w.format, (e, rows, k), tensors, layout=w.layout)
 
 
 def test_lines_are_shared_out_over_programs(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(routing, "INTERPRET", False)
     monkeypatch.setenv("NINFER_ROUTE_PREFETCH", "1")
-    stack = _quantized_stack(16, 64, 256)
+    stack = repeated_expert_stack(16, 64, 256)
     dummy = torch.empty(1)
     programs, args, lines = _prefetch_args(stack, 1, 4, 16, dummy)
     codes, scales = stack.tensors["qweight"], stack.tensors["scales"]
@@ -47,13 +38,13 @@ def test_no_prefetch(monkeypatch: pytest.MonkeyPatch, why: str) -> None:
     monkeypatch.setenv("NINFER_ROUTE_PREFETCH", "0" if why == "switch off" else "1")
     n = PREFETCH_MAX_TOKENS + 1 if why == "too many tokens" else 1
     e = 8 if why == "other expert count" else 16
-    programs, _, lines = _prefetch_args(_quantized_stack(16, 64, 256), n, 4, e, torch.empty(1))
+    programs, _, lines = _prefetch_args(repeated_expert_stack(16, 64, 256), n, 4, e, torch.empty(1))
     assert programs == 1 and not lines
 
 
 def test_the_routing_is_the_same_with_a_stack_given(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NINFER_ROUTE_PREFETCH", "1")
     logits = torch.randn(3, 16)
-    weights, ids = route_topk_triton(logits, 4, _quantized_stack(16, 64, 256))
+    weights, ids = route_topk_triton(logits, 4, repeated_expert_stack(16, 64, 256))
     ref_w, ref_ids = route_topk_reference(logits, 4)
     assert torch.equal(ids, ref_ids) and torch.allclose(weights, ref_w, rtol=1e-6, atol=1e-7)
