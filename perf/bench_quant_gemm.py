@@ -57,14 +57,10 @@ from common import (
 )
 
 from ninfer.kernels.dispatch import DEFAULT_SPLIT_SUM, pdl_enabled, split_sum_mode
-from ninfer.kernels.quant_gemm import (
-    fragment_configs,
-    quant_matmul_reference,
-    quant_matmul_triton,
-)
+from ninfer.kernels.quant_gemm import fragment_configs, quant_matmul_triton
 from ninfer.kernels.quant_gemm import tune as quant_gemm_tune
 from ninfer.kernels.quant_gemm.dequant import dequantize_triton, workspace
-from ninfer.kernels.quant_gemm.fragment_configs import ASYNC_MIN_STAGES
+from ninfer.kernels.quant_gemm.fragment_configs import is_variant
 from ninfer.kernels.quant_gemm.fragments import FRAGMENTS, fragments_fit, to_fragments
 from ninfer.kernels.tuning import default_tuner
 from ninfer.quant.formats import FORMATS, quantize, unpack_nibbles
@@ -174,9 +170,9 @@ def _run_path(path: str, fmt: str, x: torch.Tensor, qt, tune: bool, cold: bool =
         return _time(lambda: quant_matmul_triton(x, weight(), out=scratch, config=cfg), graph, len(copies))
 
     sms = quant_gemm_tune.sm_count(x.device)
-    if path == "frag":  # the register decode's own loads (num_stages 1 / 2)
-        return _best("frag", [c for c in quant_gemm_tune.fragment_candidates(fmt, m, n, k, sms)
-                              if c.num_stages < ASYNC_MIN_STAGES], time_cfg)
+    if path == "frag":  # the register decode's own configs, whatever the variant switches say
+        return _best("frag", [c for c in quant_gemm_tune.fragment_candidates(fmt, m, n, k, sms) if not is_variant(c)],
+                     time_cfg)
     if path == "frag-async":  # its codes through the loop's cp.async pipeline
         return _best("frag-async", fragment_configs.fragment_async_candidates(fmt, m, n, k, sms), time_cfg)
     if path == "frag-ksplit":  # K split over a program's warps, no partial sums through global memory

@@ -31,6 +31,7 @@ from ninfer.kernels.quant_gemm import quant_matmul_triton  # noqa: E402
 from ninfer.kernels.quant_gemm.fragment_configs import (  # noqa: E402
     fragment_async_candidates,
     fragment_ksplit_candidates,
+    is_variant,
 )
 from ninfer.kernels.quant_gemm.fragments import FRAGMENTS, to_fragments  # noqa: E402
 from ninfer.kernels.quant_gemm.timing import graph_ms as _graph_ms  # noqa: E402
@@ -71,10 +72,13 @@ def main() -> None:
     elif args.path.startswith("frag"):  # the register decode reads the weights re-laid as engines hold them
         q, scales = to_fragments(w.tensors["qweight"], w.tensors["scales"])
         w = replace(w, tensors={"qweight": q, "scales": scales}, layout=FRAGMENTS)
-        cands = {"frag-async": lambda: fragment_async_candidates(args.format, args.m, n_out, k, sms),
-                 "frag-ksplit": lambda: fragment_ksplit_candidates(args.format, args.m, n_out, k)}.get(
-            args.path, lambda: [c for c in fragment_candidates(args.format, args.m, n_out, k, sms, swiglu=swiglu)
-                                if c.num_stages < 3 and c.kind != "frag-ksplit"])()
+        if args.path == "frag-async":
+            cands = fragment_async_candidates(args.format, args.m, n_out, k, sms)
+        elif args.path == "frag-ksplit":
+            cands = fragment_ksplit_candidates(args.format, args.m, n_out, k)
+        else:  # its own configs, whatever the variant switches say
+            cands = [c for c in fragment_candidates(args.format, args.m, n_out, k, sms, swiglu=swiglu)
+                     if not is_variant(c)]
     else:
         cands = [c for c in candidates(args.format, args.m, n_out, k, sms, swiglu=swiglu) if c.kind == args.path]
     if not cands:

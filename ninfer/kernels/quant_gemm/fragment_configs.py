@@ -57,6 +57,11 @@ def fragment_candidates(fmt: str, m: int, n_out: int, k: int, sms: int, *, swigl
     return out
 
 
+def is_variant(cfg: GemmConfig) -> bool:
+    """Whether ``cfg`` is one of the register decode's switched-in variants (``cp.async`` or K split), not its own."""
+    return cfg.num_stages >= ASYNC_MIN_STAGES or cfg.kind == KSPLIT_KIND
+
+
 def fragment_splits(kc: int, unroll: int, split: int) -> tuple[int, int]:
     """``(chunks per split, splits)`` for ``split`` requested: whole loop trips per split, no empty split."""
     trips = kc // unroll
